@@ -1,0 +1,39 @@
+#include "err.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+int wb__err_set(wb_err *err, int code, const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+        err->code = code;
+    }
+    return code;
+}
+
+int wb__err_errno(wb_err *err, int code, int errnum, const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+        if (n >= 0 && (size_t)n < sizeof err->msg)
+            snprintf(err->msg + n, sizeof err->msg - (size_t)n, ": %s", strerror(errnum));
+        err->code = code;
+    }
+    return code;
+}
+
+void wb__err_clear(wb_err *err)
+{
+    if (err) {
+        err->code = WB_OK;
+        err->msg[0] = '\0';
+    }
+}

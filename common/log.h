@@ -1,0 +1,42 @@
+/* A small structured logger: one line per event on stderr, as key=value pairs.
+ *
+ *   ts=2026-11-30T07:31:02.123Z level=info prog=wbrokerd event=load model=demo bytes=4096
+ *
+ * The caller passes the event name and a printf format for the remaining
+ * key=value pairs. Values with spaces or quotes should be passed through
+ * wb__log_quote() first. Thread-safe: each line is written with one write(2). */
+#ifndef WB_LOG_H
+#define WB_LOG_H
+
+#include <stddef.h>
+
+typedef enum wb_log_level {
+    WB_LOG_DEBUG = 0,
+    WB_LOG_INFO = 1,
+    WB_LOG_WARN = 2,
+    WB_LOG_ERROR = 3,
+    WB_LOG_OFF = 4,
+} wb_log_level;
+
+/* Sets the program name printed as prog=... (the pointer is kept). */
+void wb__log_set_prog(const char *prog);
+void wb__log_set_level(wb_log_level level);
+wb_log_level wb__log_get_level(void);
+
+/* Parses "debug", "info", "warn", "error" or "off"; returns -1 otherwise. */
+int wb__log_parse_level(const char *name);
+
+void wb__log(wb_log_level level, const char *event, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Writes s into buf as a log value: unchanged if it has no space, quote, '='
+ * or control character, otherwise double-quoted with \" \\ and \xNN escapes.
+ * Returns buf. The result is truncated to fit size. */
+const char *wb__log_quote(char *buf, size_t size, const char *s);
+
+#define wb_debug(ev, ...) wb__log(WB_LOG_DEBUG, ev, __VA_ARGS__)
+#define wb_info(ev, ...) wb__log(WB_LOG_INFO, ev, __VA_ARGS__)
+#define wb_warn(ev, ...) wb__log(WB_LOG_WARN, ev, __VA_ARGS__)
+#define wb_error(ev, ...) wb__log(WB_LOG_ERROR, ev, __VA_ARGS__)
+
+#endif

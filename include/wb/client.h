@@ -1,0 +1,126 @@
+/* libwbclient: lease shared model weights from a weightbroker daemon.
+ *
+ * A worker connects to the broker, acquires a lease on a model, reads the
+ * tensor table (name -> pointer, dtype, shape), builds whatever it runs on
+ * top of the shared bytes, and releases the lease when done. A background
+ * thread sends heartbeats so the broker knows the lease is in use.
+ *
+ * Conventions: every function returns WB_OK (0) or a negative wb_status
+ * code; wb_client_errmsg() then says what was wrong. The library never
+ * aborts or exits the process. A client and its leases may be used from
+ * several threads: calls are serialised inside the client. */
+#ifndef WB_CLIENT_H
+#define WB_CLIENT_H
+
+#include "wb/export.h"
+#include "wb/status.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define WB_LEASE_ID_BYTES 16
+
+typedef struct wb_client wb_client;
+typedef struct wb_lease wb_lease;
+
+typedef struct wb_client_options {
+    /* Broker socket path; NULL or "" resolves $WB_SOCKET, then
+     * $XDG_RUNTIME_DIR/wbroker/broker.sock, then /run/wbroker/broker.sock. */
+    const char *socket_path;
+    /* Per-request timeout in milliseconds; 0 means $WB_TIMEOUT_MS or 5000. */
+    int timeout_ms;
+    /* Nonzero: do not start the background heartbeat thread (the caller
+     * then calls wb_client_heartbeat itself, or accepts going stale). */
+    int no_heartbeat_thread;
+    /* Free-form description sent in the hello, for the broker's log. */
+    const char *client_name;
+} wb_client_options;
+
+/* Fills opts with the defaults described above. */
+WB_EXPORT void wb_client_options_init(wb_client_options *opts);
+
+/* Connects to the broker and says hello. On success *out is a new client.
+ * On failure *out is still set (unless out of memory) so that the caller
+ * can read wb_client_errmsg(); destroy it either way. Returns WB_ECONN when
+ * the socket is missing or unreachable, WB_ETIMEDOUT when nothing answers
+ * within the timeout, WB_EPERM when the broker refuses this process. */
+WB_EXPORT int wb_client_connect(const wb_client_options *opts, wb_client **out);
+
+/* Releases every lease without live containers (telling the broker when it
+ * can), stops the heartbeat thread, closes the connection and sets *client
+ * to NULL. Leases that still have live containers stay mapped (their memory
+ * is never unmapped under a user) and are reported on stderr. NULL is fine. */
+WB_EXPORT void wb_client_destroy(wb_client **client);
+
+/* The detailed message of the last failed call on this client or its leases.
+ * Owned by the client; valid until the next call. Never NULL. */
+WB_EXPORT const char *wb_client_errmsg(const wb_client *client);
+
+/* 1 if the last exchange with the broker succeeded, 0 if it failed (broker
+ * gone, restarted, or unreachable). Mappings stay valid either way. */
+WB_EXPORT int wb_client_connected(const wb_client *client);
+
+/* Sends one heartbeat now with every lease's live container count. Leases the
+ * broker no longer knows (it restarted) become orphaned: their memory stays
+ * mapped and usable, and wb_lease_orphaned() says so. */
+WB_EXPORT int wb_client_heartbeat(wb_client *client);
+
+/* Acquires a lease on `model`. On success *out is a new lease owned by the
+ * client (end it with wb_lease_release). WB_ENOTFOUND: no such model;
+ * WB_ESTATE: the model is loading or draining; WB_ELIMIT: too many leases. */
+WB_EXPORT int wb_lease_acquire(wb_client *client, const char *model, wb_lease **out);
+
+/* Ends a lease: tells the broker, drops this lease's reference to its slabs
+ * (a slab is unmapped when no lease of this process uses it any more) and
+ * sets *lease to NULL. Returns WB_EBUSY, changing nothing, while containers
+ * are registered on the lease. If the broker cannot be told, the lease is
+ * still ended locally, *lease is set to NULL and WB_ECONN is returned. */
+WB_EXPORT int wb_lease_release(wb_lease **lease);
+
+WB_EXPORT const char *wb_lease_model(const wb_lease *lease);
+/* The 16-byte lease id, owned by the lease. */
+WB_EXPORT const uint8_t *wb_lease_id(const wb_lease *lease);
+/* Writes the id as 32 lowercase hex digits plus NUL (33 bytes). */
+WB_EXPORT void wb_lease_id_hex(const wb_lease *lease, char out[33]);
+/* 1 if the broker that granted this lease no longer knows it (restart). */
+WB_EXPORT int wb_lease_orphaned(const wb_lease *lease);
+
+typedef struct wb_tensor_view {
+    const char *name;      /* owned by the lease */
+    const char *dtype;     /* "F32", "BF16", ... as in safetensors */
+    uint32_t ndim;         /* 0 for a scalar */
+    const uint64_t *shape; /* ndim entries, owned by the lease */
+    const void *data;      /* host: read-only mapping; cuda: device pointer */
+    uint64_t nbytes;
+    uint64_t xxh3;   /* checksum computed by the broker while loading */
+    int device;      /* CUDA device ordinal, or -1 for host memory */
+} wb_tensor_view;
+
+WB_EXPORT size_t wb_lease_tensor_count(const wb_lease *lease);
+/* Tensor number `index` (0-based, in the broker's order). WB_EINVAL if out of range. */
+WB_EXPORT int wb_lease_tensor(const wb_lease *lease, size_t index, wb_tensor_view *out);
+/* Tensor by name. WB_ENOTFOUND if absent. */
+WB_EXPORT int wb_lease_find(const wb_lease *lease, const char *name, wb_tensor_view *out);
+
+/* Recomputes every tensor's XXH3-64 over the mapped bytes and compares it
+ * with the broker's. Returns WB_OK, or WB_ECORRUPT with *bad_index (if not
+ * NULL) set to the first mismatching tensor. Host backend only (WB_ENOSYS
+ * for device memory). */
+WB_EXPORT int wb_lease_verify(const wb_lease *lease, size_t *bad_index);
+
+/* Containers built on a lease. The AOTI binding registers each container it
+ * builds; a lease with registered containers cannot be released (WB_EBUSY).
+ * The count travels to the broker with each heartbeat. */
+WB_EXPORT int wb_lease_container_add(wb_lease *lease);
+WB_EXPORT int wb_lease_container_remove(wb_lease *lease);
+WB_EXPORT unsigned wb_lease_containers(const wb_lease *lease);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

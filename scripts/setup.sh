@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what weightbroker needs to build and test, on Debian 12, as root.
+# Idempotent: only missing packages are installed; nothing else is changed.
+set -euo pipefail
+
+# Build and run-time libraries (see README, "Dependencies", for why each).
+pkgs=(
+  build-essential cmake pkg-config
+  libzmq3-dev                     # transport: ZeroMQ ROUTER/DEALER over ipc://
+  libprotobuf-c-dev protobuf-c-compiler  # wire format: proto/wb.proto
+  libjansson-dev                  # JSON: safetensors headers, index files, --json output
+  libxxhash-dev                   # XXH3-64 checksums of tensors
+  check                           # unit test framework
+  # Test tools: the fuzzers (clang + libFuzzer runtime), formatting check,
+  # JSON assertions in integration tests.
+  clang libclang-rt-14-dev clang-format jq python3
+)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#pkgs[@]} packages present"
+  exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup: missing packages: ${missing[*]}; run as root (or with sudo) to install them" >&2
+  exit 1
+fi
+
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "setup: installed ${#missing[@]} packages"
