@@ -16,6 +16,11 @@ struct wbctl_cmd {
 };
 
 static const struct wbctl_cmd commands[] = {
+    {"models", wbctl_models, "list the broker's models"},
+    {"leases", wbctl_leases, "list the leases the broker has granted"},
+    {"load", wbctl_load, "load a safetensors checkpoint as a model"},
+    {"unload", wbctl_unload, "unload a model (it drains while leases remain)"},
+    {"stats", wbctl_stats, "print the broker's counters"},
     {"inspect", wbctl_inspect, "print the tensor table of a safetensors checkpoint"},
 };
 

@@ -25,5 +25,10 @@ typedef struct wbctl_globals {
 /* Each subcommand gets argv starting at its own name (argv[0] = "inspect")
  * and returns the process exit code. */
 int wbctl_inspect(const wbctl_globals *g, int argc, char **argv);
+int wbctl_models(const wbctl_globals *g, int argc, char **argv);
+int wbctl_leases(const wbctl_globals *g, int argc, char **argv);
+int wbctl_load(const wbctl_globals *g, int argc, char **argv);
+int wbctl_unload(const wbctl_globals *g, int argc, char **argv);
+int wbctl_stats(const wbctl_globals *g, int argc, char **argv);
 
 #endif

@@ -35,8 +35,8 @@ void wb__log(wb_log_level level, const char *event, const char *fmt, ...)
 const char *wb__log_quote(char *buf, size_t size, const char *s);
 
 #define wb_debug(ev, ...) wb__log(WB_LOG_DEBUG, ev, __VA_ARGS__)
-#define wb_info(ev, ...) wb__log(WB_LOG_INFO, ev, __VA_ARGS__)
-#define wb_warn(ev, ...) wb__log(WB_LOG_WARN, ev, __VA_ARGS__)
+#define wb_info(ev, ...)  wb__log(WB_LOG_INFO, ev, __VA_ARGS__)
+#define wb_warn(ev, ...)  wb__log(WB_LOG_WARN, ev, __VA_ARGS__)
 #define wb_error(ev, ...) wb__log(WB_LOG_ERROR, ev, __VA_ARGS__)
 
 #endif

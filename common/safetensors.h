@@ -50,17 +50,17 @@ int wb__dtype_parse(const char *name);
 unsigned wb__dtype_bits(wb_dtype dtype);
 
 typedef struct wb_st_tensor {
-    char *name;        /* owned by the table */
+    char *name; /* owned by the table */
     wb_dtype dtype;
-    uint32_t ndim;     /* 0 for a scalar */
-    uint64_t *shape;   /* ndim entries, owned by the table (NULL when ndim == 0) */
-    uint32_t file;     /* index into wb_st_table.files */
-    uint64_t offset;   /* absolute byte offset of the data in that file */
-    uint64_t nbytes;   /* product(shape) * bits / 8, may be 0 */
+    uint32_t ndim;   /* 0 for a scalar */
+    uint64_t *shape; /* ndim entries, owned by the table (NULL when ndim == 0) */
+    uint32_t file;   /* index into wb_st_table.files */
+    uint64_t offset; /* absolute byte offset of the data in that file */
+    uint64_t nbytes; /* product(shape) * bits / 8, may be 0 */
 } wb_st_tensor;
 
 typedef struct wb_st_meta {
-    char *key; /* owned */
+    char *key;   /* owned */
     char *value; /* owned */
 } wb_st_meta;
 
@@ -72,8 +72,10 @@ typedef struct wb_st_table {
     size_t n_tensors;
     wb_st_tensor *tensors; /* ordered by (file, offset) */
     size_t n_meta;
-    wb_st_meta *meta;      /* ordered by key */
-    uint64_t total_bytes;  /* sum of nbytes */
+    wb_st_meta *meta;     /* ordered by key */
+    uint64_t total_bytes; /* sum of nbytes */
+    size_t *by_name;      /* n_tensors indices into tensors, ordered by name, owned; kept by
+                           * wb__st_parse_header for wb__st_find (NULL: find scans) */
 } wb_st_table;
 
 /* Parses and validates one safetensors header held in memory and appends its
@@ -82,8 +84,10 @@ typedef struct wb_st_table {
  * `buf` holds the first `len` bytes of the file (at least 8 + header length);
  * `file_size` is the size of the whole file, used to check that the data
  * offsets cover the data section exactly (no holes, no overlaps, no trailing
- * bytes). `display_name` names the file in error messages. On error returns
- * WB_EFORMAT (or WB_ENOMEM) and leaves `table` unchanged. */
+ * bytes). `display_name` names the file in error messages. It also records the
+ * file: file_index may be n_files (a new file: files[] gets a copy of
+ * display_name) or an existing one; file_sizes[] and data_starts[] are set. On
+ * error returns WB_EFORMAT (or WB_ENOMEM) and leaves `table` unchanged. */
 int wb__st_parse_header(wb_st_table *table, uint32_t file_index, const char *display_name,
                         const uint8_t *buf, size_t len, uint64_t file_size, wb_err *err);
 

@@ -14,7 +14,7 @@
 #include <sys/types.h>
 
 #define WB_SHM_NAME_MAX 64
-#define WB_SHM_PREFIX "wb-"
+#define WB_SHM_PREFIX   "wb-"
 
 typedef struct wb_shm {
     char name[WB_SHM_NAME_MAX]; /* "/wb-..." */

@@ -15,11 +15,11 @@
 
 #define WB_PROTOCOL_VERSION 1
 /* Default cap on one message, both directions (ZMQ_MAXMSGSIZE on the broker). */
-#define WB_MAX_MESSAGE (64u * 1024u * 1024u)
+#define WB_MAX_MESSAGE  (64u * 1024u * 1024u)
 #define WB_LEASE_ID_LEN 16
-#define WB_NAME_MAX 255    /* model names, tensor names are checked by the loader */
-#define WB_PATH_MAX 4096
-#define WB_MAX_BEATS 4096  /* leases in one heartbeat */
+#define WB_NAME_MAX     255 /* model names, tensor names are checked by the loader */
+#define WB_PATH_MAX     4096
+#define WB_MAX_BEATS    4096 /* leases in one heartbeat */
 
 /* Decodes and validates a request. On success *out is owned by the caller
  * (free with wb__request_free). On failure returns WB_EPROTO or WB_EVERSION

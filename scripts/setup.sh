@@ -10,6 +10,7 @@ pkgs=(
   libprotobuf-c-dev protobuf-c-compiler  # wire format: proto/wb.proto
   libjansson-dev                  # JSON: safetensors headers, index files, --json output
   libxxhash-dev                   # XXH3-64 checksums of tensors
+  libzip-dev                      # reading AOTI .pt2 packages (zip archives)
   check                           # unit test framework
   # Test tools: the fuzzers (clang + libFuzzer runtime), formatting check,
   # JSON assertions in integration tests.

@@ -42,12 +42,20 @@ ctest_run() {
   [ "$nfail" -eq 0 ] || failures+=("$label: $nfail failed")
 }
 
+# build DIR TARGET [CMAKE ARGS...]
 build() {
-  local dir=$1
-  shift
-  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >"$dir.cmake.log" 2>&1 &&
-    cmake --build "$dir" -j "$jobs" 2>&1 | tail -n 30
-  return "${PIPESTATUS[0]}"
+  local dir=$1 target=$2
+  shift 2
+  mkdir -p "$dir"
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >"$dir/cmake.log" 2>&1 || {
+    tail -n 20 "$dir/cmake.log"
+    return 1
+  }
+  cmake --build "$dir" -j "$jobs" --target "$target" >"$dir/build.log" 2>&1 || {
+    grep -E 'error|warning' "$dir/build.log" | head -n 40
+    tail -n 20 "$dir/build.log"
+    return 1
+  }
 }
 
 step "setup"
@@ -57,18 +65,17 @@ fi
 
 step "build (release, -Wall -Wextra -Werror)"
 mkdir -p build
-if build build; then
+if build build all; then
   step "tests"
   ctest_run build release
 else
-  cat build.cmake.log 2>/dev/null | tail -n 20
   failed=$((failed + 1))
   failures+=("release build failed")
 fi
 
 step "build (AddressSanitizer + UndefinedBehaviorSanitizer)"
 mkdir -p build-asan
-if build build-asan -DWB_SANITIZE=ON; then
+if build build-asan all -DWB_SANITIZE=ON; then
   step "tests under ASan + UBSan"
   # protect_shadow_gap=0: the CUDA runtime maps memory where ASan's shadow gap is.
   ctest_run build-asan sanitizers \
@@ -81,16 +88,16 @@ fi
 
 step "fuzzers (${fuzz_seconds}s each)"
 mkdir -p build-fuzz
-if build build-fuzz -DCMAKE_C_COMPILER=clang -DWB_FUZZ=ON -DWB_BUILD_TESTS=ON; then
+if build build-fuzz fuzzers -DCMAKE_C_COMPILER=clang -DWB_FUZZ=ON; then
   for fz in build-fuzz/tests/fuzz/fuzz_*; do
     [ -x "$fz" ] || continue
     name=$(basename "$fz")
     corpus="build-fuzz/corpus-$name"
     mkdir -p "$corpus"
-    seeds="tests/fuzz/seeds/${name#fuzz_}"
+    dirs=("$corpus")
+    [ -d "tests/fuzz/seeds/${name#fuzz_}" ] && dirs+=("tests/fuzz/seeds/${name#fuzz_}")
     if "$fz" -max_total_time="$fuzz_seconds" -max_len=65536 -rss_limit_mb=2048 \
-      -print_final_stats=0 "$corpus" ${seeds:+$([ -d "$seeds" ] && echo "$seeds")} \
-      >"build-fuzz/$name.log" 2>&1; then
+      "${dirs[@]}" >"build-fuzz/$name.log" 2>&1; then
       echo "$name: ok ($(grep -Eo 'Done [0-9]+ runs' "build-fuzz/$name.log" | tail -n 1))"
       passed=$((passed + 1))
     else

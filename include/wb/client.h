@@ -96,8 +96,8 @@ typedef struct wb_tensor_view {
     const uint64_t *shape; /* ndim entries, owned by the lease */
     const void *data;      /* host: read-only mapping; cuda: device pointer */
     uint64_t nbytes;
-    uint64_t xxh3;   /* checksum computed by the broker while loading */
-    int device;      /* CUDA device ordinal, or -1 for host memory */
+    uint64_t xxh3; /* checksum computed by the broker while loading */
+    int device;    /* CUDA device ordinal, or -1 for host memory */
 } wb_tensor_view;
 
 WB_EXPORT size_t wb_lease_tensor_count(const wb_lease *lease);

@@ -1,0 +1,59 @@
+#include "backend.h"
+
+#include <string.h>
+
+static int host_alloc(wb_slab *slab, int device, uint64_t size, wb_err *err)
+{
+    (void)device;
+    memset(slab, 0, sizeof *slab);
+    int rc = wb__shm_create(&slab->shm, size, err);
+    if (rc != WB_OK)
+        return rc;
+    slab->size = slab->shm.size;
+    slab->device = -1;
+    return WB_OK;
+}
+
+static void *host_dest(wb_slab *slab, uint64_t offset, uint64_t len)
+{
+    if (!slab->shm.addr || offset > slab->size || len > slab->size - offset)
+        return NULL;
+    return (uint8_t *)slab->shm.addr + offset;
+}
+
+static int host_write(wb_slab *slab, uint64_t offset, const void *src, uint64_t len, wb_err *err)
+{
+    void *dst = host_dest(slab, offset, len);
+    if (!dst)
+        return wb__err_set(err, WB_EINTERNAL, "write of %llu bytes at %llu is outside slab %s",
+                           (unsigned long long)len, (unsigned long long)offset, slab->shm.name);
+    memcpy(dst, src, (size_t)len);
+    return WB_OK;
+}
+
+static void host_export(wb_slab *slab, Wbproto__Slab *out)
+{
+    wbproto__slab__init(out);
+    out->index = slab->index;
+    out->backend = WBPROTO__BACKEND__BACKEND_HOST;
+    out->device = -1;
+    out->size = slab->size;
+    out->shm_name = slab->shm.name;
+}
+
+static void host_free(wb_slab *slab)
+{
+    wb__shm_unlink(&slab->shm);
+    wb__shm_unmap(&slab->shm);
+    slab->size = 0;
+}
+
+const wb_backend wb__backend_host = {
+    .name = "host",
+    .proto = WBPROTO__BACKEND__BACKEND_HOST,
+    .slab_alloc = host_alloc,
+    .slab_dest = host_dest,
+    .slab_write = host_write,
+    .slab_export = host_export,
+    .slab_free = host_free,
+};

@@ -1,0 +1,286 @@
+#include "leases.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "wb.pb-c.h"
+
+void wb__leases_init(wb_lease_table *t)
+{
+    memset(t, 0, sizeof *t);
+    t->open_pidfd = wb__pidfd_open;
+}
+
+void wb__leases_destroy(wb_lease_table *t)
+{
+    for (size_t i = 0; i < t->n_leases; i++)
+        free(t->leases[i]);
+    for (size_t i = 0; i < t->n_peers; i++) {
+        if (t->peers[i]->pidfd >= 0)
+            close(t->peers[i]->pidfd);
+        free(t->peers[i]);
+    }
+    free(t->leases);
+    free(t->peers);
+    wb_pidfd_open_fn open_pidfd = t->open_pidfd;
+    memset(t, 0, sizeof *t);
+    t->open_pidfd = open_pidfd;
+}
+
+const char *wb__lease_id_short(const uint8_t *id, char out[9])
+{
+    snprintf(out, 9, "%02x%02x%02x%02x", id[0], id[1], id[2], id[3]);
+    return out;
+}
+
+const char *wb__lease_id_hex(const uint8_t *id, char out[33])
+{
+    for (int i = 0; i < WB_LEASE_ID_LEN; i++)
+        snprintf(out + 2 * i, 3, "%02x", id[i]);
+    return out;
+}
+
+/* Binary search: the index of id, or where it would be inserted. */
+static size_t lease_pos(const wb_lease_table *t, const uint8_t *id, int *found)
+{
+    size_t lo = 0, hi = t->n_leases;
+    *found = 0;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = memcmp(t->leases[mid]->id, id, WB_LEASE_ID_LEN);
+        if (c == 0) {
+            *found = 1;
+            return mid;
+        }
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+wb_lease_rec *wb__leases_find(const wb_lease_table *t, const uint8_t *id)
+{
+    int found;
+    size_t pos = lease_pos(t, id, &found);
+    return found ? t->leases[pos] : NULL;
+}
+
+static size_t peer_index(const wb_lease_table *t, uint32_t pid)
+{
+    for (size_t i = 0; i < t->n_peers; i++) {
+        if (t->peers[i]->pid == pid)
+            return i;
+    }
+    return t->n_peers;
+}
+
+wb_peer_rec *wb__leases_peer(const wb_lease_table *t, uint32_t pid)
+{
+    size_t i = peer_index(t, pid);
+    return i < t->n_peers ? t->peers[i] : NULL;
+}
+
+static int grow(void **arr, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return 0;
+    size_t ncap = *cap ? *cap * 2 : 16;
+    while (ncap < need)
+        ncap *= 2;
+    void *p = realloc(*arr, ncap * elem);
+    if (!p)
+        return -1;
+    *arr = p;
+    *cap = ncap;
+    return 0;
+}
+
+/* Drops one lease from a pid's count; the last one closes the pidfd and
+ * forgets the peer. */
+static void peer_put(wb_lease_table *t, uint32_t pid)
+{
+    size_t i = peer_index(t, pid);
+    if (i == t->n_peers)
+        return;
+    wb_peer_rec *p = t->peers[i];
+    if (p->leases > 0)
+        p->leases--;
+    if (p->leases == 0) {
+        if (p->pidfd >= 0)
+            close(p->pidfd);
+        free(p);
+        t->peers[i] = t->peers[--t->n_peers];
+    }
+}
+
+static int random_id(uint8_t *id, wb_err *err)
+{
+    size_t got = 0;
+    while (got < WB_LEASE_ID_LEN) {
+        ssize_t r = getrandom(id + got, WB_LEASE_ID_LEN - got, 0);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return wb__err_errno(err, WB_EIO, errno, "getrandom for a lease id");
+        }
+        got += (size_t)r;
+    }
+    return WB_OK;
+}
+
+int wb__leases_grant(wb_lease_table *t, struct wb_model *model, const wb_peer_creds *c,
+                     const char *comm, int64_t now_ms, double now_wall, wb_lease_rec **out,
+                     wb_err *err)
+{
+    *out = NULL;
+    if (!c || !c->known)
+        return wb__err_set(err, WB_EPERM, "the peer's credentials are unknown");
+    if (grow((void **)&t->leases, &t->cap_leases, t->n_leases + 1, sizeof *t->leases) != 0 ||
+        grow((void **)&t->peers, &t->cap_peers, t->n_peers + 1, sizeof *t->peers) != 0)
+        return wb__err_set(err, WB_ENOMEM, "out of memory growing the lease table");
+
+    wb_lease_rec *l = calloc(1, sizeof *l);
+    if (!l)
+        return wb__err_set(err, WB_ENOMEM, "out of memory for a lease");
+    size_t pos;
+    int found, rc;
+    do {
+        if ((rc = random_id(l->id, err)) != WB_OK) {
+            free(l);
+            return rc;
+        }
+        pos = lease_pos(t, l->id, &found);
+    } while (found);
+
+    wb_peer_rec *p = wb__leases_peer(t, c->pid);
+    if (!p) {
+        p = calloc(1, sizeof *p);
+        if (!p) {
+            free(l);
+            return wb__err_set(err, WB_ENOMEM, "out of memory for a peer record");
+        }
+        wb_err perr;
+        int fd = t->open_pidfd ? t->open_pidfd(c->pid, &perr) : -1;
+        if (fd < 0 && t->open_pidfd) {
+            free(p);
+            free(l);
+            /* The peer is gone (or its pid was reused): nobody can prove
+             * this lease's end later, so it is not granted. */
+            if (fd == WB_ENOTFOUND)
+                return wb__err_set(err, WB_EPERM, "process %u exited before its lease was granted",
+                                   c->pid);
+            return wb__err_set(err, fd, "cannot watch process %u: %s", c->pid, perr.msg);
+        }
+        p->pid = c->pid;
+        p->pidfd = fd;
+        t->peers[t->n_peers++] = p;
+    }
+    p->leases++;
+
+    l->model = model;
+    l->pid = c->pid;
+    l->uid = c->uid;
+    l->gid = c->gid;
+    snprintf(l->comm, sizeof l->comm, "%s", comm && comm[0] ? comm : "?");
+    l->state = WBPROTO__LEASE_STATE__LEASE_ACTIVE;
+    l->granted_at = now_wall;
+    l->last_heartbeat = now_wall;
+    l->last_beat_ms = now_ms;
+    memmove(t->leases + pos + 1, t->leases + pos, (t->n_leases - pos) * sizeof *t->leases);
+    t->leases[pos] = l;
+    t->n_leases++;
+    *out = l;
+    return WB_OK;
+}
+
+void wb__leases_remove(wb_lease_table *t, wb_lease_rec *lease)
+{
+    int found;
+    size_t pos = lease_pos(t, lease->id, &found);
+    if (!found || t->leases[pos] != lease)
+        return;
+    memmove(t->leases + pos, t->leases + pos + 1, (t->n_leases - pos - 1) * sizeof *t->leases);
+    t->n_leases--;
+    peer_put(t, lease->pid);
+    free(lease);
+}
+
+int wb__leases_release(wb_lease_table *t, uint32_t pid, const uint8_t *id, struct wb_model **model,
+                       wb_err *err)
+{
+    char hex[9];
+    *model = NULL;
+    wb_lease_rec *l = wb__leases_find(t, id);
+    if (!l)
+        return wb__err_set(err, WB_ENOTFOUND, "no lease %s", wb__lease_id_short(id, hex));
+    if (l->pid != pid)
+        return wb__err_set(err, WB_EPERM, "lease %s belongs to pid %u", wb__lease_id_short(id, hex),
+                           l->pid);
+    *model = l->model;
+    wb__leases_remove(t, l);
+    return WB_OK;
+}
+
+int wb__leases_heartbeat(wb_lease_table *t, uint32_t pid, const uint8_t *id, uint32_t containers,
+                         int64_t now_ms, double now_wall, int *revived)
+{
+    *revived = 0;
+    wb_lease_rec *l = wb__leases_find(t, id);
+    if (!l || l->pid != pid)
+        return WB_ENOTFOUND;
+    l->last_beat_ms = now_ms;
+    l->last_heartbeat = now_wall;
+    l->containers = containers;
+    if (l->state == WBPROTO__LEASE_STATE__LEASE_STALE)
+        *revived = 1;
+    l->state = WBPROTO__LEASE_STATE__LEASE_ACTIVE;
+    return WB_OK;
+}
+
+size_t wb__leases_mark_stale(wb_lease_table *t, int64_t now_ms, int64_t stale_ms, wb_lease_cb cb,
+                             void *ctx)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < t->n_leases; i++) {
+        wb_lease_rec *l = t->leases[i];
+        if (l->state == WBPROTO__LEASE_STATE__LEASE_ACTIVE && now_ms - l->last_beat_ms > stale_ms) {
+            l->state = WBPROTO__LEASE_STATE__LEASE_STALE;
+            n++;
+            if (cb)
+                cb(l, ctx);
+        }
+    }
+    return n;
+}
+
+size_t wb__leases_reclaim_pid(wb_lease_table *t, uint32_t pid, wb_lease_cb cb, void *ctx)
+{
+    size_t n = 0;
+    size_t i = 0;
+    while (i < t->n_leases) {
+        wb_lease_rec *l = t->leases[i];
+        if (l->pid != pid) {
+            i++;
+            continue;
+        }
+        if (cb)
+            cb(l, ctx);
+        wb__leases_remove(t, l);
+        n++;
+    }
+    return n;
+}
+
+size_t wb__leases_count_state(const wb_lease_table *t, int state)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < t->n_leases; i++)
+        n += t->leases[i]->state == state;
+    return n;
+}

@@ -1,0 +1,105 @@
+/* The lease table: who holds which model, and since when.
+ *
+ * Pure bookkeeping: no sockets, no clocks of its own (callers pass the time,
+ * so tests can move it), no knowledge of what a model is. Leases are kept in
+ * an array sorted by their 16-byte random id; per-pid peer records hold the
+ * pidfd that proves the holder's death and the number of leases the pid
+ * holds (the pidfd is closed when that number drops to zero). */
+#ifndef WB_BROKER_LEASES_H
+#define WB_BROKER_LEASES_H
+
+#include "err.h"
+#include "peer.h"
+#include "wire.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct wb_model;
+
+typedef struct wb_peer_rec {
+    uint32_t pid;
+    int pidfd;
+    uint32_t leases;
+} wb_peer_rec;
+
+typedef struct wb_lease_rec {
+    uint8_t id[WB_LEASE_ID_LEN];
+    struct wb_model *model; /* not owned */
+    uint32_t pid;
+    uint32_t uid;
+    uint32_t gid;
+    char comm[32];         /* /proc/<pid>/comm at grant time */
+    int state;             /* WBPROTO__LEASE_STATE__LEASE_ACTIVE or _STALE */
+    uint32_t containers;   /* as last reported by the client */
+    double granted_at;     /* Unix seconds */
+    double last_heartbeat; /* Unix seconds; the grant time until the first heartbeat */
+    int64_t last_beat_ms;  /* monotonic milliseconds of the grant or last heartbeat */
+} wb_lease_rec;
+
+/* Opens the pidfd of a new peer; returns a descriptor or a negative WB_E*. */
+typedef int (*wb_pidfd_open_fn)(uint32_t pid, wb_err *err);
+
+typedef struct wb_lease_table {
+    wb_lease_rec **leases; /* sorted by id */
+    size_t n_leases;
+    size_t cap_leases;
+    wb_peer_rec **peers;
+    size_t n_peers;
+    size_t cap_peers;
+    wb_pidfd_open_fn open_pidfd; /* wb__pidfd_open unless a test replaces it */
+} wb_lease_table;
+
+void wb__leases_init(wb_lease_table *t);
+/* Frees every lease and peer record and closes every pidfd. */
+void wb__leases_destroy(wb_lease_table *t);
+
+/* Grants a new lease on `model` to the peer `c` (which must be known). The
+ * first lease of a pid opens its pidfd: WB_EPERM if the process is
+ * already gone. On success *out points to the new record, owned by the
+ * table. */
+int wb__leases_grant(wb_lease_table *t, struct wb_model *model, const wb_peer_creds *c,
+                     const char *comm, int64_t now_ms, double now_wall, wb_lease_rec **out,
+                     wb_err *err);
+
+/* Looks a lease up by id; NULL if absent. */
+wb_lease_rec *wb__leases_find(const wb_lease_table *t, const uint8_t *id);
+
+/* Removes a lease held by `pid`. WB_ENOTFOUND "no lease <8 hex>" for an
+ * unknown id, WB_EPERM "lease <8 hex> belongs to pid N" for another pid's
+ * lease. On success *model is the model the lease was on. */
+int wb__leases_release(wb_lease_table *t, uint32_t pid, const uint8_t *id, struct wb_model **model,
+                       wb_err *err);
+
+/* Removes a lease record, whoever holds it, and frees it. */
+void wb__leases_remove(wb_lease_table *t, wb_lease_rec *lease);
+
+/* Records a heartbeat from `pid` for lease `id`. Returns WB_OK, or
+ * WB_ENOTFOUND when the id is unknown or held by another pid. *revived is
+ * set to 1 when the lease was stale and is active again. */
+int wb__leases_heartbeat(wb_lease_table *t, uint32_t pid, const uint8_t *id, uint32_t containers,
+                         int64_t now_ms, double now_wall, int *revived);
+
+typedef void (*wb_lease_cb)(wb_lease_rec *lease, void *ctx);
+
+/* Marks stale every active lease silent for longer than stale_ms; calls cb
+ * (if not NULL) once per newly stale lease. Returns how many became stale. */
+size_t wb__leases_mark_stale(wb_lease_table *t, int64_t now_ms, int64_t stale_ms, wb_lease_cb cb,
+                             void *ctx);
+
+/* Removes every lease of `pid` (its death was proven), calling cb before each
+ * record is freed. Returns the number removed. */
+size_t wb__leases_reclaim_pid(wb_lease_table *t, uint32_t pid, wb_lease_cb cb, void *ctx);
+
+/* The peer record of a pid; NULL if it holds no lease. */
+wb_peer_rec *wb__leases_peer(const wb_lease_table *t, uint32_t pid);
+
+/* Number of leases in a state (WBPROTO__LEASE_STATE__*). */
+size_t wb__leases_count_state(const wb_lease_table *t, int state);
+
+/* The first four bytes of an id as 8 hex digits, for logs and messages. */
+const char *wb__lease_id_short(const uint8_t *id, char out[9]);
+/* The whole id as 32 hex digits. */
+const char *wb__lease_id_hex(const uint8_t *id, char out[33]);
+
+#endif

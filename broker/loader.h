@@ -1,0 +1,73 @@
+/* Loading a checkpoint into a slab: validate it with the safetensors reader,
+ * lay its tensors out at WB_SLAB_ALIGN-aligned offsets in one slab, read each
+ * tensor from its file straight into the slab and checksum it (XXH3-64).
+ *
+ * wb__load() does one load in the calling thread. wb_loader runs loads one
+ * after another in a background thread and signals each completion through
+ * an eventfd, so the broker's event loop keeps serving meanwhile. */
+#ifndef WB_BROKER_LOADER_H
+#define WB_BROKER_LOADER_H
+
+#include "backend.h"
+#include "err.h"
+#include "models.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Loads `path` into a new slab of backend `be`. On success *out owns the slab
+ * and the tensor table. `cancel` (may be NULL) is polled between reads; when
+ * it becomes nonzero the load stops with WB_ESTATE. */
+int wb__load(const char *path, const wb_backend *be, int device, const atomic_int *cancel,
+             wb_model_data *out, wb_err *err);
+
+typedef struct wb_load_job {
+    char *name; /* owned */
+    char *path; /* owned */
+    const wb_backend *backend;
+    int device;
+    /* Who asked, so the deferred reply can be sent: a ZeroMQ identity
+     * (owned copy) and the request id. ident is NULL for preloads. */
+    uint8_t *ident;
+    size_t ident_len;
+    uint64_t request_id;
+    /* The outcome, set by the loader thread. */
+    int rc;
+    wb_err err;
+    wb_model_data data;
+    struct wb_load_job *next;
+} wb_load_job;
+
+/* A new job with copies of name, path and ident; NULL when out of memory. */
+wb_load_job *wb__load_job_new(const char *name, const char *path, const wb_backend *be, int device,
+                              const void *ident, size_t ident_len, uint64_t request_id);
+/* Frees the job and whatever result it still owns; sets *job to NULL. */
+void wb__load_job_free(wb_load_job **job);
+
+typedef struct wb_loader {
+    pthread_t thread;
+    int running;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    wb_load_job *queue; /* waiting, in order */
+    wb_load_job *done;  /* finished, in order */
+    int stop;
+    atomic_int cancel;
+    int efd; /* eventfd: readable when a job has finished */
+} wb_loader;
+
+/* Creates the eventfd and starts the thread. Block the signals the process
+ * handles before calling this, so that the thread inherits the mask. */
+int wb__loader_start(wb_loader *l, wb_err *err);
+/* Queues a job; the loader owns it until wb__loader_take_done returns it. */
+void wb__loader_submit(wb_loader *l, wb_load_job *job);
+/* Drains the eventfd and returns the finished jobs in order (a list linked
+ * by `next`, owned by the caller), or NULL. */
+wb_load_job *wb__loader_take_done(wb_loader *l);
+/* Cancels the running load, stops the thread, and returns every job it had
+ * not finished or handed back (their rc is WB_ESTATE). Closes the eventfd. */
+wb_load_job *wb__loader_stop(wb_loader *l);
+
+#endif

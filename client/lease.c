@@ -1,0 +1,433 @@
+/* libwbclient: leases, their tensor tables, verification and containers. */
+#include "client_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#define MAX_DIMS 64
+
+static void hex_id(const uint8_t *id, char out[2 * WB_LEASE_ID_BYTES + 1])
+{
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < WB_LEASE_ID_BYTES; i++) {
+        out[2 * i] = digits[id[i] >> 4];
+        out[2 * i + 1] = digits[id[i] & 15];
+    }
+    out[2 * WB_LEASE_ID_BYTES] = '\0';
+}
+
+static void lease_free(wb_lease *l)
+{
+    if (!l)
+        return;
+    for (size_t i = 0; i < l->n_tensors; i++) {
+        free(l->tensors[i].name);
+        free(l->tensors[i].dtype);
+        free(l->tensors[i].shape);
+    }
+    free(l->tensors);
+    for (size_t i = 0; i < l->n_maps; i++)
+        wb__mapcache_put(&l->maps[i]);
+    free(l->maps);
+    free(l->model);
+    free(l);
+}
+
+static void unlink_lease(wb_lease *l)
+{
+    wb_client *c = l->client;
+    if (!c)
+        return;
+    if (l->prev)
+        l->prev->next = l->next;
+    else if (c->leases == l)
+        c->leases = l->next;
+    if (l->next)
+        l->next->prev = l->prev;
+    l->prev = l->next = NULL;
+}
+
+static int send_release(wb_client *c, const uint8_t *id, wb_err *err)
+{
+    Wbproto__ReleaseRequest rel = WBPROTO__RELEASE_REQUEST__INIT;
+    rel.lease_id.data = (uint8_t *)id;
+    rel.lease_id.len = WB_LEASE_ID_BYTES;
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_RELEASE;
+    req.release = &rel;
+    Wbproto__Reply *rep = NULL;
+    int rc = wb__client_call(c, &req, 0, &rep, err);
+    if (rc != WB_OK && !rep)
+        rc = WB_ECONN;
+    wb__reply_free(&rep);
+    return rc;
+}
+
+int wb__lease_end(wb_lease *lease, int tell, wb_err *err)
+{
+    int rc = WB_OK;
+    wb_client *c = lease->client;
+    wb__err_clear(err);
+    if (tell && c) {
+        wb_err e;
+        rc = send_release(c, lease->id, &e);
+        if (rc == WB_ECONN)
+            wb__err_set(err, rc, "release lease %.8s: the broker could not be told (%s)",
+                        lease->id_hex, e.msg);
+        else if (rc != WB_OK)
+            wb__err_set(err, rc, "release lease %.8s: %s", lease->id_hex, e.msg);
+    } else if (tell) {
+        rc = wb__err_set(err, WB_ECONN,
+                         "release lease %.8s: the broker could not be told (its client "
+                         "was destroyed)",
+                         lease->id_hex);
+    }
+    unlink_lease(lease);
+    lease_free(lease);
+    return rc;
+}
+
+/* Checks everything the tensor table's pointers will be computed from; the
+ * decoder has checked sizes and counts, but not that tensors fit their slab. */
+static int validate_lease(wb_client *c, const char *model, const Wbproto__Lease *pl)
+{
+    if (pl->id.len != WB_LEASE_ID_BYTES)
+        return wb__client_fail(c, WB_EPROTO, "acquire '%s': the lease id has %zu bytes, not %d",
+                               model, pl->id.len, WB_LEASE_ID_BYTES);
+    for (size_t i = 0; i < pl->n_tensors; i++) {
+        const Wbproto__Tensor *t = pl->tensors[i];
+        const char *name = t->name && t->name[0] ? t->name : "?";
+        if (!t->name || !t->name[0] || !t->dtype || !t->dtype[0])
+            return wb__client_fail(c, WB_EPROTO, "acquire '%s': tensor %zu has no name or no dtype",
+                                   model, i);
+        if (t->slab >= pl->n_slabs)
+            return wb__client_fail(c, WB_EPROTO, "acquire '%s': tensor '%s' names slab %u of %zu",
+                                   model, name, t->slab, pl->n_slabs);
+        uint64_t size = pl->slabs[t->slab]->size;
+        if (t->offset > size || t->nbytes > size - t->offset)
+            return wb__client_fail(c, WB_EPROTO,
+                                   "acquire '%s': tensor '%s' (offset %llu, %llu bytes) lies "
+                                   "outside slab %u of %llu bytes",
+                                   model, name, (unsigned long long)t->offset,
+                                   (unsigned long long)t->nbytes, t->slab,
+                                   (unsigned long long)size);
+        if (t->n_shape > MAX_DIMS)
+            return wb__client_fail(c, WB_EPROTO, "acquire '%s': tensor '%s' has %zu dimensions",
+                                   model, name, t->n_shape);
+    }
+    return WB_OK;
+}
+
+static int map_slabs(wb_client *c, const char *model, const Wbproto__Lease *pl, wb_lease *l)
+{
+    l->maps = calloc(pl->n_slabs ? pl->n_slabs : 1, sizeof *l->maps);
+    if (!l->maps)
+        return wb__client_fail(c, WB_ENOMEM, "acquire '%s': out of memory", model);
+    for (size_t i = 0; i < pl->n_slabs; i++) {
+        const Wbproto__Slab *s = pl->slabs[i];
+        if (s->backend == WBPROTO__BACKEND__BACKEND_CUDA)
+            return wb__client_fail(c, WB_ENOSYS,
+                                   "acquire '%s': slab %zu is on cuda device %d: this client "
+                                   "build cannot open cuda slabs yet",
+                                   model, i, s->device);
+        if (s->backend != WBPROTO__BACKEND__BACKEND_HOST)
+            return wb__client_fail(c, WB_EPROTO, "acquire '%s': slab %zu has unknown backend %d",
+                                   model, i, (int)s->backend);
+        wb_err e;
+        int rc = wb__mapcache_get_host(s->shm_name, s->size, &l->maps[i], &e);
+        if (rc != WB_OK)
+            return wb__client_fail(c, rc, "acquire '%s': slab %zu: %s", model, i, e.msg);
+        l->n_maps = i + 1;
+    }
+    return WB_OK;
+}
+
+static char *dup_str(const char *s)
+{
+    return strdup(s ? s : "");
+}
+
+static int build_tensors(wb_client *c, const char *model, const Wbproto__Lease *pl, wb_lease *l)
+{
+    l->tensors = calloc(pl->n_tensors ? pl->n_tensors : 1, sizeof *l->tensors);
+    if (!l->tensors)
+        return wb__client_fail(c, WB_ENOMEM, "acquire '%s': out of memory", model);
+    for (size_t i = 0; i < pl->n_tensors; i++) {
+        const Wbproto__Tensor *t = pl->tensors[i];
+        wb__tensor_entry *lt = &l->tensors[i];
+        l->n_tensors = i + 1;
+        lt->name = dup_str(t->name);
+        lt->dtype = dup_str(t->dtype);
+        lt->ndim = (uint32_t)t->n_shape;
+        lt->shape = calloc(t->n_shape ? t->n_shape : 1, sizeof *lt->shape);
+        if (!lt->name || !lt->dtype || !lt->shape)
+            return wb__client_fail(c, WB_ENOMEM, "acquire '%s': out of memory", model);
+        if (t->n_shape)
+            memcpy(lt->shape, t->shape, t->n_shape * sizeof *lt->shape);
+        lt->data = (const uint8_t *)wb__map_addr(l->maps[t->slab]) + t->offset;
+        lt->nbytes = t->nbytes;
+        lt->xxh3 = t->xxh3;
+        lt->device = -1;
+    }
+    return WB_OK;
+}
+
+WB_EXPORT int wb_lease_acquire(wb_client *client, const char *model, wb_lease **out)
+{
+    if (out)
+        *out = NULL;
+    if (!client)
+        return WB_EINVAL;
+    pthread_mutex_lock(&client->mu);
+    int rc;
+    if (!out || !model || !model[0]) {
+        rc = wb__client_fail(client, WB_EINVAL, "acquire: %s",
+                             !out ? "no place for the lease (out is NULL)" : "no model name");
+        pthread_mutex_unlock(&client->mu);
+        return rc;
+    }
+    Wbproto__AcquireRequest acq = WBPROTO__ACQUIRE_REQUEST__INIT;
+    acq.model = (char *)model;
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
+    req.acquire = &acq;
+    Wbproto__Reply *rep = NULL;
+    wb_err e;
+    rc = wb__client_call(client, &req, 0, &rep, &e);
+    if (rc != WB_OK) {
+        wb__reply_free(&rep);
+        rc = wb__client_fail(client, rc, "acquire '%s': %s", model, e.msg);
+        pthread_mutex_unlock(&client->mu);
+        return rc;
+    }
+    const Wbproto__Lease *pl = rep->acquire ? rep->acquire->lease : NULL;
+    wb_lease *l = NULL;
+    if (!pl) {
+        rc = wb__client_fail(client, WB_EPROTO, "acquire '%s': the reply carries no lease", model);
+    } else if ((rc = validate_lease(client, model, pl)) == WB_OK) {
+        l = calloc(1, sizeof *l);
+        if (!l)
+            rc = wb__client_fail(client, WB_ENOMEM, "acquire '%s': out of memory", model);
+    }
+    if (l) {
+        memcpy(l->id, pl->id.data, WB_LEASE_ID_BYTES);
+        hex_id(l->id, l->id_hex);
+        atomic_init(&l->containers, 0);
+        atomic_init(&l->orphaned, 0);
+        l->model = strdup(model);
+        if (!l->model)
+            rc = wb__client_fail(client, WB_ENOMEM, "acquire '%s': out of memory", model);
+        if (rc == WB_OK)
+            rc = map_slabs(client, model, pl, l);
+        if (rc == WB_OK)
+            rc = build_tensors(client, model, pl, l);
+    }
+    if (rc != WB_OK && pl && pl->id.len == WB_LEASE_ID_BYTES) {
+        /* The broker granted a lease this process cannot use: hand it back
+         * now rather than leave it to process exit. */
+        wb_err ignored;
+        send_release(client, pl->id.data, &ignored);
+    }
+    wb__reply_free(&rep);
+    if (rc != WB_OK) {
+        lease_free(l);
+        pthread_mutex_unlock(&client->mu);
+        return rc;
+    }
+    l->client = client;
+    l->next = client->leases;
+    if (client->leases)
+        client->leases->prev = l;
+    client->leases = l;
+    *out = l;
+    pthread_mutex_unlock(&client->mu);
+    return WB_OK;
+}
+
+WB_EXPORT int wb_lease_release(wb_lease **lease)
+{
+    if (!lease)
+        return WB_EINVAL;
+    wb_lease *l = *lease;
+    if (!l)
+        return WB_OK;
+    wb_client *c = l->client;
+    if (!c) {
+        /* Detached by wb_client_destroy: only the local side is left. */
+        if (atomic_load(&l->containers) > 0)
+            return WB_EBUSY;
+        *lease = NULL;
+        lease_free(l);
+        return WB_ECONN;
+    }
+    pthread_mutex_lock(&c->mu);
+    unsigned n = atomic_load(&l->containers);
+    if (n > 0) {
+        int rc = wb__client_fail(c, WB_EBUSY,
+                                 "release lease %.8s (model '%s'): %u container(s) still use it",
+                                 l->id_hex, l->model, n);
+        pthread_mutex_unlock(&c->mu);
+        return rc;
+    }
+    *lease = NULL;
+    /* An orphaned lease is unknown to the broker that runs now: there is
+     * nobody to tell. */
+    wb_err e;
+    int rc = wb__lease_end(l, !atomic_load(&l->orphaned), &e);
+    if (rc != WB_OK)
+        wb__client_fail(c, rc, "%s", e.msg);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+WB_EXPORT const char *wb_lease_model(const wb_lease *lease)
+{
+    return lease ? lease->model : NULL;
+}
+
+WB_EXPORT const uint8_t *wb_lease_id(const wb_lease *lease)
+{
+    return lease ? lease->id : NULL;
+}
+
+WB_EXPORT void wb_lease_id_hex(const wb_lease *lease, char out[33])
+{
+    if (!out)
+        return;
+    if (!lease) {
+        out[0] = '\0';
+        return;
+    }
+    memcpy(out, lease->id_hex, sizeof lease->id_hex);
+}
+
+WB_EXPORT int wb_lease_orphaned(const wb_lease *lease)
+{
+    return lease ? atomic_load(&lease->orphaned) : 0;
+}
+
+WB_EXPORT size_t wb_lease_tensor_count(const wb_lease *lease)
+{
+    return lease ? lease->n_tensors : 0;
+}
+
+static void fill_view(const wb__tensor_entry *t, wb_tensor_view *out)
+{
+    out->name = t->name;
+    out->dtype = t->dtype;
+    out->ndim = t->ndim;
+    out->shape = t->shape;
+    out->data = t->data;
+    out->nbytes = t->nbytes;
+    out->xxh3 = t->xxh3;
+    out->device = t->device;
+}
+
+WB_EXPORT int wb_lease_tensor(const wb_lease *lease, size_t index, wb_tensor_view *out)
+{
+    if (!lease || !out)
+        return WB_EINVAL;
+    if (index >= lease->n_tensors) {
+        if (lease->client) {
+            pthread_mutex_lock(&lease->client->mu);
+            wb__client_fail(lease->client, WB_EINVAL,
+                            "lease %.8s (model '%s'): tensor index %zu out of range (%zu "
+                            "tensors)",
+                            lease->id_hex, lease->model, index, lease->n_tensors);
+            pthread_mutex_unlock(&lease->client->mu);
+        }
+        return WB_EINVAL;
+    }
+    fill_view(&lease->tensors[index], out);
+    return WB_OK;
+}
+
+WB_EXPORT int wb_lease_find(const wb_lease *lease, const char *name, wb_tensor_view *out)
+{
+    if (!lease || !name || !out)
+        return WB_EINVAL;
+    for (size_t i = 0; i < lease->n_tensors; i++) {
+        if (strcmp(lease->tensors[i].name, name) == 0) {
+            fill_view(&lease->tensors[i], out);
+            return WB_OK;
+        }
+    }
+    if (lease->client) {
+        pthread_mutex_lock(&lease->client->mu);
+        wb__client_fail(lease->client, WB_ENOTFOUND, "lease %.8s (model '%s'): no tensor '%s'",
+                        lease->id_hex, lease->model, name);
+        pthread_mutex_unlock(&lease->client->mu);
+    }
+    return WB_ENOTFOUND;
+}
+
+WB_EXPORT int wb_lease_verify(const wb_lease *lease, size_t *bad_index)
+{
+    if (!lease)
+        return WB_EINVAL;
+    for (size_t i = 0; i < lease->n_tensors; i++) {
+        const wb__tensor_entry *t = &lease->tensors[i];
+        int rc = WB_OK;
+        uint64_t got = 0;
+        if (t->device >= 0)
+            rc = WB_ENOSYS;
+        else if ((got = XXH3_64bits(t->data, (size_t)t->nbytes)) != t->xxh3)
+            rc = WB_ECORRUPT;
+        if (rc == WB_OK)
+            continue;
+        if (bad_index)
+            *bad_index = i;
+        if (lease->client) {
+            pthread_mutex_lock(&lease->client->mu);
+            if (rc == WB_ENOSYS)
+                wb__client_fail(lease->client, rc,
+                                "verify lease %.8s: tensor '%s' is in device memory; only host "
+                                "tensors can be verified here",
+                                lease->id_hex, t->name);
+            else
+                wb__client_fail(lease->client, rc,
+                                "verify lease %.8s: tensor '%s' has checksum %016llx, the "
+                                "broker recorded %016llx",
+                                lease->id_hex, t->name, (unsigned long long)got,
+                                (unsigned long long)t->xxh3);
+            pthread_mutex_unlock(&lease->client->mu);
+        }
+        return rc;
+    }
+    return WB_OK;
+}
+
+WB_EXPORT int wb_lease_container_add(wb_lease *lease)
+{
+    if (!lease)
+        return WB_EINVAL;
+    atomic_fetch_add(&lease->containers, 1);
+    return WB_OK;
+}
+
+WB_EXPORT int wb_lease_container_remove(wb_lease *lease)
+{
+    if (!lease)
+        return WB_EINVAL;
+    unsigned n = atomic_load(&lease->containers);
+    while (n > 0 && !atomic_compare_exchange_weak(&lease->containers, &n, n - 1))
+        ;
+    if (n == 0) {
+        if (lease->client) {
+            pthread_mutex_lock(&lease->client->mu);
+            wb__client_fail(lease->client, WB_EINVAL,
+                            "lease %.8s: container_remove without a matching container_add",
+                            lease->id_hex);
+            pthread_mutex_unlock(&lease->client->mu);
+        }
+        return WB_EINVAL;
+    }
+    return WB_OK;
+}
+
+WB_EXPORT unsigned wb_lease_containers(const wb_lease *lease)
+{
+    return lease ? atomic_load(&lease->containers) : 0;
+}

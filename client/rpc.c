@@ -1,0 +1,290 @@
+#include "rpc.h"
+
+#include "paths.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdio.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#define DEFAULT_TIMEOUT_MS 5000
+
+int64_t wb__now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int wb__rpc_default_timeout(void)
+{
+    const char *env = getenv("WB_TIMEOUT_MS");
+    if (env && env[0]) {
+        char *end;
+        errno = 0;
+        long v = strtol(env, &end, 10);
+        if (errno == 0 && *end == '\0' && v > 0 && v <= 86400000)
+            return (int)v;
+    }
+    return DEFAULT_TIMEOUT_MS;
+}
+
+/* A fresh DEALER with linger 0, so closing it never waits for a dead broker. */
+static int open_socket(wb__rpc *rpc, wb_err *err)
+{
+    void *s = zmq_socket(rpc->ctx, ZMQ_DEALER);
+    if (!s)
+        return wb__err_set(err, WB_ECONN, "cannot create a socket for %s: %s", rpc->path,
+                           zmq_strerror(zmq_errno()));
+    int linger = 0;
+    int64_t maxmsg = WB_MAX_MESSAGE;
+    if (zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+        zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) != 0 ||
+        zmq_connect(s, rpc->endpoint) != 0) {
+        int e = zmq_errno();
+        zmq_close(s);
+        return wb__err_set(err, WB_ECONN, "cannot connect to %s: %s", rpc->path, zmq_strerror(e));
+    }
+    rpc->sock = s;
+    return WB_OK;
+}
+
+static void close_socket(wb__rpc *rpc)
+{
+    if (rpc->sock) {
+        zmq_close(rpc->sock);
+        rpc->sock = NULL;
+    }
+}
+
+/* A socket file left by a broker that died refuses connections; libzmq would
+ * retry in silence until the request timed out. One plain connect tells a
+ * dead broker from a busy one at once. Anything but a refusal (including a
+ * full backlog) is left for the real exchange to judge. */
+static int probe_listener(const char *path, wb_err *err)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return WB_OK;
+    struct sockaddr_un sun = {.sun_family = AF_UNIX};
+    snprintf(sun.sun_path, sizeof sun.sun_path, "%s", path);
+    int rc = WB_OK;
+    if (connect(fd, (struct sockaddr *)&sun, sizeof sun) != 0 && errno == ECONNREFUSED)
+        rc = wb__err_errno(err, WB_ECONN, errno, "no broker listening at %s", path);
+    close(fd);
+    return rc;
+}
+
+int wb__rpc_open(wb__rpc *rpc, const char *socket_path, int timeout_ms, wb_err *err)
+{
+    memset(rpc, 0, sizeof *rpc);
+    rpc->timeout_ms = timeout_ms > 0 ? timeout_ms : wb__rpc_default_timeout();
+    if (wb__socket_path(socket_path, rpc->path, sizeof rpc->path) != WB_OK)
+        return wb__err_set(err, WB_EINVAL, "broker socket path is too long for a socket address");
+    if (wb__socket_endpoint(rpc->path, rpc->endpoint, sizeof rpc->endpoint) != WB_OK)
+        return wb__err_set(err, WB_EINVAL, "broker socket path %s is too long", rpc->path);
+
+    /* libzmq would silently keep retrying a missing path; check first so the
+     * caller learns at once that no broker listens there. */
+    struct stat st;
+    if (stat(rpc->path, &st) != 0)
+        return wb__err_errno(err, WB_ECONN, errno, "no broker socket at %s", rpc->path);
+    if (!S_ISSOCK(st.st_mode))
+        return wb__err_set(err, WB_ECONN, "no broker socket at %s: not a socket", rpc->path);
+    if (access(rpc->path, W_OK) != 0)
+        return wb__err_errno(err, WB_ECONN, errno, "no broker socket at %s", rpc->path);
+    int rc = probe_listener(rpc->path, err);
+    if (rc != WB_OK)
+        return rc;
+
+    rpc->ctx = zmq_ctx_new();
+    if (!rpc->ctx)
+        return wb__err_set(err, WB_ECONN, "cannot create a ZeroMQ context: %s",
+                           zmq_strerror(zmq_errno()));
+    rpc->next_id = 1;
+    rc = open_socket(rpc, err);
+    if (rc != WB_OK)
+        wb__rpc_close(rpc);
+    return rc;
+}
+
+void wb__rpc_close(wb__rpc *rpc)
+{
+    if (!rpc)
+        return;
+    close_socket(rpc);
+    if (rpc->ctx) {
+        while (zmq_ctx_term(rpc->ctx) != 0 && zmq_errno() == EINTR)
+            ;
+        rpc->ctx = NULL;
+    }
+}
+
+/* Waits for `events` on the socket until `deadline`. Returns 1 when ready,
+ * 0 on timeout, a negative code on error. */
+static int wait_socket(wb__rpc *rpc, short events, int64_t deadline, wb_err *err)
+{
+    for (;;) {
+        int64_t left = deadline - wb__now_ms();
+        if (left < 0)
+            left = 0;
+        zmq_pollitem_t item = {.socket = rpc->sock, .events = events};
+        int n = zmq_poll(&item, 1, (long)left);
+        if (n > 0)
+            return 1;
+        if (n == 0)
+            return 0;
+        if (zmq_errno() != EINTR)
+            return wb__err_set(err, WB_ECONN, "waiting for the broker at %s: %s", rpc->path,
+                               zmq_strerror(zmq_errno()));
+        if (left == 0)
+            return 0;
+    }
+}
+
+/* Reads one message. Returns 1 with the payload in msg, 0 if it was a
+ * multi-frame message (discarded), or a negative code. */
+static int recv_one(wb__rpc *rpc, zmq_msg_t *msg, wb_err *err)
+{
+    if (zmq_msg_recv(msg, rpc->sock, ZMQ_DONTWAIT) < 0) {
+        int e = zmq_errno();
+        if (e == EAGAIN || e == EINTR)
+            return 0;
+        return wb__err_set(err, WB_ECONN, "receiving from the broker at %s: %s", rpc->path,
+                           zmq_strerror(e));
+    }
+    if (!zmq_msg_more(msg))
+        return 1;
+    /* The broker always answers with one frame: drop anything else whole. */
+    while (zmq_msg_more(msg)) {
+        if (zmq_msg_recv(msg, rpc->sock, ZMQ_DONTWAIT) < 0)
+            break;
+    }
+    return 0;
+}
+
+/* The timeout path: drop the socket (and whatever it still queues) and start
+ * a new one so the next request cannot meet this request's late reply. */
+static int timed_out(wb__rpc *rpc, int timeout_ms, wb_err *err)
+{
+    close_socket(rpc);
+    wb_err ignored;
+    open_socket(rpc, &ignored);
+    return wb__err_set(err, WB_ETIMEDOUT, "no reply from the broker at %s within %d ms", rpc->path,
+                       timeout_ms);
+}
+
+static int exchange(wb__rpc *rpc, const uint8_t *buf, size_t len, uint64_t want_id, int any_id,
+                    int timeout_ms, Wbproto__Reply **out, wb_err *err)
+{
+    int64_t deadline = wb__now_ms() + timeout_ms;
+    if (!rpc->ctx)
+        return wb__err_set(err, WB_ECONN, "not connected to a broker");
+    if (!rpc->sock) {
+        int rc = open_socket(rpc, err);
+        if (rc != WB_OK)
+            return rc;
+    }
+
+    int ready = wait_socket(rpc, ZMQ_POLLOUT, deadline, err);
+    if (ready < 0)
+        return ready;
+    if (ready == 0)
+        return timed_out(rpc, timeout_ms, err);
+    if (zmq_send(rpc->sock, buf, len, ZMQ_DONTWAIT) < 0) {
+        int e = zmq_errno();
+        if (e == EAGAIN)
+            return timed_out(rpc, timeout_ms, err);
+        return wb__err_set(err, WB_ECONN, "sending to the broker at %s: %s", rpc->path,
+                           zmq_strerror(e));
+    }
+
+    for (;;) {
+        ready = wait_socket(rpc, ZMQ_POLLIN, deadline, err);
+        if (ready < 0)
+            return ready;
+        if (ready == 0)
+            return timed_out(rpc, timeout_ms, err);
+        zmq_msg_t msg;
+        zmq_msg_init(&msg);
+        int got = recv_one(rpc, &msg, err);
+        if (got <= 0) {
+            zmq_msg_close(&msg);
+            if (got < 0)
+                return got;
+            continue;
+        }
+        Wbproto__Reply *rep = NULL;
+        wb_err derr;
+        int rc = wb__reply_decode(zmq_msg_data(&msg), zmq_msg_size(&msg), &rep, &derr);
+        zmq_msg_close(&msg);
+        if (rc != WB_OK)
+            return wb__err_set(err, rc, "malformed reply from the broker at %s: %s", rpc->path,
+                               derr.msg);
+        if (!any_id && rep->id != want_id) {
+            /* A late answer to an earlier request: not ours. */
+            wb__reply_free(&rep);
+            continue;
+        }
+        *out = rep;
+        return WB_OK;
+    }
+}
+
+/* The request and reply body numbers are the same in wb.proto. */
+static int check_reply(Wbproto__Reply **out, int want_body, wb_err *err)
+{
+    Wbproto__Reply *rep = *out;
+    if (rep->status > 0) {
+        int st = rep->status;
+        wb__reply_free(out);
+        return wb__err_set(err, WB_EPROTO, "the broker answered with a positive status %d", st);
+    }
+    if (rep->status < 0)
+        return wb__err_set(err, rep->status, "%s",
+                           rep->error && rep->error[0] ? rep->error : wb_strerror(rep->status));
+    if (want_body != 0 && (int)rep->body_case != want_body) {
+        int got = (int)rep->body_case;
+        wb__reply_free(out);
+        return wb__err_set(err, WB_EPROTO,
+                           "the broker answered request kind %d with a reply of kind %d", want_body,
+                           got);
+    }
+    return WB_OK;
+}
+
+int wb__rpc_call(wb__rpc *rpc, Wbproto__Request *req, int timeout_ms, Wbproto__Reply **out,
+                 wb_err *err)
+{
+    *out = NULL;
+    if (timeout_ms <= 0)
+        timeout_ms = rpc->timeout_ms;
+    req->version = WB_PROTOCOL_VERSION;
+    req->id = rpc->next_id++;
+    size_t len = 0;
+    uint8_t *buf = wb__request_pack(req, &len);
+    if (!buf)
+        return wb__err_set(err, WB_ENOMEM, "out of memory encoding a request");
+    int rc = exchange(rpc, buf, len, req->id, 0, timeout_ms, out, err);
+    free(buf);
+    if (rc != WB_OK)
+        return rc;
+    return check_reply(out, (int)req->body_case, err);
+}
+
+int wb__rpc_call_raw(wb__rpc *rpc, const uint8_t *buf, size_t len, int timeout_ms,
+                     Wbproto__Reply **out, wb_err *err)
+{
+    *out = NULL;
+    if (timeout_ms <= 0)
+        timeout_ms = rpc->timeout_ms;
+    int rc = exchange(rpc, buf, len, 0, 1, timeout_ms, out, err);
+    if (rc != WB_OK)
+        return rc;
+    return check_reply(out, 0, err);
+}

@@ -1,0 +1,65 @@
+/* Synchronous request/reply exchanges with the broker over a ZeroMQ DEALER.
+ *
+ * Internal to libwbclient and wbctl; not part of the public API. One wb__rpc
+ * is not thread-safe: its owner serialises calls (the client holds its mutex
+ * around every call). Every request gets a fresh id; replies with other ids
+ * are discarded. On a timeout the socket is closed and re-created, so that a
+ * late reply or a request still queued for a dead broker cannot be mistaken
+ * for the answer to a later request. */
+#ifndef WB_RPC_H
+#define WB_RPC_H
+
+#include "err.h"
+#include "wire.h"
+
+#include <stdint.h>
+#include <sys/un.h>
+
+#define WB_RPC_PATH_MAX sizeof(((struct sockaddr_un *)0)->sun_path)
+
+typedef struct wb__rpc {
+    void *ctx;
+    void *sock; /* NULL after a failed re-creation; the next call retries */
+    char path[WB_RPC_PATH_MAX];
+    char endpoint[WB_RPC_PATH_MAX + 8];
+    uint64_t next_id;
+    int timeout_ms; /* default for calls that pass 0 */
+} wb__rpc;
+
+/* Resolves the socket path (see wb__socket_path: `socket_path` may be NULL),
+ * checks that it is a socket this process may open and that something
+ * listens on it, and connects. Returns WB_ECONN "no broker socket at PATH:
+ * <reason>" or "no broker listening at PATH: <reason>" when not, WB_EINVAL
+ * for a path that does not fit a socket address. Nothing is sent yet. On
+ * failure rpc is left closed (wb__rpc_close is harmless). */
+int wb__rpc_open(wb__rpc *rpc, const char *socket_path, int timeout_ms, wb_err *err);
+
+/* Closes the socket and the ZeroMQ context. Safe on a closed or zeroed rpc. */
+void wb__rpc_close(wb__rpc *rpc);
+
+/* Sends `req` (its version and id are filled in here) and waits up to
+ * timeout_ms (0: the rpc's default) for the reply with the same id.
+ *
+ * Returns 0 with *out set to a reply of the matching kind (free it with
+ * wb__reply_free). When the broker answered with an error, returns its
+ * status with its message in err and *out still set, so callers can tell a
+ * refusal (*out != NULL) from a failed exchange (*out == NULL): WB_ETIMEDOUT,
+ * WB_ECONN, WB_EPROTO (malformed reply, or a reply of the wrong kind) or
+ * WB_ENOMEM. */
+int wb__rpc_call(wb__rpc *rpc, Wbproto__Request *req, int timeout_ms, Wbproto__Reply **out,
+                 wb_err *err);
+
+/* Sends arbitrary bytes as one frame and returns the first reply that arrives,
+ * whatever its id, decoded as by wb__rpc_call (a nonzero status is returned
+ * with *out set). For tests and diagnostics of the broker's decoder. */
+int wb__rpc_call_raw(wb__rpc *rpc, const uint8_t *buf, size_t len, int timeout_ms,
+                     Wbproto__Reply **out, wb_err *err);
+
+/* Default per-request timeout: $WB_TIMEOUT_MS when it is a positive number,
+ * else 5000. */
+int wb__rpc_default_timeout(void);
+
+/* Monotonic clock in milliseconds. */
+int64_t wb__now_ms(void);
+
+#endif

@@ -1,0 +1,489 @@
+/* wbctl's broker commands: models, leases, load, unload, stats. */
+#include "wbctl.h"
+
+#include "rpc.h"
+#include "wire.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* A load can read many gigabytes before the broker answers. */
+#define LOAD_TIMEOUT_MS (10 * 60 * 1000)
+
+#define GLOBAL_OPTS "[--socket PATH] [--timeout-ms MS]"
+
+/* Parses a subcommand's own options (--json, --help) and exactly `nargs`
+ * positional arguments into pos. Returns -1 to go on, else the exit code. */
+static int parse_args(int argc, char **argv, const char *synopsis, const char *about, int nargs,
+                      const char *const *arg_names, int *json, char **pos)
+{
+    static const struct option opts[] = {
+        {"json", no_argument, NULL, 'j'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *cmd = argv[0];
+    *json = 0;
+    opterr = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'j':
+            *json = 1;
+            break;
+        case 'h':
+            printf("usage: wbctl " GLOBAL_OPTS " %s\n\n%s\n", synopsis, about);
+            return WBCTL_EXIT_OK;
+        default:
+            if (optopt)
+                fprintf(stderr, "wbctl %s: unknown option '-%c'\n", cmd, optopt);
+            else
+                fprintf(stderr, "wbctl %s: unknown option '%s'\n", cmd, argv[optind - 1]);
+            fprintf(stderr, "usage: wbctl " GLOBAL_OPTS " %s\n", synopsis);
+            return WBCTL_EXIT_USAGE;
+        }
+    }
+    int have = argc - optind;
+    if (have < nargs) {
+        fprintf(stderr, "wbctl %s: missing argument %s\nusage: wbctl " GLOBAL_OPTS " %s\n", cmd,
+                arg_names[have], synopsis);
+        return WBCTL_EXIT_USAGE;
+    }
+    if (have > nargs) {
+        fprintf(stderr, "wbctl %s: unexpected argument '%s'\nusage: wbctl " GLOBAL_OPTS " %s\n",
+                cmd, argv[optind + nargs], synopsis);
+        return WBCTL_EXIT_USAGE;
+    }
+    for (int i = 0; i < nargs; i++)
+        pos[i] = argv[optind + i];
+    return -1;
+}
+
+/* One exchange with the broker. Returns -1 with *rep set on success, else
+ * the exit code after printing why: 1 when the broker refused, 69 when no
+ * broker answered. */
+static int call(const wbctl_globals *g, const char *op, Wbproto__Request *req, int timeout_ms,
+                Wbproto__Reply **rep)
+{
+    wb__rpc rpc;
+    wb_err e;
+    *rep = NULL;
+    int rc = wb__rpc_open(&rpc, g->socket_path, timeout_ms, &e);
+    if (rc != WB_OK) {
+        wb__rpc_close(&rpc);
+        fprintf(stderr, "wbctl: %s\n", e.msg);
+        return rc == WB_EINVAL ? WBCTL_EXIT_USAGE : WBCTL_EXIT_UNAVAILABLE;
+    }
+    rc = wb__rpc_call(&rpc, req, 0, rep, &e);
+    wb__rpc_close(&rpc);
+    if (rc == WB_OK)
+        return -1;
+    fprintf(stderr, "wbctl: %s: %s\n", op, e.msg);
+    if (*rep) {
+        wb__reply_free(rep);
+        return WBCTL_EXIT_REFUSED;
+    }
+    return WBCTL_EXIT_UNAVAILABLE;
+}
+
+static int print_json(json_t *j)
+{
+    if (!j) {
+        fprintf(stderr, "wbctl: out of memory\n");
+        return 1;
+    }
+    char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(j);
+    if (!s) {
+        fprintf(stderr, "wbctl: out of memory\n");
+        return 1;
+    }
+    puts(s);
+    free(s);
+    return WBCTL_EXIT_OK;
+}
+
+/* A plain table: rows of strings, columns padded to their widest cell. */
+typedef struct table {
+    size_t ncols, nrows, cap;
+    char **cells;
+} table;
+
+static void table_add(table *t, ...)
+{
+    if (t->nrows == t->cap) {
+        size_t cap = t->cap ? 2 * t->cap : 8;
+        char **cells = realloc(t->cells, cap * t->ncols * sizeof *cells);
+        if (!cells)
+            return;
+        t->cells = cells;
+        t->cap = cap;
+    }
+    va_list ap;
+    va_start(ap, t);
+    for (size_t i = 0; i < t->ncols; i++) {
+        const char *s = va_arg(ap, const char *);
+        t->cells[t->nrows * t->ncols + i] = strdup(s ? s : "");
+    }
+    va_end(ap);
+    t->nrows++;
+}
+
+static void table_print(table *t)
+{
+    size_t width[16] = {0};
+    for (size_t r = 0; r < t->nrows; r++) {
+        for (size_t c = 0; c < t->ncols && c < 16; c++) {
+            const char *s = t->cells[r * t->ncols + c];
+            size_t n = s ? strlen(s) : 0;
+            if (n > width[c])
+                width[c] = n;
+        }
+    }
+    for (size_t r = 0; r < t->nrows; r++) {
+        for (size_t c = 0; c < t->ncols; c++) {
+            const char *s = t->cells[r * t->ncols + c];
+            if (c + 1 < t->ncols)
+                printf("%-*s  ", (int)width[c], s ? s : "");
+            else
+                printf("%s\n", s ? s : "");
+        }
+    }
+    for (size_t i = 0; i < t->nrows * t->ncols; i++)
+        free(t->cells[i]);
+    free(t->cells);
+    t->cells = NULL;
+    t->nrows = t->cap = 0;
+}
+
+static double now_unix(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void fmt_age(char *buf, size_t size, double seconds)
+{
+    long s = seconds > 0 ? (long)seconds : 0;
+    if (s < 60)
+        snprintf(buf, size, "%lds", s);
+    else if (s < 3600)
+        snprintf(buf, size, "%ldm%02lds", s / 60, s % 60);
+    else
+        snprintf(buf, size, "%ldh%02ldm%02lds", s / 3600, (s / 60) % 60, s % 60);
+}
+
+static void hex(const ProtobufCBinaryData *b, char *out, size_t size)
+{
+    static const char digits[] = "0123456789abcdef";
+    size_t o = 0;
+    for (size_t i = 0; i < b->len && o + 2 < size; i++) {
+        out[o++] = digits[b->data[i] >> 4];
+        out[o++] = digits[b->data[i] & 15];
+    }
+    out[o] = '\0';
+}
+
+static json_t *model_json(const Wbproto__ModelInfo *m)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "name", json_string(m->name));
+    json_object_set_new(o, "path", json_string(m->path));
+    json_object_set_new(o, "state", json_string(wb__model_state_name(m->state)));
+    json_object_set_new(o, "backend", json_string(wb__backend_name(m->backend)));
+    json_object_set_new(o, "device", json_integer(m->device));
+    json_object_set_new(o, "tensors", json_integer(m->tensors));
+    json_object_set_new(o, "bytes", json_integer((json_int_t)m->bytes));
+    json_object_set_new(o, "slab_bytes", json_integer((json_int_t)m->slab_bytes));
+    json_object_set_new(o, "leases", json_integer(m->leases));
+    json_object_set_new(o, "load_seconds", json_real(m->load_seconds));
+    json_object_set_new(o, "load_gbps", json_real(m->load_gbps));
+    if (m->error && m->error[0])
+        json_object_set_new(o, "error", json_string(m->error));
+    return o;
+}
+
+static void model_header(table *t)
+{
+    table_add(t, "NAME", "STATE", "BACKEND", "DEVICE", "TENSORS", "BYTES", "LEASES", "LOAD_S",
+              "GB/S");
+}
+
+static void model_row(table *t, const Wbproto__ModelInfo *m)
+{
+    char dev[16], tensors[16], bytes[32], leases[16], secs[32], gbps[32];
+    snprintf(dev, sizeof dev, "%d", m->device);
+    snprintf(tensors, sizeof tensors, "%u", m->tensors);
+    snprintf(bytes, sizeof bytes, "%llu", (unsigned long long)m->bytes);
+    snprintf(leases, sizeof leases, "%u", m->leases);
+    if (m->state == WBPROTO__MODEL_STATE__MODEL_LOADING) {
+        snprintf(secs, sizeof secs, "-");
+        snprintf(gbps, sizeof gbps, "-");
+    } else {
+        snprintf(secs, sizeof secs, "%.3f", m->load_seconds);
+        snprintf(gbps, sizeof gbps, "%.2f", m->load_gbps);
+    }
+    table_add(t, m->name, wb__model_state_name(m->state), wb__backend_name(m->backend), dev,
+              tensors, bytes, leases, secs, gbps);
+}
+
+int wbctl_models(const wbctl_globals *g, int argc, char **argv)
+{
+    int json;
+    int rc = parse_args(argc, argv, "models [--json]",
+                        "Lists the broker's models: state, backend, size, leases and how fast "
+                        "each was loaded.",
+                        0, NULL, &json, NULL);
+    if (rc >= 0)
+        return rc;
+    Wbproto__ListModelsRequest body = WBPROTO__LIST_MODELS_REQUEST__INIT;
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_LIST_MODELS;
+    req.list_models = &body;
+    Wbproto__Reply *rep;
+    if ((rc = call(g, "models", &req, g->timeout_ms, &rep)) >= 0)
+        return rc;
+    const Wbproto__ListModelsReply *lm = rep->list_models;
+    if (json) {
+        json_t *arr = json_array();
+        for (size_t i = 0; i < lm->n_models; i++)
+            json_array_append_new(arr, model_json(lm->models[i]));
+        rc = print_json(arr);
+    } else {
+        table t = {.ncols = 9};
+        model_header(&t);
+        for (size_t i = 0; i < lm->n_models; i++)
+            model_row(&t, lm->models[i]);
+        table_print(&t);
+        rc = WBCTL_EXIT_OK;
+    }
+    wb__reply_free(&rep);
+    return rc;
+}
+
+int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
+{
+    int json;
+    int rc = parse_args(argc, argv, "leases [--json]",
+                        "Lists the leases the broker has granted: owner process, state, "
+                        "containers, age and time since the last heartbeat.",
+                        0, NULL, &json, NULL);
+    if (rc >= 0)
+        return rc;
+    Wbproto__ListLeasesRequest body = WBPROTO__LIST_LEASES_REQUEST__INIT;
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_LIST_LEASES;
+    req.list_leases = &body;
+    Wbproto__Reply *rep;
+    if ((rc = call(g, "leases", &req, g->timeout_ms, &rep)) >= 0)
+        return rc;
+    const Wbproto__ListLeasesReply *ll = rep->list_leases;
+    double now = now_unix();
+    json_t *arr = json ? json_array() : NULL;
+    table t = {.ncols = 11};
+    if (!json)
+        table_add(&t, "ID", "MODEL", "PID", "PROCESS", "UID", "STATE", "CONTAINERS", "SLABS",
+                  "BYTES", "AGE", "HEARTBEAT");
+    for (size_t i = 0; i < ll->n_leases; i++) {
+        const Wbproto__LeaseInfo *l = ll->leases[i];
+        char id[2 * WB_LEASE_ID_LEN + 1];
+        hex(&l->id, id, sizeof id);
+        double age = now - l->granted_at;
+        double since = now - l->last_heartbeat;
+        if (age < 0)
+            age = 0;
+        if (since < 0)
+            since = 0;
+        if (json) {
+            json_t *o = json_object();
+            json_object_set_new(o, "id", json_string(id));
+            json_object_set_new(o, "model", json_string(l->model));
+            json_object_set_new(o, "pid", json_integer(l->pid));
+            json_object_set_new(o, "process", json_string(l->process_name));
+            json_object_set_new(o, "uid", json_integer(l->uid));
+            json_object_set_new(o, "gid", json_integer(l->gid));
+            json_object_set_new(o, "state", json_string(wb__lease_state_name(l->state)));
+            json_object_set_new(o, "containers", json_integer(l->containers));
+            json_object_set_new(o, "slabs", json_integer(l->slabs));
+            json_object_set_new(o, "bytes", json_integer((json_int_t)l->bytes));
+            json_object_set_new(o, "granted_at", json_real(l->granted_at));
+            json_object_set_new(o, "last_heartbeat", json_real(l->last_heartbeat));
+            json_object_set_new(o, "age_seconds", json_real(age));
+            json_array_append_new(arr, o);
+            continue;
+        }
+        char pid[16], uid[16], containers[16], slabs[16], bytes[32], agebuf[32], hb[32];
+        snprintf(pid, sizeof pid, "%u", l->pid);
+        snprintf(uid, sizeof uid, "%u", l->uid);
+        snprintf(containers, sizeof containers, "%u", l->containers);
+        snprintf(slabs, sizeof slabs, "%u", l->slabs);
+        snprintf(bytes, sizeof bytes, "%llu", (unsigned long long)l->bytes);
+        fmt_age(agebuf, sizeof agebuf, age);
+        snprintf(hb, sizeof hb, "%.1fs ago", since);
+        id[8] = '\0';
+        table_add(&t, id, l->model, pid, l->process_name, uid, wb__lease_state_name(l->state),
+                  containers, slabs, bytes, agebuf, hb);
+    }
+    wb__reply_free(&rep);
+    if (json)
+        return print_json(arr);
+    table_print(&t);
+    return WBCTL_EXIT_OK;
+}
+
+int wbctl_load(const wbctl_globals *g, int argc, char **argv)
+{
+    static const char *const names[] = {"NAME", "PATH"};
+    int json;
+    char *pos[2];
+    int rc = parse_args(argc, argv, "load [--json] NAME PATH",
+                        "Loads the safetensors checkpoint PATH (a file, a directory or an "
+                        "index) as model NAME\nand waits until the broker has finished "
+                        "(up to 10 minutes unless --timeout-ms is given).",
+                        2, names, &json, pos);
+    if (rc >= 0)
+        return rc;
+    /* The broker resolves paths from its own working directory. */
+    char abs[PATH_MAX];
+    if (!realpath(pos[1], abs)) {
+        int n = pos[1][0] == '/' ? snprintf(abs, sizeof abs, "%s", pos[1]) : -1;
+        if (n < 0) {
+            char cwd[PATH_MAX];
+            if (getcwd(cwd, sizeof cwd))
+                n = snprintf(abs, sizeof abs, "%s/%s", cwd, pos[1]);
+        }
+        if (n < 0 || (size_t)n >= sizeof abs) {
+            fprintf(stderr, "wbctl load: cannot make %s absolute: %s\n", pos[1], strerror(errno));
+            return WBCTL_EXIT_USAGE;
+        }
+    }
+    Wbproto__LoadRequest body = WBPROTO__LOAD_REQUEST__INIT;
+    body.name = pos[0];
+    body.path = abs;
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_LOAD;
+    req.load = &body;
+    Wbproto__Reply *rep;
+    if ((rc = call(g, "load", &req, g->timeout_ms > 0 ? g->timeout_ms : LOAD_TIMEOUT_MS, &rep)) >=
+        0)
+        return rc;
+    const Wbproto__ModelInfo *m = rep->load->model;
+    if (!m) {
+        fprintf(stderr, "wbctl: load: the broker's reply carries no model\n");
+        rc = WBCTL_EXIT_UNAVAILABLE;
+    } else if (json) {
+        rc = print_json(model_json(m));
+    } else {
+        table t = {.ncols = 9};
+        model_header(&t);
+        model_row(&t, m);
+        table_print(&t);
+        rc = WBCTL_EXIT_OK;
+    }
+    wb__reply_free(&rep);
+    return rc;
+}
+
+int wbctl_unload(const wbctl_globals *g, int argc, char **argv)
+{
+    static const char *const names[] = {"NAME"};
+    int json;
+    char *pos[1];
+    int rc = parse_args(argc, argv, "unload [--json] NAME",
+                        "Unloads model NAME: it is freed at once when no lease holds it, "
+                        "else it drains\n(new leases are refused) and is freed when the last "
+                        "lease ends.",
+                        1, names, &json, pos);
+    if (rc >= 0)
+        return rc;
+    Wbproto__UnloadRequest body = WBPROTO__UNLOAD_REQUEST__INIT;
+    body.name = pos[0];
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_UNLOAD;
+    req.unload = &body;
+    Wbproto__Reply *rep;
+    if ((rc = call(g, "unload", &req, g->timeout_ms, &rep)) >= 0)
+        return rc;
+    const Wbproto__ModelInfo *m = rep->unload->model;
+    if (!m) {
+        fprintf(stderr, "wbctl: unload: the broker's reply carries no model\n");
+        rc = WBCTL_EXIT_UNAVAILABLE;
+    } else if (json) {
+        rc = print_json(model_json(m));
+    } else {
+        if (m->state == WBPROTO__MODEL_STATE__MODEL_DRAINING)
+            printf("draining (%u lease%s)\n", m->leases, m->leases == 1 ? "" : "s");
+        else
+            printf("%s\n", wb__model_state_name(m->state));
+        rc = WBCTL_EXIT_OK;
+    }
+    wb__reply_free(&rep);
+    return rc;
+}
+
+/* Walks StatsReply through its descriptor, so that every field wb.proto has
+ * is printed under its own name, including fields added later. */
+int wbctl_stats(const wbctl_globals *g, int argc, char **argv)
+{
+    int json;
+    int rc = parse_args(argc, argv, "stats [--json]",
+                        "Prints the broker's counters: requests, leases granted, released and "
+                        "reclaimed, models and load totals.",
+                        0, NULL, &json, NULL);
+    if (rc >= 0)
+        return rc;
+    Wbproto__StatsRequest body = WBPROTO__STATS_REQUEST__INIT;
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_STATS;
+    req.stats = &body;
+    Wbproto__Reply *rep;
+    if ((rc = call(g, "stats", &req, g->timeout_ms, &rep)) >= 0)
+        return rc;
+    const Wbproto__StatsReply *st = rep->stats;
+    const ProtobufCMessageDescriptor *d = &wbproto__stats_reply__descriptor;
+    json_t *obj = json ? json_object() : NULL;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        const char *p = (const char *)st + f->offset;
+        double dv = 0;
+        unsigned long long uv = 0;
+        int is_double = 0;
+        switch (f->type) {
+        case PROTOBUF_C_TYPE_DOUBLE:
+            memcpy(&dv, p, sizeof dv);
+            is_double = 1;
+            break;
+        case PROTOBUF_C_TYPE_UINT64: {
+            uint64_t v;
+            memcpy(&v, p, sizeof v);
+            uv = v;
+            break;
+        }
+        case PROTOBUF_C_TYPE_UINT32: {
+            uint32_t v;
+            memcpy(&v, p, sizeof v);
+            uv = v;
+            break;
+        }
+        default:
+            continue;
+        }
+        if (json)
+            json_object_set_new(obj, f->name,
+                                is_double ? json_real(dv) : json_integer((json_int_t)uv));
+        else if (is_double)
+            printf("%s: %.3f\n", f->name, dv);
+        else
+            printf("%s: %llu\n", f->name, uv);
+    }
+    wb__reply_free(&rep);
+    return json ? print_json(obj) : WBCTL_EXIT_OK;
+}

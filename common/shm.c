@@ -1,0 +1,228 @@
+#include "shm.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define SHM_DIR     "/dev/shm"
+#define SHM_HEX_LEN 32
+#define SHM_MODE    0640
+
+/* Fills buf with n random bytes from the kernel's generator. */
+static int random_bytes(uint8_t *buf, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = getrandom(buf + got, n - got, 0);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+/* Checks the part after "/": "wb-<pid>-<32 hex>", and returns the pid. */
+static int parse_base(const char *s, long *pid)
+{
+    if (strncmp(s, WB_SHM_PREFIX, strlen(WB_SHM_PREFIX)) != 0)
+        return 0;
+    s += strlen(WB_SHM_PREFIX);
+    long v = 0;
+    int digits = 0;
+    while (*s >= '0' && *s <= '9') {
+        if (++digits > 10)
+            return 0;
+        v = v * 10 + (*s - '0');
+        s++;
+    }
+    if (digits == 0 || v <= 0 || *s != '-')
+        return 0;
+    s++;
+    for (int i = 0; i < SHM_HEX_LEN; i++) {
+        char c = s[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+            return 0;
+    }
+    if (s[SHM_HEX_LEN] != '\0')
+        return 0;
+    if (pid)
+        *pid = v;
+    return 1;
+}
+
+int wb__shm_name_valid(const char *name)
+{
+    if (!name || name[0] != '/' || strlen(name) >= WB_SHM_NAME_MAX)
+        return 0;
+    return parse_base(name + 1, NULL);
+}
+
+static int make_name(char *buf, size_t size)
+{
+    uint8_t rnd[SHM_HEX_LEN / 2];
+    if (random_bytes(rnd, sizeof rnd) != 0)
+        return -1;
+    int n = snprintf(buf, size, "/" WB_SHM_PREFIX "%ld-", (long)getpid());
+    for (size_t i = 0; i < sizeof rnd && n > 0 && (size_t)n + 2 < size; i++)
+        n += snprintf(buf + n, size - (size_t)n, "%02x", rnd[i]);
+    return 0;
+}
+
+int wb__shm_create(wb_shm *shm, uint64_t size, wb_err *err)
+{
+    memset(shm, 0, sizeof *shm);
+    long page = sysconf(_SC_PAGESIZE);
+    uint64_t real = size ? size : (uint64_t)(page > 0 ? page : 4096);
+    if (real > (uint64_t)INT64_MAX || real > (uint64_t)SIZE_MAX)
+        return wb__err_set(err, WB_EINVAL, "shared memory slab of %llu bytes is too large",
+                           (unsigned long long)size);
+
+    char name[WB_SHM_NAME_MAX];
+    int fd = -1;
+    /* The name is 128 random bits; a collision means something is wrong with
+     * the random source, so give up after a few tries. */
+    for (int attempt = 0; attempt < 4 && fd < 0; attempt++) {
+        if (make_name(name, sizeof name) != 0)
+            return wb__err_errno(err, WB_EIO, errno, "getrandom for a shared memory name");
+        fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, SHM_MODE);
+        if (fd < 0 && errno != EEXIST)
+            return wb__err_errno(err, WB_EIO, errno, "shm_open %s", name);
+    }
+    if (fd < 0)
+        return wb__err_set(err, WB_EIO, "shm_open: four random names already existed");
+
+    int rc = WB_OK;
+    /* The umask may have removed group read; set the mode explicitly. */
+    if (fchmod(fd, SHM_MODE) != 0) {
+        rc = wb__err_errno(err, WB_EIO, errno, "fchmod %s", name);
+        goto fail;
+    }
+    if (ftruncate(fd, (off_t)real) != 0) {
+        rc = wb__err_errno(err, errno == ENOSPC ? WB_ENOMEM : WB_EIO, errno,
+                           "ftruncate %s to %llu bytes", name, (unsigned long long)real);
+        goto fail;
+    }
+    /* Reserve the pages now: tmpfs allocates lazily, and running out of
+     * shared memory while filling the mapping would be SIGBUS, not an error. */
+    int frc = posix_fallocate(fd, 0, (off_t)real);
+    if (frc != 0 && frc != EOPNOTSUPP) {
+        rc = wb__err_errno(err, frc == ENOSPC ? WB_ENOMEM : WB_EIO, frc,
+                           "reserving %llu bytes of shared memory for %s", (unsigned long long)real,
+                           name);
+        goto fail;
+    }
+    void *addr = mmap(NULL, (size_t)real, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (addr == MAP_FAILED) {
+        rc = wb__err_errno(err, WB_EIO, errno, "mmap %s (%llu bytes)", name,
+                           (unsigned long long)real);
+        goto fail;
+    }
+    close(fd);
+    snprintf(shm->name, sizeof shm->name, "%s", name);
+    shm->addr = addr;
+    shm->size = real;
+    shm->writable = 1;
+    return WB_OK;
+
+fail:
+    shm_unlink(name);
+    close(fd);
+    return rc;
+}
+
+int wb__shm_map_ro(wb_shm *shm, const char *name, uint64_t size, wb_err *err)
+{
+    memset(shm, 0, sizeof *shm);
+    if (!wb__shm_name_valid(name))
+        return wb__err_set(err, WB_EINVAL,
+                           "'%.80s' is not a slab name of the form /wb-<pid>-<32 hex>",
+                           name ? name : "(null)");
+    int fd = shm_open(name, O_RDONLY, 0);
+    if (fd < 0) {
+        int e = errno;
+        if (e == ENOENT)
+            return wb__err_set(err, WB_ENOTFOUND, "no shared memory object %s", name);
+        return wb__err_errno(err, e == EACCES ? WB_EPERM : WB_EIO, e, "shm_open %s", name);
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return wb__err_errno(err, WB_EIO, e, "fstat %s", name);
+    }
+    if (st.st_size < 0 || (uint64_t)st.st_size != size || size == 0) {
+        close(fd);
+        return wb__err_set(err, WB_EPROTO, "shared memory object %s has %lld bytes, expected %llu",
+                           name, (long long)st.st_size, (unsigned long long)size);
+    }
+    if (size > (uint64_t)SIZE_MAX) {
+        close(fd);
+        return wb__err_set(err, WB_EINVAL, "slab %s of %llu bytes cannot be mapped", name,
+                           (unsigned long long)size);
+    }
+    void *addr = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
+    int e = errno;
+    close(fd);
+    if (addr == MAP_FAILED)
+        return wb__err_errno(err, WB_EIO, e, "mmap %s (%llu bytes, read-only)", name,
+                             (unsigned long long)size);
+    snprintf(shm->name, sizeof shm->name, "%s", name);
+    shm->addr = addr;
+    shm->size = size;
+    shm->writable = 0;
+    return WB_OK;
+}
+
+void wb__shm_unlink(wb_shm *shm)
+{
+    if (shm && shm->name[0])
+        shm_unlink(shm->name);
+}
+
+void wb__shm_unmap(wb_shm *shm)
+{
+    if (!shm)
+        return;
+    if (shm->addr && shm->size)
+        munmap(shm->addr, (size_t)shm->size);
+    memset(shm, 0, sizeof *shm);
+}
+
+int wb__shm_cleanup_stale(void)
+{
+    DIR *dir = opendir(SHM_DIR);
+    if (!dir)
+        return 0;
+    uid_t euid = geteuid();
+    int removed = 0;
+    struct dirent *de;
+    while ((de = readdir(dir)) != NULL) {
+        long pid;
+        if (!parse_base(de->d_name, &pid) || pid > 0x7fffffffL)
+            continue;
+        struct stat st;
+        if (fstatat(dirfd(dir), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+            !S_ISREG(st.st_mode) || st.st_uid != euid)
+            continue;
+        if (pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue;
+        /* parse_base() bounded the name to fewer than WB_SHM_NAME_MAX bytes. */
+        char name[sizeof de->d_name + 1];
+        snprintf(name, sizeof name, "/%s", de->d_name);
+        if (shm_unlink(name) == 0)
+            removed++;
+    }
+    closedir(dir);
+    return removed;
+}

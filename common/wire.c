@@ -1,0 +1,441 @@
+#include "wire.h"
+
+#include "shm.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The largest number of dimensions a tensor may have (as the safetensors
+ * reader enforces); the client sizes shape arrays and strides from it. */
+#define WIRE_MAX_DIMS 64
+/* The size of a cudaIpcMemHandle_t. */
+#define WIRE_CUDA_HANDLE_LEN 64
+
+/* Reads one base-128 varint; returns the number of bytes used or 0 when the
+ * buffer ends first or the varint is longer than 10 bytes. */
+static size_t read_varint(const uint8_t *p, size_t len, uint64_t *out)
+{
+    uint64_t v = 0;
+    for (size_t i = 0; i < len && i < 10; i++) {
+        v |= (uint64_t)(p[i] & 0x7f) << (7 * i);
+        if (!(p[i] & 0x80)) {
+            *out = v;
+            return i + 1;
+        }
+    }
+    return 0;
+}
+
+/* Scans the top-level fields of a message that protobuf-c refused, looking
+ * for field 2 (the request id), so that the error reply can still echo it.
+ * Returns 0 when the id cannot be found before the bytes stop making sense. */
+static uint64_t scan_request_id(const uint8_t *buf, size_t len)
+{
+    size_t pos = 0;
+    uint64_t id = 0;
+    while (pos < len) {
+        uint64_t key, v;
+        size_t n = read_varint(buf + pos, len - pos, &key);
+        if (n == 0)
+            return id;
+        pos += n;
+        switch (key & 7) {
+        case 0: /* varint */
+            n = read_varint(buf + pos, len - pos, &v);
+            if (n == 0)
+                return id;
+            pos += n;
+            if ((key >> 3) == 2)
+                id = v;
+            break;
+        case 1: /* 64-bit */
+            if (len - pos < 8)
+                return id;
+            pos += 8;
+            break;
+        case 2: /* length-delimited */
+            n = read_varint(buf + pos, len - pos, &v);
+            if (n == 0)
+                return id;
+            pos += n;
+            if (v > len - pos)
+                return id;
+            pos += (size_t)v;
+            break;
+        case 5: /* 32-bit */
+            if (len - pos < 4)
+                return id;
+            pos += 4;
+            break;
+        default:
+            return id;
+        }
+    }
+    return id;
+}
+
+/* Model names travel in logs and error messages: 1..WB_NAME_MAX bytes and no
+ * control characters. (The stricter character set for new models is checked
+ * by the broker's load operation.) */
+static int check_name(const char *field, const char *s, wb_err *err)
+{
+    if (!s || !s[0])
+        return wb__err_set(err, WB_EPROTO, "%s is empty", field);
+    size_t n = strlen(s);
+    if (n > WB_NAME_MAX)
+        return wb__err_set(err, WB_EPROTO, "%s has %zu bytes, at most %d", field, n, WB_NAME_MAX);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x20 || c == 0x7f)
+            return wb__err_set(err, WB_EPROTO, "%s has a control character (0x%02x) at byte %zu",
+                               field, c, i);
+    }
+    return WB_OK;
+}
+
+static int check_path(const char *field, const char *s, wb_err *err)
+{
+    if (!s || !s[0])
+        return wb__err_set(err, WB_EPROTO, "%s is empty", field);
+    size_t n = strlen(s);
+    if (n > WB_PATH_MAX)
+        return wb__err_set(err, WB_EPROTO, "%s has %zu bytes, at most %d", field, n, WB_PATH_MAX);
+    return WB_OK;
+}
+
+static int check_lease_id(const char *field, const ProtobufCBinaryData *id, wb_err *err)
+{
+    if (id->len != WB_LEASE_ID_LEN || (id->len && !id->data))
+        return wb__err_set(err, WB_EPROTO, "%s has %zu bytes, expected %d", field, id->len,
+                           WB_LEASE_ID_LEN);
+    return WB_OK;
+}
+
+static int missing(const char *what, wb_err *err)
+{
+    return wb__err_set(err, WB_EPROTO, "%s is missing", what);
+}
+
+static int check_request_body(const Wbproto__Request *req, wb_err *err)
+{
+    char field[64];
+    int rc;
+    switch (req->body_case) {
+    case WBPROTO__REQUEST__BODY_HELLO:
+        return req->hello ? WB_OK : missing("hello", err);
+    case WBPROTO__REQUEST__BODY_ACQUIRE:
+        if (!req->acquire)
+            return missing("acquire", err);
+        return check_name("acquire.model", req->acquire->model, err);
+    case WBPROTO__REQUEST__BODY_RELEASE:
+        if (!req->release)
+            return missing("release", err);
+        return check_lease_id("release.lease_id", &req->release->lease_id, err);
+    case WBPROTO__REQUEST__BODY_HEARTBEAT: {
+        const Wbproto__HeartbeatRequest *hb = req->heartbeat;
+        if (!hb)
+            return missing("heartbeat", err);
+        if (hb->n_leases > WB_MAX_BEATS)
+            return wb__err_set(err, WB_EPROTO, "heartbeat has %zu leases, at most %d", hb->n_leases,
+                               WB_MAX_BEATS);
+        for (size_t i = 0; i < hb->n_leases; i++) {
+            snprintf(field, sizeof field, "heartbeat.leases[%zu]", i);
+            if (!hb->leases[i])
+                return missing(field, err);
+            snprintf(field, sizeof field, "heartbeat.leases[%zu].lease_id", i);
+            if ((rc = check_lease_id(field, &hb->leases[i]->lease_id, err)) != WB_OK)
+                return rc;
+        }
+        return WB_OK;
+    }
+    case WBPROTO__REQUEST__BODY_LIST_LEASES:
+        return req->list_leases ? WB_OK : missing("list_leases", err);
+    case WBPROTO__REQUEST__BODY_LIST_MODELS:
+        return req->list_models ? WB_OK : missing("list_models", err);
+    case WBPROTO__REQUEST__BODY_LOAD:
+        /* load.name is checked by the load operation itself, which answers
+         * WB_EINVAL for a name outside [A-Za-z0-9._-]{1,255}. */
+        if (!req->load || !req->load->name)
+            return missing("load", err);
+        return check_path("load.path", req->load->path, err);
+    case WBPROTO__REQUEST__BODY_UNLOAD:
+        if (!req->unload)
+            return missing("unload", err);
+        return check_name("unload.name", req->unload->name, err);
+    case WBPROTO__REQUEST__BODY_STATS:
+        return req->stats ? WB_OK : missing("stats", err);
+    case WBPROTO__REQUEST__BODY__NOT_SET:
+    default:
+        return wb__err_set(err, WB_EPROTO, "request has no body");
+    }
+}
+
+int wb__request_decode(const uint8_t *buf, size_t len, Wbproto__Request **out, uint64_t *id,
+                       wb_err *err)
+{
+    *out = NULL;
+    *id = 0;
+    if (len == 0 || !buf)
+        return wb__err_set(err, WB_EPROTO, "empty request (0 bytes)");
+    if (len > WB_MAX_MESSAGE)
+        return wb__err_set(err, WB_EPROTO, "request of %zu bytes exceeds the limit of %u bytes",
+                           len, WB_MAX_MESSAGE);
+    Wbproto__Request *req = wbproto__request__unpack(NULL, len, buf);
+    if (!req) {
+        *id = scan_request_id(buf, len);
+        return wb__err_set(err, WB_EPROTO, "request does not decode as wbproto.Request (%zu bytes)",
+                           len);
+    }
+    *id = req->id;
+    int rc;
+    if (req->version != WB_PROTOCOL_VERSION)
+        rc = wb__err_set(err, WB_EVERSION, "protocol version %u, this broker speaks %d",
+                         req->version, WB_PROTOCOL_VERSION);
+    else
+        rc = check_request_body(req, err);
+    if (rc != WB_OK) {
+        wbproto__request__free_unpacked(req, NULL);
+        return rc;
+    }
+    *out = req;
+    return WB_OK;
+}
+
+void wb__request_free(Wbproto__Request **req)
+{
+    if (req && *req) {
+        wbproto__request__free_unpacked(*req, NULL);
+        *req = NULL;
+    }
+}
+
+static int check_slab(const Wbproto__Slab *s, size_t i, wb_err *err)
+{
+    if (!s)
+        return wb__err_set(err, WB_EPROTO, "lease.slabs[%zu] is missing", i);
+    if (s->index != i)
+        return wb__err_set(err, WB_EPROTO, "lease.slabs[%zu] has index %u", i, s->index);
+    if (s->cuda_ipc_handle.len != 0 && s->cuda_ipc_handle.len != WIRE_CUDA_HANDLE_LEN)
+        return wb__err_set(err, WB_EPROTO,
+                           "lease.slabs[%zu].cuda_ipc_handle has %zu bytes, expected 0 or %d", i,
+                           s->cuda_ipc_handle.len, WIRE_CUDA_HANDLE_LEN);
+    if (s->backend == WBPROTO__BACKEND__BACKEND_CUDA && s->cuda_ipc_handle.len == 0)
+        return wb__err_set(err, WB_EPROTO, "lease.slabs[%zu] is a cuda slab without an IPC handle",
+                           i);
+    if (s->backend == WBPROTO__BACKEND__BACKEND_HOST && !wb__shm_name_valid(s->shm_name))
+        return wb__err_set(err, WB_EPROTO,
+                           "lease.slabs[%zu].shm_name is not of the form /wb-<pid>-<32 hex>", i);
+    return WB_OK;
+}
+
+static int check_tensor(const Wbproto__Tensor *t, size_t i, const Wbproto__Lease *lease,
+                        wb_err *err)
+{
+    if (!t)
+        return wb__err_set(err, WB_EPROTO, "lease.tensors[%zu] is missing", i);
+    if (!t->name || !t->name[0])
+        return wb__err_set(err, WB_EPROTO, "lease.tensors[%zu] has no name", i);
+    if (!t->dtype || !t->dtype[0])
+        return wb__err_set(err, WB_EPROTO, "tensor '%.200s' has no dtype", t->name);
+    if (t->n_shape > WIRE_MAX_DIMS)
+        return wb__err_set(err, WB_EPROTO, "tensor '%.200s' has %zu dimensions, at most %d",
+                           t->name, t->n_shape, WIRE_MAX_DIMS);
+    if (t->slab >= lease->n_slabs)
+        return wb__err_set(err, WB_EPROTO, "tensor '%.200s' names slab %u of %zu", t->name, t->slab,
+                           lease->n_slabs);
+    uint64_t size = lease->slabs[t->slab]->size;
+    if (t->offset > size || t->nbytes > size - t->offset)
+        return wb__err_set(err, WB_EPROTO,
+                           "tensor '%.200s' (offset %llu, %llu bytes) ends past its slab of %llu "
+                           "bytes",
+                           t->name, (unsigned long long)t->offset, (unsigned long long)t->nbytes,
+                           (unsigned long long)size);
+    return WB_OK;
+}
+
+static int check_lease(const Wbproto__Lease *lease, wb_err *err)
+{
+    int rc;
+    if (!lease)
+        return wb__err_set(err, WB_EPROTO, "acquire reply has no lease");
+    if ((rc = check_lease_id("lease.id", &lease->id, err)) != WB_OK)
+        return rc;
+    if ((rc = check_name("lease.model", lease->model, err)) != WB_OK)
+        return rc;
+    for (size_t i = 0; i < lease->n_slabs; i++) {
+        if ((rc = check_slab(lease->slabs[i], i, err)) != WB_OK)
+            return rc;
+    }
+    for (size_t i = 0; i < lease->n_tensors; i++) {
+        if ((rc = check_tensor(lease->tensors[i], i, lease, err)) != WB_OK)
+            return rc;
+    }
+    return WB_OK;
+}
+
+static int check_reply_body(const Wbproto__Reply *rep, wb_err *err)
+{
+    char field[64];
+    int rc;
+    switch (rep->body_case) {
+    case WBPROTO__REPLY__BODY_HELLO:
+        return rep->hello ? WB_OK : missing("hello", err);
+    case WBPROTO__REPLY__BODY_ACQUIRE:
+        if (!rep->acquire)
+            return missing("acquire", err);
+        return check_lease(rep->acquire->lease, err);
+    case WBPROTO__REPLY__BODY_RELEASE:
+        return rep->release ? WB_OK : missing("release", err);
+    case WBPROTO__REPLY__BODY_HEARTBEAT:
+        if (!rep->heartbeat)
+            return missing("heartbeat", err);
+        for (size_t i = 0; i < rep->heartbeat->n_unknown_leases; i++) {
+            snprintf(field, sizeof field, "heartbeat.unknown_leases[%zu]", i);
+            if ((rc = check_lease_id(field, &rep->heartbeat->unknown_leases[i], err)) != WB_OK)
+                return rc;
+        }
+        return WB_OK;
+    case WBPROTO__REPLY__BODY_LIST_LEASES:
+        if (!rep->list_leases)
+            return missing("list_leases", err);
+        for (size_t i = 0; i < rep->list_leases->n_leases; i++) {
+            const Wbproto__LeaseInfo *li = rep->list_leases->leases[i];
+            snprintf(field, sizeof field, "list_leases.leases[%zu]", i);
+            if (!li)
+                return missing(field, err);
+            snprintf(field, sizeof field, "list_leases.leases[%zu].id", i);
+            if ((rc = check_lease_id(field, &li->id, err)) != WB_OK)
+                return rc;
+        }
+        return WB_OK;
+    case WBPROTO__REPLY__BODY_LIST_MODELS:
+        if (!rep->list_models)
+            return missing("list_models", err);
+        for (size_t i = 0; i < rep->list_models->n_models; i++) {
+            snprintf(field, sizeof field, "list_models.models[%zu]", i);
+            if (!rep->list_models->models[i])
+                return missing(field, err);
+            snprintf(field, sizeof field, "list_models.models[%zu].name", i);
+            if ((rc = check_name(field, rep->list_models->models[i]->name, err)) != WB_OK)
+                return rc;
+        }
+        return WB_OK;
+    case WBPROTO__REPLY__BODY_LOAD:
+        if (!rep->load || !rep->load->model)
+            return missing("load.model", err);
+        return check_name("load.model.name", rep->load->model->name, err);
+    case WBPROTO__REPLY__BODY_UNLOAD:
+        if (!rep->unload || !rep->unload->model)
+            return missing("unload.model", err);
+        return check_name("unload.model.name", rep->unload->model->name, err);
+    case WBPROTO__REPLY__BODY_STATS:
+        return rep->stats ? WB_OK : missing("stats", err);
+    case WBPROTO__REPLY__BODY__NOT_SET:
+    default:
+        /* An error reply needs no body; a success always has one. */
+        if (rep->status != 0)
+            return WB_OK;
+        return wb__err_set(err, WB_EPROTO, "reply has status 0 and no body");
+    }
+}
+
+int wb__reply_decode(const uint8_t *buf, size_t len, Wbproto__Reply **out, wb_err *err)
+{
+    *out = NULL;
+    if (len == 0 || !buf)
+        return wb__err_set(err, WB_EPROTO, "empty reply (0 bytes)");
+    if (len > WB_MAX_MESSAGE)
+        return wb__err_set(err, WB_EPROTO, "reply of %zu bytes exceeds the limit of %u bytes", len,
+                           WB_MAX_MESSAGE);
+    Wbproto__Reply *rep = wbproto__reply__unpack(NULL, len, buf);
+    if (!rep)
+        return wb__err_set(err, WB_EPROTO, "reply does not decode as wbproto.Reply (%zu bytes)",
+                           len);
+    int rc;
+    if (rep->version != WB_PROTOCOL_VERSION)
+        rc = wb__err_set(err, WB_EVERSION, "reply has protocol version %u, this client speaks %d",
+                         rep->version, WB_PROTOCOL_VERSION);
+    else if (rep->status > 0)
+        rc = wb__err_set(err, WB_EPROTO, "reply has status %d; statuses are 0 or negative",
+                         (int)rep->status);
+    else
+        rc = check_reply_body(rep, err);
+    if (rc != WB_OK) {
+        wbproto__reply__free_unpacked(rep, NULL);
+        return rc;
+    }
+    *out = rep;
+    return WB_OK;
+}
+
+void wb__reply_free(Wbproto__Reply **rep)
+{
+    if (rep && *rep) {
+        wbproto__reply__free_unpacked(*rep, NULL);
+        *rep = NULL;
+    }
+}
+
+uint8_t *wb__request_pack(const Wbproto__Request *req, size_t *len)
+{
+    size_t n = wbproto__request__get_packed_size(req);
+    /* One spare byte so that an empty message still gets a real buffer. */
+    uint8_t *buf = malloc(n + 1);
+    if (!buf)
+        return NULL;
+    *len = wbproto__request__pack(req, buf);
+    return buf;
+}
+
+uint8_t *wb__reply_pack(const Wbproto__Reply *rep, size_t *len)
+{
+    size_t n = wbproto__reply__get_packed_size(rep);
+    uint8_t *buf = malloc(n + 1);
+    if (!buf)
+        return NULL;
+    *len = wbproto__reply__pack(rep, buf);
+    return buf;
+}
+
+const char *wb__lease_state_name(int state)
+{
+    switch (state) {
+    case WBPROTO__LEASE_STATE__LEASE_ACTIVE:
+        return "active";
+    case WBPROTO__LEASE_STATE__LEASE_STALE:
+        return "stale";
+    default:
+        return "unknown";
+    }
+}
+
+const char *wb__model_state_name(int state)
+{
+    switch (state) {
+    case WBPROTO__MODEL_STATE__MODEL_LOADING:
+        return "loading";
+    case WBPROTO__MODEL_STATE__MODEL_READY:
+        return "ready";
+    case WBPROTO__MODEL_STATE__MODEL_DRAINING:
+        return "draining";
+    case WBPROTO__MODEL_STATE__MODEL_FREED:
+        return "freed";
+    case WBPROTO__MODEL_STATE__MODEL_FAILED:
+        return "failed";
+    default:
+        return "unknown";
+    }
+}
+
+const char *wb__backend_name(int backend)
+{
+    switch (backend) {
+    case WBPROTO__BACKEND__BACKEND_HOST:
+        return "host";
+    case WBPROTO__BACKEND__BACKEND_CUDA:
+        return "cuda";
+    default:
+        return "unknown";
+    }
+}

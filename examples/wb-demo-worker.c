@@ -1,0 +1,243 @@
+/* wb-demo-worker: the smallest honest use of libwbclient.
+ *
+ * Connects to the broker, leases a model, checks every tensor against the
+ * checksum the broker computed while loading, then holds the lease (as a
+ * real worker would while serving) until told to stop. Only the public
+ * header is used.
+ *
+ *   wb-demo-worker --model NAME [--hold SECONDS] [--verify-every MS]
+ *                  [--socket PATH] [--reacquire]
+ *
+ * Exit codes: 0 every verification passed, 1 the broker could not be used,
+ * 2 bad usage, 3 a tensor did not match its checksum. */
+#include "wb/client.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define EXIT_BROKER   1
+#define EXIT_USAGE    2
+#define EXIT_MISMATCH 3
+
+/* The hold loop wakes at least this often to notice an orphaned lease. */
+#define TICK_MS        100
+#define BACKOFF_MIN_MS 100
+#define BACKOFF_MAX_MS 2000
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: wb-demo-worker --model NAME [--hold SECONDS] [--verify-every MS]\n"
+                 "                      [--socket PATH] [--reacquire]\n\n"
+                 "Leases model NAME, verifies every tensor, and holds the lease until\n"
+                 "SIGTERM or SIGINT (or for --hold seconds). --verify-every re-verifies\n"
+                 "periodically; --reacquire takes a new lease when the broker restarts.\n");
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Waits up to `seconds` for SIGTERM or SIGINT (both blocked, so none is
+ * lost between checks). Returns 1 if one arrived. */
+static int wait_signal(const sigset_t *set, double seconds)
+{
+    if (seconds < 0)
+        seconds = 0;
+    struct timespec ts = {.tv_sec = (time_t)seconds};
+    ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
+    for (;;) {
+        int sig = sigtimedwait(set, NULL, &ts);
+        if (sig > 0)
+            return 1;
+        if (errno == EAGAIN)
+            return 0;
+        /* EINTR from another signal: wait again for the rest (approximately). */
+    }
+}
+
+/* Verifies every tensor; prints the first mismatch. Returns 0, or 1 on a
+ * mismatch (or any other failure to verify). */
+static int verify(wb_client *client, const wb_lease *lease)
+{
+    size_t bad = 0;
+    int rc = wb_lease_verify(lease, &bad);
+    if (rc == WB_OK)
+        return 0;
+    wb_tensor_view v;
+    if (rc == WB_ECORRUPT && wb_lease_tensor(lease, bad, &v) == WB_OK)
+        printf("verify failed: %s\n", v.name);
+    else
+        printf("verify failed: %s\n", wb_client_errmsg(client));
+    fflush(stdout);
+    return 1;
+}
+
+static int parse_double(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= 0) || v > 1e9)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"model", required_argument, NULL, 'm'},
+        {"hold", required_argument, NULL, 'H'},
+        {"verify-every", required_argument, NULL, 'v'},
+        {"socket", required_argument, NULL, 's'},
+        {"reacquire", no_argument, NULL, 'r'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *model = NULL;
+    const char *socket_path = NULL;
+    double hold = -1;
+    double verify_every = 0;
+    int reacquire = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm':
+            model = optarg;
+            break;
+        case 'H':
+            if (parse_double(optarg, &hold) != 0) {
+                fprintf(stderr, "wb-demo-worker: --hold: expected seconds, got '%s'\n", optarg);
+                return EXIT_USAGE;
+            }
+            break;
+        case 'v':
+            if (parse_double(optarg, &verify_every) != 0 || verify_every < 1) {
+                fprintf(stderr, "wb-demo-worker: --verify-every: expected milliseconds, got '%s'\n",
+                        optarg);
+                return EXIT_USAGE;
+            }
+            verify_every /= 1000.0;
+            break;
+        case 's':
+            socket_path = optarg;
+            break;
+        case 'r':
+            reacquire = 1;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return EXIT_USAGE;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "wb-demo-worker: unexpected argument '%s'\n", argv[optind]);
+        return EXIT_USAGE;
+    }
+    if (!model || !model[0]) {
+        fprintf(stderr, "wb-demo-worker: --model NAME is required\n");
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+
+    /* Block the stop signals before the library starts its heartbeat thread,
+     * so that they are only ever taken by sigtimedwait below. */
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGINT);
+    sigprocmask(SIG_BLOCK, &stop, NULL);
+
+    wb_client_options o;
+    wb_client_options_init(&o);
+    o.socket_path = socket_path;
+    o.client_name = "wb-demo-worker";
+    wb_client *client = NULL;
+    int rc = wb_client_connect(&o, &client);
+    if (rc != WB_OK) {
+        fprintf(stderr, "wb-demo-worker: %s\n", wb_client_errmsg(client));
+        wb_client_destroy(&client);
+        return EXIT_BROKER;
+    }
+    wb_lease *lease = NULL;
+    rc = wb_lease_acquire(client, model, &lease);
+    if (rc != WB_OK) {
+        fprintf(stderr, "wb-demo-worker: %s\n", wb_client_errmsg(client));
+        wb_client_destroy(&client);
+        return EXIT_BROKER;
+    }
+    char id[33];
+    wb_lease_id_hex(lease, id);
+    printf("lease %s model %s\n", id, model);
+    int status = 0;
+    if (verify(client, lease) != 0) {
+        status = EXIT_MISMATCH;
+    } else {
+        printf("verified %zu tensors\n", wb_lease_tensor_count(lease));
+    }
+    fflush(stdout);
+
+    double start = now_s();
+    double next_verify = start + verify_every;
+    double backoff = BACKOFF_MIN_MS / 1000.0;
+    double next_try = 0;
+    while (status == 0) {
+        double now = now_s();
+        double wake = now + TICK_MS / 1000.0;
+        if (hold >= 0 && start + hold < wake)
+            wake = start + hold;
+        if (verify_every > 0 && next_verify < wake)
+            wake = next_verify;
+        if (wait_signal(&stop, wake - now))
+            break;
+        now = now_s();
+        if (hold >= 0 && now >= start + hold)
+            break;
+        if (verify_every > 0 && now >= next_verify) {
+            if (verify(client, lease) != 0) {
+                status = EXIT_MISMATCH;
+                break;
+            }
+            next_verify = now + verify_every;
+        }
+        if (reacquire && wb_lease_orphaned(lease) && now >= next_try) {
+            /* Keep the old lease (and its mapping) until a new one is
+             * granted, so the bytes stay usable while the broker is away. */
+            wb_lease *fresh = NULL;
+            if (wb_lease_acquire(client, model, &fresh) == WB_OK) {
+                wb_lease_release(&lease);
+                lease = fresh;
+                wb_lease_id_hex(lease, id);
+                printf("reacquired lease %s\n", id);
+                fflush(stdout);
+                backoff = BACKOFF_MIN_MS / 1000.0;
+            } else {
+                next_try = now + backoff;
+                backoff =
+                    backoff * 2 > BACKOFF_MAX_MS / 1000.0 ? BACKOFF_MAX_MS / 1000.0 : backoff * 2;
+            }
+        }
+    }
+
+    rc = wb_lease_release(&lease);
+    if (rc == WB_OK)
+        printf("released\n");
+    else if (rc == WB_ECONN)
+        printf("released (broker gone)\n");
+    else
+        printf("released (the broker said: %s)\n", wb_client_errmsg(client));
+    fflush(stdout);
+    wb_client_destroy(&client);
+    return status;
+}

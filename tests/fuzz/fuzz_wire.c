@@ -1,0 +1,72 @@
+/* Fuzzes the wire decoders with arbitrary bytes, as both a request (what the
+ * broker receives) and a reply (what a client receives). A reply that
+ * decodes must satisfy the bounds a client relies on for pointer arithmetic;
+ * anything else traps so the fuzzer reports it. */
+#include "wire.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void check_lease(const Wbproto__Lease *l)
+{
+    if (!l || l->id.len != WB_LEASE_ID_LEN)
+        __builtin_trap();
+    for (size_t i = 0; i < l->n_tensors; i++) {
+        const Wbproto__Tensor *t = l->tensors[i];
+        if (t->slab >= l->n_slabs || t->n_shape > 64 || !t->name[0])
+            __builtin_trap();
+        uint64_t size = l->slabs[t->slab]->size;
+        if (t->offset > size || t->nbytes > size - t->offset)
+            __builtin_trap();
+    }
+    for (size_t i = 0; i < l->n_slabs; i++) {
+        size_t h = l->slabs[i]->cuda_ipc_handle.len;
+        if (h != 0 && h != 64)
+            __builtin_trap();
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    wb_err err;
+    uint64_t id;
+    Wbproto__Request *req = NULL;
+    if (wb__request_decode(data, size, &req, &id, &err) == WB_OK) {
+        if (req->version != WB_PROTOCOL_VERSION || req->id != id)
+            __builtin_trap();
+        /* What decodes must pack again. */
+        size_t len;
+        uint8_t *buf = wb__request_pack(req, &len);
+        free(buf);
+        wb__request_free(&req);
+    } else if (req != NULL || strlen(err.msg) == 0) {
+        __builtin_trap();
+    }
+
+    Wbproto__Reply *rep = NULL;
+    if (wb__reply_decode(data, size, &rep, &err) == WB_OK) {
+        if (rep->body_case == WBPROTO__REPLY__BODY_ACQUIRE)
+            check_lease(rep->acquire->lease);
+        if (rep->body_case == WBPROTO__REPLY__BODY_LIST_LEASES) {
+            for (size_t i = 0; i < rep->list_leases->n_leases; i++) {
+                const Wbproto__LeaseInfo *li = rep->list_leases->leases[i];
+                (void)wb__lease_state_name(li->state);
+                if (li->id.len != WB_LEASE_ID_LEN)
+                    __builtin_trap();
+            }
+        }
+        if (rep->body_case == WBPROTO__REPLY__BODY_LIST_MODELS) {
+            for (size_t i = 0; i < rep->list_models->n_models; i++) {
+                (void)wb__model_state_name(rep->list_models->models[i]->state);
+                (void)wb__backend_name(rep->list_models->models[i]->backend);
+            }
+        }
+        wb__reply_free(&rep);
+    } else if (rep != NULL) {
+        __builtin_trap();
+    }
+    return 0;
+}

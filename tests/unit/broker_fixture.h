@@ -1,0 +1,105 @@
+/* Test fixture shared by the broker's unit tests: a broker state with a fake
+ * clock, and ready models built by hand on real host slabs (no checkpoint
+ * files, no loader). */
+#ifndef WB_TEST_BROKER_FIXTURE_H
+#define WB_TEST_BROKER_FIXTURE_H
+
+#include "broker.h"
+
+#include <check.h>
+#include <xxhash.h>
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+static int64_t fake_ms;
+static double fake_wall = 1700000000.0;
+
+static int64_t fake_now_ms(void)
+{
+    return fake_ms;
+}
+
+static double fake_now_wall(void)
+{
+    return fake_wall + (double)fake_ms / 1000.0;
+}
+
+/* Moves the fake clocks forward. */
+static void advance_ms(int64_t ms)
+{
+    fake_ms += ms;
+}
+
+static void fixture_broker(wb_broker *b, uint32_t heartbeat_ms, uint32_t stale_ms)
+{
+    wb_broker_config cfg = {
+        .backend = &wb__backend_host,
+        .device = -1,
+        .heartbeat_ms = heartbeat_ms,
+        .stale_ms = stale_ms,
+    };
+    fake_ms = 1000;
+    wb__broker_init(b, &cfg);
+    b->now_ms = fake_now_ms;
+    b->now_wall = fake_now_wall;
+    b->started_ms = fake_ms;
+}
+
+/* Adds a ready model with two F32 tensors ("a": 3 floats, "b": 2x2 floats)
+ * in one host slab. Returns the model (owned by the registry). */
+static wb_model *fixture_model(wb_broker *b, const char *name)
+{
+    wb_err err;
+    wb_model *m = wb__model_new(name, "/models/fixture.safetensors", &wb__backend_host, -1);
+    ck_assert_ptr_nonnull(m);
+    wb_model_data d;
+    memset(&d, 0, sizeof d);
+    d.n_slabs = 1;
+    d.slabs = calloc(1, sizeof *d.slabs);
+    ck_assert_int_eq(wb__backend_host.slab_alloc(&d.slabs[0], -1, 256 + 16, &err), WB_OK);
+    d.slab_bytes = d.slabs[0].size;
+    d.n_tensors = 2;
+    d.tensors = calloc(2, sizeof *d.tensors);
+    const char *names[2] = {"a", "b"};
+    const uint64_t offsets[2] = {0, 256}, nbytes[2] = {12, 16};
+    for (int i = 0; i < 2; i++) {
+        wb_model_tensor *t = &d.tensors[i];
+        t->name = strdup(names[i]);
+        strcpy(t->dtype, "F32");
+        t->ndim = (uint32_t)(i + 1);
+        t->shape = malloc(2 * sizeof *t->shape);
+        t->shape[0] = i == 0 ? 3 : 2;
+        t->shape[1] = 2;
+        t->offset = offsets[i];
+        t->nbytes = nbytes[i];
+        uint8_t *p = (uint8_t *)d.slabs[0].shm.addr + t->offset;
+        for (uint64_t k = 0; k < t->nbytes; k++)
+            p[k] = (uint8_t)(k + 1 + 10 * i);
+        t->xxh3 = XXH3_64bits(p, t->nbytes);
+        d.bytes += t->nbytes;
+    }
+    ck_assert_int_eq(wb__model_adopt(m, &d, &err), WB_OK);
+    wb__models_add(&b->models, m);
+    return m;
+}
+
+static int shm_name_exists(const char *name)
+{
+    int fd = shm_open(name, O_RDONLY, 0);
+    if (fd < 0)
+        return 0;
+    close(fd);
+    return 1;
+}
+
+static wb_peer_creds creds(uint32_t uid, uint32_t gid, uint32_t pid)
+{
+    wb_peer_creds c = {.known = 1, .uid = uid, .gid = gid, .pid = pid};
+    return c;
+}
+
+#endif

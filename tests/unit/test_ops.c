@@ -1,0 +1,578 @@
+/* The request handlers, without sockets: each operation's reply as the
+ * contract specifies it (contents, status codes and messages), admin checks,
+ * draining and freeing, loads (inline), and that every reply packs into
+ * bytes the client-side decoder accepts. */
+#include "broker_fixture.h"
+#include "ops.h"
+#include "wire.h"
+
+#include <check.h>
+#include <xxhash.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static wb_broker B;
+static wb_arena A;
+static Wbproto__Reply *decoded; /* the last reply, packed and decoded again */
+
+static void setup(void)
+{
+    fixture_broker(&B, 200, 1000);
+    memset(&A, 0, sizeof A);
+    decoded = NULL;
+}
+
+static void teardown(void)
+{
+    wb__reply_free(&decoded);
+    wb__arena_free(&A);
+    wb__broker_destroy(&B);
+}
+
+static wb_peer_creds me(void)
+{
+    return creds((uint32_t)geteuid(), (uint32_t)getegid(), (uint32_t)getpid());
+}
+
+/* Runs one request and returns the reply as a client would decode it. */
+static Wbproto__Reply *call(const wb_peer_creds *peer, Wbproto__Request *req)
+{
+    static uint64_t next_id = 100;
+    req->version = WB_PROTOCOL_VERSION;
+    req->id = ++next_id;
+    Wbproto__Reply rep = WBPROTO__REPLY__INIT;
+    const uint8_t ident[] = {0, 'i', 'd'};
+    int rc = wb__ops_handle(&B, peer, req, ident, sizeof ident, &A, &rep);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_uint_eq(rep.id, next_id);
+    ck_assert_uint_eq(rep.version, WB_PROTOCOL_VERSION);
+    size_t len;
+    uint8_t *buf = wb__reply_pack(&rep, &len);
+    ck_assert_ptr_nonnull(buf);
+    wb__reply_free(&decoded);
+    wb_err err;
+    ck_assert_msg(wb__reply_decode(buf, len, &decoded, &err) == WB_OK, "reply: %s", err.msg);
+    free(buf);
+    wb__arena_free(&A);
+    return decoded;
+}
+
+static Wbproto__Reply *acquire(const wb_peer_creds *peer, const char *model)
+{
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__AcquireRequest a = WBPROTO__ACQUIRE_REQUEST__INIT;
+    a.model = (char *)model;
+    req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
+    req.acquire = &a;
+    return call(peer, &req);
+}
+
+static Wbproto__Reply *release(const wb_peer_creds *peer, const uint8_t *id)
+{
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__ReleaseRequest r = WBPROTO__RELEASE_REQUEST__INIT;
+    r.lease_id.data = (uint8_t *)id;
+    r.lease_id.len = WB_LEASE_ID_LEN;
+    req.body_case = WBPROTO__REQUEST__BODY_RELEASE;
+    req.release = &r;
+    return call(peer, &req);
+}
+
+static Wbproto__Reply *unload(const wb_peer_creds *peer, const char *name)
+{
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__UnloadRequest u = WBPROTO__UNLOAD_REQUEST__INIT;
+    u.name = (char *)name;
+    req.body_case = WBPROTO__REQUEST__BODY_UNLOAD;
+    req.unload = &u;
+    return call(peer, &req);
+}
+
+static Wbproto__Reply *load(const wb_peer_creds *peer, const char *name, const char *path)
+{
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__LoadRequest l = WBPROTO__LOAD_REQUEST__INIT;
+    l.name = (char *)name;
+    l.path = (char *)path;
+    req.body_case = WBPROTO__REQUEST__BODY_LOAD;
+    req.load = &l;
+    return call(peer, &req);
+}
+
+static Wbproto__Reply *simple(const wb_peer_creds *peer, int body)
+{
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__HelloRequest h = WBPROTO__HELLO_REQUEST__INIT;
+    Wbproto__ListLeasesRequest ll = WBPROTO__LIST_LEASES_REQUEST__INIT;
+    Wbproto__ListModelsRequest lm = WBPROTO__LIST_MODELS_REQUEST__INIT;
+    Wbproto__StatsRequest st = WBPROTO__STATS_REQUEST__INIT;
+    req.body_case = body;
+    switch (body) {
+    case WBPROTO__REQUEST__BODY_HELLO:
+        h.client = "unit test";
+        req.hello = &h;
+        break;
+    case WBPROTO__REQUEST__BODY_LIST_LEASES:
+        req.list_leases = &ll;
+        break;
+    case WBPROTO__REQUEST__BODY_LIST_MODELS:
+        req.list_models = &lm;
+        break;
+    default:
+        req.stats = &st;
+        break;
+    }
+    return call(peer, &req);
+}
+
+START_TEST(test_hello)
+{
+    wb_peer_creds p = creds(1234, 567, 89);
+    Wbproto__Reply *r = simple(&p, WBPROTO__REQUEST__BODY_HELLO);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->body_case, WBPROTO__REPLY__BODY_HELLO);
+    ck_assert_str_eq(r->hello->broker_version, WB_VERSION);
+    ck_assert_uint_eq(r->hello->broker_pid, (uint32_t)getpid());
+    ck_assert_int_eq(r->hello->backend, WBPROTO__BACKEND__BACKEND_HOST);
+    ck_assert_uint_eq(r->hello->heartbeat_interval_ms, 200);
+    ck_assert_uint_eq(r->hello->stale_after_ms, 1000);
+    ck_assert_uint_eq(r->hello->peer_uid, 1234);
+    ck_assert_uint_eq(r->hello->peer_gid, 567);
+    ck_assert_uint_eq(r->hello->peer_pid, 89);
+
+    /* Unknown credentials: refused. */
+    wb_peer_creds none = {0};
+    r = simple(&none, WBPROTO__REQUEST__BODY_HELLO);
+    ck_assert_int_eq(r->status, WB_EPERM);
+    ck_assert_str_eq(r->error, "the peer's credentials cannot be read");
+}
+END_TEST
+
+START_TEST(test_acquire)
+{
+    wb_model *m = fixture_model(&B, "demo");
+    wb_peer_creds p = me();
+    Wbproto__Reply *r = acquire(&p, "nope");
+    ck_assert_int_eq(r->status, WB_ENOTFOUND);
+    ck_assert_str_eq(r->error, "no model named 'nope'");
+    ck_assert_int_eq(r->body_case, WBPROTO__REPLY__BODY__NOT_SET);
+
+    r = acquire(&p, "demo");
+    ck_assert_int_eq(r->status, 0);
+    const Wbproto__Lease *l = r->acquire->lease;
+    ck_assert_uint_eq(l->id.len, 16);
+    ck_assert_str_eq(l->model, "demo");
+    ck_assert_uint_eq(l->n_slabs, 1);
+    ck_assert_uint_eq(l->slabs[0]->index, 0);
+    ck_assert_int_eq(l->slabs[0]->backend, WBPROTO__BACKEND__BACKEND_HOST);
+    ck_assert_int_eq(l->slabs[0]->device, -1);
+    ck_assert_uint_eq(l->slabs[0]->size, m->data.slabs[0].size);
+    ck_assert_str_eq(l->slabs[0]->shm_name, m->data.slabs[0].shm.name);
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "/wb-%d-", (int)getpid());
+    ck_assert_int_eq(strncmp(l->slabs[0]->shm_name, prefix, strlen(prefix)), 0);
+    ck_assert_uint_eq(l->slabs[0]->cuda_ipc_handle.len, 0);
+    ck_assert_uint_eq(l->n_tensors, 2);
+    ck_assert_str_eq(l->tensors[1]->name, "b");
+    ck_assert_str_eq(l->tensors[1]->dtype, "F32");
+    ck_assert_uint_eq(l->tensors[1]->n_shape, 2);
+    ck_assert_uint_eq(l->tensors[1]->shape[0], 2);
+    ck_assert_uint_eq(l->tensors[1]->offset, 256);
+    ck_assert_uint_eq(l->tensors[1]->nbytes, 16);
+
+    /* A client maps the slab read-only and checks every tensor. */
+    wb_shm ro;
+    wb_err err;
+    ck_assert_int_eq(wb__shm_map_ro(&ro, l->slabs[0]->shm_name, l->slabs[0]->size, &err), WB_OK);
+    for (size_t i = 0; i < l->n_tensors; i++) {
+        const Wbproto__Tensor *t = l->tensors[i];
+        ck_assert_uint_eq(XXH3_64bits((uint8_t *)ro.addr + t->offset, t->nbytes), t->xxh3);
+    }
+    wb__shm_unmap(&ro);
+
+    ck_assert_uint_eq(m->leases, 1);
+    ck_assert_uint_eq(B.stats.leases_granted, 1);
+    wb_lease_rec *rec = wb__leases_find(&B.leases, l->id.data);
+    ck_assert_ptr_nonnull(rec);
+    ck_assert_str_eq(rec->comm, "test_ops");
+    ck_assert_ptr_nonnull(wb__leases_peer(&B.leases, (uint32_t)getpid()));
+
+    /* A loading model is not leased. */
+    wb_model *loading = wb__model_new("later", "/x", &wb__backend_host, -1);
+    wb__models_add(&B.models, loading);
+    r = acquire(&p, "later");
+    ck_assert_int_eq(r->status, WB_ESTATE);
+    ck_assert_ptr_nonnull(strstr(r->error, "model 'later' is loading"));
+}
+END_TEST
+
+START_TEST(test_acquire_dead_peer)
+{
+    fixture_model(&B, "demo");
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0)
+        _exit(0);
+    waitpid(pid, NULL, 0);
+    wb_peer_creds p = creds(1, 1, (uint32_t)pid);
+    Wbproto__Reply *r = acquire(&p, "demo");
+    ck_assert_int_eq(r->status, WB_EPERM);
+    ck_assert_ptr_nonnull(strstr(r->error, "exited before its lease was granted"));
+    ck_assert_uint_eq(B.leases.n_leases, 0);
+    ck_assert_uint_eq(wb__models_find(&B.models, "demo")->leases, 0);
+}
+END_TEST
+
+START_TEST(test_release)
+{
+    wb_model *m = fixture_model(&B, "demo");
+    wb_peer_creds p = me();
+    uint8_t id[16];
+    memcpy(id, acquire(&p, "demo")->acquire->lease->id.data, 16);
+    char s8[9], want[80];
+    wb__lease_id_short(id, s8);
+
+    wb_peer_creds other = creds(p.uid, p.gid, p.pid + 1);
+    Wbproto__Reply *r = release(&other, id);
+    ck_assert_int_eq(r->status, WB_EPERM);
+    snprintf(want, sizeof want, "lease %s belongs to pid %u", s8, p.pid);
+    ck_assert_str_eq(r->error, want);
+    ck_assert_uint_eq(m->leases, 1);
+
+    r = release(&p, id);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->release->model_state, WBPROTO__MODEL_STATE__MODEL_READY);
+    ck_assert_uint_eq(m->leases, 0);
+    ck_assert_uint_eq(B.stats.leases_released, 1);
+    ck_assert_uint_eq(B.leases.n_peers, 0);
+
+    r = release(&p, id);
+    ck_assert_int_eq(r->status, WB_ENOTFOUND);
+    snprintf(want, sizeof want, "no lease %s", s8);
+    ck_assert_str_eq(r->error, want);
+}
+END_TEST
+
+START_TEST(test_heartbeat)
+{
+    fixture_model(&B, "demo");
+    wb_peer_creds p = me();
+    uint8_t mine[16], unknown[16] = {0xee};
+    memcpy(mine, acquire(&p, "demo")->acquire->lease->id.data, 16);
+
+    /* A lease held by another (live) process: this process's own parent. */
+    wb_peer_creds parent = creds(p.uid, p.gid, (uint32_t)getppid());
+    uint8_t theirs[16];
+    memcpy(theirs, acquire(&parent, "demo")->acquire->lease->id.data, 16);
+
+    advance_ms(1001);
+    ck_assert_uint_eq(wb__broker_scan_stale(&B), 2);
+    wb_lease_rec *rec = wb__leases_find(&B.leases, mine);
+    ck_assert_int_eq(rec->state, WBPROTO__LEASE_STATE__LEASE_STALE);
+
+    Wbproto__LeaseBeat b1 = WBPROTO__LEASE_BEAT__INIT, b2 = WBPROTO__LEASE_BEAT__INIT,
+                       b3 = WBPROTO__LEASE_BEAT__INIT;
+    b1.lease_id.data = mine;
+    b1.lease_id.len = 16;
+    b1.containers = 2;
+    b2.lease_id.data = unknown;
+    b2.lease_id.len = 16;
+    b3.lease_id.data = theirs;
+    b3.lease_id.len = 16;
+    Wbproto__LeaseBeat *beats[] = {&b1, &b2, &b3};
+    Wbproto__HeartbeatRequest hb = WBPROTO__HEARTBEAT_REQUEST__INIT;
+    hb.n_leases = 3;
+    hb.leases = beats;
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_HEARTBEAT;
+    req.heartbeat = &hb;
+    Wbproto__Reply *r = call(&p, &req);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_uint_eq(r->heartbeat->n_unknown_leases, 2);
+    ck_assert_mem_eq(r->heartbeat->unknown_leases[0].data, unknown, 16);
+    ck_assert_mem_eq(r->heartbeat->unknown_leases[1].data, theirs, 16);
+    ck_assert_int_eq(rec->state, WBPROTO__LEASE_STATE__LEASE_ACTIVE);
+    ck_assert_uint_eq(rec->containers, 2);
+    ck_assert_int_eq(rec->last_beat_ms, fake_ms);
+    /* The other process's lease is untouched: still stale. */
+    ck_assert_int_eq(wb__leases_find(&B.leases, theirs)->state, WBPROTO__LEASE_STATE__LEASE_STALE);
+
+    /* An empty heartbeat is valid. */
+    hb.n_leases = 0;
+    r = call(&p, &req);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_uint_eq(r->heartbeat->n_unknown_leases, 0);
+}
+END_TEST
+
+START_TEST(test_list_leases_and_models)
+{
+    wb_model *m = fixture_model(&B, "demo");
+    fixture_model(&B, "second");
+    wb_peer_creds p = me();
+    double t0 = fake_now_wall();
+    acquire(&p, "demo");
+    advance_ms(1500);
+    ck_assert_uint_eq(wb__broker_scan_stale(&B), 1);
+
+    Wbproto__Reply *r = simple(&p, WBPROTO__REQUEST__BODY_LIST_LEASES);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_uint_eq(r->list_leases->n_leases, 1);
+    const Wbproto__LeaseInfo *li = r->list_leases->leases[0];
+    ck_assert_str_eq(li->model, "demo");
+    ck_assert_uint_eq(li->pid, p.pid);
+    ck_assert_uint_eq(li->uid, p.uid);
+    ck_assert_uint_eq(li->gid, p.gid);
+    ck_assert_str_eq(li->process_name, "test_ops");
+    ck_assert_int_eq(li->state, WBPROTO__LEASE_STATE__LEASE_STALE);
+    ck_assert_uint_eq(li->slabs, 1);
+    ck_assert_uint_eq(li->bytes, 28);
+    ck_assert_double_eq_tol(li->granted_at, t0, 1e-6);
+    ck_assert_double_eq_tol(li->last_heartbeat, t0, 1e-6);
+
+    r = simple(&p, WBPROTO__REQUEST__BODY_LIST_MODELS);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_uint_eq(r->list_models->n_models, 2);
+    const Wbproto__ModelInfo *mi = r->list_models->models[0];
+    ck_assert_str_eq(mi->name, "demo");
+    ck_assert_str_eq(mi->path, "/models/fixture.safetensors");
+    ck_assert_int_eq(mi->state, WBPROTO__MODEL_STATE__MODEL_READY);
+    ck_assert_int_eq(mi->backend, WBPROTO__BACKEND__BACKEND_HOST);
+    ck_assert_int_eq(mi->device, -1);
+    ck_assert_uint_eq(mi->tensors, 2);
+    ck_assert_uint_eq(mi->bytes, 28);
+    ck_assert_uint_eq(mi->slab_bytes, m->data.slab_bytes);
+    ck_assert_uint_eq(mi->leases, 1);
+    ck_assert_str_eq(r->list_models->models[1]->name, "second");
+    ck_assert_uint_eq(r->list_models->models[1]->leases, 0);
+
+    /* Loading models are listed as such. */
+    wb__models_add(&B.models, wb__model_new("later", "/x", &wb__backend_host, -1));
+    r = simple(&p, WBPROTO__REQUEST__BODY_LIST_MODELS);
+    ck_assert_uint_eq(r->list_models->n_models, 3);
+    ck_assert_int_eq(r->list_models->models[2]->state, WBPROTO__MODEL_STATE__MODEL_LOADING);
+}
+END_TEST
+
+START_TEST(test_unload_and_drain)
+{
+    wb_model *m = fixture_model(&B, "demo");
+    wb_model *idle = fixture_model(&B, "idle");
+    char idle_shm[WB_SHM_NAME_MAX], demo_shm[WB_SHM_NAME_MAX];
+    strcpy(idle_shm, idle->data.slabs[0].shm.name);
+    strcpy(demo_shm, m->data.slabs[0].shm.name);
+    wb_peer_creds p = me();
+    wb_peer_creds stranger = creds(p.uid + 1, p.gid, p.pid);
+    if (p.uid == 0)
+        stranger.uid = 4321;
+
+    Wbproto__Reply *r = unload(&stranger, "demo");
+    ck_assert_int_eq(r->status, WB_EPERM);
+    char want[80];
+    snprintf(want, sizeof want, "uid %u may not unload models", stranger.uid);
+    ck_assert_str_eq(r->error, want);
+
+    r = unload(&p, "nope");
+    ck_assert_int_eq(r->status, WB_ENOTFOUND);
+    ck_assert_str_eq(r->error, "no model named 'nope'");
+
+    /* No leases: freed at once. */
+    r = unload(&p, "idle");
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_str_eq(r->unload->model->name, "idle");
+    ck_assert_int_eq(r->unload->model->state, WBPROTO__MODEL_STATE__MODEL_FREED);
+    ck_assert_ptr_null(wb__models_find(&B.models, "idle"));
+    ck_assert(!shm_name_exists(idle_shm));
+
+    /* With leases: draining; new leases refused; freed at the last release. */
+    uint8_t id1[16], id2[16];
+    memcpy(id1, acquire(&p, "demo")->acquire->lease->id.data, 16);
+    memcpy(id2, acquire(&p, "demo")->acquire->lease->id.data, 16);
+    r = unload(&p, "demo");
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->unload->model->state, WBPROTO__MODEL_STATE__MODEL_DRAINING);
+    ck_assert_uint_eq(r->unload->model->leases, 2);
+    r = unload(&p, "demo");
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->unload->model->state, WBPROTO__MODEL_STATE__MODEL_DRAINING);
+
+    r = acquire(&p, "demo");
+    ck_assert_int_eq(r->status, WB_ESTATE);
+    ck_assert_str_eq(r->error,
+                     "model 'demo' is draining (unload requested); new leases are refused");
+
+    r = simple(&p, WBPROTO__REQUEST__BODY_LIST_MODELS);
+    ck_assert_uint_eq(r->list_models->n_models, 1);
+    ck_assert_int_eq(r->list_models->models[0]->state, WBPROTO__MODEL_STATE__MODEL_DRAINING);
+
+    r = release(&p, id1);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->release->model_state, WBPROTO__MODEL_STATE__MODEL_DRAINING);
+    ck_assert(shm_name_exists(demo_shm));
+    r = release(&p, id2);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->release->model_state, WBPROTO__MODEL_STATE__MODEL_FREED);
+    ck_assert(!shm_name_exists(demo_shm));
+    r = simple(&p, WBPROTO__REQUEST__BODY_LIST_MODELS);
+    ck_assert_uint_eq(r->list_models->n_models, 0);
+
+    /* A loading model cannot be unloaded. */
+    wb__models_add(&B.models, wb__model_new("later", "/x", &wb__backend_host, -1));
+    r = unload(&p, "later");
+    ck_assert_int_eq(r->status, WB_ESTATE);
+    ck_assert_ptr_nonnull(strstr(r->error, "model 'later' is loading"));
+}
+END_TEST
+
+static const char *data_path(const char *rel)
+{
+    static char buf[1024];
+    const char *dir = getenv("WB_TEST_DATA");
+    snprintf(buf, sizeof buf, "%s/%s", dir && *dir ? dir : "tests/data", rel);
+    return buf;
+}
+
+START_TEST(test_load)
+{
+    wb_peer_creds p = me();
+    wb_peer_creds stranger = creds(p.uid == 0 ? 4321 : p.uid + 1, p.gid, p.pid);
+    const char *path = data_path("official/gpt2/model.safetensors");
+
+    Wbproto__Reply *r = load(&stranger, "gpt2", path);
+    ck_assert_int_eq(r->status, WB_EPERM);
+    char want[80];
+    snprintf(want, sizeof want, "uid %u may not load models", stranger.uid);
+    ck_assert_str_eq(r->error, want);
+
+    static const char *const bad_names[] = {"has space", "semi;colon", "slash/x", "ü"};
+    for (size_t i = 0; i < sizeof bad_names / sizeof bad_names[0]; i++) {
+        r = load(&p, bad_names[i], path);
+        ck_assert_int_eq(r->status, WB_EINVAL);
+        ck_assert_ptr_nonnull(strstr(r->error, "is not 1 to 255 characters of A-Z a-z 0-9 . _ -"));
+    }
+    char longname[300];
+    memset(longname, 'x', 256);
+    longname[256] = '\0';
+    r = load(&p, longname, path);
+    ck_assert_int_eq(r->status, WB_EINVAL);
+
+    r = load(&p, "gpt2.v1_A-b", path);
+    ck_assert_msg(r->status == 0, "load: %s", r->error);
+    ck_assert_int_eq(r->body_case, WBPROTO__REPLY__BODY_LOAD);
+    ck_assert_str_eq(r->load->model->name, "gpt2.v1_A-b");
+    ck_assert_str_eq(r->load->model->path, path);
+    ck_assert_int_eq(r->load->model->state, WBPROTO__MODEL_STATE__MODEL_READY);
+    ck_assert_uint_eq(r->load->model->tensors, 28);
+    ck_assert_uint_eq(r->load->model->bytes, 126464);
+    ck_assert(r->load->model->load_seconds > 0);
+    ck_assert_double_eq_tol(r->load->model->load_gbps, 126464 / r->load->model->load_seconds / 1e9,
+                            1e-9);
+    ck_assert_uint_eq(B.stats.loads_total, 1);
+    ck_assert_uint_eq(B.stats.load_bytes_total, 126464);
+
+    r = load(&p, "gpt2.v1_A-b", path);
+    ck_assert_int_eq(r->status, WB_EEXIST);
+    ck_assert_str_eq(r->error, "a model named 'gpt2.v1_A-b' already exists (ready)");
+
+    /* A failed load leaves nothing behind. */
+    r = load(&p, "missing", "/nonexistent/model.safetensors");
+    ck_assert_int_eq(r->status, WB_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(r->error, "/nonexistent/model.safetensors"));
+    ck_assert_ptr_null(wb__models_find(&B.models, "missing"));
+    ck_assert_uint_eq(B.stats.loads_total, 2);
+    ck_assert_uint_eq(B.stats.loads_failed, 1);
+
+    r = acquire(&p, "gpt2.v1_A-b");
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_uint_eq(r->acquire->lease->n_tensors, 28);
+}
+END_TEST
+
+START_TEST(test_stats)
+{
+    fixture_model(&B, "demo");
+    wb_model *m2 = fixture_model(&B, "two");
+    wb_peer_creds p = me();
+    uint8_t id[16];
+    memcpy(id, acquire(&p, "demo")->acquire->lease->id.data, 16);
+    acquire(&p, "two");
+    acquire(&p, "two");
+    release(&p, id);
+    advance_ms(1001);
+    wb__broker_scan_stale(&B);
+    acquire(&p, "demo");
+    B.stats.requests_total = 17;
+    B.stats.requests_failed = 3;
+    B.stats.malformed_messages = 2;
+    B.stats.leases_reclaimed = 4;
+    B.stats.loads_total = 5;
+    B.stats.loads_failed = 1;
+    B.stats.load_bytes_total = 999;
+    B.stats.load_seconds_total = 1.5;
+    advance_ms(2000);
+
+    Wbproto__Reply *r = simple(&p, WBPROTO__REQUEST__BODY_STATS);
+    ck_assert_int_eq(r->status, 0);
+    const Wbproto__StatsReply *s = r->stats;
+    ck_assert_double_eq_tol(s->uptime_seconds, 3.001, 1e-9);
+    ck_assert_uint_eq(s->requests_total, 17);
+    ck_assert_uint_eq(s->requests_failed, 3);
+    ck_assert_uint_eq(s->malformed_messages, 2);
+    ck_assert_uint_eq(s->leases_granted, 4);
+    ck_assert_uint_eq(s->leases_released, 1);
+    ck_assert_uint_eq(s->leases_reclaimed, 4);
+    ck_assert_uint_eq(s->leases_active, 1);
+    ck_assert_uint_eq(s->leases_stale, 2);
+    ck_assert_uint_eq(s->models, 2);
+    ck_assert_uint_eq(s->model_bytes, 2 * 28);
+    ck_assert_uint_eq(s->loads_total, 5);
+    ck_assert_uint_eq(s->loads_failed, 1);
+    ck_assert_uint_eq(s->load_bytes_total, 999);
+    ck_assert_double_eq(s->load_seconds_total, 1.5);
+    ck_assert_uint_eq(s->peers, 1);
+    ck_assert_uint_eq(m2->leases, 2);
+}
+END_TEST
+
+START_TEST(test_error_reply)
+{
+    Wbproto__Reply rep = WBPROTO__REPLY__INIT;
+    wb__ops_error(&rep, &A, 0, WB_EPROTO, "request does not decode");
+    size_t len;
+    uint8_t *buf = wb__reply_pack(&rep, &len);
+    wb_err err;
+    ck_assert_int_eq(wb__reply_decode(buf, len, &decoded, &err), WB_OK);
+    free(buf);
+    ck_assert_uint_eq(decoded->id, 0);
+    ck_assert_int_eq(decoded->status, WB_EPROTO);
+    ck_assert_str_eq(decoded->error, "request does not decode");
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("ops");
+    TCase *tc = tcase_create("core");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_hello);
+    tcase_add_test(tc, test_acquire);
+    tcase_add_test(tc, test_acquire_dead_peer);
+    tcase_add_test(tc, test_release);
+    tcase_add_test(tc, test_heartbeat);
+    tcase_add_test(tc, test_list_leases_and_models);
+    tcase_add_test(tc, test_unload_and_drain);
+    tcase_add_test(tc, test_load);
+    tcase_add_test(tc, test_stats);
+    tcase_add_test(tc, test_error_reply);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,255 @@
+/* The host memory backend's shared memory: slabs are created with fresh
+ * names and mode 0640, read back through read-only mappings (here and in a
+ * forked child), refuse writes, and fail cleanly on wrong sizes, missing and
+ * malformed names; stale slabs of dead brokers are cleaned up. */
+#include "shm.h"
+
+#include <check.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void fill(uint8_t *p, size_t n, uint8_t seed)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint8_t)(seed + i * 31);
+}
+
+static int check_bytes(const uint8_t *p, size_t n, uint8_t seed)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] != (uint8_t)(seed + i * 31))
+            return 0;
+    }
+    return 1;
+}
+
+static int shm_exists(const char *name)
+{
+    int fd = shm_open(name, O_RDONLY, 0);
+    if (fd < 0)
+        return 0;
+    close(fd);
+    return 1;
+}
+
+START_TEST(test_create_and_map)
+{
+    wb_shm w, r;
+    wb_err err;
+    const size_t size = 3 * 4096 + 100;
+    /* A restrictive umask must not change the object's mode. */
+    mode_t old = umask(077);
+    ck_assert_int_eq(wb__shm_create(&w, size, &err), WB_OK);
+    umask(old);
+    ck_assert(wb__shm_name_valid(w.name));
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "/wb-%ld-", (long)getpid());
+    ck_assert_int_eq(strncmp(w.name, prefix, strlen(prefix)), 0);
+    ck_assert_uint_eq(w.size, size);
+    ck_assert_int_eq(w.writable, 1);
+
+    char path[128];
+    snprintf(path, sizeof path, "/dev/shm%s", w.name);
+    struct stat st;
+    ck_assert_int_eq(stat(path, &st), 0);
+    ck_assert_int_eq(st.st_mode & 0777, 0640);
+    ck_assert_int_eq(st.st_size, (off_t)size);
+
+    fill(w.addr, size, 7);
+    ck_assert_int_eq(wb__shm_map_ro(&r, w.name, size, &err), WB_OK);
+    ck_assert_int_eq(r.writable, 0);
+    ck_assert_ptr_ne(r.addr, w.addr);
+    ck_assert(check_bytes(r.addr, size, 7));
+
+    /* A forked child maps the same name and sees the same bytes. */
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        wb_shm c;
+        if (wb__shm_map_ro(&c, w.name, size, NULL) != WB_OK)
+            _exit(2);
+        _exit(check_bytes(c.addr, size, 7) ? 0 : 3);
+    }
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert(WIFEXITED(status));
+    ck_assert_int_eq(WEXITSTATUS(status), 0);
+
+    /* The mapping outlives the name. */
+    char name[WB_SHM_NAME_MAX];
+    snprintf(name, sizeof name, "%s", w.name);
+    wb__shm_unlink(&w);
+    wb__shm_unlink(&w); /* idempotent */
+    ck_assert(!shm_exists(name));
+    ck_assert(check_bytes(r.addr, size, 7));
+    wb__shm_unmap(&r);
+    ck_assert_ptr_null(r.addr);
+    wb__shm_unmap(&w);
+    ck_assert_ptr_null(w.addr);
+    ck_assert_uint_eq(w.size, 0);
+    wb__shm_unmap(NULL);
+}
+END_TEST
+
+START_TEST(test_zero_size_is_one_page)
+{
+    wb_shm w, r;
+    wb_err err;
+    ck_assert_int_eq(wb__shm_create(&w, 0, &err), WB_OK);
+    ck_assert_uint_eq(w.size, (uint64_t)sysconf(_SC_PAGESIZE));
+    ck_assert_int_eq(wb__shm_map_ro(&r, w.name, w.size, &err), WB_OK);
+    wb__shm_unmap(&r);
+    wb__shm_unlink(&w);
+    wb__shm_unmap(&w);
+}
+END_TEST
+
+START_TEST(test_names_are_fresh)
+{
+    wb_shm a, b;
+    ck_assert_int_eq(wb__shm_create(&a, 10, NULL), WB_OK);
+    ck_assert_int_eq(wb__shm_create(&b, 10, NULL), WB_OK);
+    ck_assert_str_ne(a.name, b.name);
+    wb__shm_unlink(&a);
+    wb__shm_unlink(&b);
+    wb__shm_unmap(&a);
+    wb__shm_unmap(&b);
+}
+END_TEST
+
+START_TEST(test_write_through_ro_mapping_faults)
+{
+    wb_shm w;
+    wb_err err;
+    ck_assert_int_eq(wb__shm_create(&w, 4096, &err), WB_OK);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        /* Sanitizers catch SIGSEGV to report it; this test wants the plain
+         * signal. */
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = SIG_DFL;
+        sigaction(SIGSEGV, &sa, NULL);
+        wb_shm r;
+        if (wb__shm_map_ro(&r, w.name, 4096, NULL) != WB_OK)
+            _exit(2);
+        ((volatile uint8_t *)r.addr)[10] = 1;
+        _exit(0);
+    }
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert(WIFSIGNALED(status));
+    ck_assert_int_eq(WTERMSIG(status), SIGSEGV);
+    ck_assert_int_eq(((uint8_t *)w.addr)[10], 0);
+    wb__shm_unlink(&w);
+    wb__shm_unmap(&w);
+}
+END_TEST
+
+START_TEST(test_map_errors)
+{
+    wb_shm w, r;
+    wb_err err;
+    ck_assert_int_eq(wb__shm_create(&w, 8192, &err), WB_OK);
+    ck_assert_int_eq(wb__shm_map_ro(&r, w.name, 4096, &err), WB_EPROTO);
+    ck_assert_ptr_nonnull(strstr(err.msg, w.name));
+    ck_assert_ptr_nonnull(strstr(err.msg, "has 8192 bytes, expected 4096"));
+    ck_assert_ptr_null(r.addr);
+    ck_assert_int_eq(wb__shm_map_ro(&r, w.name, 8193, &err), WB_EPROTO);
+    ck_assert_int_eq(wb__shm_map_ro(&r, w.name, 0, &err), WB_EPROTO);
+    wb__shm_unlink(&w);
+    wb__shm_unmap(&w);
+
+    const char *missing = "/wb-1-00000000000000000000000000000000";
+    ck_assert_int_eq(wb__shm_map_ro(&r, missing, 4096, &err), WB_ENOTFOUND);
+    ck_assert_str_eq(err.msg, "no shared memory object /wb-1-00000000000000000000000000000000");
+
+    ck_assert_int_eq(wb__shm_map_ro(&r, "/etc/passwd", 4096, &err), WB_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "'/etc/passwd' is not a slab name"));
+    ck_assert_int_eq(wb__shm_map_ro(&r, NULL, 4096, &err), WB_EINVAL);
+}
+END_TEST
+
+START_TEST(test_name_validation)
+{
+    ck_assert(wb__shm_name_valid("/wb-1-0123456789abcdef0123456789abcdef"));
+    ck_assert(wb__shm_name_valid("/wb-4294967295-0123456789abcdef0123456789abcdef"));
+    ck_assert(!wb__shm_name_valid(NULL));
+    ck_assert(!wb__shm_name_valid(""));
+    ck_assert(!wb__shm_name_valid("wb-1-0123456789abcdef0123456789abcdef"));   /* no slash */
+    ck_assert(!wb__shm_name_valid("/wb--0123456789abcdef0123456789abcdef"));   /* no pid */
+    ck_assert(!wb__shm_name_valid("/wb-0-0123456789abcdef0123456789abcdef"));  /* pid 0 */
+    ck_assert(!wb__shm_name_valid("/wb-1-0123456789abcdef0123456789abcde"));   /* 31 hex */
+    ck_assert(!wb__shm_name_valid("/wb-1-0123456789abcdef0123456789abcdef0")); /* 33 hex */
+    ck_assert(!wb__shm_name_valid("/wb-1-0123456789ABCDEF0123456789abcdef"));  /* upper case */
+    ck_assert(!wb__shm_name_valid("/wb-1-0123456789abcdef0123456789abcdeg"));
+    ck_assert(!wb__shm_name_valid("/wb-12345678901-0123456789abcdef0123456789abcdef"));
+    ck_assert(!wb__shm_name_valid("/xx-1-0123456789abcdef0123456789abcdef"));
+    ck_assert(!wb__shm_name_valid("/wb-1-../../0123456789abcdef01234567"));
+}
+END_TEST
+
+START_TEST(test_cleanup_stale)
+{
+    /* A pid that certainly no longer exists: a child we reaped. */
+    pid_t dead = fork();
+    ck_assert_int_ge(dead, 0);
+    if (dead == 0)
+        _exit(0);
+    ck_assert_int_eq(waitpid(dead, NULL, 0), dead);
+
+    char stale[WB_SHM_NAME_MAX];
+    snprintf(stale, sizeof stale, "/wb-%ld-00112233445566778899aabbccddeeff", (long)dead);
+    int fd = shm_open(stale, O_CREAT | O_EXCL | O_RDWR, 0600);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    /* A name that does not follow the pattern is never touched. */
+    char other[WB_SHM_NAME_MAX];
+    snprintf(other, sizeof other, "/wb-%ld-not-ours", (long)dead);
+    fd = shm_open(other, O_CREAT | O_RDWR, 0600);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+
+    wb_shm mine;
+    ck_assert_int_eq(wb__shm_create(&mine, 100, NULL), WB_OK);
+
+    ck_assert_int_ge(wb__shm_cleanup_stale(), 1);
+    ck_assert(!shm_exists(stale));
+    ck_assert(shm_exists(mine.name));
+    ck_assert(shm_exists(other));
+    /* Nothing left to remove of ours. */
+    ck_assert(!shm_exists(stale));
+
+    shm_unlink(other);
+    wb__shm_unlink(&mine);
+    wb__shm_unmap(&mine);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("shm");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, test_create_and_map);
+    tcase_add_test(tc, test_zero_size_is_one_page);
+    tcase_add_test(tc, test_names_are_fresh);
+    tcase_add_test(tc, test_write_through_ro_mapping_faults);
+    tcase_add_test(tc, test_map_errors);
+    tcase_add_test(tc, test_name_validation);
+    tcase_add_test(tc, test_cleanup_stale);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,601 @@
+/* The wire codec: requests and replies round-trip, and every kind of
+ * malformed or out-of-bounds message is refused with the right status and a
+ * message that names the field. */
+#include "wire.h"
+
+#include <check.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+static const uint8_t lease_id[WB_LEASE_ID_LEN] = {1, 2,  3,  4,  5,  6,  7,  8,
+                                                  9, 10, 11, 12, 13, 14, 15, 16};
+
+/* Packs a request, decodes it and returns the status; *out gets the decoded
+ * request on success. */
+static int req_roundtrip(const Wbproto__Request *req, Wbproto__Request **out, uint64_t *id,
+                         wb_err *err)
+{
+    size_t len;
+    uint8_t *buf = wb__request_pack(req, &len);
+    ck_assert_ptr_nonnull(buf);
+    int rc = wb__request_decode(buf, len, out, id, err);
+    free(buf);
+    return rc;
+}
+
+static int rep_roundtrip(const Wbproto__Reply *rep, Wbproto__Reply **out, wb_err *err)
+{
+    size_t len;
+    uint8_t *buf = wb__reply_pack(rep, &len);
+    ck_assert_ptr_nonnull(buf);
+    int rc = wb__reply_decode(buf, len, out, err);
+    free(buf);
+    return rc;
+}
+
+static void init_req(Wbproto__Request *req, uint64_t id)
+{
+    wbproto__request__init(req);
+    req->version = WB_PROTOCOL_VERSION;
+    req->id = id;
+}
+
+START_TEST(test_request_roundtrip)
+{
+    Wbproto__Request req, *out;
+    uint64_t id;
+    wb_err err;
+
+    init_req(&req, 42);
+    Wbproto__AcquireRequest acq = WBPROTO__ACQUIRE_REQUEST__INIT;
+    acq.model = "llama-3.1_8b.v2";
+    req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
+    req.acquire = &acq;
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_OK);
+    ck_assert_uint_eq(id, 42);
+    ck_assert_uint_eq(out->id, 42);
+    ck_assert_int_eq(out->body_case, WBPROTO__REQUEST__BODY_ACQUIRE);
+    ck_assert_str_eq(out->acquire->model, "llama-3.1_8b.v2");
+    wb__request_free(&out);
+    ck_assert_ptr_null(out);
+
+    Wbproto__LeaseBeat b1 = WBPROTO__LEASE_BEAT__INIT, b2 = WBPROTO__LEASE_BEAT__INIT;
+    b1.lease_id.data = (uint8_t *)lease_id;
+    b1.lease_id.len = WB_LEASE_ID_LEN;
+    b1.containers = 3;
+    b2.lease_id = b1.lease_id;
+    Wbproto__LeaseBeat *beats[] = {&b1, &b2};
+    Wbproto__HeartbeatRequest hb = WBPROTO__HEARTBEAT_REQUEST__INIT;
+    hb.n_leases = 2;
+    hb.leases = beats;
+    init_req(&req, UINT64_MAX);
+    req.body_case = WBPROTO__REQUEST__BODY_HEARTBEAT;
+    req.heartbeat = &hb;
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_OK);
+    ck_assert_uint_eq(id, UINT64_MAX);
+    ck_assert_uint_eq(out->heartbeat->n_leases, 2);
+    ck_assert_uint_eq(out->heartbeat->leases[0]->containers, 3);
+    ck_assert_mem_eq(out->heartbeat->leases[1]->lease_id.data, lease_id, WB_LEASE_ID_LEN);
+    wb__request_free(&out);
+
+    /* An empty heartbeat is valid. */
+    hb.n_leases = 0;
+    hb.leases = NULL;
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_OK);
+    ck_assert_uint_eq(out->heartbeat->n_leases, 0);
+    wb__request_free(&out);
+
+    /* Bodies without fields still count as set. */
+    Wbproto__StatsRequest st = WBPROTO__STATS_REQUEST__INIT;
+    init_req(&req, 7);
+    req.body_case = WBPROTO__REQUEST__BODY_STATS;
+    req.stats = &st;
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_OK);
+    ck_assert_int_eq(out->body_case, WBPROTO__REQUEST__BODY_STATS);
+    wb__request_free(&out);
+
+    Wbproto__LoadRequest ld = WBPROTO__LOAD_REQUEST__INIT;
+    ld.name = "demo";
+    ld.path = "/models/demo.safetensors";
+    init_req(&req, 8);
+    req.body_case = WBPROTO__REQUEST__BODY_LOAD;
+    req.load = &ld;
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_OK);
+    ck_assert_str_eq(out->load->path, "/models/demo.safetensors");
+    wb__request_free(&out);
+
+    /* Freeing NULL, or a pointer to NULL, does nothing. */
+    wb__request_free(NULL);
+    wb__request_free(&out);
+}
+END_TEST
+
+START_TEST(test_request_size_limits)
+{
+    Wbproto__Request *out = (Wbproto__Request *)1;
+    uint64_t id = 99;
+    wb_err err;
+    uint8_t byte = 0;
+    ck_assert_int_eq(wb__request_decode(&byte, 0, &out, &id, &err), WB_EPROTO);
+    ck_assert_ptr_null(out);
+    ck_assert_uint_eq(id, 0);
+    ck_assert_ptr_nonnull(strstr(err.msg, "empty request"));
+    /* The size is checked before a byte is read. */
+    ck_assert_int_eq(wb__request_decode(&byte, (size_t)WB_MAX_MESSAGE + 1, &out, &id, &err),
+                     WB_EPROTO);
+    ck_assert_ptr_nonnull(strstr(err.msg, "67108865 bytes exceeds the limit"));
+}
+END_TEST
+
+START_TEST(test_request_garbage)
+{
+    Wbproto__Request *out;
+    uint64_t id;
+    wb_err err;
+    const uint8_t junk[] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+    ck_assert_int_eq(wb__request_decode(junk, sizeof junk, &out, &id, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "request does not decode as wbproto.Request (11 bytes)");
+    ck_assert_uint_eq(id, 0);
+    ck_assert_ptr_null(out);
+
+    /* version=1, id=300, then a field with the invalid wire type 7: protobuf-c
+     * refuses it, but the id that came before is still recovered. */
+    const uint8_t with_id[] = {0x08, 0x01, 0x10, 0xac, 0x02, 0x1f, 0x00};
+    ck_assert_int_eq(wb__request_decode(with_id, sizeof with_id, &out, &id, &err), WB_EPROTO);
+    ck_assert_uint_eq(id, 300);
+    ck_assert_ptr_nonnull(strstr(err.msg, "does not decode as wbproto.Request (7 bytes)"));
+
+    /* A truncated length-delimited field. */
+    const uint8_t truncated[] = {0x10, 0x05, 0x5a, 0x10, 0x0a};
+    ck_assert_int_eq(wb__request_decode(truncated, sizeof truncated, &out, &id, &err), WB_EPROTO);
+    ck_assert_uint_eq(id, 5);
+}
+END_TEST
+
+START_TEST(test_request_version_and_body)
+{
+    Wbproto__Request req, *out;
+    uint64_t id;
+    wb_err err;
+    init_req(&req, 11);
+    req.version = 2;
+    Wbproto__HelloRequest h = WBPROTO__HELLO_REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_HELLO;
+    req.hello = &h;
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_EVERSION);
+    ck_assert_str_eq(err.msg, "protocol version 2, this broker speaks 1");
+    ck_assert_uint_eq(id, 11);
+    ck_assert_ptr_null(out);
+
+    /* A missing version reads as 0. */
+    req.version = 0;
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_EVERSION);
+    ck_assert_str_eq(err.msg, "protocol version 0, this broker speaks 1");
+
+    init_req(&req, 12);
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "request has no body");
+    ck_assert_uint_eq(id, 12);
+
+    /* A body field this version does not know (number 99) is skipped as
+     * unknown, which leaves no body. */
+    const uint8_t future[] = {0x08, 0x01, 0x10, 0x0d, 0x9a, 0x06, 0x00};
+    ck_assert_int_eq(wb__request_decode(future, sizeof future, &out, &id, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "request has no body");
+    ck_assert_uint_eq(id, 13);
+}
+END_TEST
+
+START_TEST(test_request_names)
+{
+    Wbproto__Request req, *out;
+    uint64_t id;
+    wb_err err;
+    Wbproto__AcquireRequest acq = WBPROTO__ACQUIRE_REQUEST__INIT;
+    init_req(&req, 1);
+    req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
+    req.acquire = &acq;
+
+    acq.model = "";
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "acquire.model is empty");
+
+    char longname[WB_NAME_MAX + 2];
+    memset(longname, 'a', sizeof longname - 1);
+    longname[sizeof longname - 1] = '\0';
+    acq.model = longname;
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "acquire.model has 256 bytes, at most 255");
+    longname[WB_NAME_MAX] = '\0';
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_OK);
+    wb__request_free(&out);
+
+    acq.model = "bad\nname";
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "acquire.model has a control character (0x0a) at byte 3");
+    acq.model = "del\x7f";
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_EPROTO);
+    ck_assert_ptr_nonnull(strstr(err.msg, "(0x7f) at byte 3"));
+
+    Wbproto__UnloadRequest un = WBPROTO__UNLOAD_REQUEST__INIT;
+    un.name = "";
+    req.body_case = WBPROTO__REQUEST__BODY_UNLOAD;
+    req.unload = &un;
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "unload.name is empty");
+
+    Wbproto__LoadRequest ld = WBPROTO__LOAD_REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_LOAD;
+    req.load = &ld;
+    ld.name = "ok";
+    ld.path = "";
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "load.path is empty");
+    char *longpath = malloc(WB_PATH_MAX + 2);
+    memset(longpath, '/', WB_PATH_MAX + 1);
+    longpath[WB_PATH_MAX + 1] = '\0';
+    ld.path = longpath;
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "load.path has 4097 bytes, at most 4096");
+    free(longpath);
+    /* The load name's character set is the load operation's to check (it
+     * answers WB_EINVAL), so the decoder lets it through. */
+    ld.name = "has space";
+    ld.path = "/x";
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_OK);
+    ck_assert_str_eq(out->load->name, "has space");
+    wb__request_free(&out);
+}
+END_TEST
+
+START_TEST(test_request_lease_ids)
+{
+    Wbproto__Request req, *out;
+    uint64_t id;
+    wb_err err;
+    uint8_t idbuf[17] = {0};
+    Wbproto__ReleaseRequest rel = WBPROTO__RELEASE_REQUEST__INIT;
+    init_req(&req, 5);
+    req.body_case = WBPROTO__REQUEST__BODY_RELEASE;
+    req.release = &rel;
+    rel.lease_id.data = idbuf;
+    rel.lease_id.len = 15;
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "release.lease_id has 15 bytes, expected 16");
+    rel.lease_id.len = 17;
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "release.lease_id has 17 bytes, expected 16");
+    rel.lease_id.len = 0;
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "release.lease_id has 0 bytes, expected 16");
+    rel.lease_id.len = 16;
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_OK);
+    wb__request_free(&out);
+
+    /* Heartbeats: the count cap and each entry's id. */
+    Wbproto__LeaseBeat beat = WBPROTO__LEASE_BEAT__INIT;
+    beat.lease_id.data = idbuf;
+    beat.lease_id.len = 16;
+    Wbproto__LeaseBeat bad = beat;
+    bad.lease_id.len = 4;
+    size_t n = WB_MAX_BEATS + 1;
+    Wbproto__LeaseBeat **beats = malloc(n * sizeof *beats);
+    for (size_t i = 0; i < n; i++)
+        beats[i] = &beat;
+    Wbproto__HeartbeatRequest hb = WBPROTO__HEARTBEAT_REQUEST__INIT;
+    hb.leases = beats;
+    hb.n_leases = n;
+    req.body_case = WBPROTO__REQUEST__BODY_HEARTBEAT;
+    req.heartbeat = &hb;
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "heartbeat has 4097 leases, at most 4096");
+    hb.n_leases = WB_MAX_BEATS;
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_OK);
+    wb__request_free(&out);
+    beats[2] = &bad;
+    hb.n_leases = 3;
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "heartbeat.leases[2].lease_id has 4 bytes, expected 16");
+    free(beats);
+}
+END_TEST
+
+/* A valid acquire reply with two slabs; tests break one field at a time. */
+typedef struct fixture {
+    Wbproto__Reply rep;
+    Wbproto__AcquireReply acq;
+    Wbproto__Lease lease;
+    Wbproto__Slab slab[2];
+    Wbproto__Slab *slabs[2];
+    Wbproto__Tensor t[2];
+    Wbproto__Tensor *tensors[2];
+    uint64_t shape[65];
+    uint8_t handle[65];
+} fixture;
+
+static void fixture_init(fixture *f)
+{
+    memset(f, 0, sizeof *f);
+    wbproto__reply__init(&f->rep);
+    f->rep.version = WB_PROTOCOL_VERSION;
+    f->rep.id = 9;
+    f->rep.body_case = WBPROTO__REPLY__BODY_ACQUIRE;
+    f->rep.acquire = &f->acq;
+    wbproto__acquire_reply__init(&f->acq);
+    f->acq.lease = &f->lease;
+    wbproto__lease__init(&f->lease);
+    f->lease.id.data = (uint8_t *)lease_id;
+    f->lease.id.len = WB_LEASE_ID_LEN;
+    f->lease.model = "demo";
+    for (int i = 0; i < 2; i++) {
+        wbproto__slab__init(&f->slab[i]);
+        f->slab[i].index = (uint32_t)i;
+        f->slabs[i] = &f->slab[i];
+        wbproto__tensor__init(&f->t[i]);
+        f->tensors[i] = &f->t[i];
+    }
+    f->slab[0].backend = WBPROTO__BACKEND__BACKEND_HOST;
+    f->slab[0].device = -1;
+    f->slab[0].size = 4096;
+    f->slab[0].shm_name = "/wb-123-0123456789abcdef0123456789abcdef";
+    f->slab[1].backend = WBPROTO__BACKEND__BACKEND_CUDA;
+    f->slab[1].device = 0;
+    f->slab[1].size = 1 << 20;
+    f->slab[1].cuda_ipc_handle.data = f->handle;
+    f->slab[1].cuda_ipc_handle.len = 64;
+    f->lease.n_slabs = 2;
+    f->lease.slabs = f->slabs;
+    for (int i = 0; i < 65; i++)
+        f->shape[i] = 1;
+    f->t[0].name = "w";
+    f->t[0].dtype = "F32";
+    f->t[0].n_shape = 2;
+    f->t[0].shape = f->shape;
+    f->t[0].slab = 0;
+    f->t[0].offset = 256;
+    f->t[0].nbytes = 4096 - 256; /* ends exactly at the slab's end */
+    f->t[1].name = "b";
+    f->t[1].dtype = "BF16";
+    f->t[1].slab = 1;
+    f->t[1].offset = 0;
+    f->t[1].nbytes = 2;
+    f->lease.n_tensors = 2;
+    f->lease.tensors = f->tensors;
+}
+
+START_TEST(test_reply_acquire_bounds)
+{
+    fixture f;
+    Wbproto__Reply *out;
+    wb_err err;
+    fixture_init(&f);
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_OK);
+    ck_assert_uint_eq(out->id, 9);
+    ck_assert_uint_eq(out->acquire->lease->n_tensors, 2);
+    ck_assert_str_eq(out->acquire->lease->slabs[0]->shm_name,
+                     "/wb-123-0123456789abcdef0123456789abcdef");
+    wb__reply_free(&out);
+    ck_assert_ptr_null(out);
+
+    fixture_init(&f);
+    f.t[0].nbytes = 4096 - 255;
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg,
+                     "tensor 'w' (offset 256, 3841 bytes) ends past its slab of 4096 bytes");
+
+    /* offset + nbytes wraps around 2^64: still refused. */
+    fixture_init(&f);
+    f.t[0].offset = 512;
+    f.t[0].nbytes = UINT64_MAX - 100;
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_ptr_nonnull(strstr(err.msg, "tensor 'w'"));
+    ck_assert_ptr_nonnull(strstr(err.msg, "ends past its slab"));
+    fixture_init(&f);
+    f.t[0].offset = UINT64_MAX;
+    f.t[0].nbytes = 1;
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_ptr_nonnull(strstr(err.msg, "ends past its slab"));
+
+    fixture_init(&f);
+    f.t[1].slab = 2;
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "tensor 'b' names slab 2 of 2");
+
+    fixture_init(&f);
+    f.t[0].n_shape = 65;
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "tensor 'w' has 65 dimensions, at most 64");
+    f.t[0].n_shape = 64;
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_OK);
+    wb__reply_free(&out);
+
+    fixture_init(&f);
+    f.t[1].name = "";
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "lease.tensors[1] has no name");
+    fixture_init(&f);
+    f.t[1].dtype = "";
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "tensor 'b' has no dtype");
+
+    fixture_init(&f);
+    f.slab[1].cuda_ipc_handle.len = 63;
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "lease.slabs[1].cuda_ipc_handle has 63 bytes, expected 0 or 64");
+    f.slab[1].cuda_ipc_handle.len = 0;
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "lease.slabs[1] is a cuda slab without an IPC handle");
+
+    fixture_init(&f);
+    f.slab[0].shm_name = "/../etc/passwd";
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_ptr_nonnull(strstr(err.msg, "lease.slabs[0].shm_name is not of the form"));
+
+    fixture_init(&f);
+    f.slab[1].index = 0;
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "lease.slabs[1] has index 0");
+
+    fixture_init(&f);
+    f.lease.id.len = 8;
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "lease.id has 8 bytes, expected 16");
+
+    fixture_init(&f);
+    f.acq.lease = NULL;
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "acquire reply has no lease");
+
+    /* An unknown backend value (a later protocol's) is kept as an int and
+     * does not crash the decoder; the client decides what to do with it. */
+    fixture_init(&f);
+    f.slab[0].backend = 77;
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_OK);
+    ck_assert_int_eq(out->acquire->lease->slabs[0]->backend, 77);
+    ck_assert_str_eq(wb__backend_name(out->acquire->lease->slabs[0]->backend), "unknown");
+    wb__reply_free(&out);
+}
+END_TEST
+
+START_TEST(test_reply_header)
+{
+    Wbproto__Reply rep = WBPROTO__REPLY__INIT, *out;
+    wb_err err;
+    rep.version = WB_PROTOCOL_VERSION;
+    rep.id = 3;
+    rep.status = WB_ENOTFOUND;
+    rep.error = "no model named 'x'";
+    ck_assert_int_eq(rep_roundtrip(&rep, &out, &err), WB_OK);
+    ck_assert_int_eq(out->status, WB_ENOTFOUND);
+    ck_assert_str_eq(out->error, "no model named 'x'");
+    wb__reply_free(&out);
+
+    rep.status = 0;
+    ck_assert_int_eq(rep_roundtrip(&rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "reply has status 0 and no body");
+
+    rep.status = 5;
+    ck_assert_int_eq(rep_roundtrip(&rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "reply has status 5; statuses are 0 or negative");
+
+    rep.status = WB_EPERM;
+    rep.version = 3;
+    ck_assert_int_eq(rep_roundtrip(&rep, &out, &err), WB_EVERSION);
+    ck_assert_str_eq(err.msg, "reply has protocol version 3, this client speaks 1");
+
+    const uint8_t junk[] = {0x0b};
+    ck_assert_int_eq(wb__reply_decode(junk, 1, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "reply does not decode as wbproto.Reply (1 bytes)");
+    ck_assert_int_eq(wb__reply_decode(junk, 0, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "empty reply (0 bytes)");
+    ck_assert_int_eq(wb__reply_decode(junk, (size_t)WB_MAX_MESSAGE + 1, &out, &err), WB_EPROTO);
+    ck_assert_ptr_nonnull(strstr(err.msg, "exceeds the limit"));
+}
+END_TEST
+
+START_TEST(test_reply_lists)
+{
+    Wbproto__Reply rep = WBPROTO__REPLY__INIT, *out;
+    wb_err err;
+    rep.version = WB_PROTOCOL_VERSION;
+
+    ProtobufCBinaryData ids[2] = {{16, (uint8_t *)lease_id}, {3, (uint8_t *)lease_id}};
+    Wbproto__HeartbeatReply hb = WBPROTO__HEARTBEAT_REPLY__INIT;
+    hb.n_unknown_leases = 1;
+    hb.unknown_leases = ids;
+    rep.body_case = WBPROTO__REPLY__BODY_HEARTBEAT;
+    rep.heartbeat = &hb;
+    ck_assert_int_eq(rep_roundtrip(&rep, &out, &err), WB_OK);
+    ck_assert_uint_eq(out->heartbeat->n_unknown_leases, 1);
+    wb__reply_free(&out);
+    hb.n_unknown_leases = 2;
+    ck_assert_int_eq(rep_roundtrip(&rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "heartbeat.unknown_leases[1] has 3 bytes, expected 16");
+
+    /* Enum values beyond the ones this build knows survive decoding. */
+    Wbproto__LeaseInfo li = WBPROTO__LEASE_INFO__INIT;
+    li.id = ids[0];
+    li.state = 9;
+    Wbproto__LeaseInfo *lis[] = {&li};
+    Wbproto__ListLeasesReply ll = WBPROTO__LIST_LEASES_REPLY__INIT;
+    ll.n_leases = 1;
+    ll.leases = lis;
+    rep.body_case = WBPROTO__REPLY__BODY_LIST_LEASES;
+    rep.list_leases = &ll;
+    ck_assert_int_eq(rep_roundtrip(&rep, &out, &err), WB_OK);
+    ck_assert_int_eq(out->list_leases->leases[0]->state, 9);
+    ck_assert_str_eq(wb__lease_state_name(out->list_leases->leases[0]->state), "unknown");
+    wb__reply_free(&out);
+    li.id = ids[1];
+    ck_assert_int_eq(rep_roundtrip(&rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "list_leases.leases[0].id has 3 bytes, expected 16");
+
+    Wbproto__ModelInfo mi = WBPROTO__MODEL_INFO__INIT;
+    mi.name = "demo";
+    mi.state = 42;
+    Wbproto__ModelInfo *mis[] = {&mi};
+    Wbproto__ListModelsReply lm = WBPROTO__LIST_MODELS_REPLY__INIT;
+    lm.n_models = 1;
+    lm.models = mis;
+    rep.body_case = WBPROTO__REPLY__BODY_LIST_MODELS;
+    rep.list_models = &lm;
+    ck_assert_int_eq(rep_roundtrip(&rep, &out, &err), WB_OK);
+    ck_assert_str_eq(wb__model_state_name(out->list_models->models[0]->state), "unknown");
+    wb__reply_free(&out);
+    mi.name = "";
+    ck_assert_int_eq(rep_roundtrip(&rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "list_models.models[0].name is empty");
+
+    /* A load reply must carry its model. */
+    Wbproto__LoadReply lr = WBPROTO__LOAD_REPLY__INIT;
+    rep.body_case = WBPROTO__REPLY__BODY_LOAD;
+    rep.load = &lr;
+    ck_assert_int_eq(rep_roundtrip(&rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "load.model is missing");
+    mi.name = "demo";
+    lr.model = &mi;
+    ck_assert_int_eq(rep_roundtrip(&rep, &out, &err), WB_OK);
+    wb__reply_free(&out);
+}
+END_TEST
+
+START_TEST(test_enum_names)
+{
+    ck_assert_str_eq(wb__lease_state_name(WBPROTO__LEASE_STATE__LEASE_ACTIVE), "active");
+    ck_assert_str_eq(wb__lease_state_name(WBPROTO__LEASE_STATE__LEASE_STALE), "stale");
+    ck_assert_str_eq(wb__lease_state_name(0), "unknown");
+    ck_assert_str_eq(wb__lease_state_name(-1), "unknown");
+    ck_assert_str_eq(wb__model_state_name(WBPROTO__MODEL_STATE__MODEL_LOADING), "loading");
+    ck_assert_str_eq(wb__model_state_name(WBPROTO__MODEL_STATE__MODEL_READY), "ready");
+    ck_assert_str_eq(wb__model_state_name(WBPROTO__MODEL_STATE__MODEL_DRAINING), "draining");
+    ck_assert_str_eq(wb__model_state_name(WBPROTO__MODEL_STATE__MODEL_FREED), "freed");
+    ck_assert_str_eq(wb__model_state_name(WBPROTO__MODEL_STATE__MODEL_FAILED), "failed");
+    ck_assert_str_eq(wb__model_state_name(6), "unknown");
+    ck_assert_str_eq(wb__backend_name(WBPROTO__BACKEND__BACKEND_HOST), "host");
+    ck_assert_str_eq(wb__backend_name(WBPROTO__BACKEND__BACKEND_CUDA), "cuda");
+    ck_assert_str_eq(wb__backend_name(0), "unknown");
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("wire");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, test_request_roundtrip);
+    tcase_add_test(tc, test_request_size_limits);
+    tcase_add_test(tc, test_request_garbage);
+    tcase_add_test(tc, test_request_version_and_body);
+    tcase_add_test(tc, test_request_names);
+    tcase_add_test(tc, test_request_lease_ids);
+    tcase_add_test(tc, test_reply_acquire_bounds);
+    tcase_add_test(tc, test_reply_header);
+    tcase_add_test(tc, test_reply_lists);
+    tcase_add_test(tc, test_enum_names);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
