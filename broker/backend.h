@@ -1,13 +1,16 @@
 /* Memory backends: where a model's slab lives and how clients reach it.
  *
  * The loader and the request handlers only go through this table of
- * operations, so a new backend (cuda: cudaMalloc, staged pinned copies and
- * cudaIpcGetMemHandle) plugs in without touching them. */
+ * operations. `host` (POSIX shared memory) is filled directly by the
+ * loader's readers; `cuda` (one cudaMalloc slab per model, exported with
+ * cudaIpcGetMemHandle) is filled through a ring of pinned staging buffers
+ * and asynchronous copies (stage.h), or from registered file mappings. */
 #ifndef WB_BROKER_BACKEND_H
 #define WB_BROKER_BACKEND_H
 
 #include "err.h"
 #include "shm.h"
+#include "stage.h"
 #include "wb.pb-c.h"
 
 #include <stddef.h>
@@ -32,19 +35,42 @@ typedef struct wb_backend {
     /* Allocates a slab of at least `size` bytes on `device`. */
     int (*slab_alloc)(wb_slab *slab, int device, uint64_t size, wb_err *err);
     /* A host pointer to bytes [offset, offset + len) of the slab that the
-     * loader may read files into directly, or NULL when the backend needs
-     * slab_write (device memory). */
+     * loader may read files into directly, or NULL (device memory). */
     void *(*slab_dest)(wb_slab *slab, uint64_t offset, uint64_t len);
-    /* Copies host bytes into the slab. */
-    int (*slab_write)(wb_slab *slab, uint64_t offset, const void *src, uint64_t len, wb_err *err);
     /* Describes the slab for a lease; strings and bytes point into *slab. */
     void (*slab_export)(wb_slab *slab, Wbproto__Slab *out);
     /* Withdraws the slab's name and releases the broker's memory; clients
      * that attached keep their own mappings. Idempotent. */
     void (*slab_free)(wb_slab *slab);
+    /* How the loader fills slabs: WB_STAGE_DIRECT (0 means the same) reads
+     * into slab_dest; WB_STAGE_STAGED goes through `staging` to dev_ptr;
+     * WB_STAGE_MAPPED copies from file mappings registered with `engine`. */
+    int load_mode;
+    wb_stage_config stage; /* reader threads, chunk size; zero fields: defaults */
+    wb_staging *staging;   /* staged: allocated once when the backend started */
+    wb_copy_engine *engine;
+    void *priv; /* the backend's own state */
 } wb_backend;
 
-/* POSIX shared memory (common/shm.h). */
+/* POSIX shared memory (common/shm.h), with the default loader settings. A
+ * broker that changes them uses a copy. */
 extern const wb_backend wb__backend_host;
+
+typedef struct wb_cuda_options {
+    int device;
+    int load_mode;         /* WB_STAGE_STAGED (0 means the same) or WB_STAGE_MAPPED */
+    wb_stage_config stage; /* staged: buffers of chunk_bytes, `buffers` of them */
+} wb_cuda_options;
+
+/* Starts the cuda backend on one device: a non-blocking stream, and for the
+ * staged mode the pinned staging ring (cudaHostAlloc, once; it is reused by
+ * every load). *out is owned by the caller (wb__backend_cuda_free). Returns
+ * WB_ENOSYS in a build without CUDA, WB_ENOGPU when the device cannot be
+ * used, WB_ENOMEM when pinned memory cannot be had; the message says which
+ * call failed and why. */
+int wb__backend_cuda_new(const wb_cuda_options *opts, wb_backend **out, wb_err *err);
+/* Frees the ring and the stream; slabs must have been freed. NULL is fine;
+ * sets *be to NULL. */
+void wb__backend_cuda_free(wb_backend **be);
 
 #endif

@@ -21,16 +21,6 @@ static void *host_dest(wb_slab *slab, uint64_t offset, uint64_t len)
     return (uint8_t *)slab->shm.addr + offset;
 }
 
-static int host_write(wb_slab *slab, uint64_t offset, const void *src, uint64_t len, wb_err *err)
-{
-    void *dst = host_dest(slab, offset, len);
-    if (!dst)
-        return wb__err_set(err, WB_EINTERNAL, "write of %llu bytes at %llu is outside slab %s",
-                           (unsigned long long)len, (unsigned long long)offset, slab->shm.name);
-    memcpy(dst, src, (size_t)len);
-    return WB_OK;
-}
-
 static void host_export(wb_slab *slab, Wbproto__Slab *out)
 {
     wbproto__slab__init(out);
@@ -53,7 +43,7 @@ const wb_backend wb__backend_host = {
     .proto = WBPROTO__BACKEND__BACKEND_HOST,
     .slab_alloc = host_alloc,
     .slab_dest = host_dest,
-    .slab_write = host_write,
+    .load_mode = WB_STAGE_DIRECT,
     .slab_export = host_export,
     .slab_free = host_free,
 };

@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -35,6 +36,14 @@ void wb__broker_init(wb_broker *b, const wb_broker_config *cfg)
     wb__leases_init(&b->leases);
     b->euid = (uint32_t)geteuid();
     b->pid = (uint32_t)getpid();
+    /* Without randomness the pid and start time still tell runs apart. */
+    if (getrandom(&b->instance, sizeof b->instance, GRND_NONBLOCK) != (ssize_t)sizeof b->instance)
+        b->instance = ((uint64_t)b->pid << 32) ^ (uint64_t)wb__clock_mono_ms();
+    if (b->instance == 0)
+        b->instance = 1;
+    wb__auth_init_open(&b->auth, b->euid);
+    wb__limits_default(&b->limits);
+    b->slab_gid = -1;
     b->now_ms = wb__clock_mono_ms;
     b->now_wall = wb__clock_wall;
     b->started_ms = b->now_ms();
@@ -44,6 +53,7 @@ void wb__broker_destroy(wb_broker *b)
 {
     wb__leases_destroy(&b->leases);
     wb__models_clear(&b->models);
+    wb__auth_destroy(&b->auth);
 }
 
 void wb__broker_free_model(wb_broker *b, wb_model *m)
@@ -107,6 +117,23 @@ size_t wb__broker_scan_stale(wb_broker *b)
     return wb__leases_mark_stale(&b->leases, b->now_ms(), b->cfg.stale_ms, on_stale, b);
 }
 
+/* Gives the model's host slabs to the socket's group, so that peers who may
+ * connect may also map them. A failure leaves the broker's group and is
+ * logged: clients in that group still work. */
+static void share_slabs(wb_broker *b, wb_model *m)
+{
+    char q[300], qe[WB_ERR_MSG_MAX + 64];
+    for (uint32_t i = 0; i < m->data.n_slabs; i++) {
+        const char *name = m->data.slabs[i].shm.name;
+        if (!name[0])
+            continue;
+        wb_err err;
+        if (wb__auth_share_slab(name, (uint32_t)b->slab_gid, &err) != WB_OK)
+            wb_warn("slab_group", "model=%s gid=%lld error=%s", wb__log_quote(q, sizeof q, m->name),
+                    (long long)b->slab_gid, wb__log_quote(qe, sizeof qe, err.msg));
+    }
+}
+
 int wb__broker_finish_load(wb_broker *b, wb_load_job *job, wb_model **model)
 {
     char q[300], qe[WB_ERR_MSG_MAX + 64];
@@ -124,6 +151,14 @@ int wb__broker_finish_load(wb_broker *b, wb_load_job *job, wb_model **model)
     if (job->rc == WB_OK) {
         job->rc = wb__model_adopt(m, &job->data, &job->err);
     }
+    /* Limits that only the loaded table shows. The slab was already filled,
+     * but nobody ever leases it: it is freed with the model below. */
+    if (job->rc == WB_OK)
+        job->rc = wb__limits_check_tensors(&b->limits, m->name, m->data.n_tensors, &job->err);
+    if (job->rc == WB_OK)
+        job->rc = wb__limits_check_lease_size(&b->limits, m->name, m->wire_lease_size, &job->err);
+    if (job->rc == WB_OK && b->slab_gid >= 0)
+        share_slabs(b, m);
     if (job->rc != WB_OK) {
         b->stats.loads_failed++;
         wb_warn("model_load_failed", "model=%s status=%s error=%s",
@@ -142,8 +177,50 @@ int wb__broker_finish_load(wb_broker *b, wb_load_job *job, wb_model **model)
             (unsigned long long)m->data.bytes, (unsigned long long)m->data.slab_bytes,
             m->data.load_seconds, m->data.load_gbps, m->backend->name, m->data.open_seconds,
             m->data.alloc_seconds, m->data.read_seconds, m->data.read_threads);
+    wb__load_log_stages(m->name, &m->data);
     *model = m;
     return WB_OK;
+}
+
+int wb__broker_check_load(wb_broker *b, const char *name, const char *path, wb_err *err)
+{
+    int rc = wb__limits_check_models(&b->limits, b->models.n, err);
+    if (rc != WB_OK)
+        return rc;
+    char resolved[WB_PATH_MAX + 1], q[300], qp[WB_PATH_MAX + 64], qr[WB_PATH_MAX + 64];
+    int is_dir = 0;
+    rc = wb__auth_check_load_path(path, resolved, sizeof resolved, &is_dir, err);
+    /* A missing path is the loader's to report: it fails like any other
+     * load (counted, with the reader's message). */
+    if (rc == WB_ENOTFOUND)
+        return WB_OK;
+    if (rc != WB_OK) {
+        wb_warn("load_path_refused", "model=%s path=%s status=%s error=%s",
+                wb__log_quote(q, sizeof q, name), wb__log_quote(qp, sizeof qp, path),
+                wb_status_name(rc), wb__log_quote(qr, sizeof qr, err->msg));
+        return rc;
+    }
+    wb_info("load_path", "model=%s path=%s resolved=%s kind=%s", wb__log_quote(q, sizeof q, name),
+            wb__log_quote(qp, sizeof qp, path), wb__log_quote(qr, sizeof qr, resolved),
+            is_dir ? "directory" : "file");
+    /* The reader opens the path as given: an index names its shards relative
+     * to its own directory, which for a linked index is not the target's. */
+    return wb__limits_check_checkpoint(&b->limits, name, path, err);
+}
+
+void wb__broker_count_request(wb_broker *b, uint32_t op, int status)
+{
+    wb_broker_stats *st = &b->stats;
+    for (size_t i = 0; i < st->n_by_op; i++) {
+        if (st->by_op[i].op == op && st->by_op[i].status == status) {
+            st->by_op[i].n++;
+            return;
+        }
+    }
+    /* A full table would take more pairs than the protocol's operations
+     * and statuses make in practice; requests_total still counts them. */
+    if (st->n_by_op < WB_REQUEST_COUNTERS)
+        st->by_op[st->n_by_op++] = (wb_request_count){.op = op, .status = status, .n = 1};
 }
 
 int wb__broker_preload(wb_broker *b, const char *name, const char *path, wb_err *err)
@@ -151,6 +228,9 @@ int wb__broker_preload(wb_broker *b, const char *name, const char *path, wb_err 
     char q[300], qp[WB_PATH_MAX + 64];
     if (wb__models_find(&b->models, name))
         return wb__err_set(err, WB_EEXIST, "a model named '%s' already exists", name);
+    int rc0 = wb__broker_check_load(b, name, path, err);
+    if (rc0 != WB_OK)
+        return rc0;
     wb_model *m = wb__model_new(name, path, b->cfg.backend, b->cfg.device);
     wb_load_job *job = wb__load_job_new(name, path, b->cfg.backend, b->cfg.device, NULL, 0, 0);
     if (!m || !job) {

@@ -4,10 +4,12 @@
 #ifndef WB_BROKER_BROKER_H
 #define WB_BROKER_BROKER_H
 
+#include "auth.h"
 #include "backend.h"
 #include "leases.h"
 #include "loader.h"
 #include "models.h"
+#include "quota.h"
 
 #include <stdint.h>
 
@@ -21,6 +23,18 @@ typedef struct wb_broker_config {
     uint32_t stale_ms;
 } wb_broker_config;
 
+/* Requests answered with one status for one operation. `op` is the field
+ * number of the Request's body (wbproto__request__descriptor names it), 0
+ * for a request that could not be decoded. */
+typedef struct wb_request_count {
+    uint32_t op;
+    int32_t status;
+    uint64_t n;
+} wb_request_count;
+
+/* Distinct (operation, status) pairs counted; more are not told apart. */
+#define WB_REQUEST_COUNTERS 128
+
 typedef struct wb_broker_stats {
     uint64_t requests_total;
     uint64_t requests_failed;
@@ -29,11 +43,17 @@ typedef struct wb_broker_stats {
     uint64_t leases_granted;
     uint64_t leases_released;
     uint64_t leases_reclaimed;
+    uint64_t requests_refused; /* peers not on the allow lists */
+    uint64_t limit_refusals;   /* requests refused with WB_ELIMIT */
     uint64_t loads_total;
     uint64_t loads_failed;
     uint64_t load_bytes_total;
     double load_seconds_total;
+    wb_request_count by_op[WB_REQUEST_COUNTERS];
+    size_t n_by_op;
 } wb_broker_stats;
+
+struct wb_metrics;
 
 typedef struct wb_broker {
     wb_broker_config cfg;
@@ -42,11 +62,23 @@ typedef struct wb_broker {
     wb_broker_stats stats;
     uint32_t euid;
     uint32_t pid;
+    /* Random per run, so clients can tell a restarted broker (whose pid may
+     * be the same, as PID 1 of a container) from the one they knew. */
+    uint64_t instance;
+    /* Who may lease and who may load (wb__broker_init: clients open,
+     * administrators root and euid; wbrokerd sets its own policy). */
+    wb_auth auth;
+    wb_limits limits;
+    /* The group slabs are given to (the socket directory's set-group-ID
+     * group), or -1 to keep the broker's. */
+    int64_t slab_gid;
     /* Clocks: monotonic milliseconds for liveness, Unix seconds for
      * reports. Tests replace them. */
     int64_t (*now_ms)(void);
     double (*now_wall)(void);
     int64_t started_ms;
+    /* The Prometheus endpoint the loop publishes to, or NULL. */
+    struct wb_metrics *metrics;
     /* Background loads; NULL runs loads inline (preloads, unit tests). */
     wb_loader *loader;
 } wb_broker;
@@ -76,6 +108,14 @@ size_t wb__broker_scan_stale(wb_broker *b);
  * named by the job becomes ready; on failure it is removed. Counts the load
  * and logs it. Returns the job's status; *model is the ready model or NULL. */
 int wb__broker_finish_load(wb_broker *b, wb_load_job *job, wb_model **model);
+
+/* Checks a load request before anything is loaded: the model limit, the
+ * path (wb__auth_check_load_path, logged with its resolved target) and what
+ * the configured limits can judge from the headers. */
+int wb__broker_check_load(wb_broker *b, const char *name, const char *path, wb_err *err);
+
+/* Counts one reply for the metrics (wb_requests_total{op,status}). */
+void wb__broker_count_request(wb_broker *b, uint32_t op, int status);
 
 /* Loads a model before serving (--model NAME=PATH), in the calling thread. */
 int wb__broker_preload(wb_broker *b, const char *name, const char *path, wb_err *err);

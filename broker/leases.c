@@ -15,10 +15,17 @@ void wb__leases_init(wb_lease_table *t)
     t->open_pidfd = wb__pidfd_open;
 }
 
+static void lease_rec_free(wb_lease_rec *l)
+{
+    if (l->ext_free)
+        l->ext_free(l->ext);
+    free(l);
+}
+
 void wb__leases_destroy(wb_lease_table *t)
 {
     for (size_t i = 0; i < t->n_leases; i++)
-        free(t->leases[i]);
+        lease_rec_free(t->leases[i]);
     for (size_t i = 0; i < t->n_peers; i++) {
         if (t->peers[i]->pidfd >= 0)
             close(t->peers[i]->pidfd);
@@ -208,7 +215,7 @@ void wb__leases_remove(wb_lease_table *t, wb_lease_rec *lease)
     memmove(t->leases + pos, t->leases + pos + 1, (t->n_leases - pos - 1) * sizeof *t->leases);
     t->n_leases--;
     peer_put(t, lease->pid);
-    free(lease);
+    lease_rec_free(lease);
 }
 
 int wb__leases_release(wb_lease_table *t, uint32_t pid, const uint8_t *id, struct wb_model **model,

@@ -35,6 +35,10 @@ typedef struct wb_lease_rec {
     double granted_at;     /* Unix seconds */
     double last_heartbeat; /* Unix seconds; the grant time until the first heartbeat */
     int64_t last_beat_ms;  /* monotonic milliseconds of the grant or last heartbeat */
+    /* Data the request handlers attach to a lease (the container records of
+     * its last heartbeat); freed with the record by ext_free when set. */
+    void *ext;
+    void (*ext_free)(void *ext);
 } wb_lease_rec;
 
 /* Opens the pidfd of a new peer; returns a descriptor or a negative WB_E*. */

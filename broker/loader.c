@@ -1,5 +1,6 @@
 #include "loader.h"
 
+#include "log.h"
 #include "safetensors.h"
 
 #include <errno.h>
@@ -9,47 +10,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
-#include <xxhash.h>
-
-/* Reads are split into chunks small enough to be checksummed while they are
- * still in the CPU's cache, and so that a cancel request is seen soon. */
-#define LOAD_CHUNK (4u * 1024u * 1024u)
 
 static double mono_seconds(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-/* Reads exactly len bytes at offset, retrying short reads and EINTR. */
-static int read_full(int fd, void *buf, size_t len, uint64_t offset, const char *file,
-                     const char *tensor, wb_err *err)
-{
-    size_t got = 0;
-    while (got < len) {
-        ssize_t r = pread(fd, (uint8_t *)buf + got, len - got, (off_t)(offset + got));
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            return wb__err_errno(err, WB_EIO, errno, "%s: reading tensor '%s' at offset %llu", file,
-                                 tensor, (unsigned long long)(offset + got));
-        }
-        if (r == 0)
-            return wb__err_set(err, WB_EIO,
-                               "%s: tensor '%s': the file ends at %llu, before the tensor's "
-                               "%zu bytes",
-                               file, tensor, (unsigned long long)(offset + got), len);
-        got += (size_t)r;
-    }
-    return WB_OK;
-}
-
-static int cancelled(const atomic_int *cancel)
-{
-    return cancel && atomic_load(cancel);
 }
 
 /* Copies the table's description of the tensors and lays them out in one
@@ -90,242 +59,281 @@ static int layout(const wb_st_table *table, wb_model_data *d, uint64_t *size, wb
     return WB_OK;
 }
 
-/* Reads one tensor into the slab and returns its checksum. */
-static int load_tensor(const wb_backend *be, wb_slab *slab, int fd, const char *file,
-                       const wb_st_tensor *st, wb_model_tensor *t, uint8_t **bounce,
-                       XXH3_state_t *xs, const atomic_int *cancel, wb_err *err)
+/* The files a load reads: descriptors, and for mapped loads mappings
+ * registered with the copy engine. */
+typedef struct inputs {
+    uint32_t n;
+    int *fds;
+    uint8_t **maps;
+    uint64_t *lens;
+    int *registered;
+    wb_copy_engine *engine;
+} inputs;
+
+static void inputs_close(inputs *in)
 {
-    XXH3_64bits_reset(xs);
-    uint64_t done = 0;
-    while (done < t->nbytes) {
-        if (cancelled(cancel))
-            return wb__err_set(err, WB_ESTATE, "the load was cancelled (the broker is stopping)");
-        uint64_t left = t->nbytes - done;
-        size_t n = left < LOAD_CHUNK ? (size_t)left : LOAD_CHUNK;
-        uint8_t *dst = be->slab_dest(slab, t->offset + done, n);
-        if (!dst) {
-            /* Device memory: read into host memory first, then copy. */
-            if (!*bounce && !(*bounce = malloc(LOAD_CHUNK)))
-                return wb__err_set(err, WB_ENOMEM, "out of memory for a staging buffer");
-            dst = *bounce;
-        }
-        int rc = read_full(fd, dst, n, st->offset + done, file, st->name, err);
-        if (rc != WB_OK)
-            return rc;
-        XXH3_64bits_update(xs, dst, n);
-        if (dst == *bounce && (rc = be->slab_write(slab, t->offset + done, dst, n, err)) != WB_OK)
-            return rc;
-        done += n;
+    for (uint32_t i = 0; i < in->n; i++) {
+        if (in->registered && in->registered[i])
+            in->engine->host_unregister(in->engine->ctx, in->maps[i]);
+        if (in->maps && in->maps[i])
+            munmap(in->maps[i], (size_t)in->lens[i]);
+        if (in->fds && in->fds[i] >= 0)
+            close(in->fds[i]);
     }
-    t->xxh3 = XXH3_64bits_digest(xs);
+    free(in->fds);
+    free(in->maps);
+    free(in->lens);
+    free(in->registered);
+    memset(in, 0, sizeof *in);
+}
+
+static int inputs_open(inputs *in, const wb_st_table *table, int mapped, wb_err *err)
+{
+    uint32_t n = table->n_files;
+    in->fds = malloc((n ? n : 1) * sizeof *in->fds);
+    in->maps = calloc(n ? n : 1, sizeof *in->maps);
+    in->lens = calloc(n ? n : 1, sizeof *in->lens);
+    in->registered = calloc(n ? n : 1, sizeof *in->registered);
+    if (!in->fds || !in->maps || !in->lens || !in->registered)
+        return wb__err_set(err, WB_ENOMEM, "out of memory opening %u files", n);
+    for (uint32_t i = 0; i < n; i++)
+        in->fds[i] = -1;
+    in->n = n;
+    for (uint32_t i = 0; i < n; i++) {
+        in->fds[i] = open(table->files[i], O_RDONLY | O_CLOEXEC);
+        if (in->fds[i] < 0) {
+            int e = errno;
+            return e == ENOENT ? wb__err_set(err, WB_ENOTFOUND, "no such file: %s", table->files[i])
+                               : wb__err_errno(err, WB_EIO, e, "open %s", table->files[i]);
+        }
+        if (!mapped || table->file_sizes[i] == 0)
+            continue;
+        void *p = mmap(NULL, (size_t)table->file_sizes[i], PROT_READ, MAP_SHARED, in->fds[i], 0);
+        if (p == MAP_FAILED)
+            return wb__err_errno(err, WB_EIO, errno, "mmap %s", table->files[i]);
+        in->maps[i] = p;
+        in->lens[i] = table->file_sizes[i];
+    }
     return WB_OK;
 }
 
-/* Several threads read tensors at once: faulting in and filling slab pages
- * scales with threads (measured on a 16-core host: 4 GiB from the page cache
- * read in 3.0 s by one thread, 0.5 s by eight). */
-#define LOAD_MAX_THREADS 8
-
-typedef struct order_ent {
-    uint64_t nbytes;
-    size_t index;
-} order_ent;
-
-/* Largest first; equal sizes in table order. */
-static int by_size_desc(const void *a, const void *b)
+static int inputs_register(inputs *in, wb_copy_engine *e, const wb_st_table *table, wb_err *err)
 {
-    const order_ent *x = a, *y = b;
-    if (x->nbytes != y->nbytes)
-        return x->nbytes < y->nbytes ? 1 : -1;
-    return x->index < y->index ? -1 : x->index > y->index;
-}
-
-typedef struct load_ctx {
-    const wb_backend *be;
-    wb_slab *slab;
-    const wb_st_table *table;
-    wb_model_data *d;
-    const int *fds;
-    const order_ent *order; /* tensors, largest first */
-    const atomic_int *cancel;
-    atomic_size_t next;
-    atomic_int failed;
-    pthread_mutex_t mu;
-    int rc; /* the first error, and its message */
-    wb_err err;
-} load_ctx;
-
-static void load_fail(load_ctx *c, int rc, const wb_err *err)
-{
-    pthread_mutex_lock(&c->mu);
-    if (c->rc == WB_OK) {
-        c->rc = rc;
-        c->err = *err;
-    }
-    pthread_mutex_unlock(&c->mu);
-    atomic_store(&c->failed, 1);
-}
-
-/* Takes tensors one at a time until none are left or a load failed. */
-static void *load_worker(void *arg)
-{
-    load_ctx *c = arg;
-    wb_err err;
-    uint8_t *bounce = NULL;
-    XXH3_state_t *xs = XXH3_createState();
-    if (!xs) {
-        wb__err_set(&err, WB_ENOMEM, "out of memory for a checksum state");
-        load_fail(c, WB_ENOMEM, &err);
-        return NULL;
-    }
-    while (!atomic_load(&c->failed)) {
-        size_t k = atomic_fetch_add(&c->next, 1);
-        if (k >= c->table->n_tensors)
-            break;
-        size_t i = c->order[k].index;
-        const wb_st_tensor *st = &c->table->tensors[i];
-        int rc = load_tensor(c->be, c->slab, c->fds[st->file], c->table->files[st->file], st,
-                             &c->d->tensors[i], &bounce, xs, c->cancel, &err);
+    in->engine = e;
+    for (uint32_t i = 0; i < in->n; i++) {
+        if (!in->maps[i])
+            continue;
+        int rc = e->host_register(e->ctx, in->maps[i], (size_t)in->lens[i], err);
         if (rc != WB_OK) {
-            load_fail(c, rc, &err);
-            break;
+            char msg[WB_ERR_MSG_MAX];
+            snprintf(msg, sizeof msg, "%s", err->msg);
+            return wb__err_set(err, rc, "%s: %s", table->files[i], msg);
         }
+        in->registered[i] = 1;
     }
-    free(bounce);
-    XXH3_freeState(xs);
-    return NULL;
-}
-
-/* Reads every tensor into the slab with up to LOAD_MAX_THREADS threads (one
- * when the backend cannot be written directly, since its slab_write need not
- * be thread-safe). */
-static int load_all(const wb_backend *be, wb_slab *slab, const wb_st_table *table, wb_model_data *d,
-                    const int *fds, const atomic_int *cancel, wb_err *err)
-{
-    d->read_threads = 1;
-    size_t n = table->n_tensors;
-    if (n == 0)
-        return WB_OK;
-    order_ent *order = malloc(n * sizeof *order);
-    if (!order)
-        return wb__err_set(err, WB_ENOMEM, "out of memory ordering %zu tensors", n);
-    for (size_t i = 0; i < n; i++) {
-        order[i].nbytes = table->tensors[i].nbytes;
-        order[i].index = i;
-    }
-    /* Largest first, so that one big tensor does not start last. */
-    qsort(order, n, sizeof *order, by_size_desc);
-
-    load_ctx c = {.be = be,
-                  .slab = slab,
-                  .table = table,
-                  .d = d,
-                  .fds = fds,
-                  .order = order,
-                  .cancel = cancel};
-    atomic_init(&c.next, 0);
-    atomic_init(&c.failed, 0);
-    pthread_mutex_init(&c.mu, NULL);
-
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    size_t threads = cpus > 0 ? (size_t)cpus : 1;
-    if (threads > LOAD_MAX_THREADS)
-        threads = LOAD_MAX_THREADS;
-    if (threads > n)
-        threads = n;
-    if (!be->slab_dest(slab, 0, 0))
-        threads = 1;
-    pthread_t tids[LOAD_MAX_THREADS];
-    size_t started = 0;
-    for (size_t i = 1; i < threads; i++) {
-        if (pthread_create(&tids[started], NULL, load_worker, &c) != 0)
-            break; /* fewer threads still finish the job */
-        started++;
-    }
-    d->read_threads = (unsigned)started + 1;
-    load_worker(&c);
-    for (size_t i = 0; i < started; i++)
-        pthread_join(tids[i], NULL);
-    pthread_mutex_destroy(&c.mu);
-    free(order);
-    if (c.rc != WB_OK)
-        return wb__err_set(err, c.rc, "%s", c.err.msg);
     return WB_OK;
 }
 
-int wb__load(const char *path, const wb_backend *be, int device, const atomic_int *cancel,
-             wb_model_data *out, wb_err *err)
+int wb__load_ex(const char *path, const wb_load_opts *o, wb_model_data *out, wb_err *err)
 {
+    const wb_backend *be = o->backend;
     memset(out, 0, sizeof *out);
     double t0 = mono_seconds();
+    int mode = be->load_mode ? be->load_mode : WB_STAGE_DIRECT;
+    if (mode == WB_STAGE_STAGED && !be->staging)
+        return wb__err_set(err, WB_EINTERNAL, "backend %s has no staging ring", be->name);
+    if (mode == WB_STAGE_MAPPED && (!be->engine || !be->engine->host_register))
+        return wb__err_set(err, WB_EINTERNAL, "backend %s cannot register mappings", be->name);
     wb_st_table *table = NULL;
     int rc = wb__st_open(path, &table, err);
     if (rc != WB_OK)
         return rc;
 
     wb_model_data d = {0};
-    int *fds = NULL;
+    inputs in = {0};
+    wb_stage_tensor *st = NULL;
     uint64_t size = 0;
-    double t1 = mono_seconds(), t2 = t1;
+    double t1 = mono_seconds();
     d.open_seconds = t1 - t0;
     if ((rc = layout(table, &d, &size, err)) != WB_OK)
         goto done;
-
-    fds = malloc((table->n_files ? table->n_files : 1) * sizeof *fds);
-    if (!fds) {
+    if (o->progress) {
+        atomic_store(&o->progress->landed, 0);
+        atomic_store(&o->progress->total, d.bytes);
+    }
+    if ((rc = inputs_open(&in, table, mode == WB_STAGE_MAPPED, err)) != WB_OK)
+        goto done;
+    st = calloc(table->n_tensors ? table->n_tensors : 1, sizeof *st);
+    d.slabs = calloc(1, sizeof *d.slabs);
+    if (!st || !d.slabs) {
         rc = wb__err_set(err, WB_ENOMEM, "out of memory preparing the load of %s", path);
         goto done;
     }
-    for (uint32_t i = 0; i < table->n_files; i++)
-        fds[i] = -1;
-    for (uint32_t i = 0; i < table->n_files; i++) {
-        fds[i] = open(table->files[i], O_RDONLY | O_CLOEXEC);
-        if (fds[i] < 0) {
-            int e = errno;
-            rc = e == ENOENT ? wb__err_set(err, WB_ENOTFOUND, "no such file: %s", table->files[i])
-                             : wb__err_errno(err, WB_EIO, e, "open %s", table->files[i]);
-            goto done;
-        }
-    }
     for (size_t i = 0; i < table->n_tensors; i++) {
-        if (table->tensors[i].file >= table->n_files) {
-            rc = wb__err_set(err, WB_EINTERNAL, "tensor '%s' names file %u of %u",
-                             table->tensors[i].name, table->tensors[i].file, table->n_files);
+        const wb_st_tensor *t = &table->tensors[i];
+        if (t->file >= table->n_files) {
+            rc = wb__err_set(err, WB_EINTERNAL, "tensor '%s' names file %u of %u", t->name, t->file,
+                             table->n_files);
             goto done;
         }
+        st[i] = (wb_stage_tensor){.name = t->name,
+                                  .file = t->file,
+                                  .file_offset = t->offset,
+                                  .slab_offset = d.tensors[i].offset,
+                                  .nbytes = t->nbytes};
     }
-
-    d.slabs = calloc(1, sizeof *d.slabs);
-    if (!d.slabs) {
-        rc = wb__err_set(err, WB_ENOMEM, "out of memory for a slab");
-        goto done;
-    }
-    if ((rc = be->slab_alloc(&d.slabs[0], device, size, err)) != WB_OK)
+    if ((rc = be->slab_alloc(&d.slabs[0], o->device, size, err)) != WB_OK)
         goto done;
     d.n_slabs = 1;
     d.slab_bytes = d.slabs[0].size;
-    t2 = mono_seconds();
+    double t2 = mono_seconds();
     d.alloc_seconds = t2 - t1;
+    if (mode == WB_STAGE_MAPPED) {
+        if ((rc = inputs_register(&in, be->engine, table, err)) != WB_OK)
+            goto done;
+        d.register_seconds = mono_seconds() - t2;
+    }
 
-    if ((rc = load_all(be, &d.slabs[0], table, &d, fds, cancel, err)) != WB_OK)
+    wb_stage_job job = {
+        .mode = mode,
+        .tensors = st,
+        .n_tensors = table->n_tensors,
+        .n_files = table->n_files,
+        .files = (const char *const *)table->files,
+        .fds = in.fds,
+        .maps = (const uint8_t *const *)in.maps,
+        .staging = be->staging,
+        .engine = be->engine,
+        .cfg = be->stage,
+        .cancel = o->cancel,
+        .landed = o->progress ? &o->progress->landed : NULL,
+    };
+    if (mode == WB_STAGE_DIRECT) {
+        job.host_dst = be->slab_dest(&d.slabs[0], 0, d.slabs[0].size);
+        if (!job.host_dst && table->n_tensors) {
+            rc = wb__err_set(err, WB_EINTERNAL, "backend %s gave no host memory to read into",
+                             be->name);
+            goto done;
+        }
+    } else {
+        job.dst = d.slabs[0].dev_ptr;
+    }
+    if ((rc = wb__stage_run(&job, &d.stage, err)) != WB_OK)
         goto done;
+    for (size_t i = 0; i < table->n_tensors; i++)
+        d.tensors[i].xxh3 = st[i].xxh3;
+    inputs_close(&in);
     d.read_seconds = mono_seconds() - t2;
+    d.read_threads = d.stage.threads;
     d.load_seconds = mono_seconds() - t0;
     d.load_gbps = d.load_seconds > 0 ? (double)d.bytes / d.load_seconds / 1e9 : 0.0;
     *out = d;
     memset(&d, 0, sizeof d);
 
 done:
+    /* Mappings are unregistered before the slab goes (nothing copies any
+     * more: the pipeline has stopped). */
+    inputs_close(&in);
     wb__model_data_free(&d, be);
-    if (fds) {
-        for (uint32_t i = 0; i < table->n_files; i++) {
-            if (fds[i] >= 0)
-                close(fds[i]);
-        }
-    }
-    free(fds);
+    free(st);
     wb__st_table_free(&table);
     return rc;
+}
+
+int wb__load(const char *path, const wb_backend *be, int device, const atomic_int *cancel,
+             wb_model_data *out, wb_err *err)
+{
+    wb_load_opts o = {.backend = be, .device = device, .cancel = cancel};
+    return wb__load_ex(path, &o, out, err);
+}
+
+void wb__load_log_stages(const char *model, const wb_model_data *d)
+{
+    char q[300];
+    const wb_stage_stats *s = &d->stage;
+    wb__log_quote(q, sizeof q, model);
+    unsigned long long b = (unsigned long long)s->bytes;
+    unsigned long long chunk = (unsigned long long)s->chunk_bytes;
+    const char *mode = wb__stage_mode_name(s->mode);
+    if (s->mode != WB_STAGE_MAPPED)
+        wb_info("load_stage",
+                "model=%s stage=read bytes=%llu seconds=%.4f gbps=%.2f busy_seconds=%.4f "
+                "threads=%u chunk_bytes=%llu chunks=%llu mode=%s",
+                q, b, s->threads ? s->read_busy / s->threads : 0.0,
+                wb__stage_gbps(s->bytes, s->read_busy, s->threads), s->read_busy, s->threads, chunk,
+                (unsigned long long)s->chunks, mode);
+    else
+        wb_info("load_stage", "model=%s stage=register bytes=%llu seconds=%.4f gbps=%.2f mode=%s",
+                q, b, d->register_seconds,
+                d->register_seconds > 0 ? (double)s->bytes / d->register_seconds / 1e9 : 0.0, mode);
+    wb_info("load_stage",
+            "model=%s stage=hash bytes=%llu seconds=%.4f gbps=%.2f busy_seconds=%.4f threads=%u "
+            "mode=%s",
+            q, b, s->threads ? s->hash_busy / s->threads : 0.0,
+            wb__stage_gbps(s->bytes, s->hash_busy, s->threads), s->hash_busy, s->threads, mode);
+    if (s->mode != WB_STAGE_DIRECT)
+        wb_info("load_stage",
+                "model=%s stage=copy bytes=%llu seconds=%.4f gbps=%.2f staging_bytes=%llu "
+                "buffers=%u wait_seconds=%.4f mode=%s",
+                q, b, s->copy_seconds,
+                s->copy_seconds > 0 ? (double)s->bytes / s->copy_seconds / 1e9 : 0.0,
+                (unsigned long long)s->chunk_bytes * s->buffers, s->buffers, s->wait_busy, mode);
+    wb_info("load_stage",
+            "model=%s stage=total bytes=%llu seconds=%.4f gbps=%.2f open_seconds=%.4f "
+            "alloc_seconds=%.4f pipeline_seconds=%.4f mode=%s",
+            q, b, d->load_seconds, d->load_gbps, d->open_seconds, d->alloc_seconds, s->seconds,
+            mode);
+}
+
+void wb__load_fill_model_info(const wb_model *m, Wbproto__ModelInfo *mi)
+{
+    if (m->state == WBPROTO__MODEL_STATE__MODEL_LOADING) {
+        mi->bytes = atomic_load(&m->progress.total);
+        mi->loaded_bytes = atomic_load(&m->progress.landed);
+        return;
+    }
+    const wb_model_data *d = &m->data;
+    const wb_stage_stats *s = &d->stage;
+    mi->loaded_bytes = d->bytes;
+    mi->load_mode = (char *)wb__stage_mode_name(s->mode ? s->mode : WB_STAGE_DIRECT);
+    mi->read_threads = s->threads;
+    if (s->mode == WB_STAGE_STAGED) {
+        mi->staging_buffer_bytes = s->chunk_bytes;
+        mi->staging_buffers = s->buffers;
+    }
+    if (s->threads) {
+        mi->read_seconds = s->read_busy / s->threads;
+        mi->hash_seconds = s->hash_busy / s->threads;
+    }
+    mi->read_gbps = wb__stage_gbps(s->bytes, s->read_busy, s->threads);
+    mi->hash_gbps = wb__stage_gbps(s->bytes, s->hash_busy, s->threads);
+    if (s->copy_seconds > 0) {
+        mi->copy_seconds = s->copy_seconds;
+        mi->copy_gbps = (double)s->bytes / s->copy_seconds / 1e9;
+    }
+    mi->wait_seconds = s->wait_busy;
+    mi->open_seconds = d->open_seconds;
+    mi->alloc_seconds = d->alloc_seconds;
+    mi->register_seconds = d->register_seconds;
+}
+
+void wb__load_fill_stats(const wb_backend *be, const wb_model_registry *models,
+                         Wbproto__StatsReply *s)
+{
+    wb_stage_config cfg = be->stage;
+    wb__stage_config_fill(&cfg);
+    s->read_threads = cfg.read_threads;
+    if (be->staging) {
+        s->staging_buffers = be->staging->n;
+        s->staging_bytes = be->staging->size * be->staging->n;
+    }
+    for (const wb_model *m = models->head; m; m = m->next) {
+        if (m->state != WBPROTO__MODEL_STATE__MODEL_LOADING)
+            continue;
+        s->loads_in_progress++;
+        s->loading_bytes += atomic_load(&m->progress.landed);
+        s->loading_total_bytes += atomic_load(&m->progress.total);
+    }
 }
 
 wb_load_job *wb__load_job_new(const char *name, const char *path, const wb_backend *be, int device,
@@ -389,7 +397,11 @@ static void *loader_main(void *arg)
         pthread_mutex_unlock(&l->mu);
 
         wb__err_clear(&j->err);
-        j->rc = wb__load(j->path, j->backend, j->device, &l->cancel, &j->data, &j->err);
+        wb_load_opts o = {.backend = j->backend,
+                          .device = j->device,
+                          .cancel = &l->cancel,
+                          .progress = j->progress};
+        j->rc = wb__load_ex(j->path, &o, &j->data, &j->err);
 
         pthread_mutex_lock(&l->mu);
         append(&l->done, j);

@@ -1,6 +1,8 @@
 /* Loading a checkpoint into a slab: validate it with the safetensors reader,
- * lay its tensors out at WB_SLAB_ALIGN-aligned offsets in one slab, read each
- * tensor from its file straight into the slab and checksum it (XXH3-64).
+ * lay its tensors out at WB_SLAB_ALIGN-aligned offsets in one slab, and move
+ * them there through the pipeline of stage.h, which checksums each tensor
+ * (XXH3-64) on the way: directly for the host backend, through the pinned
+ * staging ring or registered file mappings for the cuda backend.
  *
  * wb__load() does one load in the calling thread. wb_loader runs loads one
  * after another in a background thread and signals each completion through
@@ -11,17 +13,41 @@
 #include "backend.h"
 #include "err.h"
 #include "models.h"
+#include "stage.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
-/* Loads `path` into a new slab of backend `be`. On success *out owns the slab
- * and the tensor table. `cancel` (may be NULL) is polled between reads; when
- * it becomes nonzero the load stops with WB_ESTATE. */
+typedef struct wb_load_opts {
+    const wb_backend *backend; /* its load_mode, stage config and staging ring are used */
+    int device;
+    const atomic_int *cancel;   /* may be NULL; polled, nonzero stops the load (WB_ESTATE) */
+    wb_load_progress *progress; /* may be NULL; total and landed bytes, updated atomically */
+} wb_load_opts;
+
+/* Loads `path` into a new slab. On success *out owns the slab and the tensor
+ * table and carries the per-stage figures. On failure nothing is left
+ * allocated and the message names the file (and tensor) at fault. */
+int wb__load_ex(const char *path, const wb_load_opts *opts, wb_model_data *out, wb_err *err);
+
+/* wb__load_ex without progress reporting. */
 int wb__load(const char *path, const wb_backend *be, int device, const atomic_int *cancel,
              wb_model_data *out, wb_err *err);
+
+/* Logs one greppable line per stage of a finished load:
+ * event=load_stage model=X stage=read|hash|copy|total bytes= seconds= gbps= ... */
+void wb__load_log_stages(const char *model, const wb_model_data *d);
+
+/* Fills ModelInfo's loading fields (20-39): for a loading model its progress,
+ * for a loaded one its per-stage figures. Strings point to static storage. */
+void wb__load_fill_model_info(const wb_model *m, Wbproto__ModelInfo *mi);
+
+/* Fills StatsReply's loading fields (20-39): the backend's staging ring and
+ * the progress of loads in progress. */
+void wb__load_fill_stats(const wb_backend *be, const wb_model_registry *models,
+                         Wbproto__StatsReply *s);
 
 typedef struct wb_load_job {
     char *name; /* owned */
@@ -33,6 +59,8 @@ typedef struct wb_load_job {
     uint8_t *ident;
     size_t ident_len;
     uint64_t request_id;
+    /* Where the loader reports progress (the model's), or NULL. */
+    wb_load_progress *progress;
     /* The outcome, set by the loader thread. */
     int rc;
     wb_err err;

@@ -1,6 +1,7 @@
 #include "loop.h"
 
 #include "log.h"
+#include "metrics.h"
 #include "ops.h"
 #include "paths.h"
 #include "wire.h"
@@ -16,6 +17,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 #include <zmq.h>
+
+#ifdef WB_HAVE_SYSTEMD
+#include <systemd/sd-daemon.h>
+#endif
 
 /* The longest the loop sleeps, so that stale leases are noticed in time. */
 #define LOOP_MAX_WAIT_MS 250
@@ -107,24 +112,30 @@ static void free_buf(void *data, void *hint)
 }
 
 /* Packs and sends a reply to `ident`; a peer that went away loses it (the
- * ROUTER drops it) and the broker moves on. */
-static void send_reply(loop *L, const void *ident, size_t ident_len, Wbproto__Reply *rep,
-                       wb_arena *a)
+ * ROUTER drops it) and the broker moves on. `op` is the request's body field
+ * number (0: undecodable), for the per-operation counters. */
+static void send_reply(loop *L, uint32_t op, const void *ident, size_t ident_len,
+                       Wbproto__Reply *rep, wb_arena *a)
 {
     wb_broker *b = L->b;
     size_t len = 0;
     uint8_t *buf = wb__reply_pack(rep, &len);
-    if (buf && len > WB_MAX_MESSAGE) {
+    if (buf && len > b->limits.max_message) {
         free(buf);
-        char msg[128];
-        snprintf(msg, sizeof msg, "the reply would take %zu bytes, over the %u-byte message limit",
-                 len, WB_MAX_MESSAGE);
+        char msg[160];
+        snprintf(msg, sizeof msg,
+                 "the reply would take %zu bytes, over the %llu-byte message limit "
+                 "(--max-message-bytes)",
+                 len, (unsigned long long)b->limits.max_message);
         wb__ops_error(rep, a, rep->id, WB_ELIMIT, msg);
         buf = wb__reply_pack(rep, &len);
     }
     b->stats.requests_total++;
     if (rep->status != 0)
         b->stats.requests_failed++;
+    if (rep->status == WB_ELIMIT)
+        b->stats.limit_refusals++;
+    wb__broker_count_request(b, op, rep->status);
     if (!buf) {
         b->stats.replies_dropped++;
         wb_error("reply_dropped", "reason=out_of_memory id=%llu", (unsigned long long)rep->id);
@@ -175,7 +186,8 @@ static void handle_request(loop *L, zmq_msg_t *ident, zmq_msg_t *payload)
         wb__arena_free(&arena);
         return;
     }
-    send_reply(L, zmq_msg_data(ident), zmq_msg_size(ident), &rep, &arena);
+    send_reply(L, req ? (uint32_t)req->body_case : 0, zmq_msg_data(ident), zmq_msg_size(ident),
+               &rep, &arena);
     wb__request_free(&req);
     wb__arena_free(&arena);
 }
@@ -239,7 +251,7 @@ static void handle_loads(loop *L)
             wb_arena arena = {0};
             Wbproto__Reply rep = WBPROTO__REPLY__INIT;
             wb__ops_load_done(L->b, job, model, &arena, &rep);
-            send_reply(L, job->ident, job->ident_len, &rep, &arena);
+            send_reply(L, WBPROTO__REQUEST__BODY_LOAD, job->ident, job->ident_len, &rep, &arena);
             wb__arena_free(&arena);
         }
         wb__load_job_free(&job);
@@ -300,7 +312,9 @@ static int setup_socket(loop *L, const char *path, wb_err *err)
     char endpoint[WB_PATH_MAX + 16];
     if (wb__socket_endpoint(path, endpoint, sizeof endpoint) != WB_OK)
         return wb__err_set(err, WB_EINVAL, "socket path is too long: %s", path);
-    int64_t maxmsg = WB_MAX_MESSAGE;
+    /* libzmq drops the connection of a peer that sends more: nothing that
+     * large is ever read into memory. */
+    int64_t maxmsg = (int64_t)L->b->limits.max_message;
     int zero = 0;
     if (zmq_setsockopt(L->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) != 0 ||
         zmq_setsockopt(L->sock, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
@@ -321,6 +335,23 @@ static int setup_socket(loop *L, const char *path, wb_err *err)
     return WB_OK;
 }
 
+/* Tells systemd (Type=notify) how the broker is doing. Without
+ * $NOTIFY_SOCKET, or without libsystemd at build time, nothing is sent. */
+static void notify_systemd(const char *state)
+{
+#ifdef WB_HAVE_SYSTEMD
+    int rc = sd_notify(0, state);
+    char q[128], qe[128];
+    if (rc < 0)
+        wb_warn("sd_notify", "state=%s error=%s", wb__log_quote(q, sizeof q, state),
+                wb__log_quote(qe, sizeof qe, strerror(-rc)));
+    else if (rc > 0)
+        wb_info("sd_notify", "state=%s", wb__log_quote(q, sizeof q, state));
+#else
+    (void)state;
+#endif
+}
+
 static void shutdown_loads(loop *L)
 {
     wb_load_job *list = wb__loader_stop(&L->loader);
@@ -332,7 +363,7 @@ static void shutdown_loads(loop *L)
             Wbproto__Reply rep = WBPROTO__REPLY__INIT;
             wb__ops_error(&rep, &arena, job->request_id, WB_ESTATE,
                           "the broker is stopping; the load was abandoned");
-            send_reply(L, job->ident, job->ident_len, &rep, &arena);
+            send_reply(L, WBPROTO__REQUEST__BODY_LOAD, job->ident, job->ident_len, &rep, &arena);
             wb__arena_free(&arena);
         }
         wb__load_job_free(&job);
@@ -372,6 +403,9 @@ int wb__loop_run(wb_broker *b, const char *socket_path, wb_err *err)
     wb_info("listen", "socket=%s backend=%s heartbeat_ms=%u stale_ms=%u pid=%u",
             wb__log_quote(q, sizeof q, socket_path), b->cfg.backend->name, b->cfg.heartbeat_ms,
             b->cfg.stale_ms, b->pid);
+    /* Preloads are done and the socket is bound: clients may come. */
+    notify_systemd("READY=1\nSTATUS=serving");
+    wb__metrics_tick(b->metrics, b, 1);
 
     long wait_ms = LOOP_MAX_WAIT_MS;
     if (b->cfg.stale_ms / 4 < (uint32_t)wait_ms)
@@ -403,9 +437,11 @@ int wb__loop_run(wb_broker *b, const char *socket_path, wb_err *err)
             if (L.items[0].revents & ZMQ_POLLIN)
                 drain_socket(&L);
         }
-        wb__broker_scan_stale(b);
+        size_t went_stale = wb__broker_scan_stale(b);
+        wb__metrics_tick(b->metrics, b, pr > 0 || went_stale > 0);
     }
 
+    notify_systemd("STOPPING=1");
     shutdown_loads(&L);
     b->loader = NULL;
     wb_info("stop", "leases_held=%zu leases_stale=%zu peers=%zu models=%zu replies_dropped=%llu",

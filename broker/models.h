@@ -37,6 +37,10 @@ typedef struct wb_model_data {
     double alloc_seconds;
     double read_seconds;
     unsigned read_threads;
+    /* The pipeline's figures per stage (stage.h), and the time spent
+     * registering file mappings (mapped loads). */
+    wb_stage_stats stage;
+    double register_seconds;
 } wb_model_data;
 
 /* Frees the slabs (through `be`) and the tensor table; zeroes *d. */
@@ -49,6 +53,7 @@ typedef struct wb_model {
     const wb_backend *backend;
     int device; /* -1 for host */
     wb_model_data data;
+    wb_load_progress progress; /* written by the loader while MODEL_LOADING */
     uint32_t leases;
     /* The wire view of the slabs and tensors, built once when the model
      * becomes ready; every acquire reply points at it. */

@@ -92,7 +92,40 @@ static int oom(Wbproto__Reply *rep, wb_arena *a)
 
 static int is_admin(const wb_broker *b, const wb_peer_creds *peer)
 {
-    return peer->uid == 0 || peer->uid == b->euid;
+    return wb__auth_admin_ok(&b->auth, peer->uid, peer->gid);
+}
+
+/* The request's kind, for log lines. */
+static const char *op_name(int body)
+{
+    switch (body) {
+    case WBPROTO__REQUEST__BODY_HELLO:
+        return "hello";
+    case WBPROTO__REQUEST__BODY_ACQUIRE:
+        return "acquire";
+    case WBPROTO__REQUEST__BODY_RELEASE:
+        return "release";
+    case WBPROTO__REQUEST__BODY_HEARTBEAT:
+        return "heartbeat";
+    case WBPROTO__REQUEST__BODY_LOAD:
+        return "load";
+    case WBPROTO__REQUEST__BODY_UNLOAD:
+        return "unload";
+    default:
+        return "other";
+    }
+}
+
+/* An administrator operation from a peer that is not one: logged with the
+ * list it failed. */
+static int refuse_admin(wb_broker *b, const wb_peer_creds *peer, const char *verb,
+                        Wbproto__Reply *rep, wb_arena *a)
+{
+    char who[200];
+    b->stats.requests_refused++;
+    wb_warn("peer_refused", "reason=not_admin op=%s uid=%u gid=%u pid=%u admins=\"%s\"", verb,
+            peer->uid, peer->gid, peer->pid, wb__auth_describe_admins(&b->auth, who, sizeof who));
+    return fail(rep, a, WB_EPERM, "uid %u may not %s models", peer->uid, verb);
 }
 
 Wbproto__ModelInfo *wb__ops_model_info(const wb_model *m, int state, wb_arena *a)
@@ -114,6 +147,7 @@ Wbproto__ModelInfo *wb__ops_model_info(const wb_model *m, int state, wb_arena *a
     mi->leases = m->leases;
     mi->load_seconds = m->data.load_seconds;
     mi->load_gbps = m->data.load_gbps;
+    wb__load_fill_model_info(m, mi);
     return mi;
 }
 
@@ -132,6 +166,7 @@ static int op_hello(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Requ
     h->peer_uid = peer->uid;
     h->peer_gid = peer->gid;
     h->peer_pid = peer->pid;
+    h->broker_instance = b->instance;
     rep->body_case = WBPROTO__REPLY__BODY_HELLO;
     rep->hello = h;
     char q[300];
@@ -157,10 +192,14 @@ static int op_acquire(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Re
         return fail(rep, a, WB_ESTATE, "model '%s' is %s", name, wb__model_state_name(m->state));
     /* Refuse before granting: a lease whose reply cannot be delivered would
      * be held by nobody. */
-    if (m->wire_lease_size > WB_MAX_MESSAGE - 1024)
-        return fail(rep, a, WB_ELIMIT,
-                    "the lease of model '%s' would take %zu bytes, over the %u-byte message limit",
-                    name, m->wire_lease_size, WB_MAX_MESSAGE);
+    wb_err lerr;
+    if (wb__limits_check_lease_size(&b->limits, name, m->wire_lease_size, &lerr) != WB_OK)
+        return fail(rep, a, WB_ELIMIT, "%s", lerr.msg);
+    const wb_peer_rec *holder = wb__leases_peer(&b->leases, peer->pid);
+    if (holder && wb__limits_check_leases(&b->limits, peer->pid, holder->leases, &lerr) != WB_OK) {
+        wb_warn("limit", "limit=max_leases_per_client pid=%u leases=%u", peer->pid, holder->leases);
+        return fail(rep, a, WB_ELIMIT, "%s", lerr.msg);
+    }
 
     Wbproto__AcquireReply *ar = wb__arena_alloc(a, sizeof *ar);
     Wbproto__Lease *lw = wb__arena_alloc(a, sizeof *lw);
@@ -223,6 +262,57 @@ static int op_release(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Re
     return 0;
 }
 
+/* Container records travel with heartbeats. The broker keeps the last ones
+ * of each lease packed (one buffer, attached to the lease record) and
+ * unpacks them into the reply's arena when listing. */
+typedef struct packed_records {
+    size_t len;
+    uint8_t data[];
+} packed_records;
+
+static void store_container_records(wb_lease_rec *l, const Wbproto__LeaseBeat *beat)
+{
+    if (l->ext_free)
+        l->ext_free(l->ext);
+    l->ext = NULL;
+    l->ext_free = NULL;
+    if (beat->n_container_records == 0)
+        return;
+    Wbproto__LeaseBeat only = WBPROTO__LEASE_BEAT__INIT;
+    only.n_container_records = beat->n_container_records;
+    only.container_records = beat->container_records;
+    size_t n = wbproto__lease_beat__get_packed_size(&only);
+    packed_records *p = malloc(sizeof *p + n);
+    if (!p) {
+        wb_warn("container_records_dropped", "reason=out_of_memory pid=%u", l->pid);
+        return;
+    }
+    p->len = wbproto__lease_beat__pack(&only, p->data);
+    l->ext = p;
+    l->ext_free = free;
+}
+
+static void *arena_pb_alloc(void *data, size_t n)
+{
+    return wb__arena_alloc(data, n);
+}
+
+static void arena_pb_free(void *data, void *ptr)
+{
+    (void)data;
+    (void)ptr;
+}
+
+/* The lease's container records, allocated in the arena; NULL when none. */
+static const Wbproto__LeaseBeat *container_records(const wb_lease_rec *l, wb_arena *a)
+{
+    const packed_records *p = l->ext_free == free ? l->ext : NULL;
+    if (!p)
+        return NULL;
+    ProtobufCAllocator alloc = {arena_pb_alloc, arena_pb_free, a};
+    return wbproto__lease_beat__unpack(&alloc, p->len, p->data);
+}
+
 static int op_heartbeat(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request *req,
                         wb_arena *a, Wbproto__Reply *rep)
 {
@@ -245,6 +335,7 @@ static int op_heartbeat(wb_broker *b, const wb_peer_creds *peer, const Wbproto__
             unknown[n_unknown++] = beat->lease_id;
             continue;
         }
+        store_container_records(wb__leases_find(&b->leases, beat->lease_id.data), beat);
         if (revived) {
             wb_lease_rec *l = wb__leases_find(&b->leases, beat->lease_id.data);
             char hex[9], q[300];
@@ -257,6 +348,82 @@ static int op_heartbeat(wb_broker *b, const wb_peer_creds *peer, const Wbproto__
     hr->unknown_leases = n_unknown ? unknown : NULL;
     rep->body_case = WBPROTO__REPLY__BODY_HEARTBEAT;
     rep->heartbeat = hr;
+    return 0;
+}
+
+static int cmp_container(const void *x, const void *y)
+{
+    const Wbproto__ContainerInfo *a = *(Wbproto__ContainerInfo *const *)x;
+    const Wbproto__ContainerInfo *b = *(Wbproto__ContainerInfo *const *)y;
+    if (a->pid != b->pid)
+        return a->pid < b->pid ? -1 : 1;
+    return a->container_id < b->container_id ? -1 : a->container_id > b->container_id;
+}
+
+/* Every container any client reported, one entry per (pid, container id),
+ * with the leases it binds. */
+static int op_list_containers(wb_broker *b, wb_arena *a, Wbproto__Reply *rep)
+{
+    size_t cap = 0, n_leases = b->leases.n_leases;
+    const Wbproto__LeaseBeat **per = wb__arena_alloc(a, (n_leases ? n_leases : 1) * sizeof *per);
+    if (!per)
+        return oom(rep, a);
+    for (size_t i = 0; i < n_leases; i++) {
+        per[i] = container_records(b->leases.leases[i], a);
+        cap += per[i] ? per[i]->n_container_records : 0;
+    }
+    Wbproto__ListContainersReply *lr = wb__arena_alloc(a, sizeof *lr);
+    Wbproto__ContainerInfo **list = wb__arena_alloc(a, (cap ? cap : 1) * sizeof *list);
+    if (!lr || !list)
+        return oom(rep, a);
+    wbproto__list_containers_reply__init(lr);
+    size_t n = 0;
+    for (size_t i = 0; i < n_leases; i++) {
+        wb_lease_rec *l = b->leases.leases[i];
+        const Wbproto__LeaseBeat *recs = per[i];
+        for (size_t k = 0; recs && k < recs->n_container_records; k++) {
+            const Wbproto__ContainerRecord *r = recs->container_records[k];
+            Wbproto__ContainerInfo *ci = NULL;
+            for (size_t j = 0; j < n && !ci; j++) {
+                if (list[j]->pid == l->pid && list[j]->container_id == r->container_id)
+                    ci = list[j];
+            }
+            if (!ci) {
+                ci = wb__arena_alloc(a, sizeof *ci);
+                /* Room for every lease the container could name. */
+                Wbproto__ContainerLease **cl = wb__arena_alloc(a, n_leases * sizeof *cl);
+                if (!ci || !cl)
+                    return oom(rep, a);
+                wbproto__container_info__init(ci);
+                ci->pid = l->pid;
+                ci->process_name = l->comm;
+                ci->container_id = r->container_id;
+                ci->aoti_api = r->aoti_api;
+                ci->pinned_async_copy = r->pinned_async_copy;
+                ci->folded_bytes = r->folded_bytes;
+                ci->created_at = r->created_at;
+                ci->model_path = r->model_path;
+                ci->embedded_bytes = r->embedded_bytes;
+                ci->leases = cl;
+                list[n++] = ci;
+            }
+            Wbproto__ContainerLease *cl = wb__arena_alloc(a, sizeof *cl);
+            if (!cl)
+                return oom(rep, a);
+            wbproto__container_lease__init(cl);
+            cl->lease_id.data = l->id;
+            cl->lease_id.len = WB_LEASE_ID_LEN;
+            cl->model = l->model->name;
+            cl->bound_bytes = r->bound_bytes;
+            cl->bound_tensors = r->bound_tensors;
+            ci->leases[ci->n_leases++] = cl;
+        }
+    }
+    qsort(list, n, sizeof *list, cmp_container);
+    lr->n_containers = n;
+    lr->containers = n ? list : NULL;
+    rep->body_case = WBPROTO__REPLY__BODY_LIST_CONTAINERS;
+    rep->list_containers = lr;
     return 0;
 }
 
@@ -286,6 +453,11 @@ static int op_list_leases(wb_broker *b, wb_arena *a, Wbproto__Reply *rep)
         li->bytes = l->model->data.bytes;
         li->granted_at = l->granted_at;
         li->last_heartbeat = l->last_heartbeat;
+        const Wbproto__LeaseBeat *recs = container_records(l, a);
+        if (recs) {
+            li->n_container_records = recs->n_container_records;
+            li->container_records = recs->container_records;
+        }
         ptrs[i] = li;
     }
     lr->n_leases = n;
@@ -341,6 +513,9 @@ static int op_stats(wb_broker *b, wb_arena *a, Wbproto__Reply *rep)
     s->load_bytes_total = st->load_bytes_total;
     s->load_seconds_total = st->load_seconds_total;
     s->peers = (uint32_t)b->leases.n_peers;
+    wb__load_fill_stats(b->cfg.backend, &b->models, s);
+    s->requests_refused = st->requests_refused;
+    s->limit_refusals = st->limit_refusals;
     rep->body_case = WBPROTO__REPLY__BODY_STATS;
     rep->stats = s;
     return 0;
@@ -376,7 +551,7 @@ static int op_load(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Reque
     const char *path = req->load->path;
     char q[300], qp[WB_PATH_MAX + 64];
     if (!is_admin(b, peer))
-        return fail(rep, a, WB_EPERM, "uid %u may not load models", peer->uid);
+        return refuse_admin(b, peer, "load", rep, a);
     if (!wb__model_name_valid(name))
         return fail(rep, a, WB_EINVAL,
                     "model name %s is not 1 to %d characters of A-Z a-z 0-9 . _ -",
@@ -385,6 +560,10 @@ static int op_load(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Reque
     if (m)
         return fail(rep, a, WB_EEXIST, "a model named '%s' already exists (%s)", name,
                     wb__model_state_name(m->state));
+    wb_err cerr;
+    int crc = wb__broker_check_load(b, name, path, &cerr);
+    if (crc != WB_OK)
+        return fail(rep, a, crc, "%s", cerr.msg);
     m = wb__model_new(name, path, b->cfg.backend, b->cfg.device);
     wb_load_job *job =
         wb__load_job_new(name, path, b->cfg.backend, b->cfg.device, ident, ident_len, rep->id);
@@ -393,6 +572,7 @@ static int op_load(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Reque
         wb__load_job_free(&job);
         return oom(rep, a);
     }
+    job->progress = &m->progress;
     wb__models_add(&b->models, m);
     wb_info("model_load_start", "model=%s path=%s backend=%s pid=%u uid=%u",
             wb__log_quote(q, sizeof q, name), wb__log_quote(qp, sizeof qp, path),
@@ -415,7 +595,7 @@ static int op_unload(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Req
     const char *name = req->unload->name;
     char q[300];
     if (!is_admin(b, peer))
-        return fail(rep, a, WB_EPERM, "uid %u may not unload models", peer->uid);
+        return refuse_admin(b, peer, "unload", rep, a);
     wb_model *m = wb__models_find(&b->models, name);
     if (!m)
         return fail(rep, a, WB_ENOTFOUND, "no model named '%s'", name);
@@ -452,6 +632,17 @@ int wb__ops_handle(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Reque
     rep->status = WB_OK;
     if (!peer || !peer->known)
         return fail(rep, a, WB_EPERM, "the peer's credentials cannot be read");
+    /* Every operation needs a peer on the client list (administrators are
+     * on it); load and unload check the administrator list on top. */
+    wb_err aerr;
+    if (wb__auth_check_client(&b->auth, peer, &aerr) != WB_OK) {
+        char who[200];
+        b->stats.requests_refused++;
+        wb_warn("peer_refused", "reason=not_allowed op=%s uid=%u gid=%u pid=%u allowed=\"%s\"",
+                op_name(req->body_case), peer->uid, peer->gid, peer->pid,
+                wb__auth_describe_clients(&b->auth, who, sizeof who));
+        return fail(rep, a, WB_EPERM, "%s", aerr.msg);
+    }
     switch (req->body_case) {
     case WBPROTO__REQUEST__BODY_HELLO:
         return op_hello(b, peer, req, a, rep);
@@ -463,6 +654,8 @@ int wb__ops_handle(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Reque
         return op_heartbeat(b, peer, req, a, rep);
     case WBPROTO__REQUEST__BODY_LIST_LEASES:
         return op_list_leases(b, a, rep);
+    case WBPROTO__REQUEST__BODY_LIST_CONTAINERS:
+        return op_list_containers(b, a, rep);
     case WBPROTO__REQUEST__BODY_LIST_MODELS:
         return op_list_models(b, a, rep);
     case WBPROTO__REQUEST__BODY_LOAD:

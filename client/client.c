@@ -29,11 +29,109 @@ int wb__client_fail(wb_client *c, int code, const char *fmt, ...)
     return code;
 }
 
+/* The connection failed: schedule the first reconnection attempt. The
+ * caller holds c->mu. */
+static void connection_lost(wb_client *c)
+{
+    if (atomic_exchange(&c->connected, 0) || c->backoff_ms == 0) {
+        c->backoff_ms = WB_RPC_RECONNECT_MIN_MS;
+        atomic_store(&c->next_reconnect_ms, wb__now_ms() + c->backoff_ms);
+    }
+}
+
+/* Marks every lease orphaned: the broker that granted them is gone. Their
+ * mappings stay; the application decides whether to acquire again. */
+static void orphan_all(wb_client *c)
+{
+    for (wb_lease *l = c->leases; l; l = l->next)
+        atomic_store(&l->orphaned, 1);
+}
+
+/* Says hello on the current socket and records what the broker said. A
+ * broker run other than the one that granted our leases orphans them all.
+ * Returns 1 in *restarted when that happened. The caller holds c->mu. */
+static int hello_locked(wb_client *c, int *restarted, wb_err *err)
+{
+    *restarted = 0;
+    Wbproto__HelloRequest hello = WBPROTO__HELLO_REQUEST__INIT;
+    hello.client = c->hello_name;
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_HELLO;
+    req.hello = &hello;
+    Wbproto__Reply *rep = NULL;
+    wb_err e;
+    int rc = wb__rpc_call(&c->rpc, &req, 0, &rep, &e);
+    if (rc != WB_OK) {
+        if (!rep)
+            connection_lost(c);
+        wb__reply_free(&rep);
+        return wb__err_set(err, rc, "hello: %s", e.msg);
+    }
+    const Wbproto__HelloReply *h = rep->hello;
+    uint32_t pid = h ? h->broker_pid : 0;
+    uint64_t instance = h ? h->broker_instance : 0;
+    if (c->hello_done && (pid != c->broker_pid || instance != c->broker_instance)) {
+        *restarted = 1;
+        orphan_all(c);
+    }
+    c->broker_pid = pid;
+    c->broker_instance = instance;
+    if (!c->hello_done) {
+        /* The first broker's timings are kept: the heartbeat thread reads
+         * them without the lock. */
+        c->heartbeat_ms = h && h->heartbeat_interval_ms ? h->heartbeat_interval_ms : 1000;
+        if (c->heartbeat_ms < MIN_HEARTBEAT_MS)
+            c->heartbeat_ms = MIN_HEARTBEAT_MS;
+        c->stale_ms = h ? h->stale_after_ms : 0;
+    }
+    c->hello_done = 1;
+    c->backoff_ms = 0;
+    atomic_store(&c->connected, 1);
+    wb__reply_free(&rep);
+    return WB_OK;
+}
+
+/* One reconnection attempt: a new socket and a hello. On failure the next
+ * automatic attempt waits twice as long as the last (capped). The caller
+ * holds c->mu. */
+static int reconnect_locked(wb_client *c, int *restarted, wb_err *err)
+{
+    *restarted = 0;
+    atomic_fetch_add(&c->reconnect_attempts, 1);
+    int rc = wb__rpc_reopen(&c->rpc, err);
+    if (rc == WB_OK)
+        rc = hello_locked(c, restarted, err);
+    if (rc == WB_OK) {
+        atomic_fetch_add(&c->reconnects, 1);
+        return WB_OK;
+    }
+    atomic_store(&c->connected, 0);
+    uint32_t next = c->backoff_ms ? c->backoff_ms * 2 : WB_RPC_RECONNECT_MIN_MS;
+    c->backoff_ms = next > WB_RPC_RECONNECT_MAX_MS ? WB_RPC_RECONNECT_MAX_MS : next;
+    atomic_store(&c->next_reconnect_ms, wb__now_ms() + c->backoff_ms);
+    return rc;
+}
+
 int wb__client_call(wb_client *c, Wbproto__Request *req, int timeout_ms, Wbproto__Reply **out,
                     wb_err *err)
 {
+    *out = NULL;
+    if (!atomic_load(&c->connected) && c->hello_done) {
+        /* A call made while disconnected tries at once, whatever the
+         * backoff: the application is waiting for this answer. */
+        int restarted;
+        int rc = reconnect_locked(c, &restarted, err);
+        if (rc != WB_OK)
+            return rc;
+        if (restarted && req->body_case == WBPROTO__REQUEST__BODY_RELEASE)
+            return wb__err_set(err, WB_ECONN,
+                               "the broker restarted; the lease was granted by its previous run");
+    }
     int rc = wb__rpc_call(&c->rpc, req, timeout_ms, out, err);
-    atomic_store(&c->connected, *out != NULL);
+    if (*out)
+        atomic_store(&c->connected, 1);
+    else
+        connection_lost(c);
     return rc;
 }
 
@@ -63,6 +161,8 @@ static int heartbeat_locked(wb_client *c, wb_err *err)
         beats[i].lease_id.data = l->id;
         beats[i].lease_id.len = WB_LEASE_ID_BYTES;
         beats[i].containers = atomic_load(&l->containers);
+        /* Without memory for the records, the count alone still goes out. */
+        wb__lease_fill_beat(l, &beats[i]);
         ptrs[i] = &beats[i];
         i++;
     }
@@ -75,6 +175,8 @@ static int heartbeat_locked(wb_client *c, wb_err *err)
     Wbproto__Reply *rep = NULL;
     wb_err e;
     int rc = wb__client_call(c, &req, 0, &rep, &e);
+    for (size_t k = 0; k < i; k++)
+        wb__lease_beat_free(&beats[k]);
     free(beats);
     free(ptrs);
     if (rc != WB_OK) {
@@ -120,13 +222,21 @@ static struct timespec deadline_after(uint32_t ms)
 /* Sleeps on a condition variable rather than in sleep() so that destroy can
  * stop the thread at once. A failed heartbeat only clears `connected`: the
  * thread has no caller to report to, and the client's message belongs to
- * the application's own calls. */
+ * the application's own calls. While disconnected it wakes for each
+ * reconnection attempt (50 ms after the loss, then doubling up to 2 s) and,
+ * once reconnected, sends a heartbeat at once so that leases the broker does
+ * not know are marked orphaned. */
 static void *heartbeat_main(void *arg)
 {
     wb_client *c = arg;
     pthread_mutex_lock(&c->hb_mu);
     while (!c->hb_stop) {
-        struct timespec until = deadline_after(c->heartbeat_ms);
+        uint32_t wait_ms = c->heartbeat_ms;
+        if (!atomic_load(&c->connected)) {
+            int64_t left = atomic_load(&c->next_reconnect_ms) - wb__now_ms();
+            wait_ms = left <= 0 ? 0 : left < (int64_t)wait_ms ? (uint32_t)left : wait_ms;
+        }
+        struct timespec until = deadline_after(wait_ms);
         while (!c->hb_stop) {
             int rc = pthread_cond_timedwait(&c->hb_cond, &c->hb_mu, &until);
             if (rc == ETIMEDOUT)
@@ -137,7 +247,13 @@ static void *heartbeat_main(void *arg)
         pthread_mutex_unlock(&c->hb_mu);
         wb_err e;
         pthread_mutex_lock(&c->mu);
-        heartbeat_locked(c, &e);
+        if (atomic_load(&c->connected)) {
+            heartbeat_locked(c, &e);
+        } else if (wb__now_ms() >= atomic_load(&c->next_reconnect_ms)) {
+            int restarted;
+            if (reconnect_locked(c, &restarted, &e) == WB_OK)
+                heartbeat_locked(c, &e);
+        }
         pthread_mutex_unlock(&c->mu);
         pthread_mutex_lock(&c->hb_mu);
     }
@@ -182,30 +298,16 @@ static void stop_heartbeat(wb_client *c)
 
 static int say_hello(wb_client *c, const char *name)
 {
-    char who[128];
     if (name && name[0])
-        snprintf(who, sizeof who, "%s", name);
+        snprintf(c->hello_name, sizeof c->hello_name, "%s", name);
     else
-        snprintf(who, sizeof who, "%s[%ld]", program_invocation_short_name, (long)getpid());
-    Wbproto__HelloRequest hello = WBPROTO__HELLO_REQUEST__INIT;
-    hello.client = who;
-    Wbproto__Request req = WBPROTO__REQUEST__INIT;
-    req.body_case = WBPROTO__REQUEST__BODY_HELLO;
-    req.hello = &hello;
-    Wbproto__Reply *rep = NULL;
+        snprintf(c->hello_name, sizeof c->hello_name, "%s[%ld]", program_invocation_short_name,
+                 (long)getpid());
     wb_err e;
-    int rc = wb__client_call(c, &req, 0, &rep, &e);
-    if (rc != WB_OK) {
-        wb__reply_free(&rep);
-        return wb__client_fail(c, rc, "hello: %s", e.msg);
-    }
-    const Wbproto__HelloReply *h = rep->hello;
-    c->broker_pid = h ? h->broker_pid : 0;
-    c->heartbeat_ms = h && h->heartbeat_interval_ms ? h->heartbeat_interval_ms : 1000;
-    if (c->heartbeat_ms < MIN_HEARTBEAT_MS)
-        c->heartbeat_ms = MIN_HEARTBEAT_MS;
-    c->stale_ms = h ? h->stale_after_ms : 0;
-    wb__reply_free(&rep);
+    int restarted;
+    int rc = hello_locked(c, &restarted, &e);
+    if (rc != WB_OK)
+        return wb__client_fail(c, rc, "%s", e.msg);
     return WB_OK;
 }
 
@@ -223,6 +325,9 @@ WB_EXPORT int wb_client_connect(const wb_client_options *opts, wb_client **out)
         return WB_ENOMEM;
     pthread_mutex_init(&c->mu, NULL);
     atomic_init(&c->connected, 0);
+    atomic_init(&c->next_reconnect_ms, 0);
+    atomic_init(&c->reconnect_attempts, 0);
+    atomic_init(&c->reconnects, 0);
     *out = c;
 
     wb_err e;

@@ -22,6 +22,27 @@ typedef struct wb__tensor_entry {
     int device;
 } wb__tensor_entry;
 
+/* What a container reports about itself with every heartbeat (see
+ * ContainerRecord in wb.proto). Owned by the container; a lease points to it
+ * while the container is attached. */
+typedef struct wb__container_rec {
+    uint64_t id;
+    char aoti_api[64];
+    int pinned_async_copy;
+    uint64_t folded_bytes;
+    uint64_t embedded_bytes;
+    double created_at;
+    const char *model_path;
+} wb__container_rec;
+
+/* One container's use of one lease: how much of the lease it binds. */
+typedef struct wb__lease_use {
+    struct wb__lease_use *next;
+    const wb__container_rec *rec;
+    uint64_t bound_bytes;
+    uint32_t bound_tensors;
+} wb__lease_use;
+
 struct wb_lease {
     /* NULL once the client was destroyed while containers still used the
      * lease: it then lives on, mapped, until released locally. */
@@ -36,6 +57,7 @@ struct wb_lease {
     wb__tensor_entry *tensors;
     atomic_uint containers;
     atomic_int orphaned;
+    wb__lease_use *uses; /* attached containers, under a lock private to lease.c */
 };
 
 struct wb_client {
@@ -50,6 +72,18 @@ struct wb_client {
     uint32_t broker_pid;
     uint32_t heartbeat_ms;
     uint32_t stale_ms;
+
+    /* Reconnection, under mu except where atomic. A failed exchange clears
+     * `connected`; the next call, or the heartbeat thread once
+     * next_reconnect_ms has passed, opens a new socket and says hello again.
+     * A broker with another instance id knows none of the leases. */
+    char hello_name[128];
+    int hello_done;
+    uint64_t broker_instance;
+    uint32_t backoff_ms; /* 0 while connected */
+    _Atomic int64_t next_reconnect_ms;
+    atomic_uint reconnect_attempts;
+    atomic_uint reconnects;
 
     /* The heartbeat thread sleeps on hb_cond so destroy can wake it. */
     int hb_started;
@@ -74,5 +108,19 @@ int wb__client_call(wb_client *c, Wbproto__Request *req, int timeout_ms, Wbproto
  * the lease has a client. Returns what the broker said (0, its refusal, or
  * WB_ECONN when it could not be told), with a message in err. */
 int wb__lease_end(wb_lease *lease, int tell, wb_err *err);
+
+/* Registers a container on a lease (it then counts as one of the lease's
+ * containers, so the lease cannot be released) together with the record that
+ * heartbeats report. `rec` must stay valid until wb__lease_detach. */
+int wb__lease_attach(wb_lease *lease, const wb__container_rec *rec, uint64_t bound_bytes,
+                     uint32_t bound_tensors, wb_err *err);
+/* Undoes wb__lease_attach. */
+void wb__lease_detach(wb_lease *lease, const wb__container_rec *rec);
+
+/* Fills beat->container_records with copies of the records of the containers
+ * attached to the lease (at most the protocol's limit). Free with
+ * wb__lease_beat_free. Returns WB_ENOMEM (and leaves none) when out of memory. */
+int wb__lease_fill_beat(wb_lease *lease, Wbproto__LeaseBeat *beat);
+void wb__lease_beat_free(Wbproto__LeaseBeat *beat);
 
 #endif

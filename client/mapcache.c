@@ -7,15 +7,32 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef WB_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 struct wb__map {
     struct wb__map *next;
+    int cuda; /* 0: host shm, 1: cuda IPC */
     char key[WB_SHM_NAME_MAX];
+    uint8_t handle[WB_CUDA_IPC_HANDLE_BYTES];
     wb_shm shm;
+    void *dptr;
+    uint64_t size;
+    int device;      /* where the slab lives (-1 host) */
+    int open_device; /* whose context opened it (-1 host) */
     unsigned refs;
 };
 
 static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 static wb__map *cache_head;
+
+static void link_map(wb__map *m)
+{
+    m->refs = 1;
+    m->next = cache_head;
+    cache_head = m;
+}
 
 int wb__mapcache_get_host(const char *shm_name, uint64_t size, wb__map **out, wb_err *err)
 {
@@ -26,7 +43,7 @@ int wb__mapcache_get_host(const char *shm_name, uint64_t size, wb__map **out, wb
     pthread_mutex_lock(&cache_mu);
     wb__map *m;
     for (m = cache_head; m; m = m->next) {
-        if (strcmp(m->key, shm_name) == 0)
+        if (!m->cuda && strcmp(m->key, shm_name) == 0)
             break;
     }
     if (m) {
@@ -53,12 +70,135 @@ int wb__mapcache_get_host(const char *shm_name, uint64_t size, wb__map **out, wb
         return rc;
     }
     snprintf(m->key, sizeof m->key, "%s", shm_name);
-    m->refs = 1;
-    m->next = cache_head;
-    cache_head = m;
+    m->size = size;
+    m->device = -1;
+    m->open_device = -1;
+    link_map(m);
     *out = m;
     pthread_mutex_unlock(&cache_mu);
     return WB_OK;
+}
+
+#ifdef WB_HAVE_CUDA
+/* Opens the handle in the current device's context, after checking that the
+ * slab's device is reachable from there. Called with cache_mu held. */
+static int cuda_open(wb__map *m, int device, wb_err *err)
+{
+    int count = 0;
+    cudaError_t ce = cudaGetDeviceCount(&count);
+    if (ce != cudaSuccess)
+        return wb__err_set(err, WB_ENOGPU,
+                           "cuda slab on device %d: no usable GPU in this process: "
+                           "cudaGetDeviceCount: %s (%s)",
+                           device, cudaGetErrorString(ce), cudaGetErrorName(ce));
+    if (device < 0 || device >= count)
+        return wb__err_set(err, WB_ENOGPU,
+                           "cuda slab on device %d: this process sees %d CUDA device(s) "
+                           "(check CUDA_VISIBLE_DEVICES)",
+                           device, count);
+    int cur = 0;
+    ce = cudaGetDevice(&cur);
+    if (ce != cudaSuccess)
+        return wb__err_set(err, WB_ENOGPU, "cuda slab on device %d: cudaGetDevice: %s", device,
+                           cudaGetErrorString(ce));
+    if (cur != device) {
+        int can = 0;
+        ce = cudaDeviceCanAccessPeer(&can, cur, device);
+        if (ce != cudaSuccess || !can)
+            return wb__err_set(err, WB_ENOGPU,
+                               "cuda slab on device %d: this thread's current device is %d, "
+                               "which cannot access device %d as a peer; call "
+                               "cudaSetDevice(%d) before acquiring",
+                               device, cur, device, device);
+    }
+    cudaIpcMemHandle_t h;
+    memcpy(&h, m->handle, sizeof h);
+    void *p = NULL;
+    ce = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+    if (ce != cudaSuccess)
+        return wb__err_set(err, WB_EIO,
+                           "cuda slab on device %d (%llu bytes): cudaIpcOpenMemHandle on "
+                           "device %d: %s (%s)",
+                           device, (unsigned long long)m->size, cur, cudaGetErrorString(ce),
+                           cudaGetErrorName(ce));
+    m->dptr = p;
+    m->device = device;
+    m->open_device = cur;
+    return WB_OK;
+}
+
+/* Closes in the context that opened the handle, then restores the thread's
+ * device: a worker may have switched devices since. */
+static void cuda_close(wb__map *m)
+{
+    int cur = -1;
+    if (cudaGetDevice(&cur) != cudaSuccess)
+        cur = -1;
+    if (cur != m->open_device)
+        cudaSetDevice(m->open_device);
+    cudaError_t ce = cudaIpcCloseMemHandle(m->dptr);
+    if (ce != cudaSuccess)
+        fprintf(stderr, "wbclient: cudaIpcCloseMemHandle of a slab on device %d: %s\n", m->device,
+                cudaGetErrorString(ce));
+    if (cur >= 0 && cur != m->open_device)
+        cudaSetDevice(cur);
+}
+#endif
+
+int wb__mapcache_get_cuda(const uint8_t *handle, size_t handle_len, int device, uint64_t size,
+                          wb__map **out, wb_err *err)
+{
+    *out = NULL;
+    if (!handle || handle_len != WB_CUDA_IPC_HANDLE_BYTES)
+        return wb__err_set(err, WB_EPROTO, "cuda slab: the IPC handle has %zu bytes, not %d",
+                           handle ? handle_len : 0, WB_CUDA_IPC_HANDLE_BYTES);
+#ifndef WB_HAVE_CUDA
+    (void)size;
+    return wb__err_set(err, WB_ENOSYS,
+                       "cuda slab on device %d: this build of libwbclient has no CUDA support "
+                       "(CUDA toolkit not found at build time)",
+                       device);
+#else
+    int rc = WB_OK;
+    pthread_mutex_lock(&cache_mu);
+    wb__map *m;
+    for (m = cache_head; m; m = m->next) {
+        if (m->cuda && m->device == device &&
+            memcmp(m->handle, handle, WB_CUDA_IPC_HANDLE_BYTES) == 0)
+            break;
+    }
+    if (m) {
+        if (m->size != size) {
+            rc = wb__err_set(err, WB_EPROTO,
+                             "cuda slab on device %d is open with %llu bytes but the broker "
+                             "now says %llu",
+                             device, (unsigned long long)m->size, (unsigned long long)size);
+        } else {
+            m->refs++;
+            *out = m;
+        }
+        pthread_mutex_unlock(&cache_mu);
+        return rc;
+    }
+    m = calloc(1, sizeof *m);
+    if (!m) {
+        pthread_mutex_unlock(&cache_mu);
+        return wb__err_set(err, WB_ENOMEM, "out of memory opening a cuda slab");
+    }
+    m->cuda = 1;
+    memcpy(m->handle, handle, WB_CUDA_IPC_HANDLE_BYTES);
+    m->size = size;
+    rc = cuda_open(m, device, err);
+    if (rc != WB_OK) {
+        free(m);
+        pthread_mutex_unlock(&cache_mu);
+        return rc;
+    }
+    link_map(m);
+    *out = m;
+    pthread_mutex_unlock(&cache_mu);
+    return WB_OK;
+#endif
 }
 
 void wb__mapcache_put(wb__map **map)
@@ -79,18 +219,36 @@ void wb__mapcache_put(wb__map **map)
         }
     }
     pthread_mutex_unlock(&cache_mu);
-    wb__shm_unmap(&m->shm);
+    if (m->cuda) {
+#ifdef WB_HAVE_CUDA
+        cuda_close(m);
+#endif
+    } else {
+        wb__shm_unmap(&m->shm);
+    }
     free(m);
 }
 
 const void *wb__map_addr(const wb__map *map)
 {
-    return map ? map->shm.addr : NULL;
+    if (!map)
+        return NULL;
+    return map->cuda ? map->dptr : map->shm.addr;
 }
 
 uint64_t wb__map_size(const wb__map *map)
 {
-    return map ? map->shm.size : 0;
+    return map ? map->size : 0;
+}
+
+int wb__map_device(const wb__map *map)
+{
+    return map ? map->device : -1;
+}
+
+int wb__map_open_device(const wb__map *map)
+{
+    return map ? map->open_device : -1;
 }
 
 unsigned wb__map_refs(const wb__map *map)

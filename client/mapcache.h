@@ -3,9 +3,9 @@
  * Several leases of one process (on one model, or granted again after a
  * release) name the same slab; it is mapped once and shared. Each lease that
  * uses a slab holds one reference; the slab is unmapped when the last one is
- * dropped. The key is the slab's name: the shm name for the host backend
- * (and, later, the 64-byte IPC handle for cuda). All functions are
- * thread-safe (one global mutex). */
+ * dropped. The key is the slab's name: the shm name for the host backend, the
+ * 64-byte IPC handle (and device) for cuda. All functions are thread-safe
+ * (one global mutex). */
 #ifndef WB_MAPCACHE_H
 #define WB_MAPCACHE_H
 
@@ -13,6 +13,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#define WB_CUDA_IPC_HANDLE_BYTES 64
 
 typedef struct wb__map wb__map;
 
@@ -22,11 +24,29 @@ typedef struct wb__map wb__map;
  * reference to drop with wb__mapcache_put. */
 int wb__mapcache_get_host(const char *shm_name, uint64_t size, wb__map **out, wb_err *err);
 
-/* Drops one reference and sets *map to NULL; unmaps at the last. NULL-safe. */
+/* Opens the cuda slab named by a 64-byte cudaIpcMemHandle_t, exported by the
+ * broker on CUDA device `device`, once per process
+ * (cudaIpcOpenMemHandle with cudaIpcMemLazyEnablePeerAccess), or takes one
+ * more reference on it. The slab is opened in the calling thread's current
+ * device; when that is not `device`, it must be able to access `device` as a
+ * peer, else WB_ENOGPU says so. The handle is closed (cudaIpcCloseMemHandle)
+ * with the last reference. Without CUDA in this build: WB_ENOSYS; without a
+ * usable GPU: WB_ENOGPU; a handle the driver refuses: WB_EIO. */
+int wb__mapcache_get_cuda(const uint8_t *handle, size_t handle_len, int device, uint64_t size,
+                          wb__map **out, wb_err *err);
+
+/* Drops one reference and sets *map to NULL; unmaps (or closes the IPC
+ * handle) at the last. NULL-safe. */
 void wb__mapcache_put(wb__map **map);
 
+/* Host: the read-only mapping. Cuda: the device pointer of the slab. */
 const void *wb__map_addr(const wb__map *map);
 uint64_t wb__map_size(const wb__map *map);
+/* The CUDA device the slab lives on, or -1 for a host mapping. */
+int wb__map_device(const wb__map *map);
+/* The CUDA device whose context opened the slab (differs from
+ * wb__map_device when the slab is reached through peer access); -1 for host. */
+int wb__map_open_device(const wb__map *map);
 /* Number of references held on this mapping. */
 unsigned wb__map_refs(const wb__map *map);
 

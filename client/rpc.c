@@ -43,8 +43,13 @@ static int open_socket(wb__rpc *rpc, wb_err *err)
                            zmq_strerror(zmq_errno()));
     int linger = 0;
     int64_t maxmsg = WB_MAX_MESSAGE;
+    /* Should the broker restart while this socket lives, libzmq reconnects
+     * on its own with the same capped backoff as the client library. */
+    int ivl = WB_RPC_RECONNECT_MIN_MS, ivl_max = WB_RPC_RECONNECT_MAX_MS;
     if (zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
         zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) != 0 ||
+        zmq_setsockopt(s, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl) != 0 ||
+        zmq_setsockopt(s, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof ivl_max) != 0 ||
         zmq_connect(s, rpc->endpoint) != 0) {
         int e = zmq_errno();
         zmq_close(s);
@@ -80,6 +85,35 @@ static int probe_listener(const char *path, wb_err *err)
     return rc;
 }
 
+/* libzmq would silently keep retrying a missing path; check first so the
+ * caller learns at once that no broker listens there (or that this process
+ * may not reach it). */
+static int check_path(const char *path, wb_err *err)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return wb__err_errno(err, WB_ECONN, errno, "no broker socket at %s", path);
+    if (!S_ISSOCK(st.st_mode))
+        return wb__err_set(err, WB_ECONN, "no broker socket at %s: not a socket", path);
+    if (access(path, W_OK) != 0)
+        return wb__err_errno(err, WB_ECONN, errno, "no broker socket at %s", path);
+    return probe_listener(path, err);
+}
+
+int wb__rpc_reopen(wb__rpc *rpc, wb_err *err)
+{
+    close_socket(rpc);
+    int rc = check_path(rpc->path, err);
+    if (rc != WB_OK)
+        return rc;
+    if (!rpc->ctx && !(rpc->ctx = zmq_ctx_new()))
+        return wb__err_set(err, WB_ECONN, "cannot create a ZeroMQ context: %s",
+                           zmq_strerror(zmq_errno()));
+    if (rpc->next_id == 0)
+        rpc->next_id = 1;
+    return open_socket(rpc, err);
+}
+
 int wb__rpc_open(wb__rpc *rpc, const char *socket_path, int timeout_ms, wb_err *err)
 {
     memset(rpc, 0, sizeof *rpc);
@@ -89,16 +123,7 @@ int wb__rpc_open(wb__rpc *rpc, const char *socket_path, int timeout_ms, wb_err *
     if (wb__socket_endpoint(rpc->path, rpc->endpoint, sizeof rpc->endpoint) != WB_OK)
         return wb__err_set(err, WB_EINVAL, "broker socket path %s is too long", rpc->path);
 
-    /* libzmq would silently keep retrying a missing path; check first so the
-     * caller learns at once that no broker listens there. */
-    struct stat st;
-    if (stat(rpc->path, &st) != 0)
-        return wb__err_errno(err, WB_ECONN, errno, "no broker socket at %s", rpc->path);
-    if (!S_ISSOCK(st.st_mode))
-        return wb__err_set(err, WB_ECONN, "no broker socket at %s: not a socket", rpc->path);
-    if (access(rpc->path, W_OK) != 0)
-        return wb__err_errno(err, WB_ECONN, errno, "no broker socket at %s", rpc->path);
-    int rc = probe_listener(rpc->path, err);
+    int rc = check_path(rpc->path, err);
     if (rc != WB_OK)
         return rc;
 

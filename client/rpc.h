@@ -17,6 +17,11 @@
 
 #define WB_RPC_PATH_MAX sizeof(((struct sockaddr_un *)0)->sun_path)
 
+/* Reconnection backoff: the first retry after this many milliseconds, then
+ * doubling up to the cap. */
+#define WB_RPC_RECONNECT_MIN_MS 50
+#define WB_RPC_RECONNECT_MAX_MS 2000
+
 typedef struct wb__rpc {
     void *ctx;
     void *sock; /* NULL after a failed re-creation; the next call retries */
@@ -33,6 +38,13 @@ typedef struct wb__rpc {
  * for a path that does not fit a socket address. Nothing is sent yet. On
  * failure rpc is left closed (wb__rpc_close is harmless). */
 int wb__rpc_open(wb__rpc *rpc, const char *socket_path, int timeout_ms, wb_err *err);
+
+/* Reconnects after a failed exchange: closes the socket (dropping whatever
+ * it still queues), checks the path again as wb__rpc_open does (WB_ECONN at
+ * once when nothing listens) and opens a fresh socket. Request ids keep
+ * increasing. Nothing is sent. On failure the rpc has no socket; the next
+ * call or reopen tries again. */
+int wb__rpc_reopen(wb__rpc *rpc, wb_err *err);
 
 /* Closes the socket and the ZeroMQ context. Safe on a closed or zeroed rpc. */
 void wb__rpc_close(wb__rpc *rpc);

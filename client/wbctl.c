@@ -18,6 +18,7 @@ struct wbctl_cmd {
 static const struct wbctl_cmd commands[] = {
     {"models", wbctl_models, "list the broker's models"},
     {"leases", wbctl_leases, "list the leases the broker has granted"},
+    {"containers", wbctl_containers, "list the AOTI model containers built on leases"},
     {"load", wbctl_load, "load a safetensors checkpoint as a model"},
     {"unload", wbctl_unload, "unload a model (it drains while leases remain)"},
     {"stats", wbctl_stats, "print the broker's counters"},
@@ -30,6 +31,11 @@ static void usage(FILE *out)
                  "commands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "\noptions (before the command):\n"
+                 "  --socket PATH      the broker's socket (see below)\n"
+                 "  --timeout-ms MS    how long to wait for each reply (default $WB_TIMEOUT_MS,\n"
+                 "                     else 5000; load waits up to 10 minutes)\n"
+                 "  -h, --help         print this help\n");
     fprintf(out, "\nRun 'wbctl COMMAND --help' for a command's options.\n"
                  "The socket is --socket, else $WB_SOCKET, else "
                  "$XDG_RUNTIME_DIR/wbroker/broker.sock (root: /run/wbroker/broker.sock).\n"

@@ -30,5 +30,6 @@ int wbctl_leases(const wbctl_globals *g, int argc, char **argv);
 int wbctl_load(const wbctl_globals *g, int argc, char **argv);
 int wbctl_unload(const wbctl_globals *g, int argc, char **argv);
 int wbctl_stats(const wbctl_globals *g, int argc, char **argv);
+int wbctl_containers(const wbctl_globals *g, int argc, char **argv);
 
 #endif

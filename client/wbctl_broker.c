@@ -1,7 +1,8 @@
-/* wbctl's broker commands: models, leases, load, unload, stats. */
+/* wbctl's broker commands: models, leases, containers, load, unload, stats. */
 #include "wbctl.h"
 
 #include "rpc.h"
+#include "wbctl_progress.h"
 #include "wire.h"
 
 #include <errno.h>
@@ -39,7 +40,11 @@ static int parse_args(int argc, char **argv, const char *synopsis, const char *a
             *json = 1;
             break;
         case 'h':
-            printf("usage: wbctl " GLOBAL_OPTS " %s\n\n%s\n", synopsis, about);
+            printf("usage: wbctl " GLOBAL_OPTS " %s\n\n%s\n\n"
+                   "  --json     print JSON (for programs) instead of a table\n"
+                   "  -h, --help print this help\n"
+                   "The global options are described by 'wbctl --help'.\n",
+                   synopsis, about);
             return WBCTL_EXIT_OK;
         default:
             if (optopt)
@@ -192,6 +197,48 @@ static void hex(const ProtobufCBinaryData *b, char *out, size_t size)
     out[o] = '\0';
 }
 
+/* The loader's figures: progress, settings and per-stage times and rates. */
+static void load_json(json_t *o, const Wbproto__ModelInfo *m)
+{
+    json_object_set_new(o, "loaded_bytes", json_integer((json_int_t)m->loaded_bytes));
+    if (m->load_mode && m->load_mode[0])
+        json_object_set_new(o, "load_mode", json_string(m->load_mode));
+    json_object_set_new(o, "read_threads", json_integer(m->read_threads));
+    json_object_set_new(o, "staging_buffer_bytes",
+                        json_integer((json_int_t)m->staging_buffer_bytes));
+    json_object_set_new(o, "staging_buffers", json_integer(m->staging_buffers));
+    json_t *st = json_object();
+    static const char *const names[] = {"read", "hash", "copy"};
+    const double secs[] = {m->read_seconds, m->hash_seconds, m->copy_seconds};
+    const double rates[] = {m->read_gbps, m->hash_gbps, m->copy_gbps};
+    for (int i = 0; i < 3; i++) {
+        json_t *one = json_object();
+        json_object_set_new(one, "seconds", json_real(secs[i]));
+        json_object_set_new(one, "gbps", json_real(rates[i]));
+        json_object_set_new(st, names[i], one);
+    }
+    json_object_set_new(o, "load_stages", st);
+    json_object_set_new(o, "wait_seconds", json_real(m->wait_seconds));
+    json_object_set_new(o, "open_seconds", json_real(m->open_seconds));
+    json_object_set_new(o, "alloc_seconds", json_real(m->alloc_seconds));
+    json_object_set_new(o, "register_seconds", json_real(m->register_seconds));
+}
+
+/* One line per load for people: how each stage did. */
+static void print_stages(const Wbproto__ModelInfo *m)
+{
+    if (!m->load_mode || !m->load_mode[0])
+        return;
+    printf("load: %s, %u thread%s", m->load_mode, m->read_threads, m->read_threads == 1 ? "" : "s");
+    if (m->staging_buffers)
+        printf(", %u x %.1f MiB pinned staging", m->staging_buffers,
+               (double)m->staging_buffer_bytes / (1024.0 * 1024.0));
+    printf("; read %.2f GB/s, hash %.2f GB/s", m->read_gbps, m->hash_gbps);
+    if (m->copy_seconds > 0)
+        printf(", copy %.2f GB/s", m->copy_gbps);
+    printf("\n");
+}
+
 static json_t *model_json(const Wbproto__ModelInfo *m)
 {
     json_t *o = json_object();
@@ -206,6 +253,7 @@ static json_t *model_json(const Wbproto__ModelInfo *m)
     json_object_set_new(o, "leases", json_integer(m->leases));
     json_object_set_new(o, "load_seconds", json_real(m->load_seconds));
     json_object_set_new(o, "load_gbps", json_real(m->load_gbps));
+    load_json(o, m);
     if (m->error && m->error[0])
         json_object_set_new(o, "error", json_string(m->error));
     return o;
@@ -225,7 +273,12 @@ static void model_row(table *t, const Wbproto__ModelInfo *m)
     snprintf(bytes, sizeof bytes, "%llu", (unsigned long long)m->bytes);
     snprintf(leases, sizeof leases, "%u", m->leases);
     if (m->state == WBPROTO__MODEL_STATE__MODEL_LOADING) {
-        snprintf(secs, sizeof secs, "-");
+        /* While loading, LOAD_S shows how far it got. */
+        if (m->bytes)
+            snprintf(secs, sizeof secs, "%.0f%%",
+                     100.0 * (double)m->loaded_bytes / (double)m->bytes);
+        else
+            snprintf(secs, sizeof secs, "-");
         snprintf(gbps, sizeof gbps, "-");
     } else {
         snprintf(secs, sizeof secs, "%.3f", m->load_seconds);
@@ -269,12 +322,28 @@ int wbctl_models(const wbctl_globals *g, int argc, char **argv)
     return rc;
 }
 
+static json_t *record_json(const Wbproto__ContainerRecord *r)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "container_id", json_integer((json_int_t)r->container_id));
+    json_object_set_new(o, "aoti_api", json_string(r->aoti_api));
+    json_object_set_new(o, "pinned_async_copy", json_boolean(r->pinned_async_copy));
+    json_object_set_new(o, "bound_bytes", json_integer((json_int_t)r->bound_bytes));
+    json_object_set_new(o, "bound_tensors", json_integer(r->bound_tensors));
+    json_object_set_new(o, "folded_bytes", json_integer((json_int_t)r->folded_bytes));
+    json_object_set_new(o, "embedded_bytes", json_integer((json_int_t)r->embedded_bytes));
+    json_object_set_new(o, "created_at", json_real(r->created_at));
+    json_object_set_new(o, "model_path", json_string(r->model_path));
+    return o;
+}
+
 int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
 {
     int json;
     int rc = parse_args(argc, argv, "leases [--json]",
                         "Lists the leases the broker has granted: owner process, state, "
-                        "containers, age and time since the last heartbeat.",
+                        "containers,\nthe tensors and bytes they bind (shared), age and time "
+                        "since the last heartbeat.",
                         0, NULL, &json, NULL);
     if (rc >= 0)
         return rc;
@@ -288,10 +357,10 @@ int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
     const Wbproto__ListLeasesReply *ll = rep->list_leases;
     double now = now_unix();
     json_t *arr = json ? json_array() : NULL;
-    table t = {.ncols = 11};
+    table t = {.ncols = 12};
     if (!json)
-        table_add(&t, "ID", "MODEL", "PID", "PROCESS", "UID", "STATE", "CONTAINERS", "SLABS",
-                  "BYTES", "AGE", "HEARTBEAT");
+        table_add(&t, "ID", "MODEL", "PID", "PROCESS", "UID", "STATE", "CONTAINERS", "SHARED",
+                  "SLABS", "BYTES", "AGE", "HEARTBEAT");
     for (size_t i = 0; i < ll->n_leases; i++) {
         const Wbproto__LeaseInfo *l = ll->leases[i];
         char id[2 * WB_LEASE_ID_LEN + 1];
@@ -302,6 +371,11 @@ int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
             age = 0;
         if (since < 0)
             since = 0;
+        uint64_t shared_bytes = 0, shared_tensors = 0;
+        for (size_t k = 0; k < l->n_container_records; k++) {
+            shared_bytes += l->container_records[k]->bound_bytes;
+            shared_tensors += l->container_records[k]->bound_tensors;
+        }
         if (json) {
             json_t *o = json_object();
             json_object_set_new(o, "id", json_string(id));
@@ -317,10 +391,21 @@ int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
             json_object_set_new(o, "granted_at", json_real(l->granted_at));
             json_object_set_new(o, "last_heartbeat", json_real(l->last_heartbeat));
             json_object_set_new(o, "age_seconds", json_real(age));
+            json_t *recs = json_array();
+            for (size_t k = 0; k < l->n_container_records; k++)
+                json_array_append_new(recs, record_json(l->container_records[k]));
+            json_object_set_new(o, "container_records", recs);
+            json_object_set_new(o, "shared_buffers", json_integer((json_int_t)shared_tensors));
+            json_object_set_new(o, "shared_bytes", json_integer((json_int_t)shared_bytes));
             json_array_append_new(arr, o);
             continue;
         }
         char pid[16], uid[16], containers[16], slabs[16], bytes[32], agebuf[32], hb[32];
+        char shared[64];
+        /* Bound by containers, counted once per container: two containers
+         * binding the same tensor share one buffer but count twice here. */
+        snprintf(shared, sizeof shared, "%llu (%llu B)", (unsigned long long)shared_tensors,
+                 (unsigned long long)shared_bytes);
         snprintf(pid, sizeof pid, "%u", l->pid);
         snprintf(uid, sizeof uid, "%u", l->uid);
         snprintf(containers, sizeof containers, "%u", l->containers);
@@ -330,7 +415,90 @@ int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
         snprintf(hb, sizeof hb, "%.1fs ago", since);
         id[8] = '\0';
         table_add(&t, id, l->model, pid, l->process_name, uid, wb__lease_state_name(l->state),
-                  containers, slabs, bytes, agebuf, hb);
+                  containers, shared, slabs, bytes, agebuf, hb);
+    }
+    wb__reply_free(&rep);
+    if (json)
+        return print_json(arr);
+    table_print(&t);
+    return WBCTL_EXIT_OK;
+}
+
+int wbctl_containers(const wbctl_globals *g, int argc, char **argv)
+{
+    int json;
+    int rc = parse_args(argc, argv, "containers [--json]",
+                        "Lists the AOTI model containers that clients built on their leases, as "
+                        "their\nlast heartbeats reported them: the AOTI entry point used, "
+                        "whether pinned async\nconstant copy was on, bytes bound from each lease "
+                        "(shared), bytes built by\nconstant folding (private to the "
+                        "container) and constants the model loaded itself.",
+                        0, NULL, &json, NULL);
+    if (rc >= 0)
+        return rc;
+    Wbproto__ListContainersRequest body = WBPROTO__LIST_CONTAINERS_REQUEST__INIT;
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_LIST_CONTAINERS;
+    req.list_containers = &body;
+    Wbproto__Reply *rep;
+    if ((rc = call(g, "containers", &req, g->timeout_ms, &rep)) >= 0)
+        return rc;
+    const Wbproto__ListContainersReply *lc = rep->list_containers;
+    double now = now_unix();
+    json_t *arr = json ? json_array() : NULL;
+    table t = {.ncols = 10};
+    if (!json)
+        table_add(&t, "PID", "PROCESS", "ID", "API", "PINNED", "LEASES", "SHARED_BYTES",
+                  "FOLDED_BYTES", "AGE", "MODEL");
+    for (size_t i = 0; i < lc->n_containers; i++) {
+        const Wbproto__ContainerInfo *c = lc->containers[i];
+        uint64_t shared = 0;
+        for (size_t k = 0; k < c->n_leases; k++)
+            shared += c->leases[k]->bound_bytes;
+        if (json) {
+            json_t *o = json_object();
+            json_object_set_new(o, "pid", json_integer(c->pid));
+            json_object_set_new(o, "process", json_string(c->process_name));
+            json_object_set_new(o, "container_id", json_integer((json_int_t)c->container_id));
+            json_object_set_new(o, "aoti_api", json_string(c->aoti_api));
+            json_object_set_new(o, "pinned_async_copy", json_boolean(c->pinned_async_copy));
+            json_object_set_new(o, "shared_bytes", json_integer((json_int_t)shared));
+            json_object_set_new(o, "folded_bytes", json_integer((json_int_t)c->folded_bytes));
+            json_object_set_new(o, "embedded_bytes", json_integer((json_int_t)c->embedded_bytes));
+            json_object_set_new(o, "created_at", json_real(c->created_at));
+            json_object_set_new(o, "model_path", json_string(c->model_path));
+            json_t *ls = json_array();
+            for (size_t k = 0; k < c->n_leases; k++) {
+                const Wbproto__ContainerLease *cl = c->leases[k];
+                char id[2 * WB_LEASE_ID_LEN + 1];
+                hex(&cl->lease_id, id, sizeof id);
+                json_t *lo = json_object();
+                json_object_set_new(lo, "lease_id", json_string(id));
+                json_object_set_new(lo, "model", json_string(cl->model));
+                json_object_set_new(lo, "bound_bytes", json_integer((json_int_t)cl->bound_bytes));
+                json_object_set_new(lo, "bound_tensors", json_integer(cl->bound_tensors));
+                json_array_append_new(ls, lo);
+            }
+            json_object_set_new(o, "leases", ls);
+            json_array_append_new(arr, o);
+            continue;
+        }
+        char pid[16], id[24], leases[256] = "", shared_s[32], folded[32], agebuf[32];
+        snprintf(pid, sizeof pid, "%u", c->pid);
+        snprintf(id, sizeof id, "%llu", (unsigned long long)c->container_id);
+        size_t used = 0;
+        for (size_t k = 0; k < c->n_leases && used < sizeof leases; k++) {
+            int w = snprintf(leases + used, sizeof leases - used, "%s%s", k ? "," : "",
+                             c->leases[k]->model);
+            if (w < 0)
+                break;
+            used += (size_t)w;
+        }
+        snprintf(shared_s, sizeof shared_s, "%llu", (unsigned long long)shared);
+        snprintf(folded, sizeof folded, "%llu", (unsigned long long)c->folded_bytes);
+        fmt_age(agebuf, sizeof agebuf, now - c->created_at);
+        table_add(&t, pid, c->process_name, id, c->aoti_api, c->pinned_async_copy ? "on" : "off",
+                  leases, shared_s, folded, agebuf, c->model_path);
     }
     wb__reply_free(&rep);
     if (json)
@@ -372,8 +540,11 @@ int wbctl_load(const wbctl_globals *g, int argc, char **argv)
     req.body_case = WBPROTO__REQUEST__BODY_LOAD;
     req.load = &body;
     Wbproto__Reply *rep;
-    if ((rc = call(g, "load", &req, g->timeout_ms > 0 ? g->timeout_ms : LOAD_TIMEOUT_MS, &rep)) >=
-        0)
+    /* On a terminal, a progress bar while the broker loads. */
+    wbctl_progress *bar = json ? NULL : wbctl_progress_start(g->socket_path, pos[0]);
+    rc = call(g, "load", &req, g->timeout_ms > 0 ? g->timeout_ms : LOAD_TIMEOUT_MS, &rep);
+    wbctl_progress_stop(&bar);
+    if (rc >= 0)
         return rc;
     const Wbproto__ModelInfo *m = rep->load->model;
     if (!m) {
@@ -386,6 +557,7 @@ int wbctl_load(const wbctl_globals *g, int argc, char **argv)
         model_header(&t);
         model_row(&t, m);
         table_print(&t);
+        print_stages(m);
         rc = WBCTL_EXIT_OK;
     }
     wb__reply_free(&rep);

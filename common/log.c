@@ -3,12 +3,14 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 static const char *log_prog = "wb";
 static atomic_int log_level = WB_LOG_INFO;
+static atomic_int log_format = WB_LOG_TEXT;
 
 static const char *const level_names[] = {"debug", "info", "warn", "error", "off"};
 
@@ -34,6 +36,220 @@ int wb__log_parse_level(const char *name)
             return i;
     }
     return -1;
+}
+
+void wb__log_set_format(wb_log_format format)
+{
+    atomic_store(&log_format, (int)format);
+}
+
+wb_log_format wb__log_get_format(void)
+{
+    return (wb_log_format)atomic_load(&log_format);
+}
+
+int wb__log_parse_format(const char *name)
+{
+    if (name && strcmp(name, "text") == 0)
+        return WB_LOG_TEXT;
+    if (name && strcmp(name, "json") == 0)
+        return WB_LOG_JSON;
+    return -1;
+}
+
+/* A bounded writer for one JSON line. `end` keeps room for what closes the
+ * object, so that a field that does not fit is dropped whole. */
+typedef struct jbuf {
+    char *p;
+    size_t len;
+    size_t end;
+    int full;
+} jbuf;
+
+static void jput(jbuf *b, const char *s, size_t n)
+{
+    if (b->full || b->len + n > b->end) {
+        b->full = 1;
+        return;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+}
+
+/* Length of the UTF-8 sequence at s (at most n bytes), or 0 if invalid. */
+static size_t utf8_len(const unsigned char *s, size_t n)
+{
+    size_t need;
+    if (s[0] < 0x80)
+        return 1;
+    if (s[0] >= 0xC2 && s[0] <= 0xDF)
+        need = 2;
+    else if (s[0] >= 0xE0 && s[0] <= 0xEF)
+        need = 3;
+    else if (s[0] >= 0xF0 && s[0] <= 0xF4)
+        need = 4;
+    else
+        return 0;
+    if (n < need)
+        return 0;
+    for (size_t i = 1; i < need; i++) {
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+    }
+    /* Overlong forms, surrogates and code points above U+10FFFF. */
+    if ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] >= 0xA0) ||
+        (s[0] == 0xF0 && s[1] < 0x90) || (s[0] == 0xF4 && s[1] >= 0x90))
+        return 0;
+    return need;
+}
+
+/* Appends s[0..n) as the inside of a JSON string. */
+static void jescape(jbuf *b, const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        char tmp[8];
+        if (u[i] == '"' || u[i] == '\\') {
+            tmp[0] = '\\';
+            tmp[1] = (char)u[i];
+            jput(b, tmp, 2);
+            i++;
+        } else if (u[i] < 0x20 || u[i] == 0x7f) {
+            snprintf(tmp, sizeof tmp, "\\u%04x", u[i]);
+            jput(b, tmp, 6);
+            i++;
+        } else {
+            size_t k = utf8_len(u + i, n - i);
+            if (k == 0) {
+                snprintf(tmp, sizeof tmp, "\\\\x%02x", u[i]);
+                jput(b, tmp, 5);
+                i++;
+            } else {
+                jput(b, s + i, k);
+                i += k;
+            }
+        }
+    }
+}
+
+/* Appends ,"key":"value" as a whole or not at all. */
+static void jfield(jbuf *b, const char *key, size_t klen, const char *val, size_t vlen)
+{
+    size_t mark = b->len;
+    jput(b, b->len > 1 ? ",\"" : "\"", b->len > 1 ? 2 : 1);
+    jescape(b, key, klen);
+    jput(b, "\":\"", 3);
+    jescape(b, val, vlen);
+    jput(b, "\"", 1);
+    if (b->full)
+        b->len = mark;
+}
+
+/* Undoes wb__log_quote on the quoted value starting at *pp (after its
+ * opening quote), writing the bytes to out; moves *pp past the closing quote
+ * (or to the end of an unterminated value). Returns the length. */
+static size_t unquote(const char **pp, char *out, size_t size)
+{
+    const char *p = *pp;
+    size_t o = 0;
+    while (*p && *p != '"') {
+        char c = *p++;
+        if (c == '\\' && (*p == '"' || *p == '\\')) {
+            c = *p++;
+        } else if (c == '\\' && *p == 'x' && p[1] && p[2]) {
+            char hex[3] = {p[1], p[2], 0};
+            char *end;
+            long v = strtol(hex, &end, 16);
+            if (*end == '\0') {
+                c = (char)v;
+                p += 3;
+            }
+        }
+        if (o < size)
+            out[o++] = c;
+    }
+    if (*p == '"')
+        p++;
+    *pp = p;
+    return o;
+}
+
+size_t wb__log_json_line(char *out, size_t size, const char *ts, const char *level,
+                         const char *prog, const char *event, const char *kv)
+{
+    static const char tail[] = ",\"truncated\":\"true\"}\n";
+    if (size < sizeof tail + 2) {
+        if (size)
+            out[0] = '\0';
+        return 0;
+    }
+    jbuf b = {.p = out, .len = 0, .end = size - sizeof tail};
+    jput(&b, "{", 1);
+    jfield(&b, "ts", 2, ts, strlen(ts));
+    jfield(&b, "level", 5, level, strlen(level));
+    jfield(&b, "prog", 4, prog, strlen(prog));
+    jfield(&b, "event", 5, event, strlen(event));
+    char text[2048];
+    size_t text_len = 0;
+    int dropped = b.full;
+    const char *p = kv ? kv : "";
+    while (*p) {
+        while (*p == ' ')
+            p++;
+        if (!*p)
+            break;
+        const char *key = p;
+        while (*p && *p != '=' && *p != ' ')
+            p++;
+        size_t klen = (size_t)(p - key);
+        if (*p != '=' || klen == 0) {
+            /* A word that is not key=value: keep it in "text". */
+            while (*p && *p != ' ')
+                p++;
+            size_t wlen = (size_t)(p - key);
+            if (text_len + wlen + 1 < sizeof text) {
+                if (text_len)
+                    text[text_len++] = ' ';
+                memcpy(text + text_len, key, wlen);
+                text_len += wlen;
+            }
+            continue;
+        }
+        p++;
+        char val[4096];
+        size_t vlen;
+        if (*p == '"') {
+            p++;
+            vlen = unquote(&p, val, sizeof val);
+        } else {
+            const char *v = p;
+            while (*p && *p != ' ')
+                p++;
+            vlen = (size_t)(p - v);
+            if (vlen > sizeof val)
+                vlen = sizeof val;
+            memcpy(val, v, vlen);
+        }
+        b.full = 0;
+        jfield(&b, key, klen, val, vlen);
+        dropped |= b.full;
+    }
+    if (text_len) {
+        b.full = 0;
+        jfield(&b, "text", 4, text, text_len);
+        dropped |= b.full;
+    }
+    /* The room kept at the end is always there for the closing part. */
+    b.end = size - 1;
+    b.full = 0;
+    if (dropped && b.len <= 1)
+        jput(&b, tail + 1, sizeof tail - 2); /* no field before it: no comma */
+    else if (dropped)
+        jput(&b, tail, sizeof tail - 1);
+    else
+        jput(&b, "}\n", 2);
+    out[b.len] = '\0';
+    return b.len;
 }
 
 void wb__log(wb_log_level level, const char *event, const char *fmt, ...)
@@ -64,6 +280,22 @@ void wb__log(wb_log_level level, const char *event, const char *fmt, ...)
     }
     if (len > sizeof line - 2)
         len = sizeof line - 2;
+    if (atomic_load(&log_format) == WB_LOG_JSON) {
+        /* The text line is built first, then parsed back: every call site
+         * keeps its key=value format string. */
+        line[len] = '\0';
+        char tsbuf[64];
+        snprintf(tsbuf, sizeof tsbuf, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900,
+                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
+        const char *kv = strstr(line, " event=");
+        kv = kv ? kv + strlen(" event=") + strlen(event) : "";
+        char json[8192];
+        size_t jlen =
+            wb__log_json_line(json, sizeof json, tsbuf, level_names[level], log_prog, event, kv);
+        ssize_t w = write(STDERR_FILENO, json, jlen);
+        (void)w;
+        return;
+    }
     line[len++] = '\n';
     ssize_t w = write(STDERR_FILENO, line, len);
     (void)w;

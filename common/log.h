@@ -4,7 +4,17 @@
  *
  * The caller passes the event name and a printf format for the remaining
  * key=value pairs. Values with spaces or quotes should be passed through
- * wb__log_quote() first. Thread-safe: each line is written with one write(2). */
+ * wb__log_quote() first. Thread-safe: each line is written with one write(2).
+ *
+ * In JSON format (wb__log_set_format) the same call writes one JSON object
+ * per line instead, its key=value pairs turned into string fields:
+ *
+ *   {"ts":"2026-11-30T07:31:02.123Z","level":"info","prog":"wbrokerd","event":"load",
+ *    "model":"demo","bytes":"4096"}
+ *
+ * Every value is a JSON string, numbers included, so that a field never
+ * changes type from one line to the next (a lease id such as 12345678 would
+ * otherwise be a number on one line and a string on the next). */
 #ifndef WB_LOG_H
 #define WB_LOG_H
 
@@ -18,6 +28,11 @@ typedef enum wb_log_level {
     WB_LOG_OFF = 4,
 } wb_log_level;
 
+typedef enum wb_log_format {
+    WB_LOG_TEXT = 0,
+    WB_LOG_JSON = 1,
+} wb_log_format;
+
 /* Sets the program name printed as prog=... (the pointer is kept). */
 void wb__log_set_prog(const char *prog);
 void wb__log_set_level(wb_log_level level);
@@ -25,6 +40,20 @@ wb_log_level wb__log_get_level(void);
 
 /* Parses "debug", "info", "warn", "error" or "off"; returns -1 otherwise. */
 int wb__log_parse_level(const char *name);
+
+void wb__log_set_format(wb_log_format format);
+wb_log_format wb__log_get_format(void);
+/* Parses "text" or "json"; returns -1 otherwise. */
+int wb__log_parse_format(const char *name);
+
+/* Writes one JSON log line (with its newline) into out: the four fixed
+ * fields, then the fields parsed from `kv`, a key=value tail in the text
+ * format (values quoted by wb__log_quote are unquoted; a word without '='
+ * goes to a field "text"). The result is always one complete JSON object:
+ * fields that do not fit are dropped and "truncated":"true" is added. Bytes
+ * that are not UTF-8 are written as the text \xNN. Returns the length. */
+size_t wb__log_json_line(char *out, size_t size, const char *ts, const char *level,
+                         const char *prog, const char *event, const char *kv);
 
 void wb__log(wb_log_level level, const char *event, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -11,6 +11,8 @@
 #define WIRE_MAX_DIMS 64
 /* The size of a cudaIpcMemHandle_t. */
 #define WIRE_CUDA_HANDLE_LEN 64
+/* Container records on one lease in one heartbeat or listing. */
+#define WIRE_MAX_CONTAINER_RECORDS 256
 
 /* Reads one base-128 varint; returns the number of bytes used or 0 when the
  * buffer ends first or the varint is longer than 10 bytes. */
@@ -117,6 +119,31 @@ static int missing(const char *what, wb_err *err)
     return wb__err_set(err, WB_EPROTO, "%s is missing", what);
 }
 
+/* Container records come from clients (heartbeats) and go back out in
+ * listings: the same limits apply both ways. `field` names the array. */
+static int check_container_records(const char *field, Wbproto__ContainerRecord *const *recs,
+                                   size_t n, wb_err *err)
+{
+    char name[96];
+    int rc;
+    if (n > WIRE_MAX_CONTAINER_RECORDS)
+        return wb__err_set(err, WB_EPROTO, "%s has %zu container records, at most %d", field, n,
+                           WIRE_MAX_CONTAINER_RECORDS);
+    for (size_t i = 0; i < n; i++) {
+        snprintf(name, sizeof name, "%s[%zu]", field, i);
+        if (!recs[i])
+            return missing(name, err);
+        snprintf(name, sizeof name, "%s[%zu].aoti_api", field, i);
+        if ((rc = check_name(name, recs[i]->aoti_api, err)) != WB_OK)
+            return rc;
+        size_t len = recs[i]->model_path ? strlen(recs[i]->model_path) : 0;
+        if (len > WB_PATH_MAX)
+            return wb__err_set(err, WB_EPROTO, "%s[%zu].model_path has %zu bytes, at most %d",
+                               field, i, len, WB_PATH_MAX);
+    }
+    return WB_OK;
+}
+
 static int check_request_body(const Wbproto__Request *req, wb_err *err)
 {
     char field[64];
@@ -146,6 +173,11 @@ static int check_request_body(const Wbproto__Request *req, wb_err *err)
             snprintf(field, sizeof field, "heartbeat.leases[%zu].lease_id", i);
             if ((rc = check_lease_id(field, &hb->leases[i]->lease_id, err)) != WB_OK)
                 return rc;
+            snprintf(field, sizeof field, "heartbeat.leases[%zu].container_records", i);
+            rc = check_container_records(field, hb->leases[i]->container_records,
+                                         hb->leases[i]->n_container_records, err);
+            if (rc != WB_OK)
+                return rc;
         }
         return WB_OK;
     }
@@ -165,6 +197,8 @@ static int check_request_body(const Wbproto__Request *req, wb_err *err)
         return check_name("unload.name", req->unload->name, err);
     case WBPROTO__REQUEST__BODY_STATS:
         return req->stats ? WB_OK : missing("stats", err);
+    case WBPROTO__REQUEST__BODY_LIST_CONTAINERS:
+        return req->list_containers ? WB_OK : missing("list_containers", err);
     case WBPROTO__REQUEST__BODY__NOT_SET:
     default:
         return wb__err_set(err, WB_EPROTO, "request has no body");
@@ -276,7 +310,7 @@ static int check_lease(const Wbproto__Lease *lease, wb_err *err)
 
 static int check_reply_body(const Wbproto__Reply *rep, wb_err *err)
 {
-    char field[64];
+    char field[128];
     int rc;
     switch (rep->body_case) {
     case WBPROTO__REPLY__BODY_HELLO:
@@ -307,6 +341,33 @@ static int check_reply_body(const Wbproto__Reply *rep, wb_err *err)
             snprintf(field, sizeof field, "list_leases.leases[%zu].id", i);
             if ((rc = check_lease_id(field, &li->id, err)) != WB_OK)
                 return rc;
+            snprintf(field, sizeof field, "list_leases.leases[%zu].container_records", i);
+            rc =
+                check_container_records(field, li->container_records, li->n_container_records, err);
+            if (rc != WB_OK)
+                return rc;
+        }
+        return WB_OK;
+    case WBPROTO__REPLY__BODY_LIST_CONTAINERS:
+        if (!rep->list_containers)
+            return missing("list_containers", err);
+        for (size_t i = 0; i < rep->list_containers->n_containers; i++) {
+            const Wbproto__ContainerInfo *ci = rep->list_containers->containers[i];
+            snprintf(field, sizeof field, "list_containers.containers[%zu]", i);
+            if (!ci)
+                return missing(field, err);
+            snprintf(field, sizeof field, "list_containers.containers[%zu].aoti_api", i);
+            if ((rc = check_name(field, ci->aoti_api, err)) != WB_OK)
+                return rc;
+            for (size_t k = 0; k < ci->n_leases; k++) {
+                snprintf(field, sizeof field, "list_containers.containers[%zu].leases[%zu]", i, k);
+                if (!ci->leases[k])
+                    return missing(field, err);
+                snprintf(field, sizeof field,
+                         "list_containers.containers[%zu].leases[%zu].lease_id", i, k);
+                if ((rc = check_lease_id(field, &ci->leases[k]->lease_id, err)) != WB_OK)
+                    return rc;
+            }
         }
         return WB_OK;
     case WBPROTO__REPLY__BODY_LIST_MODELS:

@@ -8,6 +8,10 @@
  *   wb-demo-worker --model NAME [--hold SECONDS] [--verify-every MS]
  *                  [--socket PATH] [--reacquire]
  *
+ * While holding it reports, on stdout, when the connection to the broker is
+ * lost and when the library has reconnected; the mapping stays valid either
+ * way, and --verify-every keeps proving it.
+ *
  * Exit codes: 0 every verification passed, 1 the broker could not be used,
  * 2 bad usage, 3 a tensor did not match its checksum. */
 #include "wb/client.h"
@@ -192,6 +196,8 @@ int main(int argc, char **argv)
     double next_verify = start + verify_every;
     double backoff = BACKOFF_MIN_MS / 1000.0;
     double next_try = 0;
+    int was_connected = 1;
+    unsigned verifications = 1;
     while (status == 0) {
         double now = now_s();
         double wake = now + TICK_MS / 1000.0;
@@ -204,11 +210,18 @@ int main(int argc, char **argv)
         now = now_s();
         if (hold >= 0 && now >= start + hold)
             break;
+        int connected = wb_client_connected(client);
+        if (connected != was_connected) {
+            printf(connected ? "broker connection restored\n" : "broker connection lost\n");
+            fflush(stdout);
+            was_connected = connected;
+        }
         if (verify_every > 0 && now >= next_verify) {
             if (verify(client, lease) != 0) {
                 status = EXIT_MISMATCH;
                 break;
             }
+            verifications++;
             next_verify = now + verify_every;
         }
         if (reacquire && wb_lease_orphaned(lease) && now >= next_try) {
@@ -230,8 +243,15 @@ int main(int argc, char **argv)
         }
     }
 
+    if (status == 0) {
+        printf("verifications passed: %u\n", verifications);
+        fflush(stdout);
+    }
+    int orphaned = wb_lease_orphaned(lease);
     rc = wb_lease_release(&lease);
-    if (rc == WB_OK)
+    if (rc == WB_OK && orphaned)
+        printf("released (broker gone: the lease was granted by a broker that restarted)\n");
+    else if (rc == WB_OK)
         printf("released\n");
     else if (rc == WB_ECONN)
         printf("released (broker gone)\n");

@@ -11,10 +11,17 @@ pkgs=(
   libjansson-dev                  # JSON: safetensors headers, index files, --json output
   libxxhash-dev                   # XXH3-64 checksums of tensors
   libzip-dev                      # reading AOTI .pt2 packages (zip archives)
+  libinih-dev                     # wbrokerd --config: the INI configuration file
+  libsystemd-dev                  # sd_notify for Type=notify (optional at build time)
+  libmicrohttpd-dev               # the Prometheus endpoint, --metrics (optional at build time)
   check                           # unit test framework
   # Test tools: the fuzzers (clang + libFuzzer runtime), formatting check,
   # JSON assertions in integration tests.
   clang libclang-rt-14-dev clang-format jq python3
+  curl                            # scrapes /metrics in test_metrics.sh
+  systemd                         # systemd-analyze verify of deploy/wbrokerd.service
+  python3-yaml                    # parses the Kubernetes manifests in test_deploy.sh
+  util-linux                      # setpriv: clients of another uid in test_auth.sh
 )
 
 missing=()

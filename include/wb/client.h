@@ -61,7 +61,11 @@ WB_EXPORT void wb_client_destroy(wb_client **client);
 WB_EXPORT const char *wb_client_errmsg(const wb_client *client);
 
 /* 1 if the last exchange with the broker succeeded, 0 if it failed (broker
- * gone, restarted, or unreachable). Mappings stay valid either way. */
+ * gone, restarted, or unreachable). Mappings stay valid either way. While it
+ * is 0 the heartbeat thread reconnects (a new socket and a hello) 50 ms after
+ * the failure, then at intervals doubling up to 2 s; any call made meanwhile
+ * tries at once. A broker that restarted knows none of the old leases: they
+ * become orphaned (see wb_lease_orphaned), and new ones can be acquired. */
 WB_EXPORT int wb_client_connected(const wb_client *client);
 
 /* Sends one heartbeat now with every lease's live container count. Leases the
@@ -108,8 +112,12 @@ WB_EXPORT int wb_lease_find(const wb_lease *lease, const char *name, wb_tensor_v
 
 /* Recomputes every tensor's XXH3-64 over the mapped bytes and compares it
  * with the broker's. Returns WB_OK, or WB_ECORRUPT with *bad_index (if not
- * NULL) set to the first mismatching tensor. Host backend only (WB_ENOSYS
- * for device memory). */
+ * NULL) set to the first mismatching tensor. Device memory (cuda leases) is
+ * copied to the host in 8 MiB chunks with cudaMemcpyAsync on a private
+ * non-blocking stream into pinned buffers, never with a synchronous copy on
+ * the legacy stream, so kernels of the same process keep running; without
+ * CUDA in this build that returns WB_ENOSYS, without a usable GPU WB_ENOGPU,
+ * with *bad_index set likewise. */
 WB_EXPORT int wb_lease_verify(const wb_lease *lease, size_t *bad_index);
 
 /* Containers built on a lease. The AOTI binding registers each container it

@@ -6,25 +6,49 @@
  *                                                 until SIGTERM, then release
  *   wbtest_client [--socket PATH] release HEX     release lease HEX by id
  *   wbtest_client [--socket PATH] raw HEXBYTES    send one frame of raw bytes
+ *   wbtest_client [--socket PATH] acquire-n MODEL N
+ *                                 acquire N leases in this one process,
+ *                                 print "acquired K", release them all
+ *
+ * On a socket of its own, waiting at most --wait MS (default 2000) for an
+ * answer, printing "status=S id=I" and "error=TEXT" or "no reply":
+ *
+ *   wbtest_client frames HEX HEX...   one message of several frames
+ *   wbtest_client big N [HEXBYTE]     one frame of N bytes (all HEXBYTE, 0x41
+ *                                     by default), e.g. beyond the size limit
+ *   wbtest_client file PATH           one frame holding the file's bytes
+ *   wbtest_client random COUNT SEED MAXLEN
+ *                                     COUNT frames of random bytes (1..MAXLEN
+ *                                     long), one after the other; prints
+ *                                     "sent=N replies=M"
  *
  * Exit codes: 0 the broker accepted, 1 it refused (its message on stderr),
- * 2 misuse, 69 no broker answered. */
+ * 2 misuse, 4 no reply within the wait, 69 no broker answered. */
 #include "wb/client.h"
 
+#include "paths.h"
 #include "rpc.h"
 #include "wire.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <zmq.h>
+
+#define EXIT_NO_REPLY 4
 
 static const char *socket_path;
+static int wait_ms = 2000;
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: wbtest_client [--socket PATH] acquire MODEL | release HEX | "
-                    "raw HEXBYTES\n");
+    fprintf(stderr, "usage: wbtest_client [--socket PATH] [--wait MS] acquire MODEL | release HEX "
+                    "| raw HEXBYTES | acquire-n MODEL N | frames HEX... | big N [HEXBYTE] | "
+                    "file PATH | random COUNT SEED MAXLEN\n");
     return 2;
 }
 
@@ -43,16 +67,280 @@ static int unhex(const char *s, uint8_t *out, size_t cap, size_t *len)
     return 0;
 }
 
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A bare DEALER on the broker's socket, for messages the library would
+ * never send. */
+typedef struct bare {
+    void *ctx, *sock;
+} bare;
+
+static int bare_open(bare *b)
+{
+    char path[WB_RPC_PATH_MAX], ep[WB_RPC_PATH_MAX + 8];
+    if (wb__socket_path(socket_path, path, sizeof path) != WB_OK ||
+        wb__socket_endpoint(path, ep, sizeof ep) != WB_OK)
+        return -1;
+    b->ctx = zmq_ctx_new();
+    b->sock = b->ctx ? zmq_socket(b->ctx, ZMQ_DEALER) : NULL;
+    int linger = 0;
+    if (!b->sock || zmq_setsockopt(b->sock, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+        zmq_connect(b->sock, ep) != 0) {
+        fprintf(stderr, "wbtest_client: cannot connect to %s: %s\n", ep, zmq_strerror(zmq_errno()));
+        return -1;
+    }
+    return 0;
+}
+
+static void bare_close(bare *b)
+{
+    if (b->sock)
+        zmq_close(b->sock);
+    if (b->ctx)
+        zmq_ctx_term(b->ctx);
+}
+
+/* Sends n frames; 0 on success. */
+static int bare_send(bare *b, uint8_t *const *frames, const size_t *lens, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (zmq_send(b->sock, frames[i], lens[i], i + 1 < n ? ZMQ_SNDMORE : 0) < 0) {
+            fprintf(stderr, "wbtest_client: send: %s\n", zmq_strerror(zmq_errno()));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Waits for one reply and prints it. Returns 0 (status 0), 1 (an error
+ * status), EXIT_NO_REPLY, or 3 for a reply that does not decode. */
+static int bare_reply(bare *b, int quiet)
+{
+    int64_t deadline = now_ms() + wait_ms;
+    for (;;) {
+        int64_t left = deadline - now_ms();
+        if (left < 0)
+            left = 0;
+        zmq_pollitem_t it = {.socket = b->sock, .events = ZMQ_POLLIN};
+        int n = zmq_poll(&it, 1, (long)left);
+        if (n < 0 && zmq_errno() == EINTR)
+            continue;
+        if (n <= 0) {
+            if (!quiet)
+                printf("no reply\n");
+            return EXIT_NO_REPLY;
+        }
+        zmq_msg_t msg;
+        zmq_msg_init(&msg);
+        if (zmq_msg_recv(&msg, b->sock, 0) < 0) {
+            zmq_msg_close(&msg);
+            continue;
+        }
+        Wbproto__Reply *rep = NULL;
+        wb_err err;
+        int rc = wb__reply_decode(zmq_msg_data(&msg), zmq_msg_size(&msg), &rep, &err);
+        zmq_msg_close(&msg);
+        if (rc != WB_OK) {
+            printf("undecodable reply: %s\n", err.msg);
+            return 3;
+        }
+        int st = rep->status;
+        if (!quiet) {
+            printf("status=%d id=%llu\n", st, (unsigned long long)rep->id);
+            if (st != 0)
+                printf("error=%s\n", rep->error ? rep->error : "");
+        }
+        wb__reply_free(&rep);
+        return st == 0 ? 0 : 1;
+    }
+}
+
+static int cmd_frames(int argc, char **argv)
+{
+    size_t n = (size_t)argc;
+    uint8_t **frames = calloc(n, sizeof *frames);
+    size_t *lens = calloc(n, sizeof *lens);
+    int rc = 2;
+    bare b = {0};
+    if (!frames || !lens)
+        goto out;
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(argv[i]) / 2;
+        frames[i] = malloc(len + 1);
+        if (!frames[i] || unhex(argv[i], frames[i], len + 1, &lens[i]) != 0)
+            goto out;
+    }
+    rc = 69;
+    if (bare_open(&b) != 0 || bare_send(&b, frames, lens, n) != 0)
+        goto out;
+    rc = bare_reply(&b, 0);
+out:
+    bare_close(&b);
+    for (size_t i = 0; frames && i < n; i++)
+        free(frames[i]);
+    free(frames);
+    free(lens);
+    return rc == 2 ? usage() : rc;
+}
+
+static int cmd_big(const char *count, const char *byte)
+{
+    char *end;
+    errno = 0;
+    unsigned long long n = strtoull(count, &end, 10);
+    unsigned v = 0x41;
+    if (errno || *end || n == 0 || n > (1ull << 31) || (byte && sscanf(byte, "%2x", &v) != 1))
+        return usage();
+    uint8_t *buf = malloc((size_t)n);
+    if (!buf) {
+        fprintf(stderr, "wbtest_client: out of memory for %llu bytes\n", n);
+        return 1;
+    }
+    memset(buf, (int)v, (size_t)n);
+    bare b = {0};
+    int rc = 69;
+    size_t len = (size_t)n;
+    if (bare_open(&b) == 0 && bare_send(&b, &buf, &len, 1) == 0)
+        rc = bare_reply(&b, 0);
+    bare_close(&b);
+    free(buf);
+    return rc;
+}
+
+static int cmd_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        perror(path);
+        return 2;
+    }
+    struct stat st;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    if (fstat(fileno(f), &st) == 0 && st.st_size > 0 && (buf = malloc((size_t)st.st_size)))
+        len = fread(buf, 1, (size_t)st.st_size, f);
+    fclose(f);
+    if (!buf || len == 0) {
+        free(buf);
+        fprintf(stderr, "wbtest_client: cannot read %s\n", path);
+        return 2;
+    }
+    bare b = {0};
+    int rc = 69;
+    if (bare_open(&b) == 0 && bare_send(&b, &buf, &len, 1) == 0)
+        rc = bare_reply(&b, 0);
+    bare_close(&b);
+    free(buf);
+    return rc;
+}
+
+/* xorshift64*: reproducible bytes from a seed. */
+static uint64_t next_rand(uint64_t *s)
+{
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return *s * 2685821657736338717ull;
+}
+
+static int cmd_random(const char *count, const char *seed, const char *maxlen)
+{
+    long n = atol(count), max = atol(maxlen);
+    uint64_t s = strtoull(seed, NULL, 10) | 1;
+    if (n <= 0 || max <= 0 || max > 1 << 20)
+        return usage();
+    uint8_t *buf = malloc((size_t)max);
+    bare b = {0};
+    if (!buf || bare_open(&b) != 0) {
+        free(buf);
+        bare_close(&b);
+        return 69;
+    }
+    long replies = 0;
+    for (long i = 0; i < n; i++) {
+        size_t len = 1 + (size_t)(next_rand(&s) % (uint64_t)max);
+        for (size_t k = 0; k < len; k++)
+            buf[k] = (uint8_t)next_rand(&s);
+        if (bare_send(&b, &buf, &len, 1) != 0)
+            break;
+        if (bare_reply(&b, 1) != EXIT_NO_REPLY)
+            replies++;
+    }
+    printf("sent=%ld replies=%ld\n", n, replies);
+    bare_close(&b);
+    free(buf);
+    return replies == n ? 0 : EXIT_NO_REPLY;
+}
+
+/* Acquires up to n leases in this process; prints how many it got and the
+ * first refusal, then releases them all. */
+static int cmd_acquire_n(const char *model, const char *count)
+{
+    long n = atol(count);
+    if (n <= 0 || n > 100000)
+        return usage();
+    wb_client_options o;
+    wb_client_options_init(&o);
+    o.socket_path = socket_path;
+    wb_client *c = NULL;
+    if (wb_client_connect(&o, &c) != WB_OK) {
+        fprintf(stderr, "wbtest_client: %s\n", wb_client_errmsg(c));
+        wb_client_destroy(&c);
+        return 69;
+    }
+    wb_lease **leases = calloc((size_t)n, sizeof *leases);
+    long got = 0;
+    int rc = WB_OK;
+    while (leases && got < n && (rc = wb_lease_acquire(c, model, &leases[got])) == WB_OK)
+        got++;
+    printf("acquired %ld\n", got);
+    if (rc != WB_OK)
+        printf("error=%s (%s)\n", wb_client_errmsg(c), wb_status_name(rc));
+    fflush(stdout);
+    for (long i = 0; i < got; i++)
+        wb_lease_release(&leases[i]);
+    free(leases);
+    wb_client_destroy(&c);
+    return got == n ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     int i = 1;
-    if (i + 1 < argc && strcmp(argv[i], "--socket") == 0) {
-        socket_path = argv[i + 1];
-        i += 2;
+    for (;;) {
+        if (i + 1 < argc && strcmp(argv[i], "--socket") == 0) {
+            socket_path = argv[i + 1];
+            i += 2;
+        } else if (i + 1 < argc && strcmp(argv[i], "--wait") == 0) {
+            wait_ms = atoi(argv[i + 1]);
+            if (wait_ms <= 0)
+                return usage();
+            i += 2;
+        } else {
+            break;
+        }
     }
-    if (argc - i != 2)
+    if (argc - i < 2)
         return usage();
     const char *cmd = argv[i], *arg = argv[i + 1];
+    int rest = argc - i - 1;
+    if (strcmp(cmd, "frames") == 0)
+        return cmd_frames(rest, argv + i + 1);
+    if (strcmp(cmd, "big") == 0 && rest <= 2)
+        return cmd_big(arg, rest == 2 ? argv[i + 2] : NULL);
+    if (strcmp(cmd, "file") == 0 && rest == 1)
+        return cmd_file(arg);
+    if (strcmp(cmd, "random") == 0 && rest == 3)
+        return cmd_random(arg, argv[i + 2], argv[i + 3]);
+    if (strcmp(cmd, "acquire-n") == 0 && rest == 2)
+        return cmd_acquire_n(arg, argv[i + 2]);
+    if (rest != 1)
+        return usage();
 
     if (strcmp(cmd, "acquire") == 0) {
         sigset_t stop;

@@ -1,0 +1,887 @@
+/* wb_bench_load: how fast a safetensors checkpoint reaches GPU memory, with
+ * the broker's own loader (the code wbrokerd runs, called as a library) and
+ * the baselines measured in the same run on the same file:
+ *   pageable_sync            cudaMemcpy per tensor from the file mapping
+ *                            (what AOTInductor does by default for constants)
+ *   pinned_pingpong_1thread  one thread, two 64 MiB pinned buffers: copy from
+ *                            the mapping into one while the other goes to the
+ *                            device (AOTInductor 2.14's pinned path)
+ *   pinned_peak              one large cudaMemcpyAsync from pinned memory
+ * plus the loader's mapped mode (cudaHostRegister of the file mapping), a
+ * sweep of threads x buffer size x buffer count, and a cold-cache figure
+ * next to the disk's raw read bandwidth. Every loaded byte is compared with
+ * the file once, after the timed runs. Writes a JSON report.
+ *
+ * usage: wb_bench_load [--file PATH] [--gib N] [--runs N] [--out JSON]
+ *                      [--device N] [--sweep] [--cold] [--cold-gib N]
+ *                      [--threads N] [--staging-mib N] [--buffers N] [--write-only]
+ * --write-only writes the checkpoint (if missing) and exits. */
+#include "backend.h"
+#include "loader.h"
+#include "safetensors.h"
+#include "stage.h"
+
+#include <cuda_runtime_api.h>
+#include <jansson.h>
+#include <xxhash.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MIB (1024ull * 1024ull)
+#define GIB (1024ull * MIB)
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void die(const char *what, const char *why)
+{
+    fprintf(stderr, "wb_bench_load: %s: %s\n", what, why);
+    exit(1);
+}
+
+static void cuda_check(cudaError_t e, const char *what)
+{
+    if (e != cudaSuccess)
+        die(what, cudaGetErrorString(e));
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    double *c = malloc((size_t)n * sizeof *c);
+    memcpy(c, v, (size_t)n * sizeof *c);
+    qsort(c, (size_t)n, sizeof *c, cmp_double);
+    double m = n % 2 ? c[n / 2] : (c[n / 2 - 1] + c[n / 2]) / 2;
+    free(c);
+    return m;
+}
+
+static json_t *samples_json(const double *v, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(a, json_real(v[i]));
+    return a;
+}
+
+/* ---- the checkpoint ---- */
+
+/* A model-like mix: per layer a few small tensors (norms, biases) and
+ * matrices from 1 to 256 MiB, odd sizes included; embeddings of 512 MiB at
+ * both ends. */
+static const uint64_t layer_sizes[] = {4 * 1024,      4 * 1024 + 6,    16 * 1024, 64 * 1024,
+                                       1 * MIB + 512, 16 * MIB,        32 * MIB,  64 * MIB,
+                                       128 * MIB,     256 * MIB - 4096};
+
+static size_t plan_sizes(uint64_t want, uint64_t **out)
+{
+    size_t cap = 16 + (size_t)(want / (400 * MIB) + 1) * 10, n = 0;
+    uint64_t *s = malloc(cap * sizeof *s), total = 0;
+    s[n++] = 512 * MIB;
+    total += 512 * MIB;
+    while (total + 512 * MIB < want) {
+        for (size_t i = 0; i < sizeof layer_sizes / sizeof layer_sizes[0]; i++) {
+            s[n++] = layer_sizes[i];
+            total += layer_sizes[i];
+        }
+    }
+    s[n++] = 512 * MIB;
+    *out = s;
+    return n;
+}
+
+typedef struct gen_arg {
+    int fd;
+    uint64_t from, to, seed;
+} gen_arg;
+
+static void *gen_main(void *p)
+{
+    gen_arg *g = p;
+    size_t blk = 64 * MIB;
+    uint64_t *buf = malloc(blk);
+    uint64_t x = g->seed * 0x9E3779B97F4A7C15ull + 1;
+    for (uint64_t off = g->from; off < g->to; off += blk) {
+        size_t n = g->to - off < blk ? (size_t)(g->to - off) : blk;
+        for (size_t i = 0; i < (n + 7) / 8; i++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            buf[i] = x;
+        }
+        if (pwrite(g->fd, buf, n, (off_t)off) != (ssize_t)n)
+            die("pwrite", strerror(errno));
+    }
+    free(buf);
+    return NULL;
+}
+
+/* Writes the checkpoint unless a file of the expected size is there. */
+static void make_checkpoint(const char *path, uint64_t want)
+{
+    uint64_t *sizes;
+    size_t n = plan_sizes(want, &sizes);
+    size_t cap = 128 + n * 96;
+    char *hdr = malloc(cap);
+    size_t len = (size_t)snprintf(hdr, cap, "{\"__metadata__\":{\"format\":\"pt\"}");
+    uint64_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        len += (size_t)snprintf(hdr + len, cap - len,
+                                ",\"layer.%04zu.weight\":{\"dtype\":\"U8\",\"shape\":[%llu],"
+                                "\"data_offsets\":[%llu,%llu]}",
+                                i, (unsigned long long)sizes[i], (unsigned long long)off,
+                                (unsigned long long)(off + sizes[i]));
+        off += sizes[i];
+    }
+    len += (size_t)snprintf(hdr + len, cap - len, "}");
+    while (len % 8)
+        hdr[len++] = ' ';
+    uint64_t file_size = 8 + len + off;
+    struct stat st;
+    if (stat(path, &st) == 0 && (uint64_t)st.st_size == file_size) {
+        printf("checkpoint: reusing %s (%zu tensors, %.2f GiB)\n", path, n, (double)off / GIB);
+        free(hdr);
+        free(sizes);
+        return;
+    }
+    double t0 = now_s();
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0)
+        die(path, strerror(errno));
+    uint8_t le[8];
+    for (int i = 0; i < 8; i++)
+        le[i] = (uint8_t)((uint64_t)len >> (8 * i));
+    if (pwrite(fd, le, 8, 0) != 8 || pwrite(fd, hdr, len, 8) != (ssize_t)len)
+        die("writing the header", strerror(errno));
+    enum { T = 16 };
+    pthread_t tid[T];
+    gen_arg ga[T];
+    uint64_t base = 8 + len, per = (off / T + 4095) & ~4095ull;
+    for (int i = 0; i < T; i++) {
+        uint64_t from = base + per * (uint64_t)i, to = from + per;
+        if (from > base + off)
+            from = base + off;
+        if (to > base + off)
+            to = base + off;
+        ga[i] = (gen_arg){.fd = fd, .from = from, .to = to, .seed = (uint64_t)i + 1};
+        pthread_create(&tid[i], NULL, gen_main, &ga[i]);
+    }
+    for (int i = 0; i < T; i++)
+        pthread_join(tid[i], NULL);
+    if (fsync(fd) != 0)
+        die("fsync", strerror(errno));
+    close(fd);
+    printf("checkpoint: wrote %s (%zu tensors, %.2f GiB) in %.1f s\n", path, n, (double)off / GIB,
+           now_s() - t0);
+    free(hdr);
+    free(sizes);
+}
+
+/* ---- page cache ---- */
+
+static double resident_fraction(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0)
+        die(path, strerror(errno));
+    size_t len = (size_t)st.st_size;
+    void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED)
+        die("mmap", strerror(errno));
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), pages = (len + page - 1) / page, in = 0;
+    unsigned char *vec = malloc(pages);
+    if (mincore(p, len, vec) != 0)
+        die("mincore", strerror(errno));
+    for (size_t i = 0; i < pages; i++)
+        in += vec[i] & 1;
+    free(vec);
+    munmap(p, len);
+    return (double)in / (double)pages;
+}
+
+static void drop_cache(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        die(path, strerror(errno));
+    fdatasync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+}
+
+typedef struct read_arg {
+    int fd;
+    uint64_t size, block;
+    int direct;
+    _Atomic uint64_t *next;
+} read_arg;
+
+static void *read_main(void *p)
+{
+    read_arg *r = p;
+    void *buf;
+    if (posix_memalign(&buf, 4096, r->block) != 0)
+        return NULL;
+    for (;;) {
+        uint64_t off = atomic_fetch_add(r->next, r->block);
+        if (off >= r->size)
+            break;
+        size_t n = r->size - off < r->block ? (size_t)(r->size - off) : (size_t)r->block;
+        if (r->direct)
+            n = (n + 4095) & ~(size_t)4095;
+        if (pread(r->fd, buf, n, (off_t)off) < 0)
+            break;
+    }
+    free(buf);
+    return NULL;
+}
+
+/* Reads the whole file with `threads` threads in `block`-byte reads; O_DIRECT
+ * bypasses the page cache (the disk's raw bandwidth). Returns GB/s, or -1
+ * when O_DIRECT is refused. */
+static double read_file(const char *path, int threads, uint64_t block, int direct)
+{
+    int fd = open(path, O_RDONLY | (direct ? O_DIRECT : 0));
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    fstat(fd, &st);
+    _Atomic uint64_t next = 0;
+    pthread_t tid[64];
+    read_arg ra = {
+        .fd = fd, .size = (uint64_t)st.st_size, .block = block, .direct = direct, .next = &next};
+    double t0 = now_s();
+    for (int i = 0; i < threads; i++)
+        pthread_create(&tid[i], NULL, read_main, &ra);
+    for (int i = 0; i < threads; i++)
+        pthread_join(tid[i], NULL);
+    double t = now_s() - t0;
+    close(fd);
+    return (double)st.st_size / t / 1e9;
+}
+
+/* ---- the broker's loader ---- */
+
+typedef struct loader_cfg {
+    int mode;
+    unsigned threads, buffers, block;
+    uint64_t chunk;
+} loader_cfg;
+
+static wb_backend *start_backend(int device, const loader_cfg *c)
+{
+    wb_cuda_options o = {.device = device,
+                         .load_mode = c->mode,
+                         .stage = {.read_threads = c->threads,
+                                   .chunk_bytes = c->chunk,
+                                   .buffers = c->buffers,
+                                   .read_block = c->block}};
+    wb_backend *be = NULL;
+    wb_err err;
+    if (wb__backend_cuda_new(&o, &be, &err) != WB_OK) {
+        fprintf(stderr, "wb_bench_load: starting the cuda backend: %s\n", err.msg);
+        return NULL;
+    }
+    return be;
+}
+
+typedef struct load_result {
+    int rc;
+    char error[WB_ERR_MSG_MAX];
+    double gbps;          /* tensor bytes / whole load (headers, slab allocation, pipeline) */
+    double pipeline_gbps; /* tensor bytes / pipeline */
+    wb_model_data d;      /* kept when asked */
+} load_result;
+
+static load_result load_once(const wb_backend *be, const char *path, int device, int keep)
+{
+    load_result r = {0};
+    wb_load_opts o = {.backend = be, .device = device};
+    wb_err err;
+    double t0 = now_s();
+    if ((r.rc = wb__load_ex(path, &o, &r.d, &err)) != WB_OK) {
+        snprintf(r.error, sizeof r.error, "%s", err.msg);
+        fprintf(stderr, "wb_bench_load: the broker's loader: %s\n", err.msg);
+        return r;
+    }
+    double t = now_s() - t0;
+    r.gbps = (double)r.d.bytes / t / 1e9;
+    r.pipeline_gbps = (double)r.d.bytes / r.d.stage.seconds / 1e9;
+    if (!keep)
+        wb__model_data_free(&r.d, be);
+    return r;
+}
+
+static json_t *stages_json(const wb_model_data *d)
+{
+    const wb_stage_stats *s = &d->stage;
+    json_t *o = json_object();
+    json_object_set_new(o, "mode", json_string(wb__stage_mode_name(s->mode)));
+    json_object_set_new(o, "threads", json_integer(s->threads));
+    json_object_set_new(o, "chunks", json_integer((json_int_t)s->chunks));
+    json_object_set_new(o, "load_seconds", json_real(d->load_seconds));
+    json_object_set_new(o, "open_seconds", json_real(d->open_seconds));
+    json_object_set_new(o, "alloc_seconds", json_real(d->alloc_seconds));
+    json_object_set_new(o, "register_seconds", json_real(d->register_seconds));
+    json_object_set_new(o, "pipeline_seconds", json_real(s->seconds));
+    json_object_set_new(o, "read_gbps",
+                        json_real(wb__stage_gbps(s->bytes, s->read_busy, s->threads)));
+    json_object_set_new(o, "hash_gbps",
+                        json_real(wb__stage_gbps(s->bytes, s->hash_busy, s->threads)));
+    json_object_set_new(o, "copy_seconds", json_real(s->copy_seconds));
+    json_object_set_new(
+        o, "copy_gbps",
+        json_real(s->copy_seconds > 0 ? (double)s->bytes / s->copy_seconds / 1e9 : 0));
+    json_object_set_new(o, "wait_seconds_summed", json_real(s->wait_busy));
+    return o;
+}
+
+/* Compares every tensor of a loaded slab with the file, byte for byte, and
+ * its checksum with XXH3_64bits of the file's bytes. */
+static json_t *verify(const wb_model_data *d, const char *path, uint64_t *mismatches)
+{
+    wb_st_table *t = NULL;
+    wb_err err;
+    if (wb__st_open(path, &t, &err) != WB_OK)
+        die("verify", err.msg);
+    int fd = open(path, O_RDONLY);
+    uint64_t max = 1, compared = 0, bad = 0, bad_hash = 0;
+    for (size_t i = 0; i < t->n_tensors; i++)
+        if (t->tensors[i].nbytes > max)
+            max = t->tensors[i].nbytes;
+    uint8_t *dev = malloc(max), *file = malloc(max);
+    double t0 = now_s();
+    for (size_t i = 0; i < d->n_tensors; i++) {
+        const wb_model_tensor *mt = &d->tensors[i];
+        const wb_st_tensor *st = wb__st_find(t, mt->name);
+        if (!st || st->nbytes != mt->nbytes) {
+            bad++;
+            continue;
+        }
+        if (pread(fd, file, st->nbytes, (off_t)st->offset) != (ssize_t)st->nbytes)
+            die("verify: pread", strerror(errno));
+        cuda_check(cudaMemcpy(dev, (uint8_t *)d->slabs[0].dev_ptr + mt->offset, mt->nbytes,
+                              cudaMemcpyDeviceToHost),
+                   "verify: cudaMemcpy");
+        if (memcmp(dev, file, mt->nbytes) != 0)
+            bad++;
+        if (XXH3_64bits(file, mt->nbytes) != mt->xxh3)
+            bad_hash++;
+        compared += mt->nbytes;
+    }
+    close(fd);
+    free(dev);
+    free(file);
+    wb__st_table_free(&t);
+    json_t *o = json_object();
+    json_object_set_new(o, "bytes_compared", json_integer((json_int_t)compared));
+    json_object_set_new(o, "tensor_mismatches", json_integer((json_int_t)bad));
+    json_object_set_new(o, "xxh3_mismatches", json_integer((json_int_t)bad_hash));
+    json_object_set_new(o, "seconds", json_real(now_s() - t0));
+    *mismatches = bad + bad_hash;
+    return o;
+}
+
+/* ---- baselines ---- */
+
+typedef struct mapped_file {
+    wb_st_table *t;
+    uint8_t *map;
+    size_t len;
+    uint64_t bytes, slab;
+} mapped_file;
+
+static void map_file(const char *path, mapped_file *m)
+{
+    wb_err err;
+    if (wb__st_open(path, &m->t, &err) != WB_OK)
+        die(path, err.msg);
+    int fd = open(path, O_RDONLY);
+    struct stat st;
+    fstat(fd, &st);
+    m->len = (size_t)st.st_size;
+    m->map = mmap(NULL, m->len, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m->map == MAP_FAILED)
+        die("mmap", strerror(errno));
+    m->bytes = m->t->total_bytes;
+    m->slab = 0;
+    for (size_t i = 0; i < m->t->n_tensors; i++)
+        m->slab = ((m->slab + 255) & ~255ull) + m->t->tensors[i].nbytes;
+}
+
+/* AOTInductor's default: cudaMemcpy per tensor from pageable memory. */
+static double pageable_sync(const mapped_file *m, uint8_t *slab)
+{
+    double t0 = now_s();
+    uint64_t off = 0;
+    for (size_t i = 0; i < m->t->n_tensors; i++) {
+        const wb_st_tensor *st = &m->t->tensors[i];
+        off = (off + 255) & ~255ull;
+        cuda_check(cudaMemcpy(slab + off, m->map + st->offset, st->nbytes, cudaMemcpyHostToDevice),
+                   "cudaMemcpy");
+        off += st->nbytes;
+    }
+    return (double)m->bytes / (now_s() - t0) / 1e9;
+}
+
+/* AOTInductor 2.14's pinned path: one thread, two 64 MiB pinned buffers; it
+ * fills one from the mapping while the other is copied. */
+static double pinned_pingpong(const mapped_file *m, uint8_t *slab, uint8_t *const pin[2],
+                              cudaStream_t s, cudaEvent_t const ev[2])
+{
+    const uint64_t B = 64 * MIB;
+    double t0 = now_s();
+    uint64_t off = 0, k = 0;
+    for (size_t i = 0; i < m->t->n_tensors; i++) {
+        const wb_st_tensor *st = &m->t->tensors[i];
+        off = (off + 255) & ~255ull;
+        for (uint64_t done = 0; done < st->nbytes; done += B, k++) {
+            uint64_t n = st->nbytes - done < B ? st->nbytes - done : B;
+            int b = (int)(k % 2);
+            cuda_check(cudaEventSynchronize(ev[b]), "cudaEventSynchronize");
+            memcpy(pin[b], m->map + st->offset + done, n);
+            cuda_check(cudaMemcpyAsync(slab + off + done, pin[b], n, cudaMemcpyHostToDevice, s),
+                       "cudaMemcpyAsync");
+            cuda_check(cudaEventRecord(ev[b], s), "cudaEventRecord");
+        }
+        off += st->nbytes;
+    }
+    cuda_check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    return (double)m->bytes / (now_s() - t0) / 1e9;
+}
+
+/* The link's peak: one large copy from pinned memory, timed on the device. */
+static double pinned_peak(uint8_t *pin, uint8_t *slab, uint64_t n, cudaStream_t s)
+{
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    cudaEventRecord(a, s);
+    cuda_check(cudaMemcpyAsync(slab, pin, n, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
+    cudaEventRecord(b, s);
+    cuda_check(cudaEventSynchronize(b), "cudaEventSynchronize");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return (double)n / (ms / 1e3) / 1e9;
+}
+
+/* ---- main ---- */
+
+typedef struct opts {
+    const char *file, *out;
+    double gib, cold_gib;
+    int runs, device, sweep, cold, write_only;
+    loader_cfg cfg;
+} opts;
+
+static void parse(int argc, char **argv, opts *o)
+{
+    static const struct option lo[] = {
+        {"file", required_argument, NULL, 'f'},    {"gib", required_argument, NULL, 'g'},
+        {"runs", required_argument, NULL, 'r'},    {"out", required_argument, NULL, 'o'},
+        {"device", required_argument, NULL, 'd'},  {"sweep", no_argument, NULL, 's'},
+        {"cold", no_argument, NULL, 'c'},          {"cold-gib", required_argument, NULL, 'C'},
+        {"threads", required_argument, NULL, 't'}, {"staging-mib", required_argument, NULL, 'm'},
+        {"buffers", required_argument, NULL, 'b'}, {"help", no_argument, NULL, 'h'},
+        {"write-only", no_argument, NULL, 'w'},    {NULL, 0, NULL, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+        switch (c) {
+        case 'f':
+            o->file = optarg;
+            break;
+        case 'g':
+            o->gib = atof(optarg);
+            break;
+        case 'r':
+            o->runs = atoi(optarg);
+            break;
+        case 'o':
+            o->out = optarg;
+            break;
+        case 'd':
+            o->device = atoi(optarg);
+            break;
+        case 's':
+            o->sweep = 1;
+            break;
+        case 'c':
+            o->cold = 1;
+            break;
+        case 'C':
+            o->cold_gib = atof(optarg);
+            break;
+        case 't':
+            o->cfg.threads = (unsigned)atoi(optarg);
+            break;
+        case 'm':
+            o->cfg.chunk = (uint64_t)atoi(optarg) * MIB;
+            break;
+        case 'b':
+            o->cfg.buffers = (unsigned)atoi(optarg);
+            break;
+        case 'w':
+            o->write_only = 1;
+            break;
+        case 'h':
+            printf("usage: wb_bench_load [--file PATH] [--gib N] [--runs N] [--out JSON] "
+                   "[--device N]\n                     [--sweep] [--cold] [--cold-gib N] "
+                   "[--threads N] [--staging-mib N] [--buffers N]\n                     "
+                   "[--write-only]\n");
+            exit(0);
+        default:
+            exit(2);
+        }
+    }
+    if (o->runs < 3)
+        o->runs = 3;
+    if (o->runs > 32)
+        o->runs = 32;
+}
+
+static json_t *cfg_json(const loader_cfg *c)
+{
+    wb_stage_config s = {.read_threads = c->threads,
+                         .chunk_bytes = c->chunk,
+                         .buffers = c->buffers,
+                         .read_block = c->block};
+    wb__stage_config_fill(&s);
+    json_t *o = json_object();
+    json_object_set_new(o, "load_mode", json_string(wb__stage_mode_name(c->mode)));
+    json_object_set_new(o, "read_threads", json_integer(s.read_threads));
+    json_object_set_new(o, "staging_mib", json_real((double)s.chunk_bytes / MIB));
+    json_object_set_new(o, "staging_buffers", json_integer(s.buffers));
+    json_object_set_new(o, "read_block_kib", json_integer(s.read_block / 1024));
+    return o;
+}
+
+/* Median GB/s of `runs` loads with one configuration. */
+static double loader_median(int device, const loader_cfg *c, const char *path, int runs,
+                            json_t **samples, double *pipeline)
+{
+    wb_backend *be = start_backend(device, c);
+    if (!be)
+        return -1;
+    double v[32], p[32];
+    for (int i = 0; i < runs; i++) {
+        load_result r = load_once(be, path, device, 0);
+        if (r.rc != WB_OK) {
+            wb__backend_cuda_free(&be);
+            return -1;
+        }
+        v[i] = r.gbps;
+        p[i] = r.pipeline_gbps;
+    }
+    wb__backend_cuda_free(&be);
+    if (samples)
+        *samples = samples_json(v, runs);
+    if (pipeline)
+        *pipeline = median(p, runs);
+    return median(v, runs);
+}
+
+static void save(json_t *root, const char *out)
+{
+    if (out && json_dump_file(root, out, JSON_INDENT(2) | JSON_PRESERVE_ORDER) != 0)
+        die(out, "cannot write the report");
+}
+
+/* Cold cache, on its own smaller file: the disk's raw bandwidth, then the
+ * loader. */
+static void cold_figures(const opts *o, const loader_cfg *cfg, json_t *cold)
+{
+    char cold_path[4096];
+    snprintf(cold_path, sizeof cold_path, "%s.cold", o->file);
+    make_checkpoint(cold_path, (uint64_t)(o->cold_gib * (double)GIB));
+    struct stat st;
+    stat(cold_path, &st);
+    json_object_set_new(cold, "file_bytes", json_integer((json_int_t)st.st_size));
+    drop_cache(cold_path);
+    double res = resident_fraction(cold_path);
+    json_object_set_new(cold, "resident_after_drop", json_real(res));
+    printf("cold: %.1f%% of %s resident after POSIX_FADV_DONTNEED\n", res * 100, cold_path);
+    if (res >= 0.05) {
+        json_object_set_new(cold, "possible", json_false());
+        unlink(cold_path);
+        return;
+    }
+    double direct = read_file(cold_path, 16, 8 * MIB, 1);
+    drop_cache(cold_path);
+    double buffered = read_file(cold_path, 16, 8 * MIB, 0);
+    drop_cache(cold_path);
+    double res2 = resident_fraction(cold_path);
+    wb_backend *be = start_backend(o->device, cfg);
+    load_result r = {.rc = WB_EIO};
+    if (be)
+        r = load_once(be, cold_path, o->device, 0);
+    wb__backend_cuda_free(&be);
+    double raw = direct > buffered ? direct : buffered;
+    json_object_set_new(cold, "possible", json_true());
+    json_object_set_new(cold, "raw_odirect_16threads_gbps", json_real(direct));
+    json_object_set_new(cold, "raw_buffered_16threads_gbps", json_real(buffered));
+    json_object_set_new(cold, "resident_before_load", json_real(res2));
+    if (r.rc == WB_OK) {
+        json_object_set_new(cold, "wbrokerd_gbps", json_real(r.gbps));
+        json_object_set_new(cold, "wbrokerd_pipeline_gbps", json_real(r.pipeline_gbps));
+        json_object_set_new(cold, "wbrokerd_over_raw", json_real(raw > 0 ? r.gbps / raw : 0));
+    }
+    printf("cold: raw O_DIRECT %.2f GB/s, raw buffered %.2f GB/s, wbrokerd %.2f GB/s "
+           "(pipeline %.2f)\n",
+           direct, buffered, r.gbps, r.pipeline_gbps);
+    unlink(cold_path);
+}
+
+/* Tries threads x buffer size x buffer count (two loads each) and returns
+ * the fastest configuration. */
+static loader_cfg sweep_figures(const opts *o, json_t *root)
+{
+    static const unsigned threads[] = {12, 14};
+    static const unsigned mibs[] = {2, 4};
+    static const unsigned bufs[] = {16, 32};
+    static const unsigned blocks[] = {256, 1024};
+    loader_cfg best = o->cfg;
+    double best_gbps = 0;
+    json_t *sw = json_array();
+    for (size_t a = 0; a < 2; a++)
+        for (size_t b = 0; b < 2; b++)
+            for (size_t c = 0; c < 4; c++) {
+                loader_cfg lc = {.mode = WB_STAGE_STAGED,
+                                 .threads = threads[a],
+                                 .chunk = mibs[b] * MIB,
+                                 .buffers = bufs[c % 2],
+                                 .block = blocks[c / 2] * 1024};
+                double g = loader_median(o->device, &lc, o->file, 2, NULL, NULL);
+                json_t *e = cfg_json(&lc);
+                json_object_set_new(e, "gbps", json_real(g));
+                json_array_append_new(sw, e);
+                printf("sweep: threads %2u buffer %2u MiB x %2u read block %4u KiB: %.2f GB/s\n",
+                       threads[a], mibs[b], bufs[c % 2], blocks[c / 2], g);
+                if (g > best_gbps) {
+                    best_gbps = g;
+                    best = lc;
+                }
+            }
+    json_object_set_new(root, "sweep", sw);
+    printf("best of the sweep: threads %u buffer %llu MiB x %u read block %u KiB: %.2f GB/s\n",
+           best.threads, (unsigned long long)(best.chunk / MIB), best.buffers, best.block / 1024,
+           best_gbps);
+    return best;
+}
+
+int main(int argc, char **argv)
+{
+    opts o = {.file = "/tmp/wb-bench/load.safetensors", .gib = 8, .runs = 3, .cold_gib = 2};
+    o.cfg.mode = WB_STAGE_STAGED;
+    parse(argc, argv, &o);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (o.write_only) {
+        make_checkpoint(o.file, (uint64_t)(o.gib * (double)GIB));
+        return 0;
+    }
+    int dev_count = 0;
+    cuda_check(cudaGetDeviceCount(&dev_count), "cudaGetDeviceCount");
+    cuda_check(cudaSetDevice(o.device), "cudaSetDevice");
+    struct cudaDeviceProp prop;
+    cuda_check(cudaGetDeviceProperties(&prop, o.device), "cudaGetDeviceProperties");
+    cuda_check(cudaFree(0), "cudaFree");
+
+    make_checkpoint(o.file, (uint64_t)(o.gib * (double)GIB));
+    json_t *root = json_object();
+    time_t now = time(NULL);
+    char date[64];
+    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    json_object_set_new(root, "date", json_string(date));
+    json_object_set_new(root, "gpu", json_string(prop.name));
+    json_object_set_new(root, "cpus", json_integer(sysconf(_SC_NPROCESSORS_ONLN)));
+    json_object_set_new(root, "file", json_string(o.file));
+    json_object_set_new(root, "runs", json_integer(o.runs));
+    json_t *gbps = json_object(), *samples = json_object(), *cold = json_object();
+    json_object_set_new(root, "gbps", gbps);
+    json_object_set_new(root, "samples", samples);
+
+    /* Warm: the whole file in the page cache. */
+    double cache_read = read_file(o.file, 16, 8 * MIB, 0);
+    double cache_read2 = read_file(o.file, 16, 8 * MIB, 0);
+    double res = resident_fraction(o.file);
+    json_object_set_new(root, "resident_fraction", json_real(res));
+    json_object_set_new(gbps, "page_cache_read_16threads", json_real(cache_read2));
+    printf("warm: %.1f%% resident; page cache read with 16 threads %.2f GB/s (first pass %.2f)\n",
+           res * 100, cache_read2, cache_read);
+
+    mapped_file mf = {0};
+    map_file(o.file, &mf);
+    json_object_set_new(root, "bytes", json_integer((json_int_t)mf.bytes));
+    json_object_set_new(root, "tensors", json_integer((json_int_t)mf.t->n_tensors));
+
+    /* The sweep first: the loader's figure below uses its best
+     * configuration (and the compiled-in default is measured too). */
+    loader_cfg main_cfg = o.cfg;
+    double v[32], p[32];
+    if (o.sweep) {
+        main_cfg = sweep_figures(&o, root);
+        json_t *ds = NULL;
+        double dp = 0;
+        double dm = loader_median(o.device, &o.cfg, o.file, o.runs, &ds, &dp);
+        json_t *dj = cfg_json(&o.cfg);
+        json_object_set_new(dj, "gbps", json_real(dm));
+        json_object_set_new(dj, "pipeline_gbps", json_real(dp));
+        if (ds)
+            json_object_set_new(dj, "samples", ds);
+        json_object_set_new(root, "default_config", dj);
+        json_object_set_new(gbps, "wbrokerd_default_config", json_real(dm));
+        printf("compiled-in default config: median %.2f GB/s\n", dm);
+        save(root, o.out);
+    }
+    json_object_set_new(root, "config", cfg_json(&main_cfg));
+
+    /* (a) the broker's loader; the last run is kept and verified. */
+    double wbrokerd = 0;
+    uint64_t bad = 0, mapped_bad = 0;
+    uint64_t *sums = NULL;
+    size_t n_sums = 0;
+    wb_backend *be = start_backend(o.device, &main_cfg);
+    if (!be)
+        die("starting the cuda backend", "see above");
+    load_result keep = {0};
+    for (int i = 0; i < o.runs; i++) {
+        load_result r = load_once(be, o.file, o.device, i == o.runs - 1);
+        if (r.rc != WB_OK)
+            die("the broker's loader", r.error);
+        v[i] = r.gbps;
+        p[i] = r.pipeline_gbps;
+        if (i == o.runs - 1)
+            keep = r;
+    }
+    wbrokerd = median(v, o.runs);
+    json_object_set_new(gbps, "wbrokerd", json_real(wbrokerd));
+    json_object_set_new(gbps, "wbrokerd_pipeline", json_real(median(p, o.runs)));
+    json_object_set_new(samples, "wbrokerd", samples_json(v, o.runs));
+    json_object_set_new(root, "stages", stages_json(&keep.d));
+    json_object_set_new(root, "verify", verify(&keep.d, o.file, &bad));
+    printf("wbrokerd (staged): median %.2f GB/s (pipeline %.2f); verify: %s\n", wbrokerd,
+           median(p, o.runs), bad ? "MISMATCH" : "every byte and checksum matched");
+    sums = malloc((keep.d.n_tensors ? keep.d.n_tensors : 1) * sizeof *sums);
+    for (size_t i = 0; i < keep.d.n_tensors; i++)
+        sums[i] = keep.d.tensors[i].xxh3;
+    n_sums = keep.d.n_tensors;
+    wb__model_data_free(&keep.d, be);
+    wb__backend_cuda_free(&be);
+    save(root, o.out);
+
+    /* Baselines. */
+    uint8_t *slab = NULL;
+    cuda_check(cudaMalloc((void **)&slab, mf.slab), "cudaMalloc");
+    for (int i = 0; i < o.runs; i++)
+        v[i] = pageable_sync(&mf, slab);
+    double pageable = median(v, o.runs);
+    json_object_set_new(gbps, "pageable_sync", json_real(pageable));
+    json_object_set_new(samples, "pageable_sync", samples_json(v, o.runs));
+    printf("pageable_sync: median %.2f GB/s\n", pageable);
+
+    uint8_t *pin[2];
+    cudaStream_t s;
+    cudaEvent_t ev[2];
+    cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    for (int i = 0; i < 2; i++) {
+        cuda_check(cudaHostAlloc((void **)&pin[i], 64 * MIB, 0), "cudaHostAlloc");
+        cuda_check(cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming), "cudaEventCreate");
+    }
+    for (int i = 0; i < o.runs; i++)
+        v[i] = pinned_pingpong(&mf, slab, pin, s, ev);
+    double pp = median(v, o.runs);
+    json_object_set_new(gbps, "pinned_pingpong_1thread", json_real(pp));
+    json_object_set_new(samples, "pinned_pingpong_1thread", samples_json(v, o.runs));
+    printf("pinned_pingpong_1thread: median %.2f GB/s\n", pp);
+    for (int i = 0; i < 2; i++) {
+        cudaFreeHost(pin[i]);
+        cudaEventDestroy(ev[i]);
+    }
+
+    uint64_t peak_n = 4 * GIB < mf.slab ? 4 * GIB : mf.slab;
+    uint8_t *big;
+    cuda_check(cudaHostAlloc((void **)&big, peak_n, 0), "cudaHostAlloc");
+    memset(big, 1, peak_n);
+    for (int i = 0; i < o.runs; i++)
+        v[i] = pinned_peak(big, slab, peak_n, s);
+    cudaFreeHost(big);
+    double peak = median(v, o.runs);
+    json_object_set_new(gbps, "pinned_peak", json_real(peak));
+    json_object_set_new(samples, "pinned_peak", samples_json(v, o.runs));
+    json_object_set_new(root, "pinned_peak_bytes", json_integer((json_int_t)peak_n));
+    printf("pinned_peak (%.0f GiB): median %.2f GB/s\n", (double)peak_n / GIB, peak);
+    cudaStreamDestroy(s);
+    cudaFree(slab);
+
+    json_t *ratios = json_object();
+    json_object_set_new(ratios, "wbrokerd_over_pinned_peak", json_real(wbrokerd / peak));
+    json_object_set_new(ratios, "wbrokerd_over_pageable", json_real(wbrokerd / pageable));
+    json_object_set_new(ratios, "wbrokerd_over_pingpong", json_real(wbrokerd / pp));
+    json_object_set_new(root, "ratios", ratios);
+    printf("ratios: wbrokerd/pinned_peak %.3f, wbrokerd/pageable %.2f, wbrokerd/pingpong %.2f\n",
+           wbrokerd / peak, wbrokerd / pageable, wbrokerd / pp);
+    save(root, o.out);
+
+    /* The mapped mode (cudaHostRegister of the file mapping). */
+    loader_cfg mc = main_cfg;
+    mc.mode = WB_STAGE_MAPPED;
+    be = start_backend(o.device, &mc);
+    int mapped_runs = 0;
+    for (int i = 0; be && i < o.runs; i++) {
+        load_result r = load_once(be, o.file, o.device, 1);
+        if (r.rc != WB_OK) {
+            json_object_set_new(root, "mapped_error", json_string(r.error));
+            break;
+        }
+        v[mapped_runs++] = r.gbps;
+        for (size_t k = 0; k < n_sums && k < r.d.n_tensors; k++)
+            mapped_bad += r.d.tensors[k].xxh3 != sums[k];
+        if (i == o.runs - 1)
+            json_object_set_new(root, "stages_mapped", stages_json(&r.d));
+        wb__model_data_free(&r.d, be);
+    }
+    wb__backend_cuda_free(&be);
+    free(sums);
+    if (mapped_runs) {
+        json_object_set_new(gbps, "wbrokerd_mapped", json_real(median(v, mapped_runs)));
+        json_object_set_new(samples, "wbrokerd_mapped", samples_json(v, mapped_runs));
+        printf("wbrokerd (mapped, cudaHostRegister): median %.2f GB/s\n", median(v, mapped_runs));
+    }
+    json_object_set_new(root, "mapped_xxh3_mismatches", json_integer((json_int_t)mapped_bad));
+    save(root, o.out);
+
+    if (o.cold) {
+        cold_figures(&o, &main_cfg, cold);
+        json_object_set_new(root, "cold", cold);
+        save(root, o.out);
+    } else {
+        json_decref(cold);
+    }
+    json_decref(root);
+    munmap(mf.map, mf.len);
+    wb__st_table_free(&mf.t);
+    return bad || mapped_bad ? 1 : 0;
+}

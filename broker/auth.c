@@ -1,0 +1,416 @@
+#include "auth.h"
+
+#include "wire.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <limits.h>
+#include <pwd.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Entries in one list option; far more than any sane deployment names. */
+#define AUTH_MAX_IDS 4096
+/* getpwnam_r/getgrnam_r buffers: large enough for big group lists. */
+#define AUTH_NSS_BUF (64 * 1024)
+
+static const char *list_kind(wb_auth_list which)
+{
+    return which == WB_AUTH_CLIENT_GIDS || which == WB_AUTH_ADMIN_GIDS ? "group" : "user";
+}
+
+static int is_gid_list(wb_auth_list which)
+{
+    return which == WB_AUTH_CLIENT_GIDS || which == WB_AUTH_ADMIN_GIDS;
+}
+
+static int has_id(const wb_id_list *l, uint32_t id)
+{
+    size_t lo = 0, hi = l->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (l->ids[mid] == id)
+            return 1;
+        if (l->ids[mid] < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return 0;
+}
+
+/* Inserts keeping the list sorted; duplicates are dropped. -1 when out of
+ * memory. */
+static int insert_id(wb_id_list *l, uint32_t id)
+{
+    if (has_id(l, id))
+        return 0;
+    uint32_t *grown = realloc(l->ids, (l->n + 1) * sizeof *grown);
+    if (!grown)
+        return -1;
+    l->ids = grown;
+    size_t pos = l->n;
+    while (pos > 0 && l->ids[pos - 1] > id) {
+        l->ids[pos] = l->ids[pos - 1];
+        pos--;
+    }
+    l->ids[pos] = id;
+    l->n++;
+    return 0;
+}
+
+static void init_common(wb_auth *a, uint32_t broker_euid)
+{
+    memset(a, 0, sizeof *a);
+    a->broker_euid = broker_euid;
+}
+
+void wb__auth_init_open(wb_auth *a, uint32_t broker_euid)
+{
+    init_common(a, broker_euid);
+    a->open_clients = 1;
+}
+
+void wb__auth_init_default(wb_auth *a, uint32_t broker_euid)
+{
+    init_common(a, broker_euid);
+}
+
+void wb__auth_destroy(wb_auth *a)
+{
+    for (int i = 0; i < 4; i++) {
+        free(a->lists[i].ids);
+        a->lists[i].ids = NULL;
+        a->lists[i].n = 0;
+    }
+}
+
+/* Parses a decimal id of at most 32 bits. Returns 0 on success. */
+static int parse_id(const char *s, uint32_t *out)
+{
+    if (!*s)
+        return -1;
+    uint64_t v = 0;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return -1;
+        v = v * 10 + (uint64_t)(*p - '0');
+        if (v > UINT32_MAX)
+            return -1;
+    }
+    /* (uid_t)-1 means "no change" to chown and friends: never a real id. */
+    if (v == UINT32_MAX)
+        return -1;
+    *out = (uint32_t)v;
+    return 0;
+}
+
+static int resolve_name(wb_auth_list which, const char *name, const char *option, uint32_t *out,
+                        wb_err *err)
+{
+    char *buf = malloc(AUTH_NSS_BUF);
+    if (!buf)
+        return wb__err_set(err, WB_ENOMEM, "%s: out of memory resolving '%s'", option, name);
+    int e;
+    int found = 0;
+    if (is_gid_list(which)) {
+        struct group gr, *res = NULL;
+        e = getgrnam_r(name, &gr, buf, AUTH_NSS_BUF, &res);
+        if (e == 0 && res) {
+            *out = (uint32_t)res->gr_gid;
+            found = 1;
+        }
+    } else {
+        struct passwd pw, *res = NULL;
+        e = getpwnam_r(name, &pw, buf, AUTH_NSS_BUF, &res);
+        if (e == 0 && res) {
+            *out = (uint32_t)res->pw_uid;
+            found = 1;
+        }
+    }
+    free(buf);
+    if (found)
+        return WB_OK;
+    if (e != 0 && e != ENOENT && e != ESRCH)
+        return wb__err_errno(err, WB_EINVAL, e, "%s: cannot look up %s '%s'", option,
+                             list_kind(which), name);
+    return wb__err_set(err, WB_EINVAL, "%s: no %s named '%s'", option, list_kind(which), name);
+}
+
+int wb__auth_add(wb_auth *a, wb_auth_list which, const char *text, const char *option, wb_err *err)
+{
+    if ((unsigned)which > WB_AUTH_ADMIN_GIDS)
+        return wb__err_set(err, WB_EINVAL, "%s: no such list", option);
+    if (!text || !text[0])
+        return wb__err_set(err, WB_EINVAL, "%s: the list is empty", option);
+    /* Resolve everything first, so that a bad entry changes nothing. */
+    uint32_t ids[64];
+    uint32_t *all = ids;
+    size_t n = 0, cap = sizeof ids / sizeof ids[0];
+    const char *p = text;
+    int rc = WB_OK;
+    for (;;) {
+        size_t len = strcspn(p, ",");
+        char item[256];
+        if (len == 0) {
+            rc = wb__err_set(err, WB_EINVAL, "%s: empty entry in '%s'", option, text);
+            break;
+        }
+        if (len >= sizeof item) {
+            rc =
+                wb__err_set(err, WB_EINVAL, "%s: entry of %zu characters in the list", option, len);
+            break;
+        }
+        memcpy(item, p, len);
+        item[len] = '\0';
+        uint32_t id = 0;
+        if (item[0] >= '0' && item[0] <= '9') {
+            if (parse_id(item, &id) != 0) {
+                rc = wb__err_set(err, WB_EINVAL, "%s: '%s' is not a %s id (0 to %u)", option, item,
+                                 is_gid_list(which) ? "group" : "user", UINT32_MAX - 1);
+                break;
+            }
+        } else if ((rc = resolve_name(which, item, option, &id, err)) != WB_OK) {
+            break;
+        }
+        if (n == cap) {
+            if (cap >= AUTH_MAX_IDS) {
+                rc = wb__err_set(err, WB_EINVAL, "%s: more than %d entries", option, AUTH_MAX_IDS);
+                break;
+            }
+            uint32_t *grown = malloc(cap * 2 * sizeof *grown);
+            if (!grown) {
+                rc = wb__err_set(err, WB_ENOMEM, "%s: out of memory", option);
+                break;
+            }
+            memcpy(grown, all, n * sizeof *all);
+            if (all != ids)
+                free(all);
+            all = grown;
+            cap *= 2;
+        }
+        all[n++] = id;
+        p += len;
+        if (*p == '\0')
+            break;
+        p++; /* the comma; a trailing one gives an empty entry above */
+    }
+    wb_id_list *l = &a->lists[which];
+    wb_id_list saved = {.ids = NULL, .n = l->n};
+    if (rc == WB_OK && l->n) {
+        saved.ids = malloc(l->n * sizeof *saved.ids);
+        if (!saved.ids)
+            rc = wb__err_set(err, WB_ENOMEM, "%s: out of memory", option);
+        else
+            memcpy(saved.ids, l->ids, l->n * sizeof *saved.ids);
+    }
+    for (size_t i = 0; rc == WB_OK && i < n; i++) {
+        if (insert_id(l, all[i]) != 0) {
+            /* Put the list back as it was. */
+            free(l->ids);
+            *l = saved;
+            saved.ids = NULL;
+            rc = wb__err_set(err, WB_ENOMEM, "%s: out of memory", option);
+        }
+    }
+    free(saved.ids);
+    if (all != ids)
+        free(all);
+    if (rc == WB_OK && (which == WB_AUTH_CLIENT_UIDS || which == WB_AUTH_CLIENT_GIDS))
+        a->open_clients = 0;
+    return rc;
+}
+
+int wb__auth_admin_ok(const wb_auth *a, uint32_t uid, uint32_t gid)
+{
+    return uid == 0 || uid == a->broker_euid || has_id(&a->lists[WB_AUTH_ADMIN_UIDS], uid) ||
+           has_id(&a->lists[WB_AUTH_ADMIN_GIDS], gid);
+}
+
+int wb__auth_client_ok(const wb_auth *a, uint32_t uid, uint32_t gid)
+{
+    return a->open_clients || wb__auth_admin_ok(a, uid, gid) ||
+           has_id(&a->lists[WB_AUTH_CLIENT_UIDS], uid) ||
+           has_id(&a->lists[WB_AUTH_CLIENT_GIDS], gid);
+}
+
+/* Appends to buf, keeping it terminated; marks truncation with "...". */
+__attribute__((format(printf, 4, 5))) static void appendf(char *buf, size_t size, size_t *used,
+                                                          const char *fmt, ...)
+{
+    if (*used + 1 >= size) {
+        /* Full, and more to say. */
+        if (size >= 4)
+            memcpy(buf + size - 4, "...", 4);
+        return;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + *used, size - *used, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n >= size - *used) {
+        *used = size - 1;
+        if (size >= 4)
+            memcpy(buf + size - 4, "...", 4);
+        return;
+    }
+    *used += (size_t)n;
+}
+
+/* "uid 0, 1000; gid 27" from up to two uid lists and two gid lists. */
+static const char *describe(const wb_auth *a, int with_clients, char *buf, size_t size)
+{
+    if (size == 0)
+        return buf;
+    buf[0] = '\0';
+    size_t used = 0;
+    wb_id_list uids = {0}, gids = {0};
+    int oom = insert_id(&uids, 0) != 0 || insert_id(&uids, a->broker_euid) != 0;
+    for (size_t i = 0; !oom && i < a->lists[WB_AUTH_ADMIN_UIDS].n; i++)
+        oom = insert_id(&uids, a->lists[WB_AUTH_ADMIN_UIDS].ids[i]) != 0;
+    for (size_t i = 0; !oom && i < a->lists[WB_AUTH_ADMIN_GIDS].n; i++)
+        oom = insert_id(&gids, a->lists[WB_AUTH_ADMIN_GIDS].ids[i]) != 0;
+    for (size_t i = 0; !oom && with_clients && i < a->lists[WB_AUTH_CLIENT_UIDS].n; i++)
+        oom = insert_id(&uids, a->lists[WB_AUTH_CLIENT_UIDS].ids[i]) != 0;
+    for (size_t i = 0; !oom && with_clients && i < a->lists[WB_AUTH_CLIENT_GIDS].n; i++)
+        oom = insert_id(&gids, a->lists[WB_AUTH_CLIENT_GIDS].ids[i]) != 0;
+    if (oom) {
+        snprintf(buf, size, "(out of memory listing them)");
+    } else {
+        appendf(buf, size, &used, "uid");
+        for (size_t i = 0; i < uids.n; i++)
+            appendf(buf, size, &used, "%s%u", i ? ", " : " ", uids.ids[i]);
+        for (size_t i = 0; i < gids.n; i++)
+            appendf(buf, size, &used, "%s%u", i ? ", " : "; gid ", gids.ids[i]);
+    }
+    free(uids.ids);
+    free(gids.ids);
+    return buf;
+}
+
+const char *wb__auth_describe_clients(const wb_auth *a, char *buf, size_t size)
+{
+    if (a->open_clients) {
+        snprintf(buf, size, "everyone");
+        return buf;
+    }
+    return describe(a, 1, buf, size);
+}
+
+const char *wb__auth_describe_admins(const wb_auth *a, char *buf, size_t size)
+{
+    return describe(a, 0, buf, size);
+}
+
+int wb__auth_check_client(const wb_auth *a, const wb_peer_creds *peer, wb_err *err)
+{
+    if (!peer || !peer->known)
+        return wb__err_set(err, WB_EPERM, "the peer's credentials cannot be read");
+    if (wb__auth_client_ok(a, peer->uid, peer->gid))
+        return WB_OK;
+    char who[200];
+    return wb__err_set(err, WB_EPERM, "uid %u is not allowed to lease models (allowed: %s)",
+                       peer->uid, wb__auth_describe_clients(a, who, sizeof who));
+}
+
+static const char *file_type(mode_t mode)
+{
+    if (S_ISCHR(mode))
+        return "a character device";
+    if (S_ISBLK(mode))
+        return "a block device";
+    if (S_ISFIFO(mode))
+        return "a FIFO";
+    if (S_ISSOCK(mode))
+        return "a socket";
+    if (S_ISLNK(mode))
+        return "a symbolic link";
+    return "not a regular file";
+}
+
+int wb__auth_check_load_path(const char *path, char *resolved, size_t size, int *is_dir,
+                             wb_err *err)
+{
+    *is_dir = 0;
+    if (!path || !path[0])
+        return wb__err_set(err, WB_EINVAL, "the load path is empty");
+    if (size < PATH_MAX)
+        return wb__err_set(err, WB_EINTERNAL, "no room for the resolved path of %s", path);
+    /* realpath resolves every link, so what is judged below is the final
+     * target, whatever chain of links leads to it. */
+    if (!realpath(path, resolved)) {
+        int e = errno;
+        if (e == ENOENT || e == ENOTDIR)
+            return wb__err_set(err, WB_ENOTFOUND, "no such file: %s", path);
+        if (e == EACCES)
+            return wb__err_errno(err, WB_EPERM, e, "the broker cannot reach %s", path);
+        if (e == ELOOP)
+            return wb__err_set(err, WB_EINVAL, "%s: too many levels of symbolic links", path);
+        return wb__err_errno(err, WB_EIO, e, "cannot resolve %s", path);
+    }
+    struct stat st;
+    if (stat(resolved, &st) != 0)
+        return wb__err_errno(err, errno == ENOENT ? WB_ENOTFOUND : WB_EIO, errno, "cannot stat %s",
+                             resolved);
+    int same = strcmp(path, resolved) == 0;
+    if (S_ISDIR(st.st_mode)) {
+        if (faccessat(AT_FDCWD, resolved, R_OK | X_OK, AT_EACCESS) != 0)
+            return wb__err_errno(err, WB_EPERM, errno,
+                                 "the broker may not read the directory %s%s%s", path,
+                                 same ? "" : " -> ", same ? "" : resolved);
+        *is_dir = 1;
+        return WB_OK;
+    }
+    if (!S_ISREG(st.st_mode))
+        return wb__err_set(err, WB_EINVAL,
+                           "%s%s%s is %s; only regular files (or a directory holding a "
+                           "checkpoint) can be loaded",
+                           path, same ? "" : " -> ", same ? "" : resolved, file_type(st.st_mode));
+    if (faccessat(AT_FDCWD, resolved, R_OK, AT_EACCESS) != 0)
+        return wb__err_errno(err, WB_EPERM, errno, "the broker may not read %s%s%s", path,
+                             same ? "" : " -> ", same ? "" : resolved);
+    return WB_OK;
+}
+
+int64_t wb__auth_slab_group(const char *socket_path)
+{
+    char dir[WB_PATH_MAX + 1];
+    int n = snprintf(dir, sizeof dir, "%s", socket_path);
+    if (n < 0 || (size_t)n >= sizeof dir)
+        return -1;
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == dir)
+        dir[1] = '\0';
+    else
+        *slash = '\0';
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || !(st.st_mode & S_ISGID))
+        return -1;
+    if (st.st_gid == getegid())
+        return -1;
+    return (int64_t)st.st_gid;
+}
+
+int wb__auth_share_slab(const char *shm_name, uint32_t gid, wb_err *err)
+{
+    int fd = shm_open(shm_name, O_RDONLY, 0);
+    if (fd < 0)
+        return wb__err_errno(err, WB_EIO, errno, "shm_open %s", shm_name);
+    int rc = WB_OK;
+    if (fchown(fd, (uid_t)-1, (gid_t)gid) != 0)
+        rc = wb__err_errno(err, WB_EPERM, errno, "cannot give slab %s to group %u", shm_name, gid);
+    else if (fchmod(fd, 0640) != 0)
+        rc = wb__err_errno(err, WB_EIO, errno, "chmod 0640 %s", shm_name);
+    close(fd);
+    return rc;
+}

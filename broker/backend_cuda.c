@@ -1,0 +1,334 @@
+/* The cuda backend: one cudaMalloc slab per model on one device, exported
+ * with cudaIpcGetMemHandle. Slabs are filled by the loader through a ring of
+ * pinned staging buffers that is allocated once, here, when the backend
+ * starts (pinning is slow: never per load), and one non-blocking stream
+ * whose per-buffer events tell the loader when a buffer may be refilled.
+ * Nothing here issues a pageable or synchronous copy. */
+#include "backend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef WB_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+typedef struct cuda_state {
+    wb_backend be;
+    int device;
+    cudaStream_t stream;
+    cudaEvent_t *events; /* one per staging buffer */
+    unsigned n_events;
+    cudaEvent_t ev_start, ev_end;
+    int started;
+    uint8_t *pinned; /* one allocation, cut into the ring's buffers */
+    wb_staging staging;
+    wb_copy_engine engine;
+} cuda_state;
+
+static int cuda_fail(wb_err *err, int code, cudaError_t e, const char *what)
+{
+    return wb__err_set(err, code, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+static int set_device(int device, wb_err *err)
+{
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) {
+        char what[64];
+        snprintf(what, sizeof what, "cudaSetDevice(%d)", device);
+        return cuda_fail(err, WB_ENOGPU, e, what);
+    }
+    return WB_OK;
+}
+
+static int cuda_alloc(wb_slab *slab, int device, uint64_t size, wb_err *err)
+{
+    memset(slab, 0, sizeof *slab);
+    int rc = set_device(device, err);
+    if (rc != WB_OK)
+        return rc;
+    /* An empty model still gets a slab, so that its lease has a handle. */
+    uint64_t bytes =
+        size ? (size + WB_SLAB_ALIGN - 1) & ~(uint64_t)(WB_SLAB_ALIGN - 1) : WB_SLAB_ALIGN;
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, (size_t)bytes);
+    if (e != cudaSuccess) {
+        char what[96];
+        snprintf(what, sizeof what, "cudaMalloc of %llu bytes on device %d",
+                 (unsigned long long)bytes, device);
+        return cuda_fail(err, WB_ENOMEM, e, what);
+    }
+    cudaIpcMemHandle_t h;
+    e = cudaIpcGetMemHandle(&h, p);
+    if (e != cudaSuccess) {
+        cudaFree(p);
+        return cuda_fail(err, WB_EIO, e, "cudaIpcGetMemHandle");
+    }
+    _Static_assert(sizeof h == WB_CUDA_IPC_HANDLE_LEN, "cudaIpcMemHandle_t is 64 bytes");
+    memcpy(slab->ipc_handle, &h, sizeof h);
+    slab->dev_ptr = p;
+    slab->size = bytes;
+    slab->device = device;
+    return WB_OK;
+}
+
+static void *cuda_dest(wb_slab *slab, uint64_t offset, uint64_t len)
+{
+    (void)slab;
+    (void)offset;
+    (void)len;
+    return NULL;
+}
+
+static void cuda_export(wb_slab *slab, Wbproto__Slab *out)
+{
+    wbproto__slab__init(out);
+    out->index = slab->index;
+    out->backend = WBPROTO__BACKEND__BACKEND_CUDA;
+    out->device = slab->device;
+    out->size = slab->size;
+    out->cuda_ipc_handle.data = slab->ipc_handle;
+    out->cuda_ipc_handle.len = WB_CUDA_IPC_HANDLE_LEN;
+}
+
+static void cuda_slab_free(wb_slab *slab)
+{
+    if (slab->dev_ptr) {
+        /* Importers keep the memory alive until they close their handles. */
+        cudaSetDevice(slab->device);
+        cudaFree(slab->dev_ptr);
+        slab->dev_ptr = NULL;
+    }
+    slab->size = 0;
+}
+
+/* ---- the copy engine ---- */
+
+static int eng_begin(void *ctx, wb_err *err)
+{
+    cuda_state *s = ctx;
+    s->started = 0;
+    return set_device(s->device, err);
+}
+
+static int eng_submit(void *ctx, int buf, const void *src, void *dst, size_t len, wb_err *err)
+{
+    cuda_state *s = ctx;
+    cudaError_t e;
+    if (!s->started) {
+        if ((e = cudaEventRecord(s->ev_start, s->stream)) != cudaSuccess)
+            return cuda_fail(err, WB_EIO, e, "cudaEventRecord");
+        s->started = 1;
+    }
+    e = cudaMemcpyAsync(dst, src, len, cudaMemcpyHostToDevice, s->stream);
+    if (e != cudaSuccess) {
+        char what[96];
+        snprintf(what, sizeof what, "cudaMemcpyAsync of %zu bytes to the slab", len);
+        return cuda_fail(err, WB_EIO, e, what);
+    }
+    if (buf >= 0) {
+        if ((unsigned)buf >= s->n_events)
+            return wb__err_set(err, WB_EINTERNAL, "staging buffer %d of %u", buf, s->n_events);
+        if ((e = cudaEventRecord(s->events[buf], s->stream)) != cudaSuccess)
+            return cuda_fail(err, WB_EIO, e, "cudaEventRecord");
+    }
+    return WB_OK;
+}
+
+static int eng_query(void *ctx, int buf, wb_err *err)
+{
+    cuda_state *s = ctx;
+    if (buf < 0 || (unsigned)buf >= s->n_events)
+        return wb__err_set(err, WB_EINTERNAL, "staging buffer %d of %u", buf, s->n_events);
+    cudaError_t e = cudaEventQuery(s->events[buf]);
+    if (e == cudaSuccess)
+        return 1;
+    if (e == cudaErrorNotReady)
+        return 0;
+    return cuda_fail(err, WB_EIO, e, "a copy to the slab failed (cudaEventQuery)");
+}
+
+static int eng_finish(void *ctx, double *device_seconds, wb_err *err)
+{
+    cuda_state *s = ctx;
+    *device_seconds = -1;
+    cudaError_t e;
+    if (!s->started) {
+        e = cudaStreamSynchronize(s->stream);
+        return e == cudaSuccess ? WB_OK : cuda_fail(err, WB_EIO, e, "cudaStreamSynchronize");
+    }
+    s->started = 0;
+    if ((e = cudaEventRecord(s->ev_end, s->stream)) != cudaSuccess ||
+        (e = cudaEventSynchronize(s->ev_end)) != cudaSuccess) {
+        cudaStreamSynchronize(s->stream);
+        return cuda_fail(err, WB_EIO, e, "waiting for the copies to the slab");
+    }
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, s->ev_start, s->ev_end) == cudaSuccess)
+        *device_seconds = ms / 1000.0;
+    return WB_OK;
+}
+
+static int eng_register(void *ctx, void *addr, size_t len, wb_err *err)
+{
+    cuda_state *s = ctx;
+    int rc = set_device(s->device, err);
+    if (rc != WB_OK)
+        return rc;
+    /* A file mapping is read-only: pin it without asking for write access. */
+    cudaError_t e = cudaHostRegister(addr, len, cudaHostRegisterReadOnly);
+    if (e != cudaSuccess) {
+        char what[96];
+        snprintf(what, sizeof what, "cudaHostRegister of a %zu-byte file mapping", len);
+        return cuda_fail(err, WB_EIO, e, what);
+    }
+    return WB_OK;
+}
+
+static void eng_unregister(void *ctx, void *addr)
+{
+    (void)ctx;
+    cudaHostUnregister(addr);
+}
+
+static void state_free(cuda_state *s)
+{
+    if (!s)
+        return;
+    cudaSetDevice(s->device);
+    for (unsigned i = 0; i < s->n_events; i++) {
+        if (s->events[i])
+            cudaEventDestroy(s->events[i]);
+    }
+    free(s->events);
+    if (s->ev_start)
+        cudaEventDestroy(s->ev_start);
+    if (s->ev_end)
+        cudaEventDestroy(s->ev_end);
+    if (s->stream)
+        cudaStreamDestroy(s->stream);
+    if (s->pinned)
+        cudaFreeHost(s->pinned);
+    free(s->staging.bufs);
+    free(s);
+}
+
+int wb__backend_cuda_new(const wb_cuda_options *opts, wb_backend **out, wb_err *err)
+{
+    *out = NULL;
+    int mode = opts->load_mode ? opts->load_mode : WB_STAGE_STAGED;
+    if (mode != WB_STAGE_STAGED && mode != WB_STAGE_MAPPED)
+        return wb__err_set(err, WB_EINVAL, "the cuda backend loads staged or mapped, not %s",
+                           wb__stage_mode_name(mode));
+    wb_stage_config cfg = opts->stage;
+    wb__stage_config_fill(&cfg);
+    int rc = wb__stage_config_check(&cfg, err);
+    if (rc != WB_OK)
+        return rc;
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess)
+        return cuda_fail(err, WB_ENOGPU, e, "no usable GPU: cudaGetDeviceCount");
+    if (opts->device < 0 || opts->device >= count)
+        return wb__err_set(err, WB_ENOGPU, "no CUDA device %d: the runtime sees %d", opts->device,
+                           count);
+
+    cuda_state *s = calloc(1, sizeof *s);
+    if (!s)
+        return wb__err_set(err, WB_ENOMEM, "out of memory starting the cuda backend");
+    s->device = opts->device;
+    if ((rc = set_device(s->device, err)) != WB_OK)
+        goto fail;
+    if ((e = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        rc = cuda_fail(err, WB_ENOGPU, e, "cudaStreamCreateWithFlags");
+        goto fail;
+    }
+    if ((e = cudaEventCreate(&s->ev_start)) != cudaSuccess ||
+        (e = cudaEventCreate(&s->ev_end)) != cudaSuccess) {
+        rc = cuda_fail(err, WB_ENOGPU, e, "cudaEventCreate");
+        goto fail;
+    }
+    s->engine = (wb_copy_engine){
+        .ctx = s,
+        .begin = eng_begin,
+        .submit = eng_submit,
+        .query = eng_query,
+        .finish = eng_finish,
+        .host_register = eng_register,
+        .host_unregister = eng_unregister,
+    };
+    if (mode == WB_STAGE_STAGED) {
+        size_t total = (size_t)cfg.chunk_bytes * cfg.buffers;
+        s->events = calloc(cfg.buffers, sizeof *s->events);
+        s->staging.bufs = calloc(cfg.buffers, sizeof *s->staging.bufs);
+        if (!s->events || !s->staging.bufs) {
+            rc = wb__err_set(err, WB_ENOMEM, "out of memory for the staging ring");
+            goto fail;
+        }
+        s->n_events = cfg.buffers;
+        for (unsigned i = 0; i < cfg.buffers; i++) {
+            if ((e = cudaEventCreateWithFlags(&s->events[i], cudaEventDisableTiming)) !=
+                cudaSuccess) {
+                rc = cuda_fail(err, WB_ENOGPU, e, "cudaEventCreateWithFlags");
+                goto fail;
+            }
+        }
+        void *p = NULL;
+        if ((e = cudaHostAlloc(&p, total, cudaHostAllocPortable)) != cudaSuccess) {
+            char what[128];
+            snprintf(what, sizeof what, "cudaHostAlloc of a %u x %llu-byte staging ring",
+                     cfg.buffers, (unsigned long long)cfg.chunk_bytes);
+            rc = cuda_fail(err, WB_ENOMEM, e, what);
+            goto fail;
+        }
+        s->pinned = p;
+        for (unsigned i = 0; i < cfg.buffers; i++)
+            s->staging.bufs[i] = s->pinned + (size_t)i * cfg.chunk_bytes;
+        s->staging.n = cfg.buffers;
+        s->staging.size = cfg.chunk_bytes;
+        s->staging.engine = s->engine;
+        s->be.staging = &s->staging;
+    }
+    s->be.name = "cuda";
+    s->be.proto = WBPROTO__BACKEND__BACKEND_CUDA;
+    s->be.slab_alloc = cuda_alloc;
+    s->be.slab_dest = cuda_dest;
+    s->be.slab_export = cuda_export;
+    s->be.slab_free = cuda_slab_free;
+    s->be.load_mode = mode;
+    s->be.stage = cfg;
+    s->be.engine = &s->engine;
+    s->be.priv = s;
+    *out = &s->be;
+    return WB_OK;
+fail:
+    state_free(s);
+    return rc;
+}
+
+void wb__backend_cuda_free(wb_backend **be)
+{
+    if (!be || !*be)
+        return;
+    state_free((*be)->priv);
+    *be = NULL;
+}
+
+#else /* !WB_HAVE_CUDA */
+
+int wb__backend_cuda_new(const wb_cuda_options *opts, wb_backend **out, wb_err *err)
+{
+    (void)opts;
+    *out = NULL;
+    return wb__err_set(err, WB_ENOSYS,
+                       "this build has no cuda backend (CUDA toolkit not found at build time)");
+}
+
+void wb__backend_cuda_free(wb_backend **be)
+{
+    if (be)
+        *be = NULL;
+}
+
+#endif

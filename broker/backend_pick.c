@@ -1,0 +1,103 @@
+/* Choosing the broker's backend from --backend auto|cuda|host. */
+#include "backend_pick.h"
+
+#include "gpu.h"
+#include "log.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+/* The host backend with the broker's loader settings; one per process. */
+static wb_backend host_configured;
+
+static double mono_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static const wb_backend *host_with(const wb_stage_config *stage)
+{
+    host_configured = wb__backend_host;
+    host_configured.stage = *stage;
+    return &host_configured;
+}
+
+static void log_choice(const wb_backend *be, const char *requested, int device, const char *why,
+                       double start_seconds)
+{
+    char q[WB_ERR_MSG_MAX + 64];
+    wb_stage_config c = be->stage;
+    wb__stage_config_fill(&c);
+    wb__log_quote(q, sizeof q, why);
+    if (be->proto == WBPROTO__BACKEND__BACKEND_HOST) {
+        wb_info("backend", "backend=host requested=%s reason=%s load_mode=direct read_threads=%u",
+                requested, q, c.read_threads);
+        return;
+    }
+    unsigned long long buf = be->staging ? (unsigned long long)be->staging->size : 0;
+    unsigned n = be->staging ? be->staging->n : 0;
+    wb_info("backend",
+            "backend=cuda requested=%s reason=%s device=%d load_mode=%s read_threads=%u "
+            "staging_buffers=%u staging_buffer_bytes=%llu staging_bytes=%llu start_seconds=%.3f",
+            requested, q, device, wb__stage_mode_name(be->load_mode), c.read_threads, n, buf,
+            buf * n, start_seconds);
+}
+
+int wb__backend_pick(const char *requested, int device, const wb_stage_config *stage, int load_mode,
+                     const wb_backend **out, wb_err *err)
+{
+    *out = NULL;
+    wb_stage_config filled = *stage;
+    wb__stage_config_fill(&filled);
+    int rc = wb__stage_config_check(&filled, err);
+    if (rc != WB_OK)
+        return rc;
+    if (strcmp(requested, "host") == 0) {
+        *out = host_with(stage);
+        log_choice(*out, requested, device, "requested", 0);
+        return WB_OK;
+    }
+    int count = 0;
+    wb_err probe;
+    if (wb__gpu_probe(&count, &probe) != WB_OK) {
+        if (strcmp(requested, "cuda") == 0)
+            return wb__err_set(err, probe.code, "%s", probe.msg);
+        *out = host_with(stage);
+        log_choice(*out, requested, device, probe.msg, 0);
+        return WB_OK;
+    }
+    wb_cuda_options o = {.device = device, .load_mode = load_mode, .stage = *stage};
+    wb_backend *cuda = NULL;
+    wb_err cerr;
+    double t0 = mono_seconds();
+    rc = wb__backend_cuda_new(&o, &cuda, &cerr);
+    if (rc != WB_OK) {
+        if (strcmp(requested, "cuda") == 0)
+            return wb__err_set(err, rc, "cannot start the cuda backend: %s", cerr.msg);
+        char why[WB_ERR_MSG_MAX + 64];
+        snprintf(why, sizeof why, "a GPU is usable but the cuda backend failed to start: %.*s",
+                 WB_ERR_MSG_MAX - 1, cerr.msg);
+        *out = host_with(stage);
+        log_choice(*out, requested, device, why, 0);
+        return WB_OK;
+    }
+    char why[64];
+    snprintf(why, sizeof why, "%d usable GPU%s", count, count == 1 ? "" : "s");
+    *out = cuda;
+    log_choice(cuda, requested, device, why, mono_seconds() - t0);
+    return WB_OK;
+}
+
+void wb__backend_release(const wb_backend **be)
+{
+    if (!be || !*be)
+        return;
+    if ((*be)->proto == WBPROTO__BACKEND__BACKEND_CUDA) {
+        wb_backend *b = (wb_backend *)*be;
+        wb__backend_cuda_free(&b);
+    }
+    *be = NULL;
+}

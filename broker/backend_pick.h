@@ -1,0 +1,25 @@
+/* Choosing the broker's backend at start. */
+#ifndef WB_BROKER_BACKEND_PICK_H
+#define WB_BROKER_BACKEND_PICK_H
+
+#include "backend.h"
+#include "err.h"
+#include "stage.h"
+
+/* Picks the backend for `requested` ("auto", "cuda" or "host") and logs one
+ * line (event=backend) saying which and why:
+ * - host: the host backend with the given loader settings;
+ * - cuda: the cuda backend on `device` (stream and pinned staging ring
+ *   allocated now); WB_ENOGPU or WB_ENOSYS with a one-line reason when no GPU
+ *   is usable or the build has no CUDA, or the start's error;
+ * - auto: cuda when a GPU is usable and the backend starts, else host.
+ * Zero fields of `stage` take the defaults; an out-of-range value is
+ * WB_EINVAL naming it. *out is released with wb__backend_release. */
+int wb__backend_pick(const char *requested, int device, const wb_stage_config *stage, int load_mode,
+                     const wb_backend **out, wb_err *err);
+
+/* Frees what wb__backend_pick started (the cuda backend's ring and stream);
+ * slabs must have been freed. Sets *be to NULL. */
+void wb__backend_release(const wb_backend **be);
+
+#endif

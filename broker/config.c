@@ -1,0 +1,626 @@
+#include "config.h"
+
+#include "models.h"
+
+#include <errno.h>
+#include <ini.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* The highest CUDA device ordinal accepted, as for --device. */
+#define DEVICE_MAX 1023
+
+/* The longest line accepted (without its newline). Debian's inih can be told
+ * to grow its buffer; a stock inih splits lines longer than INI_MAX_LINE - 3,
+ * so those are refused rather than misread. */
+#ifdef WB_HAVE_INIH_OPTIONS
+#define LINE_MAX_CHARS 8192
+#else
+#define LINE_MAX_CHARS (INI_MAX_LINE - 3)
+#endif
+
+enum section_kind { SECTION_NONE, SECTION_BROKER, SECTION_MODEL };
+
+/* A key already seen in the current section, to refuse it twice. */
+typedef struct seen_key {
+    char *name;
+    int line;
+} seen_key;
+
+typedef struct parser {
+    const char *file;
+    FILE *f;
+    const struct option *opts;
+    const char *const *exclude;
+    /* The physical line being handed to inih, and how much of it is gone. */
+    char *line;
+    size_t cap;
+    size_t len;
+    size_t off;
+    int lineno;
+    /* The first error; once set, everything else is ignored. */
+    int rc;
+    wb_err *err;
+    /* The current section. */
+    enum section_kind kind;
+    int section_line;
+    char model[256];
+    char *model_path;
+    char *model_device;
+    int device_line;
+    seen_key *seen;
+    size_t n_seen;
+    /* Sections met so far ("broker", "model NAME"), to refuse duplicates. */
+    seen_key *sections;
+    size_t n_sections;
+    /* The output. */
+    char **args;
+    int *lines;
+    int n_args;
+    int cap_args;
+} parser;
+
+/* Records the first error, prefixed with "FILE:LINE: ". */
+__attribute__((format(printf, 4, 5))) static int fail_code(parser *p, int code, int line,
+                                                           const char *fmt, ...)
+{
+    if (p->rc != WB_OK)
+        return p->rc;
+    char msg[WB_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    p->rc = code;
+    wb__err_set(p->err, code, "%s:%d: %s", p->file, line, msg);
+    return p->rc;
+}
+
+#define fail_at(p, line, ...) fail_code(p, WB_EINVAL, line, __VA_ARGS__)
+
+static int out_of_memory(parser *p)
+{
+    if (p->rc == WB_OK)
+        p->rc = wb__err_set(p->err, WB_ENOMEM, "%s: out of memory", p->file);
+    return p->rc;
+}
+
+static int add_arg(parser *p, char *arg, int line)
+{
+    if (!arg)
+        return out_of_memory(p);
+    if (p->n_args == p->cap_args) {
+        int cap = p->cap_args ? p->cap_args * 2 : 16;
+        char **args = realloc(p->args, (size_t)cap * sizeof *args);
+        if (!args) {
+            free(arg);
+            return out_of_memory(p);
+        }
+        p->args = args;
+        int *lines = realloc(p->lines, (size_t)cap * sizeof *lines);
+        if (!lines) {
+            free(arg);
+            return out_of_memory(p);
+        }
+        p->lines = lines;
+        p->cap_args = cap;
+    }
+    p->args[p->n_args] = arg;
+    p->lines[p->n_args] = line;
+    p->n_args++;
+    return WB_OK;
+}
+
+__attribute__((format(printf, 1, 2))) static char *str_printf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = NULL;
+    if (vasprintf(&s, fmt, ap) < 0)
+        s = NULL;
+    va_end(ap);
+    return s;
+}
+
+static void forget_keys(parser *p)
+{
+    for (size_t i = 0; i < p->n_seen; i++)
+        free(p->seen[i].name);
+    p->n_seen = 0;
+}
+
+/* Records `name` in a list; returns the line it was first seen on, 0 if it
+ * is new, or -1 when out of memory. */
+static int remember(seen_key **list, size_t *n, const char *name, int line)
+{
+    for (size_t i = 0; i < *n; i++) {
+        if (strcmp((*list)[i].name, name) == 0)
+            return (*list)[i].line;
+    }
+    seen_key *grown = realloc(*list, (*n + 1) * sizeof **list);
+    if (!grown)
+        return -1;
+    *list = grown;
+    if (!(grown[*n].name = strdup(name)))
+        return -1;
+    grown[*n].line = line;
+    (*n)++;
+    return 0;
+}
+
+int wb__config_parse_model(const char *value, wb_model_arg *out, wb_err *err)
+{
+    out->name[0] = '\0';
+    out->device = -1;
+    out->path = NULL;
+    const char *eq = value ? strchr(value, '=') : NULL;
+    if (!eq || eq == value || !eq[1])
+        return wb__err_set(err, WB_EINVAL, "'%s' is not NAME=PATH or NAME@DEVICE=PATH",
+                           value ? value : "");
+    const char *at = memchr(value, '@', (size_t)(eq - value));
+    size_t name_len = (size_t)((at ? at : eq) - value);
+    if (name_len >= sizeof out->name)
+        name_len = sizeof out->name - 1;
+    memcpy(out->name, value, name_len);
+    out->name[name_len] = '\0';
+    if (!wb__model_name_valid(out->name))
+        return wb__err_set(err, WB_EINVAL,
+                           "model name '%s' is not 1 to 255 characters of A-Z a-z 0-9 . _ -",
+                           out->name);
+    if (at) {
+        long dev = 0;
+        const char *d = at + 1;
+        if (d == eq)
+            dev = -1;
+        for (; d < eq && dev >= 0; d++) {
+            if (*d < '0' || *d > '9' || dev > DEVICE_MAX)
+                dev = -1;
+            else
+                dev = dev * 10 + (*d - '0');
+        }
+        if (dev < 0 || dev > DEVICE_MAX)
+            return wb__err_set(err, WB_EINVAL, "device '%.*s' of model '%s' is not 0 to %d",
+                               (int)(eq - at - 1), at + 1, out->name, DEVICE_MAX);
+        out->device = (int)dev;
+    }
+    out->path = eq + 1;
+    return WB_OK;
+}
+
+/* Ends the current section: a model section becomes one --model argument. */
+static int end_section(parser *p)
+{
+    if (p->rc == WB_OK && p->kind == SECTION_MODEL) {
+        if (!p->model_path) {
+            fail_at(p, p->section_line, "[model %s] has no 'path'", p->model);
+        } else {
+            char *arg = p->model_device ? str_printf("--model=%s@%s=%s", p->model, p->model_device,
+                                                     p->model_path)
+                                        : str_printf("--model=%s=%s", p->model, p->model_path);
+            wb_model_arg m;
+            wb_err e;
+            if (arg && wb__config_parse_model(arg + strlen("--model="), &m, &e) != WB_OK)
+                fail_at(p, p->model_device ? p->device_line : p->section_line, "%s", e.msg);
+            else
+                add_arg(p, arg, p->model_device ? p->device_line : p->section_line);
+            if (p->rc != WB_OK)
+                free(arg);
+        }
+    }
+    free(p->model_path);
+    free(p->model_device);
+    p->model_path = p->model_device = NULL;
+    p->model[0] = '\0';
+    forget_keys(p);
+    return p->rc;
+}
+
+static int is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\f' || c == '\v';
+}
+
+/* Starts the section named by a "[...]" line (already checked to have its
+ * ']'): [broker] or [model NAME]. */
+static void begin_section(parser *p, const char *name, size_t len)
+{
+    if (end_section(p) != WB_OK)
+        return;
+    while (len && is_space(name[0])) {
+        name++;
+        len--;
+    }
+    while (len && is_space(name[len - 1]))
+        len--;
+    char key[300];
+    if (len == 6 && memcmp(name, "broker", 6) == 0) {
+        p->kind = SECTION_BROKER;
+        snprintf(key, sizeof key, "broker");
+    } else if (len > 5 && memcmp(name, "model", 5) == 0 && is_space(name[5])) {
+        const char *n = name + 5;
+        size_t nl = len - 5;
+        while (nl && is_space(n[0])) {
+            n++;
+            nl--;
+        }
+        if (nl == 0 || nl >= sizeof p->model) {
+            fail_at(p, p->lineno, "section [%.*s] does not name a model of 1 to 255 characters",
+                    (int)len, name);
+            return;
+        }
+        memcpy(p->model, n, nl);
+        p->model[nl] = '\0';
+        if (!wb__model_name_valid(p->model)) {
+            fail_at(p, p->lineno, "model name '%s' is not 1 to 255 characters of A-Z a-z 0-9 . _ -",
+                    p->model);
+            return;
+        }
+        p->kind = SECTION_MODEL;
+        snprintf(key, sizeof key, "model %s", p->model);
+    } else {
+        fail_at(p, p->lineno, "unknown section [%.*s]; expected [broker] or [model NAME]",
+                (int)(len > 200 ? 200 : len), name);
+        return;
+    }
+    int first = remember(&p->sections, &p->n_sections, key, p->lineno);
+    if (first < 0) {
+        out_of_memory(p);
+        return;
+    }
+    if (first > 0) {
+        fail_at(p, p->lineno, "section [%s] appears twice (first on line %d)", key, first);
+        return;
+    }
+    p->section_line = p->lineno;
+}
+
+/* Looks at a new physical line before inih does: section headers (so that
+ * sections without keys are checked, and names longer than inih keeps are
+ * seen whole) and lines that are not INI at all, so that every error comes
+ * with the right line number. */
+static void check_line(parser *p)
+{
+    const char *s = p->line;
+    size_t n = p->len;
+    if (p->lineno == 1 && n >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0) {
+        s += 3;
+        n -= 3;
+    }
+    while (n && is_space(*s)) {
+        s++;
+        n--;
+    }
+    while (n && is_space(s[n - 1]))
+        n--;
+    if (n == 0 || *s == '#' || *s == ';')
+        return;
+    if (*s == '[') {
+        const char *close = memchr(s, ']', n);
+        if (!close) {
+            fail_code(p, WB_EFORMAT, p->lineno, "section header without its closing ']'");
+            return;
+        }
+        for (const char *t = close + 1; t < s + n; t++) {
+            if (is_space(*t))
+                continue;
+            if (*t == ';' || *t == '#')
+                break;
+            fail_code(p, WB_EFORMAT, p->lineno, "unexpected text after the section header");
+            return;
+        }
+        begin_section(p, s + 1, (size_t)(close - s - 1));
+        return;
+    }
+    if (!memchr(s, '=', n) && !memchr(s, ':', n)) {
+        fail_code(p, WB_EFORMAT, p->lineno,
+                  "expected 'key = value', '[section]' or a comment, not '%.*s'",
+                  (int)(n > 80 ? 80 : n), s);
+        return;
+    }
+    if (memchr(s, '\0', n))
+        fail_code(p, WB_EFORMAT, p->lineno, "the line contains a NUL byte");
+}
+
+/* inih's fgets-like reader. It hands out one physical line at a time (in
+ * pieces when inih's buffer is smaller) and counts lines, so that the
+ * handler knows which line a key is on. Returning NULL ends the parse, which
+ * is how the first error stops it. */
+static char *reader(char *str, int num, void *stream)
+{
+    parser *p = stream;
+    if (p->rc != WB_OK || num < 2)
+        return NULL;
+    if (p->off == p->len) {
+        ssize_t got = getline(&p->line, &p->cap, p->f);
+        if (got <= 0)
+            return NULL;
+        p->len = (size_t)got;
+        p->off = 0;
+        p->lineno++;
+        size_t body = p->len;
+        while (body && (p->line[body - 1] == '\n' || p->line[body - 1] == '\r'))
+            body--;
+        if (body > LINE_MAX_CHARS) {
+            fail_code(p, WB_EFORMAT, p->lineno,
+                      "the line has %zu characters, at most %d are allowed", body, LINE_MAX_CHARS);
+            return NULL;
+        }
+        check_line(p);
+        if (p->rc != WB_OK)
+            return NULL;
+    }
+    size_t take = p->len - p->off;
+    if (take > (size_t)num - 1)
+        take = (size_t)num - 1;
+    memcpy(str, p->line + p->off, take);
+    str[take] = '\0';
+    p->off += take;
+    return str;
+}
+
+/* Edit distance, for "did you mean" hints; stops counting above 3. */
+static size_t distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 40 || lb > 40)
+        return 99;
+    size_t row[41];
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j];
+            size_t best = diag + (a[i - 1] != b[j - 1]);
+            if (row[j] + 1 < best)
+                best = row[j] + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+static int excluded(const parser *p, const char *name)
+{
+    for (const char *const *e = p->exclude; e && *e; e++) {
+        if (strcmp(*e, name) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+static void unknown_key(parser *p, const char *key, const char *section)
+{
+    const char *best = NULL;
+    size_t best_d = 3;
+    if (p->kind == SECTION_BROKER) {
+        for (const struct option *o = p->opts; o && o->name; o++) {
+            if (excluded(p, o->name) || strcmp(o->name, "model") == 0)
+                continue;
+            size_t d = distance(key, o->name);
+            if (d < best_d) {
+                best_d = d;
+                best = o->name;
+            }
+        }
+    } else {
+        static const char *const model_keys[] = {"path", "device"};
+        for (size_t i = 0; i < 2; i++) {
+            size_t d = distance(key, model_keys[i]);
+            if (d < best_d) {
+                best_d = d;
+                best = model_keys[i];
+            }
+        }
+    }
+    if (best)
+        fail_at(p, p->lineno, "unknown key '%s' in [%s] (did you mean '%s'?)", key, section, best);
+    else
+        fail_at(p, p->lineno, "unknown key '%s' in [%s]", key, section);
+}
+
+/* Values of options that take no argument: a boolean. */
+static int parse_bool(const char *v)
+{
+    static const char *const yes[] = {"1", "true", "yes", "on"};
+    static const char *const no[] = {"0", "false", "no", "off"};
+    for (size_t i = 0; i < 4; i++) {
+        if (strcasecmp(v, yes[i]) == 0)
+            return 1;
+        if (strcasecmp(v, no[i]) == 0)
+            return 0;
+    }
+    return -1;
+}
+
+static void broker_key(parser *p, const char *name, const char *value)
+{
+    char key[64];
+    size_t n = strlen(name);
+    if (n >= sizeof key) {
+        fail_at(p, p->lineno, "unknown key '%.60s...' in [broker]", name);
+        return;
+    }
+    for (size_t i = 0; i <= n; i++)
+        key[i] = name[i] == '_' ? '-' : name[i];
+    if (strcmp(key, "model") == 0) {
+        fail_at(p, p->lineno,
+                "models are not set in [broker]: give each one a [model NAME] "
+                "section with 'path = ...'");
+        return;
+    }
+    const struct option *opt = NULL;
+    for (const struct option *o = p->opts; o && o->name; o++) {
+        if (strcmp(o->name, key) == 0) {
+            opt = o;
+            break;
+        }
+    }
+    if (opt && excluded(p, key)) {
+        fail_at(p, p->lineno,
+                "'%s' cannot be set in a configuration file, only on the command "
+                "line",
+                key);
+        return;
+    }
+    if (!opt) {
+        unknown_key(p, name, "broker");
+        return;
+    }
+    int first = remember(&p->seen, &p->n_seen, key, p->lineno);
+    if (first < 0) {
+        out_of_memory(p);
+        return;
+    }
+    if (first > 0) {
+        fail_at(p, p->lineno, "key '%s' is set twice in [broker] (first on line %d)", key, first);
+        return;
+    }
+    if (opt->has_arg == no_argument) {
+        int on = parse_bool(value);
+        if (on < 0)
+            fail_at(p, p->lineno, "%s: '%s' is not true or false", key, value);
+        else if (on)
+            add_arg(p, str_printf("--%s", key), p->lineno);
+        return;
+    }
+    add_arg(p, str_printf("--%s=%s", key, value), p->lineno);
+}
+
+static void model_key(parser *p, const char *name, const char *value)
+{
+    char section[300];
+    snprintf(section, sizeof section, "model %s", p->model);
+    char **slot;
+    if (strcmp(name, "path") == 0) {
+        slot = &p->model_path;
+    } else if (strcmp(name, "device") == 0) {
+        slot = &p->model_device;
+        p->device_line = p->lineno;
+    } else {
+        unknown_key(p, name, section);
+        return;
+    }
+    int first = remember(&p->seen, &p->n_seen, name, p->lineno);
+    if (first < 0) {
+        out_of_memory(p);
+        return;
+    }
+    if (first > 0) {
+        fail_at(p, p->lineno, "key '%s' is set twice in [%s] (first on line %d)", name, section,
+                first);
+        return;
+    }
+    if (!value[0]) {
+        fail_at(p, p->lineno, "'%s' of [%s] is empty", name, section);
+        return;
+    }
+    if (!(*slot = strdup(value)))
+        out_of_memory(p);
+}
+
+static int handler(void *user, const char *section, const char *name, const char *value)
+{
+    (void)section; /* inih truncates long names; the reader tracks sections itself */
+    parser *p = user;
+    if (p->rc != WB_OK)
+        return 1;
+    switch (p->kind) {
+    case SECTION_NONE:
+        fail_at(p, p->lineno, "key '%s' comes before any section; put it under [broker]", name);
+        break;
+    case SECTION_BROKER:
+        broker_key(p, name, value);
+        break;
+    case SECTION_MODEL:
+        model_key(p, name, value);
+        break;
+    }
+    return 1;
+}
+
+static void parser_free(parser *p)
+{
+    free(p->line);
+    free(p->model_path);
+    free(p->model_device);
+    forget_keys(p);
+    free(p->seen);
+    for (size_t i = 0; i < p->n_sections; i++)
+        free(p->sections[i].name);
+    free(p->sections);
+    for (int i = 0; i < p->n_args; i++)
+        free(p->args[i]);
+    free(p->args);
+    free(p->lines);
+}
+
+int wb__config_load(const char *file, const struct option *opts, const char *const *exclude,
+                    wb_config *cfg, wb_err *err)
+{
+    memset(cfg, 0, sizeof *cfg);
+    parser p = {.file = file, .opts = opts, .exclude = exclude, .err = err, .rc = WB_OK};
+    p.f = fopen(file, "re");
+    if (!p.f) {
+        int e = errno;
+        return wb__err_errno(err, e == ENOENT ? WB_ENOTFOUND : WB_EIO, e,
+                             "%s: cannot open the configuration file", file);
+    }
+#ifdef WB_HAVE_INIH_OPTIONS
+    /* Debian's inih reads its limits from variables: let it grow its line
+     * buffer to our own limit, and treat indented lines as ordinary ones
+     * rather than continuations of the previous value. */
+    ini_use_stack = false;
+    ini_allow_realloc = true;
+    ini_max_line = LINE_MAX_CHARS + 3;
+    ini_allow_multiline = false;
+#endif
+    int rc = ini_parse_stream(reader, &p, handler, &p);
+    if (p.rc == WB_OK && ferror(p.f))
+        wb__err_errno(err, p.rc = WB_EIO, errno, "%s: read error", file);
+    if (p.rc == WB_OK && rc > 0) {
+        /* The reader checks every line; this is inih's own verdict on one it
+         * let through. */
+        p.rc = wb__err_set(err, WB_EFORMAT, "%s:%d: not a valid INI line", file, rc);
+    } else if (p.rc == WB_OK && rc < 0) {
+        p.rc = wb__err_set(err, WB_ENOMEM, "%s: out of memory", file);
+    }
+    end_section(&p);
+    fclose(p.f);
+    if (p.rc != WB_OK) {
+        parser_free(&p);
+        return p.rc;
+    }
+    cfg->file = strdup(file);
+    if (!cfg->file) {
+        parser_free(&p);
+        return wb__err_set(err, WB_ENOMEM, "%s: out of memory", file);
+    }
+    cfg->args = p.args;
+    cfg->lines = p.lines;
+    cfg->n_args = p.n_args;
+    p.args = NULL;
+    p.lines = NULL;
+    p.n_args = 0;
+    parser_free(&p);
+    return WB_OK;
+}
+
+void wb__config_free(wb_config *cfg)
+{
+    if (!cfg)
+        return;
+    for (int i = 0; i < cfg->n_args; i++)
+        free(cfg->args[i]);
+    free(cfg->args);
+    free(cfg->lines);
+    free(cfg->file);
+    memset(cfg, 0, sizeof *cfg);
+}

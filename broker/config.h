@@ -1,0 +1,60 @@
+/* wbrokerd's configuration file: INI, read with libinih.
+ *
+ *   [broker]
+ *   socket = /run/wbroker/broker.sock
+ *   heartbeat-ms = 1000
+ *
+ *   [model llama-base]
+ *   path = /var/lib/wbroker/llama-base.safetensors
+ *   device = 0
+ *
+ * Every key of [broker] is the name of one of the program's long options
+ * ('_' may stand for '-'), so the file can set whatever the command line can
+ * and nothing else. The file is not interpreted here: it becomes a vector of
+ * "--key=value" arguments that the program parses with the same code as its
+ * command line, placed before the real arguments so that flags given on the
+ * command line win. A [model NAME] section becomes "--model=NAME=PATH", or
+ * "--model=NAME@DEVICE=PATH" when it names a device.
+ *
+ * Errors name the file and line: "/etc/wbroker.conf:12: unknown key 'sokcet'
+ * in [broker] (did you mean 'socket'?)". */
+#ifndef WB_BROKER_CONFIG_H
+#define WB_BROKER_CONFIG_H
+
+#include "err.h"
+
+#include <getopt.h>
+
+typedef struct wb_config {
+    char *file;  /* the path as given; owned */
+    int n_args;  /* number of synthesised arguments */
+    char **args; /* "--key=value", owned, in file order */
+    int *lines;  /* the line each argument comes from */
+} wb_config;
+
+/* Reads `file`. `opts` is the program's getopt_long table (ended by a NULL
+ * name); `exclude` lists long options a file may not set (for example
+ * "config", "help"), ended by NULL. Returns WB_OK and fills *cfg, or an error
+ * whose message starts with "FILE:LINE: " (or "FILE: " when the file cannot
+ * be read): WB_ENOTFOUND / WB_EIO when it cannot be read, WB_EFORMAT for a
+ * line that is not INI, WB_EINVAL for an unknown section or key, a key given
+ * twice, or a value that is wrong whatever the program makes of it. On error
+ * *cfg is left empty. */
+int wb__config_load(const char *file, const struct option *opts, const char *const *exclude,
+                    wb_config *cfg, wb_err *err);
+
+/* Frees what wb__config_load filled; the struct may be reused. */
+void wb__config_free(wb_config *cfg);
+
+/* A model given as "--model NAME[@DEVICE]=PATH". */
+typedef struct wb_model_arg {
+    char name[256];
+    int device; /* -1 when not given */
+    const char *path;
+} wb_model_arg;
+
+/* Splits a --model value (not modified; out->path points into it). Returns
+ * WB_OK, or WB_EINVAL with a message that says what is wrong with it. */
+int wb__config_parse_model(const char *value, wb_model_arg *out, wb_err *err);
+
+#endif

@@ -1,0 +1,423 @@
+#include "metrics.h"
+
+#include "log.h"
+#include "wire.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifdef WB_HAVE_MICROHTTPD
+#include <microhttpd.h>
+#endif
+
+/* A changed broker is rendered at most this often... */
+#define RENDER_MIN_MS 20
+/* ...and an unchanged one this often, so that a scrape is never older. */
+#define RENDER_MAX_MS 250
+
+struct wb_metrics {
+#ifdef WB_HAVE_MICROHTTPD
+    struct MHD_Daemon *daemon;
+#endif
+    unsigned port;
+    pthread_mutex_t mu;
+    char *text; /* the published page, under mu */
+    size_t len;
+    int64_t rendered_ms; /* loop thread only */
+    int dirty;           /* loop thread only */
+};
+
+int wb__metrics_parse_addr(const char *spec, struct sockaddr_storage *ss, socklen_t *len,
+                           wb_err *err)
+{
+    char host[256];
+    const char *colon = spec ? strrchr(spec, ':') : NULL;
+    if (!colon || colon == spec || !colon[1])
+        return wb__err_set(err, WB_EINVAL, "'%s' is not ADDR:PORT (for example 127.0.0.1:9464)",
+                           spec ? spec : "");
+    size_t hl = (size_t)(colon - spec);
+    const char *h = spec;
+    if (h[0] == '[') {
+        /* [IPv6]:PORT */
+        if (hl < 3 || h[hl - 1] != ']')
+            return wb__err_set(err, WB_EINVAL, "'%s' is not [IPV6]:PORT", spec);
+        h++;
+        hl -= 2;
+    } else if (memchr(h, ':', hl)) {
+        return wb__err_set(err, WB_EINVAL, "'%s': write an IPv6 address in brackets, [ADDR]:PORT",
+                           spec);
+    }
+    if (hl >= sizeof host)
+        return wb__err_set(err, WB_EINVAL, "'%s': the address is too long", spec);
+    memcpy(host, h, hl);
+    host[hl] = '\0';
+    const char *port = colon + 1;
+    long pv = 0;
+    for (const char *c = port; *c; c++) {
+        if (*c < '0' || *c > '9' || pv > 65535) {
+            pv = -1;
+            break;
+        }
+        pv = pv * 10 + (*c - '0');
+    }
+    if (pv < 0 || pv > 65535)
+        return wb__err_set(err, WB_EINVAL, "'%s': the port '%s' is not 0 to 65535", spec, port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV | AI_PASSIVE};
+    struct addrinfo *res = NULL;
+    int g = getaddrinfo(host, port, &hints, &res);
+    if (g != 0 || !res)
+        return wb__err_set(err, WB_EINVAL, "'%s': cannot resolve '%s': %s", spec, host,
+                           g ? gai_strerror(g) : "no address");
+    if (ss) {
+        memset(ss, 0, sizeof *ss);
+        memcpy(ss, res->ai_addr, res->ai_addrlen);
+        *len = res->ai_addrlen;
+    }
+    freeaddrinfo(res);
+    return WB_OK;
+}
+
+/* Prometheus label values escape backslash, double quote and newline. */
+static void put_label(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '\\' || *s == '"')
+            fprintf(f, "\\%c", *s);
+        else if (*s == '\n')
+            fputs("\\n", f);
+        else
+            fputc(*s, f);
+    }
+}
+
+/* The shortest decimal form that reads back as the same double. */
+static void put_double(FILE *f, double v)
+{
+    char buf[40];
+    for (int prec = 6; prec <= 17; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v)
+            break;
+    }
+    fputs(buf, f);
+}
+
+static void header(FILE *f, const char *name, const char *type, const char *help)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static int by_op_status(const void *a, const void *b)
+{
+    const wb_request_count *x = a, *y = b;
+    if (x->op != y->op)
+        return x->op < y->op ? -1 : 1;
+    return (x->status < y->status) - (x->status > y->status);
+}
+
+static const char *op_name(uint32_t op)
+{
+    if (op == 0)
+        return "invalid";
+    const ProtobufCFieldDescriptor *fd =
+        protobuf_c_message_descriptor_get_field(&wbproto__request__descriptor, (unsigned)op);
+    return fd ? fd->name : "unknown";
+}
+
+/* Models that hold memory: ready or draining. */
+static int holds_memory(const wb_model *m)
+{
+    return m->state == WBPROTO__MODEL_STATE__MODEL_READY ||
+           m->state == WBPROTO__MODEL_STATE__MODEL_DRAINING;
+}
+
+char *wb__metrics_render(const wb_broker *b, size_t *len)
+{
+    char *text = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&text, &n);
+    if (!f)
+        return NULL;
+    const wb_broker_stats *st = &b->stats;
+
+    header(f, "wb_leases", "gauge",
+           "Leases held, by state (stale: heartbeats stopped, never freed).");
+    fprintf(f, "wb_leases{state=\"active\"} %zu\n",
+            wb__leases_count_state(&b->leases, WBPROTO__LEASE_STATE__LEASE_ACTIVE));
+    fprintf(f, "wb_leases{state=\"stale\"} %zu\n",
+            wb__leases_count_state(&b->leases, WBPROTO__LEASE_STATE__LEASE_STALE));
+
+    static const int states[] = {WBPROTO__MODEL_STATE__MODEL_LOADING,
+                                 WBPROTO__MODEL_STATE__MODEL_READY,
+                                 WBPROTO__MODEL_STATE__MODEL_DRAINING};
+    header(f, "wb_models", "gauge", "Models in the registry, by state.");
+    for (size_t i = 0; i < sizeof states / sizeof states[0]; i++) {
+        size_t count = 0;
+        for (const wb_model *m = b->models.head; m; m = m->next)
+            count += m->state == states[i];
+        fprintf(f, "wb_models{state=\"%s\"} %zu\n", wb__model_state_name(states[i]), count);
+    }
+
+    header(f, "wb_model_bytes", "gauge",
+           "Tensor bytes of each model that holds memory (ready or draining).");
+    for (const wb_model *m = b->models.head; m; m = m->next) {
+        if (!holds_memory(m))
+            continue;
+        fputs("wb_model_bytes{model=\"", f);
+        put_label(f, m->name);
+        fprintf(f, "\",device=\"%d\",backend=\"", m->device);
+        put_label(f, m->backend->name);
+        fprintf(f, "\"} %llu\n", (unsigned long long)m->data.bytes);
+    }
+
+    header(f, "wb_loads_total", "counter",
+           "Model loads finished since the broker started, successful or not.");
+    fprintf(f, "wb_loads_total %llu\n", (unsigned long long)st->loads_total);
+    header(f, "wb_load_failures_total", "counter", "Model loads that failed.");
+    fprintf(f, "wb_load_failures_total %llu\n", (unsigned long long)st->loads_failed);
+
+    header(f, "wb_load_seconds", "gauge", "Seconds the load of each model took.");
+    for (const wb_model *m = b->models.head; m; m = m->next) {
+        if (!holds_memory(m))
+            continue;
+        fputs("wb_load_seconds{model=\"", f);
+        put_label(f, m->name);
+        fputs("\"} ", f);
+        put_double(f, m->data.load_seconds);
+        fputc('\n', f);
+    }
+    header(f, "wb_load_bytes_per_second", "gauge", "Tensor bytes per second of each model's load.");
+    for (const wb_model *m = b->models.head; m; m = m->next) {
+        if (!holds_memory(m))
+            continue;
+        fputs("wb_load_bytes_per_second{model=\"", f);
+        put_label(f, m->name);
+        fputs("\"} ", f);
+        put_double(f,
+                   m->data.load_seconds > 0 ? (double)m->data.bytes / m->data.load_seconds : 0.0);
+        fputc('\n', f);
+    }
+
+    header(f, "wb_requests_total", "counter",
+           "Requests answered, by operation and status (WB_OK or the error's name).");
+    wb_request_count sorted[WB_REQUEST_COUNTERS];
+    size_t nreq = st->n_by_op < WB_REQUEST_COUNTERS ? st->n_by_op : WB_REQUEST_COUNTERS;
+    memcpy(sorted, st->by_op, nreq * sizeof sorted[0]);
+    qsort(sorted, nreq, sizeof sorted[0], by_op_status);
+    for (size_t i = 0; i < nreq; i++) {
+        fputs("wb_requests_total{op=\"", f);
+        put_label(f, op_name(sorted[i].op));
+        fprintf(f, "\",status=\"%s\"} %llu\n", wb_status_name(sorted[i].status),
+                (unsigned long long)sorted[i].n);
+    }
+
+    header(f, "wb_reclaims_total", "counter",
+           "Leases reclaimed because their process was proven dead.");
+    fprintf(f, "wb_reclaims_total %llu\n", (unsigned long long)st->leases_reclaimed);
+
+    if (fclose(f) != 0) {
+        free(text);
+        return NULL;
+    }
+    *len = n;
+    return text;
+}
+
+void wb__metrics_publish(wb_metrics *m, char *text, size_t len)
+{
+    pthread_mutex_lock(&m->mu);
+    char *old = m->text;
+    m->text = text;
+    m->len = len;
+    pthread_mutex_unlock(&m->mu);
+    free(old);
+}
+
+char *wb__metrics_snapshot(wb_metrics *m, size_t *len)
+{
+    pthread_mutex_lock(&m->mu);
+    char *copy = malloc(m->len + 1);
+    if (copy) {
+        memcpy(copy, m->text ? m->text : "", m->len);
+        copy[m->len] = '\0';
+        *len = m->len;
+    }
+    pthread_mutex_unlock(&m->mu);
+    return copy;
+}
+
+void wb__metrics_tick(wb_metrics *m, const wb_broker *b, int changed)
+{
+    if (!m)
+        return;
+    m->dirty |= changed;
+    int64_t now = wb__clock_mono_ms();
+    int64_t age = now - m->rendered_ms;
+    if (age < RENDER_MAX_MS && !(m->dirty && age >= RENDER_MIN_MS))
+        return;
+    size_t len;
+    char *text = wb__metrics_render(b, &len);
+    if (!text)
+        return; /* out of memory: the last page stays */
+    wb__metrics_publish(m, text, len);
+    m->rendered_ms = now;
+    m->dirty = 0;
+}
+
+unsigned wb__metrics_port(const wb_metrics *m)
+{
+    return m ? m->port : 0;
+}
+
+#ifdef WB_HAVE_MICROHTTPD
+
+static enum MHD_Result respond(struct MHD_Connection *conn, unsigned code, char *body, size_t len,
+                               const char *type, enum MHD_ResponseMemoryMode mode)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, mode);
+    if (!r) {
+        if (mode == MHD_RESPMEM_MUST_FREE)
+            free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    if (code == MHD_HTTP_METHOD_NOT_ALLOWED)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+    enum MHD_Result ret = MHD_queue_response(conn, code, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+/* The HTTP thread: serves a copy of the published page and nothing else. */
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version, const char *upload,
+                                  size_t *upload_size, void **req_cls)
+{
+    wb_metrics *m = cls;
+    (void)version;
+    (void)upload;
+    (void)req_cls;
+    static char not_allowed[] = "only GET and HEAD are served\n";
+    static char not_found[] = "not found; the metrics are at /metrics\n";
+    if (*upload_size) {
+        *upload_size = 0; /* a body is read and ignored */
+        return MHD_YES;
+    }
+    if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
+        return respond(conn, MHD_HTTP_METHOD_NOT_ALLOWED, not_allowed, sizeof not_allowed - 1,
+                       "text/plain; charset=utf-8", MHD_RESPMEM_PERSISTENT);
+    if (strcmp(url, "/metrics") != 0)
+        return respond(conn, MHD_HTTP_NOT_FOUND, not_found, sizeof not_found - 1,
+                       "text/plain; charset=utf-8", MHD_RESPMEM_PERSISTENT);
+    size_t len;
+    char *page = wb__metrics_snapshot(m, &len);
+    if (!page)
+        return MHD_NO;
+    return respond(conn, MHD_HTTP_OK, page, len, "text/plain; version=0.0.4; charset=utf-8",
+                   MHD_RESPMEM_MUST_FREE);
+}
+
+static void on_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char msg[512], q[600];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+        msg[--n] = '\0';
+    wb_warn("metrics_http", "error=%s", wb__log_quote(q, sizeof q, msg));
+}
+
+int wb__metrics_start(const char *spec, wb_metrics **out, wb_err *err)
+{
+    *out = NULL;
+    struct sockaddr_storage ss;
+    socklen_t sslen;
+    int rc = wb__metrics_parse_addr(spec, &ss, &sslen, err);
+    if (rc != WB_OK)
+        return rc;
+    /* The socket is bound here rather than by libmicrohttpd, so that a
+     * failure says why (address in use, permission) and port 0 works. */
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return wb__err_errno(err, WB_EIO, errno, "metrics: socket");
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, (struct sockaddr *)&ss, sslen) != 0 || listen(fd, 64) != 0) {
+        int e = errno;
+        close(fd);
+        return wb__err_errno(err, WB_EIO, e, "metrics: cannot listen on %s", spec);
+    }
+    struct sockaddr_storage bound;
+    socklen_t blen = sizeof bound;
+    unsigned port = 0;
+    if (getsockname(fd, (struct sockaddr *)&bound, &blen) == 0)
+        port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                 : ((struct sockaddr_in *)&bound)->sin_port);
+    wb_metrics *m = calloc(1, sizeof *m);
+    if (!m) {
+        close(fd);
+        return wb__err_set(err, WB_ENOMEM, "metrics: out of memory");
+    }
+    pthread_mutex_init(&m->mu, NULL);
+    m->port = port;
+    m->dirty = 1;
+    m->daemon =
+        MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG |
+                             (ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0),
+                         0, NULL, NULL, on_request, m, MHD_OPTION_EXTERNAL_LOGGER, on_log, NULL,
+                         MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_LIMIT, (unsigned)32,
+                         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
+    if (!m->daemon) {
+        close(fd);
+        pthread_mutex_destroy(&m->mu);
+        free(m);
+        return wb__err_set(err, WB_EIO, "metrics: libmicrohttpd could not start on %s", spec);
+    }
+    char q[300];
+    wb_info("metrics_listen", "address=%s port=%u path=/metrics", wb__log_quote(q, sizeof q, spec),
+            port);
+    *out = m;
+    return WB_OK;
+}
+
+void wb__metrics_stop(wb_metrics **mp)
+{
+    wb_metrics *m = mp ? *mp : NULL;
+    if (!m)
+        return;
+    /* Joins the HTTP thread and closes the listening socket. */
+    MHD_stop_daemon(m->daemon);
+    pthread_mutex_destroy(&m->mu);
+    free(m->text);
+    free(m);
+    *mp = NULL;
+}
+
+#else /* !WB_HAVE_MICROHTTPD */
+
+int wb__metrics_start(const char *spec, wb_metrics **out, wb_err *err)
+{
+    (void)spec;
+    *out = NULL;
+    return wb__err_set(err, WB_ENOSYS,
+                       "--metrics: this wbrokerd was built without libmicrohttpd; rebuild with "
+                       "libmicrohttpd-dev installed");
+}
+
+void wb__metrics_stop(wb_metrics **mp)
+{
+    if (mp)
+        *mp = NULL;
+}
+
+#endif

@@ -1,0 +1,56 @@
+/* Configured limits on what peers may make the broker hold: leases per
+ * client process, models, tensors per model, message size and safetensors
+ * header size. Each refusal is WB_ELIMIT with a message that names the limit,
+ * its value and the wbrokerd option that sets it. */
+#ifndef WB_BROKER_QUOTA_H
+#define WB_BROKER_QUOTA_H
+
+#include "err.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define WB_DEFAULT_MAX_LEASES_PER_CLIENT 1024
+#define WB_DEFAULT_MAX_MODELS            64
+#define WB_DEFAULT_MAX_TENSORS           1000000
+/* The smallest --max-message-bytes: room for any error reply and a small
+ * lease. */
+#define WB_MIN_MESSAGE 4096
+
+typedef struct wb_limits {
+    uint32_t max_leases_per_client; /* leases one pid may hold at once */
+    uint32_t max_models;            /* models in the registry, whatever their state */
+    uint64_t max_tensors;           /* tensors in one model */
+    uint64_t max_message;           /* bytes of one message, both directions */
+    uint64_t max_header;            /* bytes of one safetensors header */
+} wb_limits;
+
+/* The defaults: 1024 leases per client, 64 models, 1,000,000 tensors,
+ * WB_MAX_MESSAGE, WB_ST_MAX_HEADER. */
+void wb__limits_default(wb_limits *l);
+
+/* Refusals, each WB_ELIMIT with the limit's name and value. */
+int wb__limits_check_leases(const wb_limits *l, uint32_t pid, uint32_t held, wb_err *err);
+int wb__limits_check_models(const wb_limits *l, size_t models, wb_err *err);
+int wb__limits_check_tensors(const wb_limits *l, const char *model, uint64_t tensors, wb_err *err);
+/* A lease on `model` would be a `lease_bytes` message (plus framing). */
+int wb__limits_check_lease_size(const wb_limits *l, const char *model, uint64_t lease_bytes,
+                                wb_err *err);
+
+/* Reads the 8-byte header length of the safetensors file `path` (a regular
+ * file, already checked) and refuses one over max_header. Files that are not
+ * safetensors by name (an index .json) pass: the reader checks them. A file
+ * shorter than 8 bytes passes too, for the reader to reject with its own
+ * message. */
+int wb__limits_check_header(const wb_limits *l, const char *path, wb_err *err);
+
+/* Checks what can be known before loading a checkpoint the way the reader
+ * will open it (`path` as given, links followed): the header length of each
+ * safetensors file (a single file, a directory's model.safetensors, or every
+ * shard an index names) and, for an index, the number of tensors in its
+ * weight_map. Malformed input passes, for the reader to reject with its
+ * full message. */
+int wb__limits_check_checkpoint(const wb_limits *l, const char *model, const char *path,
+                                wb_err *err);
+
+#endif

@@ -1,0 +1,164 @@
+/* The loading pipeline: moves tensors from checkpoint files into a slab and
+ * checksums each one (XXH3-64 of its bytes, in order) on the way.
+ *
+ * Three modes share the planning, the threads and the error handling:
+ * - direct: reader threads pread straight into the slab's host memory (the
+ *   host backend); there is no copy stage.
+ * - staged: reader threads fill a ring of staging buffers (pinned memory
+ *   allocated once, when the backend starts); one copier thread hands each
+ *   filled buffer to a copy engine (cudaMemcpyAsync on a non-blocking
+ *   stream) as soon as it is filled, whatever its position in the file, and
+ *   a buffer goes back to the readers when both its copy and its checksum
+ *   are done. Nobody waits for chunks in file order.
+ * - mapped: the files are mapped and registered with the engine; the copier
+ *   queues copies straight from the mapping while hasher threads checksum
+ *   the tensors.
+ *
+ * Work is cut into chunks of at most chunk_bytes: a tensor larger than that
+ * becomes several pieces, consecutive smaller tensors share one chunk. The
+ * pieces of one tensor must be hashed in order; they are spread over lanes
+ * (one per reader) so that consecutive claims touch different tensors and
+ * their checksums proceed in parallel. */
+#ifndef WB_BROKER_STAGE_H
+#define WB_BROKER_STAGE_H
+
+#include "err.h"
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Limits on the configuration (wbrokerd checks its options against them). */
+#define WB_STAGE_MAX_THREADS 64
+#define WB_STAGE_MAX_BUFFERS 1024
+#define WB_STAGE_MIN_CHUNK   (64u * 1024u)
+#define WB_STAGE_MAX_CHUNK   (1024ull * 1024u * 1024u)
+
+/* Defaults, chosen by bench/load on a 16-core H200 host (bench/RESULTS.md):
+ * 3/4 of the cores read (the rest is left to the copier and the kernel), in
+ * 4 MiB chunks through 32 buffers (128 MiB of pinned memory). */
+#define WB_STAGE_DEFAULT_CHUNK       (4ull * 1024u * 1024u)
+#define WB_STAGE_DEFAULT_BUFFERS     32
+#define WB_STAGE_DEFAULT_MAX_THREADS 16
+#define WB_STAGE_DEFAULT_READ_BLOCK  (256u * 1024u)
+
+typedef enum wb_stage_mode {
+    WB_STAGE_DIRECT = 1,
+    WB_STAGE_STAGED = 2,
+    WB_STAGE_MAPPED = 3,
+} wb_stage_mode;
+
+/* "direct", "staged", "mapped"; "unknown" otherwise. */
+const char *wb__stage_mode_name(int mode);
+
+typedef struct wb_stage_config {
+    unsigned read_threads; /* 0: 3/4 of the online cores, at most WB_STAGE_DEFAULT_MAX_THREADS */
+    uint64_t chunk_bytes;  /* 0: WB_STAGE_DEFAULT_CHUNK; staged: the size of one buffer */
+    unsigned buffers;      /* 0: WB_STAGE_DEFAULT_BUFFERS; staged only */
+    /* 0: WB_STAGE_DEFAULT_READ_BLOCK. Reads go in blocks of this size, each
+     * checksummed right after it is read, while it is in the core's cache. */
+    unsigned read_block;
+} wb_stage_config;
+
+/* Replaces zero fields of *c by the defaults. */
+void wb__stage_config_fill(wb_stage_config *c);
+
+/* Checks a configuration against the limits; the message names the field. */
+int wb__stage_config_check(const wb_stage_config *c, wb_err *err);
+
+/* The copy stage of the staged and mapped modes. Every function is called
+ * from the copier thread only, except host_register/host_unregister (the
+ * loading thread). None may block on a copy except finish. */
+typedef struct wb_copy_engine {
+    void *ctx;
+    /* Before the first copy of a load (e.g. selects the device). */
+    int (*begin)(void *ctx, wb_err *err);
+    /* Queues an asynchronous copy of len bytes from host memory src to dst.
+     * buf is the staging buffer (or -1 in mapped mode); query(buf) must
+     * then report this copy's completion. */
+    int (*submit)(void *ctx, int buf, const void *src, void *dst, size_t len, wb_err *err);
+    /* 1 when the last copy submitted from buffer buf has finished, 0 when
+     * not yet, a negative code when the copy failed. */
+    int (*query)(void *ctx, int buf, wb_err *err);
+    /* Waits for every queued copy. *device_seconds gets the time the
+     * device spent from the first copy's start to the last one's end, or
+     * a negative number when the engine cannot tell. */
+    int (*finish)(void *ctx, double *device_seconds, wb_err *err);
+    /* Mapped mode: makes [addr, addr + len) usable by submit, and undoes it. */
+    int (*host_register)(void *ctx, void *addr, size_t len, wb_err *err);
+    void (*host_unregister)(void *ctx, void *addr);
+} wb_copy_engine;
+
+/* A ring of staging buffers, allocated once by its owner (the backend) and
+ * reused by every load; one load at a time. */
+typedef struct wb_staging {
+    unsigned n;     /* buffers */
+    uint64_t size;  /* bytes per buffer = the chunk size of staged loads */
+    uint8_t **bufs; /* n buffers of `size` bytes, owned by the creator */
+    wb_copy_engine engine;
+} wb_staging;
+
+typedef struct wb_stage_tensor {
+    const char *name; /* for messages */
+    uint32_t file;    /* index into the job's files */
+    uint64_t file_offset;
+    uint64_t slab_offset;
+    uint64_t nbytes;
+    uint64_t xxh3; /* output */
+} wb_stage_tensor;
+
+typedef struct wb_stage_job {
+    int mode; /* wb_stage_mode */
+    wb_stage_tensor *tensors;
+    size_t n_tensors;
+    /* Inputs: one descriptor (direct, staged) or mapping (mapped) per file. */
+    uint32_t n_files;
+    const char *const *files; /* names, for messages */
+    const int *fds;
+    const uint8_t *const *maps;
+    /* The destination: the slab's host bytes (direct) or its base address
+     * as the engine understands it (staged, mapped). */
+    uint8_t *host_dst;
+    void *dst;
+    wb_staging *staging;      /* staged: the ring; mapped: only its engine */
+    wb_copy_engine *engine;   /* mapped: the engine (staged uses the ring's) */
+    wb_stage_config cfg;      /* threads and chunk size (staged: chunk = buffer size) */
+    const atomic_int *cancel; /* may be NULL; nonzero stops the load (WB_ESTATE) */
+    _Atomic uint64_t *landed; /* may be NULL; tensor bytes in place so far */
+} wb_stage_job;
+
+/* What a load did. Reader and hasher figures are summed over threads; the
+ * stage's rate is bytes / (busy seconds / threads), i.e. how fast that stage
+ * ran while it was busy. */
+typedef struct wb_stage_stats {
+    int mode;
+    uint64_t bytes; /* tensor bytes */
+    unsigned threads;
+    uint64_t chunk_bytes;
+    unsigned buffers;
+    uint64_t chunks;
+    double seconds;      /* the whole pipeline, wall clock */
+    double read_busy;    /* summed seconds in pread (or memcpy) */
+    double hash_busy;    /* summed seconds in XXH3 */
+    double wait_busy;    /* summed seconds readers waited for a buffer or a turn */
+    double copy_seconds; /* copy stage: first copy's start to last one's end */
+} wb_stage_stats;
+
+/* Progress of one load: the loader thread writes it, the broker's event
+ * loop reads it (wbctl's progress bar). */
+typedef struct wb_load_progress {
+    _Atomic uint64_t total;  /* tensor bytes, once the headers are read */
+    _Atomic uint64_t landed; /* tensor bytes in place */
+} wb_load_progress;
+
+/* Runs the pipeline. On success every tensor's xxh3 is set and its bytes are
+ * in place. On failure returns the first error (a read error or short file
+ * names the file and tensor; WB_ESTATE for a cancel), after every thread has
+ * stopped and every queued copy has finished: nothing is left running and
+ * the staging ring can be reused. */
+int wb__stage_run(wb_stage_job *job, wb_stage_stats *stats, wb_err *err);
+
+/* The rate of a stage in GB/s from its busy seconds, or 0. */
+double wb__stage_gbps(uint64_t bytes, double busy, unsigned threads);
+
+#endif

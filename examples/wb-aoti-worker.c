@@ -1,0 +1,749 @@
+/* wb-aoti-worker: serves one model variant from leased weights.
+ *
+ * Leases a base model and any number of per-variant models (heads) from the
+ * broker, builds an AOTInductor container for the compiled variant on their
+ * tensors (no copy), runs it on an input and writes the output. Only the
+ * public headers are used.
+ *
+ *   wb-aoti-worker --model BASE [--model HEAD ...] --aoti PATH.pt2
+ *                  [--input FILE] [--output FILE] [--iterations N] [--serve]
+ *                  [--socket PATH] [--torch-lib DIR] [--device DEV] [--verify]
+ *   wb-aoti-worker --local-weights FILE [--local-weights FILE ...] --aoti PATH ...
+ *   wb-aoti-worker --own-constants --aoti PATH.so ...
+ *
+ * --verify checks every leased tensor against the broker's checksum before
+ * serving (wb_lease_verify; device memory is copied to the host in chunks
+ * on a private stream).
+ *
+ * --local-weights loads the safetensors files into this process's own memory
+ * instead of leasing them, and --own-constants lets a model library built
+ * with its constants inside load them itself: both are the unshared
+ * baselines the sharing is measured against.
+ *
+ * Inputs and outputs are safetensors files whose tensors are named input0,
+ * input1, ... and output0, output1, ... With --serve the worker keeps running
+ * the model until SIGTERM or SIGINT and counts outputs that differ from the
+ * first run's. On CUDA, copies go through pinned buffers with
+ * cudaMemcpyAsync on the container's non-blocking stream: a serving worker
+ * never calls synchronous copies, which would stall every kernel of the
+ * process.
+ *
+ * It prints "attach ..." once the container is ready, "ready" when serving,
+ * and one "result {json}" line at the end (timings, the container's
+ * record). Exit codes: 0 success, 1 broker or model failure, 2 usage,
+ * 3 outputs changed while serving. */
+#include "wb/client.h"
+#include "wb/container.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef WB_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#define EXIT_FAIL     1
+#define EXIT_USAGE    2
+#define EXIT_MISMATCH 3
+#define MAX_MODELS    16
+#define MAX_IO        16
+
+typedef struct host_tensor {
+    char name[64];
+    char dtype[16];
+    uint32_t ndim;
+    uint64_t shape[8];
+    int64_t shape64[8];
+    size_t nbytes;
+    void *data; /* host (pinned on CUDA) */
+    void *dev;  /* device copy, CUDA only */
+} host_tensor;
+
+typedef struct st_file {
+    size_t n;
+    host_tensor *t;
+} st_file;
+
+static volatile sig_atomic_t stop;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop = 1;
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: wb-aoti-worker --model BASE [--model HEAD ...] --aoti PATH\n"
+            "                      [--input FILE] [--output FILE] [--iterations N] [--serve]\n"
+            "                      [--socket PATH] [--torch-lib DIR] [--device DEV] [--verify]\n"
+            "       wb-aoti-worker --local-weights FILE [...] --aoti PATH [...]\n"
+            "       wb-aoti-worker --own-constants --aoti PATH [...]\n");
+}
+
+static int dtype_bytes(const char *dt)
+{
+    static const struct {
+        const char *n;
+        int b;
+    } m[] = {{"F32", 4}, {"BF16", 2}, {"F16", 2}, {"F64", 8}, {"I64", 8},
+             {"I32", 4}, {"I16", 2},  {"I8", 1},  {"U8", 1},  {"BOOL", 1}};
+    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) {
+        if (strcmp(m[i].n, dt) == 0)
+            return m[i].b;
+    }
+    return 0;
+}
+
+/* Host memory for tensors: pinned on CUDA so that async copies stay async. */
+static void *host_alloc(size_t n, int cuda)
+{
+#ifdef WB_HAVE_CUDA
+    if (cuda) {
+        void *p = NULL;
+        return cudaHostAlloc(&p, n ? n : 1, cudaHostAllocDefault) == cudaSuccess ? p : NULL;
+    }
+#else
+    (void)cuda;
+#endif
+    return malloc(n ? n : 1);
+}
+
+static void host_free(void *p, int cuda)
+{
+#ifdef WB_HAVE_CUDA
+    if (cuda) {
+        cudaFreeHost(p);
+        return;
+    }
+#else
+    (void)cuda;
+#endif
+    free(p);
+}
+
+/* Reads a safetensors file (every tensor) into host memory. */
+static int read_st(const char *path, int cuda, st_file *out)
+{
+    memset(out, 0, sizeof *out);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "wb-aoti-worker: %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    uint64_t hlen = 0;
+    if (fread(&hlen, 8, 1, f) != 1 || hlen > 100000000) {
+        fprintf(stderr, "wb-aoti-worker: %s: not a safetensors file\n", path);
+        fclose(f);
+        return -1;
+    }
+    char *h = malloc(hlen + 1);
+    if (!h || fread(h, 1, hlen, f) != hlen) {
+        fprintf(stderr, "wb-aoti-worker: %s: short header\n", path);
+        free(h);
+        fclose(f);
+        return -1;
+    }
+    h[hlen] = '\0';
+    json_error_t je;
+    json_t *j = json_loads(h, 0, &je);
+    free(h);
+    if (!json_is_object(j)) {
+        fprintf(stderr, "wb-aoti-worker: %s: bad header: %s\n", path, je.text);
+        json_decref(j);
+        fclose(f);
+        return -1;
+    }
+    out->t = calloc(json_object_size(j) + 1, sizeof *out->t);
+    const char *key;
+    json_t *v;
+    int rc = 0;
+    json_object_foreach(j, key, v)
+    {
+        if (strcmp(key, "__metadata__") == 0)
+            continue;
+        host_tensor *t = &out->t[out->n];
+        snprintf(t->name, sizeof t->name, "%s", key);
+        snprintf(t->dtype, sizeof t->dtype, "%s", json_string_value(json_object_get(v, "dtype")));
+        json_t *shape = json_object_get(v, "shape"), *off = json_object_get(v, "data_offsets");
+        t->ndim = (uint32_t)json_array_size(shape);
+        uint64_t elems = 1;
+        for (uint32_t d = 0; d < t->ndim && d < 8; d++) {
+            t->shape[d] = (uint64_t)json_integer_value(json_array_get(shape, d));
+            t->shape64[d] = (int64_t)t->shape[d];
+            elems *= t->shape[d];
+        }
+        uint64_t a = (uint64_t)json_integer_value(json_array_get(off, 0));
+        uint64_t b = (uint64_t)json_integer_value(json_array_get(off, 1));
+        t->nbytes = (size_t)(b - a);
+        if (t->ndim > 8 || elems * (uint64_t)dtype_bytes(t->dtype) != t->nbytes) {
+            fprintf(stderr, "wb-aoti-worker: %s: tensor %s: unsupported dtype or bad size\n", path,
+                    key);
+            rc = -1;
+            break;
+        }
+        t->data = host_alloc(t->nbytes, cuda);
+        if (!t->data || fseeko(f, (off_t)(8 + hlen + a), SEEK_SET) != 0 ||
+            fread(t->data, 1, t->nbytes, f) != t->nbytes) {
+            fprintf(stderr, "wb-aoti-worker: %s: cannot read tensor %s\n", path, key);
+            rc = -1;
+            break;
+        }
+        out->n++;
+    }
+    json_decref(j);
+    fclose(f);
+    return rc;
+}
+
+static host_tensor *st_find(st_file *s, const char *name)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        if (strcmp(s->t[i].name, name) == 0)
+            return &s->t[i];
+    }
+    return NULL;
+}
+
+static int write_st(const char *path, host_tensor *t, size_t n)
+{
+    json_t *h = json_object();
+    uint64_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        json_t *o = json_object(), *shape = json_array(), *offs = json_array();
+        for (uint32_t d = 0; d < t[i].ndim; d++)
+            json_array_append_new(shape, json_integer((json_int_t)t[i].shape[d]));
+        json_array_append_new(offs, json_integer((json_int_t)off));
+        json_array_append_new(offs, json_integer((json_int_t)(off + t[i].nbytes)));
+        json_object_set_new(o, "dtype", json_string(t[i].dtype));
+        json_object_set_new(o, "shape", shape);
+        json_object_set_new(o, "data_offsets", offs);
+        json_object_set_new(h, t[i].name, o);
+        off += t[i].nbytes;
+    }
+    char *s = json_dumps(h, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(h);
+    size_t len = strlen(s), pad = (8 - len % 8) % 8;
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        free(s);
+        return -1;
+    }
+    uint64_t hl = len + pad;
+    fwrite(&hl, 8, 1, f);
+    fwrite(s, 1, len, f);
+    for (size_t i = 0; i < pad; i++)
+        fputc(' ', f);
+    /* Tensors were laid out in the order given. */
+    for (size_t i = 0; i < n; i++)
+        fwrite(t[i].data, 1, t[i].nbytes, f);
+    free(s);
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+/* Copies host tensors to the device on `stream` (CUDA only). */
+static int to_device(host_tensor *t, int device, void *stream)
+{
+#ifdef WB_HAVE_CUDA
+    (void)device;
+    if (cudaMalloc(&t->dev, t->nbytes ? t->nbytes : 1) != cudaSuccess ||
+        cudaMemcpyAsync(t->dev, t->data, t->nbytes, cudaMemcpyHostToDevice, (cudaStream_t)stream) !=
+            cudaSuccess) {
+        fprintf(stderr, "wb-aoti-worker: cannot copy %s to the device\n", t->name);
+        return -1;
+    }
+    return 0;
+#else
+    (void)t;
+    (void)device;
+    (void)stream;
+    fprintf(stderr, "wb-aoti-worker: this build has no CUDA support\n");
+    return -1;
+#endif
+}
+
+static int sync_stream(void *stream)
+{
+#ifdef WB_HAVE_CUDA
+    if (stream && cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess)
+        return -1;
+#else
+    (void)stream;
+#endif
+    return 0;
+}
+
+typedef struct worker {
+    const char *models[MAX_MODELS];
+    size_t n_models;
+    const char *local[MAX_MODELS];
+    size_t n_local;
+    int own_constants;
+    const char *aoti, *input, *output, *socket, *torch_lib, *device;
+    long iterations;
+    int serve;
+    int verify;
+    double t_verify;
+    int cuda;
+    int dev_index;
+    wb_client *client;
+    wb_lease *leases[MAX_MODELS];
+    st_file local_files[MAX_MODELS];
+    wb_container_tensor *local_tensors;
+    size_t n_local_tensors;
+    wb_container *c;
+    void *stream;
+    st_file in;
+    host_tensor out[MAX_IO];
+    size_t n_out;
+    double t_cuda_init, t_torch, t_connect, t_lease, t_load_local, t_container, t_total;
+    double run_ms_first, run_ms_median;
+    long served, mismatches;
+} worker;
+
+/* One inference: wraps the inputs (already on the device for CUDA), runs,
+ * copies outputs to host buffers. `check` compares with the stored outputs
+ * instead of storing them. */
+static int run_once(worker *w, int check, double *ms)
+{
+    wb_aten_tensor in[MAX_IO], out[MAX_IO] = {0};
+    size_t n_in = w->in.n;
+    for (size_t i = 0; i < n_in; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "input%zu", i);
+        host_tensor *t = st_find(&w->in, name);
+        if (!t) {
+            fprintf(stderr, "wb-aoti-worker: the input file has no tensor %s\n", name);
+            return -1;
+        }
+        if (wb_container_tensor_from_blob(w->c, w->cuda ? t->dev : t->data, t->dtype, t->ndim,
+                                          t->shape64, w->cuda ? w->dev_index : -1,
+                                          &in[i]) != WB_OK) {
+            fprintf(stderr, "wb-aoti-worker: %s\n", wb_container_errmsg(w->c));
+            return -1;
+        }
+    }
+    wb_container_info info;
+    wb_container_get_info(w->c, &info);
+    size_t n_out = info.n_outputs ? info.n_outputs : 1;
+    double t0 = now_ms();
+    if (wb_container_run(w->c, in, n_in, out, n_out, w->stream) != WB_OK) {
+        fprintf(stderr, "wb-aoti-worker: run: %s\n", wb_container_errmsg(w->c));
+        return -1;
+    }
+    int rc = 0;
+    for (size_t i = 0; i < n_out && rc == 0; i++) {
+        wb_tensor_desc d;
+        if (wb_container_tensor_describe(w->c, out[i], &d) != WB_OK) {
+            fprintf(stderr, "wb-aoti-worker: %s\n", wb_container_errmsg(w->c));
+            rc = -1;
+            break;
+        }
+        host_tensor *h = &w->out[i];
+        if (!check) {
+            snprintf(h->name, sizeof h->name, "output%zu", i);
+            snprintf(h->dtype, sizeof h->dtype, "%s", d.dtype);
+            h->ndim = d.ndim;
+            for (uint32_t k = 0; k < d.ndim; k++)
+                h->shape[k] = (uint64_t)d.shape[k];
+            h->nbytes = d.nbytes;
+            h->data = host_alloc(d.nbytes, w->cuda);
+            h->dev = host_alloc(d.nbytes, w->cuda); /* a second buffer for checks */
+            if (!h->data || !h->dev) {
+                rc = -1;
+                break;
+            }
+        }
+        void *dst = check ? h->dev : h->data;
+#ifdef WB_HAVE_CUDA
+        if (w->cuda) {
+            if (cudaMemcpyAsync(dst, d.data, d.nbytes, cudaMemcpyDeviceToHost,
+                                (cudaStream_t)w->stream) != cudaSuccess)
+                rc = -1;
+        } else
+#endif
+            memcpy(dst, d.data, d.nbytes);
+    }
+    if (rc == 0 && sync_stream(w->stream) != 0)
+        rc = -1;
+    *ms = now_ms() - t0;
+    for (size_t i = 0; i < n_out; i++) {
+        if (check && rc == 0 && memcmp(w->out[i].data, w->out[i].dev, w->out[i].nbytes) != 0)
+            w->mismatches++;
+        wb_container_tensor_delete(w->c, out[i]);
+    }
+    if (!check)
+        w->n_out = n_out;
+    return rc;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The unshared baseline: each safetensors file is read into this process's
+ * own memory (device memory on CUDA) and bound as caller tensors. */
+static int load_local(worker *w)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < w->n_local; i++) {
+        if (read_st(w->local[i], w->cuda, &w->local_files[i]) != 0)
+            return -1;
+        total += w->local_files[i].n;
+    }
+    w->local_tensors = calloc(total + 1, sizeof *w->local_tensors);
+    for (size_t i = 0; i < w->n_local; i++) {
+        for (size_t k = 0; k < w->local_files[i].n; k++) {
+            host_tensor *t = &w->local_files[i].t[k];
+            if (w->cuda && to_device(t, w->dev_index, w->stream) != 0)
+                return -1;
+            wb_container_tensor *ct = &w->local_tensors[w->n_local_tensors++];
+            ct->fqn = t->name;
+            ct->data = w->cuda ? t->dev : t->data;
+            ct->dtype = t->dtype;
+            ct->ndim = t->ndim;
+            ct->shape = t->shape;
+            ct->device = w->cuda ? w->dev_index : -1;
+        }
+    }
+    if (sync_stream(w->stream) != 0)
+        return -1;
+    /* The host copies are not needed once on the device. */
+    for (size_t i = 0; w->cuda && i < w->n_local; i++) {
+        for (size_t k = 0; k < w->local_files[i].n; k++) {
+            host_free(w->local_files[i].t[k].data, 1);
+            w->local_files[i].t[k].data = NULL;
+        }
+    }
+    return 0;
+}
+
+static int attach(worker *w)
+{
+    double t0 = now_ms();
+    if (w->n_models) {
+        wb_client_options o;
+        wb_client_options_init(&o);
+        o.socket_path = w->socket;
+        o.client_name = "wb-aoti-worker";
+        if (wb_client_connect(&o, &w->client) != WB_OK) {
+            fprintf(stderr, "wb-aoti-worker: %s\n", wb_client_errmsg(w->client));
+            return -1;
+        }
+        w->t_connect = now_ms() - t0;
+        double t1 = now_ms();
+        for (size_t i = 0; i < w->n_models; i++) {
+            if (wb_lease_acquire(w->client, w->models[i], &w->leases[i]) != WB_OK) {
+                fprintf(stderr, "wb-aoti-worker: %s\n", wb_client_errmsg(w->client));
+                return -1;
+            }
+        }
+        w->t_lease = now_ms() - t1;
+    }
+    if (w->n_local) {
+        double t1 = now_ms();
+        if (load_local(w) != 0)
+            return -1;
+        w->t_load_local = now_ms() - t1;
+    }
+    double t2 = now_ms();
+    wb_container_options o;
+    wb_container_options_init(&o);
+    o.torch_lib_dir = w->torch_lib;
+    o.device = w->device;
+    o.stream = w->stream;
+    o.tensors = w->local_tensors;
+    o.n_tensors = w->n_local_tensors;
+    o.own_constants = w->own_constants;
+    int rc = wb_container_create(w->leases, w->n_models, w->aoti, &o, &w->c);
+    if (rc != WB_OK) {
+        fprintf(stderr, "wb-aoti-worker: %s: %s\n", wb_status_name(rc), wb_container_errmsg(w->c));
+        return -1;
+    }
+    w->t_container = now_ms() - t2;
+    w->t_total = now_ms() - t0;
+    return 0;
+}
+
+static void print_result(worker *w, int rc)
+{
+    wb_container_info info;
+    memset(&info, 0, sizeof info);
+    if (w->c)
+        wb_container_get_info(w->c, &info);
+    json_t *o = json_object();
+    json_object_set_new(o, "ok", json_boolean(rc == 0));
+    json_object_set_new(o, "pid", json_integer(getpid()));
+    json_object_set_new(o, "mode",
+                        json_string(w->n_models  ? "leased"
+                                    : w->n_local ? "local_weights"
+                                                 : "own_constants"));
+    json_object_set_new(o, "aoti_api", json_string(info.aoti_api ? info.aoti_api : ""));
+    json_object_set_new(o, "device", json_string(info.device ? info.device : ""));
+    json_object_set_new(o, "pinned_async_copy", json_boolean(info.pinned_async_copy));
+    json_object_set_new(o, "constants", json_integer((json_int_t)info.n_constants));
+    json_object_set_new(o, "bound_tensors", json_integer((json_int_t)info.bound_tensors));
+    json_object_set_new(o, "bound_bytes", json_integer((json_int_t)info.bound_bytes));
+    json_object_set_new(o, "caller_bytes", json_integer((json_int_t)info.caller_bytes));
+    json_object_set_new(o, "folded_constants", json_integer((json_int_t)info.folded_constants));
+    json_object_set_new(o, "folded_bytes", json_integer((json_int_t)info.folded_bytes));
+    json_object_set_new(o, "embedded_bytes", json_integer((json_int_t)info.embedded_bytes));
+    json_object_set_new(o, "embedded_free_s", json_real(info.embedded_free_seconds));
+    json_t *t = json_object();
+    json_object_set_new(t, "cuda_init", json_real(w->t_cuda_init));
+    json_object_set_new(t, "torch_load", json_real(w->t_torch));
+    json_object_set_new(t, "connect", json_real(w->t_connect));
+    json_object_set_new(t, "lease_and_open", json_real(w->t_lease));
+    json_object_set_new(t, "load_local", json_real(w->t_load_local));
+    json_object_set_new(t, "container", json_real(w->t_container));
+    json_object_set_new(t, "attach_total", json_real(w->t_total));
+    json_object_set_new(t, "first_run", json_real(w->run_ms_first));
+    json_object_set_new(t, "median_run", json_real(w->run_ms_median));
+    json_object_set_new(t, "verify", json_real(w->t_verify));
+    json_object_set_new(o, "ms", t);
+    json_object_set_new(o, "served", json_integer(w->served));
+    json_object_set_new(o, "mismatches", json_integer(w->mismatches));
+    char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    printf("result %s\n", s);
+    fflush(stdout);
+    free(s);
+    json_decref(o);
+}
+
+static int parse(worker *w, int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"model", required_argument, NULL, 'm'},
+        {"local-weights", required_argument, NULL, 'L'},
+        {"own-constants", no_argument, NULL, 'E'},
+        {"aoti", required_argument, NULL, 'a'},
+        {"input", required_argument, NULL, 'i'},
+        {"output", required_argument, NULL, 'o'},
+        {"iterations", required_argument, NULL, 'n'},
+        {"serve", no_argument, NULL, 'S'},
+        {"verify", no_argument, NULL, 'V'},
+        {"socket", required_argument, NULL, 's'},
+        {"torch-lib", required_argument, NULL, 't'},
+        {"device", required_argument, NULL, 'd'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    w->iterations = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm':
+            if (w->n_models == MAX_MODELS)
+                return EXIT_USAGE;
+            w->models[w->n_models++] = optarg;
+            break;
+        case 'L':
+            if (w->n_local == MAX_MODELS)
+                return EXIT_USAGE;
+            w->local[w->n_local++] = optarg;
+            break;
+        case 'E':
+            w->own_constants = 1;
+            break;
+        case 'a':
+            w->aoti = optarg;
+            break;
+        case 'i':
+            w->input = optarg;
+            break;
+        case 'o':
+            w->output = optarg;
+            break;
+        case 'n': {
+            char *end;
+            w->iterations = strtol(optarg, &end, 10);
+            if (*end || w->iterations < 1) {
+                fprintf(stderr, "wb-aoti-worker: --iterations: expected a positive number\n");
+                return EXIT_USAGE;
+            }
+            break;
+        }
+        case 'S':
+            w->serve = 1;
+            break;
+        case 'V':
+            w->verify = 1;
+            break;
+        case 's':
+            w->socket = optarg;
+            break;
+        case 't':
+            w->torch_lib = optarg;
+            break;
+        case 'd':
+            w->device = optarg;
+            break;
+        case 'h':
+            usage(stdout);
+            exit(0);
+        default:
+            usage(stderr);
+            return EXIT_USAGE;
+        }
+    }
+    int modes = (w->n_models > 0) + (w->n_local > 0) + w->own_constants;
+    if (!w->aoti || modes != 1 || optind != argc) {
+        fprintf(stderr, "wb-aoti-worker: give --aoti and exactly one of --model, "
+                        "--local-weights, --own-constants\n");
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    if (w->serve && !w->input) {
+        fprintf(stderr, "wb-aoti-worker: --serve needs --input\n");
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static worker w;
+    int rc = parse(&w, argc, argv);
+    if (rc)
+        return rc;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+
+    /* CUDA when asked for, or when the weights will be in device memory:
+     * the context is made here, before timing the attach. */
+    w.cuda = w.device ? strncmp(w.device, "cuda", 4) == 0 : 0;
+    const char *env_dev = getenv("WB_WORKER_DEVICE");
+    if (!w.device && env_dev && strncmp(env_dev, "cuda", 4) == 0) {
+        w.cuda = 1;
+        w.device = env_dev;
+    }
+#ifdef WB_HAVE_CUDA
+    if (w.cuda) {
+        double t0 = now_ms();
+        const char *colon = strchr(w.device, ':');
+        w.dev_index = colon ? atoi(colon + 1) : 0;
+        cudaStream_t s;
+        if (cudaSetDevice(w.dev_index) != cudaSuccess || cudaFree(NULL) != cudaSuccess ||
+            cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+            fprintf(stderr, "wb-aoti-worker: no usable GPU for %s\n", w.device);
+            return EXIT_FAIL;
+        }
+        w.stream = s;
+        w.t_cuda_init = now_ms() - t0;
+    }
+#else
+    if (w.cuda) {
+        fprintf(stderr, "wb-aoti-worker: this build has no CUDA support\n");
+        return EXIT_FAIL;
+    }
+#endif
+    if (w.torch_lib) {
+        /* Loaded here, before the attach is timed, as a serving process
+         * would have it loaded already; the binding then finds it. */
+        double t0 = now_ms();
+        static const char *libs[] = {"libc10.so", "libc10_cuda.so", "libtorch_cpu.so",
+                                     "libtorch_cuda.so", "libtorch.so"};
+        for (size_t i = 0; i < sizeof libs / sizeof libs[0]; i++) {
+            char p[4096];
+            snprintf(p, sizeof p, "%s/%s", w.torch_lib, libs[i]);
+            if (access(p, R_OK) == 0 && !dlopen(p, RTLD_NOW | RTLD_GLOBAL))
+                fprintf(stderr, "wb-aoti-worker: %s\n", dlerror());
+        }
+        w.t_torch = now_ms() - t0;
+    }
+    if (w.input && read_st(w.input, w.cuda, &w.in) != 0)
+        return EXIT_FAIL;
+    for (size_t i = 0; w.cuda && i < w.in.n; i++) {
+        if (to_device(&w.in.t[i], w.dev_index, w.stream) != 0)
+            return EXIT_FAIL;
+    }
+    if (sync_stream(w.stream) != 0)
+        return EXIT_FAIL;
+
+    rc = attach(&w) == 0 ? 0 : EXIT_FAIL;
+    if (rc == 0) {
+        wb_container_info info;
+        wb_container_get_info(w.c, &info);
+        if (!w.cuda && strncmp(info.device, "cuda", 4) == 0) {
+            fprintf(stderr, "wb-aoti-worker: the model runs on %s: pass --device %s\n", info.device,
+                    info.device);
+            rc = EXIT_USAGE;
+        }
+    }
+    if (rc == 0) {
+        wb_container_info info;
+        wb_container_get_info(w.c, &info);
+        printf("attach api=%s total_ms=%.1f connect_ms=%.1f lease_ms=%.1f container_ms=%.1f "
+               "bound_bytes=%llu folded_bytes=%llu\n",
+               info.aoti_api, w.t_total, w.t_connect, w.t_lease, w.t_container,
+               (unsigned long long)info.bound_bytes, (unsigned long long)info.folded_bytes);
+    }
+    for (size_t i = 0; rc == 0 && w.verify && i < w.n_models; i++) {
+        double t0 = now_ms();
+        size_t bad = 0;
+        if (wb_lease_verify(w.leases[i], &bad) != WB_OK) {
+            fprintf(stderr, "wb-aoti-worker: %s\n", wb_client_errmsg(w.client));
+            rc = EXIT_FAIL;
+            break;
+        }
+        w.t_verify += now_ms() - t0;
+        printf("verified %s (%zu tensors) in %.1f ms\n", w.models[i],
+               wb_lease_tensor_count(w.leases[i]), now_ms() - t0);
+    }
+    if (rc == 0 && w.input) {
+        double *ms = calloc((size_t)w.iterations, sizeof *ms);
+        for (long i = 0; i < w.iterations && rc == 0; i++)
+            rc = run_once(&w, i > 0, &ms[i]) == 0 ? 0 : EXIT_FAIL;
+        if (rc == 0) {
+            w.run_ms_first = ms[0];
+            qsort(ms, (size_t)w.iterations, sizeof *ms, cmp_double);
+            w.run_ms_median = ms[w.iterations / 2];
+        }
+        free(ms);
+        if (rc == 0 && w.output && write_st(w.output, w.out, w.n_out) != 0) {
+            fprintf(stderr, "wb-aoti-worker: cannot write %s\n", w.output);
+            rc = EXIT_FAIL;
+        }
+    }
+    if (rc == 0 && w.serve) {
+        printf("ready\n");
+        while (!stop && rc == 0) {
+            double ms;
+            rc = run_once(&w, 1, &ms) == 0 ? 0 : EXIT_FAIL;
+            w.served++;
+            struct timespec ts = {0, 20 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+        printf("served runs=%ld mismatches=%ld\n", w.served, w.mismatches);
+        if (rc == 0 && w.mismatches)
+            rc = EXIT_MISMATCH;
+    }
+    print_result(&w, rc);
+    wb_container_destroy(&w.c);
+    for (size_t i = 0; i < w.n_models; i++) {
+        if (w.leases[i] && wb_lease_release(&w.leases[i]) != WB_OK)
+            fprintf(stderr, "wb-aoti-worker: release: %s\n", wb_client_errmsg(w.client));
+    }
+    wb_client_destroy(&w.client);
+    return rc;
+}

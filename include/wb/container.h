@@ -1,0 +1,178 @@
+/* libwbclient: AOTInductor model containers on leased weights.
+ *
+ * A container runs a model compiled ahead of time by PyTorch's AOTInductor
+ * (a `.pt2` package, the directory of an unpacked one, or the model `.so`)
+ * directly on the weights of one or more leases: the model's constants are
+ * bound by their original names (FQNs, the safetensors names) to the leased
+ * tensors without copying them, so every worker on the node shares one copy.
+ *
+ * libwbclient does not link libtorch. The model library needs libtorch at run
+ * time: the caller provides it (LD_LIBRARY_PATH) or names torch's lib
+ * directory in the options, and the library then loads libc10.so,
+ * libtorch_cpu.so, libtorch_cuda.so and libtorch.so from there first.
+ *
+ * Lifetime: a container registers itself on every lease it binds; such a
+ * lease cannot be released (wb_lease_release returns WB_EBUSY) until the
+ * container is destroyed. Destroy containers before releasing their leases.
+ *
+ * Streams: on CUDA, pass the stream to run on. Workers must not issue
+ * synchronous copies (cudaMemcpy) or use the legacy default stream while
+ * serving: such calls wait for every kernel of the process and stall it. */
+#ifndef WB_CONTAINER_H
+#define WB_CONTAINER_H
+
+#include "wb/client.h"
+#include "wb/export.h"
+#include "wb/status.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct wb_container wb_container;
+
+/* A tensor of the model's runtime (libtorch's AtenTensorHandle: the same
+ * opaque type, so a C++ caller may pass it to torch's shim functions). */
+typedef struct AtenTensorOpaque *wb_aten_tensor;
+
+/* A tensor owned by the caller, bound as a constant when no lease has its
+ * name (or to override a leased one). The memory must stay valid, and
+ * unchanged, until the container is destroyed. */
+typedef struct wb_container_tensor {
+    const char *fqn;       /* the constant's original name, as in the state dict */
+    const void *data;      /* host pointer, or device pointer when device >= 0 */
+    const char *dtype;     /* "F32", "BF16", ... as in safetensors */
+    uint32_t ndim;         /* 0 for a scalar */
+    const uint64_t *shape; /* ndim entries */
+    int device;            /* CUDA device ordinal, or -1 for host memory */
+} wb_container_tensor;
+
+typedef struct wb_container_options {
+    /* torch's lib directory: its libraries are loaded (RTLD_GLOBAL) before
+     * the model. NULL: the model's own dependencies are resolved by the
+     * dynamic linker (LD_LIBRARY_PATH). */
+    const char *torch_lib_dir;
+    /* "cpu", "cuda" or "cuda:N". NULL: "cuda:<current device>" when any
+     * bound tensor is in device memory, else "cpu". */
+    const char *device;
+    /* Model instances that may run concurrently; 0 means 1. */
+    size_t num_models;
+    /* Caller tensors (see wb_container_tensor), searched before the leases. */
+    const wb_container_tensor *tensors;
+    size_t n_tensors;
+    /* Directory where a .pt2 package is unpacked (into a private mkdtemp
+     * directory, mode 0700, removed on destroy). NULL: $TMPDIR, else /tmp. */
+    const char *work_dir;
+    /* CUDA stream (cudaStream_t) for constant folding at creation. NULL: a
+     * private non-blocking stream. Ignored on the CPU. */
+    void *stream;
+    /* Nonzero: bind nothing and keep the constants the model library loads
+     * by itself (a library built with its constants inside). This is the
+     * unshared baseline: every process then holds its own copy. With torch
+     * >= 2.14 the container is still created with CreateWithDevice. */
+    int own_constants;
+} wb_container_options;
+
+/* Fills opts with the defaults described above (all zero). */
+WB_EXPORT void wb_container_options_init(wb_container_options *opts);
+
+/* Builds a container for the model at `model_path` on the weights of
+ * `leases` (n_leases >= 0; every constant must then be found in a lease or
+ * in opts->tensors). Checks every constant's dtype and byte size against the
+ * tensor bound to it and fails naming the tensor on a mismatch.
+ *
+ * On success *out is a new container. On failure *out is still set (unless
+ * out of memory) so that wb_container_errmsg() can say what went wrong;
+ * destroy it either way. Errors: WB_EINVAL (arguments, dtype or size
+ * mismatch), WB_ENOTFOUND (no such file, a constant found nowhere),
+ * WB_EFORMAT (not a model library or package, a package entry that would
+ * escape its directory), WB_EIO (extraction, dlopen), WB_EINTERNAL (the
+ * model's runtime reported a failure). */
+WB_EXPORT int wb_container_create(wb_lease *const *leases, size_t n_leases, const char *model_path,
+                                  const wb_container_options *opts, wb_container **out);
+
+/* Runs the model once. `inputs` are stolen (the model frees them, also on
+ * failure); `outputs` receives n_out new tensors that belong to the caller
+ * (free each with wb_container_tensor_delete). `stream` is the cudaStream_t
+ * to run on (NULL: the container's private stream on CUDA; ignored on the
+ * CPU); the call returns once the work is queued: synchronise the stream
+ * before reading outputs. */
+WB_EXPORT int wb_container_run(wb_container *c, wb_aten_tensor *inputs, size_t n_in,
+                               wb_aten_tensor *outputs, size_t n_out, void *stream);
+
+/* Deletes the model container, unregisters it from its leases (which may
+ * then be released), frees the tensors wrapping leased memory, unloads the
+ * model library and removes any unpacked package. Sets *c to NULL; NULL is
+ * fine. */
+WB_EXPORT void wb_container_destroy(wb_container **c);
+
+/* The message of the last failure on this container; never NULL. */
+WB_EXPORT const char *wb_container_errmsg(const wb_container *c);
+
+/* The container's private CUDA stream (cudaStream_t), or NULL on the CPU. */
+WB_EXPORT void *wb_container_stream(const wb_container *c);
+
+typedef struct wb_container_info {
+    /* "CreateWithExternalConstants" (torch >= 2.14),
+     * "CreateWithDevice+UpdateUserManagedConstantBufferPairs" (2.11-2.13),
+     * or "CreateWithDevice" (own_constants: the library's own copy). */
+    const char *aoti_api;
+    const char *model_path; /* as given */
+    const char *so_path;    /* the model library that was loaded */
+    const char *device;     /* "cpu", "cuda:0", ... */
+    int pinned_async_copy;  /* AOTInductorSetUsePinnedAsyncConstantsCopy(true) was called */
+    size_t n_constants;     /* constants the model declares */
+    size_t bound_tensors;   /* constants bound to leased or caller tensors */
+    uint64_t bound_bytes;   /* bytes bound from leases (shared, never copied) */
+    uint64_t caller_bytes;  /* bytes bound from caller tensors */
+    size_t folded_constants;
+    uint64_t folded_bytes;        /* built by constant folding, private to this container */
+    uint64_t embedded_bytes;      /* constants the library loaded by itself, then freed */
+    double embedded_free_seconds; /* time spent replacing and freeing them */
+    double created_at;            /* Unix seconds */
+    double create_seconds;        /* wall time of wb_container_create */
+    size_t n_inputs, n_outputs;   /* 0 when the library does not say */
+} wb_container_info;
+
+/* Fills *out; strings belong to the container. */
+WB_EXPORT int wb_container_get_info(const wb_container *c, wb_container_info *out);
+
+/* Tensor functions, so that callers need no libtorch headers. They use the
+ * model's own runtime (aoti_torch_* functions). */
+
+/* Wraps caller memory as a contiguous tensor without copying it
+ * (non-owning: free the memory after the tensor is gone). device: CUDA
+ * ordinal or -1 for host memory. */
+WB_EXPORT int wb_container_tensor_from_blob(wb_container *c, void *data, const char *dtype,
+                                            uint32_t ndim, const int64_t *shape, int device,
+                                            wb_aten_tensor *out);
+/* Frees a tensor handle (and its memory when the runtime owns it). NULL is fine. */
+WB_EXPORT int wb_container_tensor_delete(wb_container *c, wb_aten_tensor t);
+
+/* The tensor's data pointer (owned by the tensor). */
+WB_EXPORT int wb_container_tensor_data_ptr(wb_container *c, wb_aten_tensor t, void **out);
+
+#define WB_CONTAINER_MAX_DIMS 8
+
+typedef struct wb_tensor_desc {
+    void *data;
+    char dtype[16]; /* "F32", ...; "?" when the code is not one safetensors knows */
+    uint32_t ndim;
+    int64_t shape[WB_CONTAINER_MAX_DIMS];
+    uint64_t nbytes; /* product(shape) * element size, for a contiguous tensor */
+    int device;      /* CUDA ordinal or -1 */
+} wb_tensor_desc;
+
+/* Describes a tensor (for example an output): data pointer, dtype, shape.
+ * WB_ENOSYS when the runtime lacks the query functions; WB_ELIMIT for more
+ * than WB_CONTAINER_MAX_DIMS dimensions. */
+WB_EXPORT int wb_container_tensor_describe(wb_container *c, wb_aten_tensor t, wb_tensor_desc *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,622 @@
+/* FAKE AOTInductor model library, for CPU tests of the binding only.
+ *
+ * This is not PyTorch and proves nothing about real AOTI models: it exports
+ * the same C entry points (container and aoti_torch_* tensor functions) so
+ * that libwbclient's symbol selection, binding by name, checks and error
+ * paths can be tested on machines without libtorch. It is built twice:
+ *   fake_aoti_v211.so  like torch 2.11-2.13: CreateWithDevice +
+ *                      UpdateUserManagedConstantBufferPairs only;
+ *   fake_aoti_v214.so  like torch >= 2.14: also CreateWithExternalConstants,
+ *                      AOTInductorSetUsePinnedAsyncConstantsCopy and
+ *                      AOTInductorGetLastError.
+ *
+ * The "model" computes y[i] = x[i] * W[i] + B[i] over host float32 vectors,
+ * where W is the first constant and B the second (further constants must be
+ * bound but are not used). When the model has a folded constant, folding
+ * computes F = 2 * W into private memory and the model uses F / 2; running
+ * before folding fails, so a test sees whether the binding folded.
+ *
+ * The model is described by a text file: fake_aoti_spec.txt beside the
+ * library, else the file named by $FAKE_AOTI_SPEC:
+ *   elements N                  vector length
+ *   embedded 0|1                1: creation loads a private copy of the
+ *                               constants (filled with 0.5), as a library
+ *                               built with its constants inside would
+ *   const NAME FQN DTYPE BYTES  a constant bound by the caller (DTYPE is
+ *                               the c10 ScalarType code)
+ *   folded NAME BYTES           a constant produced by folding */
+#include <dlfcn.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EXPORT       __attribute__((visibility("default")))
+#define MAX_CONSTS   16
+#define TENSOR_MAGIC 0x7e45a0a1u
+#define DTYPE_F32    6
+
+typedef struct fake_tensor {
+    uint32_t magic;
+    void *data;
+    int owns;
+    int64_t ndim;
+    int64_t sizes[8];
+    int64_t strides[8];
+    int32_t dtype, device_type, device_index;
+} fake_tensor;
+
+typedef struct fake_const {
+    char name[64], fqn[128];
+    int32_t dtype;
+    size_t size;
+    int folded;
+    fake_tensor *bound[2]; /* user-managed tensor per buffer (not owned) */
+    void *folded_data[2];  /* folded result per buffer (owned) */
+} fake_const;
+
+typedef struct fake_container {
+    int n_consts;
+    fake_const c[MAX_CONSTS];
+    long elements;
+    int embedded;
+    void *blob; /* the embedded copy, in buffer `blob_buf` */
+    size_t blob_size;
+    int blob_buf;
+    int active; /* 0 or 1 */
+    int folded_ok[2];
+    int load_called;
+} fake_container;
+
+static int live_tensors;
+static int pinned_async;
+static int pinned_at_create = -1;
+static int creates;
+static int fold_calls;
+static long embedded_live;
+static long folded_live;
+static const char *last_error = "";
+
+EXPORT int fake_aoti_live_tensors(void)
+{
+    return live_tensors;
+}
+EXPORT int fake_aoti_pinned_at_create(void)
+{
+    return pinned_at_create;
+}
+EXPORT int fake_aoti_creates(void)
+{
+    return creates;
+}
+EXPORT int fake_aoti_fold_calls(void)
+{
+    return fold_calls;
+}
+EXPORT long fake_aoti_embedded_live_bytes(void)
+{
+    return embedded_live;
+}
+EXPORT long fake_aoti_folded_live_bytes(void)
+{
+    return folded_live;
+}
+
+static int failf(const char *msg)
+{
+    last_error = msg;
+    fprintf(stderr, "fake_aoti: %s\n", msg);
+    return 1;
+}
+
+static fake_tensor *tensor_ok(void *h)
+{
+    fake_tensor *t = h;
+    return t && t->magic == TENSOR_MAGIC ? t : NULL;
+}
+
+/* ---- tensors (the aoti_torch_* shim) ---- */
+
+EXPORT int32_t aoti_torch_device_type_cpu(void)
+{
+    return 0;
+}
+EXPORT int32_t aoti_torch_device_type_cuda(void)
+{
+    return 1;
+}
+
+EXPORT int32_t aoti_torch_create_tensor_from_blob(void *data, int64_t ndim, const int64_t *sizes,
+                                                  const int64_t *strides, int64_t offset,
+                                                  int32_t dtype, int32_t device_type,
+                                                  int32_t device_index, void **out)
+{
+    if (!out || ndim < 0 || ndim > 8 || offset != 0)
+        return failf("create_tensor_from_blob: bad arguments");
+    fake_tensor *t = calloc(1, sizeof *t);
+    if (!t)
+        return failf("out of memory");
+    t->magic = TENSOR_MAGIC;
+    t->data = data;
+    t->ndim = ndim;
+    for (int64_t i = 0; i < ndim; i++) {
+        t->sizes[i] = sizes[i];
+        t->strides[i] = strides[i];
+    }
+    t->dtype = dtype;
+    t->device_type = device_type;
+    t->device_index = device_index;
+    live_tensors++;
+    *out = t;
+    return 0;
+}
+
+EXPORT int32_t aoti_torch_delete_tensor_object(void *h)
+{
+    fake_tensor *t = tensor_ok(h);
+    if (!t)
+        return failf("delete_tensor_object: not a tensor");
+    if (t->owns)
+        free(t->data);
+    t->magic = 0;
+    free(t);
+    live_tensors--;
+    return 0;
+}
+
+EXPORT int32_t aoti_torch_get_data_ptr(void *h, void **out)
+{
+    fake_tensor *t = tensor_ok(h);
+    if (!t)
+        return failf("get_data_ptr: not a tensor");
+    *out = t->data;
+    return 0;
+}
+
+EXPORT int32_t aoti_torch_get_dim(void *h, int64_t *out)
+{
+    fake_tensor *t = tensor_ok(h);
+    if (!t)
+        return failf("get_dim: not a tensor");
+    *out = t->ndim;
+    return 0;
+}
+
+EXPORT int32_t aoti_torch_get_sizes(void *h, int64_t **out)
+{
+    fake_tensor *t = tensor_ok(h);
+    if (!t)
+        return failf("get_sizes: not a tensor");
+    *out = t->sizes;
+    return 0;
+}
+
+EXPORT int32_t aoti_torch_get_dtype(void *h, int32_t *out)
+{
+    fake_tensor *t = tensor_ok(h);
+    if (!t)
+        return failf("get_dtype: not a tensor");
+    *out = t->dtype;
+    return 0;
+}
+
+EXPORT int32_t aoti_torch_get_device_type(void *h, int32_t *out)
+{
+    fake_tensor *t = tensor_ok(h);
+    if (!t)
+        return failf("get_device_type: not a tensor");
+    *out = t->device_type;
+    return 0;
+}
+
+EXPORT int32_t aoti_torch_get_device_index(void *h, int32_t *out)
+{
+    fake_tensor *t = tensor_ok(h);
+    if (!t)
+        return failf("get_device_index: not a tensor");
+    *out = t->device_index;
+    return 0;
+}
+
+/* ---- the model spec ---- */
+
+static int spec_path(char *buf, size_t size)
+{
+    Dl_info info;
+    if (dladdr((void *)spec_path, &info) && info.dli_fname) {
+        const char *slash = strrchr(info.dli_fname, '/');
+        if (slash) {
+            snprintf(buf, size, "%.*s/fake_aoti_spec.txt", (int)(slash - info.dli_fname),
+                     info.dli_fname);
+            FILE *f = fopen(buf, "r");
+            if (f) {
+                fclose(f);
+                return 0;
+            }
+        }
+    }
+    const char *env = getenv("FAKE_AOTI_SPEC");
+    if (!env || !env[0])
+        return -1;
+    snprintf(buf, size, "%s", env);
+    return 0;
+}
+
+static int load_spec(fake_container *m)
+{
+    char path[4096], line[512];
+    if (spec_path(path, sizeof path) != 0)
+        return failf("no fake_aoti_spec.txt beside the library and no $FAKE_AOTI_SPEC");
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return failf("cannot open the spec file");
+    while (fgets(line, sizeof line, f)) {
+        fake_const *c = &m->c[m->n_consts];
+        long long size = 0;
+        int dtype = 0;
+        if (line[0] == '#' || line[0] == '\n')
+            continue;
+        if (sscanf(line, "elements %ld", &m->elements) == 1)
+            continue;
+        if (sscanf(line, "embedded %d", &m->embedded) == 1)
+            continue;
+        if (m->n_consts < MAX_CONSTS &&
+            sscanf(line, "const %63s %127s %d %lld", c->name, c->fqn, &dtype, &size) == 4) {
+            c->dtype = dtype;
+            c->size = (size_t)size;
+            m->n_consts++;
+            continue;
+        }
+        if (m->n_consts < MAX_CONSTS && sscanf(line, "folded %63s %lld", c->name, &size) == 2) {
+            memcpy(c->fqn, c->name, sizeof c->name);
+            c->dtype = DTYPE_F32;
+            c->size = (size_t)size;
+            c->folded = 1;
+            m->n_consts++;
+            continue;
+        }
+        fclose(f);
+        return failf("bad line in the spec file");
+    }
+    fclose(f);
+    if (m->elements <= 0 || m->n_consts < 2)
+        return failf("the spec needs elements and at least two constants");
+    return 0;
+}
+
+static void free_folded(fake_container *m, int buf)
+{
+    for (int i = 0; i < m->n_consts; i++) {
+        if (m->c[i].folded_data[buf]) {
+            free(m->c[i].folded_data[buf]);
+            folded_live -= (long)m->c[i].size;
+            m->c[i].folded_data[buf] = NULL;
+        }
+    }
+    m->folded_ok[buf] = 0;
+}
+
+static void free_blob(fake_container *m)
+{
+    if (m->blob) {
+        free(m->blob);
+        embedded_live -= (long)m->blob_size;
+        m->blob = NULL;
+    }
+}
+
+static int has_folded(const fake_container *m)
+{
+    for (int i = 0; i < m->n_consts; i++) {
+        if (m->c[i].folded)
+            return 1;
+    }
+    return 0;
+}
+
+/* The data of constant i in buffer `buf`: a bound tensor, or the embedded
+ * copy when that buffer holds it. */
+static const float *const_data(const fake_container *m, int i, int buf)
+{
+    if (m->c[i].bound[buf])
+        return m->c[i].bound[buf]->data;
+    if (m->blob && m->blob_buf == buf) {
+        size_t off = 0;
+        for (int k = 0; k < i; k++)
+            off += m->c[k].folded ? 0 : m->c[k].size;
+        return (const float *)((const char *)m->blob + off);
+    }
+    return NULL;
+}
+
+static int do_fold(fake_container *m, int buf)
+{
+    fold_calls++;
+    const float *w = const_data(m, 0, buf);
+    if (!w)
+        return failf("constant folding: the weight is not bound");
+    free_folded(m, buf);
+    for (int i = 0; i < m->n_consts; i++) {
+        if (!m->c[i].folded)
+            continue;
+        float *out = malloc(m->c[i].size);
+        if (!out)
+            return failf("out of memory");
+        for (long k = 0; k < m->elements && (size_t)k * 4 < m->c[i].size; k++)
+            out[k] = 2.0f * w[k];
+        m->c[i].folded_data[buf] = out;
+        folded_live += (long)m->c[i].size;
+    }
+    m->folded_ok[buf] = 1;
+    return 0;
+}
+
+static fake_container *new_container(void)
+{
+    fake_container *m = calloc(1, sizeof *m);
+    if (!m) {
+        failf("out of memory");
+        return NULL;
+    }
+    if (load_spec(m) != 0) {
+        free(m);
+        return NULL;
+    }
+    creates++;
+    pinned_at_create = pinned_async;
+    return m;
+}
+
+/* ---- the container ABI ---- */
+
+EXPORT int32_t AOTInductorModelContainerCreateWithDevice(void **out, size_t num_models,
+                                                         const char *device, const char *cubin)
+{
+    (void)cubin;
+    if (!out || num_models < 1 || !device || strcmp(device, "cpu") != 0)
+        return failf("CreateWithDevice: the fake runs on \"cpu\" only");
+    fake_container *m = new_container();
+    if (!m)
+        return 1;
+    if (m->embedded) {
+        m->load_called = 1;
+        for (int i = 0; i < m->n_consts; i++)
+            m->blob_size += m->c[i].folded ? 0 : m->c[i].size;
+        m->blob = malloc(m->blob_size);
+        if (!m->blob) {
+            free(m);
+            return failf("out of memory");
+        }
+        float *p = m->blob;
+        for (size_t k = 0; k < m->blob_size / 4; k++)
+            p[k] = 0.5f;
+        embedded_live += (long)m->blob_size;
+        m->blob_buf = 0;
+    }
+    *out = m;
+    return 0;
+}
+
+EXPORT int32_t AOTInductorModelContainerDelete(void *h)
+{
+    fake_container *m = h;
+    if (!m)
+        return failf("Delete: NULL container");
+    free_folded(m, 0);
+    free_folded(m, 1);
+    free_blob(m);
+    free(m);
+    return 0;
+}
+
+EXPORT int32_t AOTInductorModelContainerGetNumConstants(void *h, size_t *n)
+{
+    *n = (size_t)((fake_container *)h)->n_consts;
+    return 0;
+}
+
+#define CONST_AT(h, i)                                                                             \
+    fake_container *m = h;                                                                         \
+    if (!m || (int)(i) >= m->n_consts)                                                             \
+        return failf("constant index out of range");                                               \
+    fake_const *c = &m->c[i]
+
+EXPORT int32_t AOTInductorModelContainerGetConstantName(void *h, size_t i, const char **out)
+{
+    CONST_AT(h, i);
+    *out = c->name;
+    return 0;
+}
+
+EXPORT int32_t AOTInductorModelContainerGetConstantOriginalFQN(void *h, size_t i, const char **out)
+{
+    CONST_AT(h, i);
+    *out = c->fqn;
+    return 0;
+}
+
+EXPORT int32_t AOTInductorModelContainerGetConstantDtype(void *h, size_t i, int32_t *out)
+{
+    CONST_AT(h, i);
+    *out = c->dtype;
+    return 0;
+}
+
+EXPORT int32_t AOTInductorModelContainerGetConstantDataSize(void *h, size_t i, size_t *out)
+{
+    CONST_AT(h, i);
+    *out = c->size;
+    return 0;
+}
+
+EXPORT int32_t AOTInductorModelContainerGetConstantFromFolded(void *h, size_t i, bool *out)
+{
+    CONST_AT(h, i);
+    *out = c->folded;
+    return 0;
+}
+
+EXPORT int32_t AOTInductorModelContainerDidCallLoadConstants(void *h, bool *out)
+{
+    *out = ((fake_container *)h)->load_called;
+    return 0;
+}
+
+static int update(fake_container *m, const void *pairs_v, size_t n, bool use_inactive,
+                  bool validate_full)
+{
+    const struct {
+        const char *name;
+        void *handle;
+    } *pairs = pairs_v;
+    int buf = use_inactive ? !m->active : m->active;
+    for (size_t p = 0; p < n; p++) {
+        int found = -1;
+        for (int i = 0; i < m->n_consts; i++) {
+            if (strcmp(m->c[i].name, pairs[p].name) == 0)
+                found = i;
+        }
+        if (found < 0)
+            return failf("update: unknown constant name");
+        fake_tensor *t = tensor_ok(pairs[p].handle);
+        if (!t || t->dtype != m->c[found].dtype)
+            return failf("update: not a tensor, or wrong dtype");
+        m->c[found].bound[buf] = t;
+    }
+    if (validate_full) {
+        for (int i = 0; i < m->n_consts; i++) {
+            if (!m->c[i].folded && !m->c[i].bound[buf])
+                return failf("update: validate_full_update and a constant is missing");
+        }
+    }
+    m->folded_ok[buf] = 0;
+    return 0;
+}
+
+EXPORT int32_t AOTInductorModelContainerUpdateUserManagedConstantBufferPairs(
+    void *h, const void *pairs, size_t n, bool use_inactive, bool validate_full)
+{
+    return update(h, pairs, n, use_inactive, validate_full);
+}
+
+EXPORT int32_t AOTInductorModelContainerRunConstantFolding(void *h, bool use_inactive, void *stream,
+                                                           void *proxy)
+{
+    (void)stream;
+    (void)proxy;
+    fake_container *m = h;
+    return do_fold(m, use_inactive ? !m->active : m->active);
+}
+
+EXPORT int32_t AOTInductorModelContainerSwapConstantBuffer(void *h)
+{
+    fake_container *m = h;
+    m->active = !m->active;
+    return 0;
+}
+
+EXPORT int32_t AOTInductorModelContainerFreeInactiveConstantBuffer(void *h)
+{
+    fake_container *m = h;
+    int inactive = !m->active;
+    if (m->blob && m->blob_buf == inactive)
+        free_blob(m);
+    free_folded(m, inactive);
+    for (int i = 0; i < m->n_consts; i++)
+        m->c[i].bound[inactive] = NULL;
+    return 0;
+}
+
+EXPORT int32_t AOTInductorModelContainerGetNumInputs(void *h, size_t *n)
+{
+    (void)h;
+    *n = 1;
+    return 0;
+}
+
+EXPORT int32_t AOTInductorModelContainerGetNumOutputs(void *h, size_t *n)
+{
+    (void)h;
+    *n = 1;
+    return 0;
+}
+
+EXPORT int32_t AOTInductorModelContainerRun(void *h, void **inputs, size_t n_in, void **outputs,
+                                            size_t n_out, void *stream, void *proxy)
+{
+    (void)stream;
+    (void)proxy;
+    fake_container *m = h;
+    int rc = 0;
+    fake_tensor *x = n_in == 1 ? tensor_ok(inputs[0]) : NULL;
+    int buf = m->active;
+    const float *w = const_data(m, 0, buf), *b = const_data(m, 1, buf);
+    const float *fw = NULL;
+    for (int i = 0; i < m->n_consts; i++) {
+        if (m->c[i].folded)
+            fw = m->c[i].folded_data[buf];
+    }
+    if (!x || n_out != 1 || x->dtype != DTYPE_F32 || x->ndim != 1 || x->sizes[0] != m->elements)
+        rc = failf("Run: expects one float32 input of `elements` values and one output");
+    else if (!w || !b)
+        rc = failf("Run: constants are not bound");
+    else if (has_folded(m) && (!m->folded_ok[buf] || !fw))
+        rc = failf("Run: constant folding has not run");
+    float *y = rc == 0 ? malloc((size_t)m->elements * 4) : NULL;
+    if (rc == 0 && !y)
+        rc = failf("out of memory");
+    if (rc == 0) {
+        const float *xd = x->data;
+        for (long k = 0; k < m->elements; k++)
+            y[k] = xd[k] * (fw ? fw[k] / 2.0f : w[k]) + b[k];
+        int64_t size = m->elements, stride = 1;
+        void *out = NULL;
+        aoti_torch_create_tensor_from_blob(y, 1, &size, &stride, 0, DTYPE_F32, 0, 0, &out);
+        ((fake_tensor *)out)->owns = 1;
+        outputs[0] = out;
+    }
+    /* Inputs are stolen, also on failure. */
+    for (size_t i = 0; i < n_in; i++) {
+        if (tensor_ok(inputs[i]))
+            aoti_torch_delete_tensor_object(inputs[i]);
+    }
+    return rc;
+}
+
+#ifdef FAKE_AOTI_V214
+EXPORT int32_t AOTInductorSetUsePinnedAsyncConstantsCopy(bool enabled)
+{
+    pinned_async = enabled;
+    return 0;
+}
+
+EXPORT int32_t AOTInductorGetLastError(const char **msg)
+{
+    *msg = last_error;
+    return 0;
+}
+
+EXPORT int32_t AOTInductorModelContainerCreateWithExternalConstants(void **out, size_t num_models,
+                                                                    const char *device,
+                                                                    const char *cubin,
+                                                                    const void *entries, size_t n)
+{
+    (void)cubin;
+    if (!out || num_models < 1 || !device || strcmp(device, "cpu") != 0)
+        return failf("CreateWithExternalConstants: the fake runs on \"cpu\" only");
+    fake_container *m = new_container();
+    if (!m)
+        return 1;
+    /* With no entries the container only describes itself; with entries,
+     * every constant that is not folded must be given, and folding runs now. */
+    if (n > 0) {
+        if (update(m, entries, n, false, true) != 0 || (has_folded(m) && do_fold(m, 0) != 0)) {
+            AOTInductorModelContainerDelete(m);
+            return 1;
+        }
+    }
+    *out = m;
+    return 0;
+}
+#endif

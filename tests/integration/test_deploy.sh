@@ -1,0 +1,227 @@
+#!/usr/bin/env bash
+# Deployment files. The systemd unit passes `systemd-analyze verify` (with
+# the built wbrokerd substituted for the installed path) and has the settings
+# that matter; the broker's sd_notify really sends READY=1 once its model is
+# loaded and the socket answers, and STOPPING=1 on SIGTERM (a python3
+# datagram socket stands in for systemd). The Kubernetes manifests parse and
+# agree with each other: host IPC and PID namespaces where broker and workers
+# are in different pods (one shared PID namespace in the sidecar pod), the
+# same socket path everywhere (config, mounts, WB_SOCKET, probes), images,
+# commands, resources and security contexts; the ConfigMap's configuration
+# passes --check-config. There is no cluster here: nothing is applied.
+source "$(dirname "$0")/lib.sh"
+
+: "${WB_SOURCE_DIR:?WB_SOURCE_DIR must name the source tree}"
+UNIT=$WB_SOURCE_DIR/deploy/wbrokerd.service
+K8S=$WB_SOURCE_DIR/deploy/kubernetes
+
+# --- systemd unit -----------------------------------------------------------
+if ! systemd-analyze --version >/dev/null 2>&1; then
+  log "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
+  log "SKIPPED: systemd-analyze cannot run here (install the systemd package):"
+  log "deploy/wbrokerd.service was NOT verified"
+  log "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
+  exit 77
+fi
+mkdir -p "$WB_TMP/unit"
+grep -q '^ExecStart=/usr/local/sbin/wbrokerd --config /etc/wbroker/wbroker.conf$' "$UNIT" ||
+  fail "ExecStart is not '/usr/local/sbin/wbrokerd --config /etc/wbroker/wbroker.conf'"
+sed "s#^ExecStart=/usr/local/sbin/wbrokerd #ExecStart=$WBROKERD #" "$UNIT" >"$WB_TMP/unit/wbrokerd.service"
+# verify reports unknown settings as warnings with status 0: any output fails.
+systemd-analyze verify --man=no "$WB_TMP/unit/wbrokerd.service" >"$WB_TMP/verify.out" 2>&1 ||
+  fail "systemd-analyze verify failed: $(cat "$WB_TMP/verify.out")"
+[ ! -s "$WB_TMP/verify.out" ] || fail "systemd-analyze verify complained: $(cat "$WB_TMP/verify.out")"
+# The check is real: a broken copy is refused.
+sed 's/^ExecStart=.*/ExecStart=\/nonexistent\/wbrokerd/' "$WB_TMP/unit/wbrokerd.service" >"$WB_TMP/unit/broken.service"
+systemd-analyze verify --man=no "$WB_TMP/unit/broken.service" >/dev/null 2>&1 &&
+  fail "systemd-analyze verify accepted a unit whose binary does not exist"
+"$PYTHON" - "$UNIT" <<'PY' || fail "the unit lacks settings it needs"
+import sys
+service, section = {}, None
+for raw in open(sys.argv[1]):
+    line = raw.strip()
+    if not line or line.startswith("#"):
+        continue
+    if line.startswith("["):
+        section = line
+        continue
+    k, v = line.split("=", 1)
+    if section == "[Service]":
+        service.setdefault(k, []).append(v)
+def one(k):
+    v = service.get(k)
+    if not v or len(v) != 1:
+        sys.exit("[Service] needs exactly one %s=" % k)
+    return v[0]
+want = {"Type": "notify", "RuntimeDirectory": "wbroker", "NoNewPrivileges": "yes",
+        "UMask": "0077", "DevicePolicy": "closed", "RestartPreventExitStatus": "78"}
+for k, v in want.items():
+    if one(k) != v:
+        sys.exit("%s=%s, expected %s" % (k, one(k), v))
+if "char-nvidia* rw" not in service.get("DeviceAllow", []):
+    sys.exit("DeviceAllow does not keep the NVIDIA devices")
+for k in ("PrivateDevices", "PrivateIPC", "ProtectProc"):
+    if k in service:
+        sys.exit("%s= would hide the GPU, the shared memory or the clients" % k)
+for k in ("ProtectSystem", "ProtectKernelTunables", "ProtectControlGroups", "CapabilityBoundingSet"):
+    if k not in service:
+        sys.exit("%s= is missing" % k)
+PY
+
+# --- sd_notify --------------------------------------------------------------
+if "$WBROKERD" --version | grep -q -- "-systemd"; then
+  log "!!! sd_notify NOT tested: this wbrokerd was built without libsystemd (install libsystemd-dev)"
+  notify_tested=0
+else
+  NOTIFY=$WB_TMP/notify.sock
+  spawn notify "$PYTHON" -u -c '
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.bind(sys.argv[1])
+while True:
+    data = s.recv(4096).decode()
+    print("%.6f %s" % (time.time(), data.replace("\n", " ")), flush=True)
+' "$NOTIFY"
+  wait_for test -S "$NOTIFY" || fail "the notification listener did not start"
+  make_model "$WB_TMP/demo.safetensors" 8 2 >/dev/null
+  NOTIFY_SOCKET=$NOTIFY start_broker --model "demo=$WB_TMP/demo.safetensors"
+  wait_for output_has notify "READY=1" || fail "READY=1 did not arrive"
+  # The preload is done before READY=1: the model is ready at once.
+  [ "$(model_state demo)" = ready ] || fail "READY=1 came before model demo was ready"
+  ready_line=$(grep -n 'event=sd_notify state="READY=1' "$BROKER_LOG" | cut -d: -f1)
+  loaded_line=$(grep -n 'event=model_ready model=demo' "$BROKER_LOG" | cut -d: -f1)
+  [ -n "$ready_line" ] && [ -n "$loaded_line" ] && [ "$loaded_line" -lt "$ready_line" ] ||
+    fail "the log does not show model_ready before sd_notify READY=1"
+  output_has notify "STOPPING=1" && fail "STOPPING=1 came before SIGTERM"
+  stop_broker
+  wait_for output_has notify "STOPPING=1" || fail "STOPPING=1 did not arrive on SIGTERM"
+  [ "$(grep -c 'READY=1' "$WB_TMP/notify.out")" = 1 ] || fail "READY=1 was sent more than once"
+  notify_tested=1
+fi
+
+# --- Kubernetes -------------------------------------------------------------
+"$PYTHON" -c 'import yaml' 2>/dev/null || fail "python3-yaml is needed (scripts/setup.sh installs it)"
+"$PYTHON" - "$K8S" "$WB_TMP/configmap.conf" >"$WB_TMP/k8s.out" 2>"$WB_TMP/k8s.err" <<'PY' || fail "manifests: $(cat "$WB_TMP/k8s.err")"
+import configparser, glob, os, re, shlex, sys
+import yaml
+
+k8s_dir, conf_out = sys.argv[1], sys.argv[2]
+docs = []
+for path in sorted(glob.glob(os.path.join(k8s_dir, "*.yaml"))):
+    for d in yaml.safe_load_all(open(path)):
+        if d:
+            docs.append((os.path.basename(path), d))
+kinds = sorted(d["kind"] for _, d in docs)
+assert kinds == ["ConfigMap", "DaemonSet", "Deployment", "Pod"], kinds
+
+def pod_spec(d):
+    return d["spec"] if d["kind"] == "Pod" else d["spec"]["template"]["spec"]
+
+def containers(spec):
+    return spec.get("containers", []) + spec.get("initContainers", [])
+
+def argv(c):
+    return list(c.get("command", [])) + list(c.get("args", []))
+
+def is_broker(c):
+    return os.path.basename(argv(c)[0]) == "wbrokerd"
+
+def env(c, name):
+    return next((e["value"] for e in c.get("env", []) if e["name"] == name), None)
+
+def mount_of(spec, c, path_dir):
+    m = [v for v in c.get("volumeMounts", []) if v["mountPath"] == path_dir]
+    assert len(m) == 1, "%s does not mount %s" % (c["name"], path_dir)
+    vol = next(v for v in spec["volumes"] if v["name"] == m[0]["name"])
+    return vol
+
+by_kind = {d["kind"]: (f, d) for f, d in docs}
+_, cm = by_kind["ConfigMap"]
+conf_text = cm["data"]["wbroker.conf"]
+open(conf_out, "w").write(conf_text)
+conf = configparser.ConfigParser(inline_comment_prefixes=(";",))
+conf.read_string(conf_text)
+socket_path = conf["broker"]["socket"]
+socket_dir = os.path.dirname(socket_path)
+models = [s.split(None, 1)[1] for s in conf.sections() if s.startswith("model ")]
+metrics_port = int(conf["broker"]["metrics"].rsplit(":", 1)[1])
+allow_gids = [g.strip() for g in conf["broker"].get("allow-gid", "").split(",") if g.strip()]
+
+host_dirs = {}
+checked = []
+for fname, d in docs:
+    if d["kind"] == "ConfigMap":
+        continue
+    spec = pod_spec(d)
+    cs = containers(spec)
+    brokers = [c for c in cs if is_broker(c)]
+    workers = [c for c in cs if not is_broker(c)]
+    for c in cs:
+        where = "%s/%s" % (fname, c["name"])
+        img = c["image"]
+        assert re.fullmatch(r"[a-z0-9.-]+(/[a-z0-9._-]+)+:[0-9][0-9A-Za-z.-]*", img), \
+            "%s: image %r needs a registry path and a version tag" % (where, img)
+        a = argv(c)
+        assert a and a[0].startswith("/usr/local/"), "%s: command must be an absolute path" % where
+        assert os.path.basename(a[0]) in ("wbrokerd", "wb-demo-worker"), where
+        res = c["resources"]
+        assert "cpu" in res["requests"] and "memory" in res["requests"], "%s: requests" % where
+        assert "memory" in res["limits"], "%s: no memory limit" % where
+        assert int(res["limits"].get("nvidia.com/gpu", 0)) >= 1, "%s: no nvidia.com/gpu" % where
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False, where
+        assert sc["capabilities"]["drop"] == ["ALL"], where
+        assert sc["readOnlyRootFilesystem"] is True, where
+        assert not sc.get("privileged"), where
+        # Every container names the same socket, and has it mounted.
+        assert env(c, "WB_SOCKET") == socket_path, "%s: WB_SOCKET %r" % (where, env(c, "WB_SOCKET"))
+        vol = mount_of(spec, c, socket_dir)
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            if probe in c:
+                cmd = c[probe]["exec"]["command"]
+                assert cmd[cmd.index("--socket") + 1] == socket_path, "%s: %s socket" % (where, probe)
+        if "hostPath" in vol:
+            host_dirs.setdefault(vol["hostPath"]["path"], []).append(where)
+        if is_broker(c):
+            flags = [x for x in a if x.startswith("--socket=")]
+            if flags:
+                assert flags[0] == "--socket=" + socket_path, where
+            else:
+                assert a[a.index("--config") + 1] == "/etc/wbroker/wbroker.conf", where
+                cfg_vol = mount_of(spec, c, "/etc/wbroker")
+                assert cfg_vol["configMap"]["name"] == cm["metadata"]["name"], where
+            ports = [p["containerPort"] for p in c.get("ports", [])]
+            assert metrics_port in ports, "%s: metrics port %d not exposed" % (where, metrics_port)
+        else:
+            assert a[a.index("--model") + 1] in models, "%s: model not in the configuration" % where
+    if brokers and workers:
+        # One pod: a shared PID namespace; IPC is shared inside a pod.
+        assert spec.get("shareProcessNamespace") is True, "%s: shareProcessNamespace" % fname
+        assert not spec.get("hostIPC") and not spec.get("hostPID"), fname
+        vol = mount_of(spec, brokers[0], socket_dir)
+        assert "emptyDir" in vol, "%s: the sidecar socket should be pod-local" % fname
+    else:
+        # Broker and workers in different pods: host namespaces.
+        assert spec.get("hostIPC") is True, "%s: hostIPC must be true" % fname
+        assert spec.get("hostPID") is True, "%s: hostPID must be true" % fname
+        if workers:
+            gid = str(spec["securityContext"]["runAsGroup"])
+            assert gid in allow_gids, "%s: runAsGroup %s is not in allow-gid %r" % (fname, gid, allow_gids)
+            assert spec["securityContext"].get("runAsNonRoot") is True, fname
+    if d["kind"] == "DaemonSet":
+        ann = d["spec"]["template"]["metadata"]["annotations"]
+        assert ann["prometheus.io/port"] == str(metrics_port), fname
+    checked.append(fname)
+# DaemonSet and Deployment share one host directory for the socket.
+assert list(host_dirs) == [socket_dir], host_dirs
+assert len(host_dirs[socket_dir]) == 2, host_dirs
+print(" ".join(checked))
+PY
+log "manifests checked: $(cat "$WB_TMP/k8s.out")"
+# The ConfigMap's configuration is one the broker accepts, and names the
+# socket the manifests mount.
+"$WBROKERD" --config "$WB_TMP/configmap.conf" --check-config >"$WB_TMP/cm.out" 2>"$WB_TMP/cm.err" ||
+  fail "the ConfigMap's wbroker.conf fails --check-config: $(cat "$WB_TMP/cm.err")"
+grep -qx "socket: /run/wbroker/broker.sock" "$WB_TMP/cm.out" || fail "the ConfigMap's socket: $(cat "$WB_TMP/cm.out")"
+[ "$notify_tested" = 1 ] || log "!!! sd_notify was NOT tested (see above)"
+true

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# The Prometheus endpoint, scraped with curl on loopback (a free port picked
+# here): the page has HELP and TYPE for every family, and its values agree
+# with `wbctl stats --json`, `wbctl models --json` and `wbctl leases --json`
+# as leases come, go stale and are reclaimed, loads fail, and requests are
+# counted by operation and status. A port already in use stops the broker
+# with a message. Off unless --metrics is given.
+source "$(dirname "$0")/lib.sh"
+
+command -v curl >/dev/null || fail "curl is needed (scripts/setup.sh installs it)"
+if "$WBROKERD" --version | grep -q -- "-metrics"; then
+  log "SKIPPED: this wbrokerd was built without libmicrohttpd (install libmicrohttpd-dev)"
+  exit 77
+fi
+
+PORT=$("$PYTHON" -c 'import socket
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])')
+URL=http://127.0.0.1:$PORT/metrics
+
+scrape() {
+  curl -sf --max-time 5 "$URL" >"$WB_TMP/metrics.txt"
+}
+
+# metrics_check EXPR: scrapes, and evaluates a Python expression over the
+# page (m: {(name, labels): value}, types: {name: type}), d: the JSON of
+# wbctl ARGS given after EXPR (or None).
+metrics_check() {
+  local expr=$1
+  shift
+  scrape || return 1
+  local js=null
+  if [ $# -gt 0 ]; then
+    js=$(ctl "$@") || return 1
+  fi
+  "$PYTHON" - "$WB_TMP/metrics.txt" "$expr" "$js" <<'PY'
+import json, re, sys
+text = open(sys.argv[1]).read()
+m, types, helps = {}, {}, set()
+for line in text.splitlines():
+    if line.startswith("# HELP "):
+        helps.add(line.split()[2])
+    elif line.startswith("# TYPE "):
+        _, _, name, kind = line.split()
+        types[name] = kind
+    else:
+        g = re.fullmatch(r'([a-z_]+)(\{(.*)\})? (\S+)', line)
+        if not g:
+            sys.exit("bad line: %r" % line)
+        labels = tuple(sorted(re.findall(r'([a-z_]+)="((?:[^"\\]|\\.)*)"', g.group(3) or "")))
+        m[(g.group(1), labels)] = float(g.group(4))
+d = json.loads(sys.argv[3])
+ok = eval("(" + sys.argv[2] + ")")  # the expression may span lines
+sys.exit(0 if ok is True else "not true: %s (%r)" % (sys.argv[2], ok))
+PY
+}
+
+make_model "$WB_TMP/demo.safetensors" 6 5 >/dev/null
+start_broker --metrics "127.0.0.1:$PORT" --model "demo=$WB_TMP/demo.safetensors"
+wait_for model_ready demo || fail "model demo did not become ready"
+grep -q "event=metrics_listen address=127.0.0.1:$PORT port=$PORT path=/metrics" "$BROKER_LOG" ||
+  fail "no metrics_listen line for port $PORT"
+
+# The response's type, and the families with their types.
+curl -sf --max-time 5 -D "$WB_TMP/headers.txt" -o /dev/null "$URL" || fail "GET $URL failed"
+grep -qi '^Content-Type: text/plain; version=0.0.4; charset=utf-8' "$WB_TMP/headers.txt" ||
+  fail "wrong content type: $(cat "$WB_TMP/headers.txt")"
+code=$(curl -s --max-time 5 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/")
+[ "$code" = 404 ] || fail "GET / answered $code, not 404"
+metrics_check "types == {'wb_leases': 'gauge', 'wb_models': 'gauge', 'wb_model_bytes': 'gauge',
+  'wb_loads_total': 'counter', 'wb_load_failures_total': 'counter', 'wb_load_seconds': 'gauge',
+  'wb_load_bytes_per_second': 'gauge', 'wb_requests_total': 'counter',
+  'wb_reclaims_total': 'counter'} and helps == set(types)" ||
+  fail "families or types are wrong: $(grep '^#' "$WB_TMP/metrics.txt")"
+
+# Models: state counts, bytes, load time and speed as wbctl reports them.
+wait_for metrics_check "m[('wb_models', (('state', 'ready'),))] == len([x for x in d if x['state'] == 'ready']) == 1
+  and m[('wb_models', (('state', 'loading'),))] == 0
+  and m[('wb_model_bytes', (('backend', 'host'), ('device', '-1'), ('model', 'demo')))] == d[0]['bytes']
+  and m[('wb_load_seconds', (('model', 'demo'),))] == d[0]['load_seconds']
+  and abs(m[('wb_load_bytes_per_second', (('model', 'demo'),))] - d[0]['load_gbps'] * 1e9) <= 1e-6 * d[0]['load_gbps'] * 1e9 + 1" \
+  models --json || fail "model metrics disagree with wbctl models: $(cat "$WB_TMP/metrics.txt")"
+
+# Two leases, one of them stale.
+start_worker w1 --model demo
+w1=$LAST_PID
+start_worker w2 --model demo
+w2=$LAST_PID
+wait_for metrics_check "m[('wb_leases', (('state', 'active'),))] == 2 == len([l for l in d if l['state'] == 'active'])" \
+  leases --json || fail "wb_leases active is not 2: $(grep wb_leases "$WB_TMP/metrics.txt")"
+kill -STOP "$w2"
+wait_for metrics_check "m[('wb_leases', (('state', 'stale'),))] == 1 == len([l for l in d if l['state'] == 'stale'])
+  and m[('wb_leases', (('state', 'active'),))] == 1" leases --json ||
+  fail "wb_leases stale is not 1: $(grep wb_leases "$WB_TMP/metrics.txt")"
+kill -CONT "$w2"
+
+# A reclaim, and a failed load counted as a load and as a request.
+kill -KILL "$w1"
+wait_exit "$w1"
+wait_for metrics_check "m[('wb_reclaims_total', ())] == d['leases_reclaimed'] == 1" stats --json ||
+  fail "wb_reclaims_total disagrees with stats: $(grep wb_reclaims "$WB_TMP/metrics.txt")"
+ctl load missing "$WB_TMP/absent.safetensors" >/dev/null 2>&1 && fail "loading a missing file succeeded"
+wait_for metrics_check "m[('wb_loads_total', ())] == d['loads_total'] and m[('wb_load_failures_total', ())] == d['loads_failed']
+  and d['loads_total'] >= 1" stats --json || fail "load counters disagree with stats"
+metrics_check "sum(v for (n, l), v in m.items() if n == 'wb_requests_total' and ('op', 'load') in l) == 1
+  and m[('wb_requests_total', (('op', 'acquire'), ('status', 'WB_OK')))] == 2
+  and m[('wb_requests_total', (('op', 'hello'), ('status', 'WB_OK')))] >= 2
+  and m[('wb_requests_total', (('op', 'heartbeat'), ('status', 'WB_OK')))] >= 1" ||
+  fail "request counters are wrong: $(grep wb_requests_total "$WB_TMP/metrics.txt")"
+
+# With no client left, the per-operation counts add up to the broker's
+# request total (the stats request itself is counted once answered).
+kill -TERM "$w2"
+wait_exit "$w2"
+wait_for no_lease "$w2" || fail "the lease of $w2 is still listed"
+total=$(stat_field requests_total) || fail "wbctl stats failed"
+wait_for metrics_check "sum(v for (n, l), v in m.items() if n == 'wb_requests_total') == $total + 1" ||
+  fail "wb_requests_total does not add up to $total + 1: $(grep wb_requests_total "$WB_TMP/metrics.txt")"
+
+# A second broker on the same port cannot start, and says why.
+"$WBROKERD" --backend host --socket "$WB_TMP/second.sock" --metrics "127.0.0.1:$PORT" \
+  >/dev/null 2>"$WB_TMP/second.err"
+rc=$?
+[ "$rc" = 1 ] || fail "a broker on a busy metrics port exited $rc, not 1"
+grep -qF "wbrokerd: metrics: cannot listen on 127.0.0.1:$PORT: Address already in use" "$WB_TMP/second.err" ||
+  fail "unexpected message: $(cat "$WB_TMP/second.err")"
+# The first one still serves.
+scrape || fail "the endpoint stopped answering"
+stop_broker
+curl -s --max-time 2 "$URL" >/dev/null && fail "the endpoint still answers after the broker stopped"
+
+# Off by default.
+start_broker
+curl -s --max-time 2 "$URL" >/dev/null && fail "metrics are served without --metrics"
+grep -q "event=metrics_listen" "$BROKER_LOG" && fail "a broker without --metrics logged metrics_listen"
+stop_broker
+true

@@ -1,0 +1,466 @@
+/* Authorisation: allow lists (parsing, names, who passes), the messages a
+ * refused peer gets, the request handlers' checks, which load paths are
+ * accepted (symbolic links to regular files, directories) and refused
+ * (FIFOs, devices), and giving slabs to the socket directory's group. */
+#include "auth.h"
+#include "broker_fixture.h"
+#include "ops.h"
+#include "wire.h"
+
+#include <check.h>
+
+#include <errno.h>
+#include <grp.h>
+#include <limits.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static wb_broker B;
+static wb_arena A;
+static Wbproto__Reply *decoded;
+static char dir[64];
+
+static void setup(void)
+{
+    fixture_broker(&B, 200, 1000);
+    memset(&A, 0, sizeof A);
+    decoded = NULL;
+    snprintf(dir, sizeof dir, "/tmp/wbtest-auth-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+}
+
+static void teardown(void)
+{
+    wb__reply_free(&decoded);
+    wb__arena_free(&A);
+    wb__broker_destroy(&B);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+static Wbproto__Reply *call(const wb_peer_creds *peer, Wbproto__Request *req)
+{
+    static uint64_t next_id = 1;
+    req->version = WB_PROTOCOL_VERSION;
+    req->id = ++next_id;
+    Wbproto__Reply rep = WBPROTO__REPLY__INIT;
+    const uint8_t ident[] = {0, 'a'};
+    ck_assert_int_eq(wb__ops_handle(&B, peer, req, ident, sizeof ident, &A, &rep), 0);
+    size_t len;
+    uint8_t *buf = wb__reply_pack(&rep, &len);
+    ck_assert_ptr_nonnull(buf);
+    wb__reply_free(&decoded);
+    wb_err err;
+    ck_assert_msg(wb__reply_decode(buf, len, &decoded, &err) == WB_OK, "reply: %s", err.msg);
+    free(buf);
+    wb__arena_free(&A);
+    return decoded;
+}
+
+static Wbproto__Reply *hello(const wb_peer_creds *peer)
+{
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__HelloRequest h = WBPROTO__HELLO_REQUEST__INIT;
+    h.client = "test";
+    req.body_case = WBPROTO__REQUEST__BODY_HELLO;
+    req.hello = &h;
+    return call(peer, &req);
+}
+
+static Wbproto__Reply *list_models(const wb_peer_creds *peer)
+{
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__ListModelsRequest lm = WBPROTO__LIST_MODELS_REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_LIST_MODELS;
+    req.list_models = &lm;
+    return call(peer, &req);
+}
+
+static Wbproto__Reply *acquire(const wb_peer_creds *peer, const char *model)
+{
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__AcquireRequest a = WBPROTO__ACQUIRE_REQUEST__INIT;
+    a.model = (char *)model;
+    req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
+    req.acquire = &a;
+    return call(peer, &req);
+}
+
+static Wbproto__Reply *load(const wb_peer_creds *peer, const char *name, const char *path)
+{
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__LoadRequest l = WBPROTO__LOAD_REQUEST__INIT;
+    l.name = (char *)name;
+    l.path = (char *)path;
+    req.body_case = WBPROTO__REQUEST__BODY_LOAD;
+    req.load = &l;
+    return call(peer, &req);
+}
+
+static Wbproto__Reply *unload(const wb_peer_creds *peer, const char *name)
+{
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__UnloadRequest u = WBPROTO__UNLOAD_REQUEST__INIT;
+    u.name = (char *)name;
+    req.body_case = WBPROTO__REQUEST__BODY_UNLOAD;
+    req.unload = &u;
+    return call(peer, &req);
+}
+
+/* A uid that is neither root nor ours. */
+static uint32_t stranger_uid(void)
+{
+    return geteuid() == 4321 ? 4322 : 4321;
+}
+
+/* Writes a small valid safetensors file with one U8 tensor of 4 bytes. */
+static void write_model(const char *path)
+{
+    const char header[] = "{\"w\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}";
+    uint64_t n = sizeof header - 1;
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    uint8_t len[8];
+    for (int i = 0; i < 8; i++)
+        len[i] = (uint8_t)(n >> (8 * i));
+    fwrite(len, 1, 8, f);
+    fwrite(header, 1, n, f);
+    fwrite("\x01\x02\x03\x04", 1, 4, f);
+    fclose(f);
+}
+
+START_TEST(lists_parse_numbers_and_names)
+{
+    wb_auth a;
+    wb_err err;
+    wb__auth_init_default(&a, 1000);
+    ck_assert_int_eq(wb__auth_add(&a, WB_AUTH_CLIENT_UIDS, "7,3,7", "--allow-uid", &err), WB_OK);
+    ck_assert_uint_eq(a.lists[WB_AUTH_CLIENT_UIDS].n, 2);
+    ck_assert_uint_eq(a.lists[WB_AUTH_CLIENT_UIDS].ids[0], 3);
+    ck_assert_uint_eq(a.lists[WB_AUTH_CLIENT_UIDS].ids[1], 7);
+
+    /* Names resolve through the system's user and group databases. */
+    struct passwd *pw = getpwuid(0);
+    ck_assert_ptr_nonnull(pw);
+    char rootname[64];
+    snprintf(rootname, sizeof rootname, "%s", pw->pw_name);
+    ck_assert_int_eq(wb__auth_add(&a, WB_AUTH_ADMIN_UIDS, rootname, "--admin-uid", &err), WB_OK);
+    ck_assert_uint_eq(a.lists[WB_AUTH_ADMIN_UIDS].n, 1);
+    ck_assert_uint_eq(a.lists[WB_AUTH_ADMIN_UIDS].ids[0], 0);
+    struct group *gr = getgrgid(0);
+    ck_assert_ptr_nonnull(gr);
+    char groupname[64];
+    snprintf(groupname, sizeof groupname, "%s", gr->gr_name);
+    char list[100];
+    snprintf(list, sizeof list, "%s,27", groupname);
+    ck_assert_int_eq(wb__auth_add(&a, WB_AUTH_CLIENT_GIDS, list, "--allow-gid", &err), WB_OK);
+    ck_assert_uint_eq(a.lists[WB_AUTH_CLIENT_GIDS].n, 2);
+
+    /* Bad entries are refused by name and change nothing. */
+    static const struct {
+        const char *text, *want;
+    } bad[] = {
+        {"", "--allow-uid: the list is empty"},
+        {"1,,2", "--allow-uid: empty entry in '1,,2'"},
+        {"5,", "--allow-uid: empty entry in '5,'"},
+        {"12x", "--allow-uid: '12x' is not a user id (0 to 4294967294)"},
+        {"4294967295", "--allow-uid: '4294967295' is not a user id (0 to 4294967294)"},
+        {"99999999999", "--allow-uid: '99999999999' is not a user id (0 to 4294967294)"},
+        {"9,no-such-user-wbtest", "--allow-uid: no user named 'no-such-user-wbtest'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(wb__auth_add(&a, WB_AUTH_CLIENT_UIDS, bad[i].text, "--allow-uid", &err),
+                         WB_EINVAL);
+        ck_assert_str_eq(err.msg, bad[i].want);
+        ck_assert_uint_eq(a.lists[WB_AUTH_CLIENT_UIDS].n, 2);
+    }
+    ck_assert_int_eq(
+        wb__auth_add(&a, WB_AUTH_ADMIN_GIDS, "no-such-group-wbtest", "--admin-gid", &err),
+        WB_EINVAL);
+    ck_assert_str_eq(err.msg, "--admin-gid: no group named 'no-such-group-wbtest'");
+    wb__auth_destroy(&a);
+}
+END_TEST
+
+START_TEST(who_passes)
+{
+    wb_auth a;
+    wb_err err;
+    /* The daemon's default: root and the broker's own user, nobody else. */
+    wb__auth_init_default(&a, 1000);
+    ck_assert(wb__auth_client_ok(&a, 0, 5));
+    ck_assert(wb__auth_client_ok(&a, 1000, 5));
+    ck_assert(!wb__auth_client_ok(&a, 1001, 1000));
+    ck_assert(wb__auth_admin_ok(&a, 1000, 5));
+    ck_assert(!wb__auth_admin_ok(&a, 1001, 5));
+
+    ck_assert_int_eq(wb__auth_add(&a, WB_AUTH_CLIENT_UIDS, "1001", "--allow-uid", &err), WB_OK);
+    ck_assert_int_eq(wb__auth_add(&a, WB_AUTH_CLIENT_GIDS, "50", "--allow-gid", &err), WB_OK);
+    ck_assert_int_eq(wb__auth_add(&a, WB_AUTH_ADMIN_GIDS, "60", "--admin-gid", &err), WB_OK);
+    ck_assert(wb__auth_client_ok(&a, 1001, 1));
+    ck_assert(!wb__auth_admin_ok(&a, 1001, 1));
+    ck_assert(wb__auth_client_ok(&a, 2000, 50));
+    ck_assert(!wb__auth_admin_ok(&a, 2000, 50));
+    /* An administrator is a client too. */
+    ck_assert(wb__auth_client_ok(&a, 3000, 60));
+    ck_assert(wb__auth_admin_ok(&a, 3000, 60));
+    ck_assert(!wb__auth_client_ok(&a, 3000, 61));
+
+    char buf[128];
+    ck_assert_str_eq(wb__auth_describe_clients(&a, buf, sizeof buf),
+                     "uid 0, 1000, 1001; gid 50, 60");
+    ck_assert_str_eq(wb__auth_describe_admins(&a, buf, sizeof buf), "uid 0, 1000; gid 60");
+    /* Too long for the buffer: cut, and says so. */
+    ck_assert_str_eq(wb__auth_describe_clients(&a, buf, 12), "uid 0, 1...");
+
+    wb_peer_creds p = creds(1234, 77, 9);
+    ck_assert_int_eq(wb__auth_check_client(&a, &p, &err), WB_EPERM);
+    ck_assert_str_eq(err.msg,
+                     "uid 1234 is not allowed to lease models (allowed: uid 0, 1000, 1001; gid "
+                     "50, 60)");
+    wb__auth_destroy(&a);
+
+    /* The state a fresh broker starts in: clients open, admins narrow. */
+    wb__auth_init_open(&a, 1000);
+    ck_assert(wb__auth_client_ok(&a, 4242, 4242));
+    ck_assert(!wb__auth_admin_ok(&a, 4242, 4242));
+    ck_assert_str_eq(wb__auth_describe_clients(&a, buf, sizeof buf), "everyone");
+    /* Naming clients closes it. */
+    ck_assert_int_eq(wb__auth_add(&a, WB_AUTH_CLIENT_UIDS, "5", "--allow-uid", &err), WB_OK);
+    ck_assert(!wb__auth_client_ok(&a, 4242, 4242));
+    ck_assert(wb__auth_client_ok(&a, 5, 4242));
+    wb__auth_destroy(&a);
+
+    /* The broker running as root lists root once. */
+    wb__auth_init_default(&a, 0);
+    ck_assert_str_eq(wb__auth_describe_clients(&a, buf, sizeof buf), "uid 0");
+    wb__auth_destroy(&a);
+}
+END_TEST
+
+START_TEST(handlers_refuse_strangers)
+{
+    fixture_model(&B, "demo");
+    wb__auth_destroy(&B.auth);
+    wb__auth_init_default(&B.auth, B.euid);
+    wb_peer_creds me = creds(B.euid, (uint32_t)getegid(), (uint32_t)getpid());
+    wb_peer_creds stranger = creds(stranger_uid(), 4321, (uint32_t)getpid());
+    char want[200];
+    if (B.euid == 0)
+        snprintf(want, sizeof want, "uid %u is not allowed to lease models (allowed: uid 0)",
+                 stranger.uid);
+    else
+        snprintf(want, sizeof want, "uid %u is not allowed to lease models (allowed: uid 0, %u)",
+                 stranger.uid, B.euid);
+
+    Wbproto__Reply *r = hello(&stranger);
+    ck_assert_int_eq(r->status, WB_EPERM);
+    ck_assert_str_eq(r->error, want);
+    r = list_models(&stranger);
+    ck_assert_int_eq(r->status, WB_EPERM);
+    ck_assert_str_eq(r->error, want);
+    r = acquire(&stranger, "demo");
+    ck_assert_int_eq(r->status, WB_EPERM);
+    ck_assert_str_eq(r->error, want);
+    ck_assert_uint_eq(B.leases.n_leases, 0);
+    r = unload(&stranger, "demo");
+    ck_assert_int_eq(r->status, WB_EPERM);
+    ck_assert_uint_eq(B.stats.requests_refused, 4);
+
+    advance_ms(10); /* refusals do not depend on time; nor does this */
+    r = hello(&me);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_uint_eq(r->hello->broker_instance, B.instance);
+    ck_assert_uint_ne(B.instance, 0);
+
+    /* Listed as a client by group: leases, but may not unload. */
+    wb_err err;
+    ck_assert_int_eq(wb__auth_add(&B.auth, WB_AUTH_CLIENT_GIDS, "4321", "--allow-gid", &err),
+                     WB_OK);
+    r = acquire(&stranger, "demo");
+    ck_assert_msg(r->status == 0, "acquire: %s", r->error);
+    r = unload(&stranger, "demo");
+    ck_assert_int_eq(r->status, WB_EPERM);
+    snprintf(want, sizeof want, "uid %u may not unload models", stranger.uid);
+    ck_assert_str_eq(r->error, want);
+    char path[128];
+    snprintf(path, sizeof path, "%s/m.safetensors", dir);
+    write_model(path);
+    r = load(&stranger, "other", path);
+    ck_assert_int_eq(r->status, WB_EPERM);
+    snprintf(want, sizeof want, "uid %u may not load models", stranger.uid);
+    ck_assert_str_eq(r->error, want);
+
+    /* Listed as an administrator: loads. */
+    char uid[16];
+    snprintf(uid, sizeof uid, "%u", stranger.uid);
+    ck_assert_int_eq(wb__auth_add(&B.auth, WB_AUTH_ADMIN_UIDS, uid, "--admin-uid", &err), WB_OK);
+    r = load(&stranger, "other", path);
+    ck_assert_msg(r->status == 0, "load: %s", r->error);
+    ck_assert_int_eq(r->load->model->state, WBPROTO__MODEL_STATE__MODEL_READY);
+}
+END_TEST
+
+START_TEST(load_paths)
+{
+    char file[128], link1[128], link2[128], fifo[128], fifolink[128], sub[128], missing[128];
+    char resolved[PATH_MAX + 1], want[2 * PATH_MAX + 300];
+    int is_dir = 1;
+    wb_err err;
+    snprintf(file, sizeof file, "%s/blob", dir);
+    snprintf(link1, sizeof link1, "%s/model.safetensors", dir);
+    snprintf(link2, sizeof link2, "%s/again.safetensors", dir);
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    snprintf(fifolink, sizeof fifolink, "%s/fifo.safetensors", dir);
+    snprintf(sub, sizeof sub, "%s/sub", dir);
+    snprintf(missing, sizeof missing, "%s/missing.safetensors", dir);
+    write_model(file);
+    ck_assert_int_eq(symlink("blob", link1), 0);
+    ck_assert_int_eq(symlink(link1, link2), 0); /* a chain, as in some caches */
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    ck_assert_int_eq(symlink(fifo, fifolink), 0);
+    ck_assert_int_eq(mkdir(sub, 0700), 0);
+    char real_dir[PATH_MAX];
+    ck_assert_ptr_nonnull(realpath(dir, real_dir));
+    char real_file[PATH_MAX + 8];
+    snprintf(real_file, sizeof real_file, "%s/blob", real_dir);
+
+    ck_assert_int_eq(wb__auth_check_load_path(file, resolved, sizeof resolved, &is_dir, &err),
+                     WB_OK);
+    ck_assert_int_eq(is_dir, 0);
+    ck_assert_str_eq(resolved, real_file);
+    /* A link whose final target is a regular file is fine, however long the
+     * chain. */
+    ck_assert_int_eq(wb__auth_check_load_path(link2, resolved, sizeof resolved, &is_dir, &err),
+                     WB_OK);
+    ck_assert_str_eq(resolved, real_file);
+    ck_assert_int_eq(wb__auth_check_load_path(sub, resolved, sizeof resolved, &is_dir, &err),
+                     WB_OK);
+    ck_assert_int_eq(is_dir, 1);
+
+    ck_assert_int_eq(wb__auth_check_load_path(fifo, resolved, sizeof resolved, &is_dir, &err),
+                     WB_EINVAL);
+    char real_fifo[PATH_MAX + 8];
+    snprintf(real_fifo, sizeof real_fifo, "%s/fifo", real_dir);
+    if (strcmp(fifo, real_fifo) == 0)
+        snprintf(want, sizeof want,
+                 "%s is a FIFO; only regular files (or a directory holding a checkpoint) can be "
+                 "loaded",
+                 fifo);
+    else
+        snprintf(want, sizeof want,
+                 "%s -> %s is a FIFO; only regular files (or a directory holding a checkpoint) "
+                 "can be loaded",
+                 fifo, real_fifo);
+    ck_assert_str_eq(err.msg, want);
+    /* A link to a FIFO names both. */
+    ck_assert_int_eq(wb__auth_check_load_path(fifolink, resolved, sizeof resolved, &is_dir, &err),
+                     WB_EINVAL);
+    snprintf(want, sizeof want, "%s -> %s/fifo is a FIFO", fifolink, real_dir);
+    ck_assert_msg(strncmp(err.msg, want, strlen(want)) == 0, "got: %s", err.msg);
+    ck_assert_int_eq(
+        wb__auth_check_load_path("/dev/null", resolved, sizeof resolved, &is_dir, &err), WB_EINVAL);
+    ck_assert_str_eq(err.msg, "/dev/null is a character device; only regular files (or a "
+                              "directory holding a checkpoint) can be loaded");
+    ck_assert_int_eq(wb__auth_check_load_path(missing, resolved, sizeof resolved, &is_dir, &err),
+                     WB_ENOTFOUND);
+    snprintf(want, sizeof want, "no such file: %s", missing);
+    ck_assert_str_eq(err.msg, want);
+    ck_assert_int_eq(wb__auth_check_load_path("", resolved, sizeof resolved, &is_dir, &err),
+                     WB_EINVAL);
+
+    if (geteuid() != 0) {
+        /* Root reads everything; only others can see this refusal. */
+        ck_assert_int_eq(chmod(file, 0), 0);
+        ck_assert_int_eq(wb__auth_check_load_path(link1, resolved, sizeof resolved, &is_dir, &err),
+                         WB_EPERM);
+        ck_assert_ptr_nonnull(strstr(err.msg, "the broker may not read"));
+        chmod(file, 0644);
+    }
+}
+END_TEST
+
+/* Through the load handler: the refusal comes before any loading, the
+ * model is not registered, and a link to a regular file loads. */
+START_TEST(load_handler_checks_paths)
+{
+    wb_peer_creds me = creds(B.euid, (uint32_t)getegid(), (uint32_t)getpid());
+    char file[128], link[128], fifo[128];
+    snprintf(file, sizeof file, "%s/blob", dir);
+    snprintf(link, sizeof link, "%s/model.safetensors", dir);
+    snprintf(fifo, sizeof fifo, "%s/pipe.safetensors", dir);
+    write_model(file);
+    ck_assert_int_eq(symlink("blob", link), 0);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+
+    Wbproto__Reply *r = load(&me, "pipe", fifo);
+    ck_assert_int_eq(r->status, WB_EINVAL);
+    ck_assert_ptr_nonnull(strstr(r->error, "is a FIFO"));
+    ck_assert_ptr_null(wb__models_find(&B.models, "pipe"));
+    ck_assert_uint_eq(B.stats.loads_total, 0);
+    r = load(&me, "dev", "/dev/zero");
+    ck_assert_int_eq(r->status, WB_EINVAL);
+    ck_assert_ptr_nonnull(strstr(r->error, "/dev/zero is a character device"));
+
+    r = load(&me, "linked", link);
+    ck_assert_msg(r->status == 0, "load: %s", r->error);
+    /* The model keeps the path it was asked for. */
+    ck_assert_str_eq(r->load->model->path, link);
+    ck_assert_uint_eq(r->load->model->tensors, 1);
+}
+END_TEST
+
+START_TEST(slab_group)
+{
+    char sock[128];
+    snprintf(sock, sizeof sock, "%s/broker.sock", dir);
+    ck_assert_int_eq(chmod(dir, 0750), 0);
+    ck_assert_int_eq(wb__auth_slab_group(sock), -1);
+    if (geteuid() != 0)
+        return; /* giving files to another group needs root */
+    ck_assert_int_eq(chown(dir, (uid_t)-1, 65534), 0);
+    ck_assert_int_eq(wb__auth_slab_group(sock), -1); /* not set-group-ID */
+    ck_assert_int_eq(chmod(dir, 02750), 0);
+    ck_assert_int_eq(wb__auth_slab_group(sock), 65534);
+
+    wb_shm shm;
+    wb_err err;
+    ck_assert_int_eq(wb__shm_create(&shm, 4096, &err), WB_OK);
+    ck_assert_int_eq(wb__auth_share_slab(shm.name, 65534, &err), WB_OK);
+    char path[128];
+    snprintf(path, sizeof path, "/dev/shm%s", shm.name);
+    struct stat st;
+    ck_assert_int_eq(stat(path, &st), 0);
+    ck_assert_uint_eq(st.st_gid, 65534);
+    ck_assert_uint_eq(st.st_mode & 07777, 0640);
+    wb__shm_unlink(&shm);
+    ck_assert(!shm_name_exists(shm.name));
+    ck_assert_int_eq(wb__auth_share_slab(shm.name, 65534, &err), WB_EIO);
+    ck_assert_ptr_nonnull(strstr(err.msg, "shm_open"));
+    wb__shm_unmap(&shm);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("auth");
+    TCase *tc = tcase_create("auth");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, lists_parse_numbers_and_names);
+    tcase_add_test(tc, who_passes);
+    tcase_add_test(tc, handlers_refuse_strangers);
+    tcase_add_test(tc, load_paths);
+    tcase_add_test(tc, load_handler_checks_paths);
+    tcase_add_test(tc, slab_group);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

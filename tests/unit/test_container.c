@@ -1,0 +1,738 @@
+/* The AOTI binding (wb_container_*) against a FAKE AOTI model library
+ * (tests/fake_aoti), with leases from a real broker process on the host
+ * backend. The fake implements the AOTI C entry points over a trivial CPU
+ * "model" (y = x * w + b); it checks that the binding picks the right entry
+ * points, binds by name, checks dtypes and sizes, folds, frees an embedded
+ * copy and unpacks packages safely. It is not evidence that real AOTI
+ * models work: that is what tests/gpu/run.sh shows on a GPU machine. */
+#include "wb/client.h"
+#include "wb/container.h"
+
+#include "aoti_pkg.h"
+#include "client_impl.h"
+
+#include <check.h>
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zip.h>
+
+extern char **environ;
+
+#define API_DEVICE   "CreateWithDevice+UpdateUserManagedConstantBufferPairs"
+#define API_EXTERNAL "CreateWithExternalConstants"
+
+static char root[128]; /* the test run's directory */
+static char sock[256]; /* broker socket */
+static pid_t broker = -1;
+static char case_dir[256]; /* per test */
+
+static int wait_secs(void)
+{
+    const char *s = getenv("WB_SANITIZED");
+    return s && strcmp(s, "1") == 0 ? 30 : 10;
+}
+
+static double mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void write_file(const char *path, const void *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    ck_assert_msg(f != NULL, "cannot write %s", path);
+    ck_assert_uint_eq(fwrite(data, 1, len, f), len);
+    fclose(f);
+}
+
+static void copy_file(const char *from, const char *to)
+{
+    FILE *f = fopen(from, "rb");
+    ck_assert_msg(f != NULL, "cannot read %s", from);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n);
+    ck_assert_uint_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    write_file(to, buf, (size_t)n);
+    chmod(to, 0700);
+    free(buf);
+}
+
+/* Writes a safetensors file of 1-D F32 tensors of 4 values each. */
+static void write_st(const char *path, const char *const *names, const float (*values)[4], size_t n)
+{
+    char header[1024];
+    size_t used = (size_t)snprintf(header, sizeof header, "{");
+    for (size_t i = 0; i < n; i++)
+        used += (size_t)snprintf(
+            header + used, sizeof header - used,
+            "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[%zu,%zu]}", i ? "," : "",
+            names[i], i * 16, i * 16 + 16);
+    used += (size_t)snprintf(header + used, sizeof header - used, "}");
+    while (used % 8)
+        header[used++] = ' ';
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    uint64_t len = used;
+    fwrite(&len, 8, 1, f);
+    fwrite(header, 1, used, f);
+    for (size_t i = 0; i < n; i++)
+        fwrite(values[i], 4, 4, f);
+    fclose(f);
+}
+
+static const char *bin_dir(void)
+{
+    const char *d = getenv("WB_BIN_DIR");
+    ck_assert_msg(d != NULL, "WB_BIN_DIR must name the build directory");
+    return d;
+}
+
+static void fake_path(const char *flavour, char *out, size_t size)
+{
+    snprintf(out, size, "%s/tests/fake_aoti/fake_aoti_%s.so", bin_dir(), flavour);
+}
+
+static wb_client *connect_client(void)
+{
+    wb_client_options o;
+    wb_client_options_init(&o);
+    o.socket_path = sock;
+    o.timeout_ms = 5000;
+    wb_client *c = NULL;
+    int rc = wb_client_connect(&o, &c);
+    ck_assert_msg(rc == WB_OK, "connect: %s", wb_client_errmsg(c));
+    return c;
+}
+
+/* Starts one broker for the whole run, serving "base" (model.weight) and
+ * "head" (model.bias, model.scale). */
+static void start_broker(void)
+{
+    if (broker > 0)
+        return;
+    snprintf(root, sizeof root, "/tmp/wbct.XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(root));
+    snprintf(sock, sizeof sock, "%s/broker.sock", root);
+    char base[256], head[256], log[256], wbrokerd[512], m1[300], m2[300];
+    snprintf(base, sizeof base, "%s/base.safetensors", root);
+    snprintf(head, sizeof head, "%s/head.safetensors", root);
+    snprintf(log, sizeof log, "%s/broker.log", root);
+    const char *bn[] = {"model.weight"};
+    const float bv[][4] = {{1, 2, 3, 4}};
+    write_st(base, bn, bv, 1);
+    const char *hn[] = {"model.bias", "model.scale"};
+    const float hv[][4] = {{10, 20, 30, 40}, {7, 7, 7, 7}};
+    write_st(head, hn, hv, 2);
+    snprintf(wbrokerd, sizeof wbrokerd, "%s/broker/wbrokerd", bin_dir());
+    snprintf(m1, sizeof m1, "base=%s", base);
+    snprintf(m2, sizeof m2, "head=%s", head);
+    char *argv[] = {wbrokerd, "--backend", "host", "--socket",       sock,  "--model",
+                    m1,       "--model",   m2,     "--heartbeat-ms", "100", NULL};
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    int rc = posix_spawn(&broker, wbrokerd, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    ck_assert_msg(rc == 0, "cannot start %s: %s", wbrokerd, strerror(rc));
+    double deadline = mono() + wait_secs();
+    for (;;) {
+        wb_client_options o;
+        wb_client_options_init(&o);
+        o.socket_path = sock;
+        o.timeout_ms = 1000;
+        o.no_heartbeat_thread = 1;
+        wb_client *c = NULL;
+        int ok = 0;
+        if (wb_client_connect(&o, &c) == WB_OK) {
+            wb_lease *a = NULL, *b = NULL;
+            ok = wb_lease_acquire(c, "base", &a) == WB_OK &&
+                 wb_lease_acquire(c, "head", &b) == WB_OK;
+            wb_lease_release(&a);
+            wb_lease_release(&b);
+        }
+        wb_client_destroy(&c);
+        if (ok)
+            break;
+        ck_assert_msg(mono() < deadline, "the broker did not serve base and head (see %s)", log);
+        usleep(20000);
+    }
+}
+
+static void stop_broker(void)
+{
+    if (broker > 0) {
+        kill(broker, SIGTERM);
+        waitpid(broker, NULL, 0);
+        broker = -1;
+        wb__aoti_rmtree(root);
+    }
+}
+
+static int case_no;
+
+/* A fresh directory holding a copy of the fake library (flavour "v211" or
+ * "v214") and its spec; returns the library's path in so. */
+static void make_case(const char *flavour, const char *spec, char *so, size_t size)
+{
+    start_broker();
+    snprintf(case_dir, sizeof case_dir, "%s/case%d", root, ++case_no);
+    ck_assert_int_eq(mkdir(case_dir, 0700), 0);
+    char src[512], specp[512];
+    fake_path(flavour, src, sizeof src);
+    snprintf(so, size, "%s/fake_aoti_%s.so", case_dir, flavour);
+    copy_file(src, so);
+    snprintf(specp, sizeof specp, "%s/fake_aoti_spec.txt", case_dir);
+    write_file(specp, spec, strlen(spec));
+}
+
+static const char *SPEC_BASIC = "elements 4\n"
+                                "const w model.weight 6 16\n"
+                                "const b model.bias 6 16\n";
+
+typedef struct env {
+    wb_client *client;
+    wb_lease *leases[2];
+} env;
+
+static void open_env(env *e)
+{
+    e->client = connect_client();
+    ck_assert_int_eq(wb_lease_acquire(e->client, "base", &e->leases[0]), WB_OK);
+    ck_assert_int_eq(wb_lease_acquire(e->client, "head", &e->leases[1]), WB_OK);
+}
+
+static void close_env(env *e)
+{
+    for (int i = 0; i < 2; i++)
+        ck_assert_int_eq(wb_lease_release(&e->leases[i]), WB_OK);
+    wb_client_destroy(&e->client);
+}
+
+/* Runs the model on x = {1, 1, 2, 2} and checks y against `want`. */
+static void run_and_check(wb_container *c, const float want[4])
+{
+    float x[4] = {1, 1, 2, 2};
+    int64_t shape[1] = {4};
+    wb_aten_tensor in = NULL, out = NULL;
+    ck_assert_int_eq(wb_container_tensor_from_blob(c, x, "F32", 1, shape, -1, &in), WB_OK);
+    ck_assert_msg(wb_container_run(c, &in, 1, &out, 1, NULL) == WB_OK, "run: %s",
+                  wb_container_errmsg(c));
+    wb_tensor_desc d;
+    ck_assert_int_eq(wb_container_tensor_describe(c, out, &d), WB_OK);
+    ck_assert_str_eq(d.dtype, "F32");
+    ck_assert_uint_eq(d.ndim, 1);
+    ck_assert_int_eq(d.shape[0], 4);
+    ck_assert_uint_eq(d.nbytes, 16);
+    ck_assert_int_eq(d.device, -1);
+    const float *y = d.data;
+    for (int i = 0; i < 4; i++)
+        ck_assert_msg(y[i] == want[i], "y[%d] = %g, want %g", i, y[i], want[i]);
+    ck_assert_int_eq(wb_container_tensor_delete(c, out), WB_OK);
+}
+
+static int (*fake_fn(const char *so, const char *name))(void)
+{
+    void *h = dlopen(so, RTLD_NOW | RTLD_NOLOAD);
+    ck_assert_msg(h != NULL, "%s is not loaded", so);
+    int (*f)(void) = (int (*)(void))dlsym(h, name);
+    ck_assert_ptr_nonnull(f);
+    dlclose(h);
+    return f;
+}
+
+static long fake_long(const char *so, const char *name)
+{
+    void *h = dlopen(so, RTLD_NOW | RTLD_NOLOAD);
+    ck_assert_ptr_nonnull(h);
+    long (*f)(void) = (long (*)(void))dlsym(h, name);
+    ck_assert_ptr_nonnull(f);
+    dlclose(h);
+    return f();
+}
+
+static const float WANT_BASIC[4] = {1 * 1 + 10, 1 * 2 + 20, 2 * 3 + 30, 2 * 4 + 40};
+
+START_TEST(v211_binds_by_fqn_across_leases)
+{
+    char so[512];
+    make_case("v211", SPEC_BASIC, so, sizeof so);
+    env e;
+    open_env(&e);
+    wb_container *c = NULL;
+    int rc = wb_container_create(e.leases, 2, so, NULL, &c);
+    ck_assert_msg(rc == WB_OK, "create: %s", wb_container_errmsg(c));
+    wb_container_info info;
+    ck_assert_int_eq(wb_container_get_info(c, &info), WB_OK);
+    ck_assert_str_eq(info.aoti_api, API_DEVICE);
+    ck_assert_int_eq(info.pinned_async_copy, 0);
+    ck_assert_uint_eq(info.n_constants, 2);
+    ck_assert_uint_eq(info.bound_tensors, 2);
+    ck_assert_uint_eq(info.bound_bytes, 32);
+    ck_assert_uint_eq(info.folded_bytes, 0);
+    ck_assert_uint_eq(info.embedded_bytes, 0);
+    ck_assert_str_eq(info.device, "cpu");
+    ck_assert_ptr_null(wb_container_stream(c));
+    /* Two wrappers of leased memory; no copy: the weights seen by the fake
+     * are the leased bytes themselves. */
+    ck_assert_int_eq(fake_fn(so, "fake_aoti_live_tensors")(), 2);
+    run_and_check(c, WANT_BASIC);
+
+    /* Registered on both leases: they cannot be released while it lives. */
+    ck_assert_uint_eq(wb_lease_containers(e.leases[0]), 1);
+    ck_assert_uint_eq(wb_lease_containers(e.leases[1]), 1);
+    wb_lease *l = e.leases[0];
+    ck_assert_int_eq(wb_lease_release(&l), WB_EBUSY);
+    ck_assert_ptr_eq(l, e.leases[0]);
+    ck_assert_ptr_nonnull(strstr(wb_client_errmsg(e.client), "container"));
+
+    /* What the next heartbeat reports for each lease. */
+    Wbproto__LeaseBeat beat = WBPROTO__LEASE_BEAT__INIT;
+    ck_assert_int_eq(wb__lease_fill_beat(e.leases[1], &beat), WB_OK);
+    ck_assert_uint_eq(beat.n_container_records, 1);
+    ck_assert_str_eq(beat.container_records[0]->aoti_api, API_DEVICE);
+    ck_assert_uint_eq(beat.container_records[0]->bound_bytes, 16);
+    ck_assert_uint_eq(beat.container_records[0]->bound_tensors, 1);
+    ck_assert_str_eq(beat.container_records[0]->model_path, so);
+    ck_assert(beat.container_records[0]->created_at > 1.6e9);
+    wb__lease_beat_free(&beat);
+
+    wb_container_destroy(&c);
+    ck_assert_ptr_null(c);
+    wb_container_destroy(&c);
+    ck_assert_uint_eq(wb_lease_containers(e.leases[0]), 0);
+    ck_assert_int_eq(wb__lease_fill_beat(e.leases[1], &beat), WB_OK);
+    ck_assert_uint_eq(beat.n_container_records, 0);
+    close_env(&e);
+}
+END_TEST
+
+START_TEST(v214_uses_external_constants_and_pinned_copy)
+{
+    char so[512];
+    make_case("v214", SPEC_BASIC, so, sizeof so);
+    env e;
+    open_env(&e);
+    wb_container *c = NULL;
+    int rc = wb_container_create(e.leases, 2, so, NULL, &c);
+    ck_assert_msg(rc == WB_OK, "create: %s", wb_container_errmsg(c));
+    wb_container_info info;
+    wb_container_get_info(c, &info);
+    ck_assert_str_eq(info.aoti_api, API_EXTERNAL);
+    ck_assert_int_eq(info.pinned_async_copy, 1);
+    /* Switched on before the containers were created; one creation to read
+     * the names, one with the constants. */
+    ck_assert_int_eq(fake_fn(so, "fake_aoti_pinned_at_create")(), 1);
+    ck_assert_int_eq(fake_fn(so, "fake_aoti_creates")(), 2);
+    ck_assert_uint_eq(info.bound_bytes, 32);
+    run_and_check(c, WANT_BASIC);
+    wb_container_destroy(&c);
+    close_env(&e);
+}
+END_TEST
+
+START_TEST(dtype_mismatch_names_the_tensor)
+{
+    char so[512];
+    make_case("v211", "elements 4\nconst w model.weight 15 16\nconst b model.bias 6 16\n", so,
+              sizeof so);
+    env e;
+    open_env(&e);
+    wb_container *c = NULL;
+    ck_assert_int_eq(wb_container_create(e.leases, 2, so, NULL, &c), WB_EINVAL);
+    const char *m = wb_container_errmsg(c);
+    ck_assert_ptr_nonnull(strstr(m, "constant 'model.weight'"));
+    ck_assert_ptr_nonnull(strstr(m, "BF16"));
+    ck_assert_ptr_nonnull(strstr(m, "has F32"));
+    ck_assert_ptr_nonnull(strstr(m, "model 'base'"));
+    wb_container_destroy(&c);
+    /* Nothing stays registered after a failed creation. */
+    ck_assert_uint_eq(wb_lease_containers(e.leases[0]), 0);
+    close_env(&e);
+}
+END_TEST
+
+START_TEST(size_mismatch_names_the_tensor)
+{
+    char so[512];
+    make_case("v214", "elements 4\nconst w model.weight 6 16\nconst b model.bias 6 32\n", so,
+              sizeof so);
+    env e;
+    open_env(&e);
+    wb_container *c = NULL;
+    ck_assert_int_eq(wb_container_create(e.leases, 2, so, NULL, &c), WB_EINVAL);
+    const char *m = wb_container_errmsg(c);
+    ck_assert_ptr_nonnull(strstr(m, "constant 'model.bias'"));
+    ck_assert_ptr_nonnull(strstr(m, "expects 32 bytes"));
+    ck_assert_ptr_nonnull(strstr(m, "16 bytes"));
+    wb_container_destroy(&c);
+    close_env(&e);
+}
+END_TEST
+
+START_TEST(missing_constant_is_named)
+{
+    char so[512];
+    make_case("v211",
+              "elements 4\nconst w model.weight 6 16\nconst b model.bias 6 16\n"
+              "const extra model.extra 6 16\n",
+              so, sizeof so);
+    env e;
+    open_env(&e);
+    wb_container *c = NULL;
+    ck_assert_int_eq(wb_container_create(e.leases, 2, so, NULL, &c), WB_ENOTFOUND);
+    const char *m = wb_container_errmsg(c);
+    ck_assert_ptr_nonnull(strstr(m, "constant 'model.extra'"));
+    ck_assert_ptr_nonnull(strstr(m, "no caller tensor"));
+    ck_assert_ptr_nonnull(strstr(m, "'base', 'head'"));
+    wb_container_destroy(&c);
+    /* Only one lease given: the bias is then missing too. */
+    make_case("v211", SPEC_BASIC, so, sizeof so);
+    ck_assert_int_eq(wb_container_create(e.leases, 1, so, NULL, &c), WB_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(wb_container_errmsg(c), "constant 'model.bias'"));
+    wb_container_destroy(&c);
+    close_env(&e);
+}
+END_TEST
+
+START_TEST(caller_tensors_bind_and_override)
+{
+    char so[512];
+    make_case("v214", SPEC_BASIC, so, sizeof so);
+    env e;
+    open_env(&e);
+    /* The caller's bias replaces the leased one; the weight comes from the
+     * base lease. */
+    static const float bias[4] = {100, 200, 300, 400};
+    static const uint64_t shape[1] = {4};
+    wb_container_tensor t = {
+        .fqn = "model.bias", .data = bias, .dtype = "F32", .ndim = 1, .shape = shape, .device = -1};
+    wb_container_options o;
+    wb_container_options_init(&o);
+    o.tensors = &t;
+    o.n_tensors = 1;
+    wb_container *c = NULL;
+    int rc = wb_container_create(e.leases, 1, so, &o, &c);
+    ck_assert_msg(rc == WB_OK, "create: %s", wb_container_errmsg(c));
+    wb_container_info info;
+    wb_container_get_info(c, &info);
+    ck_assert_uint_eq(info.bound_bytes, 16);
+    ck_assert_uint_eq(info.caller_bytes, 16);
+    const float want[4] = {101, 202, 306, 408};
+    run_and_check(c, want);
+    wb_container_destroy(&c);
+
+    /* A caller tensor of the wrong dtype is named. */
+    t.dtype = "F16";
+    ck_assert_int_eq(wb_container_create(e.leases, 1, so, &o, &c), WB_EINVAL);
+    ck_assert_ptr_nonnull(strstr(wb_container_errmsg(c), "caller tensor 0"));
+    ck_assert_ptr_nonnull(strstr(wb_container_errmsg(c), "model.bias"));
+    wb_container_destroy(&c);
+    close_env(&e);
+}
+END_TEST
+
+static const char *SPEC_FOLDED = "elements 4\n"
+                                 "const w model.weight 6 16\n"
+                                 "const b model.bias 6 16\n"
+                                 "folded _FOLDED_CONST_w2 16\n";
+
+START_TEST(folded_constants_are_built_not_bound)
+{
+    const char *flavours[] = {"v211", "v214"};
+    for (int k = 0; k < 2; k++) {
+        char so[512];
+        make_case(flavours[k], SPEC_FOLDED, so, sizeof so);
+        env e;
+        open_env(&e);
+        wb_container *c = NULL;
+        int rc = wb_container_create(e.leases, 2, so, NULL, &c);
+        ck_assert_msg(rc == WB_OK, "%s: create: %s", flavours[k], wb_container_errmsg(c));
+        wb_container_info info;
+        wb_container_get_info(c, &info);
+        ck_assert_uint_eq(info.n_constants, 3);
+        ck_assert_uint_eq(info.bound_tensors, 2);
+        ck_assert_uint_eq(info.folded_constants, 1);
+        ck_assert_uint_eq(info.folded_bytes, 16);
+        /* Folded once, at creation (the fake refuses to run unfolded). */
+        ck_assert_int_eq(fake_fn(so, "fake_aoti_fold_calls")(), 1);
+        ck_assert_int_eq(fake_long(so, "fake_aoti_folded_live_bytes"), 16);
+        run_and_check(c, WANT_BASIC);
+        Wbproto__LeaseBeat beat = WBPROTO__LEASE_BEAT__INIT;
+        ck_assert_int_eq(wb__lease_fill_beat(e.leases[0], &beat), WB_OK);
+        ck_assert_uint_eq(beat.container_records[0]->folded_bytes, 16);
+        wb__lease_beat_free(&beat);
+        wb_container_destroy(&c);
+        close_env(&e);
+    }
+}
+END_TEST
+
+START_TEST(embedded_copy_is_replaced_and_freed)
+{
+    char so[512];
+    make_case("v211",
+              "elements 4\nembedded 1\nconst w model.weight 6 16\nconst b model.bias 6 16\n"
+              "folded _FOLDED_CONST_w2 16\n",
+              so, sizeof so);
+    env e;
+    open_env(&e);
+    wb_container *c = NULL;
+    int rc = wb_container_create(e.leases, 2, so, NULL, &c);
+    ck_assert_msg(rc == WB_OK, "create: %s", wb_container_errmsg(c));
+    wb_container_info info;
+    wb_container_get_info(c, &info);
+    ck_assert_uint_eq(info.embedded_bytes, 32);
+    ck_assert(info.embedded_free_seconds >= 0);
+    /* The library's own copy (filled with 0.5) is gone, and the outputs come
+     * from the leased weights. */
+    ck_assert_int_eq(fake_long(so, "fake_aoti_embedded_live_bytes"), 0);
+    run_and_check(c, WANT_BASIC);
+    wb_container_destroy(&c);
+    close_env(&e);
+}
+END_TEST
+
+/* Builds a zip at `path` from (name, file or NULL for literal text) pairs. */
+static void make_zip(const char *path, const char *const *names, const char *const *sources,
+                     const char *const *texts, size_t n)
+{
+    int err = 0;
+    zip_t *z = zip_open(path, ZIP_CREATE | ZIP_TRUNCATE, &err);
+    ck_assert_ptr_nonnull(z);
+    for (size_t i = 0; i < n; i++) {
+        zip_source_t *src = sources[i] ? zip_source_file(z, sources[i], 0, -1)
+                                       : zip_source_buffer(z, texts[i], strlen(texts[i]), 0);
+        ck_assert_ptr_nonnull(src);
+        ck_assert_int_ge(zip_file_add(z, names[i], src, ZIP_FL_OVERWRITE), 0);
+    }
+    ck_assert_int_eq(zip_close(z), 0);
+}
+
+static int count_prefixed(const char *dir, const char *prefix)
+{
+    int n = 0;
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return n;
+}
+
+START_TEST(pt2_package_is_unpacked_privately)
+{
+    char so[512], pt2[512], work[512];
+    make_case("v214", SPEC_FOLDED, so, sizeof so);
+    snprintf(pt2, sizeof pt2, "%s/model.pt2", case_dir);
+    snprintf(work, sizeof work, "%s/work", case_dir);
+    ck_assert_int_eq(mkdir(work, 0700), 0);
+    const char *names[] = {"model/data/aotinductor/model/fake.so",
+                           "model/data/aotinductor/model/fake_aoti_spec.txt",
+                           "model/extra/readme.txt"};
+    const char *sources[] = {so, NULL, NULL};
+    const char *texts[] = {NULL, SPEC_FOLDED, "not a model"};
+    make_zip(pt2, names, sources, texts, 3);
+    env e;
+    open_env(&e);
+    wb_container_options o;
+    wb_container_options_init(&o);
+    o.work_dir = work;
+    wb_container *c = NULL;
+    int rc = wb_container_create(e.leases, 2, pt2, &o, &c);
+    ck_assert_msg(rc == WB_OK, "create: %s", wb_container_errmsg(c));
+    wb_container_info info;
+    wb_container_get_info(c, &info);
+    ck_assert_str_eq(info.model_path, pt2);
+    ck_assert_ptr_nonnull(strstr(info.so_path, "/wb-aoti-"));
+    ck_assert_ptr_nonnull(strstr(info.so_path, "/model/data/aotinductor/model/fake.so"));
+    ck_assert_int_eq(strncmp(info.so_path, work, strlen(work)), 0);
+    char dir[512];
+    snprintf(dir, sizeof dir, "%.*s", (int)(strstr(info.so_path, "/model/data") - info.so_path),
+             info.so_path);
+    struct stat st;
+    ck_assert_int_eq(stat(dir, &st), 0);
+    ck_assert_int_eq(st.st_mode & 0777, 0700);
+    run_and_check(c, WANT_BASIC);
+    wb_container_destroy(&c);
+    /* The private directory is removed with the container. */
+    ck_assert_int_eq(stat(dir, &st), -1);
+    ck_assert_int_eq(count_prefixed(work, "wb-aoti-"), 0);
+    close_env(&e);
+}
+END_TEST
+
+START_TEST(zip_slip_is_refused)
+{
+    char so[512], pt2[512], work[512], evil[512];
+    make_case("v211", SPEC_BASIC, so, sizeof so);
+    snprintf(work, sizeof work, "%s/work", case_dir);
+    ck_assert_int_eq(mkdir(work, 0700), 0);
+    const char *bad[] = {"../evil.so", "model/../../evil.so", "/tmp/evil.so"};
+    for (int k = 0; k < 3; k++) {
+        snprintf(pt2, sizeof pt2, "%s/slip%d.pt2", case_dir, k);
+        const char *names[] = {"model/data/aotinductor/model/fake.so", bad[k]};
+        const char *sources[] = {so, NULL};
+        const char *texts[] = {NULL, "payload"};
+        make_zip(pt2, names, sources, texts, 2);
+        wb_container_options o;
+        wb_container_options_init(&o);
+        o.work_dir = work;
+        wb_container *c = NULL;
+        ck_assert_int_eq(wb_container_create(NULL, 0, pt2, &o, &c), WB_EFORMAT);
+        ck_assert_msg(strstr(wb_container_errmsg(c), bad[k]) != NULL, "%s", wb_container_errmsg(c));
+        ck_assert_ptr_nonnull(strstr(wb_container_errmsg(c), "refusing"));
+        wb_container_destroy(&c);
+        /* Nothing was written, and no directory is left behind. */
+        ck_assert_int_eq(count_prefixed(work, "wb-aoti-"), 0);
+        snprintf(evil, sizeof evil, "%s/evil.so", case_dir);
+        ck_assert_int_eq(access(evil, F_OK), -1);
+    }
+    ck_assert_int_eq(wb__aoti_entry_name_safe("a/b/c.so"), 1);
+    ck_assert_int_eq(wb__aoti_entry_name_safe("a/..b/c"), 1);
+    ck_assert_int_eq(wb__aoti_entry_name_safe("a/../c"), 0);
+    ck_assert_int_eq(wb__aoti_entry_name_safe(".."), 0);
+    ck_assert_int_eq(wb__aoti_entry_name_safe("a\\..\\b"), 0);
+    ck_assert_int_eq(wb__aoti_entry_name_safe(""), 0);
+}
+END_TEST
+
+START_TEST(bad_model_paths)
+{
+    char so[512], path[512];
+    make_case("v211", SPEC_BASIC, so, sizeof so);
+    wb_container *c = NULL;
+    snprintf(path, sizeof path, "%s/absent.pt2", case_dir);
+    ck_assert_int_eq(wb_container_create(NULL, 0, path, NULL, &c), WB_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(wb_container_errmsg(c), "absent.pt2"));
+    wb_container_destroy(&c);
+
+    snprintf(path, sizeof path, "%s/fake_aoti_spec.txt", case_dir);
+    ck_assert_int_eq(wb_container_create(NULL, 0, path, NULL, &c), WB_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(wb_container_errmsg(c), "neither a .pt2 package"));
+    wb_container_destroy(&c);
+
+    /* A directory with two libraries is ambiguous; both are named. */
+    char second[512];
+    snprintf(second, sizeof second, "%s/other.so", case_dir);
+    copy_file(so, second);
+    ck_assert_int_eq(wb_container_create(NULL, 0, case_dir, NULL, &c), WB_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(wb_container_errmsg(c), "other.so"));
+    ck_assert_ptr_nonnull(strstr(wb_container_errmsg(c), "fake_aoti_v211.so"));
+    wb_container_destroy(&c);
+    unlink(second);
+
+    /* A directory with one library is fine. */
+    env e;
+    open_env(&e);
+    ck_assert_int_eq(wb_container_create(e.leases, 2, case_dir, NULL, &c), WB_OK);
+    wb_container_destroy(&c);
+    close_env(&e);
+
+    /* A shared library that is not a model. */
+    snprintf(path, sizeof path, "%s/client/libwbclient.so", bin_dir());
+    ck_assert_int_eq(wb_container_create(NULL, 0, path, NULL, &c), WB_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(wb_container_errmsg(c), "does not export"));
+    wb_container_destroy(&c);
+
+    /* Arguments. */
+    ck_assert_int_eq(wb_container_create(NULL, 0, so, NULL, NULL), WB_EINVAL);
+    ck_assert_int_eq(wb_container_create(NULL, 2, so, NULL, &c), WB_EINVAL);
+    ck_assert_ptr_nonnull(strstr(wb_container_errmsg(c), "array is NULL"));
+    wb_container_destroy(&c);
+    wb_container_options o;
+    wb_container_options_init(&o);
+    o.device = "tpu";
+    ck_assert_int_eq(wb_container_create(NULL, 0, so, &o, &c), WB_EINVAL);
+    ck_assert_ptr_nonnull(strstr(wb_container_errmsg(c), "device 'tpu'"));
+    wb_container_destroy(&c);
+    o.device = NULL;
+    o.torch_lib_dir = case_dir;
+    ck_assert_int_eq(wb_container_create(NULL, 0, so, &o, &c), WB_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(wb_container_errmsg(c), "libc10.so"));
+    wb_container_destroy(&c);
+    ck_assert_str_eq(wb_container_errmsg(NULL), "no container (out of memory, or NULL was passed)");
+}
+END_TEST
+
+START_TEST(run_argument_checks)
+{
+    char so[512];
+    make_case("v211", SPEC_BASIC, so, sizeof so);
+    env e;
+    open_env(&e);
+    wb_container *c = NULL;
+    ck_assert_int_eq(wb_container_create(e.leases, 2, so, NULL, &c), WB_OK);
+    wb_aten_tensor out = NULL;
+    ck_assert_int_eq(wb_container_run(c, NULL, 0, &out, 1, NULL), WB_EINVAL);
+    ck_assert_ptr_nonnull(strstr(wb_container_errmsg(c), "takes 1 inputs, 0 given"));
+    /* A runtime failure is reported with the runtime's message. */
+    float x[3] = {1, 2, 3};
+    int64_t shape[1] = {3};
+    wb_aten_tensor in = NULL;
+    ck_assert_int_eq(wb_container_tensor_from_blob(c, x, "F32", 1, shape, -1, &in), WB_OK);
+    ck_assert_int_eq(wb_container_run(c, &in, 1, &out, 1, NULL), WB_EINTERNAL);
+    ck_assert_ptr_nonnull(strstr(wb_container_errmsg(c), "AOTInductorModelContainerRun failed"));
+    ck_assert_int_eq(wb_container_tensor_from_blob(c, x, "F4", 1, shape, -1, &in), WB_EINVAL);
+    ck_assert_ptr_nonnull(strstr(wb_container_errmsg(c), "'F4'"));
+    wb_container_destroy(&c);
+    /* The stolen input was freed by the model; nothing leaks. */
+    close_env(&e);
+}
+END_TEST
+
+static void teardown_all(void)
+{
+    stop_broker();
+}
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("container");
+    TCase *tc = tcase_create("fake_aoti");
+    tcase_set_timeout(tc, 120);
+    tcase_add_unchecked_fixture(tc, NULL, teardown_all);
+    tcase_add_test(tc, v211_binds_by_fqn_across_leases);
+    tcase_add_test(tc, v214_uses_external_constants_and_pinned_copy);
+    tcase_add_test(tc, dtype_mismatch_names_the_tensor);
+    tcase_add_test(tc, size_mismatch_names_the_tensor);
+    tcase_add_test(tc, missing_constant_is_named);
+    tcase_add_test(tc, caller_tensors_bind_and_override);
+    tcase_add_test(tc, folded_constants_are_built_not_bound);
+    tcase_add_test(tc, embedded_copy_is_replaced_and_freed);
+    tcase_add_test(tc, pt2_package_is_unpacked_privately);
+    tcase_add_test(tc, zip_slip_is_refused);
+    tcase_add_test(tc, bad_model_paths);
+    tcase_add_test(tc, run_argument_checks);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(suite());
+    /* One process for all tests: they share one broker. */
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    stop_broker();
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

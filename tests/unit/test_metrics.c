@@ -1,0 +1,358 @@
+/* The Prometheus page: every family has one HELP and one TYPE line before its
+ * samples, and the samples carry the broker's exact values (leases by state,
+ * models by state, bytes per model, loads, requests by operation and status,
+ * reclaims), label values escaped; the page is published only as often as
+ * wb__metrics_tick allows; the HTTP server serves it at /metrics (GET and
+ * HEAD only, 404 elsewhere) and reports addresses it cannot use. */
+#include "broker_fixture.h"
+#include "metrics.h"
+
+#include <check.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static wb_broker B;
+
+static void setup(void)
+{
+    (void)shm_name_exists; /* from the fixture; these tests do not need it */
+    fixture_broker(&B, 100, 1000);
+}
+
+static void teardown(void)
+{
+    wb__broker_destroy(&B);
+}
+
+static char *render(void)
+{
+    size_t len = 0;
+    char *text = wb__metrics_render(&B, &len);
+    ck_assert_ptr_nonnull(text);
+    ck_assert_uint_eq(strlen(text), len);
+    return text;
+}
+
+/* The page has `line` as one whole line. */
+static void assert_line(const char *text, const char *line)
+{
+    size_t n = strlen(line);
+    for (const char *p = text; (p = strstr(p, line)) != NULL; p++) {
+        if ((p == text || p[-1] == '\n') && p[n] == '\n')
+            return;
+    }
+    ck_abort_msg("no line '%s' in:\n%s", line, text);
+}
+
+/* Checks the exposition format's structure: lines are HELP, TYPE or
+ * samples; each family's HELP and TYPE come once, before its samples; sample
+ * names belong to the family declared last. Returns the number of families. */
+static int check_structure(const char *text)
+{
+    char family[128] = "";
+    char seen[64][128];
+    int n_seen = 0;
+    int help = 0, type = 0;
+    const char *p = text;
+    ck_assert_msg(text[0] && text[strlen(text) - 1] == '\n', "the page must end with a newline");
+    while (*p) {
+        const char *nl = strchr(p, '\n');
+        ck_assert_ptr_nonnull(nl);
+        char line[1024];
+        size_t len = (size_t)(nl - p);
+        ck_assert_uint_lt(len, sizeof line);
+        memcpy(line, p, len);
+        line[len] = '\0';
+        p = nl + 1;
+        char name[128], kind[32];
+        if (sscanf(line, "# HELP %127s", name) == 1) {
+            for (int i = 0; i < n_seen; i++)
+                ck_assert_msg(strcmp(seen[i], name) != 0, "family %s declared twice", name);
+            ck_assert_int_lt(n_seen, 64);
+            snprintf(seen[n_seen++], sizeof seen[0], "%s", name);
+            snprintf(family, sizeof family, "%s", name);
+            help = 1;
+            type = 0;
+            ck_assert_msg(strlen(line) > strlen("# HELP ") + strlen(name) + 1, "empty HELP: %s",
+                          line);
+        } else if (sscanf(line, "# TYPE %127s %31s", name, kind) == 2) {
+            ck_assert_str_eq(name, family);
+            ck_assert_msg(help && !type, "TYPE of %s must follow its HELP once", name);
+            ck_assert_msg(strcmp(kind, "gauge") == 0 || strcmp(kind, "counter") == 0, "type %s",
+                          kind);
+            type = 1;
+        } else {
+            ck_assert_msg(line[0] != '#', "unexpected comment: %s", line);
+            ck_assert_msg(type, "sample before its TYPE: %s", line);
+            size_t fl = strlen(family);
+            ck_assert_msg(strncmp(line, family, fl) == 0 && (line[fl] == '{' || line[fl] == ' '),
+                          "sample '%s' outside family %s", line, family);
+            const char *value = strrchr(line, ' ');
+            ck_assert_ptr_nonnull(value);
+            char *end;
+            strtod(value + 1, &end);
+            ck_assert_msg(*end == '\0' && end != value + 1, "bad value in '%s'", line);
+        }
+    }
+    return n_seen;
+}
+
+START_TEST(test_render_values)
+{
+    wb_err err;
+    wb_model *a = fixture_model(&B, "alpha");
+    wb_model *b = fixture_model(&B, "beta");
+    a->data.load_seconds = 0.5; /* 28 bytes in half a second */
+    /* A model being loaded holds no memory yet. */
+    wb_model *c = wb__model_new("gamma", "/models/gamma", &wb__backend_host, -1);
+    ck_assert_ptr_nonnull(c);
+    wb__models_add(&B.models, c);
+    /* Three leases of this process; one goes stale. */
+    wb_peer_creds me = creds(1000, 1000, (uint32_t)getpid());
+    wb_lease_rec *l;
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(
+            wb__leases_grant(&B.leases, a, &me, "test", B.now_ms(), B.now_wall(), &l, &err), WB_OK);
+        a->leases++;
+    }
+    advance_ms(2000);
+    ck_assert_uint_eq(wb__broker_scan_stale(&B), 2);
+    ck_assert_int_eq(
+        wb__leases_grant(&B.leases, b, &me, "test", B.now_ms(), B.now_wall(), &l, &err), WB_OK);
+    b->leases++;
+    b->state = WBPROTO__MODEL_STATE__MODEL_DRAINING;
+    B.stats.loads_total = 4;
+    B.stats.loads_failed = 1;
+    B.stats.leases_reclaimed = 7;
+    for (int i = 0; i < 3; i++)
+        wb__broker_count_request(&B, WBPROTO__REQUEST__BODY_ACQUIRE, WB_OK);
+    wb__broker_count_request(&B, WBPROTO__REQUEST__BODY_ACQUIRE, WB_ENOTFOUND);
+    wb__broker_count_request(&B, WBPROTO__REQUEST__BODY_STATS, WB_OK);
+    wb__broker_count_request(&B, 0, WB_EPROTO);
+    wb__broker_count_request(&B, 0, WB_EPROTO);
+
+    char *text = render();
+    ck_assert_int_eq(check_structure(text), 9);
+    assert_line(text, "# TYPE wb_leases gauge");
+    assert_line(text, "wb_leases{state=\"active\"} 1");
+    assert_line(text, "wb_leases{state=\"stale\"} 2");
+    assert_line(text, "# TYPE wb_models gauge");
+    assert_line(text, "wb_models{state=\"loading\"} 1");
+    assert_line(text, "wb_models{state=\"ready\"} 1");
+    assert_line(text, "wb_models{state=\"draining\"} 1");
+    assert_line(text, "# TYPE wb_model_bytes gauge");
+    assert_line(text, "wb_model_bytes{model=\"alpha\",device=\"-1\",backend=\"host\"} 28");
+    assert_line(text, "wb_model_bytes{model=\"beta\",device=\"-1\",backend=\"host\"} 28");
+    ck_assert_ptr_null(strstr(text, "gamma"));
+    assert_line(text, "# TYPE wb_loads_total counter");
+    assert_line(text, "wb_loads_total 4");
+    assert_line(text, "wb_load_failures_total 1");
+    assert_line(text, "# TYPE wb_load_seconds gauge");
+    assert_line(text, "wb_load_seconds{model=\"alpha\"} 0.5");
+    assert_line(text, "wb_load_bytes_per_second{model=\"alpha\"} 56");
+    assert_line(text, "wb_load_bytes_per_second{model=\"beta\"} 0");
+    assert_line(text, "# TYPE wb_requests_total counter");
+    assert_line(text, "# TYPE wb_reclaims_total counter");
+    assert_line(text, "wb_reclaims_total 7");
+    /* Operations in protocol order, successes first. */
+    const char *reqs = strstr(text, "wb_requests_total{");
+    ck_assert_ptr_nonnull(reqs);
+    ck_assert_msg(strncmp(reqs,
+                          "wb_requests_total{op=\"invalid\",status=\"WB_EPROTO\"} 2\n"
+                          "wb_requests_total{op=\"acquire\",status=\"WB_OK\"} 3\n"
+                          "wb_requests_total{op=\"acquire\",status=\"WB_ENOTFOUND\"} 1\n"
+                          "wb_requests_total{op=\"stats\",status=\"WB_OK\"} 1\n"
+                          "# HELP wb_reclaims_total ",
+                          strlen("wb_requests_total{op=\"invalid\",status=\"WB_EPROTO\"} 2\n"
+                                 "wb_requests_total{op=\"acquire\",status=\"WB_OK\"} 3\n"
+                                 "wb_requests_total{op=\"acquire\",status=\"WB_ENOTFOUND\"} 1\n"
+                                 "wb_requests_total{op=\"stats\",status=\"WB_OK\"} 1\n"
+                                 "# HELP wb_reclaims_total ")) == 0,
+                  "%s", reqs);
+    free(text);
+}
+END_TEST
+
+START_TEST(test_render_empty_broker)
+{
+    char *text = render();
+    ck_assert_int_eq(check_structure(text), 9);
+    assert_line(text, "wb_leases{state=\"active\"} 0");
+    assert_line(text, "wb_models{state=\"ready\"} 0");
+    assert_line(text, "wb_loads_total 0");
+    ck_assert_ptr_null(strstr(text, "wb_requests_total{"));
+    free(text);
+}
+END_TEST
+
+START_TEST(test_label_escaping)
+{
+    wb_model *m = fixture_model(&B, "plain");
+    /* Names are validated on the way in; the page must stay well-formed
+     * whatever a name holds. */
+    free(m->name);
+    m->name = strdup("we\"ird\\na\nme");
+    char *text = render();
+    check_structure(text);
+    assert_line(text, "wb_load_seconds{model=\"we\\\"ird\\\\na\\nme\"} 0");
+    free(text);
+}
+END_TEST
+
+START_TEST(test_request_counters_bounded)
+{
+    for (int op = 1; op <= 200; op++)
+        wb__broker_count_request(&B, (uint32_t)op, WB_OK);
+    ck_assert_uint_eq(B.stats.n_by_op, WB_REQUEST_COUNTERS);
+    wb__broker_count_request(&B, 1, WB_OK);
+    ck_assert_uint_eq(B.stats.by_op[0].n, 2);
+    /* Field numbers that are not operations still render. */
+    char *text = render();
+    check_structure(text);
+    assert_line(text, "wb_requests_total{op=\"unknown\",status=\"WB_OK\"} 1");
+    free(text);
+}
+END_TEST
+
+START_TEST(test_parse_addr)
+{
+    wb_err err;
+    struct sockaddr_storage ss;
+    socklen_t len;
+    ck_assert_int_eq(wb__metrics_parse_addr("127.0.0.1:9464", &ss, &len, &err), WB_OK);
+    ck_assert_int_eq(ss.ss_family, AF_INET);
+    ck_assert_uint_eq(ntohs(((struct sockaddr_in *)&ss)->sin_port), 9464);
+    ck_assert_int_eq(wb__metrics_parse_addr("[::1]:0", &ss, &len, &err), WB_OK);
+    ck_assert_int_eq(ss.ss_family, AF_INET6);
+    ck_assert_int_eq(wb__metrics_parse_addr("localhost:80", NULL, NULL, &err), WB_OK);
+
+    ck_assert_int_eq(wb__metrics_parse_addr("9464", NULL, NULL, &err), WB_EINVAL);
+    ck_assert_str_eq(err.msg, "'9464' is not ADDR:PORT (for example 127.0.0.1:9464)");
+    ck_assert_int_eq(wb__metrics_parse_addr(":9464", NULL, NULL, &err), WB_EINVAL);
+    ck_assert_int_eq(wb__metrics_parse_addr("127.0.0.1:", NULL, NULL, &err), WB_EINVAL);
+    ck_assert_int_eq(wb__metrics_parse_addr("127.0.0.1:65536", NULL, NULL, &err), WB_EINVAL);
+    ck_assert_str_eq(err.msg, "'127.0.0.1:65536': the port '65536' is not 0 to 65535");
+    ck_assert_int_eq(wb__metrics_parse_addr("127.0.0.1:http", NULL, NULL, &err), WB_EINVAL);
+    ck_assert_int_eq(wb__metrics_parse_addr("::1:80", NULL, NULL, &err), WB_EINVAL);
+    ck_assert_str_eq(err.msg, "'::1:80': write an IPv6 address in brackets, [ADDR]:PORT");
+    ck_assert_int_eq(wb__metrics_parse_addr("[::1]80", NULL, NULL, &err), WB_EINVAL);
+    ck_assert_int_eq(wb__metrics_parse_addr("no.such.host.invalid:80", NULL, NULL, &err),
+                     WB_EINVAL);
+    ck_assert_msg(strstr(err.msg, "cannot resolve 'no.such.host.invalid'") != NULL, "%s", err.msg);
+}
+END_TEST
+
+/* One HTTP/1.0 exchange on 127.0.0.1:port; returns the whole response. */
+static char *http(unsigned port, const char *request)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sin, sizeof sin), 0);
+    ck_assert_int_eq(write(fd, request, strlen(request)), (ssize_t)strlen(request));
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    ck_assert_ptr_nonnull(buf);
+    ssize_t got;
+    while ((got = read(fd, buf + len, cap - 1 - len)) > 0)
+        len += (size_t)got;
+    close(fd);
+    buf[len] = '\0';
+    return buf;
+}
+
+START_TEST(test_http_server)
+{
+#ifndef WB_HAVE_MICROHTTPD
+    wb_metrics *none;
+    wb_err e;
+    ck_assert_int_eq(wb__metrics_start("127.0.0.1:0", &none, &e), WB_ENOSYS);
+    return;
+#else
+    wb_metrics *m = NULL;
+    wb_err err;
+    ck_assert_msg(wb__metrics_start("127.0.0.1:0", &m, &err) == WB_OK, "%s", err.msg);
+    unsigned port = wb__metrics_port(m);
+    ck_assert_uint_gt(port, 0);
+    fixture_model(&B, "served");
+    wb__metrics_tick(m, &B, 1);
+    size_t len;
+    char *page = wb__metrics_render(&B, &len);
+
+    char *r = http(port, "GET /metrics HTTP/1.0\r\n\r\n");
+    ck_assert_msg(strncmp(r, "HTTP/1.1 200", 12) == 0 || strncmp(r, "HTTP/1.0 200", 12) == 0, "%s",
+                  r);
+    ck_assert_msg(strstr(r, "Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"), "%s", r);
+    const char *body = strstr(r, "\r\n\r\n");
+    ck_assert_ptr_nonnull(body);
+    ck_assert_str_eq(body + 4, page);
+    free(r);
+
+    r = http(port, "HEAD /metrics HTTP/1.0\r\n\r\n");
+    ck_assert_msg(strstr(r, " 200 ") != NULL, "%s", r);
+    ck_assert_str_eq(strstr(r, "\r\n\r\n") + 4, "");
+    free(r);
+    r = http(port, "GET /other HTTP/1.0\r\n\r\n");
+    ck_assert_msg(strstr(r, " 404 ") != NULL, "%s", r);
+    free(r);
+    r = http(port, "POST /metrics HTTP/1.0\r\nContent-Length: 3\r\n\r\nabc");
+    ck_assert_msg(strstr(r, " 405 ") != NULL, "%s", r);
+    ck_assert_msg(strstr(r, "Allow: GET, HEAD\r\n") != NULL, "%s", r);
+    free(r);
+
+    /* Changes are published no more often than every 20 ms, and an
+     * unchanged broker is not rendered again at once. */
+    fixture_model(&B, "later");
+    wb__metrics_tick(m, &B, 0);
+    char *snap = wb__metrics_snapshot(m, &len);
+    ck_assert_str_eq(snap, page);
+    free(snap);
+    usleep(30 * 1000);
+    wb__metrics_tick(m, &B, 1);
+    snap = wb__metrics_snapshot(m, &len);
+    ck_assert_ptr_nonnull(strstr(snap, "model=\"later\""));
+    free(snap);
+    free(page);
+
+    /* The same port again cannot be bound, and says why. */
+    char spec[64];
+    snprintf(spec, sizeof spec, "127.0.0.1:%u", port);
+    wb_metrics *second = NULL;
+    ck_assert_int_eq(wb__metrics_start(spec, &second, &err), WB_EIO);
+    ck_assert_ptr_null(second);
+    char want[200];
+    snprintf(want, sizeof want, "metrics: cannot listen on %s: Address already in use", spec);
+    ck_assert_str_eq(err.msg, want);
+
+    wb__metrics_stop(&m);
+    ck_assert_ptr_null(m);
+    wb__metrics_stop(&m); /* NULL is fine */
+#endif
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("metrics");
+    TCase *tc = tcase_create("metrics");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_render_values);
+    tcase_add_test(tc, test_render_empty_broker);
+    tcase_add_test(tc, test_label_escaping);
+    tcase_add_test(tc, test_request_counters_bounded);
+    tcase_add_test(tc, test_parse_addr);
+    tcase_add_test(tc, test_http_server);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

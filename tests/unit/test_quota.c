@@ -1,0 +1,334 @@
+/* Configured limits: leases per client, models, tensors per model, message
+ * size and safetensors header size. Each refusal is WB_ELIMIT with a message
+ * that names the limit and its value, and leaves nothing behind. */
+#include "broker_fixture.h"
+#include "ops.h"
+#include "quota.h"
+#include "wire.h"
+
+#include <check.h>
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static wb_broker B;
+static wb_arena A;
+static Wbproto__Reply *decoded;
+static char dir[64];
+
+static void setup(void)
+{
+    fixture_broker(&B, 200, 1000);
+    memset(&A, 0, sizeof A);
+    decoded = NULL;
+    snprintf(dir, sizeof dir, "/tmp/wbtest-quota-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+}
+
+static void teardown(void)
+{
+    wb__reply_free(&decoded);
+    wb__arena_free(&A);
+    wb__broker_destroy(&B);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+static wb_peer_creds me(void)
+{
+    return creds((uint32_t)geteuid(), (uint32_t)getegid(), (uint32_t)getpid());
+}
+
+static Wbproto__Reply *call(Wbproto__Request *req)
+{
+    static uint64_t next_id = 1;
+    wb_peer_creds p = me();
+    req->version = WB_PROTOCOL_VERSION;
+    req->id = ++next_id;
+    Wbproto__Reply rep = WBPROTO__REPLY__INIT;
+    const uint8_t ident[] = {0, 'q'};
+    ck_assert_int_eq(wb__ops_handle(&B, &p, req, ident, sizeof ident, &A, &rep), 0);
+    size_t len;
+    uint8_t *buf = wb__reply_pack(&rep, &len);
+    ck_assert_ptr_nonnull(buf);
+    wb__reply_free(&decoded);
+    wb_err err;
+    ck_assert_msg(wb__reply_decode(buf, len, &decoded, &err) == WB_OK, "reply: %s", err.msg);
+    free(buf);
+    wb__arena_free(&A);
+    return decoded;
+}
+
+static Wbproto__Reply *acquire(const char *model)
+{
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__AcquireRequest a = WBPROTO__ACQUIRE_REQUEST__INIT;
+    a.model = (char *)model;
+    req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
+    req.acquire = &a;
+    return call(&req);
+}
+
+static Wbproto__Reply *release(const uint8_t *id)
+{
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__ReleaseRequest r = WBPROTO__RELEASE_REQUEST__INIT;
+    r.lease_id.data = (uint8_t *)id;
+    r.lease_id.len = WB_LEASE_ID_LEN;
+    req.body_case = WBPROTO__REQUEST__BODY_RELEASE;
+    req.release = &r;
+    return call(&req);
+}
+
+static Wbproto__Reply *load(const char *name, const char *path)
+{
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__LoadRequest l = WBPROTO__LOAD_REQUEST__INIT;
+    l.name = (char *)name;
+    l.path = (char *)path;
+    req.body_case = WBPROTO__REQUEST__BODY_LOAD;
+    req.load = &l;
+    return call(&req);
+}
+
+/* Writes a safetensors file of n U8 tensors of 4 bytes, named with a prefix
+ * of `pad` characters (to make lease replies large). When fake_len is not
+ * zero, the length field claims that instead of the real header length. */
+static void write_model(const char *path, int n, int pad, uint64_t fake_len)
+{
+    size_t cap = (size_t)n * (size_t)(pad + 96) + 16;
+    char *h = malloc(cap);
+    ck_assert_ptr_nonnull(h);
+    size_t used = (size_t)snprintf(h, cap, "{");
+    for (int i = 0; i < n; i++)
+        used += (size_t)snprintf(
+            h + used, cap - used,
+            "%s\"%.*s%d\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[%d,%d]}", i ? "," : "",
+            pad,
+            "tttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttt"
+            "tttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttt",
+            i, 4 * i, 4 * i + 4);
+    used += (size_t)snprintf(h + used, cap - used, "}");
+    uint64_t len = fake_len ? fake_len : used;
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)(len >> (8 * i));
+    fwrite(b, 1, 8, f);
+    fwrite(h, 1, used, f);
+    for (int i = 0; i < 4 * n; i++)
+        fputc(i & 0xff, f);
+    fclose(f);
+    free(h);
+}
+
+/* Slab names of this process (the broker here) in /dev/shm. */
+static int my_slabs(void)
+{
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "wb-%ld-", (long)getpid());
+    DIR *d = opendir("/dev/shm");
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL)
+        n += strncmp(de->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return n;
+}
+
+START_TEST(messages_name_the_limit)
+{
+    wb_limits l;
+    wb__limits_default(&l);
+    ck_assert_uint_eq(l.max_leases_per_client, 1024);
+    ck_assert_uint_eq(l.max_models, 64);
+    ck_assert_uint_eq(l.max_tensors, 1000000);
+    ck_assert_uint_eq(l.max_message, WB_MAX_MESSAGE);
+    ck_assert_uint_eq(l.max_header, 100000000);
+    wb_err err;
+    ck_assert_int_eq(wb__limits_check_leases(&l, 7, 1023, &err), WB_OK);
+    ck_assert_int_eq(wb__limits_check_leases(&l, 7, 1024, &err), WB_ELIMIT);
+    ck_assert_str_eq(err.msg,
+                     "pid 7 already holds 1024 leases, the limit (--max-leases-per-client 1024)");
+    ck_assert_int_eq(wb__limits_check_models(&l, 63, &err), WB_OK);
+    ck_assert_int_eq(wb__limits_check_models(&l, 64, &err), WB_ELIMIT);
+    ck_assert_str_eq(err.msg, "the broker already holds 64 models, the limit (--max-models 64); "
+                              "unload one first");
+    ck_assert_int_eq(wb__limits_check_tensors(&l, "m", 1000000, &err), WB_OK);
+    ck_assert_int_eq(wb__limits_check_tensors(&l, "m", 1000001, &err), WB_ELIMIT);
+    ck_assert_str_eq(err.msg,
+                     "model 'm' has 1000001 tensors, over the limit of 1000000 (--max-tensors)");
+    l.max_message = 4096;
+    ck_assert_int_eq(wb__limits_check_lease_size(&l, "m", 3072, &err), WB_OK);
+    ck_assert_int_eq(wb__limits_check_lease_size(&l, "m", 3073, &err), WB_ELIMIT);
+    ck_assert_str_eq(err.msg, "a lease of model 'm' would take 4097 bytes, over the 4096-byte "
+                              "message limit (--max-message-bytes)");
+}
+END_TEST
+
+START_TEST(leases_per_client)
+{
+    fixture_model(&B, "demo");
+    B.limits.max_leases_per_client = 2;
+    uint8_t first[WB_LEASE_ID_LEN];
+    Wbproto__Reply *r = acquire("demo");
+    ck_assert_int_eq(r->status, 0);
+    memcpy(first, r->acquire->lease->id.data, WB_LEASE_ID_LEN);
+    ck_assert_int_eq(acquire("demo")->status, 0);
+    r = acquire("demo");
+    ck_assert_int_eq(r->status, WB_ELIMIT);
+    char want[160];
+    snprintf(want, sizeof want,
+             "pid %ld already holds 2 leases, the limit (--max-leases-per-client 2)",
+             (long)getpid());
+    ck_assert_str_eq(r->error, want);
+    ck_assert_uint_eq(B.leases.n_leases, 2);
+    /* Below the limit again after a release. */
+    ck_assert_int_eq(release(first)->status, 0);
+    ck_assert_int_eq(acquire("demo")->status, 0);
+}
+END_TEST
+
+START_TEST(models)
+{
+    fixture_model(&B, "demo");
+    B.limits.max_models = 1;
+    char path[128];
+    snprintf(path, sizeof path, "%s/m.safetensors", dir);
+    write_model(path, 2, 1, 0);
+    Wbproto__Reply *r = load("second", path);
+    ck_assert_int_eq(r->status, WB_ELIMIT);
+    ck_assert_str_eq(r->error, "the broker already holds 1 model, the limit (--max-models 1); "
+                               "unload one first");
+    ck_assert_ptr_null(wb__models_find(&B.models, "second"));
+    B.limits.max_models = 2;
+    r = load("second", path);
+    ck_assert_msg(r->status == 0, "load: %s", r->error);
+}
+END_TEST
+
+START_TEST(tensors)
+{
+    B.limits.max_tensors = 2;
+    char path[128];
+    snprintf(path, sizeof path, "%s/three.safetensors", dir);
+    write_model(path, 3, 1, 0);
+    int before = my_slabs();
+    Wbproto__Reply *r = load("three", path);
+    ck_assert_int_eq(r->status, WB_ELIMIT);
+    ck_assert_str_eq(r->error, "model 'three' has 3 tensors, over the limit of 2 (--max-tensors)");
+    ck_assert_ptr_null(wb__models_find(&B.models, "three"));
+    ck_assert_uint_eq(B.stats.loads_failed, 1);
+    ck_assert_int_eq(my_slabs(), before); /* its slab is gone */
+    advance_ms(1);
+    ck_assert(!shm_name_exists("/wb-0-00000000000000000000000000000000"));
+
+    /* A sharded checkpoint's index says how many tensors there are: refused
+     * before anything is read. */
+    char index[160], shard[160];
+    snprintf(shard, sizeof shard, "%s/shard-1.safetensors", dir);
+    write_model(shard, 3, 1, 0);
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", dir);
+    FILE *f = fopen(index, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "{\"weight_map\":{\"t0\":\"shard-1.safetensors\",\"t1\":\"shard-1.safetensors\","
+               "\"t2\":\"shard-1.safetensors\"}}");
+    fclose(f);
+    r = load("sharded", dir);
+    ck_assert_int_eq(r->status, WB_ELIMIT);
+    ck_assert_str_eq(r->error,
+                     "model 'sharded' has 3 tensors, over the limit of 2 (--max-tensors)");
+    ck_assert_uint_eq(B.stats.loads_total, 1); /* only the first load ran */
+    B.limits.max_tensors = 3;
+    r = load("sharded", index);
+    ck_assert_msg(r->status == 0, "load: %s", r->error);
+    ck_assert_uint_eq(r->load->model->tensors, 3);
+}
+END_TEST
+
+START_TEST(message_size)
+{
+    B.limits.max_message = 4096;
+    char path[128];
+    snprintf(path, sizeof path, "%s/wide.safetensors", dir);
+    write_model(path, 40, 100, 0); /* 40 tensors with 100-character names */
+    Wbproto__Reply *r = load("wide", path);
+    ck_assert_int_eq(r->status, WB_ELIMIT);
+    ck_assert_ptr_nonnull(strstr(r->error, "a lease of model 'wide' would take "));
+    ck_assert_ptr_nonnull(
+        strstr(r->error, "bytes, over the 4096-byte message limit (--max-message-bytes)"));
+    ck_assert_ptr_null(wb__models_find(&B.models, "wide"));
+    B.limits.max_message = WB_MAX_MESSAGE;
+    r = load("wide", path);
+    ck_assert_msg(r->status == 0, "load: %s", r->error);
+}
+END_TEST
+
+START_TEST(header_size)
+{
+    char path[128], want[300];
+    snprintf(path, sizeof path, "%s/h.safetensors", dir);
+    /* The length field claims a header larger than the safetensors limit:
+     * refused from the first 8 bytes, as a limit. */
+    write_model(path, 1, 1, 100000001);
+    Wbproto__Reply *r = load("h", path);
+    ck_assert_int_eq(r->status, WB_ELIMIT);
+    snprintf(want, sizeof want,
+             "%s: the safetensors header is 100000001 bytes, over the limit of 100000000 "
+             "(--max-header-bytes)",
+             path);
+    ck_assert_str_eq(r->error, want);
+    ck_assert_uint_eq(B.stats.loads_total, 0);
+
+    /* A configured, smaller limit. */
+    write_model(path, 2, 1, 0);
+    B.limits.max_header = 64;
+    r = load("h", path);
+    ck_assert_int_eq(r->status, WB_ELIMIT);
+    ck_assert_ptr_nonnull(strstr(r->error, "over the limit of 64 (--max-header-bytes)"));
+    /* ... also for each shard an index names. */
+    char sub[128], shard[160], index[160];
+    snprintf(sub, sizeof sub, "%s/sharded", dir);
+    ck_assert_int_eq(mkdir(sub, 0700), 0);
+    snprintf(shard, sizeof shard, "%s/a.safetensors", sub);
+    write_model(shard, 2, 1, 0);
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", sub);
+    FILE *f = fopen(index, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "{\"weight_map\":{\"t0\":\"a.safetensors\",\"t1\":\"a.safetensors\"}}");
+    fclose(f);
+    r = load("s", sub);
+    ck_assert_int_eq(r->status, WB_ELIMIT);
+    snprintf(want, sizeof want, "%s: the safetensors header is", shard);
+    ck_assert_msg(strncmp(r->error, want, strlen(want)) == 0, "got: %s", r->error);
+    B.limits.max_header = 100000000;
+    r = load("s", sub);
+    ck_assert_msg(r->status == 0, "load: %s", r->error);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("quota");
+    TCase *tc = tcase_create("quota");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, messages_name_the_limit);
+    tcase_add_test(tc, leases_per_client);
+    tcase_add_test(tc, models);
+    tcase_add_test(tc, tensors);
+    tcase_add_test(tc, message_size);
+    tcase_add_test(tc, header_size);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,658 @@
+/* The loading pipeline (broker/stage.h) on the CPU: every tensor lands with
+ * exactly the file's bytes and the XXH3-64 of those bytes, whatever the
+ * tensor sizes, chunk size and thread count, in the direct mode (the host
+ * backend), the staged mode (a ring of buffers and a copy engine that
+ * copies late and completes out of step, as a GPU does) and the mapped mode;
+ * a short file, a read error, a failing copy and a cancel stop the load
+ * with a message that names the problem, leave no copy running, and the
+ * ring works again afterwards. */
+#include "stage.h"
+
+#include <check.h>
+#include <xxhash.h>
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+static char tmpdir[256];
+static char data_file[512];
+
+static void setup(void)
+{
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/wb-stage-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+}
+
+static void teardown(void)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+/* A model: tensors back to back in one file (no header: the pipeline only
+ * sees offsets), laid out at 256-byte aligned offsets in the slab. */
+typedef struct model {
+    size_t n;
+    wb_stage_tensor *t;
+    uint8_t *bytes; /* the file's content */
+    uint64_t file_len;
+    uint64_t slab_len;
+    int fd;
+} model;
+
+static uint64_t rng_state = 88172645463325252ull;
+
+static uint64_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+static void model_make(model *m, const uint64_t *sizes, size_t n, uint64_t lead)
+{
+    memset(m, 0, sizeof *m);
+    m->n = n;
+    m->t = calloc(n, sizeof *m->t);
+    ck_assert_ptr_nonnull(m->t);
+    uint64_t off = lead, slab = 0;
+    for (size_t i = 0; i < n; i++) {
+        static char names[64][24];
+        snprintf(names[i % 64], sizeof names[0], "t%zu", i);
+        m->t[i].name = names[i % 64];
+        m->t[i].file = 0;
+        m->t[i].file_offset = off;
+        slab = (slab + 255) & ~(uint64_t)255;
+        m->t[i].slab_offset = slab;
+        m->t[i].nbytes = sizes[i];
+        off += sizes[i];
+        slab += sizes[i];
+    }
+    m->file_len = off;
+    m->slab_len = slab ? slab : 1;
+    m->bytes = malloc(m->file_len ? m->file_len : 1);
+    ck_assert_ptr_nonnull(m->bytes);
+    for (uint64_t i = 0; i < m->file_len; i++)
+        m->bytes[i] = (uint8_t)(rnd() >> 24);
+    snprintf(data_file, sizeof data_file, "%s/data.bin", tmpdir);
+    FILE *f = fopen(data_file, "wb");
+    ck_assert_ptr_nonnull(f);
+    if (m->file_len)
+        ck_assert_uint_eq(fwrite(m->bytes, 1, m->file_len, f), m->file_len);
+    fclose(f);
+    m->fd = open(data_file, O_RDONLY);
+    ck_assert_int_ge(m->fd, 0);
+}
+
+static void model_free(model *m)
+{
+    free(m->t);
+    free(m->bytes);
+    if (m->fd >= 0)
+        close(m->fd);
+}
+
+/* Checks every tensor's bytes in dst and its checksum. */
+static void model_check(const model *m, const uint8_t *dst)
+{
+    for (size_t i = 0; i < m->n; i++) {
+        const wb_stage_tensor *t = &m->t[i];
+        const uint8_t *want = m->bytes + t->file_offset;
+        ck_assert_msg(memcmp(dst + t->slab_offset, want, t->nbytes) == 0,
+                      "tensor %zu (%llu bytes) differs", i, (unsigned long long)t->nbytes);
+        ck_assert_msg(t->xxh3 == XXH3_64bits(want, t->nbytes), "tensor %zu checksum", i);
+    }
+}
+
+/* A copy engine that behaves like a DMA engine: the bytes are read from the
+ * staging buffer only when the copy "completes", a few queries later. A
+ * buffer refilled before its copy completed would land wrong bytes. */
+typedef struct pending_copy {
+    int live;
+    const void *src;
+    void *dst;
+    size_t len;
+    int polls;
+} pending_copy;
+
+typedef struct fake_engine {
+    pending_copy slot[64];
+    unsigned submits, queries, begins, finishes, in_flight, max_in_flight;
+    unsigned fail_submit_at, fail_query_at; /* 1-based; 0 never */
+    unsigned registered;
+    int delay; /* the most queries a copy stays pending */
+} fake_engine;
+
+static void land(pending_copy *p)
+{
+    if (p->live) {
+        memcpy(p->dst, p->src, p->len);
+        p->live = 0;
+    }
+}
+
+static int fe_begin(void *ctx, wb_err *err)
+{
+    (void)err;
+    ((fake_engine *)ctx)->begins++;
+    return WB_OK;
+}
+
+static int fe_submit(void *ctx, int buf, const void *src, void *dst, size_t len, wb_err *err)
+{
+    fake_engine *f = ctx;
+    f->submits++;
+    if (f->fail_submit_at && f->submits == f->fail_submit_at)
+        return wb__err_set(err, WB_EIO, "injected copy failure at copy %u", f->submits);
+    if (buf < 0) {
+        memcpy(dst, src, len);
+        return WB_OK;
+    }
+    ck_assert_int_lt(buf, 64);
+    ck_assert_msg(!f->slot[buf].live, "buffer %d submitted while its copy runs", buf);
+    f->slot[buf] = (pending_copy){.live = 1,
+                                  .src = src,
+                                  .dst = dst,
+                                  .len = len,
+                                  .polls = f->delay ? (int)(rnd() % (unsigned)(f->delay + 1)) : 0};
+    f->in_flight++;
+    if (f->in_flight > f->max_in_flight)
+        f->max_in_flight = f->in_flight;
+    return WB_OK;
+}
+
+static int fe_query(void *ctx, int buf, wb_err *err)
+{
+    fake_engine *f = ctx;
+    f->queries++;
+    if (f->fail_query_at && f->queries == f->fail_query_at)
+        return wb__err_set(err, WB_EIO, "injected copy error seen at query %u", f->queries);
+    pending_copy *p = &f->slot[buf];
+    if (!p->live)
+        return 1;
+    if (p->polls > 0) {
+        p->polls--;
+        return 0;
+    }
+    land(p);
+    f->in_flight--;
+    return 1;
+}
+
+static int fe_finish(void *ctx, double *secs, wb_err *err)
+{
+    (void)err;
+    fake_engine *f = ctx;
+    f->finishes++;
+    for (int i = 0; i < 64; i++) {
+        if (f->slot[i].live) {
+            land(&f->slot[i]);
+            f->in_flight--;
+        }
+    }
+    *secs = -1;
+    return WB_OK;
+}
+
+static int fe_register(void *ctx, void *addr, size_t len, wb_err *err)
+{
+    (void)addr;
+    (void)len;
+    (void)err;
+    ((fake_engine *)ctx)->registered++;
+    return WB_OK;
+}
+
+static void fe_unregister(void *ctx, void *addr)
+{
+    (void)addr;
+    ((fake_engine *)ctx)->registered--;
+}
+
+typedef struct ring {
+    wb_staging s;
+    fake_engine fe;
+    uint8_t *mem;
+} ring;
+
+static void ring_make(ring *r, unsigned n, uint64_t size, int delay)
+{
+    memset(r, 0, sizeof *r);
+    ck_assert_uint_le(n, 64);
+    r->mem = malloc(n * size);
+    r->s.bufs = calloc(n, sizeof *r->s.bufs);
+    ck_assert_ptr_nonnull(r->mem);
+    ck_assert_ptr_nonnull(r->s.bufs);
+    for (unsigned i = 0; i < n; i++) {
+        r->s.bufs[i] = r->mem + i * size;
+        memset(r->s.bufs[i], 0xB5, size); /* stale bytes of an earlier load */
+    }
+    r->s.n = n;
+    r->s.size = size;
+    r->fe.delay = delay;
+    r->s.engine = (wb_copy_engine){.ctx = &r->fe,
+                                   .begin = fe_begin,
+                                   .submit = fe_submit,
+                                   .query = fe_query,
+                                   .finish = fe_finish,
+                                   .host_register = fe_register,
+                                   .host_unregister = fe_unregister};
+}
+
+static void ring_free(ring *r)
+{
+    free(r->mem);
+    free(r->s.bufs);
+}
+
+static const char *const file_names[] = {data_file};
+
+static wb_stage_job job_for(model *m, int mode, unsigned threads, uint64_t chunk)
+{
+    wb_stage_job j = {
+        .mode = mode,
+        .tensors = m->t,
+        .n_tensors = m->n,
+        .n_files = 1,
+        .files = file_names,
+        .fds = &m->fd,
+        .cfg = {.read_threads = threads, .chunk_bytes = chunk},
+    };
+    return j;
+}
+
+/* Sizes around every boundary that matters: empty, sub-alignment, exactly a
+ * chunk, a chunk plus one, several chunks. */
+static const uint64_t mixed[] = {
+    4096,  1,         0,      255,     256,        257,    65536, 65535,
+    65537, 3 * 65536, 200000, 1 << 20, 4097,       0,      17,    (1 << 20) + 13,
+    33,    64,        5000,   999999,  3 << 19,    128,    1,     2 * 65536,
+    70000, 12,        4096,   262144,  262144 + 1, 100000, 7,     (3 << 20) + 5,
+};
+#define N_MIXED (sizeof mixed / sizeof mixed[0])
+
+START_TEST(test_direct_matrix)
+{
+    model m;
+    model_make(&m, mixed, N_MIXED, 0);
+    static const uint64_t chunks[] = {4096, 65536, 1 << 20, 8 << 20};
+    static const unsigned threads[] = {1, 2, 3, 8};
+    for (size_t c = 0; c < 4; c++) {
+        for (size_t t = 0; t < 4; t++) {
+            uint8_t *dst = malloc(m.slab_len);
+            ck_assert_ptr_nonnull(dst);
+            memset(dst, 0x5A, m.slab_len);
+            _Atomic uint64_t landed = 0;
+            wb_stage_job j = job_for(&m, WB_STAGE_DIRECT, threads[t], chunks[c]);
+            j.cfg.read_block = t % 2 ? 0 : 4096;
+            j.host_dst = dst;
+            j.landed = &landed;
+            for (size_t i = 0; i < m.n; i++)
+                m.t[i].xxh3 = 0;
+            wb_stage_stats st;
+            wb_err err = {0};
+            ck_assert_msg(wb__stage_run(&j, &st, &err) == WB_OK, "%s", err.msg);
+            model_check(&m, dst);
+            ck_assert_uint_eq(atomic_load(&landed), st.bytes);
+            ck_assert_int_eq(st.mode, WB_STAGE_DIRECT);
+            ck_assert_uint_ge(st.threads, 1);
+            ck_assert_uint_le(st.threads, threads[t]);
+            ck_assert_uint_eq(st.chunk_bytes, chunks[c]);
+            ck_assert_uint_ge(st.chunks, 1);
+            free(dst);
+        }
+    }
+    model_free(&m);
+}
+END_TEST
+
+START_TEST(test_staged_matrix)
+{
+    model m;
+    model_make(&m, mixed, N_MIXED, 3);
+    static const uint64_t sizes[] = {4096, 65536, 1 << 20};
+    static const unsigned threads[] = {1, 2, 5, 8};
+    static const unsigned nbufs[] = {2, 3, 16};
+    for (size_t c = 0; c < 3; c++) {
+        for (size_t t = 0; t < 4; t++) {
+            ring r;
+            ring_make(&r, nbufs[(c + t) % 3], sizes[c], 3);
+            uint8_t *dst = malloc(m.slab_len);
+            ck_assert_ptr_nonnull(dst);
+            memset(dst, 0x5A, m.slab_len);
+            _Atomic uint64_t landed = 0;
+            wb_stage_job j = job_for(&m, WB_STAGE_STAGED, threads[t], 0);
+            j.staging = &r.s;
+            j.dst = dst;
+            j.landed = &landed;
+            /* Small read blocks: pieces are checksummed block by block when
+             * their turn has come, later when not. */
+            j.cfg.read_block = t % 2 ? 4096 : 0;
+            for (size_t i = 0; i < m.n; i++)
+                m.t[i].xxh3 = 0;
+            wb_stage_stats st;
+            wb_err err = {0};
+            ck_assert_msg(wb__stage_run(&j, &st, &err) == WB_OK, "%s", err.msg);
+            model_check(&m, dst);
+            /* Padding that shares a chunk with tensors is zeroed, never
+             * stale staging bytes. */
+            for (size_t i = 0; i + 1 < m.n; i++) {
+                uint64_t end = m.t[i].slab_offset + m.t[i].nbytes;
+                for (uint64_t b = end; b < m.t[i + 1].slab_offset; b++)
+                    ck_assert_msg(dst[b] == 0 || dst[b] == 0x5A, "stale byte %02x at %llu", dst[b],
+                                  (unsigned long long)b);
+            }
+            ck_assert_uint_eq(atomic_load(&landed), st.bytes);
+            ck_assert_uint_eq(r.fe.in_flight, 0);
+            ck_assert_uint_eq(r.fe.submits, st.chunks);
+            ck_assert_uint_eq(r.fe.begins, 1);
+            ck_assert_uint_ge(r.fe.finishes, 1);
+            ck_assert_uint_le(r.fe.max_in_flight, r.s.n);
+            ck_assert_uint_eq(st.chunk_bytes, sizes[c]);
+            ck_assert_uint_eq(st.buffers, r.s.n);
+            free(dst);
+            ring_free(&r);
+        }
+    }
+    model_free(&m);
+}
+END_TEST
+
+/* One large tensor cut into many pieces that many threads read at once: its
+ * checksum must still be over the bytes in order. */
+START_TEST(test_one_big_tensor_many_threads)
+{
+    static const uint64_t sizes[] = {(7 << 20) + 3};
+    model m;
+    model_make(&m, sizes, 1, 100);
+    ring r;
+    ring_make(&r, 4, 65536, 5);
+    uint8_t *dst = malloc(m.slab_len);
+    ck_assert_ptr_nonnull(dst);
+    wb_stage_job j = job_for(&m, WB_STAGE_STAGED, 8, 0);
+    j.staging = &r.s;
+    j.dst = dst;
+    wb_stage_stats st;
+    wb_err err = {0};
+    ck_assert_msg(wb__stage_run(&j, &st, &err) == WB_OK, "%s", err.msg);
+    model_check(&m, dst);
+    ck_assert_uint_eq(st.chunks, ((7u << 20) + 3 + 65535) / 65536);
+    free(dst);
+    ring_free(&r);
+    model_free(&m);
+}
+END_TEST
+
+START_TEST(test_mapped)
+{
+    model m;
+    model_make(&m, mixed, N_MIXED, 0);
+    uint8_t *map = mmap(NULL, m.file_len, PROT_READ, MAP_SHARED, m.fd, 0);
+    ck_assert_ptr_ne(map, MAP_FAILED);
+    const uint8_t *const maps[] = {map};
+    ring r;
+    ring_make(&r, 2, 65536, 0);
+    uint8_t *dst = malloc(m.slab_len);
+    ck_assert_ptr_nonnull(dst);
+    _Atomic uint64_t landed = 0;
+    wb_stage_job j = job_for(&m, WB_STAGE_MAPPED, 4, 65536);
+    j.maps = maps;
+    j.engine = &r.s.engine;
+    j.dst = dst;
+    j.landed = &landed;
+    wb_stage_stats st;
+    wb_err err = {0};
+    ck_assert_msg(wb__stage_run(&j, &st, &err) == WB_OK, "%s", err.msg);
+    model_check(&m, dst);
+    ck_assert_uint_eq(atomic_load(&landed), st.bytes);
+    ck_assert_int_eq(st.mode, WB_STAGE_MAPPED);
+    munmap(map, m.file_len);
+    free(dst);
+    ring_free(&r);
+    model_free(&m);
+}
+END_TEST
+
+/* The file is shorter than the table says: the read fails, names the file
+ * and the tensor, and the ring can load again. */
+START_TEST(test_short_file)
+{
+    model m;
+    model_make(&m, mixed, N_MIXED, 0);
+    ck_assert_int_eq(truncate(data_file, (off_t)(m.file_len - 1000)), 0);
+    for (int staged = 0; staged < 2; staged++) {
+        ring r;
+        ring_make(&r, 3, 65536, 2);
+        uint8_t *dst = malloc(m.slab_len);
+        ck_assert_ptr_nonnull(dst);
+        wb_stage_job j = job_for(&m, staged ? WB_STAGE_STAGED : WB_STAGE_DIRECT, 4, 65536);
+        j.staging = &r.s;
+        j.host_dst = dst;
+        j.dst = dst;
+        wb_stage_stats st;
+        wb_err err = {0};
+        ck_assert_int_eq(wb__stage_run(&j, &st, &err), WB_EIO);
+        ck_assert_int_eq(err.code, WB_EIO);
+        ck_assert_ptr_nonnull(strstr(err.msg, data_file));
+        ck_assert_ptr_nonnull(strstr(err.msg, "the file ends at"));
+        /* The last tensor is the one cut short. */
+        char want[64];
+        snprintf(want, sizeof want, "tensor '%s'", m.t[m.n - 1].name);
+        ck_assert_msg(strstr(err.msg, want) != NULL, "%s", err.msg);
+        ck_assert_uint_eq(r.fe.in_flight, 0);
+        free(dst);
+        ring_free(&r);
+    }
+    model_free(&m);
+}
+END_TEST
+
+/* A descriptor that cannot be read (a directory): WB_EIO with the reason. */
+START_TEST(test_read_error)
+{
+    model m;
+    model_make(&m, mixed, N_MIXED, 0);
+    int dirfd = open(tmpdir, O_RDONLY | O_DIRECTORY);
+    ck_assert_int_ge(dirfd, 0);
+    ring r;
+    ring_make(&r, 4, 65536, 1);
+    uint8_t *dst = malloc(m.slab_len);
+    ck_assert_ptr_nonnull(dst);
+    wb_stage_job j = job_for(&m, WB_STAGE_STAGED, 3, 0);
+    j.fds = &dirfd;
+    j.staging = &r.s;
+    j.dst = dst;
+    wb_stage_stats st;
+    wb_err err = {0};
+    ck_assert_int_eq(wb__stage_run(&j, &st, &err), WB_EIO);
+    ck_assert_ptr_nonnull(strstr(err.msg, "reading tensor"));
+    ck_assert_ptr_nonnull(strstr(err.msg, "directory"));
+    ck_assert_uint_eq(r.fe.in_flight, 0);
+
+    /* The same ring loads the model afterwards. */
+    j.fds = &m.fd;
+    ck_assert_msg(wb__stage_run(&j, &st, &err) == WB_OK, "%s", err.msg);
+    model_check(&m, dst);
+    close(dirfd);
+    free(dst);
+    ring_free(&r);
+    model_free(&m);
+}
+END_TEST
+
+/* The copy engine fails, at submission or later: the load stops with the
+ * engine's message, every queued copy is finished first, and the ring works
+ * again. */
+START_TEST(test_copy_failures)
+{
+    model m;
+    model_make(&m, mixed, N_MIXED, 0);
+    for (int which = 0; which < 2; which++) {
+        ring r;
+        ring_make(&r, 4, 65536, 3);
+        if (which == 0)
+            r.fe.fail_submit_at = 5;
+        else
+            r.fe.fail_query_at = 7;
+        uint8_t *dst = malloc(m.slab_len);
+        ck_assert_ptr_nonnull(dst);
+        wb_stage_job j = job_for(&m, WB_STAGE_STAGED, 4, 0);
+        j.staging = &r.s;
+        j.dst = dst;
+        wb_stage_stats st;
+        wb_err err = {0};
+        ck_assert_int_eq(wb__stage_run(&j, &st, &err), WB_EIO);
+        ck_assert_ptr_nonnull(strstr(err.msg, which == 0 ? "injected copy failure at copy 5"
+                                                         : "injected copy error seen at query 7"));
+        ck_assert_uint_eq(r.fe.in_flight, 0);
+        r.fe.fail_submit_at = r.fe.fail_query_at = 0;
+        ck_assert_msg(wb__stage_run(&j, &st, &err) == WB_OK, "%s", err.msg);
+        model_check(&m, dst);
+        free(dst);
+        ring_free(&r);
+    }
+    model_free(&m);
+}
+END_TEST
+
+START_TEST(test_cancel)
+{
+    model m;
+    model_make(&m, mixed, N_MIXED, 0);
+    atomic_int cancel = 1;
+    for (int staged = 0; staged < 2; staged++) {
+        ring r;
+        ring_make(&r, 2, 4096, 0);
+        uint8_t *dst = malloc(m.slab_len);
+        ck_assert_ptr_nonnull(dst);
+        wb_stage_job j = job_for(&m, staged ? WB_STAGE_STAGED : WB_STAGE_DIRECT, 2, 4096);
+        j.staging = &r.s;
+        j.host_dst = dst;
+        j.dst = dst;
+        j.cancel = &cancel;
+        wb_stage_stats st;
+        wb_err err = {0};
+        ck_assert_int_eq(wb__stage_run(&j, &st, &err), WB_ESTATE);
+        ck_assert_ptr_nonnull(strstr(err.msg, "cancelled"));
+        ck_assert_uint_eq(r.fe.in_flight, 0);
+        free(dst);
+        ring_free(&r);
+    }
+    model_free(&m);
+}
+END_TEST
+
+/* A tensor naming a file the job lacks is a bug, reported, not a crash; so
+ * is a staged job without a ring. */
+START_TEST(test_bad_jobs)
+{
+    model m;
+    model_make(&m, mixed, 4, 0);
+    m.t[2].file = 3;
+    uint8_t dst[4096 * 4];
+    wb_stage_job j = job_for(&m, WB_STAGE_DIRECT, 1, 0);
+    j.host_dst = dst;
+    wb_stage_stats st;
+    wb_err err = {0};
+    ck_assert_int_eq(wb__stage_run(&j, &st, &err), WB_EINTERNAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "tensor 't2' names file 3 of 1"));
+    m.t[2].file = 0;
+    j.mode = WB_STAGE_STAGED;
+    ck_assert_int_eq(wb__stage_run(&j, &st, &err), WB_EINTERNAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "staging ring"));
+    j.mode = 9;
+    ck_assert_int_eq(wb__stage_run(&j, &st, &err), WB_EINTERNAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "unknown load mode 9"));
+    model_free(&m);
+}
+END_TEST
+
+/* Only zero-size tensors: nothing to read, checksums of nothing. */
+START_TEST(test_empty_tensors)
+{
+    static const uint64_t sizes[] = {0, 0, 0};
+    model m;
+    model_make(&m, sizes, 3, 0);
+    uint8_t dst[1];
+    wb_stage_job j = job_for(&m, WB_STAGE_DIRECT, 4, 0);
+    j.host_dst = dst;
+    wb_stage_stats st;
+    wb_err err = {0};
+    ck_assert_int_eq(wb__stage_run(&j, &st, &err), WB_OK);
+    for (size_t i = 0; i < 3; i++)
+        ck_assert_uint_eq(m.t[i].xxh3, XXH3_64bits("", 0));
+    ck_assert_uint_eq(st.bytes, 0);
+    ck_assert_uint_eq(st.chunks, 0);
+    model_free(&m);
+}
+END_TEST
+
+START_TEST(test_config)
+{
+    wb_stage_config c = {0};
+    wb__stage_config_fill(&c);
+    ck_assert_uint_ge(c.read_threads, 1);
+    ck_assert_uint_le(c.read_threads, WB_STAGE_DEFAULT_MAX_THREADS);
+    ck_assert_uint_eq(c.chunk_bytes, WB_STAGE_DEFAULT_CHUNK);
+    ck_assert_uint_eq(c.buffers, WB_STAGE_DEFAULT_BUFFERS);
+    ck_assert_uint_eq(c.read_block, WB_STAGE_DEFAULT_READ_BLOCK);
+    wb_err err;
+    ck_assert_int_eq(wb__stage_config_check(&c, &err), WB_OK);
+    wb_stage_config bad = c;
+    bad.read_threads = WB_STAGE_MAX_THREADS + 1;
+    ck_assert_int_eq(wb__stage_config_check(&bad, &err), WB_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "read threads"));
+    bad = c;
+    bad.chunk_bytes = 1000;
+    ck_assert_int_eq(wb__stage_config_check(&bad, &err), WB_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "staging buffer size"));
+    bad = c;
+    bad.read_block = 1000;
+    ck_assert_int_eq(wb__stage_config_check(&bad, &err), WB_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "read block: 1000 bytes"));
+    bad = c;
+    bad.buffers = 1;
+    ck_assert_int_eq(wb__stage_config_check(&bad, &err), WB_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "staging buffers: 1"));
+    ck_assert_str_eq(wb__stage_mode_name(WB_STAGE_STAGED), "staged");
+    ck_assert_str_eq(wb__stage_mode_name(0), "unknown");
+    ck_assert(wb__stage_gbps(2000000000ull, 2.0, 2) == 2.0);
+    ck_assert(wb__stage_gbps(1, 0, 2) == 0);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("stage");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 120);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_direct_matrix);
+    tcase_add_test(tc, test_staged_matrix);
+    tcase_add_test(tc, test_one_big_tensor_many_threads);
+    tcase_add_test(tc, test_mapped);
+    tcase_add_test(tc, test_short_file);
+    tcase_add_test(tc, test_read_error);
+    tcase_add_test(tc, test_copy_failures);
+    tcase_add_test(tc, test_cancel);
+    tcase_add_test(tc, test_bad_jobs);
+    tcase_add_test(tc, test_empty_tensors);
+    tcase_add_test(tc, test_config);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
