@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,12 +101,25 @@ static int inputs_open(inputs *in, const wb_st_table *table, int mapped, wb_err 
         in->fds[i] = -1;
     in->n = n;
     for (uint32_t i = 0; i < n; i++) {
-        in->fds[i] = open(table->files[i], O_RDONLY | O_CLOEXEC);
+        /* The file was validated by path; it is opened again here, so a path
+         * swapped for a FIFO or a different file in between must be caught:
+         * never block on the open, and insist on the validated regular file. */
+        in->fds[i] = open(table->files[i], O_RDONLY | O_CLOEXEC | O_NONBLOCK);
         if (in->fds[i] < 0) {
             int e = errno;
             return e == ENOENT ? wb__err_set(err, WB_ENOTFOUND, "no such file: %s", table->files[i])
                                : wb__err_errno(err, WB_EIO, e, "open %s", table->files[i]);
         }
+        struct stat sb;
+        if (fstat(in->fds[i], &sb) != 0)
+            return wb__err_errno(err, WB_EIO, errno, "fstat %s", table->files[i]);
+        if (!S_ISREG(sb.st_mode))
+            return wb__err_set(err, WB_EFORMAT, "%s is no longer a regular file", table->files[i]);
+        if ((uint64_t)sb.st_size != table->file_sizes[i])
+            return wb__err_set(err, WB_EFORMAT,
+                               "%s changed while loading: %llu bytes, validated with %llu",
+                               table->files[i], (unsigned long long)sb.st_size,
+                               (unsigned long long)table->file_sizes[i]);
         if (!mapped || table->file_sizes[i] == 0)
             continue;
         void *p = mmap(NULL, (size_t)table->file_sizes[i], PROT_READ, MAP_SHARED, in->fds[i], 0);

@@ -21,7 +21,9 @@ first_id=$(lease_field "$w" id)
 kill -KILL "$old"
 wait "$old" 2>/dev/null
 [ -S "$SOCK" ] || fail "expected the killed broker to leave its socket behind"
-[ "$(shm_count "$old")" -ge 1 ] || fail "expected the killed broker to leave its slab behind"
+# The dead broker's slab is normally still there, but any broker starting
+# meanwhile (tests run in parallel) removes it: only its absence after the
+# restart is asserted. test_shm covers the cleanup itself.
 # The worker keeps running and verifying over its mapping, for many rounds.
 sleep 1.5
 alive "$w" || fail "the worker died with the broker"
