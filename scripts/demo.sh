@@ -10,7 +10,7 @@ cd "$root"
 
 bash scripts/setup.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build -j "$(nproc 2>/dev/null || echo 2)"
+cmake --build build -j "$(nproc 2>/dev/null || echo 2)" --target wbrokerd wbctl wb-demo-worker
 
 model="$root/examples/demo/model.safetensors"
 echo
