@@ -839,24 +839,36 @@ static int pread_full(int fd, void *buf, size_t len, uint64_t off, const char *p
     return 0;
 }
 
-/* Reads one safetensors file's header into the table as file `index`. */
-static int read_file(wb_st_table *table, uint32_t file_index, const char *path, wb_err *err)
+/* Opens a file for reading and refuses anything but a regular file.
+ * O_NONBLOCK: a FIFO in place of a shard or index must not hang the reader.
+ * On success *fd_out is the open descriptor and *st describes it. */
+static int open_regular(const char *path, int *fd_out, struct stat *st, wb_err *err)
 {
-    /* O_NONBLOCK: a FIFO in place of a shard must not hang the reader. */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return open_error(err, errno, "open", path);
-    struct stat st;
     int rc = 0;
-    uint8_t *buf = NULL;
-    if (fstat(fd, &st) != 0) {
+    if (fstat(fd, st) != 0)
         rc = wb__err_errno(err, WB_EIO, errno, "cannot stat " FILEF, path);
-        goto out;
-    }
-    if (!S_ISREG(st.st_mode)) {
+    else if (!S_ISREG(st->st_mode))
         rc = fail(err, WB_EFORMAT, path, "not a regular file");
-        goto out;
+    if (rc) {
+        close(fd);
+        return rc;
     }
+    *fd_out = fd;
+    return 0;
+}
+
+/* Reads one safetensors file's header into the table as file `index`. */
+static int read_file(wb_st_table *table, uint32_t file_index, const char *path, wb_err *err)
+{
+    int fd;
+    struct stat st;
+    int rc = open_regular(path, &fd, &st, err);
+    if (rc)
+        return rc;
+    uint8_t *buf = NULL;
     uint64_t size = (uint64_t)st.st_size;
     uint8_t head[8];
     size_t got = size < 8 ? (size_t)size : 8;
@@ -920,20 +932,12 @@ static int cmp_str(const void *a, const void *b)
 
 static int read_index_json(const char *path, json_t **out, wb_err *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0)
-        return open_error(err, errno, "open", path);
+    int fd;
     struct stat st;
-    int rc = 0;
+    int rc = open_regular(path, &fd, &st, err);
+    if (rc)
+        return rc;
     char *buf = NULL;
-    if (fstat(fd, &st) != 0) {
-        rc = wb__err_errno(err, WB_EIO, errno, "cannot stat " FILEF, path);
-        goto out;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        rc = fail(err, WB_EFORMAT, path, "not a regular file");
-        goto out;
-    }
     if ((uint64_t)st.st_size > WB_ST_MAX_HEADER) {
         rc = fail(err, WB_EFORMAT, path, "index is %jd bytes, more than the %llu-byte limit",
                   (intmax_t)st.st_size, WB_ST_MAX_HEADER);

@@ -100,6 +100,11 @@ while True:
 fi
 
 # --- Kubernetes -------------------------------------------------------------
+# python3 on PATH may be another installation than Debian's, which is where
+# python3-yaml lands: use whichever of the two has the module.
+if ! "$PYTHON" -c 'import yaml' 2>/dev/null && /usr/bin/python3 -c 'import yaml' 2>/dev/null; then
+  PYTHON=/usr/bin/python3
+fi
 "$PYTHON" -c 'import yaml' 2>/dev/null || fail "python3-yaml is needed (scripts/setup.sh installs it)"
 "$PYTHON" - "$K8S" "$WB_TMP/configmap.conf" >"$WB_TMP/k8s.out" 2>"$WB_TMP/k8s.err" <<'PY' || fail "manifests: $(cat "$WB_TMP/k8s.err")"
 import configparser, glob, os, re, shlex, sys

@@ -5,6 +5,8 @@
 #define WB_TEST_BROKER_FIXTURE_H
 
 #include "broker.h"
+#include "ops.h"
+#include "wire.h"
 
 #include <check.h>
 #include <xxhash.h>
@@ -100,6 +102,35 @@ static wb_peer_creds creds(uint32_t uid, uint32_t gid, uint32_t pid)
 {
     wb_peer_creds c = {.known = 1, .uid = uid, .gid = gid, .pid = pid};
     return c;
+}
+
+/* This test process as a peer. */
+static inline wb_peer_creds me(void)
+{
+    return creds((uint32_t)geteuid(), (uint32_t)getegid(), (uint32_t)getpid());
+}
+
+/* Handles one request on the broker, checks that the reply answers it, and
+ * returns the reply as a client would decode it: packed and decoded again
+ * into *decoded, whose previous reply is freed. The arena holding the
+ * handler's reply is emptied afterwards. */
+static inline Wbproto__Reply *fixture_call(wb_broker *b, wb_arena *a, Wbproto__Reply **decoded,
+                                           const wb_peer_creds *peer, const Wbproto__Request *req,
+                                           const uint8_t *ident, size_t ident_len)
+{
+    Wbproto__Reply rep = WBPROTO__REPLY__INIT;
+    ck_assert_int_eq(wb__ops_handle(b, peer, req, ident, ident_len, a, &rep), 0);
+    ck_assert_uint_eq(rep.id, req->id);
+    ck_assert_uint_eq(rep.version, WB_PROTOCOL_VERSION);
+    size_t len;
+    uint8_t *buf = wb__reply_pack(&rep, &len);
+    ck_assert_ptr_nonnull(buf);
+    wb__reply_free(decoded);
+    wb_err err;
+    ck_assert_msg(wb__reply_decode(buf, len, decoded, &err) == WB_OK, "reply: %s", err.msg);
+    free(buf);
+    wb__arena_free(a);
+    return *decoded;
 }
 
 #endif

@@ -41,11 +41,6 @@ static void teardown(void)
     wb__broker_destroy(&B);
 }
 
-static wb_peer_creds me(void)
-{
-    return creds((uint32_t)geteuid(), (uint32_t)getegid(), (uint32_t)getpid());
-}
-
 /* Packs a request, decodes it as the broker would, handles it and decodes
  * the reply as a client would: both decoders see every message. */
 static Wbproto__Reply *call(const wb_peer_creds *peer, Wbproto__Request *req)
@@ -61,17 +56,10 @@ static Wbproto__Reply *call(const wb_peer_creds *peer, Wbproto__Request *req)
     ck_assert_msg(wb__request_decode(qbuf, qlen, &dreq, &id, &err) == WB_OK, "request: %s",
                   err.msg);
     free(qbuf);
-    Wbproto__Reply rep = WBPROTO__REPLY__INIT;
     const uint8_t ident[] = {0, 'i', 'd'};
-    ck_assert_int_eq(wb__ops_handle(&B, peer, dreq, ident, sizeof ident, &A, &rep), 0);
-    size_t len;
-    uint8_t *buf = wb__reply_pack(&rep, &len);
-    wb__reply_free(&decoded);
-    ck_assert_msg(wb__reply_decode(buf, len, &decoded, &err) == WB_OK, "reply: %s", err.msg);
-    free(buf);
-    wb__arena_free(&A);
+    Wbproto__Reply *r = fixture_call(&B, &A, &decoded, peer, dreq, ident, sizeof ident);
     wb__request_free(&dreq);
-    return decoded;
+    return r;
 }
 
 static void acquire(const wb_peer_creds *peer, const char *model, uint8_t id[16])

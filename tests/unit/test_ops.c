@@ -34,32 +34,14 @@ static void teardown(void)
     wb__broker_destroy(&B);
 }
 
-static wb_peer_creds me(void)
-{
-    return creds((uint32_t)geteuid(), (uint32_t)getegid(), (uint32_t)getpid());
-}
-
 /* Runs one request and returns the reply as a client would decode it. */
 static Wbproto__Reply *call(const wb_peer_creds *peer, Wbproto__Request *req)
 {
     static uint64_t next_id = 100;
     req->version = WB_PROTOCOL_VERSION;
     req->id = ++next_id;
-    Wbproto__Reply rep = WBPROTO__REPLY__INIT;
     const uint8_t ident[] = {0, 'i', 'd'};
-    int rc = wb__ops_handle(&B, peer, req, ident, sizeof ident, &A, &rep);
-    ck_assert_int_eq(rc, 0);
-    ck_assert_uint_eq(rep.id, next_id);
-    ck_assert_uint_eq(rep.version, WB_PROTOCOL_VERSION);
-    size_t len;
-    uint8_t *buf = wb__reply_pack(&rep, &len);
-    ck_assert_ptr_nonnull(buf);
-    wb__reply_free(&decoded);
-    wb_err err;
-    ck_assert_msg(wb__reply_decode(buf, len, &decoded, &err) == WB_OK, "reply: %s", err.msg);
-    free(buf);
-    wb__arena_free(&A);
-    return decoded;
+    return fixture_call(&B, &A, &decoded, peer, req, ident, sizeof ident);
 }
 
 static Wbproto__Reply *acquire(const wb_peer_creds *peer, const char *model)

@@ -39,29 +39,14 @@ static void teardown(void)
     ck_assert_int_eq(system(cmd), 0);
 }
 
-static wb_peer_creds me(void)
-{
-    return creds((uint32_t)geteuid(), (uint32_t)getegid(), (uint32_t)getpid());
-}
-
 static Wbproto__Reply *call(Wbproto__Request *req)
 {
     static uint64_t next_id = 1;
     wb_peer_creds p = me();
     req->version = WB_PROTOCOL_VERSION;
     req->id = ++next_id;
-    Wbproto__Reply rep = WBPROTO__REPLY__INIT;
     const uint8_t ident[] = {0, 'q'};
-    ck_assert_int_eq(wb__ops_handle(&B, &p, req, ident, sizeof ident, &A, &rep), 0);
-    size_t len;
-    uint8_t *buf = wb__reply_pack(&rep, &len);
-    ck_assert_ptr_nonnull(buf);
-    wb__reply_free(&decoded);
-    wb_err err;
-    ck_assert_msg(wb__reply_decode(buf, len, &decoded, &err) == WB_OK, "reply: %s", err.msg);
-    free(buf);
-    wb__arena_free(&A);
-    return decoded;
+    return fixture_call(&B, &A, &decoded, &p, req, ident, sizeof ident);
 }
 
 static Wbproto__Reply *acquire(const char *model)
