@@ -863,7 +863,7 @@ static int open_regular(const char *path, int *fd_out, struct stat *st, wb_err *
 /* Reads one safetensors file's header into the table as file `index`. */
 static int read_file(wb_st_table *table, uint32_t file_index, const char *path, wb_err *err)
 {
-    int fd;
+    int fd = -1;
     struct stat st;
     int rc = open_regular(path, &fd, &st, err);
     if (rc)
@@ -932,7 +932,7 @@ static int cmp_str(const void *a, const void *b)
 
 static int read_index_json(const char *path, json_t **out, wb_err *err)
 {
-    int fd;
+    int fd = -1;
     struct stat st;
     int rc = open_regular(path, &fd, &st, err);
     if (rc)

@@ -17,6 +17,6 @@ echo
 echo "demo: starting wbrokerd on $model (backend auto: host memory where there is no GPU)"
 echo "demo: in another terminal:"
 echo "        build/examples/wb-demo-worker --model demo --hold 60 &"
-echo "        build/client/wbctl leases"
+echo "        build/tools/wbctl/wbctl leases"
 echo
 exec build/broker/wbrokerd --backend auto --model "demo=$model" "$@"

@@ -47,7 +47,7 @@ build() {
   local dir=$1 target=$2
   shift 2
   mkdir -p "$dir"
-  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >"$dir/cmake.log" 2>&1 || {
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWB_WERROR=ON "$@" >"$dir/cmake.log" 2>&1 || {
     tail -n 20 "$dir/cmake.log"
     return 1
   }
@@ -85,6 +85,19 @@ else
   failed=$((failed + 1))
   failures+=("sanitizer build failed")
 fi
+
+# A user's build: Release (-O3) with gcc and with clang, warnings as errors
+# so that a warning only the optimiser sees cannot creep back. Compile only.
+for cc in gcc clang; do
+  step "build (Release, $cc, compile only)"
+  if build "build-release-$cc" all -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER="$cc"; then
+    echo "release build with $cc: ok"
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    failures+=("Release build with $cc failed")
+  fi
+done
 
 step "fuzzers (${fuzz_seconds}s each)"
 mkdir -p build-fuzz

@@ -13,7 +13,7 @@ set -uo pipefail
 
 : "${WB_BIN_DIR:?WB_BIN_DIR must name the build directory}"
 WBROKERD=$WB_BIN_DIR/broker/wbrokerd
-WBCTL=$WB_BIN_DIR/client/wbctl
+WBCTL=$WB_BIN_DIR/tools/wbctl/wbctl
 WORKER=$WB_BIN_DIR/examples/wb-demo-worker
 TESTCLIENT=$WB_BIN_DIR/tests/wbtest_client
 TEST_NAME=$(basename "$0" .sh)

@@ -4,7 +4,7 @@
 # bytes), and its exit codes: 0 help, 2 misuse, 65 malformed, 66 missing.
 set -euo pipefail
 
-bin="${WB_BIN_DIR:?WB_BIN_DIR is not set}/client/wbctl"
+bin="${WB_BIN_DIR:?WB_BIN_DIR is not set}/tools/wbctl/wbctl"
 data="${WB_TEST_DATA:?WB_TEST_DATA is not set}"
 official="$data/official"
 [ -x "$bin" ] || { echo "FAIL: $bin is missing"; exit 1; }
