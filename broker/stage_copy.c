@@ -1,0 +1,129 @@
+/* The copier of a staged load: hands each filled staging buffer to the copy
+ * engine and frees it when its copy is done. */
+#include "stage_impl.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <time.h>
+
+/* How long the copier sleeps when copies are in flight but none finished
+ * and no buffer is waiting; short next to one buffer's copy time. */
+#define COPIER_NAP_NS 20000
+
+static void nap(ctx *c)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += COPIER_NAP_NS;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&c->copier_cv, &c->mu, &ts);
+}
+
+void wb__stage_run_copier(ctx *c, double *copy_seconds)
+{
+    wb_staging *sg = c->job->staging;
+    wb_copy_engine *e = &sg->engine;
+    unsigned n = sg->n;
+    unsigned *inflight = malloc(n * sizeof *inflight);
+    unsigned *batch = malloc(n * sizeof *batch);
+    unsigned in_head = 0, in_count = 0;
+    int started = 0;
+    double first = 0, last = 0;
+    wb_err err;
+    /* The copier's naps must be short, not rounded up to the default 50 us
+     * of timer slack. */
+    int slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+    if (!inflight || !batch) {
+        wb__err_set(&err, WB_ENOMEM, "out of memory for the copy queue");
+        wb__stage_fail(c, WB_ENOMEM, &err);
+    } else if (e->begin && e->begin(e->ctx, &err) != WB_OK) {
+        wb__stage_fail(c, err.code ? err.code : WB_EIO, &err);
+    }
+
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        unsigned m = 0;
+        while (c->fill_count && batch) {
+            batch[m++] = c->fill_q[c->fill_head];
+            c->fill_head = (c->fill_head + 1) % n;
+            c->fill_count--;
+        }
+        if (m == 0 && in_count == 0) {
+            if (c->readers_done == c->n_readers)
+                break;
+            pthread_cond_wait(&c->copier_cv, &c->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&c->mu);
+
+        for (unsigned i = 0; i < m; i++) {
+            unsigned b = batch[i];
+            const chunk *ch = c->buf_chunk[b];
+            if (stopped(c)) {
+                wb__stage_release_buffer(c, b);
+                continue;
+            }
+            if (!started) {
+                started = 1;
+                first = now_s();
+            }
+            int rc = e->submit(e->ctx, (int)b, sg->bufs[b], (uint8_t *)c->job->dst + ch->slab_off,
+                               (size_t)ch->span, &err);
+            if (rc != WB_OK) {
+                wb__stage_fail(c, rc, &err);
+                wb__stage_release_buffer(c, b);
+                continue;
+            }
+            inflight[(in_head + in_count) % n] = b;
+            in_count++;
+        }
+        /* Copies on one stream end in the order they were queued. */
+        int progressed = 0;
+        while (in_count) {
+            unsigned b = inflight[in_head];
+            int q = stopped(c) ? 0 : e->query(e->ctx, (int)b, &err);
+            if (q < 0) {
+                wb__stage_fail(c, q, &err);
+                break;
+            }
+            if (q == 0)
+                break;
+            in_head = (in_head + 1) % n;
+            in_count--;
+            add_landed(c, c->buf_chunk[b]->bytes);
+            last = now_s();
+            wb__stage_release_buffer(c, b);
+            progressed = 1;
+        }
+        if (stopped(c) && in_count) {
+            /* Nothing may be freed or refilled under a running copy. */
+            double ignored;
+            e->finish(e->ctx, &ignored, &err);
+            while (in_count) {
+                wb__stage_release_buffer(c, inflight[in_head]);
+                in_head = (in_head + 1) % n;
+                in_count--;
+            }
+        }
+        pthread_mutex_lock(&c->mu);
+        if (!progressed && in_count && c->fill_count == 0)
+            nap(c);
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (started) {
+        double dev = -1;
+        int rc = e->finish(e->ctx, &dev, &err);
+        if (rc != WB_OK && !stopped(c))
+            wb__stage_fail(c, rc, &err);
+        *copy_seconds = dev >= 0 ? dev : last - first;
+    }
+    if (slack > 0)
+        prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
+    free(inflight);
+    free(batch);
+}
