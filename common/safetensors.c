@@ -12,7 +12,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define INDEX_NAME  "model.safetensors.index.json"
@@ -22,6 +25,14 @@
  * the rest of the message out of the fixed-size error buffer. */
 #define NAMEF "'%.200s'"
 #define FILEF "%.400s"
+
+/* One open of a checkpoint: the caller's options, and whether headers are
+ * read into a table (wb__st_open) or the files only opened and checked
+ * (wb__st_check_files). */
+typedef struct reader {
+    const wb_st_open_opts *o;
+    int check_only;
+} reader;
 
 /* Every message names the file first: "FILE: what is wrong". */
 __attribute__((format(printf, 4, 5))) static int fail(wb_err *err, int code, const char *file,
@@ -71,35 +82,46 @@ static int pread_full(int fd, void *buf, size_t len, uint64_t off, const char *p
     return 0;
 }
 
-/* Opens a file for reading and refuses anything but a regular file.
- * O_NONBLOCK: a FIFO in place of a shard or index must not hang the reader.
- * On success *fd_out is the open descriptor and *st describes it. */
-static int open_regular(const char *path, int *fd_out, struct stat *st, wb_err *err)
+/* Refuses anything but a regular file, then asks the caller's check (if any)
+ * whether this file, the one actually open, may be read, before a byte of it
+ * is. Closes fd on failure. */
+static int accept_fd(const reader *r, int fd, const char *path, struct stat *st, wb_err *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0)
-        return open_error(err, errno, "open", path);
     int rc = 0;
     if (fstat(fd, st) != 0)
         rc = wb__err_errno(err, WB_EIO, errno, "cannot stat " FILEF, path);
     else if (!S_ISREG(st->st_mode))
         rc = fail(err, WB_EFORMAT, path, "not a regular file");
-    if (rc) {
+    else if (r->o && r->o->check_file)
+        rc = r->o->check_file(r->o->arg, fd, path, err);
+    if (rc)
         close(fd);
+    return rc;
+}
+
+/* Opens a file for reading and refuses anything but a regular file.
+ * O_NONBLOCK: a FIFO in place of a shard or index must not hang the reader.
+ * On success *fd_out is the open descriptor and *st describes it. */
+static int open_regular(const reader *r, const char *path, int *fd_out, struct stat *st,
+                        wb_err *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return open_error(err, errno, "open", path);
+    int rc = accept_fd(r, fd, path, st, err);
+    if (rc)
         return rc;
-    }
     *fd_out = fd;
     return 0;
 }
 
-/* Reads one safetensors file's header into the table as file `index`. */
-static int read_file(wb_st_table *table, uint32_t file_index, const char *path, wb_err *err)
+/* Reads the header of the open file `fd` into the table as file
+ * `file_index`, then closes fd. */
+static int read_header(wb_st_table *table, uint32_t file_index, int fd, const struct stat *sb,
+                       const char *path, wb_err *err)
 {
-    int fd = -1;
-    struct stat st;
-    int rc = open_regular(path, &fd, &st, err);
-    if (rc)
-        return rc;
+    struct stat st = *sb;
+    int rc;
     uint8_t *buf = NULL;
     uint64_t size = (uint64_t)st.st_size;
     uint8_t head[8];
@@ -157,16 +179,82 @@ static const char *bad_shard_name(const char *name)
     return NULL;
 }
 
+/* realpath(path) is `dir` or lies under it. */
+static int beneath(const char *dir, const char *path)
+{
+    char rd[PATH_MAX], rp[PATH_MAX];
+    if (!realpath(dir, rd) || !realpath(path, rp))
+        return -1;
+    size_t n = strlen(rd);
+    if (n == 1)
+        return 1; /* everything is under "/" */
+    return strncmp(rd, rp, n) == 0 && (rp[n] == '\0' || rp[n] == '/');
+}
+
+/* Opens a shard, `name` relative to the index's directory `dirfd`
+ * (`shard_path` is the same file by path, for messages). The directories of
+ * the name must stay inside the index's directory even through symbolic links
+ * (openat2 RESOLVE_BENEATH, or a realpath comparison on kernels without
+ * openat2); the file itself may be a link anywhere, as Hugging Face caches
+ * link snapshots/REV/NAME to ../../blobs/HASH. */
+static int open_shard(const reader *r, int dirfd, const char *index_dir, const char *name,
+                      const char *shard_path, int *fd_out, struct stat *st, wb_err *err)
+{
+    const char *slash = strrchr(name, '/');
+    int sub = -1, fd;
+    if (slash) {
+        char dir[PATH_MAX];
+        int n = snprintf(dir, sizeof dir, "%.*s", (int)(slash - name), name);
+        if (n < 0 || (size_t)n >= sizeof dir)
+            return fail(err, WB_EFORMAT, shard_path, "shard name too long");
+        struct open_how how = {.flags = O_PATH | O_DIRECTORY | O_CLOEXEC,
+                               .resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS};
+        sub = (int)syscall(SYS_openat2, dirfd, dir, &how, sizeof how);
+        if (sub < 0 && errno == ENOSYS) {
+            char full[PATH_MAX];
+            n = snprintf(full, sizeof full, "%s/%s", index_dir, dir);
+            if (n < 0 || (size_t)n >= sizeof full)
+                return fail(err, WB_EFORMAT, shard_path, "shard path too long");
+            int in = beneath(index_dir, full);
+            if (in == 0)
+                errno = EXDEV;
+            else
+                sub = open(full, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        }
+        if (sub < 0) {
+            if (errno == EXDEV)
+                return fail(err, WB_EPERM, shard_path,
+                            "shard '%.200s' leaves the index's directory through a symbolic "
+                            "link; shard directories must stay inside it",
+                            name);
+            return open_error(err, errno, "open the directory of", shard_path);
+        }
+        fd = openat(sub, slash + 1, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    } else {
+        fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    }
+    int e = errno;
+    if (sub >= 0)
+        close(sub);
+    if (fd < 0)
+        return open_error(err, e, "open", shard_path);
+    int rc = accept_fd(r, fd, shard_path, st, err);
+    if (rc)
+        return rc;
+    *fd_out = fd;
+    return 0;
+}
+
 static int cmp_str(const void *a, const void *b)
 {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-static int read_index_json(const char *path, json_t **out, wb_err *err)
+static int read_index_json(const reader *r, const char *path, json_t **out, wb_err *err)
 {
     int fd = -1;
     struct stat st;
-    int rc = open_regular(path, &fd, &st, err);
+    int rc = open_regular(r, path, &fd, &st, err);
     if (rc)
         return rc;
     char *buf = NULL;
@@ -247,13 +335,15 @@ static int add_index_metadata(wb_st_table *table, const char *path, json_t *meta
 
 /* Opens a sharded checkpoint: every shard the weight_map names, in name order,
  * then checks that the map and the shards agree tensor by tensor. */
-static int open_index(const char *path, wb_st_table **out, wb_err *err)
+static int open_index(const reader *r, const char *path, wb_st_table **out, wb_err *err)
 {
     json_t *root = NULL;
-    int rc = read_index_json(path, &root, err);
+    int rc = read_index_json(r, path, &root, err);
     if (rc)
         return rc;
     wb_st_table *table = NULL;
+    char *index_dir = NULL;
+    int dirfd = -1;
     const char **shards = NULL;
     size_t n_shards = 0;
     if (!json_is_object(root)) {
@@ -321,13 +411,29 @@ static int open_index(const char *path, wb_st_table **out, wb_err *err)
 
     const char *slash = strrchr(path, '/');
     size_t prefix_len = slash ? (size_t)(slash - path) + 1 : 0;
+    index_dir = slash == path ? strdup("/") : slash ? strndup(path, prefix_len - 1) : strdup(".");
+    if (!index_dir) {
+        rc = fail(err, WB_ENOMEM, path, "out of memory");
+        goto out;
+    }
+    dirfd = open(index_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (dirfd < 0) {
+        rc = open_error(err, errno, "open the directory of", path);
+        goto out;
+    }
     for (size_t i = 0; i < n_shards; i++) {
         char *shard_path = path_join(path, prefix_len, shards[i]);
         if (!shard_path) {
             rc = fail(err, WB_ENOMEM, path, "out of memory");
             goto out;
         }
-        rc = read_file(table, (uint32_t)i, shard_path, err);
+        int fd = -1;
+        struct stat st;
+        rc = open_shard(r, dirfd, index_dir, shards[i], shard_path, &fd, &st, err);
+        if (rc == 0 && r->check_only)
+            close(fd);
+        else if (rc == 0)
+            rc = read_header(table, (uint32_t)i, fd, &st, shard_path, err);
         if (rc == WB_ENOTFOUND) {
             const char *holder = "";
             json_object_foreach(wm, name, value)
@@ -346,6 +452,8 @@ static int open_index(const char *path, wb_st_table **out, wb_err *err)
             goto out;
     }
 
+    if (r->check_only)
+        goto out;
     /* Every tensor of every shard is in the map, mapped to that shard ... */
     for (size_t i = 0; i < table->n_tensors; i++) {
         const wb_st_tensor *t = &table->tensors[i];
@@ -375,20 +483,34 @@ static int open_index(const char *path, wb_st_table **out, wb_err *err)
         }
     }
 out:
+    if (dirfd >= 0)
+        close(dirfd);
+    free(index_dir);
     free(shards);
     json_decref(root);
-    if (rc)
+    if (rc || r->check_only)
         wb__st_table_free(&table);
     *out = table;
     return rc;
 }
 
-static int open_single(const char *path, wb_st_table **out, wb_err *err)
+static int open_single(const reader *r, const char *path, wb_st_table **out, wb_err *err)
 {
+    int fd = -1;
+    struct stat st;
+    int rc = open_regular(r, path, &fd, &st, err);
+    if (rc)
+        return rc;
+    if (r->check_only) {
+        close(fd);
+        return 0;
+    }
     wb_st_table *table = calloc(1, sizeof *table);
-    if (!table)
+    if (!table) {
+        close(fd);
         return wb__err_set(err, WB_ENOMEM, "out of memory opening " FILEF, path);
-    int rc = read_file(table, 0, path, err);
+    }
+    rc = read_header(table, 0, fd, &st, path, err);
     if (rc)
         wb__st_table_free(&table);
     *out = table;
@@ -402,7 +524,7 @@ static int ends_with(const char *s, const char *suffix)
 }
 
 /* A directory holds an index (sharded) or a single model.safetensors. */
-static int open_dir(const char *path, wb_st_table **out, wb_err *err)
+static int open_dir(const reader *r, const char *path, wb_st_table **out, wb_err *err)
 {
     size_t len = strlen(path);
     while (len > 1 && path[len - 1] == '/')
@@ -424,7 +546,7 @@ static int open_dir(const char *path, wb_st_table **out, wb_err *err)
         goto out;
     }
     if (stat(candidate, &st) == 0) {
-        rc = open_index(candidate, out, err);
+        rc = open_index(r, candidate, out, err);
         goto out;
     }
     if (errno != ENOENT) {
@@ -438,7 +560,7 @@ static int open_dir(const char *path, wb_st_table **out, wb_err *err)
         goto out;
     }
     if (stat(candidate, &st) == 0) {
-        rc = open_single(candidate, out, err);
+        rc = open_single(r, candidate, out, err);
         goto out;
     }
     if (errno != ENOENT) {
@@ -453,19 +575,41 @@ out:
     return rc;
 }
 
-int wb__st_open(const char *path, wb_st_table **out, wb_err *err)
+static int open_checkpoint(const reader *r, const char *path, wb_st_table **out, wb_err *err)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return open_error(err, errno, "stat", path);
+    if (S_ISDIR(st.st_mode))
+        return open_dir(r, path, out, err);
+    if (ends_with(path, ".json"))
+        return open_index(r, path, out, err);
+    return open_single(r, path, out, err);
+}
+
+int wb__st_open_ex(const char *path, const wb_st_open_opts *opts, wb_st_table **out, wb_err *err)
 {
     if (!out)
         return wb__err_set(err, WB_EINVAL, "wb__st_open: no output table");
     *out = NULL;
     if (!path || !*path)
         return wb__err_set(err, WB_EINVAL, "wb__st_open: empty path");
-    struct stat st;
-    if (stat(path, &st) != 0)
-        return open_error(err, errno, "stat", path);
-    if (S_ISDIR(st.st_mode))
-        return open_dir(path, out, err);
-    if (ends_with(path, ".json"))
-        return open_index(path, out, err);
-    return open_single(path, out, err);
+    reader r = {.o = opts, .check_only = 0};
+    return open_checkpoint(&r, path, out, err);
+}
+
+int wb__st_open(const char *path, wb_st_table **out, wb_err *err)
+{
+    return wb__st_open_ex(path, NULL, out, err);
+}
+
+int wb__st_check_files(const char *path, const wb_st_open_opts *opts, wb_err *err)
+{
+    if (!path || !*path)
+        return wb__err_set(err, WB_EINVAL, "wb__st_check_files: empty path");
+    reader r = {.o = opts, .check_only = 1};
+    wb_st_table *none = NULL;
+    int rc = open_checkpoint(&r, path, &none, err);
+    wb__st_table_free(&none);
+    return rc;
 }

@@ -16,4 +16,27 @@
  * read error, WB_EFORMAT for malformed input. */
 int wb__st_open(const char *path, wb_st_table **out, wb_err *err);
 
+/* Asked about each file the reader opens (the index, every shard), with the
+ * open descriptor, after it is known to be a regular file and before any byte
+ * of it is read; `path` names it for messages. A nonzero return (a WB_E*
+ * code with `err` set) stops the open with that status. The broker uses it to
+ * judge the requesting peer's access to the very file that is read. */
+typedef int (*wb_st_file_check)(void *arg, int fd, const char *path, wb_err *err);
+
+typedef struct wb_st_open_opts {
+    wb_st_file_check check_file; /* may be NULL */
+    void *arg;                   /* passed to check_file */
+} wb_st_open_opts;
+
+/* wb__st_open with options (NULL: none). A shard whose directories lead out
+ * of the index's directory through a symbolic link is refused with
+ * WB_EPERM; a shard file that is itself a link to a regular file elsewhere
+ * (a Hugging Face cache's snapshots/ into blobs/) is followed. */
+int wb__st_open_ex(const char *path, const wb_st_open_opts *opts, wb_st_table **out, wb_err *err);
+
+/* Opens every file wb__st_open_ex would (resolving the directory and the
+ * index, refusing the same shard names) and passes each to opts->check_file,
+ * but reads no safetensors header. Errors as wb__st_open_ex. */
+int wb__st_check_files(const char *path, const wb_st_open_opts *opts, wb_err *err);
+
 #endif

@@ -72,10 +72,12 @@ static uint32_t stranger_uid(void)
 }
 
 /* Writes a small valid safetensors file with one U8 tensor of 4 bytes. */
-static void write_model(const char *path)
+static void write_tensor(const char *path, const char *tensor)
 {
-    const char header[] = "{\"w\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}";
-    uint64_t n = sizeof header - 1;
+    char header[128];
+    snprintf(header, sizeof header,
+             "{\"%s\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", tensor);
+    uint64_t n = strlen(header);
     FILE *f = fopen(path, "wb");
     ck_assert_ptr_nonnull(f);
     uint8_t len[8];
@@ -85,6 +87,20 @@ static void write_model(const char *path)
     fwrite(header, 1, n, f);
     fwrite("\x01\x02\x03\x04", 1, 4, f);
     fclose(f);
+}
+
+static void write_model(const char *path)
+{
+    write_tensor(path, "w");
+}
+
+static void write_text(const char *path, const char *text, mode_t mode)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+    ck_assert_int_eq(chmod(path, mode), 0);
 }
 
 START_TEST(lists_parse_numbers_and_names)
@@ -249,13 +265,135 @@ START_TEST(handlers_refuse_strangers)
     snprintf(want, sizeof want, "uid %u may not load models", stranger.uid);
     ck_assert_str_eq(r->error, want);
 
-    /* Listed as an administrator: loads. */
+    /* Listed as an administrator: loads what it can read itself. */
+    ck_assert_int_eq(chmod(F.dir, 0755), 0);
+    ck_assert_int_eq(chmod(path, 0644), 0);
     char uid[16];
     snprintf(uid, sizeof uid, "%u", stranger.uid);
     ck_assert_int_eq(wb__auth_add(&F.b.auth, WB_AUTH_ADMIN_UIDS, uid, "--admin-uid", &err), WB_OK);
     r = load(&stranger, "other", path);
     ck_assert_msg(r->status == 0, "load: %s", r->error);
     ck_assert_int_eq(r->load->model->state, WBPROTO__MODEL_STATE__MODEL_READY);
+}
+END_TEST
+
+/* A peer who is not root loads only what it could read itself: every file
+ * of the checkpoint (index and shards) is judged by the mode bits for its uid
+ * and primary gid before any byte of it is read, so a refusal never carries
+ * file contents (such as a header length decoded from /etc/shadow). */
+START_TEST(load_needs_the_peers_own_access)
+{
+    wb_err err;
+    wb_peer_creds admin = creds(stranger_uid(), 4321, (uint32_t)getpid());
+    char uid[16];
+    snprintf(uid, sizeof uid, "%u", admin.uid);
+    ck_assert_int_eq(wb__auth_add(&F.b.auth, WB_AUTH_ADMIN_UIDS, uid, "--admin-uid", &err), WB_OK);
+    char real[PATH_MAX], path[PATH_MAX + 64], want[2 * PATH_MAX];
+    ck_assert_ptr_nonnull(realpath(F.dir, real));
+    ck_assert_int_eq(chmod(real, 0755), 0);
+    const char *tail = "; the broker loads only what the requesting user can read";
+    unsigned me_uid = (unsigned)geteuid(), me_gid = (unsigned)getegid();
+
+    /* A secret that is not a checkpoint: its first 8 bytes would read as a
+     * header length of 8314597506838655090 ("rpw=abcs..."). */
+    snprintf(path, sizeof path, "%s/shadow", real);
+    write_text(path, "rpw=abcs:secret:19000:0:99999:7:::\n", 0600);
+    Wbproto__Reply *r = load(&admin, "shadow", path);
+    ck_assert_int_eq(r->status, WB_EPERM);
+    snprintf(want, sizeof want,
+             "uid %u (gid 4321) may not read %s (mode 0600, owner uid %u, gid %u)%s", admin.uid,
+             path, me_uid, me_gid, tail);
+    ck_assert_str_eq(r->error, want);
+    ck_assert_ptr_null(strstr(r->error, "8314597506838655090"));
+    ck_assert_uint_eq(F.b.models.n, 0);
+
+    /* A checkpoint only its owner may read; then readable by others. */
+    snprintf(path, sizeof path, "%s/private.safetensors", real);
+    write_model(path);
+    ck_assert_int_eq(chmod(path, 0600), 0);
+    r = load(&admin, "private", path);
+    ck_assert_int_eq(r->status, WB_EPERM);
+    snprintf(want, sizeof want,
+             "uid %u (gid 4321) may not read %s (mode 0600, owner uid %u, gid %u)%s", admin.uid,
+             path, me_uid, me_gid, tail);
+    ck_assert_str_eq(r->error, want);
+    ck_assert_uint_eq(F.b.models.n, 0);
+    /* Root loads anything the broker can read. */
+    wb_peer_creds root = creds(0, 0, (uint32_t)getpid());
+    if (geteuid() == 0) {
+        r = load(&root, "private", path);
+        ck_assert_msg(r->status == 0, "root load: %s", r->error);
+        r = unload(&root, "private");
+        ck_assert_int_eq(r->status, 0);
+    }
+    ck_assert_int_eq(chmod(path, 0604), 0);
+    r = load(&admin, "private", path);
+    ck_assert_msg(r->status == 0, "load: %s", r->error);
+
+    /* The kernel's rule: the owner's bits govern the owner even when others'
+     * would allow; the group's bits govern members of the primary group. */
+    if (geteuid() == 0) {
+        snprintf(path, sizeof path, "%s/owned.safetensors", real);
+        write_model(path);
+        ck_assert_int_eq(chown(path, admin.uid, 4321), 0);
+        ck_assert_int_eq(chmod(path, 0044), 0);
+        r = load(&admin, "owned", path);
+        ck_assert_int_eq(r->status, WB_EPERM);
+        snprintf(want, sizeof want,
+                 "uid %u (gid 4321) may not read %s (mode 0044, owner uid %u, gid 4321)%s",
+                 admin.uid, path, admin.uid, tail);
+        ck_assert_str_eq(r->error, want);
+        ck_assert_int_eq(chown(path, 0, 4321), 0);
+        ck_assert_int_eq(chmod(path, 0040), 0);
+        r = load(&admin, "owned", path);
+        ck_assert_msg(r->status == 0, "group load: %s", r->error);
+    }
+
+    /* A readable file in a directory the peer may not search. */
+    char sub[PATH_MAX + 16];
+    snprintf(sub, sizeof sub, "%s/closed", real);
+    ck_assert_int_eq(mkdir(sub, 0700), 0);
+    snprintf(path, sizeof path, "%s/m.safetensors", sub);
+    write_model(path);
+    ck_assert_int_eq(chmod(path, 0644), 0);
+    r = load(&admin, "closed", path);
+    ck_assert_int_eq(r->status, WB_EPERM);
+    snprintf(want, sizeof want,
+             "uid %u (gid 4321) may not search the directory %s (mode 0700, owner uid %u, gid "
+             "%u)%s",
+             admin.uid, sub, me_uid, me_gid, tail);
+    ck_assert_str_eq(r->error, want);
+
+    /* A sharded checkpoint: the index and one shard readable, the other not. */
+    snprintf(sub, sizeof sub, "%s/sharded", real);
+    ck_assert_int_eq(mkdir(sub, 0755), 0);
+    snprintf(path, sizeof path, "%s/a.safetensors", sub);
+    write_tensor(path, "x");
+    ck_assert_int_eq(chmod(path, 0644), 0);
+    snprintf(path, sizeof path, "%s/b.safetensors", sub);
+    write_tensor(path, "y");
+    ck_assert_int_eq(chmod(path, 0600), 0);
+    char index[PATH_MAX + 64];
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", sub);
+    write_text(index, "{\"weight_map\":{\"x\":\"a.safetensors\",\"y\":\"b.safetensors\"}}", 0644);
+    r = load(&admin, "sharded", sub);
+    ck_assert_int_eq(r->status, WB_EPERM);
+    snprintf(want, sizeof want,
+             "uid %u (gid 4321) may not read %s (mode 0600, owner uid %u, gid %u)%s", admin.uid,
+             path, me_uid, me_gid, tail);
+    ck_assert_str_eq(r->error, want);
+    /* ... and the index itself unreadable. */
+    ck_assert_int_eq(chmod(path, 0644), 0);
+    ck_assert_int_eq(chmod(index, 0600), 0);
+    r = load(&admin, "sharded", sub);
+    ck_assert_int_eq(r->status, WB_EPERM);
+    snprintf(want, sizeof want,
+             "uid %u (gid 4321) may not read %s (mode 0600, owner uid %u, gid %u)%s", admin.uid,
+             index, me_uid, me_gid, tail);
+    ck_assert_str_eq(r->error, want);
+    ck_assert_int_eq(chmod(index, 0644), 0);
+    r = load(&admin, "sharded", sub);
+    ck_assert_msg(r->status == 0, "sharded load: %s", r->error);
 }
 END_TEST
 
@@ -407,6 +545,7 @@ int main(void)
     tcase_add_test(tc, lists_parse_numbers_and_names);
     tcase_add_test(tc, who_passes);
     tcase_add_test(tc, handlers_refuse_strangers);
+    tcase_add_test(tc, load_needs_the_peers_own_access);
     tcase_add_test(tc, load_paths);
     tcase_add_test(tc, load_handler_checks_paths);
     tcase_add_test(tc, slab_group);
