@@ -23,7 +23,9 @@ kill -KILL "$old"
 zombie() { [ "$(sed 's/.*) //' "/proc/$old/stat" 2>/dev/null | cut -d' ' -f1)" = Z ]; }
 wait_for zombie || fail "the killed broker $old is not a zombie (state $(cat "/proc/$old/stat" 2>/dev/null))"
 kill -0 "$old" 2>/dev/null || fail "kill -0 no longer finds the zombie $old"
-[ "$(shm_count "$old")" -ge 1 ] || fail "the dead broker's slab vanished before the restart"
+# Any broker starting meanwhile (tests run in parallel) may remove the slab
+# first; only its absence after the restart is asserted. Before the fix none
+# could: each skipped the zombie's pid.
 
 start_broker_with_demo "$WB_TMP/demo.safetensors"
 zombie || fail "broker $old was reaped during the test; the case is not exercised"
