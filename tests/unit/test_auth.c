@@ -4,6 +4,7 @@
  * (FIFOs, devices), and giving slabs to the socket directory's group. */
 #include "auth.h"
 #include "broker_fixture.h"
+#include "loader.h"
 #include "ops.h"
 #include "wire.h"
 
@@ -397,6 +398,46 @@ START_TEST(load_needs_the_peers_own_access)
 }
 END_TEST
 
+/* The loader judges every file it opens for the peer on its own, on the open
+ * descriptor: what a swapped link leads to after the broker's check is
+ * refused there. */
+START_TEST(loader_judges_each_file)
+{
+    char real[PATH_MAX], path[PATH_MAX + 64], want[2 * PATH_MAX];
+    ck_assert_ptr_nonnull(realpath(F.dir, real));
+    ck_assert_int_eq(chmod(real, 0755), 0);
+    snprintf(path, sizeof path, "%s/m.safetensors", real);
+    write_model(path);
+    ck_assert_int_eq(chmod(path, 0600), 0);
+    wb_peer_creds peer = creds(stranger_uid(), 4321, (uint32_t)getpid());
+    wb_load_access acc = wb__auth_load_access(&peer);
+    ck_assert_int_eq(acc.enforce, 1);
+    wb_load_opts o = {.backend = &wb__backend_host, .device = -1, .access = &acc};
+    wb_model_data d;
+    wb_err err = {0};
+    ck_assert_int_eq(wb__load_ex(path, &o, &d, &err), WB_EPERM);
+    snprintf(want, sizeof want,
+             "uid %u (gid 4321) may not read %s (mode 0600, owner uid %u, gid %u); the broker "
+             "loads only what the requesting user can read",
+             peer.uid, path, (unsigned)geteuid(), (unsigned)getegid());
+    ck_assert_str_eq(err.msg, want);
+    /* Through a link: both names are given. */
+    char link[PATH_MAX + 64];
+    snprintf(link, sizeof link, "%s/link.safetensors", real);
+    ck_assert_int_eq(symlink("m.safetensors", link), 0);
+    ck_assert_int_eq(wb__load_ex(link, &o, &d, &err), WB_EPERM);
+    ck_assert_ptr_nonnull(strstr(err.msg, " -> "));
+    /* Root, and loads without a peer, are not judged. */
+    wb_peer_creds root = creds(0, 0, (uint32_t)getpid());
+    wb_load_access racc = wb__auth_load_access(&root);
+    ck_assert_int_eq(racc.enforce, 0);
+    ck_assert_int_eq(wb__auth_load_access(NULL).enforce, 0);
+    ck_assert_int_eq(chmod(path, 0604), 0);
+    ck_assert_msg(wb__load_ex(path, &o, &d, &err) == WB_OK, "%s", err.msg);
+    wb__model_data_free(&d, &wb__backend_host);
+}
+END_TEST
+
 START_TEST(load_paths)
 {
     char file[128], link1[128], link2[128], fifo[128], fifolink[128], sub[128], missing[128];
@@ -546,6 +587,7 @@ int main(void)
     tcase_add_test(tc, who_passes);
     tcase_add_test(tc, handlers_refuse_strangers);
     tcase_add_test(tc, load_needs_the_peers_own_access);
+    tcase_add_test(tc, loader_judges_each_file);
     tcase_add_test(tc, load_paths);
     tcase_add_test(tc, load_handler_checks_paths);
     tcase_add_test(tc, slab_group);
