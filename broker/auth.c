@@ -380,6 +380,121 @@ int wb__auth_check_load_path(const char *path, char *resolved, size_t size, int 
     return WB_OK;
 }
 
+wb_load_access wb__auth_load_access(const wb_peer_creds *peer)
+{
+    wb_load_access a = {0};
+    if (!peer)
+        return a;
+    /* A peer whose credentials are unknown never gets this far (every
+     * operation needs them); judge it as strictly as anyone. */
+    a.enforce = !peer->known || peer->uid != 0;
+    a.uid = peer->known ? peer->uid : UINT32_MAX;
+    a.gid = peer->known ? peer->gid : UINT32_MAX;
+    return a;
+}
+
+/* The kernel's owner / group / other rule on mode bits alone, for the peer's
+ * uid and primary gid: the owner's bits apply to the owner even when the
+ * group's or others' would allow more. `want` is 4 (read), 1 (search) or 5. */
+static int mode_allows(const wb_load_access *a, const struct stat *st, unsigned want)
+{
+    unsigned bits;
+    if (st->st_uid == a->uid)
+        bits = (st->st_mode >> 6) & 7u;
+    else if (st->st_gid == a->gid)
+        bits = (st->st_mode >> 3) & 7u;
+    else
+        bits = st->st_mode & 7u;
+    return (bits & want) == want;
+}
+
+static int refuse_peer(const wb_load_access *a, const char *what, const char *path,
+                       const struct stat *st, wb_err *err)
+{
+    return wb__err_set(err, WB_EPERM,
+                       "uid %u (gid %u) may not %s %.400s (mode %04o, owner uid %u, gid %u); "
+                       "the broker loads only what the requesting user can read",
+                       a->uid, a->gid, what, path, (unsigned)(st->st_mode & 07777),
+                       (unsigned)st->st_uid, (unsigned)st->st_gid);
+}
+
+static int check_search(const wb_load_access *a, const char *dir, wb_err *err)
+{
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        return wb__err_errno(err, WB_EPERM, errno, "cannot judge access to %.400s", dir);
+    return mode_allows(a, &st, 1) ? WB_OK : refuse_peer(a, "search the directory", dir, &st, err);
+}
+
+/* Every directory above `resolved` (an absolute path without links), from
+ * "/" down, must be searchable by the peer. */
+static int check_ancestors(const wb_load_access *a, const char *resolved, wb_err *err)
+{
+    char dir[PATH_MAX];
+    if (resolved[0] != '/' || strlen(resolved) >= sizeof dir)
+        return wb__err_set(err, WB_EPERM, "cannot judge access to %.400s: not a resolved path",
+                           resolved);
+    int rc = check_search(a, "/", err);
+    const char *last = strrchr(resolved, '/');
+    for (const char *p = resolved + 1; rc == WB_OK && p < last;) {
+        const char *q = strchr(p, '/');
+        size_t len = (size_t)(q - resolved);
+        memcpy(dir, resolved, len);
+        dir[len] = '\0';
+        rc = check_search(a, dir, err);
+        p = q + 1;
+    }
+    return rc;
+}
+
+int wb__auth_check_peer_path(const wb_load_access *a, const char *resolved, wb_err *err)
+{
+    if (!a || !a->enforce)
+        return WB_OK;
+    struct stat st;
+    if (stat(resolved, &st) != 0)
+        return wb__err_errno(err, errno == ENOENT ? WB_ENOTFOUND : WB_EPERM, errno,
+                             "cannot judge access to %.400s", resolved);
+    int rc = check_ancestors(a, resolved, err);
+    if (rc != WB_OK)
+        return rc;
+    if (S_ISDIR(st.st_mode))
+        return mode_allows(a, &st, 5) ? WB_OK
+                                      : refuse_peer(a, "read the directory", resolved, &st, err);
+    return mode_allows(a, &st, 4) ? WB_OK : refuse_peer(a, "read", resolved, &st, err);
+}
+
+int wb__auth_check_peer_fd(void *arg, int fd, const char *path, wb_err *err)
+{
+    const wb_load_access *a = arg;
+    if (!a || !a->enforce)
+        return WB_OK;
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return wb__err_errno(err, WB_EIO, errno, "fstat %.400s", path);
+    /* Where the open file really lies, whatever links led to it: the
+     * directories above it are judged on that path. */
+    char link[64], real[PATH_MAX];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, real, sizeof real - 1);
+    if (n <= 0 || (size_t)n >= sizeof real - 1)
+        return wb__err_set(err, WB_EPERM, "cannot tell where %.400s lies (%s)", path,
+                           n < 0 ? strerror(errno) : "path too long");
+    real[n] = '\0';
+    static const char deleted[] = " (deleted)";
+    size_t dl = sizeof deleted - 1;
+    if (real[0] != '/' || ((size_t)n > dl && strcmp(real + n - dl, deleted) == 0))
+        return wb__err_set(err, WB_EPERM, "cannot tell where %.400s lies (%s)", path, real);
+    if (!mode_allows(a, &st, 4)) {
+        if (strcmp(path, real) == 0)
+            return refuse_peer(a, "read", path, &st, err);
+        char both[2 * PATH_MAX + 8];
+        snprintf(both, sizeof both, "%s -> %s", path, real);
+        return refuse_peer(a, "read", both, &st, err);
+    }
+    return check_ancestors(a, real, err);
+}
+
 int64_t wb__auth_slab_group(const char *socket_path)
 {
     char dir[WB_PATH_MAX + 1];

@@ -81,6 +81,36 @@ int wb__auth_check_client(const wb_auth *a, const wb_peer_creds *peer, wb_err *e
 int wb__auth_check_load_path(const char *path, char *resolved, size_t size, int *is_dir,
                              wb_err *err);
 
+/* Whose access a load is judged by. Root peers may load anything the broker
+ * can read (enforce 0), as may the operator's own --model loads (no peer).
+ * Every other peer must itself be able to read each file the load opens.
+ *
+ * The judgement uses the mode bits with the kernel's owner / group / other
+ * rule for the peer's uid and primary gid from SO_PEERCRED. Supplementary
+ * groups are not consulted (SO_PEERCRED lacks them and /proc/<pid>/status
+ * races with pid reuse), nor are POSIX ACLs or capabilities: a file readable
+ * only through those is refused, never the other way round. */
+typedef struct wb_load_access {
+    int enforce;
+    uint32_t uid;
+    uint32_t gid;
+} wb_load_access;
+
+/* The access of a requesting peer; NULL (a preload) judges nobody. */
+wb_load_access wb__auth_load_access(const wb_peer_creds *peer);
+
+/* Checks a fully resolved path (no links; as from realpath) for the peer:
+ * search on every directory above it, read on a file, read and search on a
+ * directory. WB_OK, or WB_EPERM "uid 1000 (gid 1000) may not read /x (mode
+ * 0600, owner uid 0, gid 0); ..." naming the component at fault. */
+int wb__auth_check_peer_path(const wb_load_access *a, const char *resolved, wb_err *err);
+
+/* The same check on an open file (a wb_st_file_check; arg is a const
+ * wb_load_access *): read on the file the descriptor holds, and search on
+ * every directory above where it really lies (/proc/self/fd), so that a link
+ * swapped after a path check cannot lead the load elsewhere. */
+int wb__auth_check_peer_fd(void *arg, int fd, const char *path, wb_err *err);
+
 /* The group the broker's slabs should have so that peers that can reach the
  * socket can also map them: the socket directory's group when the directory
  * is set-group-ID (a socket made in it inherits that group), else -1 (keep

@@ -1,6 +1,7 @@
 #include "broker.h"
 
 #include "log.h"
+#include "safetensors.h"
 #include "wire.h"
 
 #include <stdlib.h>
@@ -182,7 +183,8 @@ int wb__broker_finish_load(wb_broker *b, wb_load_job *job, wb_model **model)
     return WB_OK;
 }
 
-int wb__broker_check_load(wb_broker *b, const char *name, const char *path, wb_err *err)
+int wb__broker_check_load(wb_broker *b, const wb_peer_creds *peer, const char *name,
+                          const char *path, wb_err *err)
 {
     int rc = wb__limits_check_models(&b->limits, b->models.n, err);
     if (rc != WB_OK)
@@ -194,6 +196,22 @@ int wb__broker_check_load(wb_broker *b, const char *name, const char *path, wb_e
      * load (counted, with the reader's message). */
     if (rc == WB_ENOTFOUND)
         return WB_OK;
+    /* The peer's own access, to the resolved path and then to every file the
+     * load will open (index and shards), before anything reads a byte of
+     * them: the header checks below would otherwise answer with bytes of a
+     * file the peer may not read. The loader judges each file again on the
+     * descriptor it reads. Other errors of the reader are the loader's to
+     * report. */
+    wb_load_access acc = wb__auth_load_access(peer);
+    if (rc == WB_OK)
+        rc = wb__auth_check_peer_path(&acc, resolved, err);
+    if (rc == WB_OK) {
+        wb_st_open_opts so = {.check_file = wb__auth_check_peer_fd, .arg = &acc};
+        wb_err ferr;
+        wb__err_clear(&ferr);
+        if (wb__st_check_files(path, &so, &ferr) == WB_EPERM)
+            rc = wb__err_set(err, WB_EPERM, "%s", ferr.msg);
+    }
     if (rc != WB_OK) {
         wb_warn("load_path_refused", "model=%s path=%s status=%s error=%s",
                 wb__log_quote(q, sizeof q, name), wb__log_quote(qp, sizeof qp, path),
@@ -228,7 +246,7 @@ int wb__broker_preload(wb_broker *b, const char *name, const char *path, wb_err 
     char q[300], qp[WB_PATH_MAX + 64];
     if (wb__models_find(&b->models, name))
         return wb__err_set(err, WB_EEXIST, "a model named '%s' already exists", name);
-    int rc0 = wb__broker_check_load(b, name, path, err);
+    int rc0 = wb__broker_check_load(b, NULL, name, path, err);
     if (rc0 != WB_OK)
         return rc0;
     wb_model *m = wb__model_new(name, path, b->cfg.backend, b->cfg.device);
@@ -241,7 +259,7 @@ int wb__broker_preload(wb_broker *b, const char *name, const char *path, wb_err 
     wb__models_add(&b->models, m);
     wb_info("model_load_start", "model=%s path=%s backend=%s", wb__log_quote(q, sizeof q, name),
             wb__log_quote(qp, sizeof qp, path), b->cfg.backend->name);
-    job->rc = wb__load(path, job->backend, job->device, NULL, &job->data, &job->err);
+    wb__load_job_run(job, NULL);
     wb_model *ready;
     int rc = wb__broker_finish_load(b, job, &ready);
     if (rc != WB_OK)

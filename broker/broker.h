@@ -110,9 +110,12 @@ size_t wb__broker_scan_stale(wb_broker *b);
 int wb__broker_finish_load(wb_broker *b, wb_load_job *job, wb_model **model);
 
 /* Checks a load request before anything is loaded: the model limit, the
- * path (wb__auth_check_load_path, logged with its resolved target) and what
+ * path (wb__auth_check_load_path, logged with its resolved target), the
+ * requesting peer's own access to every file of the checkpoint (`peer` NULL
+ * for the operator's --model preloads: not judged) and what
  * the configured limits can judge from the headers. */
-int wb__broker_check_load(wb_broker *b, const char *name, const char *path, wb_err *err);
+int wb__broker_check_load(wb_broker *b, const wb_peer_creds *peer, const char *name,
+                          const char *path, wb_err *err);
 
 /* Counts one reply for the metrics (wb_requests_total{op,status}). */
 void wb__broker_count_request(wb_broker *b, uint32_t op, int status);

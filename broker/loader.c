@@ -88,7 +88,8 @@ static void inputs_close(inputs *in)
     memset(in, 0, sizeof *in);
 }
 
-static int inputs_open(inputs *in, const wb_st_table *table, int mapped, wb_err *err)
+static int inputs_open(inputs *in, const wb_st_table *table, int mapped,
+                       const wb_load_access *access, wb_err *err)
 {
     uint32_t n = table->n_files;
     in->fds = malloc((n ? n : 1) * sizeof *in->fds);
@@ -115,6 +116,11 @@ static int inputs_open(inputs *in, const wb_st_table *table, int mapped, wb_err 
             return wb__err_errno(err, WB_EIO, errno, "fstat %s", table->files[i]);
         if (!S_ISREG(sb.st_mode))
             return wb__err_set(err, WB_EFORMAT, "%s is no longer a regular file", table->files[i]);
+        /* Judged again on the descriptor whose bytes are read: the path may
+         * lead elsewhere now than when the header was. */
+        int arc = wb__auth_check_peer_fd((void *)access, in->fds[i], table->files[i], err);
+        if (arc != WB_OK)
+            return arc;
         if ((uint64_t)sb.st_size != table->file_sizes[i])
             return wb__err_set(err, WB_EFORMAT,
                                "%s changed while loading: %llu bytes, validated with %llu",
@@ -159,7 +165,8 @@ int wb__load_ex(const char *path, const wb_load_opts *o, wb_model_data *out, wb_
     if (mode == WB_STAGE_MAPPED && (!be->engine || !be->engine->host_register))
         return wb__err_set(err, WB_EINTERNAL, "backend %s cannot register mappings", be->name);
     wb_st_table *table = NULL;
-    int rc = wb__st_open(path, &table, err);
+    wb_st_open_opts so = {.check_file = wb__auth_check_peer_fd, .arg = (void *)o->access};
+    int rc = wb__st_open_ex(path, &so, &table, err);
     if (rc != WB_OK)
         return rc;
 
@@ -175,7 +182,7 @@ int wb__load_ex(const char *path, const wb_load_opts *o, wb_model_data *out, wb_
         atomic_store(&o->progress->landed, 0);
         atomic_store(&o->progress->total, d.bytes);
     }
-    if ((rc = inputs_open(&in, table, mode == WB_STAGE_MAPPED, err)) != WB_OK)
+    if ((rc = inputs_open(&in, table, mode == WB_STAGE_MAPPED, o->access, err)) != WB_OK)
         goto done;
     st = calloc(table->n_tensors ? table->n_tensors : 1, sizeof *st);
     d.slabs = calloc(1, sizeof *d.slabs);
@@ -259,6 +266,17 @@ int wb__load(const char *path, const wb_backend *be, int device, const atomic_in
 {
     wb_load_opts o = {.backend = be, .device = device, .cancel = cancel};
     return wb__load_ex(path, &o, out, err);
+}
+
+void wb__load_job_run(wb_load_job *job, const atomic_int *cancel)
+{
+    wb__err_clear(&job->err);
+    wb_load_opts o = {.backend = job->backend,
+                      .device = job->device,
+                      .cancel = cancel,
+                      .progress = job->progress,
+                      .access = &job->access};
+    job->rc = wb__load_ex(job->path, &o, &job->data, &job->err);
 }
 
 void wb__load_log_stages(const char *model, const wb_model_data *d)
@@ -410,12 +428,7 @@ static void *loader_main(void *arg)
         j->next = NULL;
         pthread_mutex_unlock(&l->mu);
 
-        wb__err_clear(&j->err);
-        wb_load_opts o = {.backend = j->backend,
-                          .device = j->device,
-                          .cancel = &l->cancel,
-                          .progress = j->progress};
-        j->rc = wb__load_ex(j->path, &o, &j->data, &j->err);
+        wb__load_job_run(j, &l->cancel);
 
         pthread_mutex_lock(&l->mu);
         append(&l->done, j);

@@ -10,6 +10,7 @@
 #ifndef WB_BROKER_LOADER_H
 #define WB_BROKER_LOADER_H
 
+#include "auth.h"
 #include "backend.h"
 #include "err.h"
 #include "models.h"
@@ -25,6 +26,10 @@ typedef struct wb_load_opts {
     int device;
     const atomic_int *cancel;   /* may be NULL; polled, nonzero stops the load (WB_ESTATE) */
     wb_load_progress *progress; /* may be NULL; total and landed bytes, updated atomically */
+    /* May be NULL; whose access every file the load opens is judged by
+     * (wb__auth_check_peer_fd), both when its header is read and when its
+     * data is. */
+    const wb_load_access *access;
 } wb_load_opts;
 
 /* Loads `path` into a new slab. On success *out owns the slab and the tensor
@@ -61,6 +66,8 @@ typedef struct wb_load_job {
     uint64_t request_id;
     /* Where the loader reports progress (the model's), or NULL. */
     wb_load_progress *progress;
+    /* Whose access the load's files are judged by (zeroed: nobody's). */
+    wb_load_access access;
     /* The outcome, set by the loader thread. */
     int rc;
     wb_err err;
@@ -71,6 +78,9 @@ typedef struct wb_load_job {
 /* A new job with copies of name, path and ident; NULL when out of memory. */
 wb_load_job *wb__load_job_new(const char *name, const char *path, const wb_backend *be, int device,
                               const void *ident, size_t ident_len, uint64_t request_id);
+/* Runs the job's load in the calling thread (the loader thread, or the
+ * broker's when it has none) and sets job->rc, job->err and job->data. */
+void wb__load_job_run(wb_load_job *job, const atomic_int *cancel);
 /* Frees the job and whatever result it still owns; sets *job to NULL. */
 void wb__load_job_free(wb_load_job **job);
 

@@ -561,7 +561,7 @@ static int op_load(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Reque
         return fail(rep, a, WB_EEXIST, "a model named '%s' already exists (%s)", name,
                     wb__model_state_name(m->state));
     wb_err cerr;
-    int crc = wb__broker_check_load(b, name, path, &cerr);
+    int crc = wb__broker_check_load(b, peer, name, path, &cerr);
     if (crc != WB_OK)
         return fail(rep, a, crc, "%s", cerr.msg);
     m = wb__model_new(name, path, b->cfg.backend, b->cfg.device);
@@ -573,6 +573,7 @@ static int op_load(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Reque
         return oom(rep, a);
     }
     job->progress = &m->progress;
+    job->access = wb__auth_load_access(peer);
     wb__models_add(&b->models, m);
     wb_info("model_load_start", "model=%s path=%s backend=%s pid=%u uid=%u",
             wb__log_quote(q, sizeof q, name), wb__log_quote(qp, sizeof qp, path),
@@ -581,7 +582,7 @@ static int op_load(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Reque
         wb__loader_submit(b->loader, job);
         return WB_OPS_DEFERRED;
     }
-    job->rc = wb__load(path, job->backend, job->device, NULL, &job->data, &job->err);
+    wb__load_job_run(job, NULL);
     wb_model *ready;
     wb__broker_finish_load(b, job, &ready);
     wb__ops_load_done(b, job, ready, a, rep);

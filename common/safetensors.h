@@ -1,95 +1,13 @@
-/* The safetensors reader: validates a checkpoint (one file, or shards named by
- * a model.safetensors.index.json) and produces a tensor table that the loader
- * and `wbctl inspect` use.
- *
- * Parsing is separate from I/O: wb__st_parse_header() works on bytes in memory
- * (it is what the fuzzer drives); wb__st_open() reads files and calls it.
- * Every error says which file, which tensor and what is wrong. */
+/* The safetensors reader: opens a checkpoint (one file, or shards named by a
+ * model.safetensors.index.json), reads each file's header and validates it
+ * with the parser (safetensors_parse.h), producing the tensor table that the
+ * loader and `wbctl inspect` use. Only headers are read here. */
 #ifndef WB_SAFETENSORS_H
 #define WB_SAFETENSORS_H
 
 #include "err.h"
-
-#include <stddef.h>
-#include <stdint.h>
-
-/* Largest header the reader accepts, as in the reference implementation. */
-#define WB_ST_MAX_HEADER 100000000ULL
-/* Largest number of dimensions a tensor may have. */
-#define WB_ST_MAX_DIMS 64
-
-typedef enum wb_dtype {
-    WB_DTYPE_BOOL,
-    WB_DTYPE_F4,
-    WB_DTYPE_F6_E2M3,
-    WB_DTYPE_F6_E3M2,
-    WB_DTYPE_U8,
-    WB_DTYPE_I8,
-    WB_DTYPE_F8_E5M2,
-    WB_DTYPE_F8_E4M3,
-    WB_DTYPE_F8_E8M0,
-    WB_DTYPE_I16,
-    WB_DTYPE_U16,
-    WB_DTYPE_F16,
-    WB_DTYPE_BF16,
-    WB_DTYPE_I32,
-    WB_DTYPE_U32,
-    WB_DTYPE_F32,
-    WB_DTYPE_C64,
-    WB_DTYPE_F64,
-    WB_DTYPE_I64,
-    WB_DTYPE_U64,
-    WB_DTYPE_COUNT
-} wb_dtype;
-
-/* "F32" etc., spelled as in the file; NULL for an out-of-range value. */
-const char *wb__dtype_name(wb_dtype dtype);
-/* Parses a dtype name (exact, case-sensitive); returns -1 if unknown. */
-int wb__dtype_parse(const char *name);
-/* Size of one element in bits (4 for F4, 6 for F6_*, 8 for U8, ...). */
-unsigned wb__dtype_bits(wb_dtype dtype);
-
-typedef struct wb_st_tensor {
-    char *name; /* owned by the table */
-    wb_dtype dtype;
-    uint32_t ndim;   /* 0 for a scalar */
-    uint64_t *shape; /* ndim entries, owned by the table (NULL when ndim == 0) */
-    uint32_t file;   /* index into wb_st_table.files */
-    uint64_t offset; /* absolute byte offset of the data in that file */
-    uint64_t nbytes; /* product(shape) * bits / 8, may be 0 */
-} wb_st_tensor;
-
-typedef struct wb_st_meta {
-    char *key;   /* owned */
-    char *value; /* owned */
-} wb_st_meta;
-
-typedef struct wb_st_table {
-    uint32_t n_files;
-    char **files;          /* paths as opened, owned */
-    uint64_t *file_sizes;  /* byte size of each file */
-    uint64_t *data_starts; /* absolute offset of each file's data section (8 + header length) */
-    size_t n_tensors;
-    wb_st_tensor *tensors; /* ordered by (file, offset) */
-    size_t n_meta;
-    wb_st_meta *meta;     /* ordered by key */
-    uint64_t total_bytes; /* sum of nbytes */
-    size_t *by_name;      /* n_tensors indices into tensors, ordered by name, owned; kept by
-                           * wb__st_parse_header for wb__st_find (NULL: find scans) */
-} wb_st_table;
-
-/* Parses and validates one safetensors header held in memory and appends its
- * tensors and metadata to `table` as file number `file_index`.
- *
- * `buf` holds the first `len` bytes of the file (at least 8 + header length);
- * `file_size` is the size of the whole file, used to check that the data
- * offsets cover the data section exactly (no holes, no overlaps, no trailing
- * bytes). `display_name` names the file in error messages. It also records the
- * file: file_index may be n_files (a new file: files[] gets a copy of
- * display_name) or an existing one; file_sizes[] and data_starts[] are set. On
- * error returns WB_EFORMAT (or WB_ENOMEM) and leaves `table` unchanged. */
-int wb__st_parse_header(wb_st_table *table, uint32_t file_index, const char *display_name,
-                        const uint8_t *buf, size_t len, uint64_t file_size, wb_err *err);
+#include "safetensors_parse.h"
+#include "safetensors_table.h"
 
 /* Opens a checkpoint: a .safetensors file, a directory holding
  * model.safetensors.index.json (or a single model.safetensors), or an index
@@ -98,10 +16,27 @@ int wb__st_parse_header(wb_st_table *table, uint32_t file_index, const char *dis
  * read error, WB_EFORMAT for malformed input. */
 int wb__st_open(const char *path, wb_st_table **out, wb_err *err);
 
-/* Frees a table and sets *table to NULL; NULL is fine. */
-void wb__st_table_free(wb_st_table **table);
+/* Asked about each file the reader opens (the index, every shard), with the
+ * open descriptor, after it is known to be a regular file and before any byte
+ * of it is read; `path` names it for messages. A nonzero return (a WB_E*
+ * code with `err` set) stops the open with that status. The broker uses it to
+ * judge the requesting peer's access to the very file that is read. */
+typedef int (*wb_st_file_check)(void *arg, int fd, const char *path, wb_err *err);
 
-/* Looks up a tensor by name; NULL if absent. */
-const wb_st_tensor *wb__st_find(const wb_st_table *table, const char *name);
+typedef struct wb_st_open_opts {
+    wb_st_file_check check_file; /* may be NULL */
+    void *arg;                   /* passed to check_file */
+} wb_st_open_opts;
+
+/* wb__st_open with options (NULL: none). A shard whose directories lead out
+ * of the index's directory through a symbolic link is refused with
+ * WB_EPERM; a shard file that is itself a link to a regular file elsewhere
+ * (a Hugging Face cache's snapshots/ into blobs/) is followed. */
+int wb__st_open_ex(const char *path, const wb_st_open_opts *opts, wb_st_table **out, wb_err *err);
+
+/* Opens every file wb__st_open_ex would (resolving the directory and the
+ * index, refusing the same shard names) and passes each to opts->check_file,
+ * but reads no safetensors header. Errors as wb__st_open_ex. */
+int wb__st_check_files(const char *path, const wb_st_open_opts *opts, wb_err *err);
 
 #endif

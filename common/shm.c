@@ -199,6 +199,34 @@ void wb__shm_unmap(wb_shm *shm)
     memset(shm, 0, sizeof *shm);
 }
 
+/* Whether the broker that made a slab has ended. kill(pid, 0) alone is not
+ * enough: a broker that was killed but not yet reaped by its parent (a
+ * supervisor that waits late, a shell running it in the background) is a
+ * zombie, which kill() still finds, though it holds no memory and never runs
+ * again. Its state in /proc/PID/stat ('Z', or 'X' while being reaped) tells.
+ * When /proc cannot tell, the process is taken to be alive. */
+static int pid_gone(long pid)
+{
+    if (kill((pid_t)pid, 0) != 0)
+        return errno == ESRCH;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT; /* reaped since kill() */
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    /* "PID (COMM) STATE ...": COMM may hold spaces and parentheses, so the
+     * state follows the last ')'. */
+    const char *rp = strrchr(buf, ')');
+    if (!rp || rp[1] != ' ')
+        return 0;
+    return rp[2] == 'Z' || rp[2] == 'X';
+}
+
 int wb__shm_cleanup_stale(void)
 {
     DIR *dir = opendir(SHM_DIR);
@@ -215,7 +243,7 @@ int wb__shm_cleanup_stale(void)
         if (fstatat(dirfd(dir), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
             !S_ISREG(st.st_mode) || st.st_uid != euid)
             continue;
-        if (pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+        if (pid == (long)getpid() || !pid_gone(pid))
             continue;
         /* parse_base() bounded the name to fewer than WB_SHM_NAME_MAX bytes. */
         char name[sizeof de->d_name + 1];

@@ -40,9 +40,9 @@ void wb__shm_unmap(wb_shm *shm);
 /* Checks that a name has the form "/wb-<pid>-<32 hex>". */
 int wb__shm_name_valid(const char *name);
 
-/* Unlinks slabs left in /dev/shm by broker processes that no longer exist
- * (names "wb-<pid>-..." whose pid is gone, and owned by our uid). Returns the
- * number removed. */
+/* Unlinks slabs left in /dev/shm by broker processes that no longer run
+ * (names "wb-<pid>-..." whose pid is gone or a zombie not yet reaped, and
+ * owned by our uid). Returns the number removed. */
 int wb__shm_cleanup_stale(void);
 
 #endif

@@ -3,7 +3,7 @@
  * accepted table breaks the reader's promises: tensors ordered by offset and
  * tiling the data section, names unique and found by wb__st_find, and a
  * rejected second file leaving the table unchanged. */
-#include "safetensors.h"
+#include "safetensors_parse.h"
 
 #include <stdint.h>
 #include <stdlib.h>

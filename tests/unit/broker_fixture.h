@@ -1,6 +1,7 @@
 /* Test fixture shared by the broker's unit tests: a broker state with a fake
- * clock, and ready models built by hand on real host slabs (no checkpoint
- * files, no loader). */
+ * clock, ready models built by hand on real host slabs (no checkpoint files,
+ * no loader), and for the tests that load real files (test_auth, test_quota)
+ * a broker with a scratch directory and request helpers. */
 #ifndef WB_TEST_BROKER_FIXTURE_H
 #define WB_TEST_BROKER_FIXTURE_H
 
@@ -12,6 +13,7 @@
 #include <xxhash.h>
 
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -131,6 +133,93 @@ static inline Wbproto__Reply *fixture_call(wb_broker *b, wb_arena *a, Wbproto__R
     free(buf);
     wb__arena_free(a);
     return *decoded;
+}
+
+/* A broker, the arena its handlers answer in, the last decoded reply and a
+ * scratch directory under /tmp, removed with everything in it at the end. */
+typedef struct broker_fixture {
+    wb_broker b;
+    wb_arena a;
+    Wbproto__Reply *decoded;
+    char dir[64];
+    uint64_t next_id;
+    uint8_t ident[2]; /* the ROUTER identity requests come from */
+} broker_fixture;
+
+/* Sets up a broker (heartbeat 200 ms, stale after 1000 ms) and makes
+ * /tmp/wbtest-TAG-XXXXXX. */
+static inline void fixture_open(broker_fixture *f, const char *tag)
+{
+    memset(f, 0, sizeof *f);
+    fixture_broker(&f->b, 200, 1000);
+    snprintf(f->dir, sizeof f->dir, "/tmp/wbtest-%s-XXXXXX", tag);
+    ck_assert_ptr_nonnull(mkdtemp(f->dir));
+    f->ident[1] = (uint8_t)tag[0];
+}
+
+static inline void fixture_close(broker_fixture *f)
+{
+    wb__reply_free(&f->decoded);
+    wb__arena_free(&f->a);
+    wb__broker_destroy(&f->b);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", f->dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+/* Sends one request from `peer` with the next request id (fixture_call). */
+static inline Wbproto__Reply *fixture_send(broker_fixture *f, const wb_peer_creds *peer,
+                                           Wbproto__Request *req)
+{
+    req->version = WB_PROTOCOL_VERSION;
+    req->id = ++f->next_id;
+    return fixture_call(&f->b, &f->a, &f->decoded, peer, req, f->ident, sizeof f->ident);
+}
+
+static inline Wbproto__Reply *fixture_acquire(broker_fixture *f, const wb_peer_creds *peer,
+                                              const char *model)
+{
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__AcquireRequest a = WBPROTO__ACQUIRE_REQUEST__INIT;
+    a.model = (char *)model;
+    req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
+    req.acquire = &a;
+    return fixture_send(f, peer, &req);
+}
+
+static inline Wbproto__Reply *fixture_release(broker_fixture *f, const wb_peer_creds *peer,
+                                              const uint8_t *lease_id)
+{
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__ReleaseRequest r = WBPROTO__RELEASE_REQUEST__INIT;
+    r.lease_id.data = (uint8_t *)lease_id;
+    r.lease_id.len = WB_LEASE_ID_LEN;
+    req.body_case = WBPROTO__REQUEST__BODY_RELEASE;
+    req.release = &r;
+    return fixture_send(f, peer, &req);
+}
+
+static inline Wbproto__Reply *fixture_load(broker_fixture *f, const wb_peer_creds *peer,
+                                           const char *name, const char *path)
+{
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__LoadRequest l = WBPROTO__LOAD_REQUEST__INIT;
+    l.name = (char *)name;
+    l.path = (char *)path;
+    req.body_case = WBPROTO__REQUEST__BODY_LOAD;
+    req.load = &l;
+    return fixture_send(f, peer, &req);
+}
+
+static inline Wbproto__Reply *fixture_unload(broker_fixture *f, const wb_peer_creds *peer,
+                                             const char *name)
+{
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__UnloadRequest u = WBPROTO__UNLOAD_REQUEST__INIT;
+    u.name = (char *)name;
+    req.body_case = WBPROTO__REQUEST__BODY_UNLOAD;
+    req.unload = &u;
+    return fixture_send(f, peer, &req);
 }
 
 #endif

@@ -4,6 +4,7 @@
  * (FIFOs, devices), and giving slabs to the socket directory's group. */
 #include "auth.h"
 #include "broker_fixture.h"
+#include "loader.h"
 #include "ops.h"
 #include "wire.h"
 
@@ -19,37 +20,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static wb_broker B;
-static wb_arena A;
-static Wbproto__Reply *decoded;
-static char dir[64];
+static broker_fixture F;
 
 static void setup(void)
 {
-    fixture_broker(&B, 200, 1000);
-    memset(&A, 0, sizeof A);
-    decoded = NULL;
-    snprintf(dir, sizeof dir, "/tmp/wbtest-auth-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    fixture_open(&F, "auth");
 }
 
 static void teardown(void)
 {
-    wb__reply_free(&decoded);
-    wb__arena_free(&A);
-    wb__broker_destroy(&B);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    ck_assert_int_eq(system(cmd), 0);
-}
-
-static Wbproto__Reply *call(const wb_peer_creds *peer, Wbproto__Request *req)
-{
-    static uint64_t next_id = 1;
-    req->version = WB_PROTOCOL_VERSION;
-    req->id = ++next_id;
-    const uint8_t ident[] = {0, 'a'};
-    return fixture_call(&B, &A, &decoded, peer, req, ident, sizeof ident);
+    fixture_close(&F);
 }
 
 static Wbproto__Reply *hello(const wb_peer_creds *peer)
@@ -59,7 +39,7 @@ static Wbproto__Reply *hello(const wb_peer_creds *peer)
     h.client = "test";
     req.body_case = WBPROTO__REQUEST__BODY_HELLO;
     req.hello = &h;
-    return call(peer, &req);
+    return fixture_send(&F, peer, &req);
 }
 
 static Wbproto__Reply *list_models(const wb_peer_creds *peer)
@@ -68,38 +48,22 @@ static Wbproto__Reply *list_models(const wb_peer_creds *peer)
     Wbproto__ListModelsRequest lm = WBPROTO__LIST_MODELS_REQUEST__INIT;
     req.body_case = WBPROTO__REQUEST__BODY_LIST_MODELS;
     req.list_models = &lm;
-    return call(peer, &req);
+    return fixture_send(&F, peer, &req);
 }
 
 static Wbproto__Reply *acquire(const wb_peer_creds *peer, const char *model)
 {
-    Wbproto__Request req = WBPROTO__REQUEST__INIT;
-    Wbproto__AcquireRequest a = WBPROTO__ACQUIRE_REQUEST__INIT;
-    a.model = (char *)model;
-    req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
-    req.acquire = &a;
-    return call(peer, &req);
+    return fixture_acquire(&F, peer, model);
 }
 
 static Wbproto__Reply *load(const wb_peer_creds *peer, const char *name, const char *path)
 {
-    Wbproto__Request req = WBPROTO__REQUEST__INIT;
-    Wbproto__LoadRequest l = WBPROTO__LOAD_REQUEST__INIT;
-    l.name = (char *)name;
-    l.path = (char *)path;
-    req.body_case = WBPROTO__REQUEST__BODY_LOAD;
-    req.load = &l;
-    return call(peer, &req);
+    return fixture_load(&F, peer, name, path);
 }
 
 static Wbproto__Reply *unload(const wb_peer_creds *peer, const char *name)
 {
-    Wbproto__Request req = WBPROTO__REQUEST__INIT;
-    Wbproto__UnloadRequest u = WBPROTO__UNLOAD_REQUEST__INIT;
-    u.name = (char *)name;
-    req.body_case = WBPROTO__REQUEST__BODY_UNLOAD;
-    req.unload = &u;
-    return call(peer, &req);
+    return fixture_unload(&F, peer, name);
 }
 
 /* A uid that is neither root nor ours. */
@@ -109,10 +73,12 @@ static uint32_t stranger_uid(void)
 }
 
 /* Writes a small valid safetensors file with one U8 tensor of 4 bytes. */
-static void write_model(const char *path)
+static void write_tensor(const char *path, const char *tensor)
 {
-    const char header[] = "{\"w\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}";
-    uint64_t n = sizeof header - 1;
+    char header[128];
+    snprintf(header, sizeof header,
+             "{\"%s\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", tensor);
+    uint64_t n = strlen(header);
     FILE *f = fopen(path, "wb");
     ck_assert_ptr_nonnull(f);
     uint8_t len[8];
@@ -122,6 +88,20 @@ static void write_model(const char *path)
     fwrite(header, 1, n, f);
     fwrite("\x01\x02\x03\x04", 1, 4, f);
     fclose(f);
+}
+
+static void write_model(const char *path)
+{
+    write_tensor(path, "w");
+}
+
+static void write_text(const char *path, const char *text, mode_t mode)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+    ck_assert_int_eq(chmod(path, mode), 0);
 }
 
 START_TEST(lists_parse_numbers_and_names)
@@ -235,18 +215,18 @@ END_TEST
 
 START_TEST(handlers_refuse_strangers)
 {
-    fixture_model(&B, "demo");
-    wb__auth_destroy(&B.auth);
-    wb__auth_init_default(&B.auth, B.euid);
-    wb_peer_creds me = creds(B.euid, (uint32_t)getegid(), (uint32_t)getpid());
+    fixture_model(&F.b, "demo");
+    wb__auth_destroy(&F.b.auth);
+    wb__auth_init_default(&F.b.auth, F.b.euid);
+    wb_peer_creds me = creds(F.b.euid, (uint32_t)getegid(), (uint32_t)getpid());
     wb_peer_creds stranger = creds(stranger_uid(), 4321, (uint32_t)getpid());
     char want[200];
-    if (B.euid == 0)
+    if (F.b.euid == 0)
         snprintf(want, sizeof want, "uid %u is not allowed to lease models (allowed: uid 0)",
                  stranger.uid);
     else
         snprintf(want, sizeof want, "uid %u is not allowed to lease models (allowed: uid 0, %u)",
-                 stranger.uid, B.euid);
+                 stranger.uid, F.b.euid);
 
     Wbproto__Reply *r = hello(&stranger);
     ck_assert_int_eq(r->status, WB_EPERM);
@@ -257,20 +237,20 @@ START_TEST(handlers_refuse_strangers)
     r = acquire(&stranger, "demo");
     ck_assert_int_eq(r->status, WB_EPERM);
     ck_assert_str_eq(r->error, want);
-    ck_assert_uint_eq(B.leases.n_leases, 0);
+    ck_assert_uint_eq(F.b.leases.n_leases, 0);
     r = unload(&stranger, "demo");
     ck_assert_int_eq(r->status, WB_EPERM);
-    ck_assert_uint_eq(B.stats.requests_refused, 4);
+    ck_assert_uint_eq(F.b.stats.requests_refused, 4);
 
     advance_ms(10); /* refusals do not depend on time; nor does this */
     r = hello(&me);
     ck_assert_int_eq(r->status, 0);
-    ck_assert_uint_eq(r->hello->broker_instance, B.instance);
-    ck_assert_uint_ne(B.instance, 0);
+    ck_assert_uint_eq(r->hello->broker_instance, F.b.instance);
+    ck_assert_uint_ne(F.b.instance, 0);
 
     /* Listed as a client by group: leases, but may not unload. */
     wb_err err;
-    ck_assert_int_eq(wb__auth_add(&B.auth, WB_AUTH_CLIENT_GIDS, "4321", "--allow-gid", &err),
+    ck_assert_int_eq(wb__auth_add(&F.b.auth, WB_AUTH_CLIENT_GIDS, "4321", "--allow-gid", &err),
                      WB_OK);
     r = acquire(&stranger, "demo");
     ck_assert_msg(r->status == 0, "acquire: %s", r->error);
@@ -279,20 +259,182 @@ START_TEST(handlers_refuse_strangers)
     snprintf(want, sizeof want, "uid %u may not unload models", stranger.uid);
     ck_assert_str_eq(r->error, want);
     char path[128];
-    snprintf(path, sizeof path, "%s/m.safetensors", dir);
+    snprintf(path, sizeof path, "%s/m.safetensors", F.dir);
     write_model(path);
     r = load(&stranger, "other", path);
     ck_assert_int_eq(r->status, WB_EPERM);
     snprintf(want, sizeof want, "uid %u may not load models", stranger.uid);
     ck_assert_str_eq(r->error, want);
 
-    /* Listed as an administrator: loads. */
+    /* Listed as an administrator: loads what it can read itself. */
+    ck_assert_int_eq(chmod(F.dir, 0755), 0);
+    ck_assert_int_eq(chmod(path, 0644), 0);
     char uid[16];
     snprintf(uid, sizeof uid, "%u", stranger.uid);
-    ck_assert_int_eq(wb__auth_add(&B.auth, WB_AUTH_ADMIN_UIDS, uid, "--admin-uid", &err), WB_OK);
+    ck_assert_int_eq(wb__auth_add(&F.b.auth, WB_AUTH_ADMIN_UIDS, uid, "--admin-uid", &err), WB_OK);
     r = load(&stranger, "other", path);
     ck_assert_msg(r->status == 0, "load: %s", r->error);
     ck_assert_int_eq(r->load->model->state, WBPROTO__MODEL_STATE__MODEL_READY);
+}
+END_TEST
+
+/* A peer who is not root loads only what it could read itself: every file
+ * of the checkpoint (index and shards) is judged by the mode bits for its uid
+ * and primary gid before any byte of it is read, so a refusal never carries
+ * file contents (such as a header length decoded from /etc/shadow). */
+START_TEST(load_needs_the_peers_own_access)
+{
+    wb_err err;
+    wb_peer_creds admin = creds(stranger_uid(), 4321, (uint32_t)getpid());
+    char uid[16];
+    snprintf(uid, sizeof uid, "%u", admin.uid);
+    ck_assert_int_eq(wb__auth_add(&F.b.auth, WB_AUTH_ADMIN_UIDS, uid, "--admin-uid", &err), WB_OK);
+    char real[PATH_MAX], path[PATH_MAX + 64], want[2 * PATH_MAX];
+    ck_assert_ptr_nonnull(realpath(F.dir, real));
+    ck_assert_int_eq(chmod(real, 0755), 0);
+    const char *tail = "; the broker loads only what the requesting user can read";
+    unsigned me_uid = (unsigned)geteuid(), me_gid = (unsigned)getegid();
+
+    /* A secret that is not a checkpoint: its first 8 bytes would read as a
+     * header length of 8314597506838655090 ("rpw=abcs..."). */
+    snprintf(path, sizeof path, "%s/shadow", real);
+    write_text(path, "rpw=abcs:secret:19000:0:99999:7:::\n", 0600);
+    Wbproto__Reply *r = load(&admin, "shadow", path);
+    ck_assert_int_eq(r->status, WB_EPERM);
+    snprintf(want, sizeof want,
+             "uid %u (gid 4321) may not read %s (mode 0600, owner uid %u, gid %u)%s", admin.uid,
+             path, me_uid, me_gid, tail);
+    ck_assert_str_eq(r->error, want);
+    ck_assert_ptr_null(strstr(r->error, "8314597506838655090"));
+    ck_assert_uint_eq(F.b.models.n, 0);
+
+    /* A checkpoint only its owner may read; then readable by others. */
+    snprintf(path, sizeof path, "%s/private.safetensors", real);
+    write_model(path);
+    ck_assert_int_eq(chmod(path, 0600), 0);
+    r = load(&admin, "private", path);
+    ck_assert_int_eq(r->status, WB_EPERM);
+    snprintf(want, sizeof want,
+             "uid %u (gid 4321) may not read %s (mode 0600, owner uid %u, gid %u)%s", admin.uid,
+             path, me_uid, me_gid, tail);
+    ck_assert_str_eq(r->error, want);
+    ck_assert_uint_eq(F.b.models.n, 0);
+    /* Root loads anything the broker can read. */
+    wb_peer_creds root = creds(0, 0, (uint32_t)getpid());
+    if (geteuid() == 0) {
+        r = load(&root, "private", path);
+        ck_assert_msg(r->status == 0, "root load: %s", r->error);
+        r = unload(&root, "private");
+        ck_assert_int_eq(r->status, 0);
+    }
+    ck_assert_int_eq(chmod(path, 0604), 0);
+    r = load(&admin, "private", path);
+    ck_assert_msg(r->status == 0, "load: %s", r->error);
+
+    /* The kernel's rule: the owner's bits govern the owner even when others'
+     * would allow; the group's bits govern members of the primary group. */
+    if (geteuid() == 0) {
+        snprintf(path, sizeof path, "%s/owned.safetensors", real);
+        write_model(path);
+        ck_assert_int_eq(chown(path, admin.uid, 4321), 0);
+        ck_assert_int_eq(chmod(path, 0044), 0);
+        r = load(&admin, "owned", path);
+        ck_assert_int_eq(r->status, WB_EPERM);
+        snprintf(want, sizeof want,
+                 "uid %u (gid 4321) may not read %s (mode 0044, owner uid %u, gid 4321)%s",
+                 admin.uid, path, admin.uid, tail);
+        ck_assert_str_eq(r->error, want);
+        ck_assert_int_eq(chown(path, 0, 4321), 0);
+        ck_assert_int_eq(chmod(path, 0040), 0);
+        r = load(&admin, "owned", path);
+        ck_assert_msg(r->status == 0, "group load: %s", r->error);
+    }
+
+    /* A readable file in a directory the peer may not search. */
+    char sub[PATH_MAX + 16];
+    snprintf(sub, sizeof sub, "%s/closed", real);
+    ck_assert_int_eq(mkdir(sub, 0700), 0);
+    snprintf(path, sizeof path, "%s/m.safetensors", sub);
+    write_model(path);
+    ck_assert_int_eq(chmod(path, 0644), 0);
+    r = load(&admin, "closed", path);
+    ck_assert_int_eq(r->status, WB_EPERM);
+    snprintf(want, sizeof want,
+             "uid %u (gid 4321) may not search the directory %s (mode 0700, owner uid %u, gid "
+             "%u)%s",
+             admin.uid, sub, me_uid, me_gid, tail);
+    ck_assert_str_eq(r->error, want);
+
+    /* A sharded checkpoint: the index and one shard readable, the other not. */
+    snprintf(sub, sizeof sub, "%s/sharded", real);
+    ck_assert_int_eq(mkdir(sub, 0755), 0);
+    snprintf(path, sizeof path, "%s/a.safetensors", sub);
+    write_tensor(path, "x");
+    ck_assert_int_eq(chmod(path, 0644), 0);
+    snprintf(path, sizeof path, "%s/b.safetensors", sub);
+    write_tensor(path, "y");
+    ck_assert_int_eq(chmod(path, 0600), 0);
+    char index[PATH_MAX + 64];
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", sub);
+    write_text(index, "{\"weight_map\":{\"x\":\"a.safetensors\",\"y\":\"b.safetensors\"}}", 0644);
+    r = load(&admin, "sharded", sub);
+    ck_assert_int_eq(r->status, WB_EPERM);
+    snprintf(want, sizeof want,
+             "uid %u (gid 4321) may not read %s (mode 0600, owner uid %u, gid %u)%s", admin.uid,
+             path, me_uid, me_gid, tail);
+    ck_assert_str_eq(r->error, want);
+    /* ... and the index itself unreadable. */
+    ck_assert_int_eq(chmod(path, 0644), 0);
+    ck_assert_int_eq(chmod(index, 0600), 0);
+    r = load(&admin, "sharded", sub);
+    ck_assert_int_eq(r->status, WB_EPERM);
+    snprintf(want, sizeof want,
+             "uid %u (gid 4321) may not read %s (mode 0600, owner uid %u, gid %u)%s", admin.uid,
+             index, me_uid, me_gid, tail);
+    ck_assert_str_eq(r->error, want);
+    ck_assert_int_eq(chmod(index, 0644), 0);
+    r = load(&admin, "sharded", sub);
+    ck_assert_msg(r->status == 0, "sharded load: %s", r->error);
+}
+END_TEST
+
+/* The loader judges every file it opens for the peer on its own, on the open
+ * descriptor: what a swapped link leads to after the broker's check is
+ * refused there. */
+START_TEST(loader_judges_each_file)
+{
+    char real[PATH_MAX], path[PATH_MAX + 64], want[2 * PATH_MAX];
+    ck_assert_ptr_nonnull(realpath(F.dir, real));
+    ck_assert_int_eq(chmod(real, 0755), 0);
+    snprintf(path, sizeof path, "%s/m.safetensors", real);
+    write_model(path);
+    ck_assert_int_eq(chmod(path, 0600), 0);
+    wb_peer_creds peer = creds(stranger_uid(), 4321, (uint32_t)getpid());
+    wb_load_access acc = wb__auth_load_access(&peer);
+    ck_assert_int_eq(acc.enforce, 1);
+    wb_load_opts o = {.backend = &wb__backend_host, .device = -1, .access = &acc};
+    wb_model_data d;
+    wb_err err = {0};
+    ck_assert_int_eq(wb__load_ex(path, &o, &d, &err), WB_EPERM);
+    snprintf(want, sizeof want,
+             "uid %u (gid 4321) may not read %s (mode 0600, owner uid %u, gid %u); the broker "
+             "loads only what the requesting user can read",
+             peer.uid, path, (unsigned)geteuid(), (unsigned)getegid());
+    ck_assert_str_eq(err.msg, want);
+    /* Through a link: both names are given. */
+    char link[PATH_MAX + 64];
+    snprintf(link, sizeof link, "%s/link.safetensors", real);
+    ck_assert_int_eq(symlink("m.safetensors", link), 0);
+    ck_assert_int_eq(wb__load_ex(link, &o, &d, &err), WB_EPERM);
+    ck_assert_ptr_nonnull(strstr(err.msg, " -> "));
+    /* Root, and loads without a peer, are not judged. */
+    wb_peer_creds root = creds(0, 0, (uint32_t)getpid());
+    wb_load_access racc = wb__auth_load_access(&root);
+    ck_assert_int_eq(racc.enforce, 0);
+    ck_assert_int_eq(wb__auth_load_access(NULL).enforce, 0);
+    ck_assert_int_eq(chmod(path, 0604), 0);
+    ck_assert_msg(wb__load_ex(path, &o, &d, &err) == WB_OK, "%s", err.msg);
+    wb__model_data_free(&d, &wb__backend_host);
 }
 END_TEST
 
@@ -302,13 +444,13 @@ START_TEST(load_paths)
     char resolved[PATH_MAX + 1], want[2 * PATH_MAX + 300];
     int is_dir = 1;
     wb_err err;
-    snprintf(file, sizeof file, "%s/blob", dir);
-    snprintf(link1, sizeof link1, "%s/model.safetensors", dir);
-    snprintf(link2, sizeof link2, "%s/again.safetensors", dir);
-    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
-    snprintf(fifolink, sizeof fifolink, "%s/fifo.safetensors", dir);
-    snprintf(sub, sizeof sub, "%s/sub", dir);
-    snprintf(missing, sizeof missing, "%s/missing.safetensors", dir);
+    snprintf(file, sizeof file, "%s/blob", F.dir);
+    snprintf(link1, sizeof link1, "%s/model.safetensors", F.dir);
+    snprintf(link2, sizeof link2, "%s/again.safetensors", F.dir);
+    snprintf(fifo, sizeof fifo, "%s/fifo", F.dir);
+    snprintf(fifolink, sizeof fifolink, "%s/fifo.safetensors", F.dir);
+    snprintf(sub, sizeof sub, "%s/sub", F.dir);
+    snprintf(missing, sizeof missing, "%s/missing.safetensors", F.dir);
     write_model(file);
     ck_assert_int_eq(symlink("blob", link1), 0);
     ck_assert_int_eq(symlink(link1, link2), 0); /* a chain, as in some caches */
@@ -316,7 +458,7 @@ START_TEST(load_paths)
     ck_assert_int_eq(symlink(fifo, fifolink), 0);
     ck_assert_int_eq(mkdir(sub, 0700), 0);
     char real_dir[PATH_MAX];
-    ck_assert_ptr_nonnull(realpath(dir, real_dir));
+    ck_assert_ptr_nonnull(realpath(F.dir, real_dir));
     char real_file[PATH_MAX + 8];
     snprintf(real_file, sizeof real_file, "%s/blob", real_dir);
 
@@ -379,11 +521,11 @@ END_TEST
  * model is not registered, and a link to a regular file loads. */
 START_TEST(load_handler_checks_paths)
 {
-    wb_peer_creds me = creds(B.euid, (uint32_t)getegid(), (uint32_t)getpid());
+    wb_peer_creds me = creds(F.b.euid, (uint32_t)getegid(), (uint32_t)getpid());
     char file[128], link[128], fifo[128];
-    snprintf(file, sizeof file, "%s/blob", dir);
-    snprintf(link, sizeof link, "%s/model.safetensors", dir);
-    snprintf(fifo, sizeof fifo, "%s/pipe.safetensors", dir);
+    snprintf(file, sizeof file, "%s/blob", F.dir);
+    snprintf(link, sizeof link, "%s/model.safetensors", F.dir);
+    snprintf(fifo, sizeof fifo, "%s/pipe.safetensors", F.dir);
     write_model(file);
     ck_assert_int_eq(symlink("blob", link), 0);
     ck_assert_int_eq(mkfifo(fifo, 0600), 0);
@@ -391,8 +533,8 @@ START_TEST(load_handler_checks_paths)
     Wbproto__Reply *r = load(&me, "pipe", fifo);
     ck_assert_int_eq(r->status, WB_EINVAL);
     ck_assert_ptr_nonnull(strstr(r->error, "is a FIFO"));
-    ck_assert_ptr_null(wb__models_find(&B.models, "pipe"));
-    ck_assert_uint_eq(B.stats.loads_total, 0);
+    ck_assert_ptr_null(wb__models_find(&F.b.models, "pipe"));
+    ck_assert_uint_eq(F.b.stats.loads_total, 0);
     r = load(&me, "dev", "/dev/zero");
     ck_assert_int_eq(r->status, WB_EINVAL);
     ck_assert_ptr_nonnull(strstr(r->error, "/dev/zero is a character device"));
@@ -408,14 +550,14 @@ END_TEST
 START_TEST(slab_group)
 {
     char sock[128];
-    snprintf(sock, sizeof sock, "%s/broker.sock", dir);
-    ck_assert_int_eq(chmod(dir, 0750), 0);
+    snprintf(sock, sizeof sock, "%s/broker.sock", F.dir);
+    ck_assert_int_eq(chmod(F.dir, 0750), 0);
     ck_assert_int_eq(wb__auth_slab_group(sock), -1);
     if (geteuid() != 0)
         return; /* giving files to another group needs root */
-    ck_assert_int_eq(chown(dir, (uid_t)-1, 65534), 0);
+    ck_assert_int_eq(chown(F.dir, (uid_t)-1, 65534), 0);
     ck_assert_int_eq(wb__auth_slab_group(sock), -1); /* not set-group-ID */
-    ck_assert_int_eq(chmod(dir, 02750), 0);
+    ck_assert_int_eq(chmod(F.dir, 02750), 0);
     ck_assert_int_eq(wb__auth_slab_group(sock), 65534);
 
     wb_shm shm;
@@ -444,6 +586,8 @@ int main(void)
     tcase_add_test(tc, lists_parse_numbers_and_names);
     tcase_add_test(tc, who_passes);
     tcase_add_test(tc, handlers_refuse_strangers);
+    tcase_add_test(tc, load_needs_the_peers_own_access);
+    tcase_add_test(tc, loader_judges_each_file);
     tcase_add_test(tc, load_paths);
     tcase_add_test(tc, load_handler_checks_paths);
     tcase_add_test(tc, slab_group);

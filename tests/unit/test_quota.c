@@ -15,70 +15,35 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static wb_broker B;
-static wb_arena A;
-static Wbproto__Reply *decoded;
-static char dir[64];
+static broker_fixture F;
 
 static void setup(void)
 {
-    fixture_broker(&B, 200, 1000);
-    memset(&A, 0, sizeof A);
-    decoded = NULL;
-    snprintf(dir, sizeof dir, "/tmp/wbtest-quota-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    fixture_open(&F, "quota");
 }
 
 static void teardown(void)
 {
-    wb__reply_free(&decoded);
-    wb__arena_free(&A);
-    wb__broker_destroy(&B);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    fixture_close(&F);
 }
 
-static Wbproto__Reply *call(Wbproto__Request *req)
-{
-    static uint64_t next_id = 1;
-    wb_peer_creds p = me();
-    req->version = WB_PROTOCOL_VERSION;
-    req->id = ++next_id;
-    const uint8_t ident[] = {0, 'q'};
-    return fixture_call(&B, &A, &decoded, &p, req, ident, sizeof ident);
-}
-
+/* Every request here comes from this test process. */
 static Wbproto__Reply *acquire(const char *model)
 {
-    Wbproto__Request req = WBPROTO__REQUEST__INIT;
-    Wbproto__AcquireRequest a = WBPROTO__ACQUIRE_REQUEST__INIT;
-    a.model = (char *)model;
-    req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
-    req.acquire = &a;
-    return call(&req);
+    wb_peer_creds p = me();
+    return fixture_acquire(&F, &p, model);
 }
 
 static Wbproto__Reply *release(const uint8_t *id)
 {
-    Wbproto__Request req = WBPROTO__REQUEST__INIT;
-    Wbproto__ReleaseRequest r = WBPROTO__RELEASE_REQUEST__INIT;
-    r.lease_id.data = (uint8_t *)id;
-    r.lease_id.len = WB_LEASE_ID_LEN;
-    req.body_case = WBPROTO__REQUEST__BODY_RELEASE;
-    req.release = &r;
-    return call(&req);
+    wb_peer_creds p = me();
+    return fixture_release(&F, &p, id);
 }
 
 static Wbproto__Reply *load(const char *name, const char *path)
 {
-    Wbproto__Request req = WBPROTO__REQUEST__INIT;
-    Wbproto__LoadRequest l = WBPROTO__LOAD_REQUEST__INIT;
-    l.name = (char *)name;
-    l.path = (char *)path;
-    req.body_case = WBPROTO__REQUEST__BODY_LOAD;
-    req.load = &l;
-    return call(&req);
+    wb_peer_creds p = me();
+    return fixture_load(&F, &p, name, path);
 }
 
 /* Writes a safetensors file of n U8 tensors of 4 bytes, named with a prefix
@@ -160,8 +125,8 @@ END_TEST
 
 START_TEST(leases_per_client)
 {
-    fixture_model(&B, "demo");
-    B.limits.max_leases_per_client = 2;
+    fixture_model(&F.b, "demo");
+    F.b.limits.max_leases_per_client = 2;
     uint8_t first[WB_LEASE_ID_LEN];
     Wbproto__Reply *r = acquire("demo");
     ck_assert_int_eq(r->status, 0);
@@ -174,7 +139,7 @@ START_TEST(leases_per_client)
              "pid %ld already holds 2 leases, the limit (--max-leases-per-client 2)",
              (long)getpid());
     ck_assert_str_eq(r->error, want);
-    ck_assert_uint_eq(B.leases.n_leases, 2);
+    ck_assert_uint_eq(F.b.leases.n_leases, 2);
     /* Below the limit again after a release. */
     ck_assert_int_eq(release(first)->status, 0);
     ck_assert_int_eq(acquire("demo")->status, 0);
@@ -183,17 +148,17 @@ END_TEST
 
 START_TEST(models)
 {
-    fixture_model(&B, "demo");
-    B.limits.max_models = 1;
+    fixture_model(&F.b, "demo");
+    F.b.limits.max_models = 1;
     char path[128];
-    snprintf(path, sizeof path, "%s/m.safetensors", dir);
+    snprintf(path, sizeof path, "%s/m.safetensors", F.dir);
     write_model(path, 2, 1, 0);
     Wbproto__Reply *r = load("second", path);
     ck_assert_int_eq(r->status, WB_ELIMIT);
     ck_assert_str_eq(r->error, "the broker already holds 1 model, the limit (--max-models 1); "
                                "unload one first");
-    ck_assert_ptr_null(wb__models_find(&B.models, "second"));
-    B.limits.max_models = 2;
+    ck_assert_ptr_null(wb__models_find(&F.b.models, "second"));
+    F.b.limits.max_models = 2;
     r = load("second", path);
     ck_assert_msg(r->status == 0, "load: %s", r->error);
 }
@@ -201,16 +166,16 @@ END_TEST
 
 START_TEST(tensors)
 {
-    B.limits.max_tensors = 2;
+    F.b.limits.max_tensors = 2;
     char path[128];
-    snprintf(path, sizeof path, "%s/three.safetensors", dir);
+    snprintf(path, sizeof path, "%s/three.safetensors", F.dir);
     write_model(path, 3, 1, 0);
     int before = my_slabs();
     Wbproto__Reply *r = load("three", path);
     ck_assert_int_eq(r->status, WB_ELIMIT);
     ck_assert_str_eq(r->error, "model 'three' has 3 tensors, over the limit of 2 (--max-tensors)");
-    ck_assert_ptr_null(wb__models_find(&B.models, "three"));
-    ck_assert_uint_eq(B.stats.loads_failed, 1);
+    ck_assert_ptr_null(wb__models_find(&F.b.models, "three"));
+    ck_assert_uint_eq(F.b.stats.loads_failed, 1);
     ck_assert_int_eq(my_slabs(), before); /* its slab is gone */
     advance_ms(1);
     ck_assert(!shm_name_exists("/wb-0-00000000000000000000000000000000"));
@@ -218,20 +183,20 @@ START_TEST(tensors)
     /* A sharded checkpoint's index says how many tensors there are: refused
      * before anything is read. */
     char index[160], shard[160];
-    snprintf(shard, sizeof shard, "%s/shard-1.safetensors", dir);
+    snprintf(shard, sizeof shard, "%s/shard-1.safetensors", F.dir);
     write_model(shard, 3, 1, 0);
-    snprintf(index, sizeof index, "%s/model.safetensors.index.json", dir);
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", F.dir);
     FILE *f = fopen(index, "w");
     ck_assert_ptr_nonnull(f);
     fprintf(f, "{\"weight_map\":{\"t0\":\"shard-1.safetensors\",\"t1\":\"shard-1.safetensors\","
                "\"t2\":\"shard-1.safetensors\"}}");
     fclose(f);
-    r = load("sharded", dir);
+    r = load("sharded", F.dir);
     ck_assert_int_eq(r->status, WB_ELIMIT);
     ck_assert_str_eq(r->error,
                      "model 'sharded' has 3 tensors, over the limit of 2 (--max-tensors)");
-    ck_assert_uint_eq(B.stats.loads_total, 1); /* only the first load ran */
-    B.limits.max_tensors = 3;
+    ck_assert_uint_eq(F.b.stats.loads_total, 1); /* only the first load ran */
+    F.b.limits.max_tensors = 3;
     r = load("sharded", index);
     ck_assert_msg(r->status == 0, "load: %s", r->error);
     ck_assert_uint_eq(r->load->model->tensors, 3);
@@ -240,17 +205,17 @@ END_TEST
 
 START_TEST(message_size)
 {
-    B.limits.max_message = 4096;
+    F.b.limits.max_message = 4096;
     char path[128];
-    snprintf(path, sizeof path, "%s/wide.safetensors", dir);
+    snprintf(path, sizeof path, "%s/wide.safetensors", F.dir);
     write_model(path, 40, 100, 0); /* 40 tensors with 100-character names */
     Wbproto__Reply *r = load("wide", path);
     ck_assert_int_eq(r->status, WB_ELIMIT);
     ck_assert_ptr_nonnull(strstr(r->error, "a lease of model 'wide' would take "));
     ck_assert_ptr_nonnull(
         strstr(r->error, "bytes, over the 4096-byte message limit (--max-message-bytes)"));
-    ck_assert_ptr_null(wb__models_find(&B.models, "wide"));
-    B.limits.max_message = WB_MAX_MESSAGE;
+    ck_assert_ptr_null(wb__models_find(&F.b.models, "wide"));
+    F.b.limits.max_message = WB_MAX_MESSAGE;
     r = load("wide", path);
     ck_assert_msg(r->status == 0, "load: %s", r->error);
 }
@@ -259,7 +224,7 @@ END_TEST
 START_TEST(header_size)
 {
     char path[128], want[300];
-    snprintf(path, sizeof path, "%s/h.safetensors", dir);
+    snprintf(path, sizeof path, "%s/h.safetensors", F.dir);
     /* The length field claims a header larger than the safetensors limit:
      * refused from the first 8 bytes, as a limit. */
     write_model(path, 1, 1, 100000001);
@@ -270,17 +235,17 @@ START_TEST(header_size)
              "(--max-header-bytes)",
              path);
     ck_assert_str_eq(r->error, want);
-    ck_assert_uint_eq(B.stats.loads_total, 0);
+    ck_assert_uint_eq(F.b.stats.loads_total, 0);
 
     /* A configured, smaller limit. */
     write_model(path, 2, 1, 0);
-    B.limits.max_header = 64;
+    F.b.limits.max_header = 64;
     r = load("h", path);
     ck_assert_int_eq(r->status, WB_ELIMIT);
     ck_assert_ptr_nonnull(strstr(r->error, "over the limit of 64 (--max-header-bytes)"));
     /* ... also for each shard an index names. */
     char sub[128], shard[160], index[160];
-    snprintf(sub, sizeof sub, "%s/sharded", dir);
+    snprintf(sub, sizeof sub, "%s/sharded", F.dir);
     ck_assert_int_eq(mkdir(sub, 0700), 0);
     snprintf(shard, sizeof shard, "%s/a.safetensors", sub);
     write_model(shard, 2, 1, 0);
@@ -293,7 +258,7 @@ START_TEST(header_size)
     ck_assert_int_eq(r->status, WB_ELIMIT);
     snprintf(want, sizeof want, "%s: the safetensors header is", shard);
     ck_assert_msg(strncmp(r->error, want, strlen(want)) == 0, "got: %s", r->error);
-    B.limits.max_header = 100000000;
+    F.b.limits.max_header = 100000000;
     r = load("s", sub);
     ck_assert_msg(r->status == 0, "load: %s", r->error);
 }

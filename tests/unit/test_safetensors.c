@@ -762,6 +762,75 @@ START_TEST(index_shard_errors)
 }
 END_TEST
 
+/* Shard directories must stay inside the index's directory through links;
+ * shard files may be links anywhere (a Hugging Face cache: snapshots/REV/NAME
+ * -> ../../blobs/HASH). */
+START_TEST(shard_links)
+{
+    write_two_shards("k");
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", tpath("k"));
+    ck_assert_int_eq(mkdir(tpath("outside"), 0755), 0);
+    write_shard(tpath("outside/o.safetensors"),
+                "{\"b\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3]}}", 3);
+    ck_assert_int_eq(symlink("../outside", tpath("k/esc")), 0);
+    write_index("k", "{\"weight_map\":{\"a\":\"s1.safetensors\",\"b\":\"esc/o.safetensors\"}}");
+    expect_open_error(dir, WB_EPERM,
+                      "shard 'esc/o.safetensors' leaves the index's directory through a symbolic "
+                      "link; shard directories must stay inside it",
+                      NULL);
+    /* The check-only walk the broker does before a load refuses it alike. */
+    wb_err err = {0};
+    ck_assert_int_eq(wb__st_check_files(dir, NULL, &err), WB_EPERM);
+    /* A link to a directory inside is fine. */
+    ck_assert_int_eq(mkdir(tpath("k/real"), 0755), 0);
+    ck_assert_int_eq(rename(tpath("k/s2.safetensors"), tpath("k/real/s2.safetensors")), 0);
+    ck_assert_int_eq(symlink("real", tpath("k/alias")), 0);
+    write_index("k", "{\"weight_map\":{\"a\":\"s1.safetensors\",\"b\":\"alias/s2.safetensors\"}}");
+    wb_st_table *t = open_ok(dir);
+    ck_assert_uint_eq(t->n_files, 2);
+    wb__st_table_free(&t);
+    /* A shard file that is itself a link out of the directory is followed. */
+    ck_assert_int_eq(symlink("../outside/o.safetensors", tpath("k/linked.safetensors")), 0);
+    write_index("k", "{\"weight_map\":{\"a\":\"s1.safetensors\",\"b\":\"linked.safetensors\"}}");
+    t = open_ok(dir);
+    ck_assert_uint_eq(t->n_tensors, 2);
+    ck_assert_str_eq(t->files[0], tpath("k/linked.safetensors")); /* shards in name order */
+    wb__st_table_free(&t);
+}
+END_TEST
+
+static int refuse_all(void *arg, int fd, const char *path, wb_err *err)
+{
+    int *calls = arg;
+    (*calls)++;
+    struct stat st;
+    ck_assert_int_eq(fstat(fd, &st), 0);
+    ck_assert(S_ISREG(st.st_mode));
+    return wb__err_set(err, WB_EPERM, "refused %s", path);
+}
+
+/* The per-file check is asked about the index before it is read, and every
+ * shard; its refusal is the open's. */
+START_TEST(file_check_hook)
+{
+    write_two_shards("h");
+    write_index("h", "{\"weight_map\":{\"a\":\"s1.safetensors\",\"b\":\"s2.safetensors\"}}");
+    int calls = 0;
+    wb_st_open_opts o = {.check_file = refuse_all, .arg = &calls};
+    wb_st_table *t = NULL;
+    wb_err err = {0};
+    ck_assert_int_eq(wb__st_open_ex(tpath("h"), &o, &t, &err), WB_EPERM);
+    ck_assert_ptr_null(t);
+    ck_assert_int_eq(calls, 1);
+    char want[1200];
+    snprintf(want, sizeof want, "refused %s", tpath("h/model.safetensors.index.json"));
+    ck_assert_str_eq(err.msg, want);
+    /* Without a check, every file is opened and none refused. */
+    ck_assert_int_eq(wb__st_check_files(tpath("h"), NULL, &err), WB_OK);
+}
+END_TEST
+
 /* The in-memory parser: failures leave the table as it was; names stay unique
  * across files; the order and the name index stay right when files arrive out
  * of order. */
@@ -1019,6 +1088,8 @@ static Suite *suite(void)
     tcase_add_test(tc, whitespace_padding);
     tcase_add_test(tc, malformed_index);
     tcase_add_test(tc, index_shard_errors);
+    tcase_add_test(tc, shard_links);
+    tcase_add_test(tc, file_check_hook);
     tcase_add_test(tc, parse_header_in_memory);
     tcase_add_test(tc, find_without_index);
     tcase_add_test(tc, many_tensors);

@@ -235,6 +235,30 @@ START_TEST(test_cleanup_stale)
 }
 END_TEST
 
+/* A broker that has exited but is not yet reaped is a zombie: kill(pid, 0)
+ * still succeeds on it, and its slabs must go all the same. */
+START_TEST(test_cleanup_zombie)
+{
+    pid_t zombie = fork();
+    ck_assert_int_ge(zombie, 0);
+    if (zombie == 0)
+        _exit(0);
+    /* Wait for the exit without reaping it. */
+    siginfo_t si;
+    ck_assert_int_eq(waitid(P_PID, (id_t)zombie, &si, WEXITED | WNOWAIT), 0);
+    ck_assert_int_eq(kill(zombie, 0), 0);
+
+    char stale[WB_SHM_NAME_MAX];
+    snprintf(stale, sizeof stale, "/wb-%ld-00112233445566778899aabbccddee00", (long)zombie);
+    int fd = shm_open(stale, O_CREAT | O_EXCL | O_RDWR, 0600);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    ck_assert_int_ge(wb__shm_cleanup_stale(), 1);
+    ck_assert(!shm_exists(stale));
+    ck_assert_int_eq(waitpid(zombie, NULL, 0), zombie);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("shm");
@@ -246,6 +270,7 @@ int main(void)
     tcase_add_test(tc, test_map_errors);
     tcase_add_test(tc, test_name_validation);
     tcase_add_test(tc, test_cleanup_stale);
+    tcase_add_test(tc, test_cleanup_zombie);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

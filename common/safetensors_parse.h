@@ -1,0 +1,34 @@
+/* The safetensors header parser: bytes in memory in, tensor table out, no
+ * I/O. It is what the fuzzer drives; safetensors.h reads files and calls it.
+ * Every error says which file, which tensor and what is wrong. */
+#ifndef WB_SAFETENSORS_PARSE_H
+#define WB_SAFETENSORS_PARSE_H
+
+#include "err.h"
+#include "safetensors_table.h"
+
+#include <jansson.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Parses and validates one safetensors header held in memory and appends its
+ * tensors and metadata to `table` as file number `file_index`.
+ *
+ * `buf` holds the first `len` bytes of the file (at least 8 + header length);
+ * `file_size` is the size of the whole file, used to check that the data
+ * offsets cover the data section exactly (no holes, no overlaps, no trailing
+ * bytes). `display_name` names the file in error messages. It also records the
+ * file: file_index may be n_files (a new file: files[] gets a copy of
+ * display_name) or an existing one; file_sizes[] and data_starts[] are set. On
+ * error returns WB_EFORMAT (or WB_ENOMEM) and leaves `table` unchanged. */
+int wb__st_parse_header(wb_st_table *table, uint32_t file_index, const char *display_name,
+                        const uint8_t *buf, size_t len, uint64_t file_size, wb_err *err);
+
+/* The 8-byte little-endian header length at the start of a file. */
+uint64_t wb__st_load_le64(const uint8_t *p);
+
+/* "an object", "a string", ... for messages about JSON values. */
+const char *wb__st_json_kind(const json_t *v);
+
+#endif
