@@ -1,6 +1,11 @@
 /* libwbclient: connection, hello, heartbeats and the client's lifetime. */
 #include "client_impl.h"
 
+#include "clog.h"
+#include "lease.h"
+#include "log.h"
+#include "lease.h"
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -160,8 +165,8 @@ static int heartbeat_locked(wb_client *c, wb_err *err)
         wbproto__lease_beat__init(&beats[i]);
         beats[i].lease_id.data = l->id;
         beats[i].lease_id.len = WB_LEASE_ID_BYTES;
-        beats[i].containers = atomic_load(&l->containers);
-        /* Without memory for the records, the count alone still goes out. */
+        /* The count and the records, read together under the lease's lock;
+         * without memory for the records, the count alone still goes out. */
         wb__lease_fill_beat(l, &beats[i]);
         ptrs[i] = &beats[i];
         i++;
@@ -361,14 +366,15 @@ WB_EXPORT void wb_client_destroy(wb_client **client)
     int tell = 1;
     while (c->leases) {
         wb_lease *l = c->leases;
-        unsigned n = atomic_load(&l->containers);
+        unsigned n = wb__lease_begin_end(l);
         if (n > 0) {
             /* Never unmap memory a container may still run on: keep the
              * lease mapped and detached; wb_lease_release ends it later. */
-            fprintf(stderr,
-                    "wbclient: lease %.8s (model '%s') still has %u container(s); "
-                    "its memory stays mapped\n",
-                    l->id_hex, l->model, n);
+            char q[300];
+            wb__cwarn("client_destroy_busy_lease",
+                      "lease=%.8s model=%s containers=%u note=\"its memory stays mapped until "
+                      "wb_lease_release\"",
+                      l->id_hex, wb__log_quote(q, sizeof q, l->model), n);
             c->leases = l->next;
             if (c->leases)
                 c->leases->prev = NULL;
