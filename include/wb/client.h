@@ -11,20 +11,22 @@
  * "Logging" below).
  *
  * Threads. Every call on a client and its leases may run concurrently from
- * several threads, with these exceptions, which end an object and so must
- * not overlap any other call on it (the caller orders them, as with free):
+ * several threads, with two exceptions, calls that end an object:
  *   - wb_client_destroy: no other call on the client or its leases may run
- *     or start meanwhile;
- *   - wb_lease_release: no other call on that lease may run or start
- *     meanwhile, except container registration, which it is safe against:
- *     a lease with registered containers (wb_lease_container_add, or a
- *     wb_container_create in progress or done) is never ended: release then
- *     returns WB_EBUSY. Calls on the client's other leases are unaffected.
+ *     or start meanwhile.
+ *   - wb_lease_release decides under the lease's lock, the lock that
+ *     container registrations (wb_lease_container_add/remove,
+ *     wb_container_create/destroy) change the lease's count under. While any
+ *     container is registered, including one whose wb_container_create is
+ *     still running, it returns WB_EBUSY and changes nothing, so it may race
+ *     with those calls freely. Once it has ended the lease (any other return),
+ *     the lease is gone: the caller must make sure that no other call on it
+ *     (accessors, verify, a new registration) runs or starts after that, as
+ *     with free(). Calls on the client's other leases are unaffected.
  * Exchanges with the broker are serialised inside the client (one request
- * at a time). A lease's container count and records are guarded by a lock
- * of the lease, the one wb_lease_release checks them under. wb_client_errmsg
- * is per client: with several threads, the message may be another thread's;
- * the status code returned is always the call's own. */
+ * at a time). wb_client_errmsg is per client: with several threads, the
+ * message may be another thread's; the status code returned is always the
+ * call's own. */
 #ifndef WB_CLIENT_H
 #define WB_CLIENT_H
 
