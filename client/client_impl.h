@@ -37,6 +37,10 @@ struct wb_client {
     atomic_uint reconnect_attempts;
     atomic_uint reconnects;
 
+    /* Called under mu when a hello finds another broker run than the one
+     * that granted the leases. */
+    void (*on_restart)(wb_client *c);
+
     /* The heartbeat thread sleeps on hb_cond so destroy can wake it. */
     int hb_started;
     pthread_t hb_thread;
@@ -49,6 +53,17 @@ struct wb_client {
  * caller holds client->mu. */
 int wb__client_fail(wb_client *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* Says hello (the first time: records the broker's timings and the name
+ * sent, `name` or "program[pid]"). Stores a message in the client on
+ * failure. The caller holds client->mu or is the only user. */
+int wb__client_hello(wb_client *c, const char *name);
+
+/* One reconnection attempt: a new socket and a hello. On failure the next
+ * automatic attempt waits twice as long as the last (capped at
+ * WB_RPC_RECONNECT_MAX_MS). 1 in *restarted when the broker is another run.
+ * The caller holds c->mu. */
+int wb__client_reconnect_locked(wb_client *c, int *restarted, wb_err *err);
 
 /* One exchange with the broker; records whether it answered (connected).
  * Same contract as wb__rpc_call. The caller holds client->mu. */
