@@ -12,10 +12,9 @@
 #include <string.h>
 #include <unistd.h>
 
-/* The handler and its userdata change together, so they share a lock; the
- * handler is called outside it, so that it may itself call into the
- * library (but not wb_set_log_handler from inside a call, which would race
- * with nothing but is pointless). */
+/* The handler, its userdata and the level change together, so they share a
+ * lock; the handler is called outside it, so that a slow handler holds up
+ * only its own thread. */
 static pthread_mutex_t clog_mu = PTHREAD_MUTEX_INITIALIZER;
 static wb_log_fn clog_fn;
 static void *clog_userdata;
@@ -69,15 +68,6 @@ WB_EXPORT void wb_log_stderr(wb_log_level level, const char *line, void *userdat
     /* One write per line, so lines of several threads do not interleave. */
     ssize_t w = write(STDERR_FILENO, buf, n);
     (void)w;
-}
-
-int wb__clog_enabled(wb_log_level level)
-{
-    pthread_mutex_lock(&clog_mu);
-    check_env();
-    int on = clog_fn && level < WB_LOG_OFF && (int)level >= clog_level;
-    pthread_mutex_unlock(&clog_mu);
-    return on;
 }
 
 void wb__clog(wb_log_level level, const char *event, const char *fmt, ...)

@@ -12,10 +12,6 @@
 void wb__clog(wb_log_level level, const char *event, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* 1 when a line at `level` would reach a handler: lets a caller skip
- * building costly arguments. */
-int wb__clog_enabled(wb_log_level level);
-
 #define wb__cinfo(ev, ...)  wb__clog(WB_LOG_INFO, ev, __VA_ARGS__)
 #define wb__cwarn(ev, ...)  wb__clog(WB_LOG_WARN, ev, __VA_ARGS__)
 #define wb__cerror(ev, ...) wb__clog(WB_LOG_ERROR, ev, __VA_ARGS__)
