@@ -146,9 +146,10 @@ WB_EXPORT int wb_lease_verify(const wb_lease *lease, size_t *bad_index);
  * a lease with registered containers cannot be released (WB_EBUSY). The
  * count travels to the broker with each heartbeat. These calls may run
  * concurrently with each other, with wb_container_create/destroy on the same
- * lease and with wb_lease_release (see "Threads" above). container_add on a
- * lease whose release has begun returns WB_ESTATE; container_remove without
- * a matching add returns WB_EINVAL. */
+ * lease and with wb_lease_release (see "Threads" above). container_add that
+ * comes while a release is ending the lease returns WB_ESTATE (after the
+ * release has returned, the lease is gone); container_remove without a
+ * matching add returns WB_EINVAL. */
 WB_EXPORT int wb_lease_container_add(wb_lease *lease);
 WB_EXPORT int wb_lease_container_remove(wb_lease *lease);
 WB_EXPORT unsigned wb_lease_containers(const wb_lease *lease);
@@ -163,8 +164,8 @@ WB_EXPORT unsigned wb_lease_containers(const wb_lease *lease);
  *   ts=2026-11-30T07:31:02.123Z level=info prog=wbclient event=container_ready model=...
  * valid only during the call. The handler may be called from any thread that
  * calls into the library (and from its heartbeat thread), also concurrently:
- * it must be thread-safe, must not block for long, and must not call
- * wb_set_log_handler. Settings are process-wide, for every client. */
+ * it must be thread-safe and must not block for long. Settings are
+ * process-wide, for every client. */
 typedef void (*wb_log_fn)(wb_log_level level, const char *line, void *userdata);
 
 /* Installs fn (NULL: no handler, nothing is logged) with its userdata; it
@@ -174,8 +175,8 @@ WB_EXPORT void wb_set_log_handler(wb_log_fn fn, void *userdata);
  * WB_LOG_OFF drops all. */
 WB_EXPORT void wb_set_log_level(wb_log_level level);
 /* A ready-made handler: writes the line and a newline to stderr with one
- * write(2). wb_set_log_handler(wb_log_stderr, NULL) restores the output of
- * earlier versions. */
+ * write(2). wb_set_log_handler(wb_log_stderr, NULL) shows on stderr what
+ * earlier versions printed there unasked (now in the key=value format). */
 WB_EXPORT void wb_log_stderr(wb_log_level level, const char *line, void *userdata);
 
 #ifdef __cplusplus
