@@ -5,7 +5,8 @@
 
 #include "aoti_abi.h"
 #include "aoti_pkg.h"
-#include "client_impl.h"
+#include "clog.h"
+#include "lease.h"
 #include "log.h"
 #include "safetensors.h"
 
@@ -705,10 +706,10 @@ static int create_with_device(wb_container *c, const wb_container_options *o, si
         return fail(c, WB_ENOMEM, "out of memory");
     if (embedded && c->f.swap && c->f.free_inactive) {
         double t0 = mono_now();
-        wb_warn("container_embedded_constants",
-                "model=%s bytes=%llu note=\"the model library loaded its own copy of its "
-                "constants; replacing it with the shared tensors and freeing it\"",
-                qpath(c, q, sizeof q), (unsigned long long)own);
+        wb__cwarn("container_embedded_constants",
+                  "model=%s bytes=%llu note=\"the model library loaded its own copy of its "
+                  "constants; replacing it with the shared tensors and freeing it\"",
+                  qpath(c, q, sizeof q), (unsigned long long)own);
         if (c->f.update_user_managed(c->h, pairs, n, true, true) != 0)
             rc = runtime_fail(c, "AOTInductorModelContainerUpdateUserManagedConstantBufferPairs",
                               "(inactive buffer)");
@@ -726,16 +727,16 @@ static int create_with_device(wb_container *c, const wb_container_options *o, si
         c->info.embedded_free_seconds = mono_now() - t0;
         int64_t free2 = device_free_bytes(c);
         if (rc == WB_OK)
-            wb_warn("container_embedded_freed",
-                    "model=%s bytes=%llu seconds=%.3f device_bytes_returned=%lld",
-                    qpath(c, q, sizeof q), (unsigned long long)own, c->info.embedded_free_seconds,
-                    free2 >= 0 && free1 >= 0 ? (long long)(free2 - free1) : -1LL);
+            wb__cwarn("container_embedded_freed",
+                      "model=%s bytes=%llu seconds=%.3f device_bytes_returned=%lld",
+                      qpath(c, q, sizeof q), (unsigned long long)own, c->info.embedded_free_seconds,
+                      free2 >= 0 && free1 >= 0 ? (long long)(free2 - free1) : -1LL);
     } else {
         if (embedded)
-            wb_warn("container_embedded_constants",
-                    "model=%s bytes=%llu note=\"the model library loaded its own copy of its "
-                    "constants and cannot swap buffers; that copy stays allocated\"",
-                    qpath(c, q, sizeof q), (unsigned long long)own);
+            wb__cwarn("container_embedded_constants",
+                      "model=%s bytes=%llu note=\"the model library loaded its own copy of its "
+                      "constants and cannot swap buffers; that copy stays allocated\"",
+                      qpath(c, q, sizeof q), (unsigned long long)own);
         if (c->f.update_user_managed(c->h, pairs, n, false, true) != 0)
             rc = runtime_fail(c, "AOTInductorModelContainerUpdateUserManagedConstantBufferPairs",
                               NULL);
@@ -774,9 +775,9 @@ static int create_own(wb_container *c, size_t num_models)
     if (count_folded(c, &folded_bytes) && c->f.fold &&
         c->f.fold(c->h, false, (AOTInductorStreamHandle)c->stream, NULL) != 0)
         return runtime_fail(c, "AOTInductorModelContainerRunConstantFolding", NULL);
-    wb_info("container_own_constants", "model=%s bytes=%llu device_bytes_allocated=%lld",
-            qpath(c, q, sizeof q), (unsigned long long)own,
-            free0 >= 0 && free1 >= 0 ? (long long)(free0 - free1) : -1LL);
+    wb__cinfo("container_own_constants", "model=%s bytes=%llu device_bytes_allocated=%lld",
+              qpath(c, q, sizeof q), (unsigned long long)own,
+              free0 >= 0 && free1 >= 0 ? (long long)(free0 - free1) : -1LL);
     return WB_OK;
 }
 
@@ -860,6 +861,17 @@ static int create(wb_container *c, wb_lease *const *leases, size_t n_leases, con
     c->n_leases = n_leases;
     for (size_t i = 0; i < n_leases; i++)
         c->leases[i] = leases[i];
+    /* Registered before anything reads the leases, so that a release in
+     * another thread meanwhile gets WB_EBUSY instead of freeing them. */
+    for (size_t i = 0; i < n_leases; i++) {
+        wb_err e;
+        if ((rc = wb__lease_attach(leases[i], &c->rec, &e))) {
+            for (size_t k = 0; k < i; k++)
+                wb__lease_detach(leases[k], &c->rec);
+            return fail(c, rc, "%s", e.msg);
+        }
+    }
+    c->attached = 1;
 
     if (o->torch_lib_dir && o->torch_lib_dir[0] && (rc = preload_torch(c, o->torch_lib_dir)))
         return rc;
@@ -910,16 +922,8 @@ static int create(wb_container *c, wb_lease *const *leases, size_t n_leases, con
     c->rec.embedded_bytes = c->info.embedded_bytes;
     c->rec.created_at = wall_now();
     c->rec.model_path = c->model_path;
-    for (size_t i = 0; i < n_leases; i++) {
-        wb_err e;
-        if ((rc = wb__lease_attach(leases[i], &c->rec, c->lease_bytes[i], c->lease_tensors[i],
-                                   &e))) {
-            for (size_t k = 0; k < i; k++)
-                wb__lease_detach(leases[k], &c->rec);
-            return fail(c, rc, "%s", e.msg);
-        }
-    }
-    c->attached = 1;
+    for (size_t i = 0; i < n_leases; i++)
+        wb__lease_publish(leases[i], &c->rec, c->lease_bytes[i], c->lease_tensors[i]);
 
     c->info.aoti_api = c->rec.aoti_api;
     c->info.model_path = c->model_path;
@@ -930,22 +934,22 @@ static int create(wb_container *c, wb_lease *const *leases, size_t n_leases, con
     c->info.created_at = c->rec.created_at;
     c->info.create_seconds = mono_now() - t0;
     char q[600];
-    wb_info("container_ready",
-            "model=%s api=%s device=%s constants=%zu bound=%zu bound_bytes=%llu "
-            "caller_bytes=%llu folded=%zu folded_bytes=%llu embedded_bytes=%llu "
-            "pinned_async_copy=%d seconds=%.3f",
-            wb__log_quote(q, sizeof q, c->model_path), c->rec.aoti_api, c->device_str, c->n_bind,
-            c->info.bound_tensors, (unsigned long long)c->info.bound_bytes,
-            (unsigned long long)c->info.caller_bytes, c->info.folded_constants,
-            (unsigned long long)c->info.folded_bytes, (unsigned long long)c->info.embedded_bytes,
-            c->rec.pinned_async_copy, c->info.create_seconds);
+    wb__cinfo("container_ready",
+              "model=%s api=%s device=%s constants=%zu bound=%zu bound_bytes=%llu "
+              "caller_bytes=%llu folded=%zu folded_bytes=%llu embedded_bytes=%llu "
+              "pinned_async_copy=%d seconds=%.3f",
+              wb__log_quote(q, sizeof q, c->model_path), c->rec.aoti_api, c->device_str, c->n_bind,
+              c->info.bound_tensors, (unsigned long long)c->info.bound_bytes,
+              (unsigned long long)c->info.caller_bytes, c->info.folded_constants,
+              (unsigned long long)c->info.folded_bytes, (unsigned long long)c->info.embedded_bytes,
+              c->rec.pinned_async_copy, c->info.create_seconds);
     uint64_t shared = c->info.bound_bytes + c->info.caller_bytes;
     if (c->info.folded_bytes > 0 && (double)c->info.folded_bytes > FOLDED_WARN_RATIO * shared)
-        wb_warn("container_folded_private",
-                "model=%s folded_bytes=%llu shared_bytes=%llu note=\"constants built by "
-                "constant folding are private to each container: every worker holds its own "
-                "copy\"",
-                q, (unsigned long long)c->info.folded_bytes, (unsigned long long)shared);
+        wb__cwarn("container_folded_private",
+                  "model=%s folded_bytes=%llu shared_bytes=%llu note=\"constants built by "
+                  "constant folding are private to each container: every worker holds its own "
+                  "copy\"",
+                  q, (unsigned long long)c->info.folded_bytes, (unsigned long long)shared);
     return WB_OK;
 }
 
@@ -965,6 +969,11 @@ WB_EXPORT int wb_container_create(wb_lease *const *leases, size_t n_leases, cons
     if (rc == WB_OK) {
         c->err.code = WB_OK;
         c->err.msg[0] = '\0';
+    } else if (c->attached) {
+        /* A failed container holds no lease: they may be released at once. */
+        for (size_t i = 0; i < c->n_leases; i++)
+            wb__lease_detach(c->leases[i], &c->rec);
+        c->attached = 0;
     }
     return rc;
 }

@@ -1,64 +1,16 @@
-/* The insides of wb_client and wb_lease, shared by client.c and lease.c. */
+/* The insides of wb_client: its connection, lock and lease list. The lease
+ * modules (lease.h) use it to talk to the broker; it knows leases only as a
+ * list of struct wb_lease. */
 #ifndef WB_CLIENT_IMPL_H
 #define WB_CLIENT_IMPL_H
 
 #include "wb/client.h"
 
 #include "err.h"
-#include "mapcache.h"
 #include "rpc.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
-
-typedef struct wb__tensor_entry {
-    char *name;
-    char *dtype;
-    uint32_t ndim;
-    uint64_t *shape;
-    const void *data;
-    uint64_t nbytes;
-    uint64_t xxh3;
-    int device;
-} wb__tensor_entry;
-
-/* What a container reports about itself with every heartbeat (see
- * ContainerRecord in wb.proto). Owned by the container; a lease points to it
- * while the container is attached. */
-typedef struct wb__container_rec {
-    uint64_t id;
-    char aoti_api[64];
-    int pinned_async_copy;
-    uint64_t folded_bytes;
-    uint64_t embedded_bytes;
-    double created_at;
-    const char *model_path;
-} wb__container_rec;
-
-/* One container's use of one lease: how much of the lease it binds. */
-typedef struct wb__lease_use {
-    struct wb__lease_use *next;
-    const wb__container_rec *rec;
-    uint64_t bound_bytes;
-    uint32_t bound_tensors;
-} wb__lease_use;
-
-struct wb_lease {
-    /* NULL once the client was destroyed while containers still used the
-     * lease: it then lives on, mapped, until released locally. */
-    wb_client *client;
-    struct wb_lease *prev, *next; /* the client's list, under client->mu */
-    uint8_t id[WB_LEASE_ID_BYTES];
-    char id_hex[2 * WB_LEASE_ID_BYTES + 1];
-    char *model;
-    size_t n_maps;
-    wb__map **maps; /* one reference per slab, in the broker's slab order */
-    size_t n_tensors;
-    wb__tensor_entry *tensors;
-    atomic_uint containers;
-    atomic_int orphaned;
-    wb__lease_use *uses; /* attached containers, under a lock private to lease.c */
-};
 
 struct wb_client {
     /* Held around every exchange with the broker and every change of the
@@ -67,7 +19,7 @@ struct wb_client {
     wb__rpc rpc;
     wb_err err;
     atomic_int connected;
-    struct wb_lease *leases;
+    struct wb_lease *leases; /* linked through wb_lease.prev/next, under mu */
 
     uint32_t broker_pid;
     uint32_t heartbeat_ms;
@@ -85,6 +37,10 @@ struct wb_client {
     atomic_uint reconnect_attempts;
     atomic_uint reconnects;
 
+    /* Called under mu when a hello finds another broker run than the one
+     * that granted the leases. */
+    void (*on_restart)(wb_client *c);
+
     /* The heartbeat thread sleeps on hb_cond so destroy can wake it. */
     int hb_started;
     pthread_t hb_thread;
@@ -98,29 +54,20 @@ struct wb_client {
 int wb__client_fail(wb_client *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Says hello (the first time: records the broker's timings and the name
+ * sent, `name` or "program[pid]"). Stores a message in the client on
+ * failure. The caller holds client->mu or is the only user. */
+int wb__client_hello(wb_client *c, const char *name);
+
+/* One reconnection attempt: a new socket and a hello. On failure the next
+ * automatic attempt waits twice as long as the last (capped at
+ * WB_RPC_RECONNECT_MAX_MS). 1 in *restarted when the broker is another run.
+ * The caller holds c->mu. */
+int wb__client_reconnect_locked(wb_client *c, int *restarted, wb_err *err);
+
 /* One exchange with the broker; records whether it answered (connected).
  * Same contract as wb__rpc_call. The caller holds client->mu. */
 int wb__client_call(wb_client *c, Wbproto__Request *req, int timeout_ms, Wbproto__Reply **out,
                     wb_err *err);
-
-/* Tells the broker (unless `tell` is 0) and frees the lease: unlinks it from
- * the client, drops its slab references. The caller holds client->mu when
- * the lease has a client. Returns what the broker said (0, its refusal, or
- * WB_ECONN when it could not be told), with a message in err. */
-int wb__lease_end(wb_lease *lease, int tell, wb_err *err);
-
-/* Registers a container on a lease (it then counts as one of the lease's
- * containers, so the lease cannot be released) together with the record that
- * heartbeats report. `rec` must stay valid until wb__lease_detach. */
-int wb__lease_attach(wb_lease *lease, const wb__container_rec *rec, uint64_t bound_bytes,
-                     uint32_t bound_tensors, wb_err *err);
-/* Undoes wb__lease_attach. */
-void wb__lease_detach(wb_lease *lease, const wb__container_rec *rec);
-
-/* Fills beat->container_records with copies of the records of the containers
- * attached to the lease (at most the protocol's limit). Free with
- * wb__lease_beat_free. Returns WB_ENOMEM (and leaves none) when out of memory. */
-int wb__lease_fill_beat(wb_lease *lease, Wbproto__LeaseBeat *beat);
-void wb__lease_beat_free(Wbproto__LeaseBeat *beat);
 
 #endif

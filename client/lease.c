@@ -1,25 +1,13 @@
-/* libwbclient: leases, their tensor tables, verification and containers. */
+/* libwbclient: acquiring and releasing leases, and their tensor tables. */
+#include "lease.h"
+
 #include "client_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
-
-#ifdef WB_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 #define MAX_DIMS 64
-/* Container records per lease in one heartbeat, as the decoder allows. */
-#define MAX_RECORDS 256
-/* Device tensors are checked through pinned host buffers of this size. */
-#define VERIFY_CHUNK (8u << 20)
-
-/* Guards every lease's list of attached containers. One lock for all: the
- * lists are short and touched only when containers come and go and when a
- * heartbeat is built. */
-static pthread_mutex_t uses_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void hex_id(const uint8_t *id, char out[2 * WB_LEASE_ID_BYTES + 1])
 {
@@ -41,11 +29,7 @@ static void lease_free(wb_lease *l)
         free(l->tensors[i].shape);
     }
     free(l->tensors);
-    while (l->uses) {
-        wb__lease_use *u = l->uses;
-        l->uses = u->next;
-        free(u);
-    }
+    wb__lease_containers_free(l);
     for (size_t i = 0; i < l->n_maps; i++)
         wb__mapcache_put(&l->maps[i]);
     free(l->maps);
@@ -232,7 +216,7 @@ WB_EXPORT int wb_lease_acquire(wb_client *client, const char *model, wb_lease **
     if (l) {
         memcpy(l->id, pl->id.data, WB_LEASE_ID_BYTES);
         hex_id(l->id, l->id_hex);
-        atomic_init(&l->containers, 0);
+        wb__lease_containers_init(l);
         atomic_init(&l->orphaned, 0);
         l->model = strdup(model);
         if (!l->model)
@@ -272,16 +256,18 @@ WB_EXPORT int wb_lease_release(wb_lease **lease)
     if (!l)
         return WB_OK;
     wb_client *c = l->client;
+    /* The decision is taken under the lease's lock, the one registrations
+     * change under: once it says 0, no container can register any more. */
+    unsigned n = wb__lease_begin_end(l);
     if (!c) {
         /* Detached by wb_client_destroy: only the local side is left. */
-        if (atomic_load(&l->containers) > 0)
+        if (n > 0)
             return WB_EBUSY;
         *lease = NULL;
         lease_free(l);
         return WB_ECONN;
     }
     pthread_mutex_lock(&c->mu);
-    unsigned n = atomic_load(&l->containers);
     if (n > 0) {
         int rc = wb__client_fail(c, WB_EBUSY,
                                  "release lease %.8s (model '%s'): %u container(s) still use it",
@@ -379,268 +365,4 @@ WB_EXPORT int wb_lease_find(const wb_lease *lease, const char *name, wb_tensor_v
         pthread_mutex_unlock(&lease->client->mu);
     }
     return WB_ENOTFOUND;
-}
-
-/* Device tensors are hashed on the host without ever touching the legacy
- * default stream: chunks are copied with cudaMemcpyAsync on a private
- * non-blocking stream into two pinned buffers, and one chunk is hashed while
- * the next is in flight. A synchronous copy would wait for (and stall) every
- * kernel of the process, which a serving worker must never do. */
-typedef struct dev_verifier {
-    int ready;
-#ifdef WB_HAVE_CUDA
-    cudaStream_t stream;
-    void *buf[2];
-    cudaEvent_t ev[2];
-#endif
-    XXH3_state_t *state;
-} dev_verifier;
-
-static void dev_verifier_free(dev_verifier *v)
-{
-#ifdef WB_HAVE_CUDA
-    if (v->ready) {
-        for (int i = 0; i < 2; i++) {
-            if (v->buf[i])
-                cudaFreeHost(v->buf[i]);
-            if (v->ev[i])
-                cudaEventDestroy(v->ev[i]);
-        }
-        if (v->stream)
-            cudaStreamDestroy(v->stream);
-    }
-#endif
-    if (v->state)
-        XXH3_freeState(v->state);
-    memset(v, 0, sizeof *v);
-}
-
-static int dev_hash(dev_verifier *v, const wb__tensor_entry *t, uint64_t *out, char *why,
-                    size_t why_len)
-{
-#ifndef WB_HAVE_CUDA
-    (void)v;
-    (void)t;
-    (void)out;
-    snprintf(why, why_len, "this build of libwbclient has no CUDA support");
-    return WB_ENOSYS;
-#else
-    cudaError_t ce = cudaSuccess;
-    if (!v->ready) {
-        v->ready = 1;
-        v->state = XXH3_createState();
-        if (!v->state) {
-            snprintf(why, why_len, "out of memory");
-            return WB_ENOMEM;
-        }
-        ce = cudaStreamCreateWithFlags(&v->stream, cudaStreamNonBlocking);
-        for (int i = 0; i < 2 && ce == cudaSuccess; i++) {
-            ce = cudaHostAlloc(&v->buf[i], VERIFY_CHUNK, cudaHostAllocDefault);
-            if (ce == cudaSuccess)
-                ce = cudaEventCreateWithFlags(&v->ev[i], cudaEventDisableTiming);
-        }
-        if (ce != cudaSuccess) {
-            snprintf(why, why_len, "cannot set up pinned buffers and a stream: %s",
-                     cudaGetErrorString(ce));
-            return WB_ENOGPU;
-        }
-    }
-    if (!v->state || !v->stream) {
-        snprintf(why, why_len, "the device verifier could not be set up");
-        return WB_ENOGPU;
-    }
-    XXH3_64bits_reset(v->state);
-    uint64_t n = t->nbytes, chunks = (n + VERIFY_CHUNK - 1) / VERIFY_CHUNK;
-    const uint8_t *src = t->data;
-    for (uint64_t k = 0; k <= chunks && ce == cudaSuccess; k++) {
-        /* Issue chunk k, then hash chunk k-1 while k is copied. Buffer k%2
-         * last held chunk k-2, already hashed. */
-        if (k < chunks) {
-            size_t len = (size_t)(k + 1 < chunks ? VERIFY_CHUNK : n - k * VERIFY_CHUNK);
-            ce = cudaMemcpyAsync(v->buf[k % 2], src + k * VERIFY_CHUNK, len, cudaMemcpyDefault,
-                                 v->stream);
-            if (ce == cudaSuccess)
-                ce = cudaEventRecord(v->ev[k % 2], v->stream);
-        }
-        if (k > 0 && ce == cudaSuccess) {
-            uint64_t j = k - 1;
-            size_t len = (size_t)(j + 1 < chunks ? VERIFY_CHUNK : n - j * VERIFY_CHUNK);
-            ce = cudaEventSynchronize(v->ev[j % 2]);
-            if (ce == cudaSuccess)
-                XXH3_64bits_update(v->state, v->buf[j % 2], len);
-        }
-    }
-    if (ce != cudaSuccess) {
-        cudaStreamSynchronize(v->stream);
-        snprintf(why, why_len, "copying it to the host failed: %s", cudaGetErrorString(ce));
-        return WB_EIO;
-    }
-    *out = XXH3_64bits_digest(v->state);
-    return WB_OK;
-#endif
-}
-
-WB_EXPORT int wb_lease_verify(const wb_lease *lease, size_t *bad_index)
-{
-    if (!lease)
-        return WB_EINVAL;
-    dev_verifier dv;
-    memset(&dv, 0, sizeof dv);
-    for (size_t i = 0; i < lease->n_tensors; i++) {
-        const wb__tensor_entry *t = &lease->tensors[i];
-        int rc = WB_OK;
-        uint64_t got = 0;
-        char why[200] = "";
-        if (t->device >= 0)
-            rc = dev_hash(&dv, t, &got, why, sizeof why);
-        else
-            got = XXH3_64bits(t->data, (size_t)t->nbytes);
-        if (rc == WB_OK && got != t->xxh3)
-            rc = WB_ECORRUPT;
-        if (rc == WB_OK)
-            continue;
-        dev_verifier_free(&dv);
-        if (bad_index)
-            *bad_index = i;
-        if (lease->client) {
-            pthread_mutex_lock(&lease->client->mu);
-            if (rc != WB_ECORRUPT)
-                wb__client_fail(lease->client, rc,
-                                "verify lease %.8s: tensor '%s' on cuda device %d cannot be "
-                                "checked: %s",
-                                lease->id_hex, t->name, t->device, why);
-            else
-                wb__client_fail(lease->client, rc,
-                                "verify lease %.8s: tensor '%s' has checksum %016llx, the "
-                                "broker recorded %016llx",
-                                lease->id_hex, t->name, (unsigned long long)got,
-                                (unsigned long long)t->xxh3);
-            pthread_mutex_unlock(&lease->client->mu);
-        }
-        return rc;
-    }
-    dev_verifier_free(&dv);
-    return WB_OK;
-}
-
-WB_EXPORT int wb_lease_container_add(wb_lease *lease)
-{
-    if (!lease)
-        return WB_EINVAL;
-    atomic_fetch_add(&lease->containers, 1);
-    return WB_OK;
-}
-
-WB_EXPORT int wb_lease_container_remove(wb_lease *lease)
-{
-    if (!lease)
-        return WB_EINVAL;
-    unsigned n = atomic_load(&lease->containers);
-    while (n > 0 && !atomic_compare_exchange_weak(&lease->containers, &n, n - 1))
-        ;
-    if (n == 0) {
-        if (lease->client) {
-            pthread_mutex_lock(&lease->client->mu);
-            wb__client_fail(lease->client, WB_EINVAL,
-                            "lease %.8s: container_remove without a matching container_add",
-                            lease->id_hex);
-            pthread_mutex_unlock(&lease->client->mu);
-        }
-        return WB_EINVAL;
-    }
-    return WB_OK;
-}
-
-WB_EXPORT unsigned wb_lease_containers(const wb_lease *lease)
-{
-    return lease ? atomic_load(&lease->containers) : 0;
-}
-
-int wb__lease_attach(wb_lease *lease, const wb__container_rec *rec, uint64_t bound_bytes,
-                     uint32_t bound_tensors, wb_err *err)
-{
-    wb__lease_use *u = calloc(1, sizeof *u);
-    if (!u)
-        return wb__err_set(err, WB_ENOMEM, "out of memory registering a container on lease %.8s",
-                           lease->id_hex);
-    u->rec = rec;
-    u->bound_bytes = bound_bytes;
-    u->bound_tensors = bound_tensors;
-    pthread_mutex_lock(&uses_mu);
-    u->next = lease->uses;
-    lease->uses = u;
-    atomic_fetch_add(&lease->containers, 1);
-    pthread_mutex_unlock(&uses_mu);
-    return WB_OK;
-}
-
-void wb__lease_detach(wb_lease *lease, const wb__container_rec *rec)
-{
-    wb__lease_use *found = NULL;
-    pthread_mutex_lock(&uses_mu);
-    for (wb__lease_use **pp = &lease->uses; *pp; pp = &(*pp)->next) {
-        if ((*pp)->rec == rec) {
-            found = *pp;
-            *pp = found->next;
-            break;
-        }
-    }
-    if (found && atomic_load(&lease->containers) > 0)
-        atomic_fetch_sub(&lease->containers, 1);
-    pthread_mutex_unlock(&uses_mu);
-    free(found);
-}
-
-void wb__lease_beat_free(Wbproto__LeaseBeat *beat)
-{
-    for (size_t i = 0; i < beat->n_container_records; i++) {
-        Wbproto__ContainerRecord *r = beat->container_records[i];
-        free(r->aoti_api);
-        free(r->model_path);
-        free(r);
-    }
-    free(beat->container_records);
-    beat->container_records = NULL;
-    beat->n_container_records = 0;
-}
-
-int wb__lease_fill_beat(wb_lease *lease, Wbproto__LeaseBeat *beat)
-{
-    beat->n_container_records = 0;
-    beat->container_records = NULL;
-    pthread_mutex_lock(&uses_mu);
-    size_t n = 0;
-    for (const wb__lease_use *u = lease->uses; u && n < MAX_RECORDS; u = u->next)
-        n++;
-    if (n == 0) {
-        pthread_mutex_unlock(&uses_mu);
-        return WB_OK;
-    }
-    beat->container_records = calloc(n, sizeof *beat->container_records);
-    int rc = beat->container_records ? WB_OK : WB_ENOMEM;
-    const wb__lease_use *u = lease->uses;
-    for (size_t i = 0; i < n && rc == WB_OK; i++, u = u->next) {
-        Wbproto__ContainerRecord *r = calloc(1, sizeof *r);
-        if (!r) {
-            rc = WB_ENOMEM;
-            break;
-        }
-        wbproto__container_record__init(r);
-        beat->container_records[beat->n_container_records++] = r;
-        r->container_id = u->rec->id;
-        r->aoti_api = strdup(u->rec->aoti_api);
-        r->model_path = strdup(u->rec->model_path ? u->rec->model_path : "");
-        r->pinned_async_copy = u->rec->pinned_async_copy != 0;
-        r->bound_bytes = u->bound_bytes;
-        r->bound_tensors = u->bound_tensors;
-        r->folded_bytes = u->rec->folded_bytes;
-        r->embedded_bytes = u->rec->embedded_bytes;
-        r->created_at = u->rec->created_at;
-        if (!r->aoti_api || !r->model_path)
-            rc = WB_ENOMEM;
-    }
-    pthread_mutex_unlock(&uses_mu);
-    if (rc != WB_OK)
-        wb__lease_beat_free(beat);
-    return rc;
 }

@@ -1,5 +1,7 @@
 #include "mapcache.h"
 
+#include "clog.h"
+
 #include "shm.h"
 
 #include <pthread.h>
@@ -138,8 +140,8 @@ static void cuda_close(wb__map *m)
         cudaSetDevice(m->open_device);
     cudaError_t ce = cudaIpcCloseMemHandle(m->dptr);
     if (ce != cudaSuccess)
-        fprintf(stderr, "wbclient: cudaIpcCloseMemHandle of a slab on device %d: %s\n", m->device,
-                cudaGetErrorString(ce));
+        wb__cwarn("cuda_ipc_close_failed", "device=%d error=\"%s\"", m->device,
+                  cudaGetErrorString(ce));
     if (cur >= 0 && cur != m->open_device)
         cudaSetDevice(cur);
 }

@@ -252,41 +252,54 @@ size_t wb__log_json_line(char *out, size_t size, const char *ts, const char *lev
     return b.len;
 }
 
+size_t wb__log_format_line(char *line, size_t size, const char *prog, wb_log_level level,
+                           const char *event, const char *fmt, va_list ap)
+{
+    if (size < 2)
+        return 0;
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    int lv = (int)level < 0 || level >= WB_LOG_OFF ? WB_LOG_ERROR : (int)level;
+    int n =
+        snprintf(line, size, "ts=%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ level=%s prog=%s event=%s",
+                 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                 ts.tv_nsec / 1000000, level_names[lv], prog ? prog : "wb", event);
+    if (n < 0) {
+        line[0] = '\0';
+        return 0;
+    }
+    size_t len = (size_t)n < size ? (size_t)n : size - 1;
+    if (fmt && fmt[0] && len < size - 2) {
+        line[len++] = ' ';
+        int m = vsnprintf(line + len, size - len, fmt, ap);
+        if (m > 0)
+            len += (size_t)m < size - len ? (size_t)m : size - len - 1;
+    }
+    line[len] = '\0';
+    return len;
+}
+
 void wb__log(wb_log_level level, const char *event, const char *fmt, ...)
 {
     if ((int)level < atomic_load(&log_level) || level >= WB_LOG_OFF)
         return;
 
+    /* Two bytes are kept for the newline and the NUL. */
     char line[4096];
-    struct timespec ts;
-    struct tm tm;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    gmtime_r(&ts.tv_sec, &tm);
-    int n = snprintf(line, sizeof line,
-                     "ts=%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ level=%s prog=%s event=%s",
-                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                     ts.tv_nsec / 1000000, level_names[level], log_prog, event);
-    if (n < 0)
-        return;
-    size_t len = (size_t)n < sizeof line ? (size_t)n : sizeof line - 1;
-    if (fmt && fmt[0] && len < sizeof line - 2) {
-        line[len++] = ' ';
-        va_list ap;
-        va_start(ap, fmt);
-        int m = vsnprintf(line + len, sizeof line - len, fmt, ap);
-        va_end(ap);
-        if (m > 0)
-            len += (size_t)m < sizeof line - len ? (size_t)m : sizeof line - len - 1;
-    }
-    if (len > sizeof line - 2)
-        len = sizeof line - 2;
+    va_list ap;
+    va_start(ap, fmt);
+    size_t len = wb__log_format_line(line, sizeof line - 1, log_prog, level, event, fmt, ap);
+    va_end(ap);
     if (atomic_load(&log_format) == WB_LOG_JSON) {
         /* The text line is built first, then parsed back: every call site
-         * keeps its key=value format string. */
-        line[len] = '\0';
+         * keeps its key=value format string. The timestamp is the text
+         * line's, so both formats agree. */
         char tsbuf[64];
-        snprintf(tsbuf, sizeof tsbuf, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900,
-                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
+        const char *sp = strchr(line, ' ');
+        snprintf(tsbuf, sizeof tsbuf, "%.*s", sp && sp - line > 3 ? (int)(sp - line - 3) : 0,
+                 line + 3);
         const char *kv = strstr(line, " event=");
         kv = kv ? kv + strlen(" event=") + strlen(event) : "";
         char json[8192];

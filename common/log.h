@@ -18,15 +18,10 @@
 #ifndef WB_LOG_H
 #define WB_LOG_H
 
-#include <stddef.h>
+#include "wb/log.h"
 
-typedef enum wb_log_level {
-    WB_LOG_DEBUG = 0,
-    WB_LOG_INFO = 1,
-    WB_LOG_WARN = 2,
-    WB_LOG_ERROR = 3,
-    WB_LOG_OFF = 4,
-} wb_log_level;
+#include <stdarg.h>
+#include <stddef.h>
 
 typedef enum wb_log_format {
     WB_LOG_TEXT = 0,
@@ -55,17 +50,31 @@ int wb__log_parse_format(const char *name);
 size_t wb__log_json_line(char *out, size_t size, const char *ts, const char *level,
                          const char *prog, const char *event, const char *kv);
 
-void wb__log(wb_log_level level, const char *event, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+/* Formats one text line, without its newline, into line (always
+ * NUL-terminated, truncated to fit): the fixed fields with `prog`, then the
+ * caller's key=value tail. Returns its length. The process logger below and
+ * libwbclient's log handler (which must not write to stderr) both use it. */
+size_t wb__log_format_line(char *line, size_t size, const char *prog, wb_log_level level,
+                           const char *event, const char *fmt, va_list ap);
 
 /* Writes s into buf as a log value: unchanged if it has no space, quote, '='
  * or control character, otherwise double-quoted with \" \\ and \xNN escapes.
  * Returns buf. The result is truncated to fit size. */
 const char *wb__log_quote(char *buf, size_t size, const char *s);
 
+/* libwbclient never writes on its host's stderr: its sources are compiled
+ * with WB_LIBRARY_CODE and log through wb__clog (client/clog.h) instead. */
+#ifndef WB_LIBRARY_CODE
+/* Writes one line on this process's stderr: for programs (the broker, wbctl),
+ * never for libwbclient, which logs through wb__clog (client/clog.h). */
+void wb__log(wb_log_level level, const char *event, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 #define wb_debug(ev, ...) wb__log(WB_LOG_DEBUG, ev, __VA_ARGS__)
 #define wb_info(ev, ...)  wb__log(WB_LOG_INFO, ev, __VA_ARGS__)
 #define wb_warn(ev, ...)  wb__log(WB_LOG_WARN, ev, __VA_ARGS__)
 #define wb_error(ev, ...) wb__log(WB_LOG_ERROR, ev, __VA_ARGS__)
+
+#endif
 
 #endif

@@ -625,6 +625,8 @@ int main(int argc, char **argv)
     if (rc)
         return rc;
     setvbuf(stdout, NULL, _IOLBF, 0);
+    /* The library's log lines (container_ready, ...) go to our stderr. */
+    wb_set_log_handler(wb_log_stderr, NULL);
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);

@@ -106,6 +106,8 @@ int main(int argc, char **argv)
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
+    /* A worker shows the library's log lines on its own stderr. */
+    wb_set_log_handler(wb_log_stderr, NULL);
     const char *model = NULL;
     const char *socket_path = NULL;
     double hold = -1;

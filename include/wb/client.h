@@ -7,12 +7,31 @@
  *
  * Conventions: every function returns WB_OK (0) or a negative wb_status
  * code; wb_client_errmsg() then says what was wrong. The library never
- * aborts or exits the process. A client and its leases may be used from
- * several threads: calls are serialised inside the client. */
+ * aborts or exits the process, and never writes to stderr unless asked (see
+ * "Logging" below).
+ *
+ * Threads. Every call on a client and its leases may run concurrently from
+ * several threads, with two exceptions, calls that end an object:
+ *   - wb_client_destroy: no other call on the client or its leases may run
+ *     or start meanwhile.
+ *   - wb_lease_release decides under the lease's lock, the lock that
+ *     container registrations (wb_lease_container_add/remove,
+ *     wb_container_create/destroy) change the lease's count under. While any
+ *     container is registered, including one whose wb_container_create is
+ *     still running, it returns WB_EBUSY and changes nothing, so it may race
+ *     with those calls freely. Once it has ended the lease (any other return),
+ *     the lease is gone: the caller must make sure that no other call on it
+ *     (accessors, verify, a new registration) runs or starts after that, as
+ *     with free(). Calls on the client's other leases are unaffected.
+ * Exchanges with the broker are serialised inside the client (one request
+ * at a time). wb_client_errmsg is per client: with several threads, the
+ * message may be another thread's; the status code returned is always the
+ * call's own. */
 #ifndef WB_CLIENT_H
 #define WB_CLIENT_H
 
 #include "wb/export.h"
+#include "wb/log.h"
 #include "wb/status.h"
 
 #include <stddef.h>
@@ -53,7 +72,9 @@ WB_EXPORT int wb_client_connect(const wb_client_options *opts, wb_client **out);
 /* Releases every lease without live containers (telling the broker when it
  * can), stops the heartbeat thread, closes the connection and sets *client
  * to NULL. Leases that still have live containers stay mapped (their memory
- * is never unmapped under a user) and are reported on stderr. NULL is fine. */
+ * is never unmapped under a user), each reported by a warning to the log
+ * handler (event client_destroy_busy_lease); wb_lease_release ends them
+ * later. NULL is fine. */
 WB_EXPORT void wb_client_destroy(wb_client **client);
 
 /* The detailed message of the last failed call on this client or its leases.
@@ -121,11 +142,42 @@ WB_EXPORT int wb_lease_find(const wb_lease *lease, const char *name, wb_tensor_v
 WB_EXPORT int wb_lease_verify(const wb_lease *lease, size_t *bad_index);
 
 /* Containers built on a lease. The AOTI binding registers each container it
- * builds; a lease with registered containers cannot be released (WB_EBUSY).
- * The count travels to the broker with each heartbeat. */
+ * builds, from the start of wb_container_create until wb_container_destroy;
+ * a lease with registered containers cannot be released (WB_EBUSY). The
+ * count travels to the broker with each heartbeat. These calls may run
+ * concurrently with each other, with wb_container_create/destroy on the same
+ * lease and with wb_lease_release (see "Threads" above). container_add that
+ * comes while a release is ending the lease returns WB_ESTATE (after the
+ * release has returned, the lease is gone); container_remove without a
+ * matching add returns WB_EINVAL. */
 WB_EXPORT int wb_lease_container_add(wb_lease *lease);
 WB_EXPORT int wb_lease_container_remove(wb_lease *lease);
 WB_EXPORT unsigned wb_lease_containers(const wb_lease *lease);
+
+/* Logging. libwbclient reports events (a container built, constants that
+ * could not be shared, a lease left mapped at destroy) as log lines; it
+ * writes nothing unless the host installs a handler, or sets the environment
+ * variable WB_CLIENT_LOG to a level name (debug, info, warn, error) before the
+ * first log line, which sends lines at that level and above to stderr.
+ *
+ * A line is one key=value record without newline, for example
+ *   ts=2026-11-30T07:31:02.123Z level=info prog=wbclient event=container_ready model=...
+ * valid only during the call. The handler may be called from any thread that
+ * calls into the library (and from its heartbeat thread), also concurrently:
+ * it must be thread-safe and must not block for long. Settings are
+ * process-wide, for every client. */
+typedef void (*wb_log_fn)(wb_log_level level, const char *line, void *userdata);
+
+/* Installs fn (NULL: no handler, nothing is logged) with its userdata; it
+ * replaces any handler, and $WB_CLIENT_LOG is then ignored. */
+WB_EXPORT void wb_set_log_handler(wb_log_fn fn, void *userdata);
+/* Lines below `level` are dropped before formatting. Default WB_LOG_INFO;
+ * WB_LOG_OFF drops all. */
+WB_EXPORT void wb_set_log_level(wb_log_level level);
+/* A ready-made handler: writes the line and a newline to stderr with one
+ * write(2). wb_set_log_handler(wb_log_stderr, NULL) shows on stderr what
+ * earlier versions printed there unasked (now in the key=value format). */
+WB_EXPORT void wb_log_stderr(wb_log_level level, const char *line, void *userdata);
 
 #ifdef __cplusplus
 }

@@ -11,9 +11,21 @@
  * directory in the options, and the library then loads libc10.so,
  * libtorch_cpu.so, libtorch_cuda.so and libtorch.so from there first.
  *
- * Lifetime: a container registers itself on every lease it binds; such a
- * lease cannot be released (wb_lease_release returns WB_EBUSY) until the
- * container is destroyed. Destroy containers before releasing their leases.
+ * Lifetime: a container registers itself on every lease it binds, from the
+ * start of wb_container_create (a failed creation unregisters before it
+ * returns) until wb_container_destroy; such a lease cannot be released
+ * (wb_lease_release returns WB_EBUSY). Destroy containers before releasing
+ * their leases.
+ *
+ * Threads: containers on the same leases may be created and destroyed from
+ * several threads at once, and concurrently with wb_lease_release on those
+ * leases (which then refuses with WB_EBUSY; see wb/client.h, "Threads"). The
+ * leases must not be released before a wb_container_create that names them
+ * has started. On one container, wb_container_destroy must not overlap any
+ * other call; libwbclient adds no lock around wb_container_run, so running
+ * one container from several threads at once is as safe as the model's
+ * runtime makes it (AOTInductor's container keeps opts.num_models instances
+ * for that).
  *
  * Streams: on CUDA, pass the stream to run on. Workers must not issue
  * synchronous copies (cudaMemcpy) or use the legacy default stream while

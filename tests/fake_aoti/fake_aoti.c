@@ -78,6 +78,16 @@ static long embedded_live;
 static long folded_live;
 static const char *last_error = "";
 
+/* A test may install a function that every container creation calls first,
+ * to hold a creation in progress while another thread acts (the tests open
+ * the library themselves, so they share its globals with the binding). */
+static void (*create_gate)(void);
+
+EXPORT void fake_aoti_set_create_gate(void (*fn)(void))
+{
+    create_gate = fn;
+}
+
 EXPORT int fake_aoti_live_tensors(void)
 {
     return live_tensors;
@@ -354,6 +364,8 @@ static int do_fold(fake_container *m, int buf)
 
 static fake_container *new_container(void)
 {
+    if (create_gate)
+        create_gate();
     fake_container *m = calloc(1, sizeof *m);
     if (!m) {
         failf("out of memory");

@@ -10,6 +10,7 @@
 
 #include "aoti_pkg.h"
 #include "client_impl.h"
+#include "lease.h"
 
 #include <check.h>
 #include <dirent.h>

@@ -6,6 +6,7 @@
 #include "wb/client.h"
 
 #include "client_impl.h"
+#include "fake_broker.h"
 #include "mapcache.h"
 #include "shm.h"
 #include "wire.h"
@@ -22,196 +23,56 @@
 #include <xxhash.h>
 #include <zmq.h>
 
-typedef struct fake {
-    char path[128];
-    void *ctx, *router;
-    pthread_t thread;
-    atomic_int stop;
-    uint64_t instance;
-    uint8_t lease_id[WB_LEASE_ID_LEN];
-    int granted;
-    atomic_int n_hello, n_heartbeat;
-    wb_shm *slab;
-} fake;
+/* The leases of this file's fake broker: one tensor "w" of 64 bytes. */
+static const fake_tensor tensors[1] = {{"w", "U8", 0, 64, 64}};
+
+typedef fake_broker fake;
 
 static char dir[64];
 static wb_shm slab;
 
 static int64_t now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return test_now_ms();
 }
 
 static void sleep_ms(int ms)
 {
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
+    test_sleep_ms(ms);
 }
 
-static void answer(fake *f, zmq_msg_t *ident, const Wbproto__Request *req)
-{
-    Wbproto__Reply rep = WBPROTO__REPLY__INIT;
-    rep.version = WB_PROTOCOL_VERSION;
-    rep.id = req->id;
-    Wbproto__HelloReply hello = WBPROTO__HELLO_REPLY__INIT;
-    Wbproto__AcquireReply acq = WBPROTO__ACQUIRE_REPLY__INIT;
-    Wbproto__Lease lease = WBPROTO__LEASE__INIT;
-    Wbproto__Slab s = WBPROTO__SLAB__INIT;
-    Wbproto__Slab *slabs[1] = {&s};
-    Wbproto__Tensor t = WBPROTO__TENSOR__INIT;
-    Wbproto__Tensor *tensors[1] = {&t};
-    uint64_t shape[1] = {64};
-    Wbproto__ReleaseReply rel = WBPROTO__RELEASE_REPLY__INIT;
-    Wbproto__HeartbeatReply hb = WBPROTO__HEARTBEAT_REPLY__INIT;
-    ProtobufCBinaryData unknown[8];
-
-    switch (req->body_case) {
-    case WBPROTO__REQUEST__BODY_HELLO:
-        atomic_fetch_add(&f->n_hello, 1);
-        hello.broker_version = "fake";
-        hello.broker_pid = (uint32_t)getpid(); /* the same pid across restarts */
-        hello.broker_instance = f->instance;
-        hello.backend = WBPROTO__BACKEND__BACKEND_HOST;
-        hello.heartbeat_interval_ms = 20;
-        hello.stale_after_ms = 100;
-        rep.body_case = WBPROTO__REPLY__BODY_HELLO;
-        rep.hello = &hello;
-        break;
-    case WBPROTO__REQUEST__BODY_ACQUIRE:
-        memset(f->lease_id, (int)(f->instance & 0xff), WB_LEASE_ID_LEN);
-        f->lease_id[15] = (uint8_t)++f->granted;
-        lease.id.data = f->lease_id;
-        lease.id.len = WB_LEASE_ID_LEN;
-        lease.model = "demo";
-        s.backend = WBPROTO__BACKEND__BACKEND_HOST;
-        s.device = -1;
-        s.size = f->slab->size;
-        s.shm_name = f->slab->name;
-        lease.n_slabs = 1;
-        lease.slabs = slabs;
-        t.name = "w";
-        t.dtype = "U8";
-        t.n_shape = 1;
-        t.shape = shape;
-        t.nbytes = 64;
-        t.xxh3 = XXH3_64bits(f->slab->addr, 64);
-        lease.n_tensors = 1;
-        lease.tensors = tensors;
-        acq.lease = &lease;
-        rep.body_case = WBPROTO__REPLY__BODY_ACQUIRE;
-        rep.acquire = &acq;
-        break;
-    case WBPROTO__REQUEST__BODY_RELEASE:
-        rel.model_state = WBPROTO__MODEL_STATE__MODEL_READY;
-        rep.body_case = WBPROTO__REPLY__BODY_RELEASE;
-        rep.release = &rel;
-        break;
-    case WBPROTO__REQUEST__BODY_HEARTBEAT:
-        atomic_fetch_add(&f->n_heartbeat, 1);
-        /* Only leases this instance granted are known. */
-        for (size_t i = 0; i < req->heartbeat->n_leases && hb.n_unknown_leases < 8; i++) {
-            const ProtobufCBinaryData *id = &req->heartbeat->leases[i]->lease_id;
-            if (id->data[0] != (uint8_t)(f->instance & 0xff))
-                unknown[hb.n_unknown_leases++] = *id;
-        }
-        hb.unknown_leases = unknown;
-        rep.body_case = WBPROTO__REPLY__BODY_HEARTBEAT;
-        rep.heartbeat = &hb;
-        break;
-    default:
-        rep.status = WB_ENOSYS;
-        rep.error = "not in this fake";
-        break;
-    }
-    size_t len;
-    uint8_t *buf = wb__reply_pack(&rep, &len);
-    zmq_msg_send(ident, f->router, ZMQ_SNDMORE);
-    zmq_send(f->router, buf, len, 0);
-    free(buf);
-}
-
-static void *fake_main(void *arg)
-{
-    fake *f = arg;
-    while (!atomic_load(&f->stop)) {
-        zmq_pollitem_t item = {.socket = f->router, .events = ZMQ_POLLIN};
-        if (zmq_poll(&item, 1, 10) <= 0)
-            continue;
-        zmq_msg_t ident, payload;
-        zmq_msg_init(&ident);
-        zmq_msg_init(&payload);
-        zmq_msg_recv(&ident, f->router, 0);
-        zmq_msg_recv(&payload, f->router, 0);
-        Wbproto__Request *req = NULL;
-        uint64_t id;
-        wb_err err;
-        if (wb__request_decode(zmq_msg_data(&payload), zmq_msg_size(&payload), &req, &id, &err) ==
-            WB_OK)
-            answer(f, &ident, req);
-        wb__request_free(&req);
-        zmq_msg_close(&ident);
-        zmq_msg_close(&payload);
-    }
-    return NULL;
-}
-
+/* A broker run with its own instance id on the same socket path, granting
+ * leases on the same slab. */
 static void fake_start(fake *f, uint64_t instance)
 {
-    memset(f, 0, sizeof *f);
-    snprintf(f->path, sizeof f->path, "%s/broker.sock", dir);
-    f->instance = instance;
-    f->slab = &slab;
-    f->ctx = zmq_ctx_new();
-    f->router = zmq_socket(f->ctx, ZMQ_ROUTER);
-    int linger = 0;
-    zmq_setsockopt(f->router, ZMQ_LINGER, &linger, sizeof linger);
-    char ep[160];
-    snprintf(ep, sizeof ep, "ipc://%s", f->path);
-    ck_assert_int_eq(zmq_bind(f->router, ep), 0);
-    ck_assert_int_eq(pthread_create(&f->thread, NULL, fake_main, f), 0);
+    char path[160];
+    snprintf(path, sizeof path, "%s/broker.sock", dir);
+    fake_broker_start(f, path, &slab, 20, instance, tensors, 1);
 }
 
 /* The broker dies: its socket closes and, as after a crash, nothing
  * listens on the path any more. */
 static void fake_stop(fake *f)
 {
-    atomic_store(&f->stop, 1);
-    pthread_join(f->thread, NULL);
-    zmq_close(f->router);
-    zmq_ctx_term(f->ctx);
-    unlink(f->path);
+    fake_broker_stop(f);
 }
 
 static void setup(void)
 {
     snprintf(dir, sizeof dir, "/tmp/wbtest-reconnect-XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(dir));
-    wb_err err;
-    ck_assert_int_eq(wb__shm_create(&slab, 4096, &err), WB_OK);
-    for (size_t i = 0; i < 4096; i++)
-        ((uint8_t *)slab.addr)[i] = (uint8_t)(i * 13 + 5);
+    fake_slab_create(&slab, 4096, 13, 5);
 }
 
 static void teardown(void)
 {
-    wb__shm_unlink(&slab);
-    wb__shm_unmap(&slab);
+    fake_slab_destroy(&slab);
     rmdir(dir);
 }
 
 static wb_client *connect_to(const char *path, int timeout_ms)
 {
-    wb_client_options o;
-    wb_client_options_init(&o);
-    o.socket_path = path;
-    o.timeout_ms = timeout_ms;
-    wb_client *c = NULL;
-    int rc = wb_client_connect(&o, &c);
-    ck_assert_msg(rc == WB_OK, "connect: %s", wb_client_errmsg(c));
-    return c;
+    return fake_connect(path, 0, timeout_ms);
 }
 
 static int wait_until(wb_client *c, int want_connected, int ms)

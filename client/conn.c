@@ -1,0 +1,150 @@
+/* libwbclient: the connection to the broker, under the client's lock: one
+ * exchange at a time, hello, and reconnection with backoff when the broker
+ * goes away. It knows nothing of leases; a broker restart is reported to the
+ * client's on_restart hook. */
+#include "client_impl.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MIN_HEARTBEAT_MS 10
+
+int wb__client_fail(wb_client *c, int code, const char *fmt, ...)
+{
+    if (c) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(c->err.msg, sizeof c->err.msg, fmt, ap);
+        va_end(ap);
+        c->err.code = code;
+    }
+    return code;
+}
+
+/* The connection failed: schedule the first reconnection attempt. The
+ * caller holds c->mu. */
+static void connection_lost(wb_client *c)
+{
+    if (atomic_exchange(&c->connected, 0) || c->backoff_ms == 0) {
+        c->backoff_ms = WB_RPC_RECONNECT_MIN_MS;
+        atomic_store(&c->next_reconnect_ms, wb__now_ms() + c->backoff_ms);
+    }
+}
+
+/* Says hello on the current socket and records what the broker said. A
+ * broker run other than the one that granted our leases is reported to the
+ * client's on_restart hook (which orphans the leases) and with 1 in
+ * *restarted. The caller holds c->mu. */
+static int hello_locked(wb_client *c, int *restarted, wb_err *err)
+{
+    *restarted = 0;
+    Wbproto__HelloRequest hello = WBPROTO__HELLO_REQUEST__INIT;
+    hello.client = c->hello_name;
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_HELLO;
+    req.hello = &hello;
+    Wbproto__Reply *rep = NULL;
+    wb_err e;
+    int rc = wb__rpc_call(&c->rpc, &req, 0, &rep, &e);
+    if (rc != WB_OK) {
+        if (!rep)
+            connection_lost(c);
+        wb__reply_free(&rep);
+        return wb__err_set(err, rc, "hello: %s", e.msg);
+    }
+    const Wbproto__HelloReply *h = rep->hello;
+    uint32_t pid = h ? h->broker_pid : 0;
+    uint64_t instance = h ? h->broker_instance : 0;
+    if (c->hello_done && (pid != c->broker_pid || instance != c->broker_instance)) {
+        *restarted = 1;
+        if (c->on_restart)
+            c->on_restart(c);
+    }
+    c->broker_pid = pid;
+    c->broker_instance = instance;
+    if (!c->hello_done) {
+        /* The first broker's timings are kept: the heartbeat thread reads
+         * them without the lock. */
+        c->heartbeat_ms = h && h->heartbeat_interval_ms ? h->heartbeat_interval_ms : 1000;
+        if (c->heartbeat_ms < MIN_HEARTBEAT_MS)
+            c->heartbeat_ms = MIN_HEARTBEAT_MS;
+        c->stale_ms = h ? h->stale_after_ms : 0;
+    }
+    c->hello_done = 1;
+    c->backoff_ms = 0;
+    atomic_store(&c->connected, 1);
+    wb__reply_free(&rep);
+    return WB_OK;
+}
+
+int wb__client_reconnect_locked(wb_client *c, int *restarted, wb_err *err)
+{
+    *restarted = 0;
+    atomic_fetch_add(&c->reconnect_attempts, 1);
+    int rc = wb__rpc_reopen(&c->rpc, err);
+    if (rc == WB_OK)
+        rc = hello_locked(c, restarted, err);
+    if (rc == WB_OK) {
+        atomic_fetch_add(&c->reconnects, 1);
+        return WB_OK;
+    }
+    atomic_store(&c->connected, 0);
+    uint32_t next = c->backoff_ms ? c->backoff_ms * 2 : WB_RPC_RECONNECT_MIN_MS;
+    c->backoff_ms = next > WB_RPC_RECONNECT_MAX_MS ? WB_RPC_RECONNECT_MAX_MS : next;
+    atomic_store(&c->next_reconnect_ms, wb__now_ms() + c->backoff_ms);
+    return rc;
+}
+
+int wb__client_call(wb_client *c, Wbproto__Request *req, int timeout_ms, Wbproto__Reply **out,
+                    wb_err *err)
+{
+    *out = NULL;
+    if (!atomic_load(&c->connected) && c->hello_done) {
+        /* A call made while disconnected tries at once, whatever the
+         * backoff: the application is waiting for this answer. */
+        int restarted;
+        int rc = wb__client_reconnect_locked(c, &restarted, err);
+        if (rc != WB_OK)
+            return rc;
+        if (restarted && req->body_case == WBPROTO__REQUEST__BODY_RELEASE)
+            return wb__err_set(err, WB_ECONN,
+                               "the broker restarted; the lease was granted by its previous run");
+    }
+    int rc = wb__rpc_call(&c->rpc, req, timeout_ms, out, err);
+    if (*out)
+        atomic_store(&c->connected, 1);
+    else
+        connection_lost(c);
+    return rc;
+}
+
+int wb__client_hello(wb_client *c, const char *name)
+{
+    if (name && name[0])
+        snprintf(c->hello_name, sizeof c->hello_name, "%s", name);
+    else
+        snprintf(c->hello_name, sizeof c->hello_name, "%s[%ld]", program_invocation_short_name,
+                 (long)getpid());
+    wb_err e;
+    int restarted;
+    int rc = hello_locked(c, &restarted, &e);
+    if (rc != WB_OK)
+        return wb__client_fail(c, rc, "%s", e.msg);
+    return WB_OK;
+}
+
+WB_EXPORT const char *wb_client_errmsg(const wb_client *client)
+{
+    if (!client)
+        return "no client (connect failed for lack of memory, or NULL was passed)";
+    return client->err.msg;
+}
+
+WB_EXPORT int wb_client_connected(const wb_client *client)
+{
+    return client ? atomic_load(&client->connected) : 0;
+}

@@ -1,0 +1,108 @@
+/* The insides of wb_lease: its tensor table, slab mappings and the
+ * containers registered on it. Modules: lease.c (acquire, release, the
+ * tensor table), lease_containers.c (container registrations, heartbeat
+ * records), verify.c (checksums). */
+#ifndef WB_LEASE_H
+#define WB_LEASE_H
+
+#include "wb/client.h"
+
+#include "err.h"
+#include "mapcache.h"
+#include "wire.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+typedef struct wb__tensor_entry {
+    char *name;
+    char *dtype;
+    uint32_t ndim;
+    uint64_t *shape;
+    const void *data;
+    uint64_t nbytes;
+    uint64_t xxh3;
+    int device;
+} wb__tensor_entry;
+
+/* What a container reports about itself with every heartbeat (see
+ * ContainerRecord in wb.proto). Owned by the container; a lease points to it
+ * while the container is attached. */
+typedef struct wb__container_rec {
+    uint64_t id;
+    char aoti_api[64];
+    int pinned_async_copy;
+    uint64_t folded_bytes;
+    uint64_t embedded_bytes;
+    double created_at;
+    const char *model_path;
+} wb__container_rec;
+
+/* One container's use of one lease: how much of the lease it binds. */
+typedef struct wb__lease_use {
+    struct wb__lease_use *next;
+    const wb__container_rec *rec;
+    int published; /* rec and the counts are complete: heartbeats report it */
+    uint64_t bound_bytes;
+    uint32_t bound_tensors;
+} wb__lease_use;
+
+struct wb_lease {
+    /* NULL once the client was destroyed while containers still used the
+     * lease: it then lives on, mapped, until released locally. */
+    wb_client *client;
+    struct wb_lease *prev, *next; /* the client's list, under client->mu */
+    uint8_t id[WB_LEASE_ID_BYTES];
+    char id_hex[2 * WB_LEASE_ID_BYTES + 1];
+    char *model;
+    size_t n_maps;
+    wb__map **maps; /* one reference per slab, in the broker's slab order */
+    size_t n_tensors;
+    wb__tensor_entry *tensors;
+    atomic_int orphaned;
+    /* The container state: one lock for the count, the records and the
+     * `ending` flag, so that wb_lease_release decides under the same lock
+     * that registrations change under (lease_containers.c). */
+    pthread_mutex_t mu;
+    unsigned containers; /* registrations: public adds plus attached containers */
+    wb__lease_use *uses; /* containers attached by the AOTI binding */
+    int ending;          /* release has begun: no new registration */
+};
+
+/* Sets up and frees the lease's lock and container state (lease_containers.c). */
+void wb__lease_containers_init(wb_lease *lease);
+void wb__lease_containers_free(wb_lease *lease);
+
+/* Tells the broker (unless `tell` is 0) and frees the lease: unlinks it from
+ * the client, drops its slab references. The caller holds client->mu when
+ * the lease has a client, and has made wb__lease_begin_end return 0. Returns what the broker said
+ * (0, its refusal, or WB_ECONN when it could not be told), with a message in err. */
+int wb__lease_end(wb_lease *lease, int tell, wb_err *err);
+
+/* Registers a container on a lease as its construction begins: it then
+ * counts as one of the lease's containers, so the lease cannot be released
+ * while the container reads it. `rec` must stay valid until
+ * wb__lease_detach; heartbeats report it only once published. WB_ESTATE when
+ * the lease's release has begun, WB_ENOMEM; a message in err. */
+int wb__lease_attach(wb_lease *lease, const wb__container_rec *rec, wb_err *err);
+/* The container is built: from now on heartbeats report its record with
+ * these counts. `rec` must have been attached. */
+void wb__lease_publish(wb_lease *lease, const wb__container_rec *rec, uint64_t bound_bytes,
+                       uint32_t bound_tensors);
+/* Undoes wb__lease_attach. */
+void wb__lease_detach(wb_lease *lease, const wb__container_rec *rec);
+
+/* Decides the end of a lease under its lock: 0 and no further registrations
+ * if no container is registered, else the number registered (nothing
+ * changes). */
+unsigned wb__lease_begin_end(wb_lease *lease);
+
+/* Fills beat->containers with the lease's registration count and
+ * beat->container_records with copies of the published records (at most the
+ * protocol's limit), both read under one lock. Free with
+ * wb__lease_beat_free. Returns WB_ENOMEM (and leaves no records, the count
+ * still set) when out of memory. */
+int wb__lease_fill_beat(wb_lease *lease, Wbproto__LeaseBeat *beat);
+void wb__lease_beat_free(Wbproto__LeaseBeat *beat);
+
+#endif

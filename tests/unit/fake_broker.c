@@ -1,0 +1,240 @@
+/* The FAKE broker of the client's unit tests (see fake_broker.h). */
+#include "fake_broker.h"
+
+#include <check.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+#include <zmq.h>
+
+int64_t test_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void test_sleep_ms(int ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+static uint8_t id_byte(const fake_broker *f)
+{
+    return f->instance ? (uint8_t)(f->instance & 0xff) : 0xab;
+}
+
+static void fill_lease(fake_broker *f, Wbproto__Lease *lease, Wbproto__Slab *slab,
+                       Wbproto__Slab **slabs, Wbproto__Tensor *t, Wbproto__Tensor **tensors,
+                       uint64_t *shape, uint8_t *id, uint8_t *handle, const char *model)
+{
+    memset(id, f->instance ? id_byte(f) : 0, WB_LEASE_ID_LEN);
+    id[0] = id_byte(f);
+    id[15] = ++f->next_id;
+    lease->id.data = id;
+    lease->id.len = WB_LEASE_ID_LEN;
+    lease->model = (char *)model;
+    slab->index = 0;
+    slab->size = f->slab->size;
+    if (atomic_load(&f->mode) == FAKE_CUDA) {
+        slab->backend = WBPROTO__BACKEND__BACKEND_CUDA;
+        slab->device = 0;
+        memset(handle, 0x11, 64);
+        slab->cuda_ipc_handle.data = handle;
+        slab->cuda_ipc_handle.len = 64;
+    } else {
+        slab->backend = WBPROTO__BACKEND__BACKEND_HOST;
+        slab->device = -1;
+        slab->shm_name = f->slab->name;
+    }
+    slabs[0] = slab;
+    lease->n_slabs = 1;
+    lease->slabs = slabs;
+    for (size_t i = 0; i < f->n_tensors; i++) {
+        const fake_tensor *ft = &f->tensors[i];
+        wbproto__tensor__init(&t[i]);
+        shape[i] = ft->dim;
+        t[i].name = (char *)ft->name;
+        t[i].dtype = (char *)ft->dtype;
+        t[i].n_shape = 1;
+        t[i].shape = &shape[i];
+        t[i].slab = 0;
+        t[i].offset = ft->offset;
+        t[i].nbytes = ft->nbytes;
+        t[i].xxh3 = XXH3_64bits((const uint8_t *)f->slab->addr + ft->offset, ft->nbytes);
+        tensors[i] = &t[i];
+    }
+    lease->n_tensors = f->n_tensors;
+    lease->tensors = tensors;
+}
+
+static void answer(fake_broker *f, zmq_msg_t *ident, const Wbproto__Request *req)
+{
+    Wbproto__Reply rep = WBPROTO__REPLY__INIT;
+    rep.version = WB_PROTOCOL_VERSION;
+    rep.id = req->id;
+    Wbproto__HelloReply hello = WBPROTO__HELLO_REPLY__INIT;
+    Wbproto__AcquireReply acq = WBPROTO__ACQUIRE_REPLY__INIT;
+    Wbproto__Lease lease = WBPROTO__LEASE__INIT;
+    Wbproto__Slab slab = WBPROTO__SLAB__INIT;
+    Wbproto__Slab *slabs[1];
+    Wbproto__Tensor t[FAKE_MAX_TENSORS];
+    Wbproto__Tensor *tensors[FAKE_MAX_TENSORS];
+    uint64_t shape[FAKE_MAX_TENSORS];
+    uint8_t id[WB_LEASE_ID_LEN], handle[64];
+    Wbproto__ReleaseReply rel = WBPROTO__RELEASE_REPLY__INIT;
+    Wbproto__HeartbeatReply hb = WBPROTO__HEARTBEAT_REPLY__INIT;
+    ProtobufCBinaryData unknown[16];
+
+    switch (req->body_case) {
+    case WBPROTO__REQUEST__BODY_HELLO:
+        atomic_fetch_add(&f->n_hello, 1);
+        hello.broker_version = "fake";
+        hello.broker_pid = (uint32_t)getpid(); /* the same pid across restarts */
+        hello.broker_instance = f->instance;
+        hello.backend = WBPROTO__BACKEND__BACKEND_HOST;
+        hello.heartbeat_interval_ms = f->heartbeat_ms;
+        hello.stale_after_ms = 5 * f->heartbeat_ms;
+        rep.body_case = WBPROTO__REPLY__BODY_HELLO;
+        rep.hello = &hello;
+        break;
+    case WBPROTO__REQUEST__BODY_ACQUIRE:
+        atomic_fetch_add(&f->n_acquire, 1);
+        if (strcmp(req->acquire->model, "demo") != 0) {
+            rep.status = WB_ENOTFOUND;
+            rep.error = "no model named 'nosuch'";
+            break;
+        }
+        fill_lease(f, &lease, &slab, slabs, t, tensors, shape, id, handle, req->acquire->model);
+        acq.lease = &lease;
+        rep.body_case = WBPROTO__REPLY__BODY_ACQUIRE;
+        rep.acquire = &acq;
+        break;
+    case WBPROTO__REQUEST__BODY_RELEASE:
+        atomic_fetch_add(&f->n_release, 1);
+        if (req->release->lease_id.len == WB_LEASE_ID_LEN)
+            memcpy(f->released_id, req->release->lease_id.data, WB_LEASE_ID_LEN);
+        rel.model_state = WBPROTO__MODEL_STATE__MODEL_READY;
+        rep.body_case = WBPROTO__REPLY__BODY_RELEASE;
+        rep.release = &rel;
+        break;
+    case WBPROTO__REQUEST__BODY_HEARTBEAT:
+        atomic_store(&f->last_beats, (int)req->heartbeat->n_leases);
+        if (req->heartbeat->n_leases > 0)
+            atomic_store(&f->last_containers, req->heartbeat->leases[0]->containers);
+        for (size_t i = 0; i < req->heartbeat->n_leases && hb.n_unknown_leases < 16; i++) {
+            const ProtobufCBinaryData *lid = &req->heartbeat->leases[i]->lease_id;
+            /* Only leases this instance granted are known. */
+            if (atomic_load(&f->forget) || (f->instance && lid->data[0] != id_byte(f)))
+                unknown[hb.n_unknown_leases++] = *lid;
+        }
+        hb.unknown_leases = hb.n_unknown_leases ? unknown : NULL;
+        rep.body_case = WBPROTO__REPLY__BODY_HEARTBEAT;
+        rep.heartbeat = &hb;
+        atomic_fetch_add(&f->n_heartbeat, 1);
+        break;
+    default:
+        rep.status = WB_ENOSYS;
+        rep.error = "the fake broker does not do that";
+        break;
+    }
+    size_t len;
+    uint8_t *buf = wb__reply_pack(&rep, &len);
+    ck_assert_ptr_nonnull(buf);
+    zmq_msg_send(ident, f->router, ZMQ_SNDMORE);
+    zmq_send(f->router, buf, len, 0);
+    free(buf);
+}
+
+static void *fake_main(void *arg)
+{
+    fake_broker *f = arg;
+    while (!atomic_load(&f->stop)) {
+        zmq_pollitem_t item = {.socket = f->router, .events = ZMQ_POLLIN};
+        if (zmq_poll(&item, 1, 10) <= 0)
+            continue;
+        zmq_msg_t ident, payload;
+        zmq_msg_init(&ident);
+        zmq_msg_init(&payload);
+        zmq_msg_recv(&ident, f->router, 0);
+        zmq_msg_recv(&payload, f->router, 0);
+        Wbproto__Request *req = NULL;
+        uint64_t id;
+        wb_err err;
+        int rc =
+            wb__request_decode(zmq_msg_data(&payload), zmq_msg_size(&payload), &req, &id, &err);
+        if (rc == WB_OK && atomic_load(&f->mode) != FAKE_SILENT) {
+            int delay = atomic_exchange(&f->delay_next_ms, 0);
+            if (delay > 0)
+                test_sleep_ms(delay);
+            answer(f, &ident, req);
+        }
+        wb__request_free(&req);
+        zmq_msg_close(&ident);
+        zmq_msg_close(&payload);
+    }
+    return NULL;
+}
+
+void fake_broker_start(fake_broker *f, const char *path, wb_shm *slab, uint32_t heartbeat_ms,
+                       uint64_t instance, const fake_tensor *tensors, size_t n_tensors)
+{
+    memset(f, 0, sizeof *f);
+    ck_assert_uint_le(n_tensors, FAKE_MAX_TENSORS);
+    snprintf(f->path, sizeof f->path, "%s", path);
+    f->heartbeat_ms = heartbeat_ms;
+    f->instance = instance;
+    f->slab = slab;
+    memcpy(f->tensors, tensors, n_tensors * sizeof *tensors);
+    f->n_tensors = n_tensors;
+    f->ctx = zmq_ctx_new();
+    f->router = zmq_socket(f->ctx, ZMQ_ROUTER);
+    int linger = 0;
+    zmq_setsockopt(f->router, ZMQ_LINGER, &linger, sizeof linger);
+    char ep[200];
+    snprintf(ep, sizeof ep, "ipc://%s", f->path);
+    ck_assert_int_eq(zmq_bind(f->router, ep), 0);
+    ck_assert_int_eq(pthread_create(&f->thread, NULL, fake_main, f), 0);
+}
+
+void fake_broker_stop(fake_broker *f)
+{
+    atomic_store(&f->stop, 1);
+    pthread_join(f->thread, NULL);
+    zmq_close(f->router);
+    zmq_ctx_term(f->ctx);
+    unlink(f->path);
+}
+
+void fake_slab_create(wb_shm *slab, size_t size, unsigned mul, unsigned add)
+{
+    wb_err err;
+    ck_assert_int_eq(wb__shm_create(slab, size, &err), WB_OK);
+    for (size_t i = 0; i < size; i++)
+        ((uint8_t *)slab->addr)[i] = (uint8_t)(i * mul + add);
+}
+
+void fake_slab_destroy(wb_shm *slab)
+{
+    wb__shm_unlink(slab);
+    wb__shm_unmap(slab);
+}
+
+wb_client *fake_connect(const char *path, int no_heartbeat_thread, int timeout_ms)
+{
+    wb_client_options o;
+    wb_client_options_init(&o);
+    o.socket_path = path;
+    o.no_heartbeat_thread = no_heartbeat_thread;
+    o.timeout_ms = timeout_ms;
+    wb_client *c = NULL;
+    int rc = wb_client_connect(&o, &c);
+    ck_assert_msg(rc == WB_OK, "connect: %s", wb_client_errmsg(c));
+    return c;
+}

@@ -1,0 +1,78 @@
+/* Test fixture shared by the client's unit tests: a FAKE broker, a thread
+ * answering the protocol on a ROUTER socket with canned replies (hello,
+ * acquire on one host slab, release, heartbeat), counting what it was asked.
+ * It tests the client's side of the protocol, not the broker. */
+#ifndef WB_TEST_FAKE_BROKER_H
+#define WB_TEST_FAKE_BROKER_H
+
+#include "wb/client.h"
+
+#include "shm.h"
+#include "wire.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+enum fake_mode {
+    FAKE_NORMAL,
+    FAKE_CUDA,   /* grant a lease on a cuda slab */
+    FAKE_SILENT, /* read requests, never answer */
+};
+
+/* One tensor of the leases the fake grants, on its slab. */
+typedef struct fake_tensor {
+    const char *name;
+    const char *dtype;
+    uint64_t offset;
+    uint64_t nbytes;
+    uint64_t dim; /* the one dimension */
+} fake_tensor;
+
+#define FAKE_MAX_TENSORS 8
+
+typedef struct fake_broker {
+    char path[160]; /* the socket */
+    void *ctx, *router;
+    pthread_t thread;
+    atomic_int stop;
+    uint32_t heartbeat_ms; /* told in hello; stale after 5 of them */
+    /* 0: every lease id starts with 0xab and every lease is known. Else the
+     * id starts with the low byte of `instance`, as does every lease this
+     * run knows: a new instance plays a restarted broker. */
+    uint64_t instance;
+    wb_shm *slab;
+    fake_tensor tensors[FAKE_MAX_TENSORS];
+    size_t n_tensors;
+
+    atomic_int mode;          /* enum fake_mode */
+    atomic_int delay_next_ms; /* delay the next answer by this much, once */
+    atomic_int forget;        /* heartbeats: report every lease as unknown */
+    atomic_int n_hello, n_acquire, n_release, n_heartbeat;
+    atomic_uint last_containers; /* of the first lease in the last heartbeat */
+    atomic_int last_beats;       /* leases in the last heartbeat */
+    uint8_t released_id[WB_LEASE_ID_LEN];
+    uint8_t next_id; /* the last byte of the next lease id, less one */
+} fake_broker;
+
+/* Starts the fake on socket `path`, granting leases on `slab` (which the
+ * caller owns) with the given tensors (at most FAKE_MAX_TENSORS) of model
+ * "demo"; any other model is refused with WB_ENOTFOUND. */
+void fake_broker_start(fake_broker *f, const char *path, wb_shm *slab, uint32_t heartbeat_ms,
+                       uint64_t instance, const fake_tensor *tensors, size_t n_tensors);
+
+/* Stops the thread and closes the socket; as after a crash, nothing listens
+ * on the path any more. The slab is left to the caller. */
+void fake_broker_stop(fake_broker *f);
+
+/* A host slab of `size` bytes, byte i = i * mul + add. */
+void fake_slab_create(wb_shm *slab, size_t size, unsigned mul, unsigned add);
+void fake_slab_destroy(wb_shm *slab);
+
+/* Connects a client to the fake and asserts that it worked. */
+wb_client *fake_connect(const char *path, int no_heartbeat_thread, int timeout_ms);
+
+int64_t test_now_ms(void);
+void test_sleep_ms(int ms);
+
+#endif
