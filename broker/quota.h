@@ -14,9 +14,10 @@
 #define WB_DEFAULT_MAX_MODELS            64
 #define WB_DEFAULT_MAX_TENSORS           1000000
 /* Container record bytes one client process may make the broker keep, over
- * all its leases: 256 KiB holds far more than a real worker reports (about
- * 200 bytes per container), and bounds what a hostile one costs. */
-#define WB_DEFAULT_MAX_RECORD_BYTES_PER_CLIENT (256u * 1024u)
+ * all its leases: 1 MiB holds a container on each of 1024 leases with
+ * paths of several hundred bytes (a record costs 64 bytes plus its
+ * strings), and bounds what a hostile client costs. */
+#define WB_DEFAULT_MAX_RECORD_BYTES_PER_CLIENT (1024u * 1024u)
 /* The smallest --max-message-bytes: room for any error reply and a small
  * lease. */
 #define WB_MIN_MESSAGE 4096
@@ -31,7 +32,7 @@ typedef struct wb_limits {
 } wb_limits;
 
 /* The defaults: 1024 leases per client, 64 models, 1,000,000 tensors,
- * WB_MAX_MESSAGE, WB_ST_MAX_HEADER, 256 KiB of container records per
+ * WB_MAX_MESSAGE, WB_ST_MAX_HEADER, 1 MiB of container records per
  * client. */
 void wb__limits_default(wb_limits *l);
 
