@@ -433,69 +433,66 @@ int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
     if (!json)
         table_add(&t, "ID", "MODEL", "PID", "PROCESS", "UID", "STATE", "CONTAINERS", "SHARED",
                   "SLABS", "BYTES", "AGE", "HEARTBEAT");
-    for (size_t i = 0, page = 0; page < pg.n; i++) {
+    for (size_t page = 0; page < pg.n; page++) {
         const Wbproto__ListLeasesReply *ll = pg.reps[page]->list_leases;
-        if (i >= ll->n_leases) {
-            page++;
-            i = (size_t)-1;
-            continue;
+        for (size_t i = 0; i < ll->n_leases; i++) {
+            const Wbproto__LeaseInfo *l = ll->leases[i];
+            char id[2 * WB_LEASE_ID_LEN + 1];
+            hex(&l->id, id, sizeof id);
+            double age = now - l->granted_at;
+            double since = now - l->last_heartbeat;
+            if (age < 0)
+                age = 0;
+            if (since < 0)
+                since = 0;
+            uint64_t shared_bytes = 0, shared_tensors = 0;
+            for (size_t k = 0; k < l->n_container_records; k++) {
+                shared_bytes += l->container_records[k]->bound_bytes;
+                shared_tensors += l->container_records[k]->bound_tensors;
+            }
+            if (json) {
+                json_t *o = json_object();
+                json_object_set_new(o, "id", json_string(id));
+                json_object_set_new(o, "model", jstr(l->model));
+                json_object_set_new(o, "pid", json_integer(l->pid));
+                json_object_set_new(o, "process", jstr(l->process_name));
+                json_object_set_new(o, "uid", json_integer(l->uid));
+                json_object_set_new(o, "gid", json_integer(l->gid));
+                json_object_set_new(o, "state", json_string(wb__lease_state_name(l->state)));
+                json_object_set_new(o, "containers", json_integer(l->containers));
+                json_object_set_new(o, "slabs", json_integer(l->slabs));
+                json_object_set_new(o, "bytes", json_integer((json_int_t)l->bytes));
+                json_object_set_new(o, "granted_at", json_real(l->granted_at));
+                json_object_set_new(o, "last_heartbeat", json_real(l->last_heartbeat));
+                json_object_set_new(o, "age_seconds", json_real(age));
+                json_t *recs = json_array();
+                for (size_t k = 0; k < l->n_container_records; k++)
+                    json_array_append_new(recs, record_json(l->container_records[k]));
+                json_object_set_new(o, "container_records", recs);
+                json_object_set_new(o, "container_records_total",
+                                    json_integer(l->container_records_total));
+                json_object_set_new(o, "shared_buffers", json_integer((json_int_t)shared_tensors));
+                json_object_set_new(o, "shared_bytes", json_integer((json_int_t)shared_bytes));
+                json_array_append_new(arr, o);
+                continue;
+            }
+            char pid[16], uid[16], containers[16], slabs[16], bytes[32], agebuf[32], hb[32];
+            char shared[64];
+            /* Bound by containers, counted once per container: two containers
+             * binding the same tensor share one buffer but count twice here. */
+            snprintf(shared, sizeof shared, "%llu (%llu B)", (unsigned long long)shared_tensors,
+                     (unsigned long long)shared_bytes);
+            snprintf(pid, sizeof pid, "%u", l->pid);
+            snprintf(uid, sizeof uid, "%u", l->uid);
+            snprintf(containers, sizeof containers, "%u", l->containers);
+            snprintf(slabs, sizeof slabs, "%u", l->slabs);
+            snprintf(bytes, sizeof bytes, "%llu", (unsigned long long)l->bytes);
+            fmt_age(agebuf, sizeof agebuf, age);
+            snprintf(hb, sizeof hb, "%.1fs ago", since);
+            id[8] = '\0';
+            table_add(&t, id, l->model, pid, l->process_name, uid, wb__lease_state_name(l->state),
+                      containers, shared, slabs, bytes, agebuf, hb);
         }
-        const Wbproto__LeaseInfo *l = ll->leases[i];
-        char id[2 * WB_LEASE_ID_LEN + 1];
-        hex(&l->id, id, sizeof id);
-        double age = now - l->granted_at;
-        double since = now - l->last_heartbeat;
-        if (age < 0)
-            age = 0;
-        if (since < 0)
-            since = 0;
-        uint64_t shared_bytes = 0, shared_tensors = 0;
-        for (size_t k = 0; k < l->n_container_records; k++) {
-            shared_bytes += l->container_records[k]->bound_bytes;
-            shared_tensors += l->container_records[k]->bound_tensors;
-        }
-        if (json) {
-            json_t *o = json_object();
-            json_object_set_new(o, "id", json_string(id));
-            json_object_set_new(o, "model", jstr(l->model));
-            json_object_set_new(o, "pid", json_integer(l->pid));
-            json_object_set_new(o, "process", jstr(l->process_name));
-            json_object_set_new(o, "uid", json_integer(l->uid));
-            json_object_set_new(o, "gid", json_integer(l->gid));
-            json_object_set_new(o, "state", json_string(wb__lease_state_name(l->state)));
-            json_object_set_new(o, "containers", json_integer(l->containers));
-            json_object_set_new(o, "slabs", json_integer(l->slabs));
-            json_object_set_new(o, "bytes", json_integer((json_int_t)l->bytes));
-            json_object_set_new(o, "granted_at", json_real(l->granted_at));
-            json_object_set_new(o, "last_heartbeat", json_real(l->last_heartbeat));
-            json_object_set_new(o, "age_seconds", json_real(age));
-            json_t *recs = json_array();
-            for (size_t k = 0; k < l->n_container_records; k++)
-                json_array_append_new(recs, record_json(l->container_records[k]));
-            json_object_set_new(o, "container_records", recs);
-            json_object_set_new(o, "container_records_total",
-                                json_integer(l->container_records_total));
-            json_object_set_new(o, "shared_buffers", json_integer((json_int_t)shared_tensors));
-            json_object_set_new(o, "shared_bytes", json_integer((json_int_t)shared_bytes));
-            json_array_append_new(arr, o);
-            continue;
-        }
-        char pid[16], uid[16], containers[16], slabs[16], bytes[32], agebuf[32], hb[32];
-        char shared[64];
-        /* Bound by containers, counted once per container: two containers
-         * binding the same tensor share one buffer but count twice here. */
-        snprintf(shared, sizeof shared, "%llu (%llu B)", (unsigned long long)shared_tensors,
-                 (unsigned long long)shared_bytes);
-        snprintf(pid, sizeof pid, "%u", l->pid);
-        snprintf(uid, sizeof uid, "%u", l->uid);
-        snprintf(containers, sizeof containers, "%u", l->containers);
-        snprintf(slabs, sizeof slabs, "%u", l->slabs);
-        snprintf(bytes, sizeof bytes, "%llu", (unsigned long long)l->bytes);
-        fmt_age(agebuf, sizeof agebuf, age);
-        snprintf(hb, sizeof hb, "%.1fs ago", since);
-        id[8] = '\0';
-        table_add(&t, id, l->model, pid, l->process_name, uid, wb__lease_state_name(l->state),
-                  containers, shared, slabs, bytes, agebuf, hb);
     }
     pages_free(&pg);
     if (json)
@@ -525,65 +522,65 @@ int wbctl_containers(const wbctl_globals *g, int argc, char **argv)
     if (!json)
         table_add(&t, "PID", "PROCESS", "ID", "API", "PINNED", "LEASES", "SHARED_BYTES",
                   "FOLDED_BYTES", "AGE", "MODEL");
-    for (size_t i = 0, page = 0; page < pg.n; i++) {
+    for (size_t page = 0; page < pg.n; page++) {
         const Wbproto__ListContainersReply *lc = pg.reps[page]->list_containers;
-        if (i >= lc->n_containers) {
-            page++;
-            i = (size_t)-1;
-            continue;
-        }
-        const Wbproto__ContainerInfo *c = lc->containers[i];
-        uint64_t shared = 0;
-        for (size_t k = 0; k < c->n_leases; k++)
-            shared += c->leases[k]->bound_bytes;
-        if (json) {
-            json_t *o = json_object();
-            json_object_set_new(o, "pid", json_integer(c->pid));
-            json_object_set_new(o, "process", jstr(c->process_name));
-            json_object_set_new(o, "container_id", json_integer((json_int_t)c->container_id));
-            json_object_set_new(o, "aoti_api", jstr(c->aoti_api));
-            json_object_set_new(o, "pinned_async_copy", json_boolean(c->pinned_async_copy));
-            json_object_set_new(o, "shared_bytes", json_integer((json_int_t)shared));
-            json_object_set_new(o, "folded_bytes", json_integer((json_int_t)c->folded_bytes));
-            json_object_set_new(o, "embedded_bytes", json_integer((json_int_t)c->embedded_bytes));
-            json_object_set_new(o, "created_at", json_real(c->created_at));
-            json_object_set_new(o, "model_path", jstr(c->model_path));
-            json_t *ls = json_array();
-            for (size_t k = 0; k < c->n_leases; k++) {
-                const Wbproto__ContainerLease *cl = c->leases[k];
-                char id[2 * WB_LEASE_ID_LEN + 1];
-                hex(&cl->lease_id, id, sizeof id);
-                json_t *lo = json_object();
-                json_object_set_new(lo, "lease_id", json_string(id));
-                json_object_set_new(lo, "model", jstr(cl->model));
-                json_object_set_new(lo, "bound_bytes", json_integer((json_int_t)cl->bound_bytes));
-                json_object_set_new(lo, "bound_tensors", json_integer(cl->bound_tensors));
-                json_array_append_new(ls, lo);
+        for (size_t i = 0; i < lc->n_containers; i++) {
+            const Wbproto__ContainerInfo *c = lc->containers[i];
+            uint64_t shared = 0;
+            for (size_t k = 0; k < c->n_leases; k++)
+                shared += c->leases[k]->bound_bytes;
+            if (json) {
+                json_t *o = json_object();
+                json_object_set_new(o, "pid", json_integer(c->pid));
+                json_object_set_new(o, "process", jstr(c->process_name));
+                json_object_set_new(o, "container_id", json_integer((json_int_t)c->container_id));
+                json_object_set_new(o, "aoti_api", jstr(c->aoti_api));
+                json_object_set_new(o, "pinned_async_copy", json_boolean(c->pinned_async_copy));
+                json_object_set_new(o, "shared_bytes", json_integer((json_int_t)shared));
+                json_object_set_new(o, "folded_bytes", json_integer((json_int_t)c->folded_bytes));
+                json_object_set_new(o, "embedded_bytes",
+                                    json_integer((json_int_t)c->embedded_bytes));
+                json_object_set_new(o, "created_at", json_real(c->created_at));
+                json_object_set_new(o, "model_path", jstr(c->model_path));
+                json_t *ls = json_array();
+                for (size_t k = 0; k < c->n_leases; k++) {
+                    const Wbproto__ContainerLease *cl = c->leases[k];
+                    char id[2 * WB_LEASE_ID_LEN + 1];
+                    hex(&cl->lease_id, id, sizeof id);
+                    json_t *lo = json_object();
+                    json_object_set_new(lo, "lease_id", json_string(id));
+                    json_object_set_new(lo, "model", jstr(cl->model));
+                    json_object_set_new(lo, "bound_bytes",
+                                        json_integer((json_int_t)cl->bound_bytes));
+                    json_object_set_new(lo, "bound_tensors", json_integer(cl->bound_tensors));
+                    json_array_append_new(ls, lo);
+                }
+                json_object_set_new(o, "leases", ls);
+                json_object_set_new(o, "leases_total", json_integer(c->leases_total));
+                json_array_append_new(arr, o);
+                continue;
             }
-            json_object_set_new(o, "leases", ls);
-            json_object_set_new(o, "leases_total", json_integer(c->leases_total));
-            json_array_append_new(arr, o);
-            continue;
+            char pid[16], id[24], leases[256] = "", shared_s[32], folded[32], agebuf[32];
+            snprintf(pid, sizeof pid, "%u", c->pid);
+            snprintf(id, sizeof id, "%llu", (unsigned long long)c->container_id);
+            size_t used = 0;
+            for (size_t k = 0; k < c->n_leases && used < sizeof leases; k++) {
+                int w = snprintf(leases + used, sizeof leases - used, "%s%s", k ? "," : "",
+                                 c->leases[k]->model);
+                if (w < 0)
+                    break;
+                used += (size_t)w;
+            }
+            snprintf(shared_s, sizeof shared_s, "%llu", (unsigned long long)shared);
+            snprintf(folded, sizeof folded, "%llu", (unsigned long long)c->folded_bytes);
+            fmt_age(agebuf, sizeof agebuf, now - c->created_at);
+            if (c->leases_total > c->n_leases && used < sizeof leases)
+                snprintf(leases + used, sizeof leases - used, ",+%u more",
+                         c->leases_total - (uint32_t)c->n_leases);
+            table_add(&t, pid, c->process_name, id, c->aoti_api,
+                      c->pinned_async_copy ? "on" : "off", leases, shared_s, folded, agebuf,
+                      c->model_path);
         }
-        char pid[16], id[24], leases[256] = "", shared_s[32], folded[32], agebuf[32];
-        snprintf(pid, sizeof pid, "%u", c->pid);
-        snprintf(id, sizeof id, "%llu", (unsigned long long)c->container_id);
-        size_t used = 0;
-        for (size_t k = 0; k < c->n_leases && used < sizeof leases; k++) {
-            int w = snprintf(leases + used, sizeof leases - used, "%s%s", k ? "," : "",
-                             c->leases[k]->model);
-            if (w < 0)
-                break;
-            used += (size_t)w;
-        }
-        snprintf(shared_s, sizeof shared_s, "%llu", (unsigned long long)shared);
-        snprintf(folded, sizeof folded, "%llu", (unsigned long long)c->folded_bytes);
-        fmt_age(agebuf, sizeof agebuf, now - c->created_at);
-        if (c->leases_total > c->n_leases && used < sizeof leases)
-            snprintf(leases + used, sizeof leases - used, ",+%u more",
-                     c->leases_total - (uint32_t)c->n_leases);
-        table_add(&t, pid, c->process_name, id, c->aoti_api, c->pinned_async_copy ? "on" : "off",
-                  leases, shared_s, folded, agebuf, c->model_path);
     }
     pages_free(&pg);
     if (json)
