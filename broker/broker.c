@@ -4,6 +4,8 @@
 #include "safetensors.h"
 #include "wire.h"
 
+#include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -80,10 +82,10 @@ int wb__broker_lease_ended(wb_broker *b, wb_model *m)
 static void on_reclaim(wb_lease_rec *l, void *arg)
 {
     wb_broker *b = arg;
-    char hex[9], q[300];
+    char hex[9], q[300], qc[80];
     wb_info("lease_reclaim", "reason=process_exit lease=%s model=%s pid=%u comm=%s",
             wb__lease_id_short(l->id, hex), wb__log_quote(q, sizeof q, l->model->name), l->pid,
-            l->comm);
+            wb__log_quote(qc, sizeof qc, l->comm));
     b->stats.leases_reclaimed++;
     /* Only count here: freeing a model waits until the lease table has
      * finished walking this pid's leases. */
@@ -104,13 +106,29 @@ size_t wb__broker_reclaim_pid(wb_broker *b, uint32_t pid)
     return n;
 }
 
+size_t wb__broker_check_peer(wb_broker *b, uint32_t pid)
+{
+    const wb_peer_rec *p = wb__leases_peer(&b->leases, pid);
+    if (!p || p->pidfd < 0)
+        return 0;
+    struct pollfd pfd = {.fd = p->pidfd, .events = POLLIN};
+    int r;
+    do {
+        r = poll(&pfd, 1, 0);
+    } while (r < 0 && errno == EINTR);
+    if (r <= 0)
+        return 0;
+    wb_info("peer_exited", "pid=%u reason=before_request leases=%u", pid, p->leases);
+    return wb__broker_reclaim_pid(b, pid);
+}
+
 static void on_stale(wb_lease_rec *l, void *arg)
 {
     wb_broker *b = arg;
-    char hex[9], q[300];
+    char hex[9], q[300], qc[80];
     wb_warn("lease_stale", "lease=%s model=%s pid=%u comm=%s silent_ms=%lld",
             wb__lease_id_short(l->id, hex), wb__log_quote(q, sizeof q, l->model->name), l->pid,
-            l->comm, (long long)(b->now_ms() - l->last_beat_ms));
+            wb__log_quote(qc, sizeof qc, l->comm), (long long)(b->now_ms() - l->last_beat_ms));
 }
 
 size_t wb__broker_scan_stale(wb_broker *b)

@@ -101,6 +101,12 @@ void wb__broker_free_model(wb_broker *b, wb_model *m);
 /* Reclaims every lease of a process proven dead. Returns how many. */
 size_t wb__broker_reclaim_pid(wb_broker *b, uint32_t pid);
 
+/* Before acting for a request from `pid`: when the process the broker
+ * knows as `pid` has exited (a zero-timeout poll of its pidfd), its leases
+ * are reclaimed now, so that a new process reusing the pid holds none of
+ * them. Returns how many were reclaimed. */
+size_t wb__broker_check_peer(wb_broker *b, uint32_t pid);
+
 /* Marks leases stale whose heartbeats stopped. Returns how many changed. */
 size_t wb__broker_scan_stale(wb_broker *b);
 

@@ -17,8 +17,7 @@ void wb__leases_init(wb_lease_table *t)
 
 static void lease_rec_free(wb_lease_rec *l)
 {
-    if (l->ext_free)
-        l->ext_free(l->ext);
+    free(l->records);
     free(l);
 }
 
@@ -78,19 +77,32 @@ wb_lease_rec *wb__leases_find(const wb_lease_table *t, const uint8_t *id)
     return found ? t->leases[pos] : NULL;
 }
 
-static size_t peer_index(const wb_lease_table *t, uint32_t pid)
+/* Binary search over the peers (sorted by pid): the index of pid, or where
+ * it would be inserted. */
+static size_t peer_pos(const wb_lease_table *t, uint32_t pid, int *found)
 {
-    for (size_t i = 0; i < t->n_peers; i++) {
-        if (t->peers[i]->pid == pid)
-            return i;
+    size_t lo = 0, hi = t->n_peers;
+    *found = 0;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        uint32_t p = t->peers[mid]->pid;
+        if (p == pid) {
+            *found = 1;
+            return mid;
+        }
+        if (p < pid)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
-    return t->n_peers;
+    return lo;
 }
 
 wb_peer_rec *wb__leases_peer(const wb_lease_table *t, uint32_t pid)
 {
-    size_t i = peer_index(t, pid);
-    return i < t->n_peers ? t->peers[i] : NULL;
+    int found;
+    size_t i = peer_pos(t, pid, &found);
+    return found ? t->peers[i] : NULL;
 }
 
 static int grow(void **arr, size_t *cap, size_t need, size_t elem)
@@ -110,19 +122,22 @@ static int grow(void **arr, size_t *cap, size_t need, size_t elem)
 
 /* Drops one lease from a pid's count; the last one closes the pidfd and
  * forgets the peer. */
-static void peer_put(wb_lease_table *t, uint32_t pid)
+static void peer_put(wb_lease_table *t, uint32_t pid, uint64_t record_bytes)
 {
-    size_t i = peer_index(t, pid);
-    if (i == t->n_peers)
+    int found;
+    size_t i = peer_pos(t, pid, &found);
+    if (!found)
         return;
     wb_peer_rec *p = t->peers[i];
+    p->record_bytes -= record_bytes < p->record_bytes ? record_bytes : p->record_bytes;
     if (p->leases > 0)
         p->leases--;
     if (p->leases == 0) {
         if (p->pidfd >= 0)
             close(p->pidfd);
         free(p);
-        t->peers[i] = t->peers[--t->n_peers];
+        memmove(t->peers + i, t->peers + i + 1, (t->n_peers - i - 1) * sizeof *t->peers);
+        t->n_peers--;
     }
 }
 
@@ -165,7 +180,9 @@ int wb__leases_grant(wb_lease_table *t, struct wb_model *model, const wb_peer_cr
         pos = lease_pos(t, l->id, &found);
     } while (found);
 
-    wb_peer_rec *p = wb__leases_peer(t, c->pid);
+    int pfound;
+    size_t ppos = peer_pos(t, c->pid, &pfound);
+    wb_peer_rec *p = pfound ? t->peers[ppos] : NULL;
     if (!p) {
         p = calloc(1, sizeof *p);
         if (!p) {
@@ -186,7 +203,9 @@ int wb__leases_grant(wb_lease_table *t, struct wb_model *model, const wb_peer_cr
         }
         p->pid = c->pid;
         p->pidfd = fd;
-        t->peers[t->n_peers++] = p;
+        memmove(t->peers + ppos + 1, t->peers + ppos, (t->n_peers - ppos) * sizeof *t->peers);
+        t->peers[ppos] = p;
+        t->n_peers++;
     }
     p->leases++;
 
@@ -214,32 +233,56 @@ void wb__leases_remove(wb_lease_table *t, wb_lease_rec *lease)
         return;
     memmove(t->leases + pos, t->leases + pos + 1, (t->n_leases - pos - 1) * sizeof *t->leases);
     t->n_leases--;
-    peer_put(t, lease->pid);
+    peer_put(t, lease->pid, lease->record_bytes);
     lease_rec_free(lease);
 }
 
-int wb__leases_release(wb_lease_table *t, uint32_t pid, const uint8_t *id, struct wb_model **model,
-                       wb_err *err)
+int wb__lease_held_by(const wb_lease_rec *l, const wb_peer_creds *c)
+{
+    return l && c && c->known && l->pid == c->pid && l->uid == c->uid;
+}
+
+int wb__leases_release(wb_lease_table *t, const wb_peer_creds *c, const uint8_t *id,
+                       struct wb_model **model, wb_err *err)
 {
     char hex[9];
     *model = NULL;
     wb_lease_rec *l = wb__leases_find(t, id);
     if (!l)
         return wb__err_set(err, WB_ENOTFOUND, "no lease %s", wb__lease_id_short(id, hex));
-    if (l->pid != pid)
+    if (!c || l->pid != c->pid)
         return wb__err_set(err, WB_EPERM, "lease %s belongs to pid %u", wb__lease_id_short(id, hex),
                            l->pid);
+    /* Same pid, another uid: the holder changed identity (a set-user-ID
+     * exec), or this is not the process that acquired the lease. */
+    if (l->uid != c->uid)
+        return wb__err_set(err, WB_EPERM, "lease %s belongs to pid %u (uid %u)",
+                           wb__lease_id_short(id, hex), l->pid, l->uid);
     *model = l->model;
     wb__leases_remove(t, l);
     return WB_OK;
 }
 
-int wb__leases_heartbeat(wb_lease_table *t, uint32_t pid, const uint8_t *id, uint32_t containers,
-                         int64_t now_ms, double now_wall, int *revived)
+void wb__leases_set_records(wb_lease_table *t, wb_lease_rec *l, wb_container_rec *records,
+                            uint32_t n, uint64_t bytes)
+{
+    wb_peer_rec *p = wb__leases_peer(t, l->pid);
+    if (p) {
+        p->record_bytes -= l->record_bytes < p->record_bytes ? l->record_bytes : p->record_bytes;
+        p->record_bytes += bytes;
+    }
+    free(l->records);
+    l->records = records;
+    l->n_records = records ? n : 0;
+    l->record_bytes = records ? bytes : 0;
+}
+
+int wb__leases_heartbeat(wb_lease_table *t, const wb_peer_creds *c, const uint8_t *id,
+                         uint32_t containers, int64_t now_ms, double now_wall, int *revived)
 {
     *revived = 0;
     wb_lease_rec *l = wb__leases_find(t, id);
-    if (!l || l->pid != pid)
+    if (!wb__lease_held_by(l, c))
         return WB_ENOTFOUND;
     l->last_beat_ms = now_ms;
     l->last_heartbeat = now_wall;
@@ -268,19 +311,22 @@ size_t wb__leases_mark_stale(wb_lease_table *t, int64_t now_ms, int64_t stale_ms
 
 size_t wb__leases_reclaim_pid(wb_lease_table *t, uint32_t pid, wb_lease_cb cb, void *ctx)
 {
-    size_t n = 0;
-    size_t i = 0;
-    while (i < t->n_leases) {
+    /* One pass that keeps the other leases in order: removing them one by
+     * one would move the array once per lease. */
+    size_t n = 0, kept = 0;
+    for (size_t i = 0; i < t->n_leases; i++) {
         wb_lease_rec *l = t->leases[i];
         if (l->pid != pid) {
-            i++;
+            t->leases[kept++] = l;
             continue;
         }
         if (cb)
             cb(l, ctx);
-        wb__leases_remove(t, l);
+        peer_put(t, l->pid, l->record_bytes);
+        lease_rec_free(l);
         n++;
     }
+    t->n_leases = kept;
     return n;
 }
 

@@ -2,9 +2,14 @@
  *
  * Pure bookkeeping: no sockets, no clocks of its own (callers pass the time,
  * so tests can move it), no knowledge of what a model is. Leases are kept in
- * an array sorted by their 16-byte random id; per-pid peer records hold the
- * pidfd that proves the holder's death and the number of leases the pid
- * holds (the pidfd is closed when that number drops to zero). */
+ * an array sorted by their 16-byte random id; per-pid peer records (sorted
+ * by pid) hold the pidfd that proves the holder's death, the number of
+ * leases the pid holds (the pidfd is closed when that number drops to zero)
+ * and the bytes of container records its leases keep.
+ *
+ * A lease belongs to the process that acquired it: the same pid, the same
+ * uid, and the process the peer record's pidfd watches (the broker reclaims
+ * a pid's leases before acting for a new process that reuses the pid). */
 #ifndef WB_BROKER_LEASES_H
 #define WB_BROKER_LEASES_H
 
@@ -21,7 +26,22 @@ typedef struct wb_peer_rec {
     uint32_t pid;
     int pidfd;
     uint32_t leases;
+    uint64_t record_bytes; /* container records kept for its leases */
 } wb_peer_rec;
+
+/* A container record as the broker keeps it, from the last heartbeat. The
+ * strings live in the same allocation as the array. */
+typedef struct wb_container_rec {
+    uint64_t id;
+    uint64_t bound_bytes;
+    uint64_t folded_bytes;
+    uint64_t embedded_bytes;
+    double created_at;
+    uint32_t bound_tensors;
+    int pinned_async_copy;
+    const char *aoti_api;
+    const char *model_path;
+} wb_container_rec;
 
 typedef struct wb_lease_rec {
     uint8_t id[WB_LEASE_ID_LEN];
@@ -35,10 +55,11 @@ typedef struct wb_lease_rec {
     double granted_at;     /* Unix seconds */
     double last_heartbeat; /* Unix seconds; the grant time until the first heartbeat */
     int64_t last_beat_ms;  /* monotonic milliseconds of the grant or last heartbeat */
-    /* Data the request handlers attach to a lease (the container records of
-     * its last heartbeat); freed with the record by ext_free when set. */
-    void *ext;
-    void (*ext_free)(void *ext);
+    /* The container records of the last heartbeat: one allocation of
+     * record_bytes bytes (counted in the peer's record_bytes), or NULL. */
+    wb_container_rec *records;
+    uint32_t n_records;
+    uint64_t record_bytes;
 } wb_lease_rec;
 
 /* Opens the pidfd of a new peer; returns a descriptor or a negative WB_E*. */
@@ -69,20 +90,30 @@ int wb__leases_grant(wb_lease_table *t, struct wb_model *model, const wb_peer_cr
 /* Looks a lease up by id; NULL if absent. */
 wb_lease_rec *wb__leases_find(const wb_lease_table *t, const uint8_t *id);
 
-/* Removes a lease held by `pid`. WB_ENOTFOUND "no lease <8 hex>" for an
- * unknown id, WB_EPERM "lease <8 hex> belongs to pid N" for another pid's
- * lease. On success *model is the model the lease was on. */
-int wb__leases_release(wb_lease_table *t, uint32_t pid, const uint8_t *id, struct wb_model **model,
-                       wb_err *err);
+/* Removes a lease held by the peer `c` (same pid and uid). WB_ENOTFOUND
+ * "no lease <8 hex>" for an unknown id, WB_EPERM "lease <8 hex> belongs to
+ * pid N" for another pid's lease, "... belongs to pid N (uid U)" when only
+ * the uid differs. On success *model is the model the lease was on. */
+int wb__leases_release(wb_lease_table *t, const wb_peer_creds *c, const uint8_t *id,
+                       struct wb_model **model, wb_err *err);
+
+/* Whether the peer `c` holds lease `l` (same pid and uid). */
+int wb__lease_held_by(const wb_lease_rec *l, const wb_peer_creds *c);
+
+/* Replaces the container records of a lease with `records` (n of them, one
+ * allocation of `bytes` bytes that the table takes over; NULL for none) and
+ * moves the holder's record_bytes accordingly. */
+void wb__leases_set_records(wb_lease_table *t, wb_lease_rec *l, wb_container_rec *records,
+                            uint32_t n, uint64_t bytes);
 
 /* Removes a lease record, whoever holds it, and frees it. */
 void wb__leases_remove(wb_lease_table *t, wb_lease_rec *lease);
 
-/* Records a heartbeat from `pid` for lease `id`. Returns WB_OK, or
- * WB_ENOTFOUND when the id is unknown or held by another pid. *revived is
- * set to 1 when the lease was stale and is active again. */
-int wb__leases_heartbeat(wb_lease_table *t, uint32_t pid, const uint8_t *id, uint32_t containers,
-                         int64_t now_ms, double now_wall, int *revived);
+/* Records a heartbeat from the peer `c` for lease `id`. Returns WB_OK, or
+ * WB_ENOTFOUND when the id is unknown or held by another process (pid or
+ * uid). *revived is set to 1 when the lease was stale and is active again. */
+int wb__leases_heartbeat(wb_lease_table *t, const wb_peer_creds *c, const uint8_t *id,
+                         uint32_t containers, int64_t now_ms, double now_wall, int *revived);
 
 typedef void (*wb_lease_cb)(wb_lease_rec *lease, void *ctx);
 
@@ -92,10 +123,10 @@ size_t wb__leases_mark_stale(wb_lease_table *t, int64_t now_ms, int64_t stale_ms
                              void *ctx);
 
 /* Removes every lease of `pid` (its death was proven), calling cb before each
- * record is freed. Returns the number removed. */
+ * record is freed. Returns the number removed. One pass over the table. */
 size_t wb__leases_reclaim_pid(wb_lease_table *t, uint32_t pid, wb_lease_cb cb, void *ctx);
 
-/* The peer record of a pid; NULL if it holds no lease. */
+/* The peer record of a pid (binary search); NULL if it holds no lease. */
 wb_peer_rec *wb__leases_peer(const wb_lease_table *t, uint32_t pid);
 
 /* Number of leases in a state (WBPROTO__LEASE_STATE__*). */

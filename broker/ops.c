@@ -248,13 +248,13 @@ static int op_release(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Re
         snprintf(comm, sizeof comm, "%s", l->comm);
     wb_model *m;
     wb_err err;
-    int rc = wb__leases_release(&b->leases, peer->pid, id, &m, &err);
+    int rc = wb__leases_release(&b->leases, peer, id, &m, &err);
     if (rc != WB_OK)
         return fail(rep, a, rc, "%s", err.msg);
     b->stats.leases_released++;
-    char hex[9], q[300];
+    char hex[9], q[300], qc[80];
     wb_info("lease_release", "lease=%s model=%s pid=%u comm=%s", wb__lease_id_short(id, hex),
-            wb__log_quote(q, sizeof q, m->name), peer->pid, comm);
+            wb__log_quote(q, sizeof q, m->name), peer->pid, wb__log_quote(qc, sizeof qc, comm));
     wbproto__release_reply__init(rr);
     rr->model_state = wb__broker_lease_ended(b, m);
     rep->body_case = WBPROTO__REPLY__BODY_RELEASE;
@@ -263,85 +263,168 @@ static int op_release(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Re
 }
 
 /* Container records travel with heartbeats. The broker keeps the last ones
- * of each lease packed (one buffer, attached to the lease record) and
- * unpacks them into the reply's arena when listing. */
-typedef struct packed_records {
-    size_t len;
-    uint8_t data[];
-} packed_records;
-
-static void store_container_records(wb_lease_rec *l, const Wbproto__LeaseBeat *beat)
+ * of each lease in one allocation (strings after the array), counted in the
+ * holder's record quota. */
+static size_t records_size(const Wbproto__LeaseBeat *beat)
 {
-    if (l->ext_free)
-        l->ext_free(l->ext);
-    l->ext = NULL;
-    l->ext_free = NULL;
-    if (beat->n_container_records == 0)
-        return;
-    Wbproto__LeaseBeat only = WBPROTO__LEASE_BEAT__INIT;
-    only.n_container_records = beat->n_container_records;
-    only.container_records = beat->container_records;
-    size_t n = wbproto__lease_beat__get_packed_size(&only);
-    packed_records *p = malloc(sizeof *p + n);
-    if (!p) {
-        wb_warn("container_records_dropped", "reason=out_of_memory pid=%u", l->pid);
-        return;
+    size_t n = beat->n_container_records * sizeof(wb_container_rec);
+    for (size_t k = 0; k < beat->n_container_records; k++) {
+        const Wbproto__ContainerRecord *r = beat->container_records[k];
+        n += strlen(r->aoti_api) + 1 + strlen(r->model_path ? r->model_path : "") + 1;
     }
-    p->len = wbproto__lease_beat__pack(&only, p->data);
-    l->ext = p;
-    l->ext_free = free;
+    return n;
 }
 
-static void *arena_pb_alloc(void *data, size_t n)
+/* Copies the beat's records (already validated) into one allocation of
+ * `size` bytes; NULL when there are none or memory is short. */
+static wb_container_rec *records_copy(const Wbproto__LeaseBeat *beat, size_t size)
 {
-    return wb__arena_alloc(data, n);
-}
-
-static void arena_pb_free(void *data, void *ptr)
-{
-    (void)data;
-    (void)ptr;
-}
-
-/* The lease's container records, allocated in the arena; NULL when none. */
-static const Wbproto__LeaseBeat *container_records(const wb_lease_rec *l, wb_arena *a)
-{
-    const packed_records *p = l->ext_free == free ? l->ext : NULL;
-    if (!p)
+    size_t n = beat->n_container_records;
+    if (n == 0)
         return NULL;
-    ProtobufCAllocator alloc = {arena_pb_alloc, arena_pb_free, a};
-    return wbproto__lease_beat__unpack(&alloc, p->len, p->data);
+    wb_container_rec *recs = malloc(size);
+    if (!recs)
+        return NULL;
+    char *str = (char *)(recs + n);
+    for (size_t k = 0; k < n; k++) {
+        const Wbproto__ContainerRecord *r = beat->container_records[k];
+        wb_container_rec *c = &recs[k];
+        c->id = r->container_id;
+        c->bound_bytes = r->bound_bytes;
+        c->folded_bytes = r->folded_bytes;
+        c->embedded_bytes = r->embedded_bytes;
+        c->created_at = r->created_at;
+        c->bound_tensors = r->bound_tensors;
+        c->pinned_async_copy = r->pinned_async_copy != 0;
+        const char *path = r->model_path ? r->model_path : "";
+        size_t la = strlen(r->aoti_api) + 1, lp = strlen(path) + 1;
+        memcpy(str, r->aoti_api, la);
+        c->aoti_api = str;
+        str += la;
+        memcpy(str, path, lp);
+        c->model_path = str;
+        str += lp;
+    }
+    return recs;
 }
 
+/* What the lease table cannot judge alone: within one lease, container ids
+ * are unique and there are no more records than the containers the client
+ * reports. The wire decoder has checked counts and string sizes. */
+static int check_beat_records(const Wbproto__LeaseBeat *beat, size_t i, const wb_lease_rec *l,
+                              wb_err *err)
+{
+    char hex[9];
+    size_t n = beat->n_container_records;
+    if (n > beat->containers)
+        return wb__err_set(err, WB_EPROTO,
+                           "heartbeat.leases[%zu].container_records has %zu records but the "
+                           "lease %s reports %u containers",
+                           i, n, wb__lease_id_short(l->id, hex), beat->containers);
+    /* At most WB_MAX_CONTAINER_RECORDS: pairs are cheap. */
+    for (size_t k = 1; k < n; k++) {
+        for (size_t j = 0; j < k; j++) {
+            if (beat->container_records[j]->container_id ==
+                beat->container_records[k]->container_id)
+                return wb__err_set(err, WB_EPROTO,
+                                   "heartbeat.leases[%zu].container_records[%zu].container_id "
+                                   "%llu repeats records[%zu] on lease %s",
+                                   i, k,
+                                   (unsigned long long)beat->container_records[k]->container_id, j,
+                                   wb__lease_id_short(l->id, hex));
+        }
+    }
+    return WB_OK;
+}
+
+typedef struct beat_plan {
+    wb_lease_rec *lease; /* NULL: unknown to this peer */
+    size_t size;         /* bytes its new records take */
+} beat_plan;
+
+static int cmp_plan_lease(const void *x, const void *y)
+{
+    const beat_plan *a = *(const beat_plan *const *)x, *b = *(const beat_plan *const *)y;
+    uintptr_t pa = (uintptr_t)a->lease, pb = (uintptr_t)b->lease;
+    return pa < pb ? -1 : pa > pb;
+}
+
+/* A heartbeat is checked whole before anything is applied: a bad one
+ * changes nothing (no liveness, no records). */
 static int op_heartbeat(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request *req,
                         wb_arena *a, Wbproto__Reply *rep)
 {
     const Wbproto__HeartbeatRequest *hb = req->heartbeat;
+    size_t nb = hb->n_leases;
     Wbproto__HeartbeatReply *hr = wb__arena_alloc(a, sizeof *hr);
-    ProtobufCBinaryData *unknown =
-        wb__arena_alloc(a, (hb->n_leases ? hb->n_leases : 1) * sizeof *unknown);
-    if (!hr || !unknown)
+    ProtobufCBinaryData *unknown = wb__arena_alloc(a, (nb ? nb : 1) * sizeof *unknown);
+    beat_plan *plan = wb__arena_alloc(a, (nb ? nb : 1) * sizeof *plan);
+    beat_plan **known = wb__arena_alloc(a, (nb ? nb : 1) * sizeof *known);
+    if (!hr || !unknown || !plan || !known)
         return oom(rep, a);
     wbproto__heartbeat_reply__init(hr);
+    size_t n_known = 0;
+    wb_err err;
+    char hex[9];
+    for (size_t i = 0; i < nb; i++) {
+        const Wbproto__LeaseBeat *beat = hb->leases[i];
+        wb_lease_rec *l = wb__leases_find(&b->leases, beat->lease_id.data);
+        if (!wb__lease_held_by(l, peer))
+            continue;
+        if (check_beat_records(beat, i, l, &err) != WB_OK) {
+            wb_warn("bad_heartbeat", "pid=%u uid=%u lease=%s error=\"%s\"", peer->pid, peer->uid,
+                    wb__lease_id_short(l->id, hex), err.msg);
+            return fail(rep, a, WB_EPROTO, "%s", err.msg);
+        }
+        plan[i].lease = l;
+        plan[i].size = records_size(beat);
+        known[n_known++] = &plan[i];
+    }
+    /* The same lease twice would count its records twice. */
+    qsort(known, n_known, sizeof *known, cmp_plan_lease);
+    for (size_t k = 1; k < n_known; k++) {
+        if (known[k]->lease == known[k - 1]->lease) {
+            size_t i = (size_t)(known[k] - plan), j = (size_t)(known[k - 1] - plan);
+            return fail(rep, a, WB_EPROTO, "heartbeat.leases[%zu] repeats leases[%zu] (lease %s)",
+                        i > j ? i : j, i > j ? j : i, wb__lease_id_short(known[k]->lease->id, hex));
+        }
+    }
+    const wb_peer_rec *holder = wb__leases_peer(&b->leases, peer->pid);
+    uint64_t total = holder ? holder->record_bytes : 0;
+    for (size_t k = 0; k < n_known; k++) {
+        total -= known[k]->lease->record_bytes < total ? known[k]->lease->record_bytes : total;
+        total += known[k]->size;
+    }
+    if (wb__limits_check_records(&b->limits, peer->pid, total, &err) != WB_OK) {
+        wb_warn("limit", "limit=max_record_bytes pid=%u bytes=%llu", peer->pid,
+                (unsigned long long)total);
+        return fail(rep, a, WB_ELIMIT, "%s", err.msg);
+    }
+
     int64_t now_ms = b->now_ms();
     double now_wall = b->now_wall();
     size_t n_unknown = 0;
-    for (size_t i = 0; i < hb->n_leases; i++) {
+    for (size_t i = 0; i < nb; i++) {
         const Wbproto__LeaseBeat *beat = hb->leases[i];
         int revived;
-        if (wb__leases_heartbeat(&b->leases, peer->pid, beat->lease_id.data, beat->containers,
-                                 now_ms, now_wall, &revived) != WB_OK) {
+        if (!plan[i].lease ||
+            wb__leases_heartbeat(&b->leases, peer, beat->lease_id.data, beat->containers, now_ms,
+                                 now_wall, &revived) != WB_OK) {
             /* Points into the request, which outlives the packing. */
             unknown[n_unknown++] = beat->lease_id;
             continue;
         }
-        store_container_records(wb__leases_find(&b->leases, beat->lease_id.data), beat);
+        wb_lease_rec *l = plan[i].lease;
+        wb_container_rec *recs = records_copy(beat, plan[i].size);
+        if (!recs && beat->n_container_records)
+            wb_warn("container_records_dropped", "reason=out_of_memory pid=%u", l->pid);
+        wb__leases_set_records(&b->leases, l, recs, (uint32_t)beat->n_container_records,
+                               plan[i].size);
         if (revived) {
-            wb_lease_rec *l = wb__leases_find(&b->leases, beat->lease_id.data);
-            char hex[9], q[300];
+            char q[300], qc[80];
             wb_info("lease_active", "lease=%s model=%s pid=%u comm=%s",
                     wb__lease_id_short(l->id, hex), wb__log_quote(q, sizeof q, l->model->name),
-                    l->pid, l->comm);
+                    l->pid, wb__log_quote(qc, sizeof qc, l->comm));
         }
     }
     hr->n_unknown_leases = n_unknown;
@@ -351,117 +434,230 @@ static int op_heartbeat(wb_broker *b, const wb_peer_creds *peer, const Wbproto__
     return 0;
 }
 
-static int cmp_container(const void *x, const void *y)
+/* Listings are paged so that every reply fits the message limit by
+ * construction: entries are added while their packed sizes (plus the
+ * repeated field's tag and length) stay within the budget, and an entry
+ * that alone would not fit is cut (records or leases left out, with the
+ * total still given). */
+#define LIST_FRAMING   1024 /* reply header, status, totals */
+#define LIST_ENTRY_TAG 8    /* tag and length prefix of one repeated entry */
+#define LIST_PAGE_MAX  2048 /* entries per page at most */
+
+static size_t list_budget(const wb_broker *b)
 {
-    const Wbproto__ContainerInfo *a = *(Wbproto__ContainerInfo *const *)x;
-    const Wbproto__ContainerInfo *b = *(Wbproto__ContainerInfo *const *)y;
+    return b->limits.max_message > 2 * LIST_FRAMING ? (size_t)b->limits.max_message - LIST_FRAMING
+                                                    : LIST_FRAMING;
+}
+
+static uint32_t page_limit(uint32_t limit)
+{
+    return limit == 0 || limit > LIST_PAGE_MAX ? LIST_PAGE_MAX : limit;
+}
+
+/* A lease id as this peer may see it: whole for its own leases and for
+ * administrators, else only a prefix. */
+static ProtobufCBinaryData shown_id(const wb_lease_rec *l, const wb_peer_creds *viewer, int admin)
+{
+    ProtobufCBinaryData d = {WB_LEASE_ID_LEN, (uint8_t *)l->id};
+    if (!admin && !wb__lease_held_by(l, viewer))
+        d.len = WB_LEASE_ID_PREFIX_LEN;
+    return d;
+}
+
+static Wbproto__ContainerRecord *record_info(const wb_container_rec *c, wb_arena *a)
+{
+    Wbproto__ContainerRecord *r = wb__arena_alloc(a, sizeof *r);
+    if (!r)
+        return NULL;
+    wbproto__container_record__init(r);
+    r->container_id = c->id;
+    r->aoti_api = (char *)c->aoti_api;
+    r->pinned_async_copy = c->pinned_async_copy;
+    r->bound_bytes = c->bound_bytes;
+    r->bound_tensors = c->bound_tensors;
+    r->folded_bytes = c->folded_bytes;
+    r->created_at = c->created_at;
+    r->model_path = (char *)c->model_path;
+    r->embedded_bytes = c->embedded_bytes;
+    return r;
+}
+
+typedef struct container_ref {
+    uint32_t pid;
+    uint64_t cid;
+    const wb_lease_rec *lease;
+    const wb_container_rec *rec;
+} container_ref;
+
+static int cmp_ref(const void *x, const void *y)
+{
+    const container_ref *a = x, *b = y;
     if (a->pid != b->pid)
         return a->pid < b->pid ? -1 : 1;
-    return a->container_id < b->container_id ? -1 : a->container_id > b->container_id;
+    if (a->cid != b->cid)
+        return a->cid < b->cid ? -1 : 1;
+    return memcmp(a->lease->id, b->lease->id, WB_LEASE_ID_LEN);
 }
 
 /* Every container any client reported, one entry per (pid, container id),
- * with the leases it binds. */
-static int op_list_containers(wb_broker *b, wb_arena *a, Wbproto__Reply *rep)
+ * with the leases it binds: the records are sorted once, O(R log R) for R
+ * records, and each entry's lease array is sized from its own group. */
+static int op_list_containers(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request *req,
+                              wb_arena *a, Wbproto__Reply *rep)
 {
-    size_t cap = 0, n_leases = b->leases.n_leases;
-    const Wbproto__LeaseBeat **per = wb__arena_alloc(a, (n_leases ? n_leases : 1) * sizeof *per);
-    if (!per)
-        return oom(rep, a);
-    for (size_t i = 0; i < n_leases; i++) {
-        per[i] = container_records(b->leases.leases[i], a);
-        cap += per[i] ? per[i]->n_container_records : 0;
-    }
+    const wb_lease_table *t = &b->leases;
+    int admin = is_admin(b, peer);
+    size_t n_refs = 0;
+    for (size_t i = 0; i < t->n_leases; i++)
+        n_refs += t->leases[i]->n_records;
+    container_ref *refs = wb__arena_alloc(a, (n_refs ? n_refs : 1) * sizeof *refs);
     Wbproto__ListContainersReply *lr = wb__arena_alloc(a, sizeof *lr);
-    Wbproto__ContainerInfo **list = wb__arena_alloc(a, (cap ? cap : 1) * sizeof *list);
-    if (!lr || !list)
+    if (!refs || !lr)
         return oom(rep, a);
-    wbproto__list_containers_reply__init(lr);
-    size_t n = 0;
-    for (size_t i = 0; i < n_leases; i++) {
-        wb_lease_rec *l = b->leases.leases[i];
-        const Wbproto__LeaseBeat *recs = per[i];
-        for (size_t k = 0; recs && k < recs->n_container_records; k++) {
-            const Wbproto__ContainerRecord *r = recs->container_records[k];
-            Wbproto__ContainerInfo *ci = NULL;
-            for (size_t j = 0; j < n && !ci; j++) {
-                if (list[j]->pid == l->pid && list[j]->container_id == r->container_id)
-                    ci = list[j];
-            }
-            if (!ci) {
-                ci = wb__arena_alloc(a, sizeof *ci);
-                /* Room for every lease the container could name. */
-                Wbproto__ContainerLease **cl = wb__arena_alloc(a, n_leases * sizeof *cl);
-                if (!ci || !cl)
-                    return oom(rep, a);
-                wbproto__container_info__init(ci);
-                ci->pid = l->pid;
-                ci->process_name = l->comm;
-                ci->container_id = r->container_id;
-                ci->aoti_api = r->aoti_api;
-                ci->pinned_async_copy = r->pinned_async_copy;
-                ci->folded_bytes = r->folded_bytes;
-                ci->created_at = r->created_at;
-                ci->model_path = r->model_path;
-                ci->embedded_bytes = r->embedded_bytes;
-                ci->leases = cl;
-                list[n++] = ci;
-            }
-            Wbproto__ContainerLease *cl = wb__arena_alloc(a, sizeof *cl);
-            if (!cl)
-                return oom(rep, a);
-            wbproto__container_lease__init(cl);
-            cl->lease_id.data = l->id;
-            cl->lease_id.len = WB_LEASE_ID_LEN;
-            cl->model = l->model->name;
-            cl->bound_bytes = r->bound_bytes;
-            cl->bound_tensors = r->bound_tensors;
-            ci->leases[ci->n_leases++] = cl;
-        }
+    size_t k = 0;
+    for (size_t i = 0; i < t->n_leases; i++) {
+        const wb_lease_rec *l = t->leases[i];
+        for (uint32_t r = 0; r < l->n_records; r++)
+            refs[k++] = (container_ref){l->pid, l->records[r].id, l, &l->records[r]};
     }
-    qsort(list, n, sizeof *list, cmp_container);
+    qsort(refs, n_refs, sizeof *refs, cmp_ref);
+    size_t total = 0;
+    for (size_t i = 0; i < n_refs; i++)
+        total += i == 0 || refs[i].pid != refs[i - 1].pid || refs[i].cid != refs[i - 1].cid;
+
+    wbproto__list_containers_reply__init(lr);
+    uint32_t offset = req->list_containers->offset;
+    uint32_t limit = page_limit(req->list_containers->limit);
+    size_t cap = total > offset ? total - offset : 0;
+    if (cap > limit)
+        cap = limit;
+    Wbproto__ContainerInfo **list = wb__arena_alloc(a, (cap ? cap : 1) * sizeof *list);
+    if (!list)
+        return oom(rep, a);
+    size_t budget = list_budget(b), used = 0, n = 0, group = 0, i = 0;
+    while (i < n_refs && n < cap) {
+        size_t end = i + 1;
+        while (end < n_refs && refs[end].pid == refs[i].pid && refs[end].cid == refs[i].cid)
+            end++;
+        if (group++ < offset) {
+            i = end;
+            continue;
+        }
+        size_t m = end - i;
+        const container_ref *g = &refs[i];
+        Wbproto__ContainerInfo *ci = wb__arena_alloc(a, sizeof *ci);
+        Wbproto__ContainerLease *cls = wb__arena_alloc(a, m * sizeof *cls);
+        Wbproto__ContainerLease **clp = wb__arena_alloc(a, m * sizeof *clp);
+        if (!ci || !cls || !clp)
+            return oom(rep, a);
+        wbproto__container_info__init(ci);
+        ci->pid = g->pid;
+        ci->process_name = (char *)g->lease->comm;
+        ci->container_id = g->cid;
+        ci->aoti_api = (char *)g->rec->aoti_api;
+        ci->pinned_async_copy = g->rec->pinned_async_copy;
+        ci->folded_bytes = g->rec->folded_bytes;
+        ci->created_at = g->rec->created_at;
+        ci->model_path = (char *)g->rec->model_path;
+        ci->embedded_bytes = g->rec->embedded_bytes;
+        for (size_t j = 0; j < m; j++) {
+            wbproto__container_lease__init(&cls[j]);
+            cls[j].lease_id = shown_id(g[j].lease, peer, admin);
+            cls[j].model = g[j].lease->model->name;
+            cls[j].bound_bytes = g[j].rec->bound_bytes;
+            cls[j].bound_tensors = g[j].rec->bound_tensors;
+            clp[j] = &cls[j];
+        }
+        ci->leases = clp;
+        ci->n_leases = m;
+        ci->leases_total = (uint32_t)m;
+        size_t sz = wbproto__container_info__get_packed_size(ci) + LIST_ENTRY_TAG;
+        if (used + sz > budget && n == 0) {
+            /* Alone too big: keep the leases that fit. */
+            while (ci->n_leases > 0 && sz > budget) {
+                ci->n_leases /= 2;
+                sz = wbproto__container_info__get_packed_size(ci) + LIST_ENTRY_TAG;
+            }
+        }
+        if (used + sz > budget)
+            break;
+        used += sz;
+        list[n++] = ci;
+        i = end;
+    }
+    size_t next = (size_t)offset + n;
     lr->n_containers = n;
     lr->containers = n ? list : NULL;
+    lr->total = (uint32_t)total;
+    lr->next_offset = next < total ? (uint32_t)next : 0;
     rep->body_case = WBPROTO__REPLY__BODY_LIST_CONTAINERS;
     rep->list_containers = lr;
     return 0;
 }
 
-static int op_list_leases(wb_broker *b, wb_arena *a, Wbproto__Reply *rep)
+static int op_list_leases(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request *req,
+                          wb_arena *a, Wbproto__Reply *rep)
 {
-    size_t n = b->leases.n_leases;
+    const wb_lease_table *t = &b->leases;
+    int admin = is_admin(b, peer);
+    size_t total = t->n_leases;
+    uint32_t offset = req->list_leases->offset;
+    size_t cap = total > offset ? total - offset : 0;
+    if (cap > page_limit(req->list_leases->limit))
+        cap = page_limit(req->list_leases->limit);
     Wbproto__ListLeasesReply *lr = wb__arena_alloc(a, sizeof *lr);
-    Wbproto__LeaseInfo *infos = wb__arena_alloc(a, (n ? n : 1) * sizeof *infos);
-    Wbproto__LeaseInfo **ptrs = wb__arena_alloc(a, (n ? n : 1) * sizeof *ptrs);
+    Wbproto__LeaseInfo *infos = wb__arena_alloc(a, (cap ? cap : 1) * sizeof *infos);
+    Wbproto__LeaseInfo **ptrs = wb__arena_alloc(a, (cap ? cap : 1) * sizeof *ptrs);
     if (!lr || !infos || !ptrs)
         return oom(rep, a);
     wbproto__list_leases_reply__init(lr);
-    for (size_t i = 0; i < n; i++) {
-        wb_lease_rec *l = b->leases.leases[i];
-        Wbproto__LeaseInfo *li = &infos[i];
+    size_t budget = list_budget(b), used = 0, n = 0;
+    for (; n < cap; n++) {
+        const wb_lease_rec *l = t->leases[offset + n];
+        Wbproto__LeaseInfo *li = &infos[n];
         wbproto__lease_info__init(li);
-        li->id.data = l->id;
-        li->id.len = WB_LEASE_ID_LEN;
+        li->id = shown_id(l, peer, admin);
         li->model = l->model->name;
         li->pid = l->pid;
         li->uid = l->uid;
         li->gid = l->gid;
-        li->process_name = l->comm;
+        li->process_name = (char *)l->comm;
         li->state = l->state;
         li->containers = l->containers;
         li->slabs = l->model->data.n_slabs;
         li->bytes = l->model->data.bytes;
         li->granted_at = l->granted_at;
         li->last_heartbeat = l->last_heartbeat;
-        const Wbproto__LeaseBeat *recs = container_records(l, a);
-        if (recs) {
-            li->n_container_records = recs->n_container_records;
-            li->container_records = recs->container_records;
+        li->container_records_total = l->n_records;
+        if (l->n_records) {
+            Wbproto__ContainerRecord **recs = wb__arena_alloc(a, l->n_records * sizeof *recs);
+            if (!recs)
+                return oom(rep, a);
+            for (uint32_t r = 0; r < l->n_records; r++) {
+                if (!(recs[r] = record_info(&l->records[r], a)))
+                    return oom(rep, a);
+            }
+            li->container_records = recs;
+            li->n_container_records = l->n_records;
         }
-        ptrs[i] = li;
+        size_t sz = wbproto__lease_info__get_packed_size(li) + LIST_ENTRY_TAG;
+        if (used + sz > budget && n == 0) {
+            /* Alone too big: without its records (the total still says
+             * how many there are). */
+            li->n_container_records = 0;
+            li->container_records = NULL;
+            sz = wbproto__lease_info__get_packed_size(li) + LIST_ENTRY_TAG;
+        }
+        if (used + sz > budget)
+            break;
+        used += sz;
+        ptrs[n] = li;
     }
+    size_t next = (size_t)offset + n;
     lr->n_leases = n;
     lr->leases = n ? ptrs : NULL;
+    lr->total = (uint32_t)total;
+    lr->next_offset = next < total ? (uint32_t)next : 0;
     rep->body_case = WBPROTO__REPLY__BODY_LIST_LEASES;
     rep->list_leases = lr;
     return 0;
@@ -644,6 +840,10 @@ int wb__ops_handle(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Reque
                 wb__auth_describe_clients(&b->auth, who, sizeof who));
         return fail(rep, a, WB_EPERM, "%s", aerr.msg);
     }
+    /* The process the broker knows as this pid may have exited and the pid
+     * been reused: its leases go first, so this request comes from a new
+     * process holding none. */
+    wb__broker_check_peer(b, peer->pid);
     switch (req->body_case) {
     case WBPROTO__REQUEST__BODY_HELLO:
         return op_hello(b, peer, req, a, rep);
@@ -654,9 +854,9 @@ int wb__ops_handle(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Reque
     case WBPROTO__REQUEST__BODY_HEARTBEAT:
         return op_heartbeat(b, peer, req, a, rep);
     case WBPROTO__REQUEST__BODY_LIST_LEASES:
-        return op_list_leases(b, a, rep);
+        return op_list_leases(b, peer, req, a, rep);
     case WBPROTO__REQUEST__BODY_LIST_CONTAINERS:
-        return op_list_containers(b, a, rep);
+        return op_list_containers(b, peer, req, a, rep);
     case WBPROTO__REQUEST__BODY_LIST_MODELS:
         return op_list_models(b, a, rep);
     case WBPROTO__REQUEST__BODY_LOAD:

@@ -28,6 +28,17 @@ void wb__limits_default(wb_limits *l)
     l->max_tensors = WB_DEFAULT_MAX_TENSORS;
     l->max_message = WB_MAX_MESSAGE;
     l->max_header = WB_ST_MAX_HEADER;
+    l->max_record_bytes = WB_DEFAULT_MAX_RECORD_BYTES_PER_CLIENT;
+}
+
+int wb__limits_check_records(const wb_limits *l, uint32_t pid, uint64_t bytes, wb_err *err)
+{
+    if (bytes <= l->max_record_bytes)
+        return WB_OK;
+    return wb__err_set(err, WB_ELIMIT,
+                       "pid %u would keep %llu bytes of container records, over the limit of "
+                       "%llu bytes per client",
+                       pid, (unsigned long long)bytes, (unsigned long long)l->max_record_bytes);
 }
 
 int wb__limits_check_leases(const wb_limits *l, uint32_t pid, uint32_t held, wb_err *err)

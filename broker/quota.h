@@ -13,6 +13,11 @@
 #define WB_DEFAULT_MAX_LEASES_PER_CLIENT 1024
 #define WB_DEFAULT_MAX_MODELS            64
 #define WB_DEFAULT_MAX_TENSORS           1000000
+/* Container record bytes one client process may make the broker keep, over
+ * all its leases: 1 MiB holds a container on each of 1024 leases with
+ * paths of several hundred bytes (a record costs 64 bytes plus its
+ * strings), and bounds what a hostile client costs. */
+#define WB_DEFAULT_MAX_RECORD_BYTES_PER_CLIENT (1024u * 1024u)
 /* The smallest --max-message-bytes: room for any error reply and a small
  * lease. */
 #define WB_MIN_MESSAGE 4096
@@ -23,14 +28,19 @@ typedef struct wb_limits {
     uint64_t max_tensors;           /* tensors in one model */
     uint64_t max_message;           /* bytes of one message, both directions */
     uint64_t max_header;            /* bytes of one safetensors header */
+    uint64_t max_record_bytes;      /* container record bytes one pid may keep */
 } wb_limits;
 
 /* The defaults: 1024 leases per client, 64 models, 1,000,000 tensors,
- * WB_MAX_MESSAGE, WB_ST_MAX_HEADER. */
+ * WB_MAX_MESSAGE, WB_ST_MAX_HEADER, 1 MiB of container records per
+ * client. */
 void wb__limits_default(wb_limits *l);
 
 /* Refusals, each WB_ELIMIT with the limit's name and value. */
 int wb__limits_check_leases(const wb_limits *l, uint32_t pid, uint32_t held, wb_err *err);
+/* A heartbeat from `pid` would make its leases keep `bytes` bytes of
+ * container records in all. */
+int wb__limits_check_records(const wb_limits *l, uint32_t pid, uint64_t bytes, wb_err *err);
 int wb__limits_check_models(const wb_limits *l, size_t models, wb_err *err);
 int wb__limits_check_tensors(const wb_limits *l, const char *model, uint64_t tensors, wb_err *err);
 /* A lease on `model` would be a `lease_bytes` message (plus framing). */

@@ -7,11 +7,12 @@
 
 #include "client_impl.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* Container records per lease in one heartbeat, as the decoder allows. */
-#define MAX_RECORDS 256
+#define MAX_RECORDS WB_MAX_CONTAINER_RECORDS
 
 void wb__lease_containers_init(wb_lease *lease)
 {
@@ -189,7 +190,18 @@ int wb__lease_fill_beat(wb_lease *lease, Wbproto__LeaseBeat *beat)
         beat->container_records[beat->n_container_records++] = r;
         r->container_id = u->rec->id;
         r->aoti_api = strdup(u->rec->aoti_api);
-        r->model_path = strdup(u->rec->model_path ? u->rec->model_path : "");
+        /* The broker takes paths of up to WB_MAX_RECORD_PATH - 1 bytes; a
+         * longer one is reported by its end, which names the model. */
+        const char *path = u->rec->model_path ? u->rec->model_path : "";
+        size_t plen = strlen(path);
+        if (plen >= WB_MAX_RECORD_PATH) {
+            r->model_path = malloc(WB_MAX_RECORD_PATH);
+            if (r->model_path)
+                snprintf(r->model_path, WB_MAX_RECORD_PATH, "...%s",
+                         path + plen - (WB_MAX_RECORD_PATH - 4));
+        } else {
+            r->model_path = strdup(path);
+        }
         r->pinned_async_copy = u->rec->pinned_async_copy != 0;
         r->bound_bytes = u->bound_bytes;
         r->bound_tensors = u->bound_tensors;

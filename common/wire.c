@@ -11,8 +11,6 @@
 #define WIRE_MAX_DIMS 64
 /* The size of a cudaIpcMemHandle_t. */
 #define WIRE_CUDA_HANDLE_LEN 64
-/* Container records on one lease in one heartbeat or listing. */
-#define WIRE_MAX_CONTAINER_RECORDS 256
 
 /* Reads one base-128 varint; returns the number of bytes used or 0 when the
  * buffer ends first or the varint is longer than 10 bytes. */
@@ -114,21 +112,31 @@ static int check_lease_id(const char *field, const ProtobufCBinaryData *id, wb_e
     return WB_OK;
 }
 
+/* Listings show a prefix of the leases of other processes. */
+static int check_listed_id(const char *field, const ProtobufCBinaryData *id, wb_err *err)
+{
+    if (id->len == WB_LEASE_ID_PREFIX_LEN && id->data)
+        return WB_OK;
+    return check_lease_id(field, id, err);
+}
+
 static int missing(const char *what, wb_err *err)
 {
     return wb__err_set(err, WB_EPROTO, "%s is missing", what);
 }
 
 /* Container records come from clients (heartbeats) and go back out in
- * listings: the same limits apply both ways. `field` names the array. */
+ * listings: the same limits apply both ways. `field` names the array. What
+ * needs the lease (ids unique, no more records than containers) is checked
+ * by the broker, which knows it. */
 static int check_container_records(const char *field, Wbproto__ContainerRecord *const *recs,
                                    size_t n, wb_err *err)
 {
-    char name[96];
+    char name[128];
     int rc;
-    if (n > WIRE_MAX_CONTAINER_RECORDS)
+    if (n > WB_MAX_CONTAINER_RECORDS)
         return wb__err_set(err, WB_EPROTO, "%s has %zu container records, at most %d", field, n,
-                           WIRE_MAX_CONTAINER_RECORDS);
+                           WB_MAX_CONTAINER_RECORDS);
     for (size_t i = 0; i < n; i++) {
         snprintf(name, sizeof name, "%s[%zu]", field, i);
         if (!recs[i])
@@ -136,10 +144,14 @@ static int check_container_records(const char *field, Wbproto__ContainerRecord *
         snprintf(name, sizeof name, "%s[%zu].aoti_api", field, i);
         if ((rc = check_name(name, recs[i]->aoti_api, err)) != WB_OK)
             return rc;
-        size_t len = recs[i]->model_path ? strlen(recs[i]->model_path) : 0;
-        if (len > WB_PATH_MAX)
+        size_t len = strlen(recs[i]->aoti_api);
+        if (len >= WB_MAX_RECORD_API)
+            return wb__err_set(err, WB_EPROTO, "%s has %zu bytes, at most %d", name, len,
+                               WB_MAX_RECORD_API - 1);
+        len = recs[i]->model_path ? strlen(recs[i]->model_path) : 0;
+        if (len >= WB_MAX_RECORD_PATH)
             return wb__err_set(err, WB_EPROTO, "%s[%zu].model_path has %zu bytes, at most %d",
-                               field, i, len, WB_PATH_MAX);
+                               field, i, len, WB_MAX_RECORD_PATH - 1);
     }
     return WB_OK;
 }
@@ -339,7 +351,7 @@ static int check_reply_body(const Wbproto__Reply *rep, wb_err *err)
             if (!li)
                 return missing(field, err);
             snprintf(field, sizeof field, "list_leases.leases[%zu].id", i);
-            if ((rc = check_lease_id(field, &li->id, err)) != WB_OK)
+            if ((rc = check_listed_id(field, &li->id, err)) != WB_OK)
                 return rc;
             snprintf(field, sizeof field, "list_leases.leases[%zu].container_records", i);
             rc =
@@ -365,7 +377,7 @@ static int check_reply_body(const Wbproto__Reply *rep, wb_err *err)
                     return missing(field, err);
                 snprintf(field, sizeof field,
                          "list_containers.containers[%zu].leases[%zu].lease_id", i, k);
-                if ((rc = check_lease_id(field, &ci->leases[k]->lease_id, err)) != WB_OK)
+                if ((rc = check_listed_id(field, &ci->leases[k]->lease_id, err)) != WB_OK)
                     return rc;
             }
         }

@@ -20,6 +20,16 @@
 #define WB_NAME_MAX     255 /* model names, tensor names are checked by the loader */
 #define WB_PATH_MAX     4096
 #define WB_MAX_BEATS    4096 /* leases in one heartbeat */
+/* Container records: what a worker really reports (a handful of containers
+ * per lease, an AOTI entry point name and a model path each), so that what
+ * one client makes the broker keep stays small. */
+#define WB_MAX_CONTAINER_RECORDS 16   /* per lease in one heartbeat */
+#define WB_MAX_RECORD_API        64   /* bytes of aoti_api, NUL included */
+#define WB_MAX_RECORD_PATH       1024 /* bytes of model_path, NUL included */
+/* What listings show of another process's lease id to a non-administrator:
+ * its first bytes (8 hex digits), enough to tell leases apart in a table
+ * and too few to act on one. */
+#define WB_LEASE_ID_PREFIX_LEN 4
 
 /* Decodes and validates a request. On success *out is owned by the caller
  * (free with wb__request_free). On failure returns WB_EPROTO or WB_EVERSION

@@ -612,8 +612,9 @@ static int get_stats(const options *o, stats *out, size_t *leases, wb_err *err)
         out->peers = s->peers;
         wb__reply_free(&rep);
         rc = rpc_simple(&rpc, WBPROTO__REQUEST__BODY_LIST_LEASES, &rep, err);
+        /* The total, not the entries: a listing comes in pages. */
         if (rc == WB_OK)
-            *leases = rep->list_leases->n_leases;
+            *leases = rep->list_leases->total;
     }
     wb__reply_free(&rep);
     wb__rpc_close(&rpc);

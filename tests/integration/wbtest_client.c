@@ -9,6 +9,23 @@
  *   wbtest_client [--socket PATH] acquire-n MODEL N
  *                                 acquire N leases in this one process,
  *                                 print "acquired K", release them all
+ *   wbtest_client [--socket PATH] forge MODEL KIND
+ *                                 acquire a lease, print its id, send one
+ *                                 heartbeat with forged container records
+ *                                 and print "heartbeat status=S" and
+ *                                 "error=TEXT"; then hold the lease until
+ *                                 SIGTERM. KIND: dup (a container id twice),
+ *                                 over (more records than containers), full
+ *                                 (16 records with 1000-byte paths), escape
+ *                                 (a model_path with terminal controls)
+ *
+ *   wbtest_client [--socket PATH] acquire-exec MODEL CMD ARGS...
+ *                                 acquire a lease, print its id, then exec
+ *                                 CMD (same process, same pid) with every
+ *                                 argument "{}" replaced by the id
+ *
+ * --comm NAME (before the command) sets the process name the broker reads
+ * from /proc (prctl PR_SET_NAME), bytes as given.
  *
  * On a socket of its own, waiting at most --wait MS (default 2000) for an
  * answer, printing "status=S id=I" and "error=TEXT" or "no reply":
@@ -35,6 +52,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <zmq.h>
@@ -309,12 +327,139 @@ static int cmd_acquire_n(const char *model, const char *count)
     return got == n ? 0 : 1;
 }
 
+/* A well-formed lease whose heartbeat carries records a real client would
+ * never send. */
+static int cmd_forge(const char *model, const char *kind)
+{
+    enum { N = 16 };
+    static char path[1001];
+    Wbproto__ContainerRecord recs[N], *ptrs[N];
+    size_t n;
+    uint32_t containers;
+    memset(path, 'p', sizeof path - 1);
+    path[0] = '/';
+    for (size_t i = 0; i < N; i++) {
+        wbproto__container_record__init(&recs[i]);
+        recs[i].container_id = i + 1;
+        recs[i].aoti_api = "CreateWithDevice";
+        recs[i].model_path = "/models/m.pt2";
+        recs[i].bound_bytes = 64;
+        recs[i].bound_tensors = 1;
+        ptrs[i] = &recs[i];
+    }
+    if (strcmp(kind, "dup") == 0) {
+        n = 3;
+        containers = 3;
+        recs[2].container_id = recs[0].container_id;
+    } else if (strcmp(kind, "over") == 0) {
+        n = 3;
+        containers = 1;
+    } else if (strcmp(kind, "full") == 0) {
+        n = N;
+        containers = N;
+        for (size_t i = 0; i < N; i++)
+            recs[i].model_path = path;
+    } else if (strcmp(kind, "escape") == 0) {
+        n = 1;
+        containers = 1;
+        recs[0].model_path = "/m/\x1b]0;owned\x07\x1b[31mred\n"
+                             "FORGED LINE\r\x9b\xff.pt2";
+    } else {
+        return usage();
+    }
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGINT);
+    sigprocmask(SIG_BLOCK, &stop, NULL);
+    wb__rpc rpc;
+    wb_err err;
+    if (wb__rpc_open(&rpc, socket_path, 0, &err) != WB_OK) {
+        fprintf(stderr, "wbtest_client: %s\n", err.msg);
+        wb__rpc_close(&rpc);
+        return 69;
+    }
+    Wbproto__AcquireRequest acq = WBPROTO__ACQUIRE_REQUEST__INIT;
+    acq.model = (char *)model;
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
+    req.acquire = &acq;
+    Wbproto__Reply *rep = NULL;
+    if (wb__rpc_call(&rpc, &req, 0, &rep, &err) != WB_OK) {
+        fprintf(stderr, "wbtest_client: acquire: %s\n", err.msg);
+        wb__reply_free(&rep);
+        wb__rpc_close(&rpc);
+        return 1;
+    }
+    uint8_t id[16];
+    memcpy(id, rep->acquire->lease->id.data, 16);
+    wb__reply_free(&rep);
+    for (int i = 0; i < 16; i++)
+        printf("%02x", id[i]);
+    printf("\n");
+    Wbproto__LeaseBeat beat = WBPROTO__LEASE_BEAT__INIT;
+    beat.lease_id.data = id;
+    beat.lease_id.len = 16;
+    beat.containers = containers;
+    beat.n_container_records = n;
+    beat.container_records = ptrs;
+    Wbproto__LeaseBeat *beats[] = {&beat};
+    Wbproto__HeartbeatRequest hb = WBPROTO__HEARTBEAT_REQUEST__INIT;
+    hb.n_leases = 1;
+    hb.leases = beats;
+    req.body_case = WBPROTO__REQUEST__BODY_HEARTBEAT;
+    req.heartbeat = &hb;
+    int rc = wb__rpc_call(&rpc, &req, 0, &rep, &err);
+    printf("heartbeat status=%d\n", rep ? (int)rep->status : rc);
+    if (rc != WB_OK)
+        printf("error=%s\n", err.msg);
+    fflush(stdout);
+    wb__reply_free(&rep);
+    int sig;
+    sigwait(&stop, &sig);
+    wb__rpc_close(&rpc);
+    return 0;
+}
+
+/* The lease stays with this process (its pid) across the exec: the
+ * program that follows, maybe under another uid, is the same process to
+ * the kernel. */
+static int cmd_acquire_exec(const char *model, char **cmd)
+{
+    wb_client_options o;
+    wb_client_options_init(&o);
+    o.socket_path = socket_path;
+    wb_client *c = NULL;
+    wb_lease *l = NULL;
+    int rc = wb_client_connect(&o, &c);
+    if (rc == WB_OK)
+        rc = wb_lease_acquire(c, model, &l);
+    if (rc != WB_OK) {
+        fprintf(stderr, "wbtest_client: %s\n", wb_client_errmsg(c));
+        return 1;
+    }
+    static char hex[33];
+    wb_lease_id_hex(l, hex);
+    printf("%s\n", hex);
+    fflush(stdout);
+    for (char **a = cmd; *a; a++) {
+        if (strcmp(*a, "{}") == 0)
+            *a = hex;
+    }
+    execvp(cmd[0], cmd);
+    fprintf(stderr, "wbtest_client: exec %s: %s\n", cmd[0], strerror(errno));
+    return 2;
+}
+
 int main(int argc, char **argv)
 {
     int i = 1;
     for (;;) {
         if (i + 1 < argc && strcmp(argv[i], "--socket") == 0) {
             socket_path = argv[i + 1];
+            i += 2;
+        } else if (i + 1 < argc && strcmp(argv[i], "--comm") == 0) {
+            prctl(PR_SET_NAME, argv[i + 1], 0, 0, 0);
             i += 2;
         } else if (i + 1 < argc && strcmp(argv[i], "--wait") == 0) {
             wait_ms = atoi(argv[i + 1]);
@@ -337,6 +482,10 @@ int main(int argc, char **argv)
         return cmd_file(arg);
     if (strcmp(cmd, "random") == 0 && rest == 3)
         return cmd_random(arg, argv[i + 2], argv[i + 3]);
+    if (strcmp(cmd, "acquire-exec") == 0 && rest >= 2)
+        return cmd_acquire_exec(arg, argv + i + 2);
+    if (strcmp(cmd, "forge") == 0 && rest == 2)
+        return cmd_forge(arg, argv[i + 2]);
     if (strcmp(cmd, "acquire-n") == 0 && rest == 2)
         return cmd_acquire_n(arg, argv[i + 2]);
     if (rest != 1)

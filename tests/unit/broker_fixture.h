@@ -116,6 +116,9 @@ static inline wb_peer_creds me(void)
  * returns the reply as a client would decode it: packed and decoded again
  * into *decoded, whose previous reply is freed. The arena holding the
  * handler's reply is emptied afterwards. */
+/* Bytes of the last reply fixture_call packed. */
+static size_t fixture_reply_len;
+
 static inline Wbproto__Reply *fixture_call(wb_broker *b, wb_arena *a, Wbproto__Reply **decoded,
                                            const wb_peer_creds *peer, const Wbproto__Request *req,
                                            const uint8_t *ident, size_t ident_len)
@@ -127,6 +130,7 @@ static inline Wbproto__Reply *fixture_call(wb_broker *b, wb_arena *a, Wbproto__R
     size_t len;
     uint8_t *buf = wb__reply_pack(&rep, &len);
     ck_assert_ptr_nonnull(buf);
+    fixture_reply_len = len;
     wb__reply_free(decoded);
     wb_err err;
     ck_assert_msg(wb__reply_decode(buf, len, decoded, &err) == WB_OK, "reply: %s", err.msg);

@@ -115,26 +115,35 @@ START_TEST(test_release)
 
     /* Another pid may not release it, even with the same uid. */
     struct wb_model *m = (struct wb_model *)1;
-    ck_assert_int_eq(wb__leases_release(&t, other.pid, id1, &m, &err), WB_EPERM);
+    ck_assert_int_eq(wb__leases_release(&t, &other, id1, &m, &err), WB_EPERM);
     char want[64];
     snprintf(want, sizeof want, "lease %s belongs to pid 4242", s8);
     ck_assert_str_eq(err.msg, want);
     ck_assert_ptr_null(m);
     ck_assert_uint_eq(t.n_leases, 2);
 
-    ck_assert_int_eq(wb__leases_release(&t, c.pid, id1, &m, &err), WB_OK);
+    /* Nor may the same pid under another uid (a set-user-ID exec, or a new
+     * process on a reused pid). */
+    wb_peer_creds nobody = creds(65534, 65534, 4242);
+    ck_assert_int_eq(wb__leases_release(&t, &nobody, id1, &m, &err), WB_EPERM);
+    snprintf(want, sizeof want, "lease %s belongs to pid 4242 (uid 1000)", s8);
+    ck_assert_str_eq(err.msg, want);
+    ck_assert_ptr_null(m);
+    ck_assert_uint_eq(t.n_leases, 2);
+
+    ck_assert_int_eq(wb__leases_release(&t, &c, id1, &m, &err), WB_OK);
     ck_assert_ptr_eq(m, MODEL_A);
     ck_assert_ptr_null(wb__leases_find(&t, id1));
     ck_assert_uint_eq(wb__leases_peer(&t, 4242)->leases, 1);
     ck_assert(fd_open(pidfd));
 
     /* Twice: unknown now. */
-    ck_assert_int_eq(wb__leases_release(&t, c.pid, id1, &m, &err), WB_ENOTFOUND);
+    ck_assert_int_eq(wb__leases_release(&t, &c, id1, &m, &err), WB_ENOTFOUND);
     snprintf(want, sizeof want, "no lease %s", s8);
     ck_assert_str_eq(err.msg, want);
 
     /* The last lease of a pid closes its pidfd and forgets the peer. */
-    ck_assert_int_eq(wb__leases_release(&t, c.pid, id2, &m, &err), WB_OK);
+    ck_assert_int_eq(wb__leases_release(&t, &c, id2, &m, &err), WB_OK);
     ck_assert_ptr_eq(m, MODEL_B);
     ck_assert_ptr_null(wb__leases_peer(&t, 4242));
     ck_assert_uint_eq(t.n_peers, 0);
@@ -152,7 +161,7 @@ START_TEST(test_heartbeat)
     wb_lease_rec *l;
     ck_assert_int_eq(wb__leases_grant(&t, MODEL_A, &c, "w", 100, 5.0, &l, &err), WB_OK);
     int revived = 7;
-    ck_assert_int_eq(wb__leases_heartbeat(&t, 10, l->id, 3, 600, 5.5, &revived), WB_OK);
+    ck_assert_int_eq(wb__leases_heartbeat(&t, &c, l->id, 3, 600, 5.5, &revived), WB_OK);
     ck_assert_int_eq(revived, 0);
     ck_assert_uint_eq(l->containers, 3);
     ck_assert_int_eq(l->last_beat_ms, 600);
@@ -160,11 +169,15 @@ START_TEST(test_heartbeat)
     ck_assert_double_eq(l->granted_at, 5.0);
 
     /* Another pid's heartbeat for this lease changes nothing. */
-    ck_assert_int_eq(wb__leases_heartbeat(&t, 11, l->id, 9, 700, 6.0, &revived), WB_ENOTFOUND);
+    wb_peer_creds other = creds(1000, 100, 11), nobody = creds(65534, 65534, 10);
+    ck_assert_int_eq(wb__leases_heartbeat(&t, &other, l->id, 9, 700, 6.0, &revived), WB_ENOTFOUND);
     ck_assert_uint_eq(l->containers, 3);
     ck_assert_int_eq(l->last_beat_ms, 600);
+    /* Nor does one from the same pid under another uid. */
+    ck_assert_int_eq(wb__leases_heartbeat(&t, &nobody, l->id, 9, 700, 6.0, &revived), WB_ENOTFOUND);
+    ck_assert_uint_eq(l->containers, 3);
     uint8_t unknown[WB_LEASE_ID_LEN] = {1};
-    ck_assert_int_eq(wb__leases_heartbeat(&t, 10, unknown, 1, 700, 6.0, &revived), WB_ENOTFOUND);
+    ck_assert_int_eq(wb__leases_heartbeat(&t, &c, unknown, 1, 700, 6.0, &revived), WB_ENOTFOUND);
     wb__leases_destroy(&t);
 }
 END_TEST
@@ -206,10 +219,10 @@ START_TEST(test_stale_transition)
 
     /* A heartbeat brings a stale lease back. */
     int revived;
-    ck_assert_int_eq(wb__leases_heartbeat(&t, 10, a->id, 1, 10000001, 0, &revived), WB_OK);
+    ck_assert_int_eq(wb__leases_heartbeat(&t, &c, a->id, 1, 10000001, 0, &revived), WB_OK);
     ck_assert_int_eq(revived, 1);
     ck_assert_int_eq(a->state, WBPROTO__LEASE_STATE__LEASE_ACTIVE);
-    ck_assert_int_eq(wb__leases_heartbeat(&t, 10, a->id, 1, 10000002, 0, &revived), WB_OK);
+    ck_assert_int_eq(wb__leases_heartbeat(&t, &c, a->id, 1, 10000002, 0, &revived), WB_OK);
     ck_assert_int_eq(revived, 0);
     wb__leases_destroy(&t);
 }
@@ -286,7 +299,8 @@ START_TEST(test_many_leases)
     /* Release every other one, by its owner. */
     for (int i = 0; i < N; i += 2) {
         struct wb_model *m;
-        ck_assert_int_eq(wb__leases_release(&t, (uint32_t)(1 + i % 37), ids[i], &m, &err), WB_OK);
+        wb_peer_creds c = creds(1, 1, (uint32_t)(1 + i % 37));
+        ck_assert_int_eq(wb__leases_release(&t, &c, ids[i], &m, &err), WB_OK);
     }
     ck_assert_uint_eq(t.n_leases, N / 2);
     for (int i = 0; i < N; i++)
@@ -318,14 +332,14 @@ START_TEST(test_broker_draining_frees_at_last_release)
     struct wb_model *got;
     uint8_t id[WB_LEASE_ID_LEN];
     memcpy(id, l1->id, sizeof id);
-    ck_assert_int_eq(wb__leases_release(&b.leases, 50, id, &got, &err), WB_OK);
+    ck_assert_int_eq(wb__leases_release(&b.leases, &c, id, &got, &err), WB_OK);
     ck_assert_int_eq(wb__broker_lease_ended(&b, got), WBPROTO__MODEL_STATE__MODEL_READY);
     ck_assert_uint_eq(m->leases, 1);
 
     m->state = WBPROTO__MODEL_STATE__MODEL_DRAINING;
     memcpy(id, l2->id, sizeof id);
     ck_assert(shm_name_exists(name));
-    ck_assert_int_eq(wb__leases_release(&b.leases, 50, id, &got, &err), WB_OK);
+    ck_assert_int_eq(wb__leases_release(&b.leases, &c, id, &got, &err), WB_OK);
     ck_assert_int_eq(wb__broker_lease_ended(&b, got), WBPROTO__MODEL_STATE__MODEL_FREED);
     ck_assert_ptr_null(wb__models_find(&b.models, "demo"));
     ck_assert_uint_eq(b.models.n, 0);

@@ -240,6 +240,58 @@ START_TEST(test_release)
 }
 END_TEST
 
+/* A lease belongs to the process that acquired it. When that process has
+ * exited and its pid is reused (by a process of another uid here), the new
+ * process may not release the lease: the broker checks the pidfd before
+ * acting for the pid, reclaims the dead process's leases, and the request
+ * finds none. The event loop is not running: only that check can notice. */
+START_TEST(test_release_after_pid_reuse)
+{
+    wb_model *m = fixture_model(&B, "demo");
+    int go[2];
+    ck_assert_int_eq(pipe(go), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        char c;
+        close(go[1]);
+        (void)!read(go[0], &c, 1);
+        _exit(0);
+    }
+    close(go[0]);
+    wb_peer_creds owner = creds(1000, 1000, (uint32_t)pid);
+    uint8_t id[16];
+    Wbproto__Reply *r = acquire(&owner, "demo");
+    ck_assert_int_eq(r->status, 0);
+    memcpy(id, r->acquire->lease->id.data, 16);
+    char s8[9], want[80];
+    wb__lease_id_short(id, s8);
+
+    /* While the owner lives, the same pid under another uid is refused. */
+    wb_peer_creds reuser = creds(65534, 65534, (uint32_t)pid);
+    r = release(&reuser, id);
+    ck_assert_int_eq(r->status, WB_EPERM);
+    snprintf(want, sizeof want, "lease %s belongs to pid %u (uid 1000)", s8, (unsigned)pid);
+    ck_assert_str_eq(r->error, want);
+    ck_assert_uint_eq(B.leases.n_leases, 1);
+
+    /* The owner exits; a new process with its pid asks. */
+    close(go[1]);
+    waitpid(pid, NULL, 0);
+    r = release(&reuser, id);
+    ck_assert_int_eq(r->status, WB_ENOTFOUND);
+    snprintf(want, sizeof want, "no lease %s", s8);
+    ck_assert_str_eq(r->error, want);
+    ck_assert_uint_eq(B.leases.n_leases, 0);
+    ck_assert_uint_eq(B.leases.n_peers, 0);
+    ck_assert_uint_eq(B.stats.leases_reclaimed, 1);
+    ck_assert_uint_eq(B.stats.leases_released, 0);
+    ck_assert_uint_eq(m->leases, 0);
+    /* Even with the dead owner's uid: a new process holds none of it. */
+    ck_assert_int_eq(release(&owner, id)->status, WB_ENOTFOUND);
+}
+END_TEST
+
 START_TEST(test_heartbeat)
 {
     fixture_model(&B, "demo");
@@ -545,6 +597,7 @@ int main(void)
     tcase_add_test(tc, test_acquire);
     tcase_add_test(tc, test_acquire_dead_peer);
     tcase_add_test(tc, test_release);
+    tcase_add_test(tc, test_release_after_pid_reuse);
     tcase_add_test(tc, test_heartbeat);
     tcase_add_test(tc, test_list_leases_and_models);
     tcase_add_test(tc, test_unload_and_drain);

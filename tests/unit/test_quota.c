@@ -123,6 +123,20 @@ START_TEST(messages_name_the_limit)
 }
 END_TEST
 
+/* Container record bytes per client: the default and the refusal. */
+START_TEST(record_bytes)
+{
+    wb_limits l;
+    wb__limits_default(&l);
+    ck_assert_uint_eq(l.max_record_bytes, 1024u * 1024u);
+    wb_err err;
+    ck_assert_int_eq(wb__limits_check_records(&l, 42, 1024u * 1024u, &err), WB_OK);
+    ck_assert_int_eq(wb__limits_check_records(&l, 42, 1024u * 1024u + 1, &err), WB_ELIMIT);
+    ck_assert_str_eq(err.msg, "pid 42 would keep 1048577 bytes of container records, over the "
+                              "limit of 1048576 bytes per client");
+}
+END_TEST
+
 START_TEST(leases_per_client)
 {
     fixture_model(&F.b, "demo");
@@ -271,6 +285,7 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, messages_name_the_limit);
     tcase_add_test(tc, leases_per_client);
+    tcase_add_test(tc, record_bytes);
     tcase_add_test(tc, models);
     tcase_add_test(tc, tensors);
     tcase_add_test(tc, message_size);

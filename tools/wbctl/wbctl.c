@@ -4,8 +4,105 @@
 #include "log.h"
 
 #include <getopt.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The length of the valid UTF-8 sequence at s (2 to 4 bytes, no overlong
+ * form, no surrogate, at most U+10FFFF), or 0; C1 controls count as
+ * invalid unless allow_c1. */
+static size_t utf8_seq(const unsigned char *s, int allow_c1)
+{
+    unsigned c = s[0];
+    size_t n;
+    unsigned cp;
+    if (c >= 0xc2 && c <= 0xdf) {
+        n = 2;
+        cp = c & 0x1f;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        n = 3;
+        cp = c & 0x0f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        n = 4;
+        cp = c & 0x07;
+    } else {
+        return 0;
+    }
+    for (size_t i = 1; i < n; i++) {
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (s[i] & 0x3f);
+    }
+    if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
+        (cp >= 0xd800 && cp <= 0xdfff))
+        return 0;
+    /* C1 controls (U+0080..U+009F): some terminals act on them. */
+    if (!allow_c1 && cp >= 0x80 && cp <= 0x9f)
+        return 0;
+    return n;
+}
+
+static size_t utf8_len(const unsigned char *s)
+{
+    return utf8_seq(s, 0);
+}
+
+char *wbctl_utf8(const char *s)
+{
+    if (!s)
+        s = "";
+    char *out = malloc(3 * strlen(s) + 1);
+    if (!out)
+        return NULL;
+    const unsigned char *p = (const unsigned char *)s;
+    size_t o = 0, n;
+    while (*p) {
+        if (*p < 0x80) {
+            out[o++] = (char)*p++;
+        } else if ((n = utf8_seq(p, 1)) > 0) {
+            memcpy(out + o, p, n);
+            o += n;
+            p += n;
+        } else {
+            memcpy(out + o, "\xef\xbf\xbd", 3);
+            o += 3;
+            p++;
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
+char *wbctl_escape(const char *s)
+{
+    if (!s)
+        s = "";
+    size_t len = strlen(s);
+    /* Every byte may become four. */
+    char *out = malloc(4 * len + 1);
+    if (!out)
+        return NULL;
+    const unsigned char *p = (const unsigned char *)s;
+    size_t o = 0;
+    while (*p) {
+        size_t n;
+        if (*p == '\\') {
+            out[o++] = '\\';
+            out[o++] = '\\';
+            p++;
+        } else if (*p >= 0x20 && *p < 0x7f) {
+            out[o++] = (char)*p++;
+        } else if (*p >= 0x80 && (n = utf8_len(p)) > 0) {
+            memcpy(out + o, p, n);
+            o += n;
+            p += n;
+        } else {
+            o += (size_t)sprintf(out + o, "\\x%02x", *p++);
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
 
 typedef int (*wbctl_cmd_fn)(const wbctl_globals *g, int argc, char **argv);
 

@@ -22,6 +22,16 @@ typedef struct wbctl_globals {
     int timeout_ms;          /* --timeout-ms, or 0 for the default */
 } wbctl_globals;
 
+/* A string from a peer made safe for a terminal: printable ASCII and valid
+ * UTF-8 stay, a backslash becomes "\\", and every control character (C0,
+ * DEL, C1) and byte of invalid UTF-8 is shown as \xNN. Returns a malloc'd
+ * string the caller frees, or NULL when out of memory. */
+char *wbctl_escape(const char *s);
+
+/* The string as valid UTF-8 for JSON output: every byte of invalid UTF-8
+ * becomes U+FFFD (jansson refuses invalid strings). Malloc'd, or NULL. */
+char *wbctl_utf8(const char *s);
+
 /* Each subcommand gets argv starting at its own name (argv[0] = "inspect")
  * and returns the process exit code. */
 int wbctl_inspect(const wbctl_globals *g, int argc, char **argv);

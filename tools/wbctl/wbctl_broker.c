@@ -90,12 +90,26 @@ static int call(const wbctl_globals *g, const char *op, Wbproto__Request *req, i
     wb__rpc_close(&rpc);
     if (rc == WB_OK)
         return -1;
-    fprintf(stderr, "wbctl: %s: %s\n", op, e.msg);
+    char *msg = wbctl_escape(e.msg);
+    fprintf(stderr, "wbctl: %s: %s\n", op, msg ? msg : "(out of memory)");
+    free(msg);
     if (*rep) {
         wb__reply_free(rep);
         return WBCTL_EXIT_REFUSED;
     }
     return WBCTL_EXIT_UNAVAILABLE;
+}
+
+/* A peer's string as a JSON string: exact when it is valid UTF-8. */
+static json_t *jstr(const char *s)
+{
+    json_t *j = json_string(s ? s : "");
+    if (j)
+        return j;
+    char *fixed = wbctl_utf8(s);
+    j = json_string(fixed ? fixed : "");
+    free(fixed);
+    return j;
 }
 
 static int print_json(json_t *j)
@@ -134,8 +148,10 @@ static void table_add(table *t, ...)
     va_list ap;
     va_start(ap, t);
     for (size_t i = 0; i < t->ncols; i++) {
+        /* Cells hold what peers chose (process names, paths): escaped, so
+         * that none can drive the terminal. */
         const char *s = va_arg(ap, const char *);
-        t->cells[t->nrows * t->ncols + i] = strdup(s ? s : "");
+        t->cells[t->nrows * t->ncols + i] = wbctl_escape(s);
     }
     va_end(ap);
     t->nrows++;
@@ -326,15 +342,76 @@ static json_t *record_json(const Wbproto__ContainerRecord *r)
 {
     json_t *o = json_object();
     json_object_set_new(o, "container_id", json_integer((json_int_t)r->container_id));
-    json_object_set_new(o, "aoti_api", json_string(r->aoti_api));
+    json_object_set_new(o, "aoti_api", jstr(r->aoti_api));
     json_object_set_new(o, "pinned_async_copy", json_boolean(r->pinned_async_copy));
     json_object_set_new(o, "bound_bytes", json_integer((json_int_t)r->bound_bytes));
     json_object_set_new(o, "bound_tensors", json_integer(r->bound_tensors));
     json_object_set_new(o, "folded_bytes", json_integer((json_int_t)r->folded_bytes));
     json_object_set_new(o, "embedded_bytes", json_integer((json_int_t)r->embedded_bytes));
     json_object_set_new(o, "created_at", json_real(r->created_at));
-    json_object_set_new(o, "model_path", json_string(r->model_path));
+    json_object_set_new(o, "model_path", jstr(r->model_path));
     return o;
+}
+
+/* Pages of a listing are fetched until the broker says there are no more;
+ * a page that does not move forward ends it. */
+#define MAX_PAGES 100000
+
+typedef struct pages {
+    Wbproto__Reply **reps;
+    size_t n;
+} pages;
+
+static void pages_free(pages *p)
+{
+    for (size_t i = 0; i < p->n; i++)
+        wb__reply_free(&p->reps[i]);
+    free(p->reps);
+    p->reps = NULL;
+    p->n = 0;
+}
+
+/* Returns -1 with every page in *out, else the exit code. */
+static int fetch_pages(const wbctl_globals *g, const char *op, int containers, pages *out)
+{
+    uint32_t offset = 0;
+    out->reps = NULL;
+    out->n = 0;
+    for (size_t k = 0; k < MAX_PAGES; k++) {
+        Wbproto__ListLeasesRequest ll = WBPROTO__LIST_LEASES_REQUEST__INIT;
+        Wbproto__ListContainersRequest lc = WBPROTO__LIST_CONTAINERS_REQUEST__INIT;
+        Wbproto__Request req = WBPROTO__REQUEST__INIT;
+        if (containers) {
+            lc.offset = offset;
+            req.body_case = WBPROTO__REQUEST__BODY_LIST_CONTAINERS;
+            req.list_containers = &lc;
+        } else {
+            ll.offset = offset;
+            req.body_case = WBPROTO__REQUEST__BODY_LIST_LEASES;
+            req.list_leases = &ll;
+        }
+        Wbproto__Reply *rep;
+        int rc = call(g, op, &req, g->timeout_ms, &rep);
+        if (rc >= 0) {
+            pages_free(out);
+            return rc;
+        }
+        Wbproto__Reply **reps = realloc(out->reps, (out->n + 1) * sizeof *reps);
+        if (!reps) {
+            wb__reply_free(&rep);
+            pages_free(out);
+            fprintf(stderr, "wbctl: out of memory\n");
+            return 1;
+        }
+        out->reps = reps;
+        out->reps[out->n++] = rep;
+        uint32_t next =
+            containers ? rep->list_containers->next_offset : rep->list_leases->next_offset;
+        if (next <= offset)
+            break;
+        offset = next;
+    }
+    return -1;
 }
 
 int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
@@ -347,77 +424,77 @@ int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
                         0, NULL, &json, NULL);
     if (rc >= 0)
         return rc;
-    Wbproto__ListLeasesRequest body = WBPROTO__LIST_LEASES_REQUEST__INIT;
-    Wbproto__Request req = WBPROTO__REQUEST__INIT;
-    req.body_case = WBPROTO__REQUEST__BODY_LIST_LEASES;
-    req.list_leases = &body;
-    Wbproto__Reply *rep;
-    if ((rc = call(g, "leases", &req, g->timeout_ms, &rep)) >= 0)
+    pages pg;
+    if ((rc = fetch_pages(g, "leases", 0, &pg)) >= 0)
         return rc;
-    const Wbproto__ListLeasesReply *ll = rep->list_leases;
     double now = now_unix();
     json_t *arr = json ? json_array() : NULL;
     table t = {.ncols = 12};
     if (!json)
         table_add(&t, "ID", "MODEL", "PID", "PROCESS", "UID", "STATE", "CONTAINERS", "SHARED",
                   "SLABS", "BYTES", "AGE", "HEARTBEAT");
-    for (size_t i = 0; i < ll->n_leases; i++) {
-        const Wbproto__LeaseInfo *l = ll->leases[i];
-        char id[2 * WB_LEASE_ID_LEN + 1];
-        hex(&l->id, id, sizeof id);
-        double age = now - l->granted_at;
-        double since = now - l->last_heartbeat;
-        if (age < 0)
-            age = 0;
-        if (since < 0)
-            since = 0;
-        uint64_t shared_bytes = 0, shared_tensors = 0;
-        for (size_t k = 0; k < l->n_container_records; k++) {
-            shared_bytes += l->container_records[k]->bound_bytes;
-            shared_tensors += l->container_records[k]->bound_tensors;
+    for (size_t page = 0; page < pg.n; page++) {
+        const Wbproto__ListLeasesReply *ll = pg.reps[page]->list_leases;
+        for (size_t i = 0; i < ll->n_leases; i++) {
+            const Wbproto__LeaseInfo *l = ll->leases[i];
+            char id[2 * WB_LEASE_ID_LEN + 1];
+            hex(&l->id, id, sizeof id);
+            double age = now - l->granted_at;
+            double since = now - l->last_heartbeat;
+            if (age < 0)
+                age = 0;
+            if (since < 0)
+                since = 0;
+            uint64_t shared_bytes = 0, shared_tensors = 0;
+            for (size_t k = 0; k < l->n_container_records; k++) {
+                shared_bytes += l->container_records[k]->bound_bytes;
+                shared_tensors += l->container_records[k]->bound_tensors;
+            }
+            if (json) {
+                json_t *o = json_object();
+                json_object_set_new(o, "id", json_string(id));
+                json_object_set_new(o, "model", jstr(l->model));
+                json_object_set_new(o, "pid", json_integer(l->pid));
+                json_object_set_new(o, "process", jstr(l->process_name));
+                json_object_set_new(o, "uid", json_integer(l->uid));
+                json_object_set_new(o, "gid", json_integer(l->gid));
+                json_object_set_new(o, "state", json_string(wb__lease_state_name(l->state)));
+                json_object_set_new(o, "containers", json_integer(l->containers));
+                json_object_set_new(o, "slabs", json_integer(l->slabs));
+                json_object_set_new(o, "bytes", json_integer((json_int_t)l->bytes));
+                json_object_set_new(o, "granted_at", json_real(l->granted_at));
+                json_object_set_new(o, "last_heartbeat", json_real(l->last_heartbeat));
+                json_object_set_new(o, "age_seconds", json_real(age));
+                json_t *recs = json_array();
+                for (size_t k = 0; k < l->n_container_records; k++)
+                    json_array_append_new(recs, record_json(l->container_records[k]));
+                json_object_set_new(o, "container_records", recs);
+                json_object_set_new(o, "container_records_total",
+                                    json_integer(l->container_records_total));
+                json_object_set_new(o, "shared_buffers", json_integer((json_int_t)shared_tensors));
+                json_object_set_new(o, "shared_bytes", json_integer((json_int_t)shared_bytes));
+                json_array_append_new(arr, o);
+                continue;
+            }
+            char pid[16], uid[16], containers[16], slabs[16], bytes[32], agebuf[32], hb[32];
+            char shared[64];
+            /* Bound by containers, counted once per container: two containers
+             * binding the same tensor share one buffer but count twice here. */
+            snprintf(shared, sizeof shared, "%llu (%llu B)", (unsigned long long)shared_tensors,
+                     (unsigned long long)shared_bytes);
+            snprintf(pid, sizeof pid, "%u", l->pid);
+            snprintf(uid, sizeof uid, "%u", l->uid);
+            snprintf(containers, sizeof containers, "%u", l->containers);
+            snprintf(slabs, sizeof slabs, "%u", l->slabs);
+            snprintf(bytes, sizeof bytes, "%llu", (unsigned long long)l->bytes);
+            fmt_age(agebuf, sizeof agebuf, age);
+            snprintf(hb, sizeof hb, "%.1fs ago", since);
+            id[8] = '\0';
+            table_add(&t, id, l->model, pid, l->process_name, uid, wb__lease_state_name(l->state),
+                      containers, shared, slabs, bytes, agebuf, hb);
         }
-        if (json) {
-            json_t *o = json_object();
-            json_object_set_new(o, "id", json_string(id));
-            json_object_set_new(o, "model", json_string(l->model));
-            json_object_set_new(o, "pid", json_integer(l->pid));
-            json_object_set_new(o, "process", json_string(l->process_name));
-            json_object_set_new(o, "uid", json_integer(l->uid));
-            json_object_set_new(o, "gid", json_integer(l->gid));
-            json_object_set_new(o, "state", json_string(wb__lease_state_name(l->state)));
-            json_object_set_new(o, "containers", json_integer(l->containers));
-            json_object_set_new(o, "slabs", json_integer(l->slabs));
-            json_object_set_new(o, "bytes", json_integer((json_int_t)l->bytes));
-            json_object_set_new(o, "granted_at", json_real(l->granted_at));
-            json_object_set_new(o, "last_heartbeat", json_real(l->last_heartbeat));
-            json_object_set_new(o, "age_seconds", json_real(age));
-            json_t *recs = json_array();
-            for (size_t k = 0; k < l->n_container_records; k++)
-                json_array_append_new(recs, record_json(l->container_records[k]));
-            json_object_set_new(o, "container_records", recs);
-            json_object_set_new(o, "shared_buffers", json_integer((json_int_t)shared_tensors));
-            json_object_set_new(o, "shared_bytes", json_integer((json_int_t)shared_bytes));
-            json_array_append_new(arr, o);
-            continue;
-        }
-        char pid[16], uid[16], containers[16], slabs[16], bytes[32], agebuf[32], hb[32];
-        char shared[64];
-        /* Bound by containers, counted once per container: two containers
-         * binding the same tensor share one buffer but count twice here. */
-        snprintf(shared, sizeof shared, "%llu (%llu B)", (unsigned long long)shared_tensors,
-                 (unsigned long long)shared_bytes);
-        snprintf(pid, sizeof pid, "%u", l->pid);
-        snprintf(uid, sizeof uid, "%u", l->uid);
-        snprintf(containers, sizeof containers, "%u", l->containers);
-        snprintf(slabs, sizeof slabs, "%u", l->slabs);
-        snprintf(bytes, sizeof bytes, "%llu", (unsigned long long)l->bytes);
-        fmt_age(agebuf, sizeof agebuf, age);
-        snprintf(hb, sizeof hb, "%.1fs ago", since);
-        id[8] = '\0';
-        table_add(&t, id, l->model, pid, l->process_name, uid, wb__lease_state_name(l->state),
-                  containers, shared, slabs, bytes, agebuf, hb);
     }
-    wb__reply_free(&rep);
+    pages_free(&pg);
     if (json)
         return print_json(arr);
     table_print(&t);
@@ -436,71 +513,76 @@ int wbctl_containers(const wbctl_globals *g, int argc, char **argv)
                         0, NULL, &json, NULL);
     if (rc >= 0)
         return rc;
-    Wbproto__ListContainersRequest body = WBPROTO__LIST_CONTAINERS_REQUEST__INIT;
-    Wbproto__Request req = WBPROTO__REQUEST__INIT;
-    req.body_case = WBPROTO__REQUEST__BODY_LIST_CONTAINERS;
-    req.list_containers = &body;
-    Wbproto__Reply *rep;
-    if ((rc = call(g, "containers", &req, g->timeout_ms, &rep)) >= 0)
+    pages pg;
+    if ((rc = fetch_pages(g, "containers", 1, &pg)) >= 0)
         return rc;
-    const Wbproto__ListContainersReply *lc = rep->list_containers;
     double now = now_unix();
     json_t *arr = json ? json_array() : NULL;
     table t = {.ncols = 10};
     if (!json)
         table_add(&t, "PID", "PROCESS", "ID", "API", "PINNED", "LEASES", "SHARED_BYTES",
                   "FOLDED_BYTES", "AGE", "MODEL");
-    for (size_t i = 0; i < lc->n_containers; i++) {
-        const Wbproto__ContainerInfo *c = lc->containers[i];
-        uint64_t shared = 0;
-        for (size_t k = 0; k < c->n_leases; k++)
-            shared += c->leases[k]->bound_bytes;
-        if (json) {
-            json_t *o = json_object();
-            json_object_set_new(o, "pid", json_integer(c->pid));
-            json_object_set_new(o, "process", json_string(c->process_name));
-            json_object_set_new(o, "container_id", json_integer((json_int_t)c->container_id));
-            json_object_set_new(o, "aoti_api", json_string(c->aoti_api));
-            json_object_set_new(o, "pinned_async_copy", json_boolean(c->pinned_async_copy));
-            json_object_set_new(o, "shared_bytes", json_integer((json_int_t)shared));
-            json_object_set_new(o, "folded_bytes", json_integer((json_int_t)c->folded_bytes));
-            json_object_set_new(o, "embedded_bytes", json_integer((json_int_t)c->embedded_bytes));
-            json_object_set_new(o, "created_at", json_real(c->created_at));
-            json_object_set_new(o, "model_path", json_string(c->model_path));
-            json_t *ls = json_array();
-            for (size_t k = 0; k < c->n_leases; k++) {
-                const Wbproto__ContainerLease *cl = c->leases[k];
-                char id[2 * WB_LEASE_ID_LEN + 1];
-                hex(&cl->lease_id, id, sizeof id);
-                json_t *lo = json_object();
-                json_object_set_new(lo, "lease_id", json_string(id));
-                json_object_set_new(lo, "model", json_string(cl->model));
-                json_object_set_new(lo, "bound_bytes", json_integer((json_int_t)cl->bound_bytes));
-                json_object_set_new(lo, "bound_tensors", json_integer(cl->bound_tensors));
-                json_array_append_new(ls, lo);
+    for (size_t page = 0; page < pg.n; page++) {
+        const Wbproto__ListContainersReply *lc = pg.reps[page]->list_containers;
+        for (size_t i = 0; i < lc->n_containers; i++) {
+            const Wbproto__ContainerInfo *c = lc->containers[i];
+            uint64_t shared = 0;
+            for (size_t k = 0; k < c->n_leases; k++)
+                shared += c->leases[k]->bound_bytes;
+            if (json) {
+                json_t *o = json_object();
+                json_object_set_new(o, "pid", json_integer(c->pid));
+                json_object_set_new(o, "process", jstr(c->process_name));
+                json_object_set_new(o, "container_id", json_integer((json_int_t)c->container_id));
+                json_object_set_new(o, "aoti_api", jstr(c->aoti_api));
+                json_object_set_new(o, "pinned_async_copy", json_boolean(c->pinned_async_copy));
+                json_object_set_new(o, "shared_bytes", json_integer((json_int_t)shared));
+                json_object_set_new(o, "folded_bytes", json_integer((json_int_t)c->folded_bytes));
+                json_object_set_new(o, "embedded_bytes",
+                                    json_integer((json_int_t)c->embedded_bytes));
+                json_object_set_new(o, "created_at", json_real(c->created_at));
+                json_object_set_new(o, "model_path", jstr(c->model_path));
+                json_t *ls = json_array();
+                for (size_t k = 0; k < c->n_leases; k++) {
+                    const Wbproto__ContainerLease *cl = c->leases[k];
+                    char id[2 * WB_LEASE_ID_LEN + 1];
+                    hex(&cl->lease_id, id, sizeof id);
+                    json_t *lo = json_object();
+                    json_object_set_new(lo, "lease_id", json_string(id));
+                    json_object_set_new(lo, "model", jstr(cl->model));
+                    json_object_set_new(lo, "bound_bytes",
+                                        json_integer((json_int_t)cl->bound_bytes));
+                    json_object_set_new(lo, "bound_tensors", json_integer(cl->bound_tensors));
+                    json_array_append_new(ls, lo);
+                }
+                json_object_set_new(o, "leases", ls);
+                json_object_set_new(o, "leases_total", json_integer(c->leases_total));
+                json_array_append_new(arr, o);
+                continue;
             }
-            json_object_set_new(o, "leases", ls);
-            json_array_append_new(arr, o);
-            continue;
+            char pid[16], id[24], leases[256] = "", shared_s[32], folded[32], agebuf[32];
+            snprintf(pid, sizeof pid, "%u", c->pid);
+            snprintf(id, sizeof id, "%llu", (unsigned long long)c->container_id);
+            size_t used = 0;
+            for (size_t k = 0; k < c->n_leases && used < sizeof leases; k++) {
+                int w = snprintf(leases + used, sizeof leases - used, "%s%s", k ? "," : "",
+                                 c->leases[k]->model);
+                if (w < 0)
+                    break;
+                used += (size_t)w;
+            }
+            snprintf(shared_s, sizeof shared_s, "%llu", (unsigned long long)shared);
+            snprintf(folded, sizeof folded, "%llu", (unsigned long long)c->folded_bytes);
+            fmt_age(agebuf, sizeof agebuf, now - c->created_at);
+            if (c->leases_total > c->n_leases && used < sizeof leases)
+                snprintf(leases + used, sizeof leases - used, ",+%u more",
+                         c->leases_total - (uint32_t)c->n_leases);
+            table_add(&t, pid, c->process_name, id, c->aoti_api,
+                      c->pinned_async_copy ? "on" : "off", leases, shared_s, folded, agebuf,
+                      c->model_path);
         }
-        char pid[16], id[24], leases[256] = "", shared_s[32], folded[32], agebuf[32];
-        snprintf(pid, sizeof pid, "%u", c->pid);
-        snprintf(id, sizeof id, "%llu", (unsigned long long)c->container_id);
-        size_t used = 0;
-        for (size_t k = 0; k < c->n_leases && used < sizeof leases; k++) {
-            int w = snprintf(leases + used, sizeof leases - used, "%s%s", k ? "," : "",
-                             c->leases[k]->model);
-            if (w < 0)
-                break;
-            used += (size_t)w;
-        }
-        snprintf(shared_s, sizeof shared_s, "%llu", (unsigned long long)shared);
-        snprintf(folded, sizeof folded, "%llu", (unsigned long long)c->folded_bytes);
-        fmt_age(agebuf, sizeof agebuf, now - c->created_at);
-        table_add(&t, pid, c->process_name, id, c->aoti_api, c->pinned_async_copy ? "on" : "off",
-                  leases, shared_s, folded, agebuf, c->model_path);
     }
-    wb__reply_free(&rep);
+    pages_free(&pg);
     if (json)
         return print_json(arr);
     table_print(&t);
