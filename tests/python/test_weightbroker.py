@@ -498,6 +498,37 @@ class TestModels(Base):
             self.assertIn("missing.pt2", cm.exception.message)
             self.assertEqual(base.containers, 0)
 
+    def test_example_worker_serves_and_stops(self):
+        # examples/python_worker.py as a separate process, on the fake.
+        inp = os.path.join(self.tmp, "input.safetensors")
+        out = os.path.join(self.tmp, "output.safetensors")
+        write_safetensors(inp, [("input0", "F32", (4,), f32([1, 1, 2, 2]))])
+        log = open(os.path.join(self.tmp, "worker.out"), "w+")
+        self.addCleanup(log.close)
+        w = subprocess.Popen([sys.executable, os.path.join(SRC, "examples", "python_worker.py"),
+                              "--socket", self.broker.sock, "--model", "base", "--model", "head",
+                              "--aoti", self.pt2, "--input", inp, "--output", out, "--serve",
+                              "--verify", "--bridge", "wb", "--torch-lib", "none"],
+                             stdout=log, stderr=subprocess.STDOUT, text=True)
+        self.addCleanup(lambda: w.poll() is None and w.kill())
+
+        def printed(text):
+            log.seek(0)
+            return text in log.read()
+        wait_for(lambda: printed("ready\n"), "the example worker to serve")
+        self.assertTrue(printed("verified base (1 tensors)"))
+        wait_for(lambda: [r["pid"] for r in self.broker.ctl("containers", "--json")] == [w.pid],
+                 "wbctl containers to list the example worker")
+        self.assertEqual(sorted(l["model"] for l in self.broker.ctl("leases", "--json")
+                                if l["pid"] == w.pid), ["base", "head"])
+        w.send_signal(signal.SIGTERM)
+        self.assertEqual(w.wait(WAIT), 0)
+        self.assertTrue(printed("served runs="))
+        self.assertTrue(printed(" mismatches=0"))
+        self.assertEqual(read_safetensors(out)["output0"], ("F32", (4,), f32([11, 22, 36, 48])))
+        wait_for(lambda: not [l for l in self.broker.ctl("leases", "--json")
+                              if l["pid"] == w.pid], "the example worker's leases released")
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
