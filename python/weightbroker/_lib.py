@@ -146,8 +146,10 @@ def _candidates():
     env = os.environ.get(ENV_LIBRARY)
     if env:
         # An explicit setting is obeyed exactly: no silent fallback.
-        path = os.path.join(env, SONAME) if os.path.isdir(env) else env
-        return [("$%s" % ENV_LIBRARY, path)]
+        if not os.path.isdir(env):
+            return [("$%s" % ENV_LIBRARY, env)]
+        return [("$%s" % ENV_LIBRARY, os.path.join(env, name))
+                for name in (SONAME, "libwbclient.so")]
     out = [("the dynamic linker's search path (LD_LIBRARY_PATH, ld.so.cache)", SONAME)]
     multiarch = sysconfig.get_config_var("MULTIARCH") or ""
     for prefix in dict.fromkeys([sys.prefix, "/usr/local", "/usr"]):

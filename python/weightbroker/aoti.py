@@ -135,12 +135,16 @@ class Model:
 
     def _stream(self, stream):
         if stream is not None:
-            return getattr(stream, "cuda_stream", stream)
+            h = getattr(stream, "cuda_stream", stream)
+            return (h or 1) if self.device.startswith("cuda") else h
         if self.device.startswith("cuda"):
-            # torch's current stream, so that torch's caching allocator orders
-            # the inputs' and outputs' memory with the model's kernels.
+            # torch's current stream, so that the model's kernels are ordered
+            # with the work that made the inputs and with what reads the
+            # outputs, as torch's own AOTI runner does. Handle 0 is torch's
+            # legacy default stream; NULL would select the container's
+            # private stream, so pass cudaStreamLegacy (1) instead.
             import torch
-            return torch.cuda.current_stream(torch.device(self.device)).cuda_stream
+            return torch.cuda.current_stream(torch.device(self.device)).cuda_stream or 1
         return None
 
     def __call__(self, *inputs, stream=None):
