@@ -62,7 +62,7 @@ class Model:
             raise ValueError("bridge must be 'torch' or 'wb', not %r" % (bridge,))
         if bridge == "torch" and not _torch_bridge_available():
             raise BrokerError(-16, "WB_ENOSYS", "this torch has no torch._C._aoti tensor "
-                              "handle helpers (torch >= 2.2 has them); use bridge='wb'")
+                              "handle helpers (unsafe_alloc_void_ptrs_from_tensors); use bridge='wb'")
         self.bridge = bridge
 
         # Caller tensors: explicit ones, and aliases (a constant bound to the
