@@ -90,7 +90,7 @@ def main():
     differ = [n for n, t in ckpt.items() if not torch.equal(views[n].cpu(), t)]
     check(not differ, "leased tensors differ from the checkpoint: %s" % differ[:5])
     res["views_checked_against_checkpoint"] = len(ckpt)
-    del ckpt
+    del ckpt, views, t  # so that the release check below meets the model, not a view
 
     t0 = time.monotonic()
     model = weightbroker.load_aoti(a.pt2, [base, head])
@@ -133,7 +133,7 @@ def main():
         base.release()
         check(False, "the base lease was released under a live model")
     except weightbroker.BusyError as e:
-        res["release_while_model"] = e.name
+        res["release_while_model"] = "%s: %s" % (e.name, e.message)
     write()
     print("ready", flush=True)
 
@@ -147,7 +147,7 @@ def main():
         time.sleep(0.005)
     res["served_runs"], res["mismatches"] = runs, mismatches
     check(mismatches == 0, "%d outputs changed while serving" % mismatches)
-    del model, views, first, y
+    del model, first, y
     for lease in (base, head):
         lease.release()
     client.close()
