@@ -112,21 +112,21 @@ def main():
     device = torch.device(model.device)
     xs = [inputs["input%d" % i].to(device) for i in range(len(inputs))]
 
-    def run():
-        ys = model(*xs)
+    def run(m):
+        ys = m(*xs)
         if device.type == "cuda":
             torch.cuda.current_stream(device).synchronize()
         return ys
 
     try:
-        first = run()
+        first = run(model)
         if a.output:
             save_safetensors(a.output, {"output%d" % i: y for i, y in enumerate(first)})
         runs, mismatches = 1, 0
         if a.serve:
             print("ready", flush=True)
             while not stop:
-                ys = run()
+                ys = run(model)
                 runs += 1
                 mismatches += any(not torch.equal(y, f) for y, f in zip(ys, first))
                 time.sleep(0.01)

@@ -7,7 +7,7 @@ only on the FAKE AOTI library (tests/fake_aoti: y = x * w + b in C, not
 PyTorch): it tests the Python side of the container API (binding options,
 tensor handles, lifetime, records), never that AOTInductor works."""
 
-import ctypes
+import glob
 import json
 import os
 import shutil
@@ -134,11 +134,20 @@ class Base(unittest.TestCase):
         pass
 
     def kill_broker(self):
-        if self.broker.proc and self.broker.proc.poll() is None:
-            self.broker.proc.kill()
-            self.broker.proc.wait()
-        if self.broker.proc:
-            self.broker.log.close()
+        # SIGTERM first: a clean stop removes the broker's shared memory.
+        proc = self.broker.proc
+        if not proc:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(WAIT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.broker.log.close()
+        for path in glob.glob("/dev/shm/wb-%d-*" % proc.pid):
+            os.remove(path)
 
     def connect(self, **kw):
         c = wb.connect(self.broker.sock, **kw)
@@ -302,6 +311,38 @@ class TestLeases(Base):
         with self.assertRaisesRegex(ValueError, "was released"):
             lease.tensors()
         c.close()
+
+    def test_verify_names_a_corrupted_tensor(self):
+        # Change one byte of the broker's slab behind its back (root may open
+        # the shared memory object read-write); verify() must name the tensor.
+        slabs = glob.glob("/dev/shm/wb-%d-*" % self.broker.proc.pid)
+        if os.geteuid() != 0 or len(slabs) != 2:
+            self.skipTest("needs root and the broker's two slabs in /dev/shm")
+        c = self.connect()
+        with c.lease("mixed") as lease:
+            lease.verify()
+            first = min(lease.info(), key=lambda t: t.data)
+            a = lease.numpy([first.name])[first.name]
+            before = a.tobytes()
+            for path in slabs:
+                with open(path, "r+b") as f:
+                    f.seek(0)
+                    b = f.read(1)
+                    f.seek(0)
+                    f.write(bytes([b[0] ^ 0xFF]))
+                    f.flush()
+                if a.tobytes() != before:
+                    break
+            self.assertNotEqual(a.tobytes(), before, "no slab holds the lease's first tensor")
+            with self.assertRaises(wb.CorruptError) as cm:
+                lease.verify()
+            self.assertEqual(cm.exception.name, "WB_ECORRUPT")
+            self.assertEqual(cm.exception.message, "tensor %s of model mixed does not match "
+                             "the broker's checksum" % first.name)
+            with open(path, "r+b") as f:
+                f.write(b)
+            lease.verify()
+            del a
 
     def test_errors_carry_the_status(self):
         with self.assertRaises(wb.ConnectError) as cm:
