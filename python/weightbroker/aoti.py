@@ -1,0 +1,253 @@
+"""AOTInductor models on leased weights, through libwbclient's container
+API: the same binding as C programs (constants matched by original name,
+dtype and size checked, folding, the container record sent to the broker),
+so Python and C workers follow one set of rules."""
+
+import ctypes
+import os
+import threading
+
+from . import _dlpack
+from ._lib import ContainerInfo, ContainerOptions, ContainerTensor, TensorDesc, check, lib, s
+from .errors import BrokerError, error_for
+
+_capsule_ptr = ctypes.pythonapi["PyCapsule_GetPointer"]
+_capsule_ptr.restype = ctypes.c_void_p
+_capsule_ptr.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_new = ctypes.pythonapi["PyCapsule_New"]  # a private function object: argtypes differ per module
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+# torch dtype name -> safetensors name
+_ST_DTYPE = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64",
+             "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8",
+             "bool": "BOOL"}
+
+
+def _st_dtype(t, what):
+    name = str(t.dtype).replace("torch.", "")
+    if name not in _ST_DTYPE:
+        raise TypeError("%s: dtype %s is not supported" % (what, t.dtype))
+    return _ST_DTYPE[name]
+
+
+def _torch_bridge_available():
+    try:
+        from torch._C import _aoti
+    except ImportError:
+        return False
+    return hasattr(_aoti, "unsafe_alloc_void_ptrs_from_tensors") and hasattr(
+        _aoti, "alloc_tensors_by_stealing_from_void_ptrs")
+
+
+class Model:
+    """A callable AOTInductor model bound to leased weights (see load_aoti).
+
+    model(*inputs) -> list of output tensors. The model keeps its leases
+    alive, and they refuse release while it lives; close() (or the end of a
+    `with` block, or garbage collection) destroys the container."""
+
+    def __init__(self, path, leases, *, tensors=None, aliases=None, device=None,
+                 torch_lib_dir="auto", num_models=1, work_dir=None, bridge=None):
+        L = lib()
+        if not isinstance(leases, (list, tuple)):
+            leases = [leases]
+        self.path = os.fspath(path)
+        self.leases = list(leases)
+        self._lock = threading.Lock()
+        self._h = ctypes.c_void_p()
+        if bridge is None:
+            bridge = "torch" if _torch_bridge_available() else "wb"
+        if bridge not in ("torch", "wb"):
+            raise ValueError("bridge must be 'torch' or 'wb', not %r" % (bridge,))
+        if bridge == "torch" and not _torch_bridge_available():
+            raise BrokerError(-16, "WB_ENOSYS", "this torch has no torch._C._aoti tensor "
+                              "handle helpers (unsafe_alloc_void_ptrs_from_tensors); use bridge='wb'")
+        self.bridge = bridge
+
+        # Caller tensors: explicit ones, and aliases (a constant bound to the
+        # leased tensor of another name, e.g. a tied lm_head.weight).
+        extra = []  # (fqn, data, dtype, shape, device)
+        self._keep = []  # caller tensors must outlive the container
+        for fqn, t in (tensors or {}).items():
+            if not t.is_contiguous():
+                raise ValueError("tensor %s must be contiguous" % fqn)
+            self._keep.append(t)
+            extra.append((fqn, t.data_ptr(), _st_dtype(t, "tensor %s" % fqn), tuple(t.shape),
+                          t.device.index if t.device.type == "cuda" else -1))
+        for fqn, source in (aliases or {}).items():
+            info = None
+            for lease in self.leases:
+                try:
+                    info = lease.find(source)
+                    break
+                except BrokerError:
+                    continue
+            if info is None:
+                raise error_for(-4, "WB_ENOTFOUND", "alias %s -> %s: no lease has a tensor %s"
+                                  % (fqn, source, source))
+            extra.append((fqn, info.data, info.dtype, info.shape, info.device))
+
+        ct = (ContainerTensor * max(len(extra), 1))()
+        self._c_keep = [ct]
+        for i, (fqn, data, dtype, shape, dev) in enumerate(extra):
+            shp = (ctypes.c_uint64 * max(len(shape), 1))(*shape)
+            names = (fqn.encode(), dtype.encode())
+            self._c_keep += [shp, names]
+            ct[i].fqn, ct[i].data, ct[i].dtype = names[0], data, names[1]
+            ct[i].ndim, ct[i].shape, ct[i].device = len(shape), shp, dev
+
+        opts = ContainerOptions()
+        L.wb_container_options_init(ctypes.byref(opts))
+        if torch_lib_dir == "auto":
+            torch_lib_dir = _torch_lib_dir()
+        keep = []
+        for field, value in (("torch_lib_dir", torch_lib_dir), ("device", device),
+                             ("work_dir", work_dir)):
+            if value is not None:
+                b = os.fsencode(value) if field != "device" else value.encode()
+                keep.append(b)
+                setattr(opts, field, b)
+        opts.num_models = num_models
+        opts.tensors = ct if extra else None
+        opts.n_tensors = len(extra)
+
+        arr = (ctypes.c_void_p * max(len(self.leases), 1))(*[l._handle() for l in self.leases])
+        rc = L.wb_container_create(arr, len(self.leases), os.fsencode(self.path),
+                                   ctypes.byref(opts), ctypes.byref(self._h))
+        if rc != 0:
+            msg = s(L.wb_container_errmsg(self._h))
+            L.wb_container_destroy(ctypes.byref(self._h))
+            check(rc, lambda: msg)
+        info = ContainerInfo()
+        L.wb_container_get_info(self._h, ctypes.byref(info))
+        self.info = {name: (s(getattr(info, name)) if isinstance(getattr(info, name), bytes)
+                            else getattr(info, name)) for name, _ in ContainerInfo._fields_}
+        self.device = self.info["device"]
+
+    def _handle(self):
+        if not self._h:
+            raise ValueError("model %s was closed" % self.path)
+        return self._h
+
+    def _fail(self, rc):
+        check(rc, lambda: lib().wb_container_errmsg(self._h))
+
+    def _stream(self, stream):
+        if stream is not None:
+            h = getattr(stream, "cuda_stream", stream)
+            return (h or 1) if self.device.startswith("cuda") else h
+        if self.device.startswith("cuda"):
+            # torch's current stream, so that the model's kernels are ordered
+            # with the work that made the inputs and with what reads the
+            # outputs, as torch's own AOTI runner does. Handle 0 is torch's
+            # legacy default stream; NULL would select the container's
+            # private stream, so pass cudaStreamLegacy (1) instead.
+            import torch
+            return torch.cuda.current_stream(torch.device(self.device)).cuda_stream or 1
+        return None
+
+    def __call__(self, *inputs, stream=None):
+        """Runs the model on `inputs` (torch tensors on the model's device);
+        returns the outputs as a list of torch tensors. On CUDA it runs on
+        `stream` (default: torch's current stream) and returns once queued,
+        as any torch operation does."""
+        L = lib()
+        h = self._handle()
+        n_out = self.info["n_outputs"]
+        if not n_out:
+            raise BrokerError(-16, "WB_ENOSYS", "model %s does not say how many outputs it has"
+                              % self.path)
+        s_ptr = self._stream(stream)
+        outs = (ctypes.c_void_p * n_out)()
+        if self.bridge == "torch":
+            from torch._C import _aoti
+
+            handles = [_capsule_ptr(c, None)
+                       for c in _aoti.unsafe_alloc_void_ptrs_from_tensors(list(inputs))]
+            ins = (ctypes.c_void_p * max(len(handles), 1))(*handles)
+            # Inputs are stolen by the model, also on failure.
+            self._fail(L.wb_container_run(h, ins, len(handles), outs, n_out, s_ptr))
+            return _aoti.alloc_tensors_by_stealing_from_void_ptrs(
+                [_capsule_new(outs[i], None, None) for i in range(n_out)])
+        return self._run_wb(inputs, outs, n_out, s_ptr)
+
+    def _run_wb(self, inputs, outs, n_out, s_ptr):
+        # The model runtime's own tensors (for a runtime that is not this
+        # process's torch): inputs wrap the caller's memory, outputs are
+        # copied into torch tensors and the runtime's handles freed.
+        L = lib()
+        h = self._handle()
+        ins = (ctypes.c_void_p * max(len(inputs), 1))()
+        keep = []
+        try:
+            for i, t in enumerate(inputs):
+                t = t.contiguous()
+                keep.append(t)
+                shp = (ctypes.c_int64 * max(t.dim(), 1))(*t.shape)
+                dev = t.device.index if t.device.type == "cuda" else -1
+                handle = ctypes.c_void_p()
+                self._fail(L.wb_container_tensor_from_blob(
+                    h, t.data_ptr(), _st_dtype(t, "input %d" % i).encode(), t.dim(), shp,
+                    dev, ctypes.byref(handle)))
+                ins[i] = handle.value
+        except Exception:
+            for i in range(len(inputs)):
+                L.wb_container_tensor_delete(h, ins[i])
+            raise
+        self._fail(L.wb_container_run(h, ins, len(inputs), outs, n_out, s_ptr))
+        result = []
+        try:
+            for i in range(n_out):
+                d = TensorDesc()
+                self._fail(L.wb_container_tensor_describe(h, outs[i], ctypes.byref(d)))
+                view = _dlpack.wrap(d.data, s(d.dtype), tuple(d.shape[:d.ndim]),
+                                    d.device, None, "output %d" % i)
+                result.append(view.clone())
+        finally:
+            for i in range(n_out):
+                L.wb_container_tensor_delete(h, outs[i])
+        return result
+
+    def close(self):
+        """Destroys the container; its leases may then be released."""
+        with self._lock:
+            if self._h:
+                lib().wb_container_destroy(ctypes.byref(self._h))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            self.close()
+
+
+def _torch_lib_dir():
+    """torch's lib directory when torch is imported, so that the model
+    library binds to the libtorch this process already runs."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    d = os.path.join(os.path.dirname(torch.__file__), "lib")
+    return d if os.path.isdir(d) else None
+
+
+def load_aoti(path, leases, *, aliases=None, tensors=None, device=None, **kwargs):
+    """Loads an AOTInductor package (.pt2, its unpacked directory, or the
+    model .so) on the weights of `leases` (a Lease or a list) and returns a
+    callable Model. The model's constants are bound by name to the leased
+    tensors without copying them; `aliases` {constant: leased tensor name}
+    binds a constant to a tensor of another name; `tensors` {constant:
+    torch.Tensor} supplies constants no lease has (the tensors must stay
+    unchanged while the model lives). device: "cpu", "cuda" or "cuda:N"
+    (default: the leases' device). Keywords: torch_lib_dir ("auto": the
+    imported torch's), num_models, work_dir, bridge ("torch": torch's own
+    tensor handles, zero copy; "wb": the runtime's handles through
+    libwbclient, outputs copied)."""
+    return Model(path, leases, aliases=aliases, tensors=tensors, device=device, **kwargs)

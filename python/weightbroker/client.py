@@ -1,0 +1,318 @@
+"""Clients and leases: connect to the broker, lease a model, read its
+tensors as zero-copy views."""
+
+import atexit
+import ctypes
+import gc
+import os
+import sys
+import threading
+import weakref
+
+from . import _dlpack
+from ._lib import ClientOptions, TensorView, check, lib, s
+from .errors import BusyError
+
+# numpy dtypes of the safetensors names numpy has (no bf16 or fp8 in numpy).
+_NUMPY = {"BOOL": "?", "U8": "u1", "I8": "i1", "I16": "<i2", "U16": "<u2", "I32": "<i4",
+          "U32": "<u4", "I64": "<i8", "U64": "<u8", "F16": "<f2", "F32": "<f4", "F64": "<f8"}
+
+_clients = weakref.WeakSet()
+
+
+class TensorInfo:
+    """One tensor of a lease as the broker describes it: name, dtype (a
+    safetensors name such as "BF16"), shape, data (the address in this
+    process: the read-only host mapping, or a CUDA device pointer), nbytes,
+    xxh3 (the broker's checksum) and device (CUDA ordinal, -1 on the host)."""
+
+    __slots__ = ("name", "dtype", "shape", "data", "nbytes", "xxh3", "device")
+
+    def __init__(self, v):
+        self.name = s(v.name)
+        self.dtype = s(v.dtype)
+        self.shape = tuple(v.shape[i] for i in range(v.ndim))
+        self.data = v.data or 0
+        self.nbytes = v.nbytes
+        self.xxh3 = v.xxh3
+        self.device = v.device
+
+    def __repr__(self):
+        return "TensorInfo(%r, %s, %s, device=%d)" % (self.name, self.dtype, list(self.shape),
+                                                       self.device)
+
+
+class _Pin:
+    """Held by every view of a lease's memory; the lease counts them."""
+
+    __slots__ = ("lease", "__weakref__")
+
+    def __init__(self, lease):
+        self.lease = lease
+        with lease._lock:
+            lease._views += 1
+
+    def __del__(self):
+        lease = self.lease
+        with lease._lock:
+            lease._views -= 1
+
+
+class Client:
+    """A connection to the broker (see connect()). Use as a context manager
+    or call close(). The C library's heartbeat thread keeps every lease alive
+    on its own: it needs no GIL, so it runs while Python computes."""
+
+    def __init__(self, socket=None, *, timeout_ms=0, name=None, heartbeat_thread=True):
+        L = lib()
+        opts = ClientOptions()
+        L.wb_client_options_init(ctypes.byref(opts))
+        if socket:
+            opts.socket_path = os.fsencode(socket)
+        opts.timeout_ms = int(timeout_ms)
+        opts.no_heartbeat_thread = 0 if heartbeat_thread else 1
+        self._name = (name or "python:%s" % os.path.basename(sys.argv[0] or "python")).encode()
+        opts.client_name = self._name
+        self._h = ctypes.c_void_p()
+        self._lock = threading.RLock()
+        self._leases = []
+        rc = L.wb_client_connect(ctypes.byref(opts), ctypes.byref(self._h))
+        if rc != 0:
+            msg = s(L.wb_client_errmsg(self._h)) if self._h else None
+            L.wb_client_destroy(ctypes.byref(self._h))
+            check(rc, lambda: msg)
+        _clients.add(self)
+
+    def _handle(self):
+        if not self._h:
+            raise ValueError("the client is closed")
+        return self._h
+
+    def _check(self, rc):
+        check(rc, lambda: lib().wb_client_errmsg(self._h))
+
+    @property
+    def connected(self):
+        """False while the broker is gone or restarting (mappings stay valid)."""
+        return bool(lib().wb_client_connected(self._handle()))
+
+    def heartbeat(self):
+        """Sends one heartbeat now (only needed with heartbeat_thread=False)."""
+        self._check(lib().wb_client_heartbeat(self._handle()))
+
+    def lease(self, model):
+        """Leases `model`; returns a Lease (a context manager that releases it)."""
+        L = lib()
+        h = ctypes.c_void_p()
+        with self._lock:
+            self._check(L.wb_lease_acquire(self._handle(), model.encode(), ctypes.byref(h)))
+            lease = Lease(self, h)
+            self._leases.append(lease)
+        return lease
+
+    @property
+    def leases(self):
+        """The leases of this client not yet released."""
+        with self._lock:
+            return list(self._leases)
+
+    def close(self):
+        """Releases every lease and disconnects. Raises BusyError, leaving the
+        client open, while a lease still has models or tensor views."""
+        if not self._h:
+            return
+        busy = []
+        for lease in self.leases:
+            try:
+                lease.release()
+            except BusyError as e:
+                busy.append(e.message)
+        if busy:
+            raise BusyError(-7, "WB_EBUSY", "client not closed: " + "; ".join(busy))
+        lib().wb_client_destroy(ctypes.byref(self._h))
+
+    def _close_at_exit(self):
+        # Interpreter exit: release what can be released; a lease that views
+        # still use stays mapped (the process is ending, the broker sees it).
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            # Do not hide the exception in flight behind a busy lease.
+            self._close_at_exit()
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            self._close_at_exit()
+
+
+@atexit.register
+def _close_all():
+    for c in list(_clients):
+        c._close_at_exit()
+
+
+def connect(socket=None, **kwargs):
+    """Connects to the broker. socket: its path; None resolves $WB_SOCKET,
+    then $XDG_RUNTIME_DIR/wbroker/broker.sock, then /run/wbroker/broker.sock.
+    Keywords: timeout_ms, name (shown in the broker's log), heartbeat_thread."""
+    return Client(socket, **kwargs)
+
+
+class Lease:
+    """A lease on one model (see Client.lease). Its memory stays mapped, and
+    the broker keeps the model, until release(); release() refuses (BusyError)
+    while a model built on the lease or a tensor view of it is alive."""
+
+    def __init__(self, client, handle):
+        self._client = client
+        self._h = handle
+        self._lock = threading.Lock()
+        self._views = 0
+        L = lib()
+        self.model = s(L.wb_lease_model(handle))
+        buf = ctypes.create_string_buffer(33)
+        L.wb_lease_id_hex(handle, buf)
+        self.id = s(buf.value)
+        self._infos = None
+
+    def __repr__(self):
+        state = "released" if not self._h else "orphaned" if self.orphaned else "active"
+        return "<Lease %s on %r, %s>" % (self.id, self.model, state)
+
+    def _handle(self):
+        if not self._h:
+            raise ValueError("lease %s on %r was released" % (self.id, self.model))
+        return self._h
+
+    def _check(self, rc):
+        check(rc, lambda: lib().wb_client_errmsg(self._client._h))
+
+    @property
+    def orphaned(self):
+        """True once the broker that granted the lease no longer knows it
+        (it restarted); the memory stays mapped and usable."""
+        return bool(lib().wb_lease_orphaned(self._handle()))
+
+    @property
+    def containers(self):
+        """Models (AOTI containers) registered on this lease."""
+        return int(lib().wb_lease_containers(self._handle()))
+
+    @property
+    def views(self):
+        """Tensor and array views of this lease still alive."""
+        return self._views
+
+    def info(self):
+        """[TensorInfo] in the broker's order."""
+        if self._infos is None:
+            L = lib()
+            h = self._handle()
+            out = []
+            for i in range(L.wb_lease_tensor_count(h)):
+                v = TensorView()
+                self._check(L.wb_lease_tensor(h, i, ctypes.byref(v)))
+                out.append(TensorInfo(v))
+            self._infos = out
+        return list(self._infos)
+
+    def find(self, name):
+        """TensorInfo of one tensor; NotFoundError if the lease has none."""
+        v = TensorView()
+        self._check(lib().wb_lease_find(self._handle(), name.encode(), ctypes.byref(v)))
+        return TensorInfo(v)
+
+    def tensors(self, names=None):
+        """{name: torch.Tensor}: views of the leased memory, no copy (CUDA IPC
+        memory for cuda leases, the read-only mapping for host leases; there
+        torch cannot mark a tensor read-only: an in-place write kills the
+        process with SIGSEGV, use numpy() where a write must raise). Each view
+        keeps the lease from being released while it lives."""
+        infos = self.info() if names is None else [self.find(n) for n in names]
+        self._handle()
+        return {t.name: _dlpack.wrap(t.data, t.dtype, t.shape, t.device, _Pin(self), t.name)
+                for t in infos}
+
+    def numpy(self, names=None):
+        """{name: numpy.ndarray}, read-only views of a host lease (writeable
+        is False and cannot be turned on: a write raises ValueError). Tensors
+        whose dtype numpy lacks (BF16, FP8) raise TypeError."""
+        import numpy as np
+
+        infos = self.info() if names is None else [self.find(n) for n in names]
+        out = {}
+        for t in infos:
+            if t.device >= 0:
+                raise TypeError("tensor %s is in CUDA memory (device %d): use tensors()"
+                                % (t.name, t.device))
+            if t.dtype not in _NUMPY:
+                raise TypeError("tensor %s: numpy has no dtype %s (use tensors())"
+                                % (t.name, t.dtype))
+            raw = (ctypes.c_uint8 * t.nbytes).from_address(t.data) if t.nbytes else bytearray()
+            if t.nbytes:
+                raw._wb_pin = _Pin(self)  # freed with the last array using the buffer
+            # A read-only buffer: numpy then refuses to make the array writeable.
+            arr = np.frombuffer(memoryview(raw).toreadonly(), dtype=_NUMPY[t.dtype])
+            out[t.name] = arr.reshape(t.shape)
+        return out
+
+    def verify(self):
+        """Recomputes every tensor's checksum over the mapped bytes; raises
+        CorruptError naming the first tensor that differs."""
+        bad = ctypes.c_size_t(0)
+        rc = lib().wb_lease_verify(self._handle(), ctypes.byref(bad))
+        if rc == -18:
+            name = self.info()[bad.value].name
+            check(rc, lambda: "tensor %s of model %s does not match the broker's checksum"
+                  % (name, self.model))
+        self._check(rc)
+
+    def release(self):
+        """Ends the lease. BusyError, changing nothing, while models or tensor
+        views use it; ConnectError if the broker could not be told (the lease
+        is still ended here)."""
+        if not self._h:
+            return
+        if self._views:
+            gc.collect()  # views held only by reference cycles
+        with self._lock:
+            views = self._views
+        if views:
+            raise BusyError(-7, "WB_EBUSY", "lease %s on %r: %d tensor view(s) still alive; "
+                            "delete them before releasing" % (self.id, self.model, views))
+        if lib().wb_lease_containers(self._h):
+            gc.collect()  # models held only by reference cycles
+        with self._client._lock:
+            rc = lib().wb_lease_release(ctypes.byref(self._h))
+            if not self._h:
+                self._client._leases.remove(self)
+        self._check(rc)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.release()
+        else:
+            try:
+                self.release()
+            except Exception:
+                pass  # the exception in flight matters more; close() retries
+
+    def __del__(self):
+        # Unreachable, so no view or model refers to it any more.
+        if getattr(self, "_h", None) and self._client._h:
+            try:
+                self.release()
+            except Exception:
+                pass

@@ -1,0 +1,580 @@
+"""Tests of the Python package (python/weightbroker) against real wbrokerd
+processes on the host backend.
+
+Environment: WB_BIN_DIR (the build directory), WB_SOURCE_DIR (the source
+tree); WB_CLIENT_LIBRARY names the libwbclient.so under test. Models are run
+only on the FAKE AOTI library (tests/fake_aoti: y = x * w + b in C, not
+PyTorch): it tests the Python side of the container API (binding options,
+tensor handles, lifetime, records), never that AOTInductor works."""
+
+import glob
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import zipfile
+
+import numpy as np
+import torch
+
+import weightbroker as wb
+
+BIN = os.environ["WB_BIN_DIR"]
+SRC = os.environ["WB_SOURCE_DIR"]
+WBROKERD = os.path.join(BIN, "broker", "wbrokerd")
+WBCTL = os.path.join(BIN, "tools", "wbctl", "wbctl")
+FAKE_DIR = os.path.join(BIN, "tests", "fake_aoti")
+DEMO = os.path.join(SRC, "examples", "demo", "model.safetensors")
+WAIT = 30 if os.environ.get("WB_SANITIZED") == "1" else 10
+
+
+def write_safetensors(path, tensors):
+    """tensors: [(name, dtype, shape, raw bytes)]."""
+    header, data = {}, b""
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": list(shape),
+                        "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + data)
+
+
+def read_safetensors(path):
+    """{name: (dtype, shape, raw bytes)}, read independently of the broker."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    return {k: (v["dtype"], tuple(v["shape"]),
+                raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+            for k, v in header.items()}
+
+
+def f32(values):
+    return struct.pack("<%df" % len(values), *values)
+
+
+def wait_for(cond, what):
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting for " + what)
+
+
+class Broker:
+    """A wbrokerd on the host backend with the integration tests' timings."""
+
+    def __init__(self, tmp, models, *extra):
+        self.tmp, self.models, self.extra = tmp, models, extra
+        self.sock = os.path.join(tmp, "broker.sock")
+        self.runs = 0
+        self.proc = None
+
+    def start(self):
+        self.runs += 1
+        args = [WBROKERD, "--backend", "host", "--socket", self.sock, "--heartbeat-ms", "100",
+                "--stale-ms", "600"] + list(self.extra)
+        for name, path in self.models.items():
+            args += ["--model", "%s=%s" % (name, path)]
+        self.log = open(os.path.join(self.tmp, "broker%d.log" % self.runs), "w")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        for name in self.models:
+            wait_for(lambda: self.model_state(name) == "ready", "model %s ready" % name)
+
+    def ctl(self, *args):
+        r = subprocess.run([WBCTL, "--socket", self.sock] + list(args), capture_output=True,
+                           text=True, timeout=WAIT)
+        if r.returncode != 0:
+            raise RuntimeError("wbctl %s: %s" % (" ".join(args), r.stderr))
+        return json.loads(r.stdout) if "--json" in args else r.stdout
+
+    def model_state(self, name):
+        try:
+            models = self.ctl("models", "--json")
+        except (RuntimeError, ValueError):
+            return None
+        return next((m["state"] for m in models if m["name"] == name), None)
+
+    def leases(self):
+        return [l for l in self.ctl("leases", "--json") if l["pid"] == os.getpid()]
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            rc = self.proc.wait(WAIT)
+            assert rc == 0, "wbrokerd exited with %d" % rc
+        self.proc = None
+        self.log.close()
+
+
+class Base(unittest.TestCase):
+    models = {"demo": DEMO}
+    broker_args = ()
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="wbpy.")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.prepare()
+        self.broker = Broker(self.tmp, self.models, *self.broker_args)
+        self.addCleanup(self.kill_broker)
+        self.broker.start()
+
+    def prepare(self):
+        pass
+
+    def kill_broker(self):
+        # SIGTERM first: a clean stop removes the broker's shared memory.
+        proc = self.broker.proc
+        if not proc:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(WAIT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.broker.log.close()
+        for path in glob.glob("/dev/shm/wb-%d-*" % proc.pid):
+            os.remove(path)
+
+    def connect(self, **kw):
+        c = wb.connect(self.broker.sock, **kw)
+        self.addCleanup(c._close_at_exit)
+        return c
+
+
+class TestLibrary(unittest.TestCase):
+    def test_missing_library_says_what_was_tried(self):
+        env = dict(os.environ, WB_CLIENT_LIBRARY="/nonexistent/libwbclient.so")
+        r = subprocess.run([sys.executable, "-c", "import weightbroker as w; w.connect('/x')"],
+                           env=env, capture_output=True, text=True)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("weightbroker.errors.LibraryNotFoundError: cannot load libwbclient; set "
+                      "$WB_CLIENT_LIBRARY", r.stderr)
+        self.assertIn("$WB_CLIENT_LIBRARY: /nonexistent/libwbclient.so (no such file)", r.stderr)
+
+    def test_search_order_without_the_variable(self):
+        env = {k: v for k, v in os.environ.items() if k != "WB_CLIENT_LIBRARY"}
+        env["WB_BIN_DIR"] = "/nonexistent-build"
+        env["LD_LIBRARY_PATH"] = ""
+        code = "import weightbroker._lib as l; print('\\n'.join(w for w, p in l._candidates()))"
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, check=True)
+        lines = r.stdout.splitlines()
+        self.assertTrue(lines[0].startswith("the dynamic linker's search path"), lines)
+        self.assertIn("install prefix /usr/local", lines)
+        # An installed package knows no source tree: only $WB_BIN_DIR's build.
+        self.assertEqual(lines[-1], "build tree /nonexistent-build")
+        self.assertEqual(len([w for w in lines if w.startswith("build tree")]), 1, lines)
+
+    def test_structures_match_the_headers(self):
+        # The ctypes mirrors must list the C fields in order: a field added on
+        # one side only would shift every later one.
+        import re
+
+        from weightbroker import _lib
+
+        text = ""
+        for h in ("client.h", "container.h"):
+            with open(os.path.join(SRC, "include", "wb", h)) as f:
+                text += f.read()
+        text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+        mirrors = {"wb_client_options": _lib.ClientOptions, "wb_tensor_view": _lib.TensorView,
+                   "wb_container_tensor": _lib.ContainerTensor,
+                   "wb_container_options": _lib.ContainerOptions,
+                   "wb_container_info": _lib.ContainerInfo, "wb_tensor_desc": _lib.TensorDesc}
+        for cname, cls in mirrors.items():
+            m = re.search(r"typedef struct %s \{(.*?)\} %s;" % (cname, cname), text, re.S)
+            self.assertIsNotNone(m, cname)
+            fields = []
+            for decl in m.group(1).split(";"):
+                decl = re.sub(r"\[[^\]]*\]", "", decl).strip()
+                if not decl:
+                    continue
+                # "size_t n_inputs, n_outputs" -> both names
+                first, *rest = [p.strip() for p in decl.split(",")]
+                fields.append(re.findall(r"\w+", first)[-1])
+                fields += rest
+            self.assertEqual([f for f, _ in cls._fields_], fields, cname)
+
+
+class TestLeases(Base):
+    def prepare(self):
+        # Every dtype the tests' checkpoints use, with a scalar.
+        rnd = np.random.default_rng(7)
+        self.mixed = os.path.join(self.tmp, "mixed.safetensors")
+        f = rnd.standard_normal(12).astype("<f4")
+        bf = (f.view("<u4") >> 16).astype("<u2")  # bf16 = the top half of an fp32
+        write_safetensors(self.mixed, [
+            ("a.f32", "F32", (3, 4), f.tobytes()),
+            ("b.f16", "F16", (2, 3), rnd.standard_normal(6).astype("<f2").tobytes()),
+            ("c.u8", "U8", (5,), bytes(range(5))),
+            ("d.i64", "I64", (), struct.pack("<q", -123456789)),
+            ("e.bf16", "BF16", (3, 4), bf.tobytes()),
+        ])
+        self.models = {"demo": DEMO, "mixed": self.mixed}
+
+    def test_tensors_are_zero_copy_views_equal_to_the_checkpoint(self):
+        c = self.connect()
+        for name, path in self.models.items():
+            want = read_safetensors(path)
+            with c.lease(name) as lease:
+                ts = lease.tensors()
+                self.assertEqual(sorted(ts), sorted(want))
+                for n, t in ts.items():
+                    info = lease.find(n)
+                    # The view's memory is the lease's: no copy was made.
+                    self.assertEqual(t.data_ptr(), info.data, n)
+                    self.assertEqual(info.device, -1)
+                    dtype, shape, raw = want[n]
+                    self.assertEqual(tuple(t.shape), shape, n)
+                    self.assertEqual(info.dtype, dtype)
+                    self.assertEqual(t.element_size() * t.numel(), len(raw), n)
+                    if dtype == "BF16":
+                        wide = np.frombuffer(raw, "<u2").astype("<u4") << 16
+                        ref = torch.from_numpy(wide.view("<f4").copy()).reshape(shape)
+                        self.assertTrue(torch.equal(t.float(), ref), n)
+                    else:
+                        ref = np.frombuffer(raw, {"F32": "<f4", "F16": "<f2", "U8": "u1",
+                                                  "I64": "<i8"}[dtype]).reshape(shape)
+                        self.assertTrue(np.array_equal(t.numpy(), ref), n)
+                self.assertEqual(lease.views, len(want))
+                del ts, t
+                self.assertEqual(lease.views, 0)
+                lease.verify()
+
+    def test_numpy_views_are_read_only(self):
+        c = self.connect()
+        want = read_safetensors(DEMO)
+        with c.lease("demo") as lease:
+            arrays = lease.numpy()
+            for n, a in arrays.items():
+                self.assertEqual(a.ctypes.data, lease.find(n).data, n)
+                self.assertFalse(a.flags.writeable)
+                self.assertTrue(np.array_equal(a, np.frombuffer(want[n][2], "<f4").reshape(a.shape)))
+            a = arrays["transformer.wte.weight"]
+            with self.assertRaisesRegex(ValueError, "read-only"):
+                a[0, 0] = 1.0
+            with self.assertRaisesRegex(ValueError, "cannot set WRITEABLE flag"):
+                a.flags.writeable = True
+            del arrays, a
+        with c.lease("mixed") as lease:
+            with self.assertRaisesRegex(TypeError, "tensor e.bf16: numpy has no dtype BF16"):
+                lease.numpy(["e.bf16"])
+
+    def test_host_mapping_is_read_only_for_tensors_too(self):
+        # torch has no read-only tensors: a write into the host mapping is a
+        # SIGSEGV (the process dies) rather than a silent change to shared
+        # weights. Run it in a child process.
+        code = ("import weightbroker as w, sys\n"
+                "c = w.connect(sys.argv[1]); l = c.lease('demo')\n"
+                "t = l.tensors()['transformer.wte.weight']\n"
+                "print('before', flush=True)\n"
+                "t.add_(1)\n"
+                "print('after', flush=True)\n")
+        r = subprocess.run([sys.executable, "-c", code, self.broker.sock], capture_output=True,
+                           text=True, timeout=WAIT * 3)
+        self.assertEqual(r.returncode, -signal.SIGSEGV, r.stderr)
+        self.assertEqual(r.stdout, "before\n")
+        # The dead child's lease is reclaimed (its death is proven by pidfd).
+        wait_for(lambda: self.broker.ctl("leases", "--json") == [], "the child's lease reclaimed")
+
+    def test_release_refused_while_views_live(self):
+        c = self.connect()
+        lease = c.lease("demo")
+        t = lease.tensors(["transformer.wte.weight"])["transformer.wte.weight"]
+        with self.assertRaises(wb.BusyError) as cm:
+            lease.release()
+        self.assertEqual(cm.exception.name, "WB_EBUSY")
+        self.assertEqual(cm.exception.status, -7)
+        self.assertIn("1 tensor view(s) still alive", cm.exception.message)
+        self.assertEqual(len(self.broker.leases()), 1)
+        with self.assertRaises(wb.BusyError):
+            c.close()
+        self.assertEqual(float(t[0, 0]), float(np.frombuffer(read_safetensors(DEMO)[
+            "transformer.wte.weight"][2], "<f4")[0]))
+        del t
+        lease.release()
+        self.assertEqual(self.broker.leases(), [])
+        with self.assertRaisesRegex(ValueError, "was released"):
+            lease.tensors()
+        c.close()
+
+    def test_verify_names_a_corrupted_tensor(self):
+        # Change one byte of the broker's slab behind its back (root may open
+        # the shared memory object read-write); verify() must name the tensor.
+        slabs = glob.glob("/dev/shm/wb-%d-*" % self.broker.proc.pid)
+        if os.geteuid() != 0 or len(slabs) != 2:
+            self.skipTest("needs root and the broker's two slabs in /dev/shm")
+        c = self.connect()
+        with c.lease("mixed") as lease:
+            lease.verify()
+            first = min(lease.info(), key=lambda t: t.data)
+            a = lease.numpy([first.name])[first.name]
+            before = a.tobytes()
+            for path in slabs:
+                with open(path, "r+b") as f:
+                    f.seek(0)
+                    b = f.read(1)
+                    f.seek(0)
+                    f.write(bytes([b[0] ^ 0xFF]))
+                    f.flush()
+                if a.tobytes() != before:
+                    break
+            self.assertNotEqual(a.tobytes(), before, "no slab holds the lease's first tensor")
+            with self.assertRaises(wb.CorruptError) as cm:
+                lease.verify()
+            self.assertEqual(cm.exception.name, "WB_ECORRUPT")
+            self.assertEqual(cm.exception.message, "tensor %s of model mixed does not match "
+                             "the broker's checksum" % first.name)
+            with open(path, "r+b") as f:
+                f.write(b)
+            lease.verify()
+            del a
+
+    def test_errors_carry_the_status(self):
+        with self.assertRaises(wb.ConnectError) as cm:
+            wb.connect(os.path.join(self.tmp, "nothing.sock"))
+        self.assertEqual(cm.exception.name, "WB_ECONN")
+        self.assertIn("nothing.sock", cm.exception.message)
+        c = self.connect()
+        with self.assertRaises(wb.NotFoundError) as cm:
+            c.lease("no-such-model")
+        self.assertEqual((cm.exception.status, cm.exception.name), (-4, "WB_ENOTFOUND"))
+        self.assertIn("no-such-model", cm.exception.message)
+        self.assertIsInstance(cm.exception, wb.BrokerError)
+        with c.lease("demo") as lease:
+            with self.assertRaises(wb.NotFoundError):
+                lease.find("no.such.tensor")
+
+
+class TestLimits(Base):
+    broker_args = ("--max-leases-per-client", "2")
+
+    def test_limit_error(self):
+        c = self.connect()
+        a, b = c.lease("demo"), c.lease("demo")
+        with self.assertRaises(wb.LimitError) as cm:
+            c.lease("demo")
+        self.assertEqual(cm.exception.name, "WB_ELIMIT")
+        self.assertIn("already holds 2 leases, the limit (--max-leases-per-client 2)",
+                      cm.exception.message)
+        a.release()
+        b.release()
+
+
+class TestHeartbeat(Base):
+    # A stale window of 1.5 s (heartbeats every 100 ms) leaves room for a
+    # loaded machine; the 3 s loop is still twice as long.
+    broker_args = ("--stale-ms", "1500")
+
+    def busy_python(self, seconds):
+        # Pure Python holding the GIL (no call releases it) while a separate
+        # process samples the lease's state through wbctl.
+        poll = subprocess.Popen(
+            ["sh", "-c", 'i=0; while [ $i -lt 20 ]; do "$0" --socket "$1" leases --json; '
+             'echo @@; sleep 0.1; i=$((i+1)); done', WBCTL, self.broker.sock],
+            stdout=subprocess.PIPE, text=True)
+        end = time.monotonic() + seconds
+        n = 0
+        while time.monotonic() < end:
+            n += 1
+        out, _ = poll.communicate(timeout=WAIT)
+        states = []
+        for doc in out.split("@@"):
+            if doc.strip():
+                states += [l["state"] for l in json.loads(doc) if l["pid"] == os.getpid()]
+        return states
+
+    def test_heartbeats_run_while_python_holds_the_gil(self):
+        c = self.connect()
+        with c.lease("demo"):
+            states = self.busy_python(3.0)
+            self.assertGreaterEqual(len(states), 10)
+            self.assertEqual(set(states), {"active"}, states)
+
+    def test_without_the_thread_the_lease_goes_stale(self):
+        # The control: the same loop with no heartbeat thread lets the lease
+        # go stale, so the test above can fail.
+        c = self.connect(heartbeat_thread=False)
+        with c.lease("demo"):
+            states = self.busy_python(3.0)
+            self.assertIn("stale", states)
+
+
+class TestRestart(Base):
+    def test_broker_restart(self):
+        c = self.connect(timeout_ms=1000)
+        lease = c.lease("demo")
+        t = lease.tensors(["transformer.wte.weight"])["transformer.wte.weight"]
+        before = t.clone()
+        self.broker.stop()
+        self.assertTrue(torch.equal(t, before))  # the mapping outlives the broker
+        self.broker.start()
+        wait_for(lambda: (c.heartbeat() or True) if _quiet(c.heartbeat) else False,
+                 "the client reconnected")
+        self.assertTrue(c.connected)
+        self.assertTrue(lease.orphaned)
+        self.assertTrue(torch.equal(t, before))
+        fresh = c.lease("demo")
+        self.assertFalse(fresh.orphaned)
+        self.assertEqual([l["id"] for l in self.broker.leases()], [fresh.id])
+        del t
+        lease.release()  # unknown to the new broker: ended here
+        fresh.release()
+        self.assertEqual(self.broker.leases(), [])
+
+
+def _quiet(fn):
+    try:
+        fn()
+        return True
+    except wb.BrokerError:
+        return False
+
+
+class TestModels(Base):
+    """Models on the FAKE AOTI library (see the module docstring)."""
+
+    def prepare(self):
+        self.base = os.path.join(self.tmp, "base.safetensors")
+        self.head = os.path.join(self.tmp, "head.safetensors")
+        write_safetensors(self.base, [("model.weight", "F32", (4,), f32([1, 2, 3, 4]))])
+        write_safetensors(self.head, [("model.bias", "F32", (4,), f32([10, 20, 30, 40]))])
+        self.models = {"base": self.base, "head": self.head}
+
+        def package(name, spec):
+            path = os.path.join(self.tmp, name + ".pt2")
+            with zipfile.ZipFile(path, "w") as z:
+                z.write(os.path.join(FAKE_DIR, "fake_aoti_v211.so"),
+                        "variant/data/aotinductor/model/model.so")
+                z.writestr("variant/data/aotinductor/model/fake_aoti_spec.txt", spec)
+            return path
+
+        self.pt2 = package("variant", "elements 4\nconst w model.weight 6 16\n"
+                                      "const b model.bias 6 16\n")
+        # A constant named differently from the checkpoint (a tied weight).
+        self.tied = package("tied", "elements 4\nconst w lm_head.weight 6 16\n"
+                                    "const b model.bias 6 16\n")
+        # A constant the checkpoint stores as F32 but the model wants as F16.
+        self.bad = package("bad", "elements 4\nconst w model.weight 5 16\n"
+                                  "const b model.bias 6 16\n")
+
+    def load(self, path, leases, **kw):
+        return wb.load_aoti(path, leases, bridge="wb", torch_lib_dir=None, **kw)
+
+    def test_model_runs_on_leases_and_keeps_them(self):
+        c = self.connect()
+        base, head = c.lease("base"), c.lease("head")
+        model = self.load(self.pt2, [base, head])
+        self.assertEqual(model.info["bound_bytes"], 32)
+        self.assertEqual(model.info["aoti_api"],
+                         "CreateWithDevice+UpdateUserManagedConstantBufferPairs")
+        self.assertEqual(model.device, "cpu")
+        (y,) = model(torch.tensor([1.0, 1.0, 2.0, 2.0]))
+        self.assertEqual(y.tolist(), [11, 22, 36, 48])
+        self.assertEqual(base.containers, 1)
+        # A lease with a live model refuses release, with the C message.
+        with self.assertRaises(wb.BusyError) as cm:
+            base.release()
+        self.assertEqual(cm.exception.name, "WB_EBUSY")
+        self.assertEqual(len(self.broker.leases()), 2)
+        # The broker lists this process's container like a C worker's.
+        wait_for(lambda: [r["pid"] for r in self.broker.ctl("containers", "--json")]
+                 == [os.getpid()], "wbctl containers to list this process")
+        rec = self.broker.ctl("containers", "--json")[0]
+        self.assertTrue(rec["model_path"].endswith("variant.pt2"), rec)
+        self.assertEqual(sorted((l["model"], l["bound_bytes"]) for l in rec["leases"]),
+                         [("base", 16), ("head", 16)])
+        del model
+        self.assertEqual(base.containers, 0)
+        base.release()
+        head.release()
+        self.assertEqual(self.broker.leases(), [])
+        wait_for(lambda: self.broker.ctl("containers", "--json") == [], "no container left")
+
+    def test_model_closed_explicitly_and_as_context(self):
+        c = self.connect()
+        with c.lease("base") as base, c.lease("head") as head:
+            with self.load(self.pt2, [base, head]) as model:
+                self.assertEqual(model(torch.tensor([0.0, 1.0, 0.0, 1.0]))[0].tolist(),
+                                 [10, 22, 30, 44])
+            self.assertEqual(base.containers, 0)
+            with self.assertRaisesRegex(ValueError, "was closed"):
+                model(torch.zeros(4))
+
+    def test_aliases_and_caller_tensors(self):
+        c = self.connect()
+        with c.lease("base") as base, c.lease("head") as head:
+            with self.assertRaises(wb.NotFoundError) as cm:
+                self.load(self.tied, [base, head])
+            self.assertIn("lm_head.weight", cm.exception.message)
+            m = self.load(self.tied, [base, head], aliases={"lm_head.weight": "model.weight"})
+            self.assertEqual(m(torch.ones(4))[0].tolist(), [11, 22, 33, 44])
+            m.close()
+            bias = torch.tensor([-1.0, -2.0, -3.0, -4.0])
+            m = self.load(self.pt2, [base], tensors={"model.bias": bias})
+            self.assertEqual(m(torch.ones(4))[0].tolist(), [0, 0, 0, 0])
+            self.assertEqual(m.info["caller_bytes"], 16)
+            m.close()
+            with self.assertRaisesRegex(wb.NotFoundError, "alias x -> nothing.here"):
+                self.load(self.pt2, [base, head], aliases={"x": "nothing.here"})
+
+    def test_binding_errors_name_the_tensor(self):
+        c = self.connect()
+        with c.lease("base") as base, c.lease("head") as head:
+            with self.assertRaises(wb.BrokerError) as cm:
+                self.load(self.bad, [base, head])
+            self.assertEqual(cm.exception.name, "WB_EINVAL")
+            self.assertIn("model.weight", cm.exception.message)
+            with self.assertRaises(wb.NotFoundError) as cm:
+                self.load(os.path.join(self.tmp, "missing.pt2"), [base])
+            self.assertIn("missing.pt2", cm.exception.message)
+            self.assertEqual(base.containers, 0)
+
+    def test_example_worker_serves_and_stops(self):
+        # examples/python_worker.py as a separate process, on the fake.
+        inp = os.path.join(self.tmp, "input.safetensors")
+        out = os.path.join(self.tmp, "output.safetensors")
+        write_safetensors(inp, [("input0", "F32", (4,), f32([1, 1, 2, 2]))])
+        log = open(os.path.join(self.tmp, "worker.out"), "w+")
+        self.addCleanup(log.close)
+        w = subprocess.Popen([sys.executable, os.path.join(SRC, "examples", "python_worker.py"),
+                              "--socket", self.broker.sock, "--model", "base", "--model", "head",
+                              "--aoti", self.pt2, "--input", inp, "--output", out, "--serve",
+                              "--verify", "--bridge", "wb", "--torch-lib", "none"],
+                             stdout=log, stderr=subprocess.STDOUT, text=True)
+        self.addCleanup(lambda: w.poll() is None and w.kill())
+
+        def printed(text):
+            log.seek(0)
+            return text in log.read()
+        wait_for(lambda: printed("ready\n"), "the example worker to serve")
+        self.assertTrue(printed("verified base (1 tensors)"))
+        wait_for(lambda: [r["pid"] for r in self.broker.ctl("containers", "--json")] == [w.pid],
+                 "wbctl containers to list the example worker")
+        self.assertEqual(sorted(l["model"] for l in self.broker.ctl("leases", "--json")
+                                if l["pid"] == w.pid), ["base", "head"])
+        w.send_signal(signal.SIGTERM)
+        self.assertEqual(w.wait(WAIT), 0)
+        self.assertTrue(printed("served runs="))
+        self.assertTrue(printed(" mismatches=0"))
+        self.assertEqual(read_safetensors(out)["output0"], ("F32", (4,), f32([11, 22, 36, 48])))
+        wait_for(lambda: not [l for l in self.broker.ctl("leases", "--json")
+                              if l["pid"] == w.pid], "the example worker's leases released")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
