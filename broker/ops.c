@@ -76,12 +76,12 @@ void wb__ops_error(Wbproto__Reply *rep, wb_arena *a, uint64_t id, int status, co
 __attribute__((format(printf, 4, 5))) static int fail(Wbproto__Reply *rep, wb_arena *a, int status,
                                                       const char *fmt, ...)
 {
-    char msg[WB_ERR_MSG_MAX];
+    wb_err err;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    wb__err_vset(&err, status, fmt, ap);
     va_end(ap);
-    wb__ops_error(rep, a, rep->id, status, msg);
+    wb__ops_error(rep, a, rep->id, status, err.msg);
     return 0;
 }
 

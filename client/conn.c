@@ -18,9 +18,8 @@ int wb__client_fail(wb_client *c, int code, const char *fmt, ...)
     if (c) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(c->err.msg, sizeof c->err.msg, fmt, ap);
+        wb__err_vset(&c->err, code, fmt, ap);
         va_end(ap);
-        c->err.code = code;
     }
     return code;
 }

@@ -4,15 +4,21 @@
 #include <stdio.h>
 #include <string.h>
 
-int wb__err_set(wb_err *err, int code, const char *fmt, ...)
+int wb__err_vset(wb_err *err, int code, const char *fmt, va_list ap)
 {
     if (err) {
-        va_list ap;
-        va_start(ap, fmt);
         vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
         err->code = code;
     }
+    return code;
+}
+
+int wb__err_set(wb_err *err, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    wb__err_vset(err, code, fmt, ap);
+    va_end(ap);
     return code;
 }
 

@@ -6,6 +6,7 @@
 
 #include "wb/status.h"
 
+#include <stdarg.h>
 #include <stddef.h>
 
 #define WB_ERR_MSG_MAX 1024
@@ -17,6 +18,11 @@ typedef struct wb_err {
 
 /* Formats the message into err (if not NULL) and returns code. */
 int wb__err_set(wb_err *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* wb__err_set for functions that take their own variable arguments: the one
+ * place where a message is formatted into a wb_err. */
+int wb__err_vset(wb_err *err, int code, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
 
 /* Like wb__err_set, but appends ": strerror(errnum)". */
 int wb__err_errno(wb_err *err, int code, int errnum, const char *fmt, ...)

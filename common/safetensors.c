@@ -8,7 +8,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,18 +32,6 @@ typedef struct reader {
     const wb_st_open_opts *o;
     int check_only;
 } reader;
-
-/* Every message names the file first: "FILE: what is wrong". */
-__attribute__((format(printf, 4, 5))) static int fail(wb_err *err, int code, const char *file,
-                                                      const char *fmt, ...)
-{
-    char msg[WB_ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return wb__err_set(err, code, FILEF ": %s", file, msg);
-}
 
 static int cmp_meta(const void *a, const void *b)
 {
@@ -91,7 +78,7 @@ static int accept_fd(const reader *r, int fd, const char *path, struct stat *st,
     if (fstat(fd, st) != 0)
         rc = wb__err_errno(err, WB_EIO, errno, "cannot stat " FILEF, path);
     else if (!S_ISREG(st->st_mode))
-        rc = fail(err, WB_EFORMAT, path, "not a regular file");
+        rc = wb__st_fail(err, WB_EFORMAT, path, "not a regular file");
     else if (r->o && r->o->check_file)
         rc = r->o->check_file(r->o->arg, fd, path, err);
     if (rc)
@@ -137,7 +124,7 @@ static int read_header(wb_st_table *table, uint32_t file_index, int fd, const st
     }
     buf = malloc((size_t)(8 + n));
     if (!buf) {
-        rc = fail(err, WB_ENOMEM, path, "out of memory for a %" PRIu64 "-byte header", n);
+        rc = wb__st_fail(err, WB_ENOMEM, path, "out of memory for a %" PRIu64 "-byte header", n);
         goto out;
     }
     memcpy(buf, head, 8);
@@ -206,7 +193,7 @@ static int open_shard(const reader *r, int dirfd, const char *index_dir, const c
         char dir[PATH_MAX];
         int n = snprintf(dir, sizeof dir, "%.*s", (int)(slash - name), name);
         if (n < 0 || (size_t)n >= sizeof dir)
-            return fail(err, WB_EFORMAT, shard_path, "shard name too long");
+            return wb__st_fail(err, WB_EFORMAT, shard_path, "shard name too long");
         struct open_how how = {.flags = O_PATH | O_DIRECTORY | O_CLOEXEC,
                                .resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS};
         sub = (int)syscall(SYS_openat2, dirfd, dir, &how, sizeof how);
@@ -214,7 +201,7 @@ static int open_shard(const reader *r, int dirfd, const char *index_dir, const c
             char full[PATH_MAX];
             n = snprintf(full, sizeof full, "%s/%s", index_dir, dir);
             if (n < 0 || (size_t)n >= sizeof full)
-                return fail(err, WB_EFORMAT, shard_path, "shard path too long");
+                return wb__st_fail(err, WB_EFORMAT, shard_path, "shard path too long");
             int in = beneath(index_dir, full);
             if (in == 0)
                 errno = EXDEV;
@@ -223,10 +210,10 @@ static int open_shard(const reader *r, int dirfd, const char *index_dir, const c
         }
         if (sub < 0) {
             if (errno == EXDEV)
-                return fail(err, WB_EPERM, shard_path,
-                            "shard '%.200s' leaves the index's directory through a symbolic "
-                            "link; shard directories must stay inside it",
-                            name);
+                return wb__st_fail(err, WB_EPERM, shard_path,
+                                   "shard '%.200s' leaves the index's directory through a symbolic "
+                                   "link; shard directories must stay inside it",
+                                   name);
             return open_error(err, errno, "open the directory of", shard_path);
         }
         fd = openat(sub, slash + 1, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -259,14 +246,14 @@ static int read_index_json(const reader *r, const char *path, json_t **out, wb_e
         return rc;
     char *buf = NULL;
     if ((uint64_t)st.st_size > WB_ST_MAX_HEADER) {
-        rc = fail(err, WB_EFORMAT, path, "index is %jd bytes, more than the %llu-byte limit",
-                  (intmax_t)st.st_size, WB_ST_MAX_HEADER);
+        rc = wb__st_fail(err, WB_EFORMAT, path, "index is %jd bytes, more than the %llu-byte limit",
+                         (intmax_t)st.st_size, WB_ST_MAX_HEADER);
         goto out;
     }
     size_t size = (size_t)st.st_size;
     buf = malloc(size ? size : 1);
     if (!buf) {
-        rc = fail(err, WB_ENOMEM, path, "out of memory reading the index");
+        rc = wb__st_fail(err, WB_ENOMEM, path, "out of memory reading the index");
         goto out;
     }
     rc = pread_full(fd, buf, size, 0, path, err);
@@ -275,8 +262,9 @@ static int read_index_json(const reader *r, const char *path, json_t **out, wb_e
     json_error_t je;
     *out = json_loadb(buf, size, JSON_REJECT_DUPLICATES, &je);
     if (!*out)
-        rc = fail(err, WB_EFORMAT, path, "malformed JSON index: %s (line %d, column %d, byte %d)",
-                  je.text, je.line, je.column, je.position);
+        rc = wb__st_fail(err, WB_EFORMAT, path,
+                         "malformed JSON index: %s (line %d, column %d, byte %d)", je.text, je.line,
+                         je.column, je.position);
 out:
     free(buf);
     close(fd);
@@ -290,14 +278,14 @@ static int add_index_metadata(wb_st_table *table, const char *path, json_t *meta
     if (!meta)
         return 0;
     if (!json_is_object(meta))
-        return fail(err, WB_EFORMAT, path, "\"metadata\" is %s, expected an object",
-                    wb__st_json_kind(meta));
+        return wb__st_fail(err, WB_EFORMAT, path, "\"metadata\" is %s, expected an object",
+                           wb__st_json_kind(meta));
     size_t n = json_object_size(meta);
     if (n == 0)
         return 0;
     table->meta = calloc(n, sizeof *table->meta);
     if (!table->meta)
-        return fail(err, WB_ENOMEM, path, "out of memory reading metadata");
+        return wb__st_fail(err, WB_ENOMEM, path, "out of memory reading metadata");
     const char *key;
     json_t *value;
     json_object_foreach(meta, key, value)
@@ -318,16 +306,17 @@ static int add_index_metadata(wb_st_table *table, const char *path, json_t *meta
             }
             text = num;
         } else {
-            return fail(err, WB_EFORMAT, path,
-                        "metadata value of key " NAMEF " is %s; expected a string or a number", key,
-                        wb__st_json_kind(value));
+            return wb__st_fail(err, WB_EFORMAT, path,
+                               "metadata value of key " NAMEF
+                               " is %s; expected a string or a number",
+                               key, wb__st_json_kind(value));
         }
         wb_st_meta *mm = &table->meta[table->n_meta];
         mm->key = strdup(key);
         mm->value = strdup(text);
         table->n_meta++;
         if (!mm->key || !mm->value)
-            return fail(err, WB_ENOMEM, path, "out of memory reading metadata");
+            return wb__st_fail(err, WB_ENOMEM, path, "out of memory reading metadata");
     }
     qsort(table->meta, table->n_meta, sizeof *table->meta, cmp_meta);
     return 0;
@@ -347,24 +336,24 @@ static int open_index(const reader *r, const char *path, wb_st_table **out, wb_e
     const char **shards = NULL;
     size_t n_shards = 0;
     if (!json_is_object(root)) {
-        rc = fail(err, WB_EFORMAT, path, "index is %s, expected a JSON object",
-                  wb__st_json_kind(root));
+        rc = wb__st_fail(err, WB_EFORMAT, path, "index is %s, expected a JSON object",
+                         wb__st_json_kind(root));
         goto out;
     }
     json_t *wm = json_object_get(root, "weight_map");
     if (!wm) {
-        rc = fail(err, WB_EFORMAT, path, "index has no \"weight_map\"");
+        rc = wb__st_fail(err, WB_EFORMAT, path, "index has no \"weight_map\"");
         goto out;
     }
     if (!json_is_object(wm)) {
-        rc = fail(err, WB_EFORMAT, path, "\"weight_map\" is %s, expected an object",
-                  wb__st_json_kind(wm));
+        rc = wb__st_fail(err, WB_EFORMAT, path, "\"weight_map\" is %s, expected an object",
+                         wb__st_json_kind(wm));
         goto out;
     }
     size_t n_map = json_object_size(wm);
     shards = malloc((n_map ? n_map : 1) * sizeof *shards);
     if (!shards) {
-        rc = fail(err, WB_ENOMEM, path, "out of memory reading the weight_map");
+        rc = wb__st_fail(err, WB_ENOMEM, path, "out of memory reading the weight_map");
         goto out;
     }
     const char *name;
@@ -372,19 +361,21 @@ static int open_index(const reader *r, const char *path, wb_st_table **out, wb_e
     json_object_foreach(wm, name, value)
     {
         if (name[0] == '\0') {
-            rc = fail(err, WB_EFORMAT, path, "weight_map has a tensor with an empty name");
+            rc = wb__st_fail(err, WB_EFORMAT, path, "weight_map has a tensor with an empty name");
             goto out;
         }
         if (!json_is_string(value)) {
-            rc = fail(err, WB_EFORMAT, path,
-                      "weight_map entry of tensor " NAMEF " is %s, expected a shard file name",
-                      name, wb__st_json_kind(value));
+            rc = wb__st_fail(err, WB_EFORMAT, path,
+                             "weight_map entry of tensor " NAMEF
+                             " is %s, expected a shard file name",
+                             name, wb__st_json_kind(value));
             goto out;
         }
         const char *why = bad_shard_name(json_string_value(value));
         if (why) {
-            rc = fail(err, WB_EFORMAT, path, "weight_map: shard '%.200s' of tensor " NAMEF " %s",
-                      json_string_value(value), name, why);
+            rc = wb__st_fail(err, WB_EFORMAT, path,
+                             "weight_map: shard '%.200s' of tensor " NAMEF " %s",
+                             json_string_value(value), name, why);
             goto out;
         }
         shards[n_shards++] = json_string_value(value);
@@ -396,13 +387,13 @@ static int open_index(const reader *r, const char *path, wb_st_table **out, wb_e
             shards[u++] = shards[i];
     n_shards = u;
     if (n_shards > UINT32_MAX) {
-        rc = fail(err, WB_EFORMAT, path, "too many shards");
+        rc = wb__st_fail(err, WB_EFORMAT, path, "too many shards");
         goto out;
     }
 
     table = calloc(1, sizeof *table);
     if (!table) {
-        rc = fail(err, WB_ENOMEM, path, "out of memory");
+        rc = wb__st_fail(err, WB_ENOMEM, path, "out of memory");
         goto out;
     }
     rc = add_index_metadata(table, path, json_object_get(root, "metadata"), err);
@@ -413,7 +404,7 @@ static int open_index(const reader *r, const char *path, wb_st_table **out, wb_e
     size_t prefix_len = slash ? (size_t)(slash - path) + 1 : 0;
     index_dir = slash == path ? strdup("/") : slash ? strndup(path, prefix_len - 1) : strdup(".");
     if (!index_dir) {
-        rc = fail(err, WB_ENOMEM, path, "out of memory");
+        rc = wb__st_fail(err, WB_ENOMEM, path, "out of memory");
         goto out;
     }
     dirfd = open(index_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
@@ -424,7 +415,7 @@ static int open_index(const reader *r, const char *path, wb_st_table **out, wb_e
     for (size_t i = 0; i < n_shards; i++) {
         char *shard_path = path_join(path, prefix_len, shards[i]);
         if (!shard_path) {
-            rc = fail(err, WB_ENOMEM, path, "out of memory");
+            rc = wb__st_fail(err, WB_ENOMEM, path, "out of memory");
             goto out;
         }
         int fd = -1;
@@ -443,9 +434,10 @@ static int open_index(const reader *r, const char *path, wb_st_table **out, wb_e
                     break;
                 }
             }
-            rc = fail(err, WB_ENOTFOUND, path,
-                      "shard '%.200s' (holding tensor " NAMEF ") is missing: no such file: " FILEF,
-                      shards[i], holder, shard_path);
+            rc = wb__st_fail(err, WB_ENOTFOUND, path,
+                             "shard '%.200s' (holding tensor " NAMEF
+                             ") is missing: no such file: " FILEF,
+                             shards[i], holder, shard_path);
         }
         free(shard_path);
         if (rc)
@@ -459,16 +451,16 @@ static int open_index(const reader *r, const char *path, wb_st_table **out, wb_e
         const wb_st_tensor *t = &table->tensors[i];
         json_t *mapped = json_object_get(wm, t->name);
         if (!mapped) {
-            rc = fail(err, WB_EFORMAT, path,
-                      "tensor " NAMEF " in shard " FILEF " is not listed in the weight_map",
-                      t->name, shards[t->file]);
+            rc = wb__st_fail(err, WB_EFORMAT, path,
+                             "tensor " NAMEF " in shard " FILEF " is not listed in the weight_map",
+                             t->name, shards[t->file]);
             goto out;
         }
         if (strcmp(json_string_value(mapped), shards[t->file]) != 0) {
-            rc = fail(err, WB_EFORMAT, path,
-                      "tensor " NAMEF " is stored in shard " FILEF
-                      " but the weight_map maps it to %.200s",
-                      t->name, shards[t->file], json_string_value(mapped));
+            rc = wb__st_fail(err, WB_EFORMAT, path,
+                             "tensor " NAMEF " is stored in shard " FILEF
+                             " but the weight_map maps it to %.200s",
+                             t->name, shards[t->file], json_string_value(mapped));
             goto out;
         }
     }
@@ -476,9 +468,10 @@ static int open_index(const reader *r, const char *path, wb_st_table **out, wb_e
     json_object_foreach(wm, name, value)
     {
         if (!wb__st_find(table, name)) {
-            rc = fail(err, WB_EFORMAT, path,
-                      "tensor " NAMEF " is mapped to shard %.200s, which does not contain it", name,
-                      json_string_value(value));
+            rc =
+                wb__st_fail(err, WB_EFORMAT, path,
+                            "tensor " NAMEF " is mapped to shard %.200s, which does not contain it",
+                            name, json_string_value(value));
             goto out;
         }
     }

@@ -20,9 +20,7 @@
 #define NAMEF "'%.200s'"
 #define FILEF "%.400s"
 
-/* Every message names the file first: "FILE: what is wrong". */
-__attribute__((format(printf, 4, 5))) static int fail(wb_err *err, int code, const char *file,
-                                                      const char *fmt, ...)
+int wb__st_fail(wb_err *err, int code, const char *file, const char *fmt, ...)
 {
     char msg[WB_ERR_MSG_MAX];
     va_list ap;
@@ -123,77 +121,82 @@ static int validate_tensor(const char *file, const char *name, json_t *entry, pe
                            wb_err *err)
 {
     if (!json_is_object(entry))
-        return fail(err, WB_EFORMAT, file,
-                    "tensor " NAMEF ": entry is %s, expected an object with dtype, shape "
-                    "and data_offsets",
-                    name, wb__st_json_kind(entry));
+        return wb__st_fail(err, WB_EFORMAT, file,
+                           "tensor " NAMEF ": entry is %s, expected an object with dtype, shape "
+                           "and data_offsets",
+                           name, wb__st_json_kind(entry));
     const char *field;
     json_t *value;
     json_object_foreach(entry, field, value)
     {
         if (strcmp(field, "dtype") && strcmp(field, "shape") && strcmp(field, "data_offsets"))
-            return fail(err, WB_EFORMAT, file,
-                        "tensor " NAMEF ": unexpected field '%.100s' (only dtype, shape and "
-                        "data_offsets are allowed)",
-                        name, field);
+            return wb__st_fail(err, WB_EFORMAT, file,
+                               "tensor " NAMEF ": unexpected field '%.100s' (only dtype, shape and "
+                               "data_offsets are allowed)",
+                               name, field);
     }
     static const char *const required[] = {"dtype", "shape", "data_offsets"};
     for (size_t i = 0; i < 3; i++)
         if (!json_object_get(entry, required[i]))
-            return fail(err, WB_EFORMAT, file, "tensor " NAMEF ": missing field '%s'", name,
-                        required[i]);
+            return wb__st_fail(err, WB_EFORMAT, file, "tensor " NAMEF ": missing field '%s'", name,
+                               required[i]);
 
     json_t *jd = json_object_get(entry, "dtype");
     if (!json_is_string(jd))
-        return fail(err, WB_EFORMAT, file, "tensor " NAMEF ": dtype is %s, expected a string", name,
-                    wb__st_json_kind(jd));
+        return wb__st_fail(err, WB_EFORMAT, file,
+                           "tensor " NAMEF ": dtype is %s, expected a string", name,
+                           wb__st_json_kind(jd));
     const char *dname = json_string_value(jd);
     int dt = wb__dtype_parse(dname);
     if (dt < 0) {
         for (int i = 0; i < WB_DTYPE_COUNT; i++)
             if (strcasecmp(dname, wb__dtype_name((wb_dtype)i)) == 0)
-                return fail(err, WB_EFORMAT, file,
-                            "tensor " NAMEF ": unknown dtype '%.40s' (dtype names are "
-                            "case-sensitive; did you mean '%s'?)",
-                            name, dname, wb__dtype_name((wb_dtype)i));
-        return fail(err, WB_EFORMAT, file, "tensor " NAMEF ": unknown dtype '%.40s'", name, dname);
+                return wb__st_fail(err, WB_EFORMAT, file,
+                                   "tensor " NAMEF ": unknown dtype '%.40s' (dtype names are "
+                                   "case-sensitive; did you mean '%s'?)",
+                                   name, dname, wb__dtype_name((wb_dtype)i));
+        return wb__st_fail(err, WB_EFORMAT, file, "tensor " NAMEF ": unknown dtype '%.40s'", name,
+                           dname);
     }
 
     json_t *js = json_object_get(entry, "shape");
     if (!json_is_array(js))
-        return fail(err, WB_EFORMAT, file,
-                    "tensor " NAMEF ": shape is %s, expected an array of non-negative integers",
-                    name, wb__st_json_kind(js));
+        return wb__st_fail(err, WB_EFORMAT, file,
+                           "tensor " NAMEF
+                           ": shape is %s, expected an array of non-negative integers",
+                           name, wb__st_json_kind(js));
     size_t ndim = json_array_size(js);
     if (ndim > WB_ST_MAX_DIMS)
-        return fail(err, WB_EFORMAT, file,
-                    "tensor " NAMEF ": shape has %zu dimensions, more than the %d allowed", name,
-                    ndim, WB_ST_MAX_DIMS);
+        return wb__st_fail(err, WB_EFORMAT, file,
+                           "tensor " NAMEF ": shape has %zu dimensions, more than the %d allowed",
+                           name, ndim, WB_ST_MAX_DIMS);
     uint64_t shape[WB_ST_MAX_DIMS];
     for (size_t i = 0; i < ndim; i++) {
         json_t *d = json_array_get(js, i);
         if (get_uint(d, &shape[i]) != 0) {
             if (json_is_integer(d))
-                return fail(err, WB_EFORMAT, file,
-                            "tensor " NAMEF ": shape[%zu] is %" JSON_INTEGER_FORMAT
-                            "; dimensions must be non-negative integers",
-                            name, i, json_integer_value(d));
-            return fail(err, WB_EFORMAT, file,
-                        "tensor " NAMEF ": shape[%zu] is %s; dimensions must be non-negative "
-                        "integers",
-                        name, i, wb__st_json_kind(d));
+                return wb__st_fail(err, WB_EFORMAT, file,
+                                   "tensor " NAMEF ": shape[%zu] is %" JSON_INTEGER_FORMAT
+                                   "; dimensions must be non-negative integers",
+                                   name, i, json_integer_value(d));
+            return wb__st_fail(err, WB_EFORMAT, file,
+                               "tensor " NAMEF
+                               ": shape[%zu] is %s; dimensions must be non-negative "
+                               "integers",
+                               name, i, wb__st_json_kind(d));
         }
     }
 
     json_t *jo = json_object_get(entry, "data_offsets");
     if (!json_is_array(jo) || json_array_size(jo) != 2) {
         if (json_is_array(jo))
-            return fail(err, WB_EFORMAT, file,
-                        "tensor " NAMEF ": data_offsets has %zu entries, expected [begin, end]",
-                        name, json_array_size(jo));
-        return fail(err, WB_EFORMAT, file,
-                    "tensor " NAMEF ": data_offsets is %s, expected [begin, end]", name,
-                    wb__st_json_kind(jo));
+            return wb__st_fail(err, WB_EFORMAT, file,
+                               "tensor " NAMEF
+                               ": data_offsets has %zu entries, expected [begin, end]",
+                               name, json_array_size(jo));
+        return wb__st_fail(err, WB_EFORMAT, file,
+                           "tensor " NAMEF ": data_offsets is %s, expected [begin, end]", name,
+                           wb__st_json_kind(jo));
     }
     uint64_t off[2];
     for (size_t i = 0; i < 2; i++) {
@@ -201,20 +204,21 @@ static int validate_tensor(const char *file, const char *name, json_t *entry, pe
         if (get_uint(o, &off[i]) != 0) {
             const char *which = i ? "end" : "begin";
             if (json_is_integer(o))
-                return fail(err, WB_EFORMAT, file,
-                            "tensor " NAMEF ": data_offsets %s is %" JSON_INTEGER_FORMAT
-                            "; offsets must be non-negative integers",
-                            name, which, json_integer_value(o));
-            return fail(err, WB_EFORMAT, file,
-                        "tensor " NAMEF ": data_offsets %s is %s; offsets must be "
-                        "non-negative integers",
-                        name, which, wb__st_json_kind(o));
+                return wb__st_fail(err, WB_EFORMAT, file,
+                                   "tensor " NAMEF ": data_offsets %s is %" JSON_INTEGER_FORMAT
+                                   "; offsets must be non-negative integers",
+                                   name, which, json_integer_value(o));
+            return wb__st_fail(err, WB_EFORMAT, file,
+                               "tensor " NAMEF ": data_offsets %s is %s; offsets must be "
+                               "non-negative integers",
+                               name, which, wb__st_json_kind(o));
         }
     }
     if (off[0] > off[1])
-        return fail(err, WB_EFORMAT, file,
-                    "tensor " NAMEF ": data_offsets begin %" PRIu64 " is greater than end %" PRIu64,
-                    name, off[0], off[1]);
+        return wb__st_fail(err, WB_EFORMAT, file,
+                           "tensor " NAMEF ": data_offsets begin %" PRIu64
+                           " is greater than end %" PRIu64,
+                           name, off[0], off[1]);
 
     /* The byte size, with every step checked: a crafted shape must not wrap around
      * to a small size that happens to match the offsets. */
@@ -222,26 +226,29 @@ static int validate_tensor(const char *file, const char *name, json_t *entry, pe
     uint64_t count = 1;
     for (size_t i = 0; i < ndim; i++)
         if (__builtin_mul_overflow(count, shape[i], &count))
-            return fail(err, WB_EFORMAT, file,
-                        "tensor " NAMEF ": the element count of shape %s overflows 64 bits", name,
-                        format_shape(sbuf, sizeof sbuf, shape, (uint32_t)ndim));
+            return wb__st_fail(err, WB_EFORMAT, file,
+                               "tensor " NAMEF ": the element count of shape %s overflows 64 bits",
+                               name, format_shape(sbuf, sizeof sbuf, shape, (uint32_t)ndim));
     uint64_t bits;
     if (__builtin_mul_overflow(count, (uint64_t)wb__dtype_bits((wb_dtype)dt), &bits))
-        return fail(err, WB_EFORMAT, file,
-                    "tensor " NAMEF ": the size of %" PRIu64 " elements of %s overflows 64 bits",
-                    name, count, wb__dtype_name((wb_dtype)dt));
+        return wb__st_fail(err, WB_EFORMAT, file,
+                           "tensor " NAMEF ": the size of %" PRIu64
+                           " elements of %s overflows 64 bits",
+                           name, count, wb__dtype_name((wb_dtype)dt));
     if (bits % 8 != 0)
-        return fail(err, WB_EFORMAT, file,
-                    "tensor " NAMEF ": %" PRIu64 " elements of %s (%u bits each) do not fill a "
-                    "whole number of bytes",
-                    name, count, wb__dtype_name((wb_dtype)dt), wb__dtype_bits((wb_dtype)dt));
+        return wb__st_fail(err, WB_EFORMAT, file,
+                           "tensor " NAMEF ": %" PRIu64
+                           " elements of %s (%u bits each) do not fill a "
+                           "whole number of bytes",
+                           name, count, wb__dtype_name((wb_dtype)dt), wb__dtype_bits((wb_dtype)dt));
     uint64_t nbytes = bits / 8;
     if (off[1] - off[0] != nbytes)
-        return fail(err, WB_EFORMAT, file,
-                    "tensor " NAMEF ": data_offsets [%" PRIu64 ", %" PRIu64 "] hold %" PRIu64
-                    " bytes, but dtype %s with shape %s needs %" PRIu64 " bytes (size mismatch)",
-                    name, off[0], off[1], off[1] - off[0], wb__dtype_name((wb_dtype)dt),
-                    format_shape(sbuf, sizeof sbuf, shape, (uint32_t)ndim), nbytes);
+        return wb__st_fail(err, WB_EFORMAT, file,
+                           "tensor " NAMEF ": data_offsets [%" PRIu64 ", %" PRIu64 "] hold %" PRIu64
+                           " bytes, but dtype %s with shape %s needs %" PRIu64
+                           " bytes (size mismatch)",
+                           name, off[0], off[1], off[1] - off[0], wb__dtype_name((wb_dtype)dt),
+                           format_shape(sbuf, sizeof sbuf, shape, (uint32_t)ndim), nbytes);
 
     out->name = strdup(name);
     out->shape = ndim ? malloc(ndim * sizeof *out->shape) : NULL;
@@ -250,7 +257,7 @@ static int validate_tensor(const char *file, const char *name, json_t *entry, pe
         free(out->shape);
         out->name = NULL;
         out->shape = NULL;
-        return fail(err, WB_ENOMEM, file, "out of memory reading tensor " NAMEF, name);
+        return wb__st_fail(err, WB_ENOMEM, file, "out of memory reading tensor " NAMEF, name);
     }
     if (ndim)
         memcpy(out->shape, shape, ndim * sizeof *shape);
@@ -265,12 +272,13 @@ static int validate_metadata(const char *file, json_t *meta, pending_meta **out,
                              wb_err *err)
 {
     if (!json_is_object(meta))
-        return fail(err, WB_EFORMAT, file, "__metadata__ is %s, expected an object of strings",
-                    wb__st_json_kind(meta));
+        return wb__st_fail(err, WB_EFORMAT, file,
+                           "__metadata__ is %s, expected an object of strings",
+                           wb__st_json_kind(meta));
     size_t n = json_object_size(meta);
     pending_meta *m = calloc(n ? n : 1, sizeof *m);
     if (!m)
-        return fail(err, WB_ENOMEM, file, "out of memory reading __metadata__");
+        return wb__st_fail(err, WB_ENOMEM, file, "out of memory reading __metadata__");
     size_t i = 0;
     const char *key;
     json_t *value;
@@ -278,17 +286,17 @@ static int validate_metadata(const char *file, json_t *meta, pending_meta **out,
     {
         if (!json_is_string(value)) {
             pending_free(NULL, 0, m, i);
-            return fail(err, WB_EFORMAT, file,
-                        "__metadata__ value of key " NAMEF " is %s; metadata values must be "
-                        "strings",
-                        key, wb__st_json_kind(value));
+            return wb__st_fail(err, WB_EFORMAT, file,
+                               "__metadata__ value of key " NAMEF " is %s; metadata values must be "
+                               "strings",
+                               key, wb__st_json_kind(value));
         }
         m[i].key = strdup(key);
         m[i].value = strdup(json_string_value(value));
         i++;
         if (!m[i - 1].key || !m[i - 1].value) {
             pending_free(NULL, 0, m, i);
-            return fail(err, WB_ENOMEM, file, "out of memory reading __metadata__");
+            return wb__st_fail(err, WB_ENOMEM, file, "out of memory reading __metadata__");
         }
     }
     *out = m;
@@ -347,53 +355,57 @@ static int check_coverage(const char *file, pending *p, size_t n, uint64_t data_
 {
     if (n == 0) {
         if (data_size != 0)
-            return fail(err, WB_EFORMAT, file,
-                        "%" PRIu64 " trailing bytes after the header, which lists no tensors",
-                        data_size);
+            return wb__st_fail(
+                err, WB_EFORMAT, file,
+                "%" PRIu64 " trailing bytes after the header, which lists no tensors", data_size);
         return 0;
     }
     pending **order = malloc(n * sizeof *order);
     if (!order)
-        return fail(err, WB_ENOMEM, file, "out of memory checking data offsets");
+        return wb__st_fail(err, WB_ENOMEM, file, "out of memory checking data offsets");
     for (size_t i = 0; i < n; i++)
         order[i] = &p[i];
     qsort(order, n, sizeof *order, cmp_pending_span);
     int rc = 0;
     for (size_t i = 0; i < n && rc == 0; i++)
         if (order[i]->end > data_size)
-            rc = fail(err, WB_EFORMAT, file,
-                      "tensor " NAMEF " ends past the end of the file: data_offsets end %" PRIu64
-                      " but the data section has %" PRIu64 " bytes",
-                      order[i]->name, order[i]->end, data_size);
+            rc = wb__st_fail(err, WB_EFORMAT, file,
+                             "tensor " NAMEF
+                             " ends past the end of the file: data_offsets end %" PRIu64
+                             " but the data section has %" PRIu64 " bytes",
+                             order[i]->name, order[i]->end, data_size);
     uint64_t expect = 0;
     const pending *prev = NULL;
     for (size_t i = 0; i < n && rc == 0; i++) {
         const pending *t = order[i];
         if (t->begin > expect) {
             if (prev)
-                rc = fail(err, WB_EFORMAT, file,
-                          "hole of %" PRIu64 " bytes in the data section between tensor " NAMEF
-                          " (ends at %" PRIu64 ") and tensor " NAMEF " (begins at %" PRIu64 ")",
-                          t->begin - expect, prev->name, expect, t->name, t->begin);
+                rc = wb__st_fail(
+                    err, WB_EFORMAT, file,
+                    "hole of %" PRIu64 " bytes in the data section between tensor " NAMEF
+                    " (ends at %" PRIu64 ") and tensor " NAMEF " (begins at %" PRIu64 ")",
+                    t->begin - expect, prev->name, expect, t->name, t->begin);
             else
-                rc = fail(err, WB_EFORMAT, file,
-                          "hole of %" PRIu64 " bytes at the start of the data section, before "
-                          "tensor " NAMEF " (begins at %" PRIu64 ")",
-                          t->begin, t->name, t->begin);
+                rc = wb__st_fail(err, WB_EFORMAT, file,
+                                 "hole of %" PRIu64
+                                 " bytes at the start of the data section, before "
+                                 "tensor " NAMEF " (begins at %" PRIu64 ")",
+                                 t->begin, t->name, t->begin);
         } else if (t->begin < expect) {
-            rc = fail(err, WB_EFORMAT, file,
-                      "tensor " NAMEF " (data_offsets [%" PRIu64 ", %" PRIu64
-                      "]) overlaps tensor " NAMEF " (data_offsets [%" PRIu64 ", %" PRIu64 "])",
-                      t->name, t->begin, t->end, prev->name, prev->begin, prev->end);
+            rc = wb__st_fail(err, WB_EFORMAT, file,
+                             "tensor " NAMEF " (data_offsets [%" PRIu64 ", %" PRIu64
+                             "]) overlaps tensor " NAMEF " (data_offsets [%" PRIu64 ", %" PRIu64
+                             "])",
+                             t->name, t->begin, t->end, prev->name, prev->begin, prev->end);
         }
         expect = t->end;
         prev = t;
     }
     if (rc == 0 && expect < data_size)
-        rc = fail(err, WB_EFORMAT, file,
-                  "%" PRIu64 " trailing bytes after the last tensor (" NAMEF " ends at %" PRIu64
-                  "; the data section has %" PRIu64 " bytes)",
-                  data_size - expect, prev->name, expect, data_size);
+        rc = wb__st_fail(err, WB_EFORMAT, file,
+                         "%" PRIu64 " trailing bytes after the last tensor (" NAMEF
+                         " ends at %" PRIu64 "; the data section has %" PRIu64 " bytes)",
+                         data_size - expect, prev->name, expect, data_size);
     free(order);
     return rc;
 }
@@ -410,7 +422,7 @@ static int check_new_names(const wb_st_table *table, const char *file, pending *
     if (!old) {
         tmp = malloc(table->n_tensors * sizeof *tmp);
         if (!tmp)
-            return fail(err, WB_ENOMEM, file, "out of memory checking tensor names");
+            return wb__st_fail(err, WB_ENOMEM, file, "out of memory checking tensor names");
         for (size_t i = 0; i < table->n_tensors; i++)
             tmp[i] = i;
         qsort_r(tmp, table->n_tensors, sizeof *tmp, cmp_index_by_name, table->tensors);
@@ -419,7 +431,7 @@ static int check_new_names(const wb_st_table *table, const char *file, pending *
     pending **mine = malloc(n * sizeof *mine);
     if (!mine) {
         free(tmp);
-        return fail(err, WB_ENOMEM, file, "out of memory checking tensor names");
+        return wb__st_fail(err, WB_ENOMEM, file, "out of memory checking tensor names");
     }
     for (size_t i = 0; i < n; i++)
         mine[i] = &p[i];
@@ -433,10 +445,11 @@ static int check_new_names(const wb_st_table *table, const char *file, pending *
             const char *other = t->file < table->n_files && table->files[t->file]
                                     ? table->files[t->file]
                                     : "another file";
-            rc = fail(err, WB_EFORMAT, file,
-                      "tensor " NAMEF " is also in " FILEF "; a tensor may appear in only one "
-                      "file",
-                      t->name, other);
+            rc = wb__st_fail(err, WB_EFORMAT, file,
+                             "tensor " NAMEF " is also in " FILEF
+                             "; a tensor may appear in only one "
+                             "file",
+                             t->name, other);
             break;
         }
         if (c < 0)
@@ -477,20 +490,20 @@ static int commit(wb_st_table *table, uint32_t file_index, const char *file, uin
         added += p[i].end - p[i].begin; /* bounded by the file size: no overflow */
     uint64_t total;
     if (__builtin_add_overflow(table->total_bytes, added, &total))
-        return fail(err, WB_EFORMAT, file, "the checkpoint's total size overflows 64 bits");
+        return wb__st_fail(err, WB_EFORMAT, file, "the checkpoint's total size overflows 64 bits");
 
     size_t old_n = table->n_tensors, new_n = old_n + n;
     if (n) {
         wb_st_tensor *t = realloc(table->tensors, new_n * sizeof *t);
         if (!t)
-            return fail(err, WB_ENOMEM, file, "out of memory adding %zu tensors", n);
+            return wb__st_fail(err, WB_ENOMEM, file, "out of memory adding %zu tensors", n);
         table->tensors = t;
     }
     size_t *by_name = NULL;
     if (new_n) {
         by_name = malloc(new_n * sizeof *by_name);
         if (!by_name)
-            return fail(err, WB_ENOMEM, file, "out of memory indexing tensors");
+            return wb__st_fail(err, WB_ENOMEM, file, "out of memory indexing tensors");
     }
     size_t n_new_meta = 0;
     for (size_t i = 0; i < nm; i++)
@@ -500,7 +513,7 @@ static int commit(wb_st_table *table, uint32_t file_index, const char *file, uin
         wb_st_meta *mm = realloc(table->meta, (table->n_meta + n_new_meta) * sizeof *mm);
         if (!mm) {
             free(by_name);
-            return fail(err, WB_ENOMEM, file, "out of memory adding metadata");
+            return wb__st_fail(err, WB_ENOMEM, file, "out of memory adding metadata");
         }
         table->meta = mm;
     }
@@ -519,7 +532,7 @@ static int commit(wb_st_table *table, uint32_t file_index, const char *file, uin
         name_copy = starts ? strdup(file) : NULL;
         if (!name_copy) {
             free(by_name);
-            return fail(err, WB_ENOMEM, file, "out of memory adding the file");
+            return wb__st_fail(err, WB_ENOMEM, file, "out of memory adding the file");
         }
     }
 
@@ -604,33 +617,35 @@ int wb__st_parse_header(wb_st_table *table, uint32_t file_index, const char *dis
                            "wb__st_parse_header: file index %u skips files (the table has %u)",
                            file_index, table->n_files);
     if (file_size < 8)
-        return fail(err, WB_EFORMAT, file,
-                    "file is %" PRIu64 " bytes, shorter than the 8-byte header length", file_size);
+        return wb__st_fail(err, WB_EFORMAT, file,
+                           "file is %" PRIu64 " bytes, shorter than the 8-byte header length",
+                           file_size);
     if (len < 8)
-        return fail(err, WB_EFORMAT, file,
-                    "header truncated: only %zu bytes given, fewer than the 8-byte header length",
-                    len);
+        return wb__st_fail(
+            err, WB_EFORMAT, file,
+            "header truncated: only %zu bytes given, fewer than the 8-byte header length", len);
     uint64_t n = wb__st_load_le64(buf);
     if (n > WB_ST_MAX_HEADER)
-        return fail(err, WB_EFORMAT, file, "header length %" PRIu64 " exceeds the %llu-byte limit",
-                    n, WB_ST_MAX_HEADER);
+        return wb__st_fail(err, WB_EFORMAT, file,
+                           "header length %" PRIu64 " exceeds the %llu-byte limit", n,
+                           WB_ST_MAX_HEADER);
     if (n > file_size - 8)
-        return fail(err, WB_EFORMAT, file,
-                    "header truncated: header length %" PRIu64 " but only %" PRIu64
-                    " bytes follow the length field",
-                    n, file_size - 8);
+        return wb__st_fail(err, WB_EFORMAT, file,
+                           "header truncated: header length %" PRIu64 " but only %" PRIu64
+                           " bytes follow the length field",
+                           n, file_size - 8);
     if (n > len - 8)
-        return fail(err, WB_EFORMAT, file,
-                    "header truncated: header length %" PRIu64 " but only %zu bytes were read", n,
-                    len - 8);
+        return wb__st_fail(
+            err, WB_EFORMAT, file,
+            "header truncated: header length %" PRIu64 " but only %zu bytes were read", n, len - 8);
     if (n == 0)
-        return fail(err, WB_EFORMAT, file, "header is empty; it must be a JSON object");
+        return wb__st_fail(err, WB_EFORMAT, file, "header is empty; it must be a JSON object");
     const uint8_t *hdr = buf + 8;
     if (hdr[0] != '{')
-        return fail(err, WB_EFORMAT, file,
-                    "header does not start with '{' (first byte 0x%02x); it must be a JSON "
-                    "object with no leading whitespace",
-                    hdr[0]);
+        return wb__st_fail(err, WB_EFORMAT, file,
+                           "header does not start with '{' (first byte 0x%02x); it must be a JSON "
+                           "object with no leading whitespace",
+                           hdr[0]);
 
     json_error_t je;
     json_t *root = json_loadb((const char *)hdr, (size_t)n,
@@ -654,17 +669,17 @@ int wb__st_parse_header(wb_st_table *table, uint32_t file_index, const char *dis
         default:
             break;
         }
-        return fail(err, WB_EFORMAT, file,
-                    "malformed JSON header: %s (line %d, column %d, byte %d)%s", je.text, je.line,
-                    je.column, je.position, hint);
+        return wb__st_fail(err, WB_EFORMAT, file,
+                           "malformed JSON header: %s (line %d, column %d, byte %d)%s", je.text,
+                           je.line, je.column, je.position, hint);
     }
     int rc = 0;
     pending *p = NULL;
     pending_meta *m = NULL;
     size_t np = 0, nm = 0;
     if (!json_is_object(root)) {
-        rc = fail(err, WB_EFORMAT, file, "header is %s, expected a JSON object",
-                  wb__st_json_kind(root));
+        rc = wb__st_fail(err, WB_EFORMAT, file, "header is %s, expected a JSON object",
+                         wb__st_json_kind(root));
         goto out;
     }
     /* The official writer pads the header with spaces to an 8-byte boundary;
@@ -672,10 +687,11 @@ int wb__st_parse_header(wb_st_table *table, uint32_t file_index, const char *dis
     for (size_t i = je.position > 0 ? (size_t)je.position : 0; i < n; i++) {
         uint8_t c = hdr[i];
         if (c != ' ' && c != '\t' && c != '\n' && c != '\r') {
-            rc = fail(err, WB_EFORMAT, file,
-                      "unexpected byte 0x%02x at header byte %zu, after the JSON object; only "
-                      "whitespace padding may follow it",
-                      c, i);
+            rc = wb__st_fail(
+                err, WB_EFORMAT, file,
+                "unexpected byte 0x%02x at header byte %zu, after the JSON object; only "
+                "whitespace padding may follow it",
+                c, i);
             goto out;
         }
     }
@@ -683,7 +699,7 @@ int wb__st_parse_header(wb_st_table *table, uint32_t file_index, const char *dis
     size_t nkeys = json_object_size(root);
     p = calloc(nkeys ? nkeys : 1, sizeof *p);
     if (!p) {
-        rc = fail(err, WB_ENOMEM, file, "out of memory reading %zu header entries", nkeys);
+        rc = wb__st_fail(err, WB_ENOMEM, file, "out of memory reading %zu header entries", nkeys);
         goto out;
     }
     const char *key;
@@ -693,7 +709,7 @@ int wb__st_parse_header(wb_st_table *table, uint32_t file_index, const char *dis
         if (strcmp(key, "__metadata__") == 0) {
             rc = validate_metadata(file, value, &m, &nm, err);
         } else if (key[0] == '\0') {
-            rc = fail(err, WB_EFORMAT, file, "a tensor has an empty name");
+            rc = wb__st_fail(err, WB_EFORMAT, file, "a tensor has an empty name");
         } else {
             rc = validate_tensor(file, key, value, &p[np], err);
             if (rc == 0)

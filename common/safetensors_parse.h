@@ -25,6 +25,11 @@
 int wb__st_parse_header(wb_st_table *table, uint32_t file_index, const char *display_name,
                         const uint8_t *buf, size_t len, uint64_t file_size, wb_err *err);
 
+/* Sets err to `code` with "FILE: what is wrong": every message of the parser
+ * and the reader names the file first. Returns code. */
+int wb__st_fail(wb_err *err, int code, const char *file, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 /* The 8-byte little-endian header length at the start of a file. */
 uint64_t wb__st_load_le64(const uint8_t *p);
 
