@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -51,7 +52,67 @@ enum {
     OPT_MAX_TENSORS,
     OPT_MAX_MESSAGE,
     OPT_MAX_HEADER,
+    /* Transport bounds: OPT_TRANSPORT + index in transport_opts. */
+    OPT_TRANSPORT = 0x1600,
 };
+
+/* Defaults of the transport bounds (loop.h). */
+#define DEFAULT_MAX_REQUEST        (1u << 20)
+#define DEFAULT_MAX_BUFFERED       (64u << 20)
+#define DEFAULT_MAX_QUEUED_REPLIES 4
+#define MAX_FRAMES                 4
+/* Descriptors kept for everything but peers: libzmq's own (epoll, mailbox
+ * eventfds, the listener), the loader's files and eventfd, slabs being
+ * created, the metrics server, logs. */
+#define RESERVED_FDS  64
+#define MAX_PEERS_CAP 4096
+
+/* The transport bounds, table-driven: name, least, most, where it goes. */
+typedef struct transport_opt {
+    const char *name;
+    long min, max;
+    const char *what;
+} transport_opt;
+
+enum { T_MAX_PEERS, T_MAX_REQUEST, T_MAX_BUFFERED, T_MAX_QUEUED, N_TRANSPORT };
+
+static const transport_opt transport_opts[N_TRANSPORT] = {
+    [T_MAX_PEERS] = {"max-peers", 1, 1000000, "a number of connections"},
+    [T_MAX_REQUEST] = {"max-request-bytes", 256, 67108864, "a number of bytes"},
+    [T_MAX_BUFFERED] = {"max-buffered-bytes", 4096, 1L << 40, "a number of bytes"},
+    [T_MAX_QUEUED] = {"max-queued-replies", 1, 100000, "a number of replies"},
+};
+
+/* Raises the soft descriptor limit to the hard one, so that the peer cap
+ * derived from it is as high as the system allows. Returns the limit now in
+ * force. */
+static long raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return 1024;
+    rlim_t was = rl.rlim_cur;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            rl.rlim_cur = was;
+    }
+    wb_info("fd_limit", "soft=%llu hard=%llu raised_from=%llu", (unsigned long long)rl.rlim_cur,
+            (unsigned long long)rl.rlim_max, (unsigned long long)was);
+    return rl.rlim_cur > (rlim_t)(1L << 30) ? (1L << 30) : (long)rl.rlim_cur;
+}
+
+/* Each peer costs a connection descriptor and, once it leases, a pidfd:
+ * half of what is left after the reserve, halved again for the
+ * connections libzmq accepts before the loop closes the ones over the
+ * cap. */
+static unsigned default_max_peers(long nofile)
+{
+    long n = (nofile - RESERVED_FDS) / 4;
+    if (n < 1)
+        n = 1;
+    return n > MAX_PEERS_CAP ? MAX_PEERS_CAP : (unsigned)n;
+}
 
 typedef struct preload {
     char *name;
@@ -211,6 +272,10 @@ int main(int argc, char **argv)
         {"max-tensors", required_argument, NULL, OPT_MAX_TENSORS},
         {"max-message-bytes", required_argument, NULL, OPT_MAX_MESSAGE},
         {"max-header-bytes", required_argument, NULL, OPT_MAX_HEADER},
+        {"max-peers", required_argument, NULL, OPT_TRANSPORT + T_MAX_PEERS},
+        {"max-request-bytes", required_argument, NULL, OPT_TRANSPORT + T_MAX_REQUEST},
+        {"max-buffered-bytes", required_argument, NULL, OPT_TRANSPORT + T_MAX_BUFFERED},
+        {"max-queued-replies", required_argument, NULL, OPT_TRANSPORT + T_MAX_QUEUED},
         {"config", required_argument, NULL, OPT_CONFIG},
         {"check-config", no_argument, NULL, OPT_CHECK_CONFIG},
         {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
@@ -239,6 +304,7 @@ int main(int argc, char **argv)
     wb__limits_default(&limits);
     wb_err aerr;
     long num;
+    long transport[N_TRANSPORT] = {0}; /* 0: not given */
 
     const char *metrics_addr = NULL;
 
@@ -452,6 +518,22 @@ int main(int argc, char **argv)
             }
             limits.max_header = (uint64_t)num;
             break;
+        case OPT_TRANSPORT + T_MAX_PEERS:
+        case OPT_TRANSPORT + T_MAX_REQUEST:
+        case OPT_TRANSPORT + T_MAX_BUFFERED:
+        case OPT_TRANSPORT + T_MAX_QUEUED: {
+            const transport_opt *t = &transport_opts[c - OPT_TRANSPORT];
+            if ((num = parse_positive(optarg, t->max)) < t->min) {
+                wb__auth_destroy(&auth);
+                free(models);
+                char msg[WB_ERR_MSG_MAX];
+                snprintf(msg, sizeof msg, "--%s: '%.200s' is not %s from %ld to %ld", t->name,
+                         optarg, t->what, t->min, t->max);
+                return misuse("%s%s", msg, "");
+            }
+            transport[c - OPT_TRANSPORT] = num;
+            break;
+        }
         case OPT_CONFIG:
         case OPT_CHECK_CONFIG:
             break; /* taken by the first pass */
@@ -593,15 +675,6 @@ int main(int argc, char **argv)
     }
     int removed = wb__shm_cleanup_stale();
     wb_info("shm_cleanup", "removed=%d", removed);
-    /* The metrics endpoint comes before the preloads, so that a port in use
-     * is reported at once rather than after minutes of loading. */
-    static wb_metrics *metrics;
-    if (metrics_addr && wb__metrics_start(metrics_addr, &metrics, &err) != WB_OK) {
-        fatal("%s", err.msg);
-        free(models);
-        return 1;
-    }
-
     wb_broker_config cfg = {
         .backend = backend,
         .device = backend->proto == WBPROTO__BACKEND__BACKEND_HOST ? -1 : device,
@@ -610,6 +683,17 @@ int main(int argc, char **argv)
     };
     wb_broker b;
     wb__broker_init(&b, &cfg);
+    /* The metrics endpoint comes before the preloads, so that a port in use
+     * is reported at once rather than after minutes of loading; its first
+     * page is rendered before it answers. */
+    wb_metrics *metrics = NULL;
+    if (metrics_addr && wb__metrics_start(metrics_addr, &b, &metrics, &err) != WB_OK) {
+        fatal("%s", err.msg);
+        wb__broker_destroy(&b);
+        wb__auth_destroy(&auth);
+        free(models);
+        return 1;
+    }
     b.metrics = metrics;
     /* The broker takes the access lists and limits from the options. */
     wb__auth_destroy(&b.auth);
@@ -646,7 +730,31 @@ int main(int argc, char **argv)
         wb__metrics_stop(&metrics);
         return 1;
     }
-    rc = wb__loop_run(&b, socket_path, &err);
+    /* Descriptors: as many as the system allows, and a cap on peers that
+     * keeps accept(2) from ever running out (libzmq aborts on EMFILE). */
+    long nofile = raise_nofile();
+    wb_loop_options lopt = {
+        .max_peers =
+            transport[T_MAX_PEERS] ? (unsigned)transport[T_MAX_PEERS] : default_max_peers(nofile),
+        .max_request =
+            transport[T_MAX_REQUEST] ? (size_t)transport[T_MAX_REQUEST] : DEFAULT_MAX_REQUEST,
+        .max_frames = MAX_FRAMES,
+        .max_buffered =
+            transport[T_MAX_BUFFERED] ? (size_t)transport[T_MAX_BUFFERED] : DEFAULT_MAX_BUFFERED,
+        .max_queued_replies =
+            transport[T_MAX_QUEUED] ? (int)transport[T_MAX_QUEUED] : DEFAULT_MAX_QUEUED_REPLIES,
+    };
+    /* A request is never larger than a message may be. */
+    if (lopt.max_request > b.limits.max_message)
+        lopt.max_request = (size_t)b.limits.max_message;
+    if ((long)lopt.max_peers > (nofile - RESERVED_FDS) / 2)
+        wb_warn("config",
+                "note=\"--max-peers %u leaves too few of %ld descriptors: accepting may "
+                "fail\"",
+                lopt.max_peers, nofile);
+    rc = wb__loop_run(&b, socket_path, &lopt, &err);
+    /* Slab names go with their models; clients keep their own mappings. */
+    wb__broker_destroy(&b);
     wb__metrics_stop(&metrics);
     wb__backend_release(&backend);
     if (rc != WB_OK) {

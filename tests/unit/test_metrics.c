@@ -273,12 +273,12 @@ START_TEST(test_http_server)
 #ifndef WB_HAVE_MICROHTTPD
     wb_metrics *none;
     wb_err e;
-    ck_assert_int_eq(wb__metrics_start("127.0.0.1:0", &none, &e), WB_ENOSYS);
+    ck_assert_int_eq(wb__metrics_start("127.0.0.1:0", NULL, &none, &e), WB_ENOSYS);
     return;
 #else
     wb_metrics *m = NULL;
     wb_err err;
-    ck_assert_msg(wb__metrics_start("127.0.0.1:0", &m, &err) == WB_OK, "%s", err.msg);
+    ck_assert_msg(wb__metrics_start("127.0.0.1:0", NULL, &m, &err) == WB_OK, "%s", err.msg);
     unsigned port = wb__metrics_port(m);
     ck_assert_uint_gt(port, 0);
     fixture_model(&B, "served");
@@ -325,7 +325,7 @@ START_TEST(test_http_server)
     char spec[64];
     snprintf(spec, sizeof spec, "127.0.0.1:%u", port);
     wb_metrics *second = NULL;
-    ck_assert_int_eq(wb__metrics_start(spec, &second, &err), WB_EIO);
+    ck_assert_int_eq(wb__metrics_start(spec, NULL, &second, &err), WB_EIO);
     ck_assert_ptr_null(second);
     char want[200];
     snprintf(want, sizeof want, "metrics: cannot listen on %s: Address already in use", spec);
