@@ -220,6 +220,10 @@ char *wb__metrics_render(const wb_broker *b, size_t *len)
                 (unsigned long long)sorted[i].n);
     }
 
+    header(f, "wb_reclaims_total", "counter",
+           "Leases reclaimed because their process was proven dead.");
+    fprintf(f, "wb_reclaims_total %llu\n", (unsigned long long)st->leases_reclaimed);
+
     header(f, "wb_replies_dropped_total", "counter",
            "Replies not delivered: the peer was gone or left too many unread.");
     fprintf(f, "wb_replies_dropped_total %llu\n", (unsigned long long)st->replies_dropped);
@@ -233,10 +237,6 @@ char *wb__metrics_render(const wb_broker *b, size_t *len)
     header(f, "wb_peers_disconnected_total", "counter",
            "Connections closed for breaking a transport bound or the protocol.");
     fprintf(f, "wb_peers_disconnected_total %llu\n", (unsigned long long)st->peers_disconnected);
-
-    header(f, "wb_reclaims_total", "counter",
-           "Leases reclaimed because their process was proven dead.");
-    fprintf(f, "wb_reclaims_total %llu\n", (unsigned long long)st->leases_reclaimed);
 
     if (fclose(f) != 0) {
         free(text);

@@ -119,7 +119,8 @@ size_t wb__zmtp_buffered(const wb_zmtp *z)
 static size_t hold_limit(const wb_zmtp *z)
 {
     size_t frames = z->lim.max_frames;
-    return z->lim.max_message + frames * 9 + 9 + WB_ZMTP_MAX_COMMAND + WB_ZMTP_GREETING_SIZE;
+    return z->lim.max_message + frames * 9 + 9 + WB_ZMTP_MAX_COMMAND + WB_ZMTP_GREETING_SIZE +
+           WB_ZMTP_READ_CHUNK;
 }
 
 static void drop_consumed(wb_zmtp *z)

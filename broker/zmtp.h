@@ -10,7 +10,7 @@
  * What a connection may buffer here is at most the bytes of one unfinished
  * message (its frames' payloads and headers), at most max_message payload
  * bytes in at most max_frames frames, plus one command of at most
- * WB_ZMTP_MAX_COMMAND bytes. */
+ * WB_ZMTP_MAX_COMMAND bytes and one read of WB_ZMTP_READ_CHUNK bytes. */
 #ifndef WB_BROKER_ZMTP_H
 #define WB_BROKER_ZMTP_H
 
@@ -24,6 +24,9 @@
 #define WB_ZMTP_MAX_COMMAND 4096
 /* The longest Identity property kept (ZMQ routing ids are 1..255 bytes). */
 #define WB_ZMTP_MAX_IDENTITY 255
+/* The most the caller feeds at once; one connection may hold that much
+ * beyond one message, since a read can end in the middle of the next. */
+#define WB_ZMTP_READ_CHUNK 65536
 /* Room for the bytes the codec asks the caller to send at once: a greeting
  * and a READY, or one PONG. */
 #define WB_ZMTP_OUT_MAX 256

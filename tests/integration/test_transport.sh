@@ -29,6 +29,13 @@ wait_for grep -q "event=peer_disconnected reason=limit .*request limit" "$BROKER
   fail "no peer_disconnected line for the unfinished message"
 [ "$(stat_field peers_disconnected)" -ge 1 ] || fail "peers_disconnected: $(ctl stats --json)"
 served "the unfinished message"
+# Small frames with MORE set: the fifth frame header ends the connection.
+"${PEER[@]}" partial "$SOCK" 1024 100 >"$WB_TMP/frames.out" 2>&1 ||
+  fail "the many-frames peer failed: $(cat "$WB_TMP/frames.out")"
+grep -q "closed=1" "$WB_TMP/frames.out" || fail "the broker kept the connection: $(cat "$WB_TMP/frames.out")"
+wait_for grep -q "event=peer_disconnected reason=limit .*more than 4 frames" "$BROKER_LOG" ||
+  fail "no peer_disconnected line for too many frames"
+served "too many frames"
 stop_broker
 
 # --- 2. Unfinished messages over many connections: the aggregate bound.
@@ -71,6 +78,21 @@ c=$(sed -n 's/.*closed=//p' "$WB_TMP/idle.out")
 grep -q "event=peer_refused reason=max_peers .*max_peers=16" "$BROKER_LOG" || fail "no peer_refused line"
 served "300 connections"
 [ "$(stat_field peers_refused)" -ge 284 ] || fail "peers_refused: $(ctl stats --json)"
+stop_broker
+
+# The same with --max-peers set too high for the limit: accept meets
+# EMFILE, and the spare descriptor lets the broker close the connection and
+# go on.
+WBROKERD=$WB_TMP/lowfd.sh
+start_broker --max-peers 200
+WBROKERD=$REAL_WBROKERD
+grep -q "leaves too few of 128 descriptors" "$BROKER_LOG" || fail "no warning for --max-peers 200"
+(ulimit -n 4096 && "${PEER[@]}" idle "$SOCK" 300 2) >"$WB_TMP/idle2.out" 2>&1 ||
+  fail "the idle peer failed: $(cat "$WB_TMP/idle2.out")"
+alive "$BROKER_PID" || fail "the broker died out of descriptors"
+log "300 idle connections, --max-peers 200: $(cat "$WB_TMP/idle2.out")"
+grep -q "event=peer_refused reason=out_of_descriptors" "$BROKER_LOG" || fail "no out_of_descriptors line"
+served "running out of descriptors"
 stop_broker
 
 # --- 4. A peer that sends 600 requests with large replies and reads none.
