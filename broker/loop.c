@@ -371,14 +371,14 @@ static void accept_conns(loop *L)
                 wb_error("accept_failed", "error=\"%s\"", strerror(errno));
             return;
         }
-        struct ucred uc;
-        socklen_t ul = sizeof uc;
-        wb_peer_creds creds = {0};
-        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &ul) == 0 && uc.pid > 0)
-            creds = (wb_peer_creds){.known = 1,
-                                    .uid = (uint32_t)uc.uid,
-                                    .gid = (uint32_t)uc.gid,
-                                    .pid = (uint32_t)uc.pid};
+        /* A connection whose credentials cannot be read is served, but
+         * every request of it is refused (handle_request). */
+        wb_peer_creds creds;
+        wb_err cerr;
+        if (wb__peer_creds_from_fd(fd, &creds, &cerr) != WB_OK) {
+            char q[WB_ERR_MSG_MAX + 64];
+            wb_warn("peer_credentials", "error=%s", wb__log_quote(q, sizeof q, cerr.msg));
+        }
         if (L->n_conns >= L->opt->max_peers) {
             close(fd);
             refused(L, "max_peers", creds.pid);

@@ -1,6 +1,7 @@
-/* The broker's event loop: one ZeroMQ STREAM socket on ipc:// speaking
- * ZMTP 3 through the codec in zmtp.h, a signalfd
- * for SIGTERM/SIGINT, the loader's eventfd, and one pidfd per process that
+/* The broker's event loop: the listening unix socket the clients' ZeroMQ
+ * DEALER sockets connect to (ipc://) and one descriptor per connection,
+ * spoken to in ZMTP 3 through the codec in zmtp.h; a signalfd for
+ * SIGTERM/SIGINT, the loader's eventfd, and one pidfd per process that
  * holds leases, all in one zmq_poll. */
 #ifndef WB_BROKER_LOOP_H
 #define WB_BROKER_LOOP_H

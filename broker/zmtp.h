@@ -1,8 +1,8 @@
 /* The server side of ZMTP 3.x (rfc.zeromq.org/spec/23 and /37) with the NULL
  * mechanism, as a pure codec: bytes in, complete messages and bytes to send
- * out; no I/O. The broker's socket is a ZMQ_STREAM socket, so libzmq moves
- * raw bytes and this codec speaks the protocol to the clients' DEALER
- * sockets. It exists to bound what one peer can make the broker hold:
+ * out; no I/O. The broker accepts and reads its unix socket itself, and
+ * this codec speaks the protocol to the clients' libzmq DEALER sockets. It
+ * exists to bound what one peer can make the broker hold:
  * libzmq's ROUTER buffers a multipart message in its I/O thread until the
  * last frame arrives, with no limit on the number of frames, where this
  * codec refuses the first byte over the limits below.

@@ -68,9 +68,10 @@ def handshake(path):
 def closed(s, wait=0.0):
     """True when the broker hung up (EOF or reset), draining what it sent."""
     end = time.time() + wait
+    p = select.poll()  # select() cannot take descriptors over 1023
+    p.register(s, select.POLLIN)
     while True:
-        r, _, _ = select.select([s], [], [], max(0.0, end - time.time()))
-        if not r:
+        if not p.poll(max(0.0, end - time.time()) * 1000):
             return False
         try:
             if not s.recv(65536):
