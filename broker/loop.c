@@ -345,13 +345,15 @@ static void refused(loop *L, const char *reason, uint32_t pid)
     L->refused_since_log = 0;
 }
 
-/* Accepts every pending connection. Above --max-peers a connection is
+/* Accepts pending connections. Above --max-peers a connection is
  * closed at once; when the process is out of descriptors the spare one is
  * given up for a moment to accept and close the connection, so that the
  * backlog drains and the broker never stops on EMFILE. */
 static void accept_conns(loop *L)
 {
-    for (;;) {
+    /* At most 256 a round, so that a flood of connections cannot keep the
+     * loop from everything else. */
+    for (int round = 0; round < 256; round++) {
         int fd = accept4(L->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
