@@ -43,8 +43,11 @@ typedef struct wb_broker_stats {
     uint64_t leases_granted;
     uint64_t leases_released;
     uint64_t leases_reclaimed;
-    uint64_t requests_refused; /* peers not on the allow lists */
-    uint64_t limit_refusals;   /* requests refused with WB_ELIMIT */
+    uint64_t requests_refused;   /* peers not on the allow lists */
+    uint64_t limit_refusals;     /* requests refused with WB_ELIMIT */
+    uint64_t peers_refused;      /* connections closed at once: --max-peers reached */
+    uint64_t peers_disconnected; /* connections closed for breaking a transport bound */
+    uint32_t connections;        /* connections open now (the loop keeps it) */
     uint64_t loads_total;
     uint64_t loads_failed;
     uint64_t load_bytes_total;

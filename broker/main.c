@@ -21,37 +21,90 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #define EXIT_USAGE 2
 /* sysexits.h's EX_CONFIG: the configuration file is wrong. */
 #define EXIT_CONFIG 78
+/* parse() and validate(): go on to the next step. */
+#define GO_ON (-1)
 
-/* Operations options. */
-#define OPT_CONFIG       0x1500
-#define OPT_CHECK_CONFIG 0x1501
-#define OPT_LOG_FORMAT   0x1502
-#define OPT_METRICS      0x1503
-
-/* Loader options (their values stay clear of the enum below). */
-#define OPT_READ_THREADS    0x1400
-#define OPT_STAGING_MIB     0x1401
-#define OPT_STAGING_BUFFERS 0x1402
-#define OPT_LOAD_METHOD     0x1403
-
-/* Long options without a short letter. */
+/* Options without a short letter. */
 enum {
     OPT_ALLOW_UID = 256,
     OPT_ALLOW_GID,
     OPT_ADMIN_UID,
     OPT_ADMIN_GID,
-    OPT_MAX_LEASES,
-    OPT_MAX_MODELS,
-    OPT_MAX_TENSORS,
-    OPT_MAX_MESSAGE,
-    OPT_MAX_HEADER,
+    OPT_CONFIG,
+    OPT_CHECK_CONFIG,
+    OPT_LOG_FORMAT,
+    OPT_METRICS,
+    OPT_LOAD_METHOD,
+    /* Numeric options: OPT_NUM + their index in num_opts. */
+    OPT_NUM = 0x1000,
 };
+
+/* Numeric options, table-driven: each is a decimal number from min to
+ * max; a wrong one is "--NAME: 'VALUE' is not WHAT". */
+enum {
+    N_HEARTBEAT,
+    N_STALE,
+    N_READ_THREADS,
+    N_STAGING_MIB,
+    N_STAGING_BUFFERS,
+    N_MAX_LEASES,
+    N_MAX_MODELS,
+    N_MAX_TENSORS,
+    N_MAX_MESSAGE,
+    N_MAX_HEADER,
+    N_MAX_PEERS,
+    N_MAX_REQUEST,
+    N_MAX_BUFFERED,
+    N_MAX_QUEUED,
+    N_NUM
+};
+
+typedef struct num_opt {
+    const char *name;
+    long min, max;
+    const char *what; /* "%ld" in it takes min, then max */
+    int arg_width;    /* the most of the value quoted, 0: all of it */
+} num_opt;
+
+static const num_opt num_opts[N_NUM] = {
+    [N_HEARTBEAT] = {"heartbeat-ms", 1, 86400000, "a positive number of milliseconds", 0},
+    [N_STALE] = {"stale-ms", 1, 86400000, "a positive number of milliseconds", 0},
+    [N_READ_THREADS] = {"read-threads", 1, WB_STAGE_MAX_THREADS, "a number from %ld to %ld", 40},
+    [N_STAGING_MIB] = {"staging-mib", 1, WB_STAGE_MAX_CHUNK >> 20, "a number from %ld to %ld", 40},
+    [N_STAGING_BUFFERS] = {"staging-buffers", 2, WB_STAGE_MAX_BUFFERS, "a number from %ld to %ld",
+                           40},
+    [N_MAX_LEASES] = {"max-leases-per-client", 1, 1000000000, "a positive number", 0},
+    [N_MAX_MODELS] = {"max-models", 1, 1000000000, "a positive number", 0},
+    [N_MAX_TENSORS] = {"max-tensors", 1, 1000000000, "a positive number", 0},
+    [N_MAX_MESSAGE] = {"max-message-bytes", WB_MIN_MESSAGE, WB_MAX_MESSAGE,
+                       "a number of bytes from %ld to %ld (clients accept no more)", 0},
+    [N_MAX_HEADER] = {"max-header-bytes", 1, (long)WB_ST_MAX_HEADER,
+                      "a number of bytes from %ld to %ld (the safetensors limit)", 0},
+    [N_MAX_PEERS] = {"max-peers", 1, 1000000, "a number of connections from %ld to %ld", 200},
+    [N_MAX_REQUEST] = {"max-request-bytes", 256, WB_MAX_MESSAGE,
+                       "a number of bytes from %ld to %ld", 200},
+    [N_MAX_BUFFERED] = {"max-buffered-bytes", 4096, 1L << 40, "a number of bytes from %ld to %ld",
+                        200},
+    [N_MAX_QUEUED] = {"max-queued-replies", 1, 100000, "a number of replies from %ld to %ld", 200},
+};
+
+/* Defaults of the transport bounds (loop.h). */
+#define DEFAULT_MAX_REQUEST        (1L << 20)
+#define DEFAULT_MAX_BUFFERED       (64L << 20)
+#define DEFAULT_MAX_QUEUED_REPLIES 4
+#define MAX_FRAMES                 4
+/* Descriptors kept for everything but peers: the listener and its spare,
+ * the loader's files and eventfd, slabs being created, the metrics server,
+ * libzmq's context, logs. */
+#define RESERVED_FDS  64
+#define MAX_PEERS_CAP 4096
 
 typedef struct preload {
     char *name;
@@ -60,6 +113,88 @@ typedef struct preload {
     int from_file; /* given by a [model NAME] section of the configuration file */
     int line;      /* that section's line (or its device's), else 0 */
 } preload;
+
+/* Everything the options say, parsed and checked before anything starts. */
+typedef struct options {
+    const char *socket;
+    const char *backend;
+    int device, device_given;
+    int load_mode;
+    long num[N_NUM]; /* 0: not given */
+    const char *metrics;
+    const char *config_file;
+    int check_config;
+    preload *models;
+    size_t n_models;
+    wb_auth auth; /* access lists, handed to the broker by run() */
+    wb_config config;
+    char **av; /* the configuration file's arguments, then the command line's */
+    int ac;
+} options;
+
+static const struct option long_opts[] = {
+    {"socket", required_argument, NULL, 's'},
+    {"backend", required_argument, NULL, 'b'},
+    {"model", required_argument, NULL, 'm'},
+    {"device", required_argument, NULL, 'd'},
+    {"read-threads", required_argument, NULL, OPT_NUM + N_READ_THREADS},
+    {"staging-mib", required_argument, NULL, OPT_NUM + N_STAGING_MIB},
+    {"staging-buffers", required_argument, NULL, OPT_NUM + N_STAGING_BUFFERS},
+    {"load-method", required_argument, NULL, OPT_LOAD_METHOD},
+    {"heartbeat-ms", required_argument, NULL, OPT_NUM + N_HEARTBEAT},
+    {"stale-ms", required_argument, NULL, OPT_NUM + N_STALE},
+    {"log-level", required_argument, NULL, 'l'},
+    {"allow-uid", required_argument, NULL, OPT_ALLOW_UID},
+    {"allow-gid", required_argument, NULL, OPT_ALLOW_GID},
+    {"admin-uid", required_argument, NULL, OPT_ADMIN_UID},
+    {"admin-gid", required_argument, NULL, OPT_ADMIN_GID},
+    {"max-leases-per-client", required_argument, NULL, OPT_NUM + N_MAX_LEASES},
+    {"max-models", required_argument, NULL, OPT_NUM + N_MAX_MODELS},
+    {"max-tensors", required_argument, NULL, OPT_NUM + N_MAX_TENSORS},
+    {"max-message-bytes", required_argument, NULL, OPT_NUM + N_MAX_MESSAGE},
+    {"max-header-bytes", required_argument, NULL, OPT_NUM + N_MAX_HEADER},
+    {"max-peers", required_argument, NULL, OPT_NUM + N_MAX_PEERS},
+    {"max-request-bytes", required_argument, NULL, OPT_NUM + N_MAX_REQUEST},
+    {"max-buffered-bytes", required_argument, NULL, OPT_NUM + N_MAX_BUFFERED},
+    {"max-queued-replies", required_argument, NULL, OPT_NUM + N_MAX_QUEUED},
+    {"config", required_argument, NULL, OPT_CONFIG},
+    {"check-config", no_argument, NULL, OPT_CHECK_CONFIG},
+    {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
+    {"metrics", required_argument, NULL, OPT_METRICS},
+    {"version", no_argument, NULL, 'V'},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+/* Raises the soft descriptor limit to the hard one, so that the peer cap
+ * derived from it is as high as the system allows. Returns the limit now in
+ * force. */
+static long raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return 1024;
+    rlim_t was = rl.rlim_cur;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            rl.rlim_cur = was;
+    }
+    wb_info("fd_limit", "soft=%llu hard=%llu raised_from=%llu", (unsigned long long)rl.rlim_cur,
+            (unsigned long long)rl.rlim_max, (unsigned long long)was);
+    return rl.rlim_cur > (rlim_t)(1L << 30) ? (1L << 30) : (long)rl.rlim_cur;
+}
+
+/* Each peer costs a connection descriptor and, once it leases, a pidfd:
+ * half of what the reserve leaves, halved again so that a burst of
+ * connections accepted before being closed over the cap finds room. */
+static unsigned default_max_peers(long nofile)
+{
+    long n = (nofile - RESERVED_FDS) / 4;
+    if (n < 1)
+        n = 1;
+    return n > MAX_PEERS_CAP ? MAX_PEERS_CAP : (unsigned)n;
+}
 
 /* Options a configuration file may not set. */
 static const char *const command_line_only[] = {"config", "check-config", "help", "version", NULL};
@@ -122,6 +257,14 @@ static void usage(FILE *out)
             "  --max-message-bytes N  largest message either way (default and most %u,\n"
             "                         least %d)\n"
             "  --max-header-bytes N   largest safetensors header (default and most %llu)\n\n"
+            "transport bounds (a peer over one is disconnected):\n"
+            "  --max-peers N          connections at once (default: a quarter of the\n"
+            "                         descriptor limit less 64, at most 4096)\n"
+            "  --max-request-bytes N  largest incoming message (default 1048576)\n"
+            "  --max-buffered-bytes N bytes of unfinished messages over all connections\n"
+            "                         (default 67108864)\n"
+            "  --max-queued-replies N replies queued for a peer that does not read\n"
+            "                         (default 4)\n\n"
             "operations:\n"
             "  --config FILE          read options from an INI file first: [broker] keys are\n"
             "                         the long options above, [model NAME] sections have\n"
@@ -188,383 +331,327 @@ static long parse_positive(const char *s, long max)
     return (long)v;
 }
 
-int main(int argc, char **argv)
+static void options_free(options *o)
 {
-    static const struct option opts[] = {
-        {"socket", required_argument, NULL, 's'},
-        {"backend", required_argument, NULL, 'b'},
-        {"model", required_argument, NULL, 'm'},
-        {"device", required_argument, NULL, 'd'},
-        {"read-threads", required_argument, NULL, OPT_READ_THREADS},
-        {"staging-mib", required_argument, NULL, OPT_STAGING_MIB},
-        {"staging-buffers", required_argument, NULL, OPT_STAGING_BUFFERS},
-        {"load-method", required_argument, NULL, OPT_LOAD_METHOD},
-        {"heartbeat-ms", required_argument, NULL, 'H'},
-        {"stale-ms", required_argument, NULL, 'S'},
-        {"log-level", required_argument, NULL, 'l'},
-        {"allow-uid", required_argument, NULL, OPT_ALLOW_UID},
-        {"allow-gid", required_argument, NULL, OPT_ALLOW_GID},
-        {"admin-uid", required_argument, NULL, OPT_ADMIN_UID},
-        {"admin-gid", required_argument, NULL, OPT_ADMIN_GID},
-        {"max-leases-per-client", required_argument, NULL, OPT_MAX_LEASES},
-        {"max-models", required_argument, NULL, OPT_MAX_MODELS},
-        {"max-tensors", required_argument, NULL, OPT_MAX_TENSORS},
-        {"max-message-bytes", required_argument, NULL, OPT_MAX_MESSAGE},
-        {"max-header-bytes", required_argument, NULL, OPT_MAX_HEADER},
-        {"config", required_argument, NULL, OPT_CONFIG},
-        {"check-config", no_argument, NULL, OPT_CHECK_CONFIG},
-        {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
-        {"metrics", required_argument, NULL, OPT_METRICS},
-        {"version", no_argument, NULL, 'V'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    wb__log_set_prog("wbrokerd");
-    const char *socket_opt = NULL;
-    const char *backend_opt = "auto";
-    int device = 0, device_given = 0;
-    wb_stage_config stage = {0};
-    int load_mode = 0;
-    long heartbeat_ms = WB_DEFAULT_HEARTBEAT_MS, stale_ms = WB_DEFAULT_STALE_MS;
-    /* Static, so that the models stay reachable on the early exits of a
-     * wrong option (a configuration file may have added some already). */
-    static preload *models;
-    size_t n_models = 0;
-    int rc = 0, c;
-    /* Static so that its lists stay reachable on every early exit (a leak
-     * checker would otherwise report them). */
-    static wb_auth auth;
-    wb__auth_init_default(&auth, (uint32_t)geteuid());
-    wb_limits limits;
-    wb__limits_default(&limits);
-    wb_err aerr;
-    long num;
+    wb__auth_destroy(&o->auth);
+    free(o->models);
+    o->models = NULL;
+    if (o->av && o->config_file)
+        free(o->av);
+    o->av = NULL;
+    wb__config_free(&o->config);
+    cfg_origin = NULL;
+}
 
-    const char *metrics_addr = NULL;
+/* A numeric option: in its range, or a usage error naming it. */
+static int parse_num(options *o, int k, const char *arg)
+{
+    const num_opt *t = &num_opts[k];
+    long v = parse_positive(arg, t->max);
+    if (v < t->min) {
+        char what[160], msg[WB_ERR_MSG_MAX];
+        snprintf(what, sizeof what, t->what, t->min, t->max);
+        snprintf(msg, sizeof msg, "--%s: '%.*s' is not %s", t->name,
+                 t->arg_width ? t->arg_width : (int)strlen(arg), arg, what);
+        return misuse("%s%s", msg, "");
+    }
+    o->num[k] = v;
+    return GO_ON;
+}
 
-    /* --config names a file whose options go before the command line's, so
-     * that flags win: find it (and --check-config) first, acting on nothing
-     * else. --help and --version work whatever the file holds. */
-    const char *config_file = NULL;
-    int check_config = 0, help_or_version = 0;
+static int add_model(options *o, char *arg)
+{
+    wb_model_arg ma;
+    wb_err merr;
+    if (wb__config_parse_model(arg, &ma, &merr) != WB_OK)
+        return misuse("--model: %s%s", merr.msg, "");
+    /* A model given on the command line replaces the configuration file's
+     * model of the same name; any other repeat is a mistake. */
+    int from_file = origin_line() > 0;
+    size_t k = 0;
+    while (k < o->n_models && strcmp(o->models[k].name, ma.name) != 0)
+        k++;
+    if (k < o->n_models && (from_file || !o->models[k].from_file))
+        return misuse("--model: model '%s' is given twice%s", ma.name, "");
+    if (k == o->n_models) {
+        preload *grown = realloc(o->models, (o->n_models + 1) * sizeof *grown);
+        if (!grown) {
+            fprintf(stderr, "wbrokerd: out of memory\n");
+            return 1;
+        }
+        o->models = grown;
+        o->n_models++;
+    }
+    arg[strlen(ma.name)] = '\0'; /* ends the name at its '@' or '=' */
+    o->models[k].name = arg;
+    o->models[k].path = (char *)ma.path;
+    o->models[k].device = ma.device;
+    o->models[k].from_file = from_file;
+    o->models[k].line = origin_line();
+    return GO_ON;
+}
+
+static void print_version(void)
+{
+    printf("wbrokerd %s (protocol %d)\n", WB_VERSION, WB_PROTOCOL_VERSION);
+    /* What this build can do beyond the basics, for scripts. */
+    printf("features: %csystemd %cmetrics\n",
+#ifdef WB_HAVE_SYSTEMD
+           '+',
+#else
+           '-',
+#endif
+#ifdef WB_HAVE_MICROHTTPD
+           '+'
+#else
+           '-'
+#endif
+    );
+}
+
+/* One option of the second pass. Returns GO_ON, or the exit status. */
+static int parse_one(options *o, int c, char *arg)
+{
+    if (c >= OPT_NUM && c < OPT_NUM + N_NUM)
+        return parse_num(o, c - OPT_NUM, arg);
+    switch (c) {
+    case 's':
+        if (!arg[0])
+            return misuse("--socket: %s%s", "the path is empty", "");
+        o->socket = arg;
+        return GO_ON;
+    case 'b':
+        if (strcmp(arg, "auto") && strcmp(arg, "cuda") && strcmp(arg, "host"))
+            return misuse("--backend: '%s' is not one of auto, cuda, host%s", arg, "");
+        o->backend = arg;
+        return GO_ON;
+    case 'm':
+        return add_model(o, arg);
+    case 'd':
+        if (strcmp(arg, "0") == 0) {
+            o->device = 0;
+        } else {
+            long v = parse_positive(arg, 1023);
+            if (v < 0)
+                return misuse("--device: '%s' is not a device number%s", arg, "");
+            o->device = (int)v;
+        }
+        o->device_given = 1;
+        return GO_ON;
+    case OPT_LOAD_METHOD:
+        if (strcmp(arg, "staged") == 0)
+            o->load_mode = WB_STAGE_STAGED;
+        else if (strcmp(arg, "mapped") == 0)
+            o->load_mode = WB_STAGE_MAPPED;
+        else
+            return misuse("--load-method: '%s' is not one of staged, mapped%s", arg, "");
+        return GO_ON;
+    case 'l': {
+        int lvl = wb__log_parse_level(arg);
+        if (lvl < 0)
+            return misuse("--log-level: '%s' is not one of debug, info, warn, error%s", arg, "");
+        wb__log_set_level((wb_log_level)lvl);
+        return GO_ON;
+    }
+    case OPT_ALLOW_UID:
+    case OPT_ALLOW_GID:
+    case OPT_ADMIN_UID:
+    case OPT_ADMIN_GID: {
+        static const wb_auth_list which[] = {WB_AUTH_CLIENT_UIDS, WB_AUTH_CLIENT_GIDS,
+                                             WB_AUTH_ADMIN_UIDS, WB_AUTH_ADMIN_GIDS};
+        static const char *const names[] = {"--allow-uid", "--allow-gid", "--admin-uid",
+                                            "--admin-gid"};
+        int k = c - OPT_ALLOW_UID;
+        wb_err aerr;
+        if (wb__auth_add(&o->auth, which[k], arg, names[k], &aerr) != WB_OK)
+            return misuse("%s%s", aerr.msg, "");
+        return GO_ON;
+    }
+    case OPT_CONFIG:
+    case OPT_CHECK_CONFIG:
+        return GO_ON; /* taken by the first pass */
+    case OPT_LOG_FORMAT: {
+        int fmt = wb__log_parse_format(arg);
+        if (fmt < 0)
+            return misuse("--log-format: '%s' is not text or json%s", arg, "");
+        wb__log_set_format((wb_log_format)fmt);
+        return GO_ON;
+    }
+    case OPT_METRICS: {
+        wb_err merr;
+        if (wb__metrics_parse_addr(arg, NULL, NULL, &merr) != WB_OK)
+            return misuse("--metrics: %s%s", merr.msg, "");
+        o->metrics = arg;
+        return GO_ON;
+    }
+    case 'V':
+        print_version();
+        return 0;
+    case 'h':
+        usage(stdout);
+        return 0;
+    default:
+        /* getopt_long has already named the option. */
+        fprintf(stderr, "Try 'wbrokerd --help'.\n");
+        return origin_line() > 0 ? EXIT_CONFIG : EXIT_USAGE;
+    }
+}
+
+/* Reads the configuration file (its options go first, so that the command
+ * line's win) and every option. Returns GO_ON, or the exit status. */
+static int parse(options *o, int argc, char **argv)
+{
+    /* --config names a file whose options go before the command line's:
+     * find it (and --check-config) first, acting on nothing else. --help
+     * and --version work whatever the file holds. */
+    int c, help_or_version = 0;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
         if (c == OPT_CONFIG)
-            config_file = optarg;
+            o->config_file = optarg;
         else if (c == OPT_CHECK_CONFIG)
-            check_config = 1;
+            o->check_config = 1;
         else if (c == 'h' || c == 'V')
             help_or_version = 1;
     }
-    /* Static, so that what they hold stays reachable on every early exit. */
-    static wb_config config;
-    static char **av;
-    int ac = argc;
-    av = argv;
-    if (config_file && !help_or_version) {
+    o->av = argv;
+    o->ac = argc;
+    if (o->config_file && help_or_version)
+        o->config_file = NULL;
+    if (o->config_file) {
         wb_err cerr;
-        if (wb__config_load(config_file, opts, command_line_only, &config, &cerr) != WB_OK) {
+        if (wb__config_load(o->config_file, long_opts, command_line_only, &o->config, &cerr) !=
+            WB_OK) {
             fprintf(stderr, "wbrokerd: %s\n", cerr.msg);
-            wb__auth_destroy(&auth);
+            o->av = NULL;
             return EXIT_CONFIG;
         }
-        av = calloc((size_t)argc + (size_t)config.n_args + 1, sizeof *av);
+        char **av = calloc((size_t)argc + (size_t)o->config.n_args + 1, sizeof *av);
         if (!av) {
             fprintf(stderr, "wbrokerd: out of memory\n");
-            wb__auth_destroy(&auth);
+            o->av = NULL;
             return 1;
         }
         av[0] = argv[0];
-        for (int i = 0; i < config.n_args; i++)
-            av[1 + i] = config.args[i];
+        for (int i = 0; i < o->config.n_args; i++)
+            av[1 + i] = o->config.args[i];
         for (int i = 1; i < argc; i++)
-            av[config.n_args + i] = argv[i];
-        ac = argc + config.n_args;
-        cfg_origin = &config;
+            av[o->config.n_args + i] = argv[i];
+        o->av = av;
+        o->ac = argc + o->config.n_args;
+        cfg_origin = &o->config;
     }
-
     optind = 0; /* start getopt_long afresh */
     opterr = 1;
-    while ((c = getopt_long(ac, av, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case 's':
-            if (!optarg[0])
-                return misuse("--socket: %s%s", "the path is empty", "");
-            socket_opt = optarg;
-            break;
-        case 'b':
-            if (strcmp(optarg, "auto") && strcmp(optarg, "cuda") && strcmp(optarg, "host"))
-                return misuse("--backend: '%s' is not one of auto, cuda, host%s", optarg, "");
-            backend_opt = optarg;
-            break;
-        case 'm': {
-            wb_model_arg ma;
-            wb_err merr;
-            if (wb__config_parse_model(optarg, &ma, &merr) != WB_OK) {
-                free(models);
-                return misuse("--model: %s%s", merr.msg, "");
-            }
-            /* A model given on the command line replaces the configuration
-             * file's model of the same name; any other repeat is a mistake. */
-            int from_file = origin_line() > 0;
-            size_t k = 0;
-            while (k < n_models && strcmp(models[k].name, ma.name) != 0)
-                k++;
-            if (k < n_models && (from_file || !models[k].from_file)) {
-                free(models);
-                return misuse("--model: model '%s' is given twice%s", ma.name, "");
-            }
-            if (k == n_models) {
-                preload *grown = realloc(models, (n_models + 1) * sizeof *models);
-                if (!grown) {
-                    fprintf(stderr, "wbrokerd: out of memory\n");
-                    free(models);
-                    return 1;
-                }
-                models = grown;
-                n_models++;
-            }
-            optarg[strlen(ma.name)] = '\0'; /* ends the name at its '@' or '=' */
-            models[k].name = optarg;
-            models[k].path = (char *)ma.path;
-            models[k].device = ma.device;
-            models[k].from_file = from_file;
-            models[k].line = origin_line();
-            break;
-        }
-        case 'd': {
-            if (strcmp(optarg, "0") == 0) {
-                device = 0;
-            } else {
-                long v = parse_positive(optarg, 1023);
-                if (v < 0)
-                    return misuse("--device: '%s' is not a device number%s", optarg, "");
-                device = (int)v;
-            }
-            device_given = 1;
-            break;
-        }
-        case OPT_READ_THREADS:
-        case OPT_STAGING_MIB:
-        case OPT_STAGING_BUFFERS: {
-            static const char *const what[] = {"--read-threads", "--staging-mib",
-                                               "--staging-buffers"};
-            static const long most[] = {WB_STAGE_MAX_THREADS, WB_STAGE_MAX_CHUNK >> 20,
-                                        WB_STAGE_MAX_BUFFERS};
-            int k = c - OPT_READ_THREADS;
-            long v = parse_positive(optarg, most[k]);
-            if (v < 0 || (c == OPT_STAGING_BUFFERS && v < 2)) {
-                char msg[160];
-                snprintf(msg, sizeof msg, "%s: '%.40s' is not a number from %d to %ld", what[k],
-                         optarg, c == OPT_STAGING_BUFFERS ? 2 : 1, most[k]);
-                free(models);
-                return misuse("%s%s", msg, "");
-            }
-            if (c == OPT_READ_THREADS)
-                stage.read_threads = (unsigned)v;
-            else if (c == OPT_STAGING_MIB)
-                stage.chunk_bytes = (uint64_t)v << 20;
-            else
-                stage.buffers = (unsigned)v;
-            break;
-        }
-        case OPT_LOAD_METHOD:
-            if (strcmp(optarg, "staged") == 0)
-                load_mode = WB_STAGE_STAGED;
-            else if (strcmp(optarg, "mapped") == 0)
-                load_mode = WB_STAGE_MAPPED;
-            else {
-                free(models);
-                return misuse("--load-method: '%s' is not one of staged, mapped%s", optarg, "");
-            }
-            break;
-        case 'H':
-            if ((heartbeat_ms = parse_positive(optarg, 86400000)) < 0)
-                return misuse("--heartbeat-ms: '%s' is not a positive number of milliseconds%s",
-                              optarg, "");
-            break;
-        case 'S':
-            if ((stale_ms = parse_positive(optarg, 86400000)) < 0)
-                return misuse("--stale-ms: '%s' is not a positive number of milliseconds%s", optarg,
-                              "");
-            break;
-        case 'l': {
-            int lvl = wb__log_parse_level(optarg);
-            if (lvl < 0)
-                return misuse("--log-level: '%s' is not one of debug, info, warn, error%s", optarg,
-                              "");
-            wb__log_set_level((wb_log_level)lvl);
-            break;
-        }
-        case OPT_ALLOW_UID:
-        case OPT_ALLOW_GID:
-        case OPT_ADMIN_UID:
-        case OPT_ADMIN_GID: {
-            static const wb_auth_list which[] = {WB_AUTH_CLIENT_UIDS, WB_AUTH_CLIENT_GIDS,
-                                                 WB_AUTH_ADMIN_UIDS, WB_AUTH_ADMIN_GIDS};
-            static const char *const names[] = {"--allow-uid", "--allow-gid", "--admin-uid",
-                                                "--admin-gid"};
-            int k = c - OPT_ALLOW_UID;
-            if (wb__auth_add(&auth, which[k], optarg, names[k], &aerr) != WB_OK) {
-                wb__auth_destroy(&auth);
-                free(models);
-                return misuse("%s%s", aerr.msg, "");
-            }
-            break;
-        }
-        case OPT_MAX_LEASES:
-        case OPT_MAX_MODELS:
-            if ((num = parse_positive(optarg, 1000000000)) < 0) {
-                wb__auth_destroy(&auth);
-                free(models);
-                return misuse("--%s: '%s' is not a positive number",
-                              c == OPT_MAX_LEASES ? "max-leases-per-client" : "max-models", optarg);
-            }
-            if (c == OPT_MAX_LEASES)
-                limits.max_leases_per_client = (uint32_t)num;
-            else
-                limits.max_models = (uint32_t)num;
-            break;
-        case OPT_MAX_TENSORS:
-            if ((num = parse_positive(optarg, 1000000000)) < 0) {
-                wb__auth_destroy(&auth);
-                free(models);
-                return misuse("--max-tensors: '%s' is not a positive number%s", optarg, "");
-            }
-            limits.max_tensors = (uint64_t)num;
-            break;
-        case OPT_MAX_MESSAGE:
-            if ((num = parse_positive(optarg, WB_MAX_MESSAGE)) < WB_MIN_MESSAGE) {
-                wb__auth_destroy(&auth);
-                free(models);
-                return misuse("--max-message-bytes: '%s' is not a number of bytes from 4096 to "
-                              "%s",
-                              optarg, "67108864 (clients accept no more)");
-            }
-            limits.max_message = (uint64_t)num;
-            break;
-        case OPT_MAX_HEADER:
-            if ((num = parse_positive(optarg, (long)WB_ST_MAX_HEADER)) < 0) {
-                wb__auth_destroy(&auth);
-                free(models);
-                return misuse("--max-header-bytes: '%s' is not a number of bytes from 1 to %s",
-                              optarg, "100000000 (the safetensors limit)");
-            }
-            limits.max_header = (uint64_t)num;
-            break;
-        case OPT_CONFIG:
-        case OPT_CHECK_CONFIG:
-            break; /* taken by the first pass */
-        case OPT_LOG_FORMAT: {
-            int fmt = wb__log_parse_format(optarg);
-            if (fmt < 0) {
-                wb__auth_destroy(&auth);
-                free(models);
-                return misuse("--log-format: '%s' is not text or json%s", optarg, "");
-            }
-            wb__log_set_format((wb_log_format)fmt);
-            break;
-        }
-        case OPT_METRICS: {
-            wb_err merr;
-            if (wb__metrics_parse_addr(optarg, NULL, NULL, &merr) != WB_OK) {
-                wb__auth_destroy(&auth);
-                free(models);
-                return misuse("--metrics: %s%s", merr.msg, "");
-            }
-            metrics_addr = optarg;
-            break;
-        }
-        case 'V':
-            printf("wbrokerd %s (protocol %d)\n", WB_VERSION, WB_PROTOCOL_VERSION);
-            /* What this build can do beyond the basics, for scripts. */
-            printf("features: %csystemd %cmetrics\n",
-#ifdef WB_HAVE_SYSTEMD
-                   '+',
-#else
-                   '-',
-#endif
-#ifdef WB_HAVE_MICROHTTPD
-                   '+'
-#else
-                   '-'
-#endif
-            );
-            wb__auth_destroy(&auth);
-            free(models);
-            return 0;
-        case 'h':
-            usage(stdout);
-            wb__auth_destroy(&auth);
-            free(models);
-            return 0;
-        default:
-            /* getopt_long has already named the option. */
-            fprintf(stderr, "Try 'wbrokerd --help'.\n");
-            wb__auth_destroy(&auth);
-            free(models);
-            return origin_line() > 0 ? EXIT_CONFIG : EXIT_USAGE;
-        }
+    while ((c = getopt_long(o->ac, o->av, "h", long_opts, NULL)) != -1) {
+        int rc = parse_one(o, c, optarg);
+        if (rc != GO_ON)
+            return rc;
     }
-    cfg_origin = NULL;
-    if (optind < ac) {
-        wb__auth_destroy(&auth);
-        free(models);
-        return misuse("unexpected argument '%s'%s", av[optind], "");
-    }
+    if (optind < o->ac)
+        return misuse("unexpected argument '%s'%s", o->av[optind], "");
+    return GO_ON;
+}
+
+/* Checks what single options cannot, and answers --check-config. Returns
+ * GO_ON, or the exit status. */
+static int validate(options *o)
+{
     /* A broker serves one CUDA device (its backend's stream and staging
      * ring live there): a model that names another one is a mistake. */
-    for (size_t i = 0; i < n_models; i++) {
-        if (models[i].device < 0 || models[i].device == device || strcmp(backend_opt, "host") == 0)
+    for (size_t i = 0; i < o->n_models; i++) {
+        const preload *m = &o->models[i];
+        if (m->device < 0 || m->device == o->device || strcmp(o->backend, "host") == 0)
             continue;
         char msg[600];
         snprintf(msg, sizeof msg,
                  "model '%s' asks for device %d, but this broker serves device %d (--device); "
                  "run one broker per device",
-                 models[i].name, models[i].device, device);
-        if (models[i].line > 0)
-            fprintf(stderr, "wbrokerd: %s:%d: %s\n", config.file, models[i].line, msg);
-        else
-            fprintf(stderr, "wbrokerd: --model: %s\nTry 'wbrokerd --help'.\n", msg);
-        int from_file = models[i].line > 0;
-        wb__auth_destroy(&auth);
-        free(models);
-        return from_file ? EXIT_CONFIG : EXIT_USAGE;
+                 m->name, m->device, o->device);
+        if (m->line > 0) {
+            fprintf(stderr, "wbrokerd: %s:%d: %s\n", o->config.file, m->line, msg);
+            return EXIT_CONFIG;
+        }
+        fprintf(stderr, "wbrokerd: --model: %s\nTry 'wbrokerd --help'.\n", msg);
+        return EXIT_USAGE;
     }
-    if (check_config) {
+    char sp[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    int path_ok = wb__socket_path(o->socket, sp, sizeof sp) == WB_OK;
+    if (o->check_config) {
         /* Every option has been checked; nothing is started. What the
          * broker would use is printed for the operator to compare. */
-        char sp[sizeof(((struct sockaddr_un *)0)->sun_path)];
-        int ok = wb__socket_path(socket_opt, sp, sizeof sp) == WB_OK;
-        if (ok) {
-            printf("config: %s\nsocket: %s\n", config_file ? config_file : "(none)", sp);
-            for (size_t i = 0; i < n_models; i++) {
-                printf("model: %s path=%s", models[i].name, models[i].path);
-                if (models[i].device >= 0)
-                    printf(" device=%d", models[i].device);
-                printf("%s\n", models[i].from_file ? " (file)" : " (command line)");
-            }
-            printf("metrics: %s\nvalid\n", metrics_addr ? metrics_addr : "off");
-        } else {
+        if (!path_ok) {
             fprintf(stderr, "wbrokerd: the socket path is too long for a unix socket\n");
+            return EXIT_USAGE;
         }
-        wb__auth_destroy(&auth);
-        free(models);
-        return ok ? 0 : EXIT_USAGE;
+        printf("config: %s\nsocket: %s\n", o->config_file ? o->config_file : "(none)", sp);
+        for (size_t i = 0; i < o->n_models; i++) {
+            printf("model: %s path=%s", o->models[i].name, o->models[i].path);
+            if (o->models[i].device >= 0)
+                printf(" device=%d", o->models[i].device);
+            printf("%s\n", o->models[i].from_file ? " (file)" : " (command line)");
+        }
+        printf("metrics: %s\nvalid\n", o->metrics ? o->metrics : "off");
+        return 0;
     }
-
-    if (stale_ms <= heartbeat_ms)
+    if (o->num[N_STALE] <= o->num[N_HEARTBEAT])
         wb_warn("config",
                 "note=\"stale-ms is not above heartbeat-ms: leases may go stale between "
                 "heartbeats\" heartbeat_ms=%ld stale_ms=%ld",
-                heartbeat_ms, stale_ms);
-
-    char socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
-    if (wb__socket_path(socket_opt, socket_path, sizeof socket_path) != WB_OK) {
+                o->num[N_HEARTBEAT], o->num[N_STALE]);
+    if (!path_ok) {
         fatal("the socket path is too long for a unix socket");
-        free(models);
         return EXIT_USAGE;
     }
+    return GO_ON;
+}
+
+/* The limits the options set, over the defaults. */
+static void limits_from(const options *o, wb_limits *l)
+{
+    wb__limits_default(l);
+    if (o->num[N_MAX_LEASES])
+        l->max_leases_per_client = (uint32_t)o->num[N_MAX_LEASES];
+    if (o->num[N_MAX_MODELS])
+        l->max_models = (uint32_t)o->num[N_MAX_MODELS];
+    if (o->num[N_MAX_TENSORS])
+        l->max_tensors = (uint64_t)o->num[N_MAX_TENSORS];
+    if (o->num[N_MAX_MESSAGE])
+        l->max_message = (uint64_t)o->num[N_MAX_MESSAGE];
+    if (o->num[N_MAX_HEADER])
+        l->max_header = (uint64_t)o->num[N_MAX_HEADER];
+}
+
+/* The transport bounds: given, or derived from the descriptor limit. */
+static void transport_from(const options *o, const wb_limits *l, long nofile, wb_loop_options *t)
+{
+    *t = (wb_loop_options){
+        .max_peers =
+            o->num[N_MAX_PEERS] ? (unsigned)o->num[N_MAX_PEERS] : default_max_peers(nofile),
+        .max_request =
+            (size_t)(o->num[N_MAX_REQUEST] ? o->num[N_MAX_REQUEST] : DEFAULT_MAX_REQUEST),
+        .max_frames = MAX_FRAMES,
+        .max_buffered =
+            (size_t)(o->num[N_MAX_BUFFERED] ? o->num[N_MAX_BUFFERED] : DEFAULT_MAX_BUFFERED),
+        .max_queued_replies =
+            o->num[N_MAX_QUEUED] ? (int)o->num[N_MAX_QUEUED] : DEFAULT_MAX_QUEUED_REPLIES,
+    };
+    /* A request is never larger than a message may be. */
+    if (t->max_request > l->max_message)
+        t->max_request = (size_t)l->max_message;
+    if ((long)t->max_peers > (nofile - RESERVED_FDS) / 2)
+        wb_warn("config",
+                "note=\"--max-peers %u leaves too few of %ld descriptors: some connections will "
+                "be closed as soon as accepted\"",
+                t->max_peers, nofile);
+}
+
+/* Starts the broker and serves until SIGTERM or SIGINT. Everything it
+ * creates it destroys on the one way out. Returns the exit status. */
+static int run(options *o)
+{
+    char socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    wb__socket_path(o->socket, socket_path, sizeof socket_path); /* checked by validate() */
 
     /* Block the signals before any thread exists, so that only the loop's
      * signalfd sees them. */
@@ -575,48 +662,55 @@ int main(int argc, char **argv)
     sigprocmask(SIG_BLOCK, &mask, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    /* The backend, once the signals are blocked: the CUDA runtime starts
-     * threads of its own, and they must not take SIGTERM. */
+    int status = 1;
     wb_err err;
     const wb_backend *backend = NULL;
-    if (wb__backend_pick(backend_opt, device, &stage, load_mode, &backend, &err) != WB_OK) {
+    wb_metrics *metrics = NULL;
+    wb_broker b;
+    int have_broker = 0;
+
+    /* The backend, once the signals are blocked: the CUDA runtime starts
+     * threads of its own, and they must not take SIGTERM. */
+    wb_stage_config stage = {
+        .read_threads = (unsigned)o->num[N_READ_THREADS],
+        .chunk_bytes = (uint64_t)o->num[N_STAGING_MIB] << 20,
+        .buffers = (unsigned)o->num[N_STAGING_BUFFERS],
+    };
+    if (wb__backend_pick(o->backend, o->device, &stage, o->load_mode, &backend, &err) != WB_OK) {
         fatal("%s", err.msg);
-        free(models);
-        return 1;
+        goto out;
     }
-    if (device_given && backend->proto == WBPROTO__BACKEND__BACKEND_HOST)
-        wb_info("config", "note=\"--device is ignored by the host backend\" device=%d", device);
+    if (o->device_given && backend->proto == WBPROTO__BACKEND__BACKEND_HOST)
+        wb_info("config", "note=\"--device is ignored by the host backend\" device=%d", o->device);
     if (wb__socket_prepare(socket_path, &err) != WB_OK) {
         fatal("%s", err.msg);
-        free(models);
-        return 1;
+        goto out;
     }
     int removed = wb__shm_cleanup_stale();
     wb_info("shm_cleanup", "removed=%d", removed);
-    /* The metrics endpoint comes before the preloads, so that a port in use
-     * is reported at once rather than after minutes of loading. */
-    static wb_metrics *metrics;
-    if (metrics_addr && wb__metrics_start(metrics_addr, &metrics, &err) != WB_OK) {
-        fatal("%s", err.msg);
-        free(models);
-        return 1;
-    }
 
     wb_broker_config cfg = {
         .backend = backend,
-        .device = backend->proto == WBPROTO__BACKEND__BACKEND_HOST ? -1 : device,
-        .heartbeat_ms = (uint32_t)heartbeat_ms,
-        .stale_ms = (uint32_t)stale_ms,
+        .device = backend->proto == WBPROTO__BACKEND__BACKEND_HOST ? -1 : o->device,
+        .heartbeat_ms = (uint32_t)o->num[N_HEARTBEAT],
+        .stale_ms = (uint32_t)o->num[N_STALE],
     };
-    wb_broker b;
     wb__broker_init(&b, &cfg);
-    b.metrics = metrics;
+    have_broker = 1;
     /* The broker takes the access lists and limits from the options. */
     wb__auth_destroy(&b.auth);
-    b.auth = auth;
-    memset(&auth, 0, sizeof auth);
-    b.limits = limits;
+    b.auth = o->auth;
+    memset(&o->auth, 0, sizeof o->auth);
+    limits_from(o, &b.limits);
     b.slab_gid = wb__auth_slab_group(socket_path);
+    /* The metrics endpoint comes before the preloads, so that a port in use
+     * is reported at once rather than after minutes of loading; its first
+     * page is rendered before it answers. */
+    if (o->metrics && wb__metrics_start(o->metrics, &b, &metrics, &err) != WB_OK) {
+        fatal("%s", err.msg);
+        goto out;
+    }
+    b.metrics = metrics;
     char who[256], admins[256];
     wb_info("access", "clients=\"%s\" admins=\"%s\" slab_group=%lld",
             wb__auth_describe_clients(&b.auth, who, sizeof who),
@@ -627,31 +721,51 @@ int main(int argc, char **argv)
             b.limits.max_leases_per_client, b.limits.max_models,
             (unsigned long long)b.limits.max_tensors, (unsigned long long)b.limits.max_message,
             (unsigned long long)b.limits.max_header);
-    for (size_t i = 0; i < n_models; i++) {
-        if (wb__broker_preload(&b, models[i].name, models[i].path, &err) != WB_OK) {
-            fatal("cannot load model '%s': %s", models[i].name, err.msg);
-            wb__broker_destroy(&b);
-            wb__metrics_stop(&metrics);
-            free(models);
-            return 1;
+    for (size_t i = 0; i < o->n_models; i++) {
+        if (wb__broker_preload(&b, o->models[i].name, o->models[i].path, &err) != WB_OK) {
+            fatal("cannot load model '%s': %s", o->models[i].name, err.msg);
+            goto out;
         }
     }
-    free(models);
-
     /* Loading may have taken a while: check once more that nobody took the
      * socket meanwhile. */
     if (wb__socket_prepare(socket_path, &err) != WB_OK) {
         fatal("%s", err.msg);
-        wb__broker_destroy(&b);
-        wb__metrics_stop(&metrics);
-        return 1;
+        goto out;
     }
-    rc = wb__loop_run(&b, socket_path, &err);
-    wb__metrics_stop(&metrics);
-    wb__backend_release(&backend);
-    if (rc != WB_OK) {
+    /* Descriptors: as many as the system allows, and a cap on peers. */
+    wb_loop_options lopt;
+    transport_from(o, &b.limits, raise_nofile(), &lopt);
+    if (wb__loop_run(&b, socket_path, &lopt, &err) != WB_OK) {
         fatal("%s", err.msg);
-        return 1;
+        goto out;
     }
-    return 0;
+    status = 0;
+out:
+    /* Slab names go with their models; clients keep their own mappings. */
+    if (have_broker)
+        wb__broker_destroy(&b);
+    wb__metrics_stop(&metrics);
+    if (backend)
+        wb__backend_release(&backend);
+    return status;
+}
+
+int main(int argc, char **argv)
+{
+    wb__log_set_prog("wbrokerd");
+    options o = {.backend = "auto"};
+    wb__auth_init_default(&o.auth, (uint32_t)geteuid());
+    int rc = parse(&o, argc, argv);
+    if (rc == GO_ON) {
+        if (!o.num[N_HEARTBEAT])
+            o.num[N_HEARTBEAT] = WB_DEFAULT_HEARTBEAT_MS;
+        if (!o.num[N_STALE])
+            o.num[N_STALE] = WB_DEFAULT_STALE_MS;
+        rc = validate(&o);
+    }
+    if (rc == GO_ON)
+        rc = run(&o);
+    options_free(&o);
+    return rc;
 }

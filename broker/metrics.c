@@ -224,6 +224,20 @@ char *wb__metrics_render(const wb_broker *b, size_t *len)
            "Leases reclaimed because their process was proven dead.");
     fprintf(f, "wb_reclaims_total %llu\n", (unsigned long long)st->leases_reclaimed);
 
+    header(f, "wb_replies_dropped_total", "counter",
+           "Replies not delivered: the peer was gone or left too many unread.");
+    fprintf(f, "wb_replies_dropped_total %llu\n", (unsigned long long)st->replies_dropped);
+    header(f, "wb_malformed_messages_total", "counter", "Requests that could not be decoded.");
+    fprintf(f, "wb_malformed_messages_total %llu\n", (unsigned long long)st->malformed_messages);
+    header(f, "wb_connections", "gauge", "Connections to the broker's socket open now.");
+    fprintf(f, "wb_connections %u\n", st->connections);
+    header(f, "wb_peers_refused_total", "counter",
+           "Connections closed at once because --max-peers connections were open.");
+    fprintf(f, "wb_peers_refused_total %llu\n", (unsigned long long)st->peers_refused);
+    header(f, "wb_peers_disconnected_total", "counter",
+           "Connections closed for breaking a transport bound or the protocol.");
+    fprintf(f, "wb_peers_disconnected_total %llu\n", (unsigned long long)st->peers_disconnected);
+
     if (fclose(f) != 0) {
         free(text);
         return NULL;
@@ -337,7 +351,7 @@ static void on_log(void *cls, const char *fmt, va_list ap)
     wb_warn("metrics_http", "error=%s", wb__log_quote(q, sizeof q, msg));
 }
 
-int wb__metrics_start(const char *spec, wb_metrics **out, wb_err *err)
+int wb__metrics_start(const char *spec, const wb_broker *b, wb_metrics **out, wb_err *err)
 {
     *out = NULL;
     struct sockaddr_storage ss;
@@ -371,6 +385,14 @@ int wb__metrics_start(const char *spec, wb_metrics **out, wb_err *err)
     pthread_mutex_init(&m->mu, NULL);
     m->port = port;
     m->dirty = 1;
+    /* The first page exists before the server answers: a scrape right
+     * after start-up gets every metric family, not an empty page. */
+    if (b) {
+        size_t len = 0;
+        char *text = wb__metrics_render(b, &len);
+        if (text)
+            wb__metrics_publish(m, text, len);
+    }
     m->daemon =
         MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG |
                              (ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0),
@@ -405,9 +427,10 @@ void wb__metrics_stop(wb_metrics **mp)
 
 #else /* !WB_HAVE_MICROHTTPD */
 
-int wb__metrics_start(const char *spec, wb_metrics **out, wb_err *err)
+int wb__metrics_start(const char *spec, const wb_broker *b, wb_metrics **out, wb_err *err)
 {
     (void)spec;
+    (void)b;
     *out = NULL;
     return wb__err_set(err, WB_ENOSYS,
                        "--metrics: this wbrokerd was built without libmicrohttpd; rebuild with "

@@ -24,10 +24,11 @@ typedef struct wb_metrics wb_metrics;
 int wb__metrics_parse_addr(const char *spec, struct sockaddr_storage *ss, socklen_t *len,
                            wb_err *err);
 
-/* Binds ADDR:PORT and starts the HTTP thread. SIGTERM and SIGINT must
+/* Binds ADDR:PORT, publishes a first page rendered from b (when not NULL),
+ * then starts the HTTP thread. SIGTERM and SIGINT must
  * already be blocked (the thread inherits the mask). WB_ENOSYS when built
  * without libmicrohttpd, WB_EIO when the address cannot be bound. */
-int wb__metrics_start(const char *spec, wb_metrics **out, wb_err *err);
+int wb__metrics_start(const char *spec, const wb_broker *b, wb_metrics **out, wb_err *err);
 
 /* Stops the HTTP thread and frees everything; sets *m to NULL. NULL is
  * fine. */

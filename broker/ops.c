@@ -712,6 +712,10 @@ static int op_stats(wb_broker *b, wb_arena *a, Wbproto__Reply *rep)
     wb__load_fill_stats(b->cfg.backend, &b->models, s);
     s->requests_refused = st->requests_refused;
     s->limit_refusals = st->limit_refusals;
+    s->replies_dropped = st->replies_dropped;
+    s->peers_refused = st->peers_refused;
+    s->peers_disconnected = st->peers_disconnected;
+    s->connections = st->connections;
     rep->body_case = WBPROTO__REPLY__BODY_STATS;
     rep->stats = s;
     return 0;

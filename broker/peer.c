@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -11,57 +12,23 @@
 #define SYS_pidfd_open 434
 #endif
 
-/* Parses a field of decimal digits [s, end) into a 32-bit value. */
-static int parse_u32(const char *s, const char *end, uint32_t *out)
-{
-    if (s == end || end - s > 10)
-        return -1;
-    uint64_t v = 0;
-    for (const char *p = s; p < end; p++) {
-        if (*p < '0' || *p > '9')
-            return -1;
-        v = v * 10 + (uint64_t)(*p - '0');
-    }
-    if (v > UINT32_MAX)
-        return -1;
-    *out = (uint32_t)v;
-    return 0;
-}
-
-int wb__peer_parse_address(const char *addr, wb_peer_creds *out, wb_err *err)
+int wb__peer_creds_from_fd(int fd, wb_peer_creds *out, wb_err *err)
 {
     memset(out, 0, sizeof *out);
-    if (!addr)
+    struct ucred uc;
+    socklen_t len = sizeof uc;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &len) != 0)
+        return wb__err_errno(err, WB_EPERM, errno, "the peer's credentials are unavailable");
+    /* A peer in another pid namespace is reported as pid 0. */
+    if (uc.pid <= 0)
         return wb__err_set(err, WB_EPERM,
-                           "the peer's credentials are unavailable (no Peer-Address)");
-    /* Find the last three colons from the end. */
-    const char *colon[3] = {NULL, NULL, NULL};
-    size_t len = strlen(addr);
-    int found = 0;
-    for (size_t i = len; i > 0 && found < 3; i--) {
-        if (addr[i - 1] == ':')
-            colon[found++] = addr + i - 1;
-    }
-    if (found < 3)
-        return wb__err_set(err, WB_EPERM,
-                           "the peer's credentials cannot be read from Peer-Address '%.100s'",
-                           addr);
-    /* colon[2] < colon[1] < colon[0]: uid between colon[2] and colon[1] ... */
-    uint32_t uid, gid, pid;
-    if (parse_u32(colon[2] + 1, colon[1], &uid) != 0 ||
-        parse_u32(colon[1] + 1, colon[0], &gid) != 0 ||
-        parse_u32(colon[0] + 1, addr + len, &pid) != 0)
-        return wb__err_set(err, WB_EPERM,
-                           "the peer's credentials cannot be read from Peer-Address '%.100s'",
-                           addr);
-    if (pid == 0)
-        return wb__err_set(err, WB_EPERM,
-                           "the peer's pid is not visible from the broker (Peer-Address '%.100s')",
-                           addr);
+                           "the peer's pid is not visible from the broker (uid %u, another pid "
+                           "namespace)",
+                           (unsigned)uc.uid);
     out->known = 1;
-    out->uid = uid;
-    out->gid = gid;
-    out->pid = pid;
+    out->uid = (uint32_t)uc.uid;
+    out->gid = (uint32_t)uc.gid;
+    out->pid = (uint32_t)uc.pid;
     return WB_OK;
 }
 

@@ -1,6 +1,5 @@
 /* What the broker knows about the process at the other end of a message: its
- * kernel credentials (from the ZeroMQ "Peer-Address" property, which libzmq
- * fills from SO_PEERCRED on ipc:// sockets), its name, and a pidfd that
+ * kernel credentials (SO_PEERCRED on its connection), its name, and a pidfd that
  * proves its death. */
 #ifndef WB_BROKER_PEER_H
 #define WB_BROKER_PEER_H
@@ -17,12 +16,12 @@ typedef struct wb_peer_creds {
     uint32_t pid;
 } wb_peer_creds;
 
-/* Parses a Peer-Address value: the last three colon-separated fields are
- * decimal uid, gid and pid (":1000:1000:4242", "localhost:0:0:123"). Each must
- * fit in 32 bits and the pid must be positive. Returns 0 and fills *out (with
- * known = 1), or WB_EPERM with a message naming what is wrong; *out is then
- * zeroed. */
-int wb__peer_parse_address(const char *addr, wb_peer_creds *out, wb_err *err);
+/* Reads the credentials of the process at the other end of a connected
+ * unix socket (SO_PEERCRED, as the kernel recorded them at connect).
+ * Returns 0 and fills *out (known = 1), or WB_EPERM with a message when they
+ * cannot be read or the pid is not visible (0: another pid namespace);
+ * *out is then zeroed. */
+int wb__peer_creds_from_fd(int fd, wb_peer_creds *out, wb_err *err);
 
 /* Reads /proc/<pid>/comm into buf without its trailing newline; writes "?"
  * when it cannot be read. Returns buf. */

@@ -72,10 +72,13 @@ ctl_refused message "bytes, over the 8192-byte message limit (--max-message-byte
   load wide "$WB_TMP/wide.safetensors"
 grep -qF "a lease of model 'wide' would take" "$WB_TMP/message.err" || fail "message: $(cat "$WB_TMP/message.err")"
 model_absent wide || fail "the refused model is listed"
-# An incoming message over the limit: libzmq drops the sender's
-# connection, and the broker serves the next client.
+# An incoming message over the limit (the request limit is never above the
+# message limit): the broker drops the sender's connection on the frame
+# header, and serves the next client.
 "$TESTCLIENT" --socket "$SOCK" --wait 1000 big 9000 >"$WB_TMP/big.out" 2>&1
 [ $? = 4 ] || fail "an oversized message got an answer: $(cat "$WB_TMP/big.out")"
+wait_for grep -q "event=peer_disconnected reason=limit .*over the 8192-byte request limit" "$BROKER_LOG" ||
+  fail "no peer_disconnected line for the oversized message"
 "$TESTCLIENT" --socket "$SOCK" big 100 ff >"$WB_TMP/small.out" 2>&1
 grep -q "^status=-6 " "$WB_TMP/small.out" || fail "the next client was not answered: $(cat "$WB_TMP/small.out")"
 

@@ -71,7 +71,10 @@ code=$(curl -s --max-time 5 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PO
 metrics_check "types == {'wb_leases': 'gauge', 'wb_models': 'gauge', 'wb_model_bytes': 'gauge',
   'wb_loads_total': 'counter', 'wb_load_failures_total': 'counter', 'wb_load_seconds': 'gauge',
   'wb_load_bytes_per_second': 'gauge', 'wb_requests_total': 'counter',
-  'wb_reclaims_total': 'counter'} and helps == set(types)" ||
+  'wb_reclaims_total': 'counter', 'wb_replies_dropped_total': 'counter',
+  'wb_malformed_messages_total': 'counter', 'wb_connections': 'gauge',
+  'wb_peers_refused_total': 'counter', 'wb_peers_disconnected_total': 'counter'}
+  and helps == set(types)" ||
   fail "families or types are wrong: $(grep '^#' "$WB_TMP/metrics.txt")"
 
 # Models: state counts, bytes, load time and speed as wbctl reports them.
@@ -129,6 +132,29 @@ grep -qF "wbrokerd: metrics: cannot listen on 127.0.0.1:$PORT: Address already i
 scrape || fail "the endpoint stopped answering"
 stop_broker
 curl -s --max-time 2 "$URL" >/dev/null && fail "the endpoint still answers after the broker stopped"
+
+# The first scrape, as soon as the port answers and while a 512 MiB model is
+# still loading before the loop starts, already has every metric family.
+"$PYTHON" - "$WB_TMP/big.safetensors" <<'PY'
+import json, struct, sys
+n = 512 << 20
+raw = json.dumps({"w": {"dtype": "U8", "shape": [n], "data_offsets": [0, n]}}).encode()
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<Q", len(raw)) + raw)
+    f.truncate(8 + len(raw) + n)
+PY
+"$WBROKERD" --backend host --socket "$SOCK" --metrics "127.0.0.1:$PORT" \
+  --model "big=$WB_TMP/big.safetensors" >"$WB_TMP/early.log" 2>&1 &
+BROKER_PID=$!
+STARTED_PIDS+=("$BROKER_PID")
+wait_for curl -sf --max-time 1 -o "$WB_TMP/first.txt" "$URL" || fail "the endpoint never answered"
+for family in wb_leases wb_models wb_requests_total wb_connections wb_peers_refused_total; do
+  grep -q "^# TYPE $family " "$WB_TMP/first.txt" ||
+    fail "the first scrape lacks $family: [$(cat "$WB_TMP/first.txt")]"
+done
+wait_for model_ready big || fail "model big did not become ready"
+stop_broker
+rm -f "$WB_TMP/big.safetensors"
 
 # Off by default.
 start_broker

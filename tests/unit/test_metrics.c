@@ -130,6 +130,11 @@ START_TEST(test_render_values)
     B.stats.loads_total = 4;
     B.stats.loads_failed = 1;
     B.stats.leases_reclaimed = 7;
+    B.stats.replies_dropped = 11;
+    B.stats.malformed_messages = 12;
+    B.stats.connections = 13;
+    B.stats.peers_refused = 14;
+    B.stats.peers_disconnected = 15;
     for (int i = 0; i < 3; i++)
         wb__broker_count_request(&B, WBPROTO__REQUEST__BODY_ACQUIRE, WB_OK);
     wb__broker_count_request(&B, WBPROTO__REQUEST__BODY_ACQUIRE, WB_ENOTFOUND);
@@ -138,7 +143,7 @@ START_TEST(test_render_values)
     wb__broker_count_request(&B, 0, WB_EPROTO);
 
     char *text = render();
-    ck_assert_int_eq(check_structure(text), 9);
+    ck_assert_int_eq(check_structure(text), 14);
     assert_line(text, "# TYPE wb_leases gauge");
     assert_line(text, "wb_leases{state=\"active\"} 1");
     assert_line(text, "wb_leases{state=\"stale\"} 2");
@@ -160,6 +165,14 @@ START_TEST(test_render_values)
     assert_line(text, "# TYPE wb_requests_total counter");
     assert_line(text, "# TYPE wb_reclaims_total counter");
     assert_line(text, "wb_reclaims_total 7");
+    assert_line(text, "# TYPE wb_replies_dropped_total counter");
+    assert_line(text, "wb_replies_dropped_total 11");
+    assert_line(text, "wb_malformed_messages_total 12");
+    assert_line(text, "# TYPE wb_connections gauge");
+    assert_line(text, "wb_connections 13");
+    assert_line(text, "wb_peers_refused_total 14");
+    assert_line(text, "# TYPE wb_peers_disconnected_total counter");
+    assert_line(text, "wb_peers_disconnected_total 15");
     /* Operations in protocol order, successes first. */
     const char *reqs = strstr(text, "wb_requests_total{");
     ck_assert_ptr_nonnull(reqs);
@@ -182,7 +195,7 @@ END_TEST
 START_TEST(test_render_empty_broker)
 {
     char *text = render();
-    ck_assert_int_eq(check_structure(text), 9);
+    ck_assert_int_eq(check_structure(text), 14);
     assert_line(text, "wb_leases{state=\"active\"} 0");
     assert_line(text, "wb_models{state=\"ready\"} 0");
     assert_line(text, "wb_loads_total 0");
@@ -273,12 +286,12 @@ START_TEST(test_http_server)
 #ifndef WB_HAVE_MICROHTTPD
     wb_metrics *none;
     wb_err e;
-    ck_assert_int_eq(wb__metrics_start("127.0.0.1:0", &none, &e), WB_ENOSYS);
+    ck_assert_int_eq(wb__metrics_start("127.0.0.1:0", NULL, &none, &e), WB_ENOSYS);
     return;
 #else
     wb_metrics *m = NULL;
     wb_err err;
-    ck_assert_msg(wb__metrics_start("127.0.0.1:0", &m, &err) == WB_OK, "%s", err.msg);
+    ck_assert_msg(wb__metrics_start("127.0.0.1:0", NULL, &m, &err) == WB_OK, "%s", err.msg);
     unsigned port = wb__metrics_port(m);
     ck_assert_uint_gt(port, 0);
     fixture_model(&B, "served");
@@ -325,7 +338,7 @@ START_TEST(test_http_server)
     char spec[64];
     snprintf(spec, sizeof spec, "127.0.0.1:%u", port);
     wb_metrics *second = NULL;
-    ck_assert_int_eq(wb__metrics_start(spec, &second, &err), WB_EIO);
+    ck_assert_int_eq(wb__metrics_start(spec, NULL, &second, &err), WB_EIO);
     ck_assert_ptr_null(second);
     char want[200];
     snprintf(want, sizeof want, "metrics: cannot listen on %s: Address already in use", spec);

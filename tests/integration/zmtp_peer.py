@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""A hostile ZMTP 3.1 peer for the transport tests: speaks the protocol on
+raw unix sockets (no libzmq), so that it can do what a libzmq DEALER never
+would: never end a message, never read replies, open connections and idle.
+
+  zmtp_peer.py partial SOCK FRAME_BYTES COUNT
+      handshake, then COUNT frames of FRAME_BYTES with MORE set, never the
+      last one; prints "sent=N closed=0|1" (closed: the broker hung up)
+  zmtp_peer.py spread SOCK CONNS BYTES
+      CONNS connections, each with an unfinished message of BYTES bytes;
+      prints "closed=N" (connections the broker hung up) after a second
+  zmtp_peer.py idle SOCK CONNS SECONDS
+      CONNS connections that send nothing, held SECONDS; prints
+      "opened=N closed=M"
+  zmtp_peer.py noread SOCK MODEL COUNT SECONDS
+      handshake, COUNT acquire requests for MODEL, reads nothing for
+      SECONDS; prints "sent=N"
+"""
+import os
+import select
+import socket
+import struct
+import sys
+import time
+
+
+def greeting():
+    return b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03\x01" + b"NULL".ljust(20, b"\x00") + b"\x00" * 32
+
+
+def frame(body, more=False, command=False):
+    flags = (1 if more else 0) | (4 if command else 0)
+    if len(body) > 255:
+        return bytes([flags | 2]) + struct.pack(">Q", len(body)) + body
+    return bytes([flags, len(body)]) + body
+
+
+def ready():
+    prop = b"\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER"
+    prop += b"\x08Identity" + struct.pack(">I", 0)
+    return frame(b"\x05READY" + prop, command=True)
+
+
+def connect(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    return s
+
+
+class Refused(Exception):
+    pass
+
+
+def handshake(path):
+    s = connect(path)
+    s.sendall(greeting() + ready())
+    s.settimeout(5)
+    got = b""
+    while len(got) < 64 + 2:  # the broker's greeting and READY
+        chunk = s.recv(4096)
+        if not chunk:
+            raise Refused()
+        got += chunk
+    s.settimeout(None)
+    return s
+
+
+def closed(s, wait=0.0):
+    """True when the broker hung up (EOF or reset), draining what it sent."""
+    end = time.time() + wait
+    p = select.poll()  # select() cannot take descriptors over 1023
+    p.register(s, select.POLLIN)
+    while True:
+        if not p.poll(max(0.0, end - time.time()) * 1000):
+            return False
+        try:
+            if not s.recv(65536):
+                return True
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+
+
+def partial(path, frame_bytes, count):
+    try:
+        s = handshake(path)
+    except Refused:
+        sys.exit("the broker closed the connection during the handshake")
+    payload = b"\x00" * frame_bytes
+    sent = 0
+    try:
+        for _ in range(count):
+            s.sendall(frame(payload, more=True))
+            sent += 1
+    except (BrokenPipeError, ConnectionResetError):
+        print("sent=%d closed=1" % sent)
+        return
+    print("sent=%d closed=%d" % (sent, 1 if closed(s, 2.0) else 0))
+
+
+def spread(path, conns, nbytes):
+    socks, refused = [], 0
+    for _ in range(conns):
+        try:
+            s = handshake(path)
+        except (Refused, ConnectionResetError):
+            refused += 1
+            continue
+        try:
+            # A frame announced as nbytes + 1 long: never complete.
+            s.sendall(bytes([2]) + struct.pack(">Q", nbytes + 1) + b"\x00" * nbytes)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        socks.append(s)
+    time.sleep(1.0)
+    print("closed=%d" % (refused + sum(1 for s in socks if closed(s, 0.2))))
+
+
+def idle(path, conns, seconds):
+    socks, opened = [], 0
+    for _ in range(conns):
+        try:
+            socks.append(connect(path))
+            opened += 1
+        except OSError:
+            time.sleep(0.01)
+    time.sleep(seconds)
+    print("opened=%d closed=%d" % (opened, sum(1 for s in socks if closed(s, 0.01))))
+
+
+def noread(path, model, count, seconds):
+    try:
+        s = handshake(path)
+    except Refused:
+        sys.exit("the broker closed the connection during the handshake")
+    m = model.encode()
+    acq = b"\x0a" + bytes([len(m)]) + m
+    sent = 0
+    for i in range(count):
+        req = b"\x08\x01\x10" + bytes([1 + i % 100]) + b"\x5a" + bytes([len(acq)]) + acq
+        try:
+            s.sendall(frame(req))
+            sent += 1
+        except (BrokenPipeError, ConnectionResetError):
+            break
+    print("sent=%d" % sent, flush=True)
+    time.sleep(seconds)
+
+
+def main():
+    mode, path = sys.argv[1], sys.argv[2]
+    a = sys.argv[3:]
+    if mode == "partial":
+        partial(path, int(a[0]), int(a[1]))
+    elif mode == "spread":
+        spread(path, int(a[0]), int(a[1]))
+    elif mode == "idle":
+        idle(path, int(a[0]), float(a[1]))
+    elif mode == "noread":
+        noread(path, a[0], int(a[1]), float(a[2]))
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()
