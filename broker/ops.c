@@ -404,6 +404,13 @@ static int op_list_containers(wb_broker *b, wb_arena *a, Wbproto__Reply *rep)
                 ci->created_at = r->created_at;
                 ci->model_path = r->model_path;
                 ci->embedded_bytes = r->embedded_bytes;
+                ci->leased_constants = r->leased_constants;
+                ci->aliased_constants = r->aliased_constants;
+                ci->caller_constants = r->caller_constants;
+                ci->package_constants = r->package_constants;
+                ci->folded_constants = r->folded_constants;
+                ci->unbound_constants = r->unbound_constants;
+                ci->package_bytes = r->package_bytes;
                 ci->leases = cl;
                 list[n++] = ci;
             }

@@ -4,6 +4,7 @@
 #include "wb/container.h"
 
 #include "aoti_abi.h"
+#include "aoti_bind.h"
 #include "aoti_pkg.h"
 #include "client_impl.h"
 #include "log.h"
@@ -50,6 +51,7 @@ typedef struct aoti_fns {
     aoti_get_i32_fn constant_dtype;
     aoti_get_size_fn constant_size;
     aoti_get_bool_fn constant_from_folded; /* optional: none folded */
+    aoti_get_i32_fn constant_type;         /* optional: every constant a parameter */
     aoti_update_pairs_fn update_user_managed;
     aoti_fold_fn fold;                 /* optional unless a constant is folded */
     aoti_container_fn swap;            /* optional: embedded constants stay */
@@ -71,6 +73,9 @@ typedef struct aoti_fns {
     aoti_code_fn device_type_cuda;   /* optional */
 } aoti_fns;
 
+/* How a constant was bound. */
+enum { WB_BIND_NONE, WB_BIND_LEASED, WB_BIND_ALIASED, WB_BIND_CALLER, WB_BIND_PACKAGE };
+
 /* One constant of the model and what it is bound to. */
 typedef struct binding {
     char *name; /* container's internal name (copied: the first container of
@@ -79,7 +84,12 @@ typedef struct binding {
     int32_t dtype;
     size_t size;
     int folded;
+    int32_t type; /* upstream ConstantType: 1 parameter, 2 buffer, 3 tensor constant, 4 folded */
+    int kind;     /* WB_BIND_* */
     AtenTensorHandle handle; /* our wrapper, deleted after the container */
+    const void *data;        /* what the handle wraps */
+    void *private_host;      /* constants-file data, owned */
+    void *private_dev;       /* its device copy, owned */
     int lease;               /* index into leases, or -1 */
     int caller;              /* index into caller tensors, or -1 */
 } binding;
@@ -94,6 +104,8 @@ struct wb_container {
     int cuda;
     int device_index;
     int32_t dev_type_code;
+    int32_t cuda_type_code, cpu_type_code;
+    wb__aoti_rules rules;
     void *lib;
     aoti_fns f;
     AOTInductorModelContainerHandle h;
@@ -237,6 +249,7 @@ static int bind_symbols(wb_container *c)
     BIND(constant_dtype, "AOTInductorModelContainerGetConstantDtype");
     BIND(constant_size, "AOTInductorModelContainerGetConstantDataSize");
     BIND(constant_from_folded, "AOTInductorModelContainerGetConstantFromFolded");
+    BIND(constant_type, "AOTInductorModelContainerGetConstantType");
     BIND(update_user_managed, "AOTInductorModelContainerUpdateUserManagedConstantBufferPairs");
     BIND(fold, "AOTInductorModelContainerRunConstantFolding");
     BIND(swap, "AOTInductorModelContainerSwapConstantBuffer");
@@ -368,10 +381,9 @@ static int parse_device(wb_container *c, const char *dev, int any_device_tensor)
     } else {
         return fail(c, WB_EINVAL, "device '%s': expected cpu, cuda or cuda:N", dev);
     }
-    if (c->cuda)
-        c->dev_type_code = c->f.device_type_cuda ? c->f.device_type_cuda() : WB_AOTI_DEVICE_CUDA;
-    else
-        c->dev_type_code = c->f.device_type_cpu ? c->f.device_type_cpu() : WB_AOTI_DEVICE_CPU;
+    c->cuda_type_code = c->f.device_type_cuda ? c->f.device_type_cuda() : WB_AOTI_DEVICE_CUDA;
+    c->cpu_type_code = c->f.device_type_cpu ? c->f.device_type_cpu() : WB_AOTI_DEVICE_CPU;
+    c->dev_type_code = c->cuda ? c->cuda_type_code : c->cpu_type_code;
     return WB_OK;
 }
 
@@ -401,6 +413,9 @@ static int read_constants(wb_container *c)
         if (c->f.constant_from_folded && c->f.constant_from_folded(c->h, i, &folded) != 0)
             return runtime_fail(c, "AOTInductorModelContainerGetConstantFromFolded", name);
         b->folded = folded;
+        b->type = folded ? 4 : 1;
+        if (c->f.constant_type && c->f.constant_type(c->h, i, &b->type) != 0)
+            return runtime_fail(c, "AOTInductorModelContainerGetConstantType", name);
         b->name = strdup(name);
         b->fqn = strdup(fqn && fqn[0] ? fqn : name);
         if (!b->name || !b->fqn)
@@ -430,109 +445,258 @@ static void lease_names(wb_container *c, char *buf, size_t size)
     }
 }
 
-/* Finds, checks and wraps the tensor of every constant that is not folded. */
+/* Where a constant's tensor was found. */
+typedef struct source {
+    int kind;
+    const char *dtype;
+    const void *data;
+    uint32_t ndim;
+    const uint64_t *shape;
+    int device;
+    uint64_t nbytes;
+    char where[200];
+} source;
+
+static uint64_t elem_bytes(const char *dtype, uint32_t ndim, const uint64_t *shape)
+{
+    int code = wb__dtype_parse(dtype);
+    uint64_t elems = 1;
+    for (uint32_t d = 0; d < ndim; d++)
+        elems *= shape[d];
+    return code >= 0 ? elems * wb__dtype_bits((wb_dtype)code) / 8 : 0;
+}
+
+/* A caller tensor or a leased tensor named `name`; 1 when found. A name in
+ * two leases is an error (returned through *rc). */
+static int find_named(wb_container *c, const wb_container_options *o, const char *name, binding *b,
+                      source *s, int *rc)
+{
+    for (size_t k = 0; k < o->n_tensors; k++) {
+        const wb_container_tensor *t = &o->tensors[k];
+        if (t->fqn && strcmp(t->fqn, name) == 0) {
+            b->caller = (int)k;
+            *s = (source){.kind = WB_BIND_CALLER,
+                          .dtype = t->dtype,
+                          .data = t->data,
+                          .ndim = t->ndim,
+                          .shape = t->shape,
+                          .device = t->device,
+                          .nbytes = elem_bytes(t->dtype, t->ndim, t->shape)};
+            snprintf(s->where, sizeof s->where, "caller tensor %zu ('%s')", k, name);
+            return 1;
+        }
+    }
+    int found = 0;
+    for (size_t k = 0; k < c->n_leases; k++) {
+        const wb__tensor_entry *t = lease_lookup(c->leases[k], name);
+        if (!t)
+            continue;
+        if (b->lease >= 0) {
+            *rc = fail(c, WB_EINVAL,
+                       "constant '%s' (checkpoint name '%s') is in lease %.8s (model '%s') and in "
+                       "lease %.8s (model '%s'); bind it from one only",
+                       b->fqn, name, c->leases[b->lease]->id_hex, c->leases[b->lease]->model,
+                       c->leases[k]->id_hex, c->leases[k]->model);
+            return 0;
+        }
+        b->lease = (int)k;
+        *s = (source){.kind = WB_BIND_LEASED,
+                      .dtype = t->dtype,
+                      .data = t->data,
+                      .ndim = t->ndim,
+                      .shape = t->shape,
+                      .device = t->device,
+                      .nbytes = t->nbytes};
+        snprintf(s->where, sizeof s->where, "lease %.8s (model '%s', tensor '%s')",
+                 c->leases[k]->id_hex, c->leases[k]->model, name);
+        found = 1;
+    }
+    return found;
+}
+
+/* Copies a tensor of the constants file to where the model runs: private
+ * to this container, freed with it. */
+static int load_private(wb_container *c, binding *b, const wb_st_tensor *t, source *s)
+{
+    void *host = NULL;
+    int rc = wb__aoti_extra_read(&c->rules, t, &host, &c->err);
+    if (rc != WB_OK)
+        return rc;
+    b->private_host = host;
+    void *data = host;
+#ifdef WB_HAVE_CUDA
+    if (c->cuda && t->nbytes) {
+        cudaError_t ce = cudaMalloc(&b->private_dev, t->nbytes);
+        if (ce == cudaSuccess)
+            ce = cudaMemcpyAsync(b->private_dev, host, t->nbytes, cudaMemcpyHostToDevice,
+                                 (cudaStream_t)c->stream);
+        if (ce == cudaSuccess)
+            ce = cudaStreamSynchronize((cudaStream_t)c->stream);
+        if (ce != cudaSuccess)
+            return fail(c, WB_ENOGPU, "constant '%s' from %s: cannot copy it to %s: %s", b->fqn,
+                        c->rules.extra_path, c->device_str, cudaGetErrorString(ce));
+        data = b->private_dev;
+    }
+#endif
+    *s = (source){.kind = WB_BIND_PACKAGE,
+                  .dtype = wb__dtype_name(t->dtype),
+                  .data = data,
+                  .ndim = t->ndim,
+                  .shape = t->shape,
+                  .device = c->cuda ? c->device_index : -1,
+                  .nbytes = t->nbytes};
+    snprintf(s->where, sizeof s->where, "constants file %s (tensor '%s')", c->rules.extra_path,
+             t->name);
+    return WB_OK;
+}
+
+/* Upstream's constant types (torch::aot_inductor::ConstantType). */
+static const char *type_name(int32_t type)
+{
+    switch (type) {
+    case 1:
+        return "parameter";
+    case 2:
+        return "buffer";
+    case 3:
+        return "tensor constant";
+    case 4:
+        return "folded constant";
+    default:
+        return "constant of unknown type";
+    }
+}
+
+/* 1 when `size` (GetConstantDataSize: the storage's bytes, rounded up to 64
+ * unless every constant is on CUDA) fits a contiguous tensor of `nbytes`. */
+static int size_fits(uint64_t size, uint64_t nbytes)
+{
+    return size == nbytes || (nbytes < size && size == ((nbytes + 63) & ~(uint64_t)63));
+}
+
+/* 1 when an earlier constant wraps the same leased memory (tied weights). */
+static int lease_tensor_seen(const wb_container *c, const binding *b)
+{
+    for (const binding *p = c->bind; p < b; p++) {
+        if (p->handle && p->lease == b->lease && p->data == b->data)
+            return 1;
+    }
+    return 0;
+}
+
+/* Finds, checks and wraps the tensor of every constant that is not folded.
+ * Order: a caller tensor of the FQN; a leased tensor of the mapped name
+ * (prefix rules); the alias target (tied weights); the package's constants
+ * file. A parameter found nowhere is an error; a buffer or tensor constant
+ * found nowhere is left to the model, as upstream's full update does. */
 static int bind_constants(wb_container *c, const wb_container_options *o)
 {
     for (size_t i = 0; i < c->n_bind; i++) {
         binding *b = &c->bind[i];
         if (b->folded)
             continue;
-        const char *dtype = NULL, *where_kind = NULL;
-        char where[160];
-        const void *data = NULL;
-        uint64_t nbytes = 0;
-        uint32_t ndim = 0;
-        const uint64_t *shape = NULL;
-        int device = -1;
-        for (size_t k = 0; k < o->n_tensors; k++) {
-            if (o->tensors[k].fqn && strcmp(o->tensors[k].fqn, b->fqn) == 0) {
-                const wb_container_tensor *t = &o->tensors[k];
-                b->caller = (int)k;
-                dtype = t->dtype;
-                data = t->data;
-                ndim = t->ndim;
-                shape = t->shape;
-                device = t->device;
-                int code = wb__dtype_parse(t->dtype);
-                uint64_t elems = 1;
-                for (uint32_t d = 0; d < ndim; d++)
-                    elems *= shape[d];
-                nbytes = code >= 0 ? elems * wb__dtype_bits((wb_dtype)code) / 8 : 0;
-                where_kind = "caller tensor";
-                snprintf(where, sizeof where, "caller tensor %zu", k);
-                break;
-            }
+        char mapped[512], q[600];
+        const char *name = wb__aoti_map_name(&c->rules, b->fqn, mapped, sizeof mapped);
+        if (!name)
+            return fail(c, WB_ELIMIT, "constant '%s': the mapped name is too long", b->fqn);
+        source s = {0};
+        int rc = WB_OK, found = find_named(c, o, b->fqn, b, &s, &rc);
+        if (!found && rc == WB_OK && strcmp(name, b->fqn) != 0)
+            found = find_named(c, o, name, b, &s, &rc);
+        const wb__alias *a = NULL;
+        if (!found && rc == WB_OK) {
+            a = wb__aoti_alias_find(&c->rules, b->fqn);
+            if (!a)
+                a = wb__aoti_alias_find(&c->rules, name);
+            if (a && (found = find_named(c, o, a->target, b, &s, &rc)))
+                s.kind = WB_BIND_ALIASED;
         }
-        if (b->caller < 0) {
-            for (size_t k = 0; k < c->n_leases; k++) {
-                const wb__tensor_entry *t = lease_lookup(c->leases[k], b->fqn);
-                if (!t)
-                    continue;
-                if (b->lease >= 0)
-                    return fail(c, WB_EINVAL,
-                                "constant '%s' is in lease %.8s (model '%s') and in lease %.8s "
-                                "(model '%s'); bind it from one only",
-                                b->fqn, c->leases[b->lease]->id_hex, c->leases[b->lease]->model,
-                                c->leases[k]->id_hex, c->leases[k]->model);
-                b->lease = (int)k;
-                dtype = t->dtype;
-                data = t->data;
-                ndim = t->ndim;
-                shape = t->shape;
-                device = t->device;
-                nbytes = t->nbytes;
-                where_kind = "lease";
-                snprintf(where, sizeof where, "lease %.8s (model '%s')", c->leases[k]->id_hex,
-                         c->leases[k]->model);
-            }
+        if (rc != WB_OK)
+            return rc;
+        const wb_st_tensor *et = NULL;
+        if (!found && (et = wb__aoti_extra_find(&c->rules, b->fqn, name))) {
+            if ((rc = load_private(c, b, et, &s)))
+                return rc;
+            found = 1;
         }
-        if (!where_kind) {
+        if (!found) {
+            if (b->type != 1 || b->size == 0) {
+                c->info.unbound_constants++;
+                wb_warn("container_constant_unbound",
+                        "model=%s constant=%s type=\"%s\" note=\"in no lease, caller tensor or "
+                        "constants file; left to the model, as upstream's full update does\"",
+                        qpath(c, q, sizeof q), b->fqn, type_name(b->type));
+                continue;
+            }
             char names[300];
             lease_names(c, names, sizeof names);
             return fail(c, WB_ENOTFOUND,
-                        "constant '%s' (internal name '%s') of model %s is in no lease (%s) and "
-                        "no caller tensor",
-                        b->fqn, b->name, c->model_path, c->n_leases ? names : "none given");
+                        "parameter '%s' (internal name '%s'%s%s%s%s) of model %s is in no lease "
+                        "(%s), no caller tensor%s%s; if it is tied to another weight, give "
+                        "an alias (%s=<checkpoint name>)",
+                        b->fqn, b->name, strcmp(name, b->fqn) ? ", checkpoint name '" : "",
+                        strcmp(name, b->fqn) ? name : "", strcmp(name, b->fqn) ? "'" : "",
+                        a ? ", alias target not found either" : "", c->model_path,
+                        c->n_leases ? names : "none given",
+                        c->rules.extra ? " and not in the constants file "
+                                       : " and no constants "
+                                         "file",
+                        c->rules.extra ? c->rules.extra_path : "", b->fqn);
         }
-        int32_t code = dtype_code(dtype);
+        b->kind = s.kind;
+        int32_t code = dtype_code(s.dtype);
         if (code != b->dtype)
             return fail(c, WB_EINVAL,
                         "constant '%s': the model expects dtype %s (code %d) but %s has %s", b->fqn,
-                        dtype_name(b->dtype), (int)b->dtype, where, dtype);
-        if (nbytes != b->size)
+                        dtype_name(b->dtype), (int)b->dtype, s.where, s.dtype);
+        if (!size_fits(b->size, s.nbytes))
             return fail(c, WB_EINVAL,
-                        "constant '%s': the model expects %zu bytes but %s has %llu bytes", b->fqn,
-                        b->size, where, (unsigned long long)nbytes);
-        if (c->cuda && device < 0)
-            return fail(c, WB_EINVAL,
-                        "constant '%s': the model runs on %s but %s is in host memory", b->fqn,
-                        c->device_str, where);
-        if (!c->cuda && device >= 0)
-            return fail(c, WB_EINVAL,
-                        "constant '%s': the model runs on the CPU but %s is on cuda device %d",
-                        b->fqn, where, device);
-        if (ndim > 64)
-            return fail(c, WB_EINVAL, "constant '%s': %u dimensions", b->fqn, ndim);
+                        "constant '%s': the model's storage is %zu bytes but %s has %llu bytes "
+                        "(a contiguous tensor of %llu bytes was expected; a view into a larger "
+                        "storage cannot be bound to a checkpoint tensor)",
+                        b->fqn, b->size, s.where, (unsigned long long)s.nbytes,
+                        (unsigned long long)s.nbytes);
+        if (s.ndim > 64)
+            return fail(c, WB_EINVAL, "constant '%s': %u dimensions", b->fqn, s.ndim);
         int64_t sizes[64], strides[64];
         int64_t stride = 1;
-        for (uint32_t d = ndim; d-- > 0;) {
-            sizes[d] = (int64_t)shape[d];
+        for (uint32_t d = s.ndim; d-- > 0;) {
+            sizes[d] = (int64_t)s.shape[d];
             strides[d] = stride;
             stride *= sizes[d] ? sizes[d] : 1;
         }
-        /* The model never writes its constants; host leases are mapped
-         * read-only, so a write would fault rather than corrupt the
-         * shared copy. */
-        if (c->f.from_blob((void *)data, (int64_t)ndim, sizes, strides, 0, b->dtype,
-                           c->dev_type_code, c->cuda ? c->device_index : 0, &b->handle) != 0)
+        /* Each tensor keeps its own device: upstream checks every constant
+         * against its own device type, so a model may mix them. The model
+         * never writes its constants; host leases are mapped read-only, so a
+         * write would fault rather than corrupt the shared copy. */
+        int32_t dev_type = s.device >= 0 ? c->cuda_type_code : c->cpu_type_code;
+        b->data = s.data;
+        if (c->f.from_blob((void *)s.data, (int64_t)s.ndim, sizes, strides, 0, b->dtype, dev_type,
+                           s.device >= 0 ? s.device : 0, &b->handle) != 0)
             return runtime_fail(c, "aoti_torch_create_tensor_from_blob", b->fqn);
         c->info.bound_tensors++;
-        if (b->lease >= 0) {
-            c->info.bound_bytes += nbytes;
-            c->lease_bytes[b->lease] += nbytes;
-            c->lease_tensors[b->lease]++;
-        } else {
-            c->info.caller_bytes += nbytes;
+        switch (s.kind) {
+        case WB_BIND_LEASED:
+        case WB_BIND_ALIASED:
+            if (s.kind == WB_BIND_LEASED)
+                c->info.leased_constants++;
+            else
+                c->info.aliased_constants++;
+            /* A tensor bound twice (tied weights) is shared memory counted once. */
+            if (!lease_tensor_seen(c, b)) {
+                c->info.bound_bytes += s.nbytes;
+                c->lease_bytes[b->lease] += s.nbytes;
+                c->lease_tensors[b->lease]++;
+            }
+            break;
+        case WB_BIND_CALLER:
+            c->info.caller_constants++;
+            c->info.caller_bytes += s.nbytes;
+            break;
+        case WB_BIND_PACKAGE:
+            c->info.package_constants++;
+            c->info.package_bytes += s.nbytes;
+            break;
         }
     }
     return WB_OK;
@@ -560,6 +724,11 @@ static void free_bindings(wb_container *c)
     for (size_t i = 0; i < c->n_bind; i++) {
         if (c->bind[i].handle && c->f.delete_tensor)
             c->f.delete_tensor(c->bind[i].handle);
+        free(c->bind[i].private_host);
+#ifdef WB_HAVE_CUDA
+        if (c->bind[i].private_dev)
+            cudaFree(c->bind[i].private_dev);
+#endif
         free(c->bind[i].name);
         free(c->bind[i].fqn);
     }
@@ -633,14 +802,24 @@ static size_t count_folded(const wb_container *c, uint64_t *bytes)
     return n;
 }
 
-/* torch >= 2.14: create once without constants to learn their names, then
- * again with every entry; the runtime folds constants at creation. */
+/* torch >= 2.14. Upstream defines no "describe only" call: its constructor
+ * with external constants validates them and folds at once, so a call with
+ * zero entries is not a way to read the constants' names. As upstream's own
+ * caller does, an ordinary container (CreateWithDevice) is created to read
+ * the metadata, deleted, and the container is then created again with every
+ * entry. */
 static int create_external(wb_container *c, const wb_container_options *o, size_t num_models)
 {
-    if (c->f.create_external(&c->h, num_models, c->device_str, c->cubin_dir, NULL, 0) != 0) {
+    if (!c->f.create_with_device)
+        return fail(c, WB_EFORMAT,
+                    "model library %s exports CreateWithExternalConstants but not "
+                    "AOTInductorModelContainerCreateWithDevice, needed to read the constants' "
+                    "names first",
+                    c->so_path);
+    if (c->f.create_with_device(&c->h, num_models, c->device_str, c->cubin_dir) != 0) {
         c->h = NULL;
-        return runtime_fail(c, "AOTInductorModelContainerCreateWithExternalConstants",
-                            "(without constants, to read their names)");
+        return runtime_fail(c, "AOTInductorModelContainerCreateWithDevice",
+                            "(to read the constants' metadata)");
     }
     int rc = read_constants(c);
     c->f.del(c->h);
@@ -844,6 +1023,27 @@ WB_EXPORT void wb_container_options_init(wb_container_options *opts)
         memset(opts, 0, sizeof *opts);
 }
 
+/* Upstream's runner builds an OSSProxyExecutor (libtorch C++) when
+ * <model>.json sits beside the library: the model calls custom or extern
+ * ops through it. libwbclient has no libtorch to build one, and running such
+ * a model without it would fail at the first such op, so it is refused. */
+static int check_proxy_executor(wb_container *c)
+{
+    size_t n = strlen(c->so_path);
+    if (n < 3 || strcmp(c->so_path + n - 3, ".so") != 0)
+        return WB_OK;
+    char json[PATH_MAX];
+    snprintf(json, sizeof json, "%.*s.json", (int)(n - 3), c->so_path);
+    struct stat st;
+    if (stat(json, &st) != 0)
+        return WB_OK;
+    return fail(c, WB_ENOSYS,
+                "model %s calls custom or extern operators through a proxy executor (%s is "
+                "beside its library); libwbclient cannot build torch's OSSProxyExecutor: "
+                "compile the model without such operators",
+                c->model_path, json);
+}
+
 static int create(wb_container *c, wb_lease *const *leases, size_t n_leases, const char *model_path,
                   const wb_container_options *o)
 {
@@ -866,6 +1066,16 @@ static int create(wb_container *c, wb_lease *const *leases, size_t n_leases, con
     if ((rc = wb__aoti_locate(model_path, o->work_dir, &c->so_path, &c->tmpdir, &c->err)))
         return rc;
     if ((rc = set_cubin_dir(c)))
+        return rc;
+    if ((rc = check_proxy_executor(c)))
+        return rc;
+    struct stat st;
+    const char *root = c->tmpdir                                           ? c->tmpdir
+                       : stat(model_path, &st) == 0 && S_ISDIR(st.st_mode) ? model_path
+                                                                           : NULL;
+    if (!o->own_constants &&
+        (rc = wb__aoti_rules_init(&c->rules, o->aliases, o->strip_prefix, o->prefix,
+                                  o->constants_file, root, model_path, &c->err)))
         return rc;
     c->lib = dlopen(c->so_path, RTLD_NOW | RTLD_LOCAL);
     if (!c->lib) {
@@ -907,6 +1117,13 @@ static int create(wb_container *c, wb_lease *const *leases, size_t n_leases, con
         c->f.num_outputs(c->h, &c->info.n_outputs);
     c->rec.id = atomic_fetch_add(&next_container_id, 1);
     c->rec.folded_bytes = c->info.folded_bytes;
+    c->rec.leased_constants = (uint32_t)c->info.leased_constants;
+    c->rec.aliased_constants = (uint32_t)c->info.aliased_constants;
+    c->rec.caller_constants = (uint32_t)c->info.caller_constants;
+    c->rec.package_constants = (uint32_t)c->info.package_constants;
+    c->rec.folded_constants = (uint32_t)c->info.folded_constants;
+    c->rec.unbound_constants = (uint32_t)c->info.unbound_constants;
+    c->rec.package_bytes = c->info.package_bytes;
     c->rec.embedded_bytes = c->info.embedded_bytes;
     c->rec.created_at = wall_now();
     c->rec.model_path = c->model_path;
@@ -931,11 +1148,14 @@ static int create(wb_container *c, wb_lease *const *leases, size_t n_leases, con
     c->info.create_seconds = mono_now() - t0;
     char q[600];
     wb_info("container_ready",
-            "model=%s api=%s device=%s constants=%zu bound=%zu bound_bytes=%llu "
+            "model=%s api=%s device=%s constants=%zu bound=%zu leased=%zu aliased=%zu "
+            "caller=%zu package=%zu unbound=%zu bound_bytes=%llu package_bytes=%llu "
             "caller_bytes=%llu folded=%zu folded_bytes=%llu embedded_bytes=%llu "
             "pinned_async_copy=%d seconds=%.3f",
             wb__log_quote(q, sizeof q, c->model_path), c->rec.aoti_api, c->device_str, c->n_bind,
-            c->info.bound_tensors, (unsigned long long)c->info.bound_bytes,
+            c->info.bound_tensors, c->info.leased_constants, c->info.aliased_constants,
+            c->info.caller_constants, c->info.package_constants, c->info.unbound_constants,
+            (unsigned long long)c->info.bound_bytes, (unsigned long long)c->info.package_bytes,
             (unsigned long long)c->info.caller_bytes, c->info.folded_constants,
             (unsigned long long)c->info.folded_bytes, (unsigned long long)c->info.embedded_bytes,
             c->rec.pinned_async_copy, c->info.create_seconds);
@@ -1014,6 +1234,7 @@ WB_EXPORT void wb_container_destroy(wb_container **cp)
         dlclose(c->lib);
     if (c->tmpdir)
         wb__aoti_rmtree(c->tmpdir);
+    wb__aoti_rules_free(&c->rules);
     free(c->tmpdir);
     free(c->so_path);
     free(c->cubin_dir);
