@@ -120,6 +120,21 @@ EXPORT long fake_aoti_folded_live_bytes(void)
     return folded_live;
 }
 
+static fake_container *last_container;
+
+/* The device of the tensor bound to constant `fqn` in the active buffer of
+ * the last container created: device_type * 100 + device_index, or -1. */
+EXPORT int fake_aoti_bound_device(const char *fqn)
+{
+    fake_container *m = last_container;
+    for (int i = 0; m && i < m->n_consts; i++) {
+        const fake_tensor *t = m->c[i].bound[m->active];
+        if (strcmp(m->c[i].fqn, fqn) == 0 && t)
+            return t->device_type * 100 + t->device_index;
+    }
+    return -1;
+}
+
 static int failf(const char *msg)
 {
     last_error = msg;
@@ -384,6 +399,7 @@ static fake_container *new_container(void)
     }
     creates++;
     pinned_at_create = pinned_async;
+    last_container = m;
     return m;
 }
 
@@ -422,6 +438,8 @@ EXPORT int32_t AOTInductorModelContainerDelete(void *h)
     fake_container *m = h;
     if (!m)
         return failf("Delete: NULL container");
+    if (m == last_container)
+        last_container = NULL;
     free_folded(m, 0);
     free_folded(m, 1);
     free_blob(m);

@@ -1016,6 +1016,37 @@ START_TEST(storage_size_rounding_is_accepted)
 }
 END_TEST
 
+/* Constants may live on different devices: each tensor is wrapped with its
+ * own device, none is forced onto the container's. */
+START_TEST(each_tensor_keeps_its_device)
+{
+    char so[512];
+    make_case("v211", SPEC_BASIC, so, sizeof so);
+    env e;
+    open_env(&e);
+    /* Host memory labelled as CUDA device 3: the fake reads it either way,
+     * and says what it was given. */
+    static const float bias[4] = {10, 20, 30, 40};
+    static const uint64_t shape[1] = {4};
+    wb_container_tensor t = {
+        .fqn = "model.bias", .data = bias, .dtype = "F32", .ndim = 1, .shape = shape, .device = 3};
+    wb_container_options o;
+    wb_container_options_init(&o);
+    o.device = "cpu";
+    o.tensors = &t;
+    o.n_tensors = 1;
+    wb_container *c = NULL;
+    int rc = wb_container_create(e.leases, 1, so, &o, &c);
+    ck_assert_msg(rc == WB_OK, "create: %s", wb_container_errmsg(c));
+    int (*dev)(const char *) = (int (*)(const char *))(void *)fake_fn(so, "fake_aoti_bound_device");
+    ck_assert_int_eq(dev("model.weight"), 0); /* CPU, from the host lease */
+    ck_assert_int_eq(dev("model.bias"), 103); /* CUDA (type 1), device 3 */
+    run_and_check(c, WANT_BASIC);
+    wb_container_destroy(&c);
+    close_env(&e);
+}
+END_TEST
+
 /* <library>.json beside the library: upstream runs such a model through an
  * OSSProxyExecutor, which libwbclient cannot build. */
 START_TEST(proxy_executor_model_is_refused)
@@ -1062,6 +1093,7 @@ static Suite *suite(void)
     tcase_add_test(tc, missing_buffer_is_left_unbound);
     tcase_add_test(tc, storage_size_rounding_is_accepted);
     tcase_add_test(tc, proxy_executor_model_is_refused);
+    tcase_add_test(tc, each_tensor_keeps_its_device);
     suite_add_tcase(s, tc);
     return s;
 }
