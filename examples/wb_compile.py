@@ -13,7 +13,10 @@ stored in the package as <archive>/weightbroker/constants.safetensors:
 * in its metadata, "weightbroker.aliases": "name=target,...": every constant
   that is in no checkpoint but shares its storage with one that is (tied
   weights: save_pretrained keeps transformer.wte.weight and drops
-  lm_head.weight); the worker binds both to the one leased tensor;
+  lm_head.weight); the worker binds both to the one leased tensor. Ties are
+  found from the eager model itself (parameters that are the same tensor),
+  which is what config.json's tie_word_embeddings produces, so the config is
+  not read; a tie the model does not show must be given with --alias;
 * "weightbroker.strip_prefix" / "weightbroker.prefix": how the model's FQNs
   become checkpoint names (a model exported inside a wrapper has FQNs
   "model.<name>").
