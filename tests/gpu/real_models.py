@@ -78,7 +78,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("work")
     ap.add_argument("--no-cpu", action="store_true")
+    ap.add_argument("--only", default="", help="comma-separated case names (default: all)")
     a = ap.parse_args()
+    only = set(filter(None, a.only.split(",")))
+    want = lambda name: not only or name in only  # noqa: E731
     os.makedirs(a.work, exist_ok=True)
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
@@ -87,6 +90,8 @@ def main():
     cases, facts = [], {}
 
     def case(name, module, ckpts, dtype, tol, device, wrapped, extra_opts=(), example=None):
+        if not want(name):
+            return
         pt2 = os.path.join(a.work, f"{name}.pt2")
         vocab = 1000
         ids = example if example is not None else torch.randint(0, vocab, (1, SEQ),
@@ -145,8 +150,18 @@ def main():
     case("llama_bf16_wrapped", wb_compile.LogitsOnly(llama), [["llama", ldir]], "BF16", 2e-2,
          dev, True)
 
+    # ---- llama in fp16, sharded ---------------------------------------------
+    if want("llama_fp16"):
+        l16 = LlamaForCausalLM(lcfg).to(torch.float16).eval()
+        l16dir = os.path.join(a.work, "llama_fp16")
+        l16.save_pretrained(l16dir, max_shard_size="200KB")
+        with bare(l16.to(dev)) as m:
+            case("llama_fp16", m, [["llama_fp16", l16dir]], "F16", 1e-2, dev, False)
+
     # ---- two LoRA variants of the gpt2 base ---------------------------------
     for v, seed in (("a", 1), ("b", 2)):
+        if not want(f"lora_{v}"):
+            continue
         m = LoraVariant(gpt2, 4, seed).to(dev).eval()
         hp = os.path.join(a.work, f"lora_{v}.safetensors")
         save_file({"lora_A": m.lora_A.detach().cpu().contiguous(),
@@ -176,7 +191,7 @@ def main():
         facts[f"lora_{v}_bytes"] = os.path.getsize(hp)
 
     # ---- the CPU: gpt2 for the host backend ---------------------------------
-    if not a.no_cpu:
+    if not a.no_cpu and want("gpt2_fp32_cpu"):
         gcpu = GPT2LMHeadModel(gcfg).eval()
         gcpu.load_state_dict(gpt2.state_dict())
         with bare(gcpu) as m:

@@ -10,7 +10,8 @@
 #
 # Environment: WB_GPU_BIN, WB_GPU_LIB (default bin/ and lib/ above tests/
 # when staged with the binaries, else .device/models/{bin,lib}),
-# WB_GPU_WORK (scratch, default /tmp/wbreal). Results: OUT/real_models.json,
+# WB_GPU_WORK (scratch, default /tmp/wbreal), WB_REAL_ONLY (comma-separated
+# case names of tests/gpu/real_models.py: only those). Results: OUT/real_models.json,
 # OUT/logs.tar.gz.
 set -uo pipefail
 OUT=${1:?usage: tests/gpu/real_models.sh OUT}
@@ -43,7 +44,8 @@ for b in wbrokerd wbctl wb-aoti-worker; do
 done
 if [ -s "$WORK/cases.json" ]; then
   say "reusing the models compiled in $WORK"
-elif say "compiling the real models" && ! python3 "$HERE/real_models.py" "$WORK" >"$LOGS/compile.log" 2>&1; then
+elif say "compiling the real models" &&
+  ! python3 "$HERE/real_models.py" "$WORK" --only "${WB_REAL_ONLY:-}" >"$LOGS/compile.log" 2>&1; then
   say "compile failed: $(tail -n 20 "$LOGS/compile.log")"
   exit 1
 fi
@@ -130,7 +132,7 @@ print(' '.join(a))")
 
 run_cases cuda "$WORK/cuda.sock" cuda
 say "cuda cases done"
-run_cases host "$WORK/host.sock" cpu
+if grep -q '"device": "cpu"' "$WORK/cases.json"; then run_cases host "$WORK/host.sock" cpu; fi
 say "cpu cases done"
 
 python3 - "$WORK" "$OUT/real_models.json" <<'PY' | tee -a "$LOGS/run.log"
