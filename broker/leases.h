@@ -36,8 +36,12 @@ typedef struct wb_container_rec {
     uint64_t bound_bytes;
     uint64_t folded_bytes;
     uint64_t embedded_bytes;
+    uint64_t package_bytes;
     double created_at;
     uint32_t bound_tensors;
+    /* How the container bound its constants (see ContainerRecord). */
+    uint32_t leased_constants, aliased_constants, caller_constants, package_constants;
+    uint32_t folded_constants, unbound_constants;
     int pinned_async_copy;
     const char *aoti_api;
     const char *model_path;

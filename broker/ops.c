@@ -293,6 +293,13 @@ static wb_container_rec *records_copy(const Wbproto__LeaseBeat *beat, size_t siz
         c->bound_bytes = r->bound_bytes;
         c->folded_bytes = r->folded_bytes;
         c->embedded_bytes = r->embedded_bytes;
+        c->leased_constants = r->leased_constants;
+        c->aliased_constants = r->aliased_constants;
+        c->caller_constants = r->caller_constants;
+        c->package_constants = r->package_constants;
+        c->folded_constants = r->folded_constants;
+        c->unbound_constants = r->unbound_constants;
+        c->package_bytes = r->package_bytes;
         c->created_at = r->created_at;
         c->bound_tensors = r->bound_tensors;
         c->pinned_async_copy = r->pinned_async_copy != 0;
@@ -479,6 +486,13 @@ static Wbproto__ContainerRecord *record_info(const wb_container_rec *c, wb_arena
     r->created_at = c->created_at;
     r->model_path = (char *)c->model_path;
     r->embedded_bytes = c->embedded_bytes;
+    r->leased_constants = c->leased_constants;
+    r->aliased_constants = c->aliased_constants;
+    r->caller_constants = c->caller_constants;
+    r->package_constants = c->package_constants;
+    r->folded_constants = c->folded_constants;
+    r->unbound_constants = c->unbound_constants;
+    r->package_bytes = c->package_bytes;
     return r;
 }
 
@@ -560,6 +574,13 @@ static int op_list_containers(wb_broker *b, const wb_peer_creds *peer, const Wbp
         ci->created_at = g->rec->created_at;
         ci->model_path = (char *)g->rec->model_path;
         ci->embedded_bytes = g->rec->embedded_bytes;
+        ci->leased_constants = g->rec->leased_constants;
+        ci->aliased_constants = g->rec->aliased_constants;
+        ci->caller_constants = g->rec->caller_constants;
+        ci->package_constants = g->rec->package_constants;
+        ci->folded_constants = g->rec->folded_constants;
+        ci->unbound_constants = g->rec->unbound_constants;
+        ci->package_bytes = g->rec->package_bytes;
         for (size_t j = 0; j < m; j++) {
             wbproto__container_lease__init(&cls[j]);
             cls[j].lease_id = shown_id(g[j].lease, peer, admin);

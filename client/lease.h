@@ -34,6 +34,10 @@ typedef struct wb__container_rec {
     int pinned_async_copy;
     uint64_t folded_bytes;
     uint64_t embedded_bytes;
+    /* How each constant was bound (see wb_container_info). */
+    uint32_t leased_constants, aliased_constants, caller_constants, package_constants;
+    uint32_t folded_constants, unbound_constants;
+    uint64_t package_bytes;
     double created_at;
     const char *model_path;
 } wb__container_rec;

@@ -207,6 +207,13 @@ int wb__lease_fill_beat(wb_lease *lease, Wbproto__LeaseBeat *beat)
         r->bound_tensors = u->bound_tensors;
         r->folded_bytes = u->rec->folded_bytes;
         r->embedded_bytes = u->rec->embedded_bytes;
+        r->leased_constants = u->rec->leased_constants;
+        r->aliased_constants = u->rec->aliased_constants;
+        r->caller_constants = u->rec->caller_constants;
+        r->package_constants = u->rec->package_constants;
+        r->folded_constants = u->rec->folded_constants;
+        r->unbound_constants = u->rec->unbound_constants;
+        r->package_bytes = u->rec->package_bytes;
         r->created_at = u->rec->created_at;
         if (!r->aoti_api || !r->model_path)
             rc = WB_ENOMEM;

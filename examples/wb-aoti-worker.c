@@ -93,6 +93,8 @@ static void usage(FILE *out)
             "usage: wb-aoti-worker --model BASE [--model HEAD ...] --aoti PATH\n"
             "                      [--input FILE] [--output FILE] [--iterations N] [--serve]\n"
             "                      [--socket PATH] [--torch-lib DIR] [--device DEV] [--verify]\n"
+            "                      [--alias NAME=TARGET ...] [--strip-prefix P] [--prefix P]\n"
+            "                      [--constants FILE]\n"
             "       wb-aoti-worker --local-weights FILE [...] --aoti PATH [...]\n"
             "       wb-aoti-worker --own-constants --aoti PATH [...]\n");
 }
@@ -295,6 +297,8 @@ typedef struct worker {
     const char *local[MAX_MODELS];
     size_t n_local;
     int own_constants;
+    char aliases[4096]; /* --alias, joined with commas */
+    const char *strip_prefix, *prefix, *constants_file;
     const char *aoti, *input, *output, *socket, *torch_lib, *device;
     long iterations;
     int serve;
@@ -473,6 +477,10 @@ static int attach(worker *w)
     o.tensors = w->local_tensors;
     o.n_tensors = w->n_local_tensors;
     o.own_constants = w->own_constants;
+    o.aliases = w->aliases[0] ? w->aliases : NULL;
+    o.strip_prefix = w->strip_prefix;
+    o.prefix = w->prefix;
+    o.constants_file = w->constants_file;
     int rc = wb_container_create(w->leases, w->n_models, w->aoti, &o, &w->c);
     if (rc != WB_OK) {
         fprintf(stderr, "wb-aoti-worker: %s: %s\n", wb_status_name(rc), wb_container_errmsg(w->c));
@@ -507,6 +515,12 @@ static void print_result(worker *w, int rc)
     json_object_set_new(o, "folded_bytes", json_integer((json_int_t)info.folded_bytes));
     json_object_set_new(o, "embedded_bytes", json_integer((json_int_t)info.embedded_bytes));
     json_object_set_new(o, "embedded_free_s", json_real(info.embedded_free_seconds));
+    json_object_set_new(o, "leased_constants", json_integer((json_int_t)info.leased_constants));
+    json_object_set_new(o, "aliased_constants", json_integer((json_int_t)info.aliased_constants));
+    json_object_set_new(o, "caller_constants", json_integer((json_int_t)info.caller_constants));
+    json_object_set_new(o, "package_constants", json_integer((json_int_t)info.package_constants));
+    json_object_set_new(o, "unbound_constants", json_integer((json_int_t)info.unbound_constants));
+    json_object_set_new(o, "package_bytes", json_integer((json_int_t)info.package_bytes));
     json_t *t = json_object();
     json_object_set_new(t, "cuda_init", json_real(w->t_cuda_init));
     json_object_set_new(t, "torch_load", json_real(w->t_torch));
@@ -543,6 +557,10 @@ static int parse(worker *w, int argc, char **argv)
         {"socket", required_argument, NULL, 's'},
         {"torch-lib", required_argument, NULL, 't'},
         {"device", required_argument, NULL, 'd'},
+        {"alias", required_argument, NULL, 'A'},
+        {"strip-prefix", required_argument, NULL, 'P'},
+        {"prefix", required_argument, NULL, 'p'},
+        {"constants", required_argument, NULL, 'C'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -562,6 +580,24 @@ static int parse(worker *w, int argc, char **argv)
             break;
         case 'E':
             w->own_constants = 1;
+            break;
+        case 'A': {
+            size_t used = strlen(w->aliases);
+            if (used + strlen(optarg) + 2 > sizeof w->aliases) {
+                fprintf(stderr, "wb-aoti-worker: --alias: too many aliases\n");
+                return EXIT_USAGE;
+            }
+            snprintf(w->aliases + used, sizeof w->aliases - used, "%s%s", used ? "," : "", optarg);
+            break;
+        }
+        case 'P':
+            w->strip_prefix = optarg;
+            break;
+        case 'p':
+            w->prefix = optarg;
+            break;
+        case 'C':
+            w->constants_file = optarg;
             break;
         case 'a':
             w->aoti = optarg;

@@ -86,15 +86,44 @@ typedef struct wb_container_options {
      * unshared baseline: every process then holds its own copy. With torch
      * >= 2.14 the container is still created with CreateWithDevice. */
     int own_constants;
+    /* Binding rules for real checkpoints. A constant is looked up, in this
+     * order: as a caller tensor named by its FQN; in the leases by its
+     * checkpoint name (the FQN with `strip_prefix` removed when it starts
+     * with it, then `prefix` added: a model exported inside a wrapper,
+     * Wrapper(model), has FQNs "model.<name>", so strip_prefix "model."
+     * binds a checkpoint saved from the bare model); through an alias; in
+     * the package's constants file. */
+    const char *strip_prefix; /* NULL: none */
+    const char *prefix;       /* NULL: none */
+    /* Tied or renamed weights: "name=target,name=target". A constant whose
+     * FQN (or checkpoint name) is `name` and that is in no lease binds to the
+     * leased (or caller) tensor `target`, without copying: two constants on
+     * one tensor cost one copy. save_pretrained drops tied parameters (GPT-2's
+     * "lm_head.weight=transformer.wte.weight"). Added after the constants
+     * file's aliases; a later alias of the same name wins. */
+    const char *aliases;
+    /* The constants file written when the model was compiled (a safetensors
+     * file: the constants no checkpoint has, such as non-persistent buffers
+     * and tensor constants, keyed by FQN, and in its metadata the aliases
+     * and prefix rules found then). NULL: weightbroker/constants.safetensors
+     * inside the package (or package directory), else <model_path>.wb.safetensors
+     * beside it, else none. Its tensors are copied into memory private to the
+     * container (counted in package_bytes). */
+    const char *constants_file;
 } wb_container_options;
 
 /* Fills opts with the defaults described above (all zero). */
 WB_EXPORT void wb_container_options_init(wb_container_options *opts);
 
 /* Builds a container for the model at `model_path` on the weights of
- * `leases` (n_leases >= 0; every constant must then be found in a lease or
- * in opts->tensors). Checks every constant's dtype and byte size against the
- * tensor bound to it and fails naming the tensor on a mismatch.
+ * `leases` (n_leases >= 0; every parameter must then be found by the rules
+ * of wb_container_options). Checks every constant's dtype and byte size
+ * against the tensor bound to it (the model's size is its storage's, which
+ * upstream rounds up to 64 bytes unless every constant is on CUDA: both are
+ * accepted) and fails naming the tensor on a mismatch. Each bound tensor
+ * keeps its own device. A model whose library has <library>.json beside it
+ * (custom or extern operators, run through torch's proxy executor) is
+ * refused with WB_ENOSYS.
  *
  * On success *out is a new container. On failure *out is still set (unless
  * out of memory) so that wb_container_errmsg() can say what went wrong;
@@ -140,6 +169,16 @@ typedef struct wb_container_info {
     size_t bound_tensors;   /* constants bound to leased or caller tensors */
     uint64_t bound_bytes;   /* bytes bound from leases (shared, never copied) */
     uint64_t caller_bytes;  /* bytes bound from caller tensors */
+    /* Every constant is one of: leased (a leased tensor of its checkpoint
+     * name), aliased (a leased or caller tensor of another name: tied
+     * weights), caller, package (from the constants file, private),
+     * folded (built by the container), unbound (a buffer or tensor constant
+     * found nowhere, left to the model as upstream does; a parameter found
+     * nowhere fails the creation). A leased tensor bound under two names is
+     * counted once in bound_bytes. */
+    size_t leased_constants, aliased_constants, caller_constants, package_constants;
+    size_t unbound_constants;
+    uint64_t package_bytes; /* private copies of constants-file tensors */
     size_t folded_constants;
     uint64_t folded_bytes;        /* built by constant folding, private to this container */
     uint64_t embedded_bytes;      /* constants the library loaded by itself, then freed */

@@ -10,11 +10,24 @@
  *                      AOTInductorSetUsePinnedAsyncConstantsCopy and
  *                      AOTInductorGetLastError.
  *
- * The "model" computes y[i] = x[i] * W[i] + B[i] over host float32 vectors,
- * where W is the first constant and B the second (further constants must be
- * bound but are not used). When the model has a folded constant, folding
- * computes F = 2 * W into private memory and the model uses F / 2; running
- * before folding fails, so a test sees whether the binding folded.
+ * The "model" computes y[i] = x[i] * W[i] + B[i] (+ C[i] for every further
+ * constant C of type buffer or tensor constant) over host float32 vectors,
+ * where W is the first constant and B the second. When the model has a
+ * folded constant, folding computes F = 2 * W into private memory and the
+ * model uses F / 2.
+ *
+ * It follows upstream (torch/csrc/inductor/aoti_runtime/model_container.h,
+ * interface.h) where the binding depends on it:
+ *   - UpdateUserManagedConstantBufferPairs with validate_full_update fails
+ *     for a missing parameter of nonzero size, and only warns (stderr) for a
+ *     missing buffer, tensor constant or empty parameter;
+ *   - the first Run after an update folds by itself when folding has not
+ *     run (fold_calls counts it);
+ *   - CreateWithExternalConstants validates its entries like a full update
+ *     and folds at once: there is no "describe only" call with zero entries;
+ *   - GetConstantDataSize is whatever the spec says (upstream: the storage's
+ *     bytes, rounded up to 64 unless every constant is on CUDA).
+ * It does not check the size of the tensors it is given (upstream does not).
  *
  * The model is described by a text file: fake_aoti_spec.txt beside the
  * library, else the file named by $FAKE_AOTI_SPEC:
@@ -22,8 +35,11 @@
  *   embedded 0|1                1: creation loads a private copy of the
  *                               constants (filled with 0.5), as a library
  *                               built with its constants inside would
- *   const NAME FQN DTYPE BYTES  a constant bound by the caller (DTYPE is
- *                               the c10 ScalarType code)
+ *   const NAME FQN DTYPE BYTES [TYPE]
+ *                               a constant bound by the caller (DTYPE is
+ *                               the c10 ScalarType code; TYPE upstream's
+ *                               ConstantType: 1 parameter (default),
+ *                               2 buffer, 3 tensor constant)
  *   folded NAME BYTES           a constant produced by folding */
 #include <dlfcn.h>
 #include <stdbool.h>
@@ -52,6 +68,7 @@ typedef struct fake_const {
     int32_t dtype;
     size_t size;
     int folded;
+    int32_t type;
     fake_tensor *bound[2]; /* user-managed tensor per buffer (not owned) */
     void *folded_data[2];  /* folded result per buffer (owned) */
 } fake_const;
@@ -111,6 +128,21 @@ EXPORT long fake_aoti_embedded_live_bytes(void)
 EXPORT long fake_aoti_folded_live_bytes(void)
 {
     return folded_live;
+}
+
+static fake_container *last_container;
+
+/* The device of the tensor bound to constant `fqn` in the active buffer of
+ * the last container created: device_type * 100 + device_index, or -1. */
+EXPORT int fake_aoti_bound_device(const char *fqn)
+{
+    fake_container *m = last_container;
+    for (int i = 0; m && i < m->n_consts; i++) {
+        const fake_tensor *t = m->c[i].bound[m->active];
+        if (strcmp(m->c[i].fqn, fqn) == 0 && t)
+            return t->device_type * 100 + t->device_index;
+    }
+    return -1;
 }
 
 static int failf(const char *msg)
@@ -264,16 +296,17 @@ static int load_spec(fake_container *m)
     while (fgets(line, sizeof line, f)) {
         fake_const *c = &m->c[m->n_consts];
         long long size = 0;
-        int dtype = 0;
+        int dtype = 0, type = 1;
         if (line[0] == '#' || line[0] == '\n')
             continue;
         if (sscanf(line, "elements %ld", &m->elements) == 1)
             continue;
         if (sscanf(line, "embedded %d", &m->embedded) == 1)
             continue;
-        if (m->n_consts < MAX_CONSTS &&
-            sscanf(line, "const %63s %127s %d %lld", c->name, c->fqn, &dtype, &size) == 4) {
+        if (m->n_consts < MAX_CONSTS && sscanf(line, "const %63s %127s %d %lld %d", c->name, c->fqn,
+                                               &dtype, &size, &type) >= 4) {
             c->dtype = dtype;
+            c->type = type;
             c->size = (size_t)size;
             m->n_consts++;
             continue;
@@ -283,6 +316,7 @@ static int load_spec(fake_container *m)
             c->dtype = DTYPE_F32;
             c->size = (size_t)size;
             c->folded = 1;
+            c->type = 4;
             m->n_consts++;
             continue;
         }
@@ -377,6 +411,7 @@ static fake_container *new_container(void)
     }
     creates++;
     pinned_at_create = pinned_async;
+    last_container = m;
     return m;
 }
 
@@ -415,6 +450,8 @@ EXPORT int32_t AOTInductorModelContainerDelete(void *h)
     fake_container *m = h;
     if (!m)
         return failf("Delete: NULL container");
+    if (m == last_container)
+        last_container = NULL;
     free_folded(m, 0);
     free_folded(m, 1);
     free_blob(m);
@@ -469,6 +506,13 @@ EXPORT int32_t AOTInductorModelContainerGetConstantFromFolded(void *h, size_t i,
     return 0;
 }
 
+EXPORT int32_t AOTInductorModelContainerGetConstantType(void *h, size_t i, int32_t *out)
+{
+    CONST_AT(h, i);
+    *out = c->type;
+    return 0;
+}
+
 EXPORT int32_t AOTInductorModelContainerDidCallLoadConstants(void *h, bool *out)
 {
     *out = ((fake_container *)h)->load_called;
@@ -498,8 +542,13 @@ static int update(fake_container *m, const void *pairs_v, size_t n, bool use_ina
     }
     if (validate_full) {
         for (int i = 0; i < m->n_consts; i++) {
-            if (!m->c[i].folded && !m->c[i].bound[buf])
-                return failf("update: validate_full_update and a constant is missing");
+            const fake_const *c = &m->c[i];
+            if (c->folded || c->bound[buf])
+                continue;
+            if (c->type == 1 && c->size > 0)
+                return failf("update: validate_full_update and a parameter is missing");
+            fprintf(stderr, "fake_aoti: update: constant %s is missing (not a parameter)\n",
+                    c->name);
         }
     }
     m->folded_ok[buf] = 0;
@@ -573,15 +622,30 @@ EXPORT int32_t AOTInductorModelContainerRun(void *h, void **inputs, size_t n_in,
         rc = failf("Run: expects one float32 input of `elements` values and one output");
     else if (!w || !b)
         rc = failf("Run: constants are not bound");
-    else if (has_folded(m) && (!m->folded_ok[buf] || !fw))
-        rc = failf("Run: constant folding has not run");
+    /* Upstream folds on the first run after an update. */
+    if (rc == 0 && has_folded(m) && !m->folded_ok[buf]) {
+        rc = do_fold(m, buf);
+        for (int i = 0; rc == 0 && i < m->n_consts; i++) {
+            if (m->c[i].folded)
+                fw = m->c[i].folded_data[buf];
+        }
+    }
+    for (int i = 2; rc == 0 && i < m->n_consts; i++) {
+        if ((m->c[i].type == 2 || m->c[i].type == 3) && !const_data(m, i, buf))
+            rc = failf("Run: a buffer or tensor constant is not bound");
+    }
     float *y = rc == 0 ? malloc((size_t)m->elements * 4) : NULL;
     if (rc == 0 && !y)
         rc = failf("out of memory");
     if (rc == 0) {
         const float *xd = x->data;
-        for (long k = 0; k < m->elements; k++)
+        for (long k = 0; k < m->elements; k++) {
             y[k] = xd[k] * (fw ? fw[k] / 2.0f : w[k]) + b[k];
+            for (int i = 2; i < m->n_consts; i++) {
+                if (m->c[i].type == 2 || m->c[i].type == 3)
+                    y[k] += const_data(m, i, buf)[k];
+            }
+        }
         int64_t size = m->elements, stride = 1;
         void *out = NULL;
         aoti_torch_create_tensor_from_blob(y, 1, &size, &stride, 0, DTYPE_F32, 0, 0, &out);
@@ -620,13 +684,12 @@ EXPORT int32_t AOTInductorModelContainerCreateWithExternalConstants(void **out, 
     fake_container *m = new_container();
     if (!m)
         return 1;
-    /* With no entries the container only describes itself; with entries,
-     * every constant that is not folded must be given, and folding runs now. */
-    if (n > 0) {
-        if (update(m, entries, n, false, true) != 0 || (has_folded(m) && do_fold(m, 0) != 0)) {
-            AOTInductorModelContainerDelete(m);
-            return 1;
-        }
+    /* As upstream: the entries are validated like a full update (a missing
+     * parameter fails, so zero entries is no "describe only" call) and
+     * folding runs now. */
+    if (update(m, entries, n, false, true) != 0 || (has_folded(m) && do_fold(m, 0) != 0)) {
+        AOTInductorModelContainerDelete(m);
+        return 1;
     }
     *out = m;
     return 0;

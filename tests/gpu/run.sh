@@ -15,7 +15,8 @@
 # (NVML, used bytes above the idle baseline) with sharing and with the same
 # workers each loading their own copy; time the attach (connect -> lease ->
 # handles open -> container ready) against loading a model library that
-# embeds its constants. Results: OUT/share.json and OUT/run.log.
+# embeds its constants; then tests/gpu/real_models.sh (Hugging Face
+# checkpoints). Results: OUT/share.json, OUT/run.log, OUT/real_models/.
 #
 # Environment: WB_GPU_BIN, WB_GPU_LIB (default .device/ao/{bin,lib}),
 # WB_GPU_WORK (scratch, default /tmp/wbgpu), WB_BACKBONE_GIB (4.25),
@@ -316,7 +317,16 @@ else
   say "embedded baseline not run (compiled=$EMBEDDED, ${SECONDS}s of ${BUDGET}s used)"
 fi
 
-# ---- 5. results ----------------------------------------------------------------
+# ---- 5. real models (Hugging Face checkpoints) ---------------------------------
+# Its own script, so that it can also run alone; WB_GPU_SKIP_REAL=1 skips it.
+if [ "${WB_GPU_SKIP_REAL:-0}" != 1 ]; then
+  cleanup
+  PIDS=()
+  WB_GPU_BIN=$BIN WB_GPU_LIB=$LIB WB_GPU_WORK=$WORK/real bash "$ROOT/tests/gpu/real_models.sh" \
+    "$OUT/real_models" || fail "real models: see real_models/real_models.json"
+fi
+
+# ---- 6. results ----------------------------------------------------------------
 python3 "$ROOT/tests/gpu/summarize.py" "$RES" "$OUT/gpu.json" "$OUT/share.json" \
   "${#FAILS[@]}" | tee -a "$LOG"
 for f in "${FAILS[@]}"; do echo "failed: $f" | tee -a "$LOG"; done

@@ -380,7 +380,7 @@ START_TEST(size_mismatch_names_the_tensor)
     ck_assert_int_eq(wb_container_create(e.leases, 2, so, NULL, &c), WB_EINVAL);
     const char *m = wb_container_errmsg(c);
     ck_assert_ptr_nonnull(strstr(m, "constant 'model.bias'"));
-    ck_assert_ptr_nonnull(strstr(m, "expects 32 bytes"));
+    ck_assert_ptr_nonnull(strstr(m, "storage is 32 bytes"));
     ck_assert_ptr_nonnull(strstr(m, "16 bytes"));
     wb_container_destroy(&c);
     close_env(&e);
@@ -399,14 +399,15 @@ START_TEST(missing_constant_is_named)
     wb_container *c = NULL;
     ck_assert_int_eq(wb_container_create(e.leases, 2, so, NULL, &c), WB_ENOTFOUND);
     const char *m = wb_container_errmsg(c);
-    ck_assert_ptr_nonnull(strstr(m, "constant 'model.extra'"));
+    ck_assert_ptr_nonnull(strstr(m, "parameter 'model.extra'"));
     ck_assert_ptr_nonnull(strstr(m, "no caller tensor"));
+    ck_assert_ptr_nonnull(strstr(m, "no constants file"));
     ck_assert_ptr_nonnull(strstr(m, "'base', 'head'"));
     wb_container_destroy(&c);
     /* Only one lease given: the bias is then missing too. */
     make_case("v211", SPEC_BASIC, so, sizeof so);
     ck_assert_int_eq(wb_container_create(e.leases, 1, so, NULL, &c), WB_ENOTFOUND);
-    ck_assert_ptr_nonnull(strstr(wb_container_errmsg(c), "constant 'model.bias'"));
+    ck_assert_ptr_nonnull(strstr(wb_container_errmsg(c), "parameter 'model.bias'"));
     wb_container_destroy(&c);
     close_env(&e);
 }
@@ -471,7 +472,7 @@ START_TEST(folded_constants_are_built_not_bound)
         ck_assert_uint_eq(info.bound_tensors, 2);
         ck_assert_uint_eq(info.folded_constants, 1);
         ck_assert_uint_eq(info.folded_bytes, 16);
-        /* Folded once, at creation (the fake refuses to run unfolded). */
+        /* Folded once, at creation (not left to the first run). */
         ck_assert_int_eq(fake_fn(so, "fake_aoti_fold_calls")(), 1);
         ck_assert_int_eq(fake_long(so, "fake_aoti_folded_live_bytes"), 16);
         run_and_check(c, WANT_BASIC);
@@ -704,6 +705,368 @@ static void teardown_all(void)
     stop_broker();
 }
 
+/* Writes a safetensors file of 1-D F32 tensors of 4 values with metadata
+ * (key/value pairs, n_meta of them). */
+static void write_st_meta(const char *path, const char *const *names, const float (*values)[4],
+                          size_t n, const char *const *meta, size_t n_meta)
+{
+    char header[2048];
+    size_t used = (size_t)snprintf(header, sizeof header, "{\"__metadata__\":{");
+    for (size_t i = 0; i < n_meta; i++)
+        used += (size_t)snprintf(header + used, sizeof header - used, "%s\"%s\":\"%s\"",
+                                 i ? "," : "", meta[2 * i], meta[2 * i + 1]);
+    used += (size_t)snprintf(header + used, sizeof header - used, "}");
+    for (size_t i = 0; i < n; i++)
+        used +=
+            (size_t)snprintf(header + used, sizeof header - used,
+                             ",\"%s\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[%zu,%zu]}",
+                             names[i], i * 16, i * 16 + 16);
+    used += (size_t)snprintf(header + used, sizeof header - used, "}");
+    while (used % 8)
+        header[used++] = ' ';
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    uint64_t len = used;
+    fwrite(&len, 8, 1, f);
+    fwrite(header, 1, used, f);
+    for (size_t i = 0; i < n; i++)
+        fwrite(values[i], 4, 4, f);
+    fclose(f);
+}
+
+static void check_beat_counts(wb_lease *l, uint32_t leased, uint32_t aliased, uint32_t package,
+                              uint32_t unbound)
+{
+    Wbproto__LeaseBeat beat = WBPROTO__LEASE_BEAT__INIT;
+    ck_assert_int_eq(wb__lease_fill_beat(l, &beat), WB_OK);
+    ck_assert_uint_eq(beat.n_container_records, 1);
+    const Wbproto__ContainerRecord *r = beat.container_records[0];
+    ck_assert_uint_eq(r->leased_constants, leased);
+    ck_assert_uint_eq(r->aliased_constants, aliased);
+    ck_assert_uint_eq(r->package_constants, package);
+    ck_assert_uint_eq(r->unbound_constants, unbound);
+    wb__lease_beat_free(&beat);
+}
+
+/* save_pretrained drops a tied parameter: the model still has a constant
+ * for it, which binds to the tensor it is tied to. */
+START_TEST(tied_weight_binds_through_alias)
+{
+    const char *flavours[] = {"v211", "v214"};
+    for (int k = 0; k < 2; k++) {
+        char so[512];
+        make_case(flavours[k], "elements 4\nconst w lm_head.weight 6 16\nconst b model.bias 6 16\n",
+                  so, sizeof so);
+        env e;
+        open_env(&e);
+        wb_container *c = NULL;
+        /* Without the alias: the parameter, the leases searched and the way
+         * out are named. */
+        ck_assert_int_eq(wb_container_create(e.leases, 2, so, NULL, &c), WB_ENOTFOUND);
+        const char *m = wb_container_errmsg(c);
+        ck_assert_msg(strstr(m, "parameter 'lm_head.weight'") && strstr(m, "'base', 'head'") &&
+                          strstr(m, "alias (lm_head.weight=<checkpoint name>)"),
+                      "%s", m);
+        wb_container_destroy(&c);
+
+        wb_container_options o;
+        wb_container_options_init(&o);
+        o.aliases = " lm_head.weight = model.weight ";
+        int rc = wb_container_create(e.leases, 2, so, &o, &c);
+        ck_assert_msg(rc == WB_OK, "%s: create: %s", flavours[k], wb_container_errmsg(c));
+        wb_container_info info;
+        wb_container_get_info(c, &info);
+        ck_assert_uint_eq(info.leased_constants, 1);
+        ck_assert_uint_eq(info.aliased_constants, 1);
+        ck_assert_uint_eq(info.bound_bytes, 32);
+        run_and_check(c, WANT_BASIC);
+        check_beat_counts(e.leases[0], 1, 1, 0, 0);
+        wb_container_destroy(&c);
+
+        /* An alias to a name no lease has: named too. */
+        o.aliases = "lm_head.weight=transformer.wte.weight";
+        ck_assert_int_eq(wb_container_create(e.leases, 2, so, &o, &c), WB_ENOTFOUND);
+        ck_assert_ptr_nonnull(strstr(wb_container_errmsg(c), "alias target not found"));
+        wb_container_destroy(&c);
+        close_env(&e);
+    }
+}
+END_TEST
+
+/* Two constants on one leased tensor: both bind to the same memory, which
+ * is counted once. */
+START_TEST(two_constants_on_one_leased_tensor)
+{
+    char so[512];
+    make_case("v211", "elements 4\nconst w model.weight 6 16\nconst b lm_head.weight 6 16\n", so,
+              sizeof so);
+    env e;
+    open_env(&e);
+    wb_container_options o;
+    wb_container_options_init(&o);
+    o.aliases = "lm_head.weight=model.weight";
+    wb_container *c = NULL;
+    int rc = wb_container_create(e.leases, 1, so, &o, &c);
+    ck_assert_msg(rc == WB_OK, "create: %s", wb_container_errmsg(c));
+    wb_container_info info;
+    wb_container_get_info(c, &info);
+    ck_assert_uint_eq(info.bound_tensors, 2);
+    ck_assert_uint_eq(info.bound_bytes, 16);
+    Wbproto__LeaseBeat beat = WBPROTO__LEASE_BEAT__INIT;
+    ck_assert_int_eq(wb__lease_fill_beat(e.leases[0], &beat), WB_OK);
+    ck_assert_uint_eq(beat.container_records[0]->bound_bytes, 16);
+    ck_assert_uint_eq(beat.container_records[0]->bound_tensors, 1);
+    wb__lease_beat_free(&beat);
+    /* y = x * w + w: both constants read the leased weight. */
+    const float want[4] = {1 + 1, 2 + 2, 6 + 3, 8 + 4};
+    run_and_check(c, want);
+    wb_container_destroy(&c);
+    close_env(&e);
+}
+END_TEST
+
+START_TEST(bad_alias_lists_are_refused)
+{
+    char so[512];
+    make_case("v211", SPEC_BASIC, so, sizeof so);
+    env e;
+    open_env(&e);
+    const char *bad[] = {"lm_head.weight", "=model.weight", "a=", "a=b=c"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        wb_container_options o;
+        wb_container_options_init(&o);
+        o.aliases = bad[i];
+        wb_container *c = NULL;
+        ck_assert_int_eq(wb_container_create(e.leases, 2, so, &o, &c), WB_EINVAL);
+        ck_assert_msg(strstr(wb_container_errmsg(c), "option aliases: alias") &&
+                          strstr(wb_container_errmsg(c), "expected NAME=TARGET"),
+                      "%s: %s", bad[i], wb_container_errmsg(c));
+        wb_container_destroy(&c);
+    }
+    close_env(&e);
+}
+END_TEST
+
+/* A model exported inside a wrapper has prefixed FQNs. */
+START_TEST(prefix_rules_map_wrapped_names)
+{
+    char so[512];
+    make_case("v214", "elements 4\nconst w wrap.model.weight 6 16\nconst b wrap.model.bias 6 16\n",
+              so, sizeof so);
+    env e;
+    open_env(&e);
+    wb_container_options o;
+    wb_container_options_init(&o);
+    wb_container *c = NULL;
+    ck_assert_int_eq(wb_container_create(e.leases, 2, so, &o, &c), WB_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(wb_container_errmsg(c), "parameter 'wrap.model.weight'"));
+    wb_container_destroy(&c);
+    o.strip_prefix = "wrap.";
+    int rc = wb_container_create(e.leases, 2, so, &o, &c);
+    ck_assert_msg(rc == WB_OK, "create: %s", wb_container_errmsg(c));
+    run_and_check(c, WANT_BASIC);
+    wb_container_destroy(&c);
+
+    /* The other way: the checkpoint has a prefix the model lacks. */
+    make_case("v211", "elements 4\nconst w weight 6 16\nconst b bias 6 16\n", so, sizeof so);
+    wb_container_options_init(&o);
+    o.prefix = "model.";
+    rc = wb_container_create(e.leases, 2, so, &o, &c);
+    ck_assert_msg(rc == WB_OK, "create: %s", wb_container_errmsg(c));
+    wb_container_info info;
+    wb_container_get_info(c, &info);
+    ck_assert_uint_eq(info.leased_constants, 2);
+    run_and_check(c, WANT_BASIC);
+    wb_container_destroy(&c);
+    close_env(&e);
+}
+END_TEST
+
+static const char *SPEC_BUFFER = "elements 4\n"
+                                 "const w lm_head.weight 6 16\n"
+                                 "const b model.bias 6 16\n"
+                                 "const inv rotary.inv_freq 6 16 2\n";
+
+/* A non-persistent buffer is in no checkpoint: it comes from the constants
+ * file written at compile time, which also carries the ties. */
+START_TEST(constants_file_supplies_buffers_and_aliases)
+{
+    const char *names[] = {"rotary.inv_freq"};
+    const float vals[][4] = {{0.5f, 0.25f, 0.125f, 1}};
+    const char *meta[] = {"weightbroker.aliases", "lm_head.weight=model.weight"};
+    const float want[4] = {11.5f, 22.25f, 36.125f, 49};
+    const char *flavours[] = {"v211", "v214"};
+    for (int k = 0; k < 2; k++) {
+        char so[512], file[600];
+        make_case(flavours[k], SPEC_BUFFER, so, sizeof so);
+        env e;
+        open_env(&e);
+        wb_container *c = NULL;
+        /* No file: the tied parameter is missing (the buffer alone would
+         * only be left unbound). */
+        ck_assert_int_eq(wb_container_create(e.leases, 2, so, NULL, &c), WB_ENOTFOUND);
+        ck_assert_ptr_nonnull(strstr(wb_container_errmsg(c), "parameter 'lm_head.weight'"));
+        wb_container_destroy(&c);
+
+        /* Beside the library. */
+        snprintf(file, sizeof file, "%s.wb.safetensors", so);
+        write_st_meta(file, names, vals, 1, meta, 1);
+        int rc = wb_container_create(e.leases, 2, so, NULL, &c);
+        ck_assert_msg(rc == WB_OK, "%s: create: %s", flavours[k], wb_container_errmsg(c));
+        wb_container_info info;
+        wb_container_get_info(c, &info);
+        ck_assert_uint_eq(info.leased_constants, 1);
+        ck_assert_uint_eq(info.aliased_constants, 1);
+        ck_assert_uint_eq(info.package_constants, 1);
+        ck_assert_uint_eq(info.package_bytes, 16);
+        ck_assert_uint_eq(info.unbound_constants, 0);
+        ck_assert_uint_eq(info.bound_bytes, 32);
+        run_and_check(c, want);
+        check_beat_counts(e.leases[0], 1, 1, 1, 0);
+        wb_container_destroy(&c);
+        close_env(&e);
+    }
+}
+END_TEST
+
+START_TEST(constants_file_inside_a_package)
+{
+    char so[512], pt2[512], cfile[600];
+    make_case("v214", SPEC_BUFFER, so, sizeof so);
+    snprintf(cfile, sizeof cfile, "%s/constants.safetensors", case_dir);
+    const char *names[] = {"rotary.inv_freq"};
+    const float vals[][4] = {{1, 1, 1, 1}};
+    const char *meta[] = {"weightbroker.aliases", "lm_head.weight=model.weight",
+                          "weightbroker.format", "1"};
+    write_st_meta(cfile, names, vals, 1, meta, 2);
+    snprintf(pt2, sizeof pt2, "%s/model.pt2", case_dir);
+    const char *zn[] = {"model/data/aotinductor/model/fake.so",
+                        "model/data/aotinductor/model/fake_aoti_spec.txt",
+                        "model/weightbroker/constants.safetensors"};
+    const char *sources[] = {so, NULL, cfile};
+    const char *texts[] = {NULL, SPEC_BUFFER, NULL};
+    make_zip(pt2, zn, sources, texts, 3);
+    env e;
+    open_env(&e);
+    wb_container *c = NULL;
+    int rc = wb_container_create(e.leases, 2, pt2, NULL, &c);
+    ck_assert_msg(rc == WB_OK, "create: %s", wb_container_errmsg(c));
+    wb_container_info info;
+    wb_container_get_info(c, &info);
+    ck_assert_uint_eq(info.package_constants, 1);
+    const float want[4] = {12, 23, 37, 49};
+    run_and_check(c, want);
+    wb_container_destroy(&c);
+
+    /* Named explicitly: a missing file is an error. */
+    wb_container_options o;
+    wb_container_options_init(&o);
+    o.constants_file = "/nonexistent/constants.safetensors";
+    ck_assert_int_eq(wb_container_create(e.leases, 2, pt2, &o, &c), WB_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(wb_container_errmsg(c), "/nonexistent/constants.safetensors"));
+    wb_container_destroy(&c);
+    close_env(&e);
+}
+END_TEST
+
+/* A buffer found nowhere is left to the model, as upstream's full update
+ * only warns about it; this fake model then refuses to run. */
+START_TEST(missing_buffer_is_left_unbound)
+{
+    char so[512];
+    make_case("v211",
+              "elements 4\nconst w model.weight 6 16\nconst b model.bias 6 16\n"
+              "const mask causal_mask 6 16 3\n",
+              so, sizeof so);
+    env e;
+    open_env(&e);
+    wb_container *c = NULL;
+    int rc = wb_container_create(e.leases, 2, so, NULL, &c);
+    ck_assert_msg(rc == WB_OK, "create: %s", wb_container_errmsg(c));
+    wb_container_info info;
+    wb_container_get_info(c, &info);
+    ck_assert_uint_eq(info.unbound_constants, 1);
+    ck_assert_uint_eq(info.leased_constants, 2);
+    check_beat_counts(e.leases[0], 2, 0, 0, 1);
+    wb_container_destroy(&c);
+    close_env(&e);
+}
+END_TEST
+
+/* GetConstantDataSize is the storage's size, rounded up to 64 bytes unless
+ * every constant is on CUDA: 16 bytes of data may report 64. */
+START_TEST(storage_size_rounding_is_accepted)
+{
+    char so[512];
+    make_case("v211", "elements 4\nconst w model.weight 6 64\nconst b model.bias 6 16\n", so,
+              sizeof so);
+    env e;
+    open_env(&e);
+    wb_container *c = NULL;
+    int rc = wb_container_create(e.leases, 2, so, NULL, &c);
+    ck_assert_msg(rc == WB_OK, "create: %s", wb_container_errmsg(c));
+    run_and_check(c, WANT_BASIC);
+    wb_container_destroy(&c);
+    /* Beyond the rounding: a view into a larger storage, refused. */
+    make_case("v211", "elements 4\nconst w model.weight 6 128\nconst b model.bias 6 16\n", so,
+              sizeof so);
+    ck_assert_int_eq(wb_container_create(e.leases, 2, so, NULL, &c), WB_EINVAL);
+    ck_assert_ptr_nonnull(strstr(wb_container_errmsg(c), "storage is 128 bytes"));
+    wb_container_destroy(&c);
+    close_env(&e);
+}
+END_TEST
+
+/* Constants may live on different devices: each tensor is wrapped with its
+ * own device, none is forced onto the container's. */
+START_TEST(each_tensor_keeps_its_device)
+{
+    char so[512];
+    make_case("v211", SPEC_BASIC, so, sizeof so);
+    env e;
+    open_env(&e);
+    /* Host memory labelled as CUDA device 3: the fake reads it either way,
+     * and says what it was given. */
+    static const float bias[4] = {10, 20, 30, 40};
+    static const uint64_t shape[1] = {4};
+    wb_container_tensor t = {
+        .fqn = "model.bias", .data = bias, .dtype = "F32", .ndim = 1, .shape = shape, .device = 3};
+    wb_container_options o;
+    wb_container_options_init(&o);
+    o.device = "cpu";
+    o.tensors = &t;
+    o.n_tensors = 1;
+    wb_container *c = NULL;
+    int rc = wb_container_create(e.leases, 1, so, &o, &c);
+    ck_assert_msg(rc == WB_OK, "create: %s", wb_container_errmsg(c));
+    int (*dev)(const char *) = (int (*)(const char *))(void *)fake_fn(so, "fake_aoti_bound_device");
+    ck_assert_int_eq(dev("model.weight"), 0); /* CPU, from the host lease */
+    ck_assert_int_eq(dev("model.bias"), 103); /* CUDA (type 1), device 3 */
+    run_and_check(c, WANT_BASIC);
+    wb_container_destroy(&c);
+    close_env(&e);
+}
+END_TEST
+
+/* <library>.json beside the library: upstream runs such a model through an
+ * OSSProxyExecutor, which libwbclient cannot build. */
+START_TEST(proxy_executor_model_is_refused)
+{
+    char so[512], json[600];
+    make_case("v211", SPEC_BASIC, so, sizeof so);
+    snprintf(json, sizeof json, "%.*s.json", (int)(strlen(so) - 3), so);
+    write_file(json, "{}", 2);
+    env e;
+    open_env(&e);
+    wb_container *c = NULL;
+    ck_assert_int_eq(wb_container_create(e.leases, 2, so, NULL, &c), WB_ENOSYS);
+    ck_assert_ptr_nonnull(strstr(wb_container_errmsg(c), "proxy executor"));
+    ck_assert_ptr_nonnull(strstr(wb_container_errmsg(c), json));
+    wb_container_destroy(&c);
+    close_env(&e);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("container");
@@ -722,6 +1085,16 @@ static Suite *suite(void)
     tcase_add_test(tc, zip_slip_is_refused);
     tcase_add_test(tc, bad_model_paths);
     tcase_add_test(tc, run_argument_checks);
+    tcase_add_test(tc, tied_weight_binds_through_alias);
+    tcase_add_test(tc, two_constants_on_one_leased_tensor);
+    tcase_add_test(tc, bad_alias_lists_are_refused);
+    tcase_add_test(tc, prefix_rules_map_wrapped_names);
+    tcase_add_test(tc, constants_file_supplies_buffers_and_aliases);
+    tcase_add_test(tc, constants_file_inside_a_package);
+    tcase_add_test(tc, missing_buffer_is_left_unbound);
+    tcase_add_test(tc, storage_size_rounding_is_accepted);
+    tcase_add_test(tc, proxy_executor_model_is_refused);
+    tcase_add_test(tc, each_tensor_keeps_its_device);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -338,6 +338,21 @@ int wbctl_models(const wbctl_globals *g, int argc, char **argv)
     return rc;
 }
 
+/* How a container's constants were bound (ContainerRecord/ContainerInfo). */
+static json_t *bindings_json(uint32_t leased, uint32_t aliased, uint32_t caller, uint32_t package,
+                             uint32_t folded, uint32_t unbound, uint64_t package_bytes)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "leased", json_integer(leased));
+    json_object_set_new(o, "aliased", json_integer(aliased));
+    json_object_set_new(o, "caller", json_integer(caller));
+    json_object_set_new(o, "package", json_integer(package));
+    json_object_set_new(o, "folded", json_integer(folded));
+    json_object_set_new(o, "unbound", json_integer(unbound));
+    json_object_set_new(o, "package_bytes", json_integer((json_int_t)package_bytes));
+    return o;
+}
+
 static json_t *record_json(const Wbproto__ContainerRecord *r)
 {
     json_t *o = json_object();
@@ -348,6 +363,10 @@ static json_t *record_json(const Wbproto__ContainerRecord *r)
     json_object_set_new(o, "bound_tensors", json_integer(r->bound_tensors));
     json_object_set_new(o, "folded_bytes", json_integer((json_int_t)r->folded_bytes));
     json_object_set_new(o, "embedded_bytes", json_integer((json_int_t)r->embedded_bytes));
+    json_object_set_new(o, "bindings",
+                        bindings_json(r->leased_constants, r->aliased_constants,
+                                      r->caller_constants, r->package_constants,
+                                      r->folded_constants, r->unbound_constants, r->package_bytes));
     json_object_set_new(o, "created_at", json_real(r->created_at));
     json_object_set_new(o, "model_path", jstr(r->model_path));
     return o;
@@ -518,10 +537,10 @@ int wbctl_containers(const wbctl_globals *g, int argc, char **argv)
         return rc;
     double now = now_unix();
     json_t *arr = json ? json_array() : NULL;
-    table t = {.ncols = 10};
+    table t = {.ncols = 11};
     if (!json)
         table_add(&t, "PID", "PROCESS", "ID", "API", "PINNED", "LEASES", "SHARED_BYTES",
-                  "FOLDED_BYTES", "AGE", "MODEL");
+                  "FOLDED_BYTES", "BOUND(L/A/C/P/F/U)", "AGE", "MODEL");
     for (size_t page = 0; page < pg.n; page++) {
         const Wbproto__ListContainersReply *lc = pg.reps[page]->list_containers;
         for (size_t i = 0; i < lc->n_containers; i++) {
@@ -540,6 +559,11 @@ int wbctl_containers(const wbctl_globals *g, int argc, char **argv)
                 json_object_set_new(o, "folded_bytes", json_integer((json_int_t)c->folded_bytes));
                 json_object_set_new(o, "embedded_bytes",
                                     json_integer((json_int_t)c->embedded_bytes));
+                json_object_set_new(o, "bindings",
+                                    bindings_json(c->leased_constants, c->aliased_constants,
+                                                  c->caller_constants, c->package_constants,
+                                                  c->folded_constants, c->unbound_constants,
+                                                  c->package_bytes));
                 json_object_set_new(o, "created_at", json_real(c->created_at));
                 json_object_set_new(o, "model_path", jstr(c->model_path));
                 json_t *ls = json_array();
@@ -560,7 +584,8 @@ int wbctl_containers(const wbctl_globals *g, int argc, char **argv)
                 json_array_append_new(arr, o);
                 continue;
             }
-            char pid[16], id[24], leases[256] = "", shared_s[32], folded[32], agebuf[32];
+            char pid[16], id[24], leases[256] = "", shared_s[32], folded[32], agebuf[32],
+                binds[96];
             snprintf(pid, sizeof pid, "%u", c->pid);
             snprintf(id, sizeof id, "%llu", (unsigned long long)c->container_id);
             size_t used = 0;
@@ -577,9 +602,13 @@ int wbctl_containers(const wbctl_globals *g, int argc, char **argv)
             if (c->leases_total > c->n_leases && used < sizeof leases)
                 snprintf(leases + used, sizeof leases - used, ",+%u more",
                          c->leases_total - (uint32_t)c->n_leases);
+            /* leased/aliased/caller/package/folded/unbound constants */
+            snprintf(binds, sizeof binds, "%u/%u/%u/%u/%u/%u", c->leased_constants,
+                     c->aliased_constants, c->caller_constants, c->package_constants,
+                     c->folded_constants, c->unbound_constants);
             table_add(&t, pid, c->process_name, id, c->aoti_api,
-                      c->pinned_async_copy ? "on" : "off", leases, shared_s, folded, agebuf,
-                      c->model_path);
+                      c->pinned_async_copy ? "on" : "off", leases, shared_s, folded, binds,
+                      agebuf, c->model_path);
         }
     }
     pages_free(&pg);

@@ -1,0 +1,601 @@
+/* Constant binding rules of the AOTI binding: prefix map, aliases (tied
+ * weights) and the package's constants file (see aoti_bind.h), and binding
+ * every constant of a container by them. */
+#include "aoti_bind.h"
+
+#include "aoti_impl.h"
+#include "log.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#ifdef WB_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#define META_ALIASES "weightbroker.aliases"
+#define META_STRIP   "weightbroker.strip_prefix"
+#define META_PREFIX  "weightbroker.prefix"
+#define PKG_ENTRY    "weightbroker/constants.safetensors"
+#define BESIDE_EXT   ".wb.safetensors"
+
+static char *trimmed(const char *s, size_t n)
+{
+    while (n && isspace((unsigned char)*s)) {
+        s++;
+        n--;
+    }
+    while (n && isspace((unsigned char)s[n - 1]))
+        n--;
+    return strndup(s, n);
+}
+
+int wb__aoti_aliases_parse(wb__aoti_rules *rules, const char *list, int from_file, const char *what,
+                           wb_err *err)
+{
+    const char *p = list;
+    while (p && *p) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        const char *eq = memchr(p, '=', len);
+        char *item = trimmed(p, len);
+        if (!item)
+            return wb__err_set(err, WB_ENOMEM, "out of memory");
+        if (!item[0]) { /* "a=b," or ",," */
+            free(item);
+            p = end ? end + 1 : p + len;
+            continue;
+        }
+        char *name = eq ? trimmed(p, (size_t)(eq - p)) : NULL;
+        char *target = eq ? trimmed(eq + 1, len - (size_t)(eq - p) - 1) : NULL;
+        int bad = !eq || !name || !target || !name[0] || !target[0] || strchr(target, '=');
+        if (bad) {
+            int rc = wb__err_set(err, WB_EINVAL,
+                                 "%s: alias '%s': expected NAME=TARGET (a constant's name, then "
+                                 "the checkpoint tensor it is tied to)",
+                                 what, item);
+            free(item);
+            free(name);
+            free(target);
+            return rc;
+        }
+        free(item);
+        wb__alias *a = realloc(rules->aliases, (rules->n_aliases + 1) * sizeof *a);
+        if (!a) {
+            free(name);
+            free(target);
+            return wb__err_set(err, WB_ENOMEM, "out of memory");
+        }
+        rules->aliases = a;
+        a[rules->n_aliases++] = (wb__alias){name, target, from_file};
+        p = end ? end + 1 : p + len;
+    }
+    return WB_OK;
+}
+
+static int exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static const char *meta(const wb_st_table *t, const char *key)
+{
+    for (size_t i = 0; i < t->n_meta; i++) {
+        if (strcmp(t->meta[i].key, key) == 0)
+            return t->meta[i].value;
+    }
+    return NULL;
+}
+
+static int set_str(char **dst, const char *src, wb_err *err)
+{
+    if (!src)
+        return WB_OK;
+    free(*dst);
+    *dst = strdup(src);
+    return *dst ? WB_OK : wb__err_set(err, WB_ENOMEM, "out of memory");
+}
+
+/* <root>/weightbroker/constants.safetensors, or the same one folder down
+ * (a .pt2 archive keeps everything under its archive name, "model/"). */
+static int find_in_package(const char *root, char *path, size_t size)
+{
+    if (snprintf(path, size, "%s/%s", root, PKG_ENTRY) < (int)size && exists(path))
+        return 1;
+    DIR *d = opendir(root);
+    if (!d)
+        return 0;
+    struct dirent *e;
+    int found = 0;
+    while (!found && (e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        found = snprintf(path, size, "%s/%s/%s", root, e->d_name, PKG_ENTRY) < (int)size &&
+                exists(path);
+    }
+    closedir(d);
+    return found;
+}
+
+int wb__aoti_rules_init(wb__aoti_rules *r, const char *aliases, const char *strip_prefix,
+                        const char *prefix, const char *explicit_file, const char *package_root,
+                        const char *model_path, wb_err *err)
+{
+    char path[PATH_MAX];
+    memset(r, 0, sizeof *r);
+    path[0] = '\0';
+    if (explicit_file && explicit_file[0]) {
+        if (!exists(explicit_file))
+            return wb__err_set(err, WB_ENOTFOUND, "constants file %s: no such file", explicit_file);
+        snprintf(path, sizeof path, "%s", explicit_file);
+    } else {
+        if (package_root && find_in_package(package_root, path, sizeof path)) {
+            /* found inside the package */
+        } else if (model_path &&
+                   snprintf(path, sizeof path, "%s%s", model_path, BESIDE_EXT) < (int)sizeof path &&
+                   exists(path)) {
+            /* found beside the model */
+        } else {
+            path[0] = '\0';
+        }
+    }
+    int rc = WB_OK;
+    if (path[0]) {
+        if ((rc = wb__st_open(path, &r->extra, err)) != WB_OK)
+            return rc;
+        if (!(r->extra_path = strdup(path)))
+            return wb__err_set(err, WB_ENOMEM, "out of memory");
+        char what[PATH_MAX + 64];
+        snprintf(what, sizeof what, "constants file %s (%s)", path, META_ALIASES);
+        if ((rc = wb__aoti_aliases_parse(r, meta(r->extra, META_ALIASES), 1, what, err)))
+            return rc;
+        if ((rc = set_str(&r->strip_prefix, meta(r->extra, META_STRIP), err)) ||
+            (rc = set_str(&r->prefix, meta(r->extra, META_PREFIX), err)))
+            return rc;
+    }
+    /* The caller's rules come after the file's: alias lookups take the last
+     * match, and the caller's prefixes replace the file's. */
+    if ((rc = wb__aoti_aliases_parse(r, aliases, 0, "option aliases", err)))
+        return rc;
+    if ((rc = set_str(&r->strip_prefix, strip_prefix, err)) ||
+        (rc = set_str(&r->prefix, prefix, err)))
+        return rc;
+    return WB_OK;
+}
+
+void wb__aoti_rules_free(wb__aoti_rules *r)
+{
+    for (size_t i = 0; i < r->n_aliases; i++) {
+        free(r->aliases[i].name);
+        free(r->aliases[i].target);
+    }
+    free(r->aliases);
+    free(r->strip_prefix);
+    free(r->prefix);
+    free(r->extra_path);
+    wb__st_table_free(&r->extra);
+    memset(r, 0, sizeof *r);
+}
+
+const char *wb__aoti_map_name(const wb__aoti_rules *r, const char *fqn, char *buf, size_t size)
+{
+    const char *rest = fqn;
+    size_t sl = r->strip_prefix ? strlen(r->strip_prefix) : 0;
+    if (sl && strncmp(fqn, r->strip_prefix, sl) == 0)
+        rest = fqn + sl;
+    int w = snprintf(buf, size, "%s%s", r->prefix ? r->prefix : "", rest);
+    return w >= 0 && (size_t)w < size ? buf : NULL;
+}
+
+const wb__alias *wb__aoti_alias_find(const wb__aoti_rules *r, const char *name)
+{
+    for (size_t i = r->n_aliases; i-- > 0;) {
+        if (strcmp(r->aliases[i].name, name) == 0)
+            return &r->aliases[i];
+    }
+    return NULL;
+}
+
+const wb_st_tensor *wb__aoti_extra_find(const wb__aoti_rules *r, const char *fqn,
+                                        const char *mapped)
+{
+    if (!r->extra)
+        return NULL;
+    const wb_st_tensor *t = wb__st_find(r->extra, fqn);
+    return t ? t : mapped ? wb__st_find(r->extra, mapped) : NULL;
+}
+
+int wb__aoti_extra_read(const wb__aoti_rules *r, const wb_st_tensor *t, void **out, wb_err *err)
+{
+    *out = NULL;
+    const char *file = r->extra->files[t->file];
+    void *buf = malloc(t->nbytes ? t->nbytes : 1);
+    if (!buf)
+        return wb__err_set(err, WB_ENOMEM, "out of memory reading '%s' from %s", t->name, file);
+    int fd = open(file, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        free(buf);
+        return wb__err_errno(err, WB_EIO, errno, "constants file %s", file);
+    }
+    uint64_t done = 0;
+    while (done < t->nbytes) {
+        ssize_t n = pread(fd, (char *)buf + done, t->nbytes - done, (off_t)(t->offset + done));
+        if (n <= 0) {
+            int e = n < 0 ? errno : EIO;
+            close(fd);
+            free(buf);
+            return wb__err_errno(err, WB_EIO, e, "constants file %s: reading '%s'", file, t->name);
+        }
+        done += (uint64_t)n;
+    }
+    close(fd);
+    *out = buf;
+    return WB_OK;
+}
+
+/* ---- binding a container's constants ---- */
+
+/* Reads the model's constant table. */
+int wb__aoti_read_constants(wb_container *c)
+{
+    size_t n = 0;
+    if (c->f.num_constants(c->h, &n) != 0)
+        return wb__aoti_runtime_fail(c, "AOTInductorModelContainerGetNumConstants", NULL);
+    c->bind = calloc(n ? n : 1, sizeof *c->bind);
+    if (!c->bind)
+        return wb__aoti_fail(c, WB_ENOMEM, "out of memory");
+    c->n_bind = n;
+    for (size_t i = 0; i < n; i++) {
+        binding *b = &c->bind[i];
+        const char *name = NULL, *fqn = NULL;
+        bool folded = false;
+        b->lease = b->caller = -1;
+        if (c->f.constant_name(c->h, i, &name) != 0 || !name)
+            return wb__aoti_runtime_fail(c, "AOTInductorModelContainerGetConstantName", NULL);
+        if (c->f.constant_fqn(c->h, i, &fqn) != 0)
+            return wb__aoti_runtime_fail(c, "AOTInductorModelContainerGetConstantOriginalFQN",
+                                         name);
+        if (c->f.constant_dtype(c->h, i, &b->dtype) != 0)
+            return wb__aoti_runtime_fail(c, "AOTInductorModelContainerGetConstantDtype", name);
+        if (c->f.constant_size(c->h, i, &b->size) != 0)
+            return wb__aoti_runtime_fail(c, "AOTInductorModelContainerGetConstantDataSize", name);
+        if (c->f.constant_from_folded && c->f.constant_from_folded(c->h, i, &folded) != 0)
+            return wb__aoti_runtime_fail(c, "AOTInductorModelContainerGetConstantFromFolded", name);
+        b->folded = folded;
+        b->type = folded ? 4 : 1;
+        if (c->f.constant_type && c->f.constant_type(c->h, i, &b->type) != 0)
+            return wb__aoti_runtime_fail(c, "AOTInductorModelContainerGetConstantType", name);
+        b->name = strdup(name);
+        b->fqn = strdup(fqn && fqn[0] ? fqn : name);
+        if (!b->name || !b->fqn)
+            return wb__aoti_fail(c, WB_ENOMEM, "out of memory");
+    }
+    return WB_OK;
+}
+
+static const wb__tensor_entry *lease_lookup(const wb_lease *l, const char *name)
+{
+    for (size_t i = 0; i < l->n_tensors; i++) {
+        if (strcmp(l->tensors[i].name, name) == 0)
+            return &l->tensors[i];
+    }
+    return NULL;
+}
+
+static void lease_names(wb_container *c, char *buf, size_t size)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < c->n_leases && used + 1 < size; i++) {
+        int w = snprintf(buf + used, size - used, "%s'%s'", i ? ", " : "", c->leases[i]->model);
+        if (w < 0)
+            break;
+        used += (size_t)w;
+    }
+}
+
+/* Where a constant's tensor was found. */
+typedef struct source {
+    int kind;
+    const char *dtype;
+    const void *data;
+    uint32_t ndim;
+    const uint64_t *shape;
+    int device;
+    uint64_t nbytes;
+    char where[200];
+} source;
+
+static uint64_t elem_bytes(const char *dtype, uint32_t ndim, const uint64_t *shape)
+{
+    int code = wb__dtype_parse(dtype);
+    uint64_t elems = 1;
+    for (uint32_t d = 0; d < ndim; d++)
+        elems *= shape[d];
+    return code >= 0 ? elems * wb__dtype_bits((wb_dtype)code) / 8 : 0;
+}
+
+/* A caller tensor or a leased tensor named `name`; 1 when found. A name in
+ * two leases is an error (returned through *rc). */
+static int find_named(wb_container *c, const wb_container_options *o, const char *name, binding *b,
+                      source *s, int *rc)
+{
+    for (size_t k = 0; k < o->n_tensors; k++) {
+        const wb_container_tensor *t = &o->tensors[k];
+        if (t->fqn && strcmp(t->fqn, name) == 0) {
+            b->caller = (int)k;
+            *s = (source){.kind = WB_BIND_CALLER,
+                          .dtype = t->dtype,
+                          .data = t->data,
+                          .ndim = t->ndim,
+                          .shape = t->shape,
+                          .device = t->device,
+                          .nbytes = elem_bytes(t->dtype, t->ndim, t->shape)};
+            snprintf(s->where, sizeof s->where, "caller tensor %zu ('%s')", k, name);
+            return 1;
+        }
+    }
+    int found = 0;
+    for (size_t k = 0; k < c->n_leases; k++) {
+        const wb__tensor_entry *t = lease_lookup(c->leases[k], name);
+        if (!t)
+            continue;
+        if (b->lease >= 0) {
+            *rc = wb__aoti_fail(
+                c, WB_EINVAL,
+                "constant '%s' (checkpoint name '%s') is in lease %.8s (model '%s') and in "
+                "lease %.8s (model '%s'); bind it from one only",
+                b->fqn, name, c->leases[b->lease]->id_hex, c->leases[b->lease]->model,
+                c->leases[k]->id_hex, c->leases[k]->model);
+            return 0;
+        }
+        b->lease = (int)k;
+        *s = (source){.kind = WB_BIND_LEASED,
+                      .dtype = t->dtype,
+                      .data = t->data,
+                      .ndim = t->ndim,
+                      .shape = t->shape,
+                      .device = t->device,
+                      .nbytes = t->nbytes};
+        snprintf(s->where, sizeof s->where, "lease %.8s (model '%s', tensor '%s')",
+                 c->leases[k]->id_hex, c->leases[k]->model, name);
+        found = 1;
+    }
+    return found;
+}
+
+/* Copies a tensor of the constants file to where the model runs: private
+ * to this container, freed with it. */
+static int load_private(wb_container *c, binding *b, const wb_st_tensor *t, source *s)
+{
+    void *host = NULL;
+    int rc = wb__aoti_extra_read(&c->rules, t, &host, &c->err);
+    if (rc != WB_OK)
+        return rc;
+    b->private_host = host;
+    void *data = host;
+#ifdef WB_HAVE_CUDA
+    if (c->cuda && t->nbytes) {
+        cudaError_t ce = cudaMalloc(&b->private_dev, t->nbytes);
+        if (ce == cudaSuccess)
+            ce = cudaMemcpyAsync(b->private_dev, host, t->nbytes, cudaMemcpyHostToDevice,
+                                 (cudaStream_t)c->stream);
+        if (ce == cudaSuccess)
+            ce = cudaStreamSynchronize((cudaStream_t)c->stream);
+        if (ce != cudaSuccess)
+            return wb__aoti_fail(c, WB_ENOGPU, "constant '%s' from %s: cannot copy it to %s: %s",
+                                 b->fqn, c->rules.extra_path, c->device_str,
+                                 cudaGetErrorString(ce));
+        data = b->private_dev;
+    }
+#endif
+    *s = (source){.kind = WB_BIND_PACKAGE,
+                  .dtype = wb__dtype_name(t->dtype),
+                  .data = data,
+                  .ndim = t->ndim,
+                  .shape = t->shape,
+                  .device = c->cuda ? c->device_index : -1,
+                  .nbytes = t->nbytes};
+    snprintf(s->where, sizeof s->where, "constants file %s (tensor '%s')", c->rules.extra_path,
+             t->name);
+    return WB_OK;
+}
+
+/* Upstream's constant types (torch::aot_inductor::ConstantType). */
+static const char *type_name(int32_t type)
+{
+    switch (type) {
+    case 1:
+        return "parameter";
+    case 2:
+        return "buffer";
+    case 3:
+        return "tensor constant";
+    case 4:
+        return "folded constant";
+    default:
+        return "constant of unknown type";
+    }
+}
+
+/* 1 when `size` (GetConstantDataSize: the storage's bytes, rounded up to 64
+ * unless every constant is on CUDA) fits a contiguous tensor of `nbytes`. */
+static int size_fits(uint64_t size, uint64_t nbytes)
+{
+    return size == nbytes || (nbytes < size && size == ((nbytes + 63) & ~(uint64_t)63));
+}
+
+/* 1 when an earlier constant wraps the same leased memory (tied weights). */
+static int lease_tensor_seen(const wb_container *c, const binding *b)
+{
+    for (const binding *p = c->bind; p < b; p++) {
+        if (p->handle && p->lease == b->lease && p->data == b->data)
+            return 1;
+    }
+    return 0;
+}
+
+/* Finds, checks and wraps the tensor of every constant that is not folded.
+ * Order: a caller tensor of the FQN; a leased tensor of the mapped name
+ * (prefix rules); the alias target (tied weights); the package's constants
+ * file. A parameter found nowhere is an error; a buffer or tensor constant
+ * found nowhere is left to the model, as upstream's full update does. */
+int wb__aoti_bind_constants(wb_container *c, const wb_container_options *o)
+{
+    for (size_t i = 0; i < c->n_bind; i++) {
+        binding *b = &c->bind[i];
+        if (b->folded)
+            continue;
+        char mapped[512], q[600];
+        const char *name = wb__aoti_map_name(&c->rules, b->fqn, mapped, sizeof mapped);
+        if (!name)
+            return wb__aoti_fail(c, WB_ELIMIT, "constant '%s': the mapped name is too long",
+                                 b->fqn);
+        source s = {0};
+        int rc = WB_OK, found = find_named(c, o, b->fqn, b, &s, &rc);
+        if (!found && rc == WB_OK && strcmp(name, b->fqn) != 0)
+            found = find_named(c, o, name, b, &s, &rc);
+        const wb__alias *a = NULL;
+        if (!found && rc == WB_OK) {
+            a = wb__aoti_alias_find(&c->rules, b->fqn);
+            if (!a)
+                a = wb__aoti_alias_find(&c->rules, name);
+            if (a && (found = find_named(c, o, a->target, b, &s, &rc)))
+                s.kind = WB_BIND_ALIASED;
+        }
+        if (rc != WB_OK)
+            return rc;
+        const wb_st_tensor *et = NULL;
+        if (!found && (et = wb__aoti_extra_find(&c->rules, b->fqn, name))) {
+            if ((rc = load_private(c, b, et, &s)))
+                return rc;
+            found = 1;
+        }
+        if (!found) {
+            if (b->type != 1 || b->size == 0) {
+                c->info.unbound_constants++;
+                wb__cwarn("container_constant_unbound",
+                          "model=%s constant=%s type=\"%s\" note=\"in no lease, caller tensor or "
+                          "constants file; left to the model, as upstream's full update does\"",
+                          wb__aoti_qpath(c, q, sizeof q), b->fqn, type_name(b->type));
+                continue;
+            }
+            char names[300];
+            lease_names(c, names, sizeof names);
+            return wb__aoti_fail(
+                c, WB_ENOTFOUND,
+                "parameter '%s' (internal name '%s'%s%s%s%s) of model %s is in no lease "
+                "(%s), no caller tensor%s%s; if it is tied to another weight, give "
+                "an alias (%s=<checkpoint name>)",
+                b->fqn, b->name, strcmp(name, b->fqn) ? ", checkpoint name '" : "",
+                strcmp(name, b->fqn) ? name : "", strcmp(name, b->fqn) ? "'" : "",
+                a ? ", alias target not found either" : "", c->model_path,
+                c->n_leases ? names : "none given",
+                c->rules.extra ? " and not in the constants file "
+                               : " and no constants "
+                                 "file",
+                c->rules.extra ? c->rules.extra_path : "", b->fqn);
+        }
+        b->kind = s.kind;
+        int32_t code = wb__aoti_dtype_code(s.dtype);
+        if (code != b->dtype)
+            return wb__aoti_fail(
+                c, WB_EINVAL, "constant '%s': the model expects dtype %s (code %d) but %s has %s",
+                b->fqn, wb__aoti_dtype_name(b->dtype), (int)b->dtype, s.where, s.dtype);
+        if (!size_fits(b->size, s.nbytes))
+            return wb__aoti_fail(
+                c, WB_EINVAL,
+                "constant '%s': the model's storage is %zu bytes but %s has %llu bytes "
+                "(a contiguous tensor of %llu bytes was expected; a view into a larger "
+                "storage cannot be bound to a checkpoint tensor)",
+                b->fqn, b->size, s.where, (unsigned long long)s.nbytes,
+                (unsigned long long)s.nbytes);
+        if (s.ndim > 64)
+            return wb__aoti_fail(c, WB_EINVAL, "constant '%s': %u dimensions", b->fqn, s.ndim);
+        int64_t sizes[64], strides[64];
+        int64_t stride = 1;
+        for (uint32_t d = s.ndim; d-- > 0;) {
+            sizes[d] = (int64_t)s.shape[d];
+            strides[d] = stride;
+            stride *= sizes[d] ? sizes[d] : 1;
+        }
+        /* Each tensor keeps its own device: upstream checks every constant
+         * against its own device type, so a model may mix them. The model
+         * never writes its constants; host leases are mapped read-only, so a
+         * write would fault rather than corrupt the shared copy. */
+        int32_t dev_type = s.device >= 0 ? c->cuda_type_code : c->cpu_type_code;
+        b->data = s.data;
+        if (c->f.from_blob((void *)s.data, (int64_t)s.ndim, sizes, strides, 0, b->dtype, dev_type,
+                           s.device >= 0 ? s.device : 0, &b->handle) != 0)
+            return wb__aoti_runtime_fail(c, "aoti_torch_create_tensor_from_blob", b->fqn);
+        c->info.bound_tensors++;
+        switch (s.kind) {
+        case WB_BIND_LEASED:
+        case WB_BIND_ALIASED:
+            if (s.kind == WB_BIND_LEASED)
+                c->info.leased_constants++;
+            else
+                c->info.aliased_constants++;
+            /* A tensor bound twice (tied weights) is shared memory counted once. */
+            if (!lease_tensor_seen(c, b)) {
+                c->info.bound_bytes += s.nbytes;
+                c->lease_bytes[b->lease] += s.nbytes;
+                c->lease_tensors[b->lease]++;
+            }
+            break;
+        case WB_BIND_CALLER:
+            c->info.caller_constants++;
+            c->info.caller_bytes += s.nbytes;
+            break;
+        case WB_BIND_PACKAGE:
+            c->info.package_constants++;
+            c->info.package_bytes += s.nbytes;
+            break;
+        }
+    }
+    return WB_OK;
+}
+
+/* The (name, handle) pairs of the bound constants. */
+AOTInductorConstantMapEntry *wb__aoti_make_pairs(wb_container *c, size_t *n)
+{
+    AOTInductorConstantMapEntry *p = calloc(c->n_bind ? c->n_bind : 1, sizeof *p);
+    *n = 0;
+    if (!p)
+        return NULL;
+    for (size_t i = 0; i < c->n_bind; i++) {
+        if (c->bind[i].handle) {
+            p[*n].name = c->bind[i].name;
+            p[*n].handle = c->bind[i].handle;
+            (*n)++;
+        }
+    }
+    return p;
+}
+
+void wb__aoti_free_bindings(wb_container *c)
+{
+    for (size_t i = 0; i < c->n_bind; i++) {
+        if (c->bind[i].handle && c->f.delete_tensor)
+            c->f.delete_tensor(c->bind[i].handle);
+        free(c->bind[i].private_host);
+#ifdef WB_HAVE_CUDA
+        if (c->bind[i].private_dev)
+            cudaFree(c->bind[i].private_dev);
+#endif
+        free(c->bind[i].name);
+        free(c->bind[i].fqn);
+    }
+    free(c->bind);
+    c->bind = NULL;
+    c->n_bind = 0;
+}

@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""Compiles a PyTorch model with AOTInductor for weightbroker workers.
+
+The package is compiled with its constants OUTSIDE the model library
+(aot_inductor.package_constants_in_so = False): a worker binds the weights
+that the broker leases, by their checkpoint names, without copying them.
+What the checkpoint lacks is written now, into a small safetensors file
+stored in the package as <archive>/weightbroker/constants.safetensors:
+
+* tensors that are in no checkpoint and tied to none: non-persistent buffers
+  (a rotary embedding's inv_freq, causal masks) and tensor constants, keyed
+  by the model's FQN; the worker copies them into private memory;
+* in its metadata, "weightbroker.aliases": "name=target,...": every constant
+  that is in no checkpoint but shares its storage with one that is (tied
+  weights: save_pretrained keeps transformer.wte.weight and drops
+  lm_head.weight); the worker binds both to the one leased tensor. Ties are
+  found from the eager model itself (parameters that are the same tensor),
+  which is what config.json's tie_word_embeddings produces, so the config is
+  not read; a tie the model does not show must be given with --alias;
+* "weightbroker.strip_prefix" / "weightbroker.prefix": how the model's FQNs
+  become checkpoint names (a model exported inside a wrapper has FQNs
+  "model.<name>").
+
+libwbclient finds the file by itself (wb_container_options.constants_file or
+wb-aoti-worker --constants name another one; --alias, --strip-prefix and
+--prefix add to or replace what it says).
+
+Library use:
+    from wb_compile import compile_package
+    info = compile_package(module, (input_ids,), "model.pt2",
+                           checkpoint="ckpt_dir", strip_prefix="model.")
+
+Command line, for a Hugging Face causal LM saved with save_pretrained:
+    wb_compile.py hf CHECKPOINT_DIR OUT.pt2 [--device cuda] [--seq-len 16]
+                     [--dtype float32|bfloat16|float16]
+It exports LogitsOnly(model) (input_ids -> logits, FQNs "model.<name>", so
+strip_prefix "model." is recorded) and prints what it found as JSON.
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import zipfile
+
+import torch
+
+FORMAT = "1"
+ENTRY = "weightbroker/constants.safetensors"
+
+
+def checkpoint_names(path):
+    """Tensor names of a safetensors checkpoint: a file, a directory with
+    model.safetensors.index.json or model.safetensors, or an index file."""
+    from safetensors import safe_open
+
+    if os.path.isdir(path):
+        index = os.path.join(path, "model.safetensors.index.json")
+        path = index if os.path.exists(index) else os.path.join(path, "model.safetensors")
+    if path.endswith(".json"):
+        with open(path) as f:
+            return set(json.load(f)["weight_map"])
+    with safe_open(path, "pt") as f:
+        return set(f.keys())
+
+
+def map_name(name, strip_prefix, prefix):
+    if strip_prefix and name.startswith(strip_prefix):
+        name = name[len(strip_prefix):]
+    return (prefix or "") + name
+
+
+def _storage_key(t):
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
+            tuple(t.stride()), t.dtype)
+
+
+def model_tensors(module, ep=None):
+    """Every named tensor the compiled model may hold as a constant, tied
+    duplicates included: parameters, buffers (persistent or not) and the
+    exported program's lifted constants."""
+    named = {}
+    for name, t in module.named_parameters(remove_duplicate=False):
+        named[name] = t
+    for name, t in module.named_buffers(remove_duplicate=False):
+        named[name] = t
+    if ep is not None:
+        for name, t in ep.constants.items():
+            if isinstance(t, torch.Tensor):
+                named.setdefault(name, t)
+    return named
+
+
+def plan(module, ckpt, strip_prefix=None, prefix=None, ep=None):
+    """Splits the model's tensors into (checkpoint names, aliases, extra
+    tensors). `ckpt` is the set of checkpoint names, or None for the
+    module's own state dict with tied duplicates removed (what
+    save_pretrained keeps)."""
+    named = model_tensors(module, ep)
+    if ckpt is None:
+        seen, ckpt = set(), set()
+        for name, t in module.state_dict(keep_vars=True).items():
+            k = _storage_key(t)
+            if k not in seen:
+                seen.add(k)
+                ckpt.add(map_name(name, strip_prefix, prefix))
+    by_storage = {}
+    for name, t in named.items():
+        if map_name(name, strip_prefix, prefix) in ckpt:
+            by_storage.setdefault(_storage_key(t), map_name(name, strip_prefix, prefix))
+    aliases, extra, leased = {}, {}, []
+    for name, t in named.items():
+        mapped = map_name(name, strip_prefix, prefix)
+        if mapped in ckpt:
+            leased.append(name)
+        elif _storage_key(t) in by_storage:
+            aliases[name] = by_storage[_storage_key(t)]
+        else:
+            extra[name] = t.detach().to("cpu").contiguous().clone()
+    return leased, aliases, extra
+
+
+def _add_to_package(package_path, file_path):
+    with zipfile.ZipFile(package_path) as z:
+        names = z.namelist()
+    top = names[0].split("/", 1)[0] if names and "/" in names[0] else ""
+    entry = f"{top}/{ENTRY}" if top else ENTRY
+    with zipfile.ZipFile(package_path, "a", compression=zipfile.ZIP_STORED) as z:
+        z.write(file_path, entry)
+    return entry
+
+
+def write_constants(package_path, aliases, extra, strip_prefix=None, prefix=None):
+    from safetensors.torch import save_file
+
+    meta = {"weightbroker.format": FORMAT,
+            "weightbroker.aliases": ",".join(f"{k}={v}" for k, v in sorted(aliases.items()))}
+    if strip_prefix:
+        meta["weightbroker.strip_prefix"] = strip_prefix
+    if prefix:
+        meta["weightbroker.prefix"] = prefix
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "constants.safetensors")
+        save_file(extra, path, metadata=meta)
+        return _add_to_package(package_path, path)
+
+
+def compile_package(module, example_inputs, package_path, checkpoint=None, strip_prefix=None,
+                    prefix=None, inductor_configs=None, dynamic_shapes=None):
+    """Exports and compiles `module` into `package_path` (.pt2) with its
+    constants outside the library, then stores the constants file in it.
+    Returns a dict of what was found."""
+    t0 = time.time()
+    ep = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
+                             strict=False)
+    t_export = time.time() - t0
+    configs = {"aot_inductor.package_constants_in_so": False}
+    configs.update(inductor_configs or {})
+    t0 = time.time()
+    torch._inductor.aoti_compile_and_package(ep, package_path=package_path,
+                                             inductor_configs=configs)
+    t_compile = time.time() - t0
+    ckpt = checkpoint_names(checkpoint) if checkpoint else None
+    leased, aliases, extra = plan(module, ckpt, strip_prefix, prefix, ep)
+    entry = write_constants(package_path, aliases, extra, strip_prefix, prefix)
+    return {"package": package_path, "entry": entry, "leased": len(leased),
+            "aliases": aliases, "extra": sorted(extra),
+            "extra_bytes": sum(t.numel() * t.element_size() for t in extra.values()),
+            "export_s": round(t_export, 2), "compile_s": round(t_compile, 2)}
+
+
+class LogitsOnly(torch.nn.Module):
+    """input_ids -> logits of a Hugging Face causal LM (no cache)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        return self.model(input_ids=input_ids, use_cache=False).logits
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    hf = sub.add_parser("hf", help="a Hugging Face causal LM directory (save_pretrained)")
+    hf.add_argument("checkpoint")
+    hf.add_argument("out")
+    hf.add_argument("--device", default="cuda")
+    hf.add_argument("--seq-len", type=int, default=16)
+    hf.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: "
+                    "the checkpoint's)")
+    a = ap.parse_args()
+    from transformers import AutoModelForCausalLM
+
+    kw = {"dtype": getattr(torch, a.dtype)} if a.dtype else {}
+    model = AutoModelForCausalLM.from_pretrained(a.checkpoint, **kw).to(a.device).eval()
+    ids = torch.randint(0, model.config.vocab_size, (1, a.seq_len), device=a.device)
+    with torch.no_grad():
+        info = compile_package(LogitsOnly(model), (ids,), a.out, checkpoint=a.checkpoint,
+                               strip_prefix="model.")
+    print(json.dumps(info, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
