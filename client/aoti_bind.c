@@ -493,13 +493,13 @@ int wb__aoti_bind_constants(wb_container *c, const wb_container_options *o)
             lease_names(c, names, sizeof names);
             return wb__aoti_fail(
                 c, WB_ENOTFOUND,
-                "parameter '%s' (internal name '%s'%s%s%s%s) of model %s is in no lease "
+                "parameter '%s' (internal name '%s'%s%s%s%s%s%s) of model %s is in no lease "
                 "(%s), no caller tensor%s%s; if it is tied to another weight, give "
                 "an alias (%s=<checkpoint name>)",
                 b->fqn, b->name, strcmp(name, b->fqn) ? ", checkpoint name '" : "",
                 strcmp(name, b->fqn) ? name : "", strcmp(name, b->fqn) ? "'" : "",
-                a ? ", alias target not found either" : "", c->model_path,
-                c->n_leases ? names : "none given",
+                a ? ", alias target '" : "", a ? a->target : "", a ? "' not found either" : "",
+                c->model_path, c->n_leases ? names : "none given",
                 c->rules.extra ? " and not in the constants file "
                                : " and no constants "
                                  "file",

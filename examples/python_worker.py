@@ -79,6 +79,9 @@ def main():
     p.add_argument("--serve", action="store_true")
     p.add_argument("--socket")
     p.add_argument("--alias", action="append", default=[], metavar="CONSTANT=TENSOR")
+    p.add_argument("--strip-prefix", help="removed from constant names (a wrapped export)")
+    p.add_argument("--prefix", help="added to constant names")
+    p.add_argument("--constants", help="the constants file (default: the package's own)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: the leases')")
     p.add_argument("--verify", action="store_true", help="check every leased tensor's checksum")
     p.add_argument("--bridge", choices=("torch", "wb"))
@@ -99,7 +102,8 @@ def main():
                 print("verified %s (%d tensors)" % (lease.model, len(lease.info())), flush=True)
         kw = {} if a.bridge is None else {"bridge": a.bridge}
         model = weightbroker.load_aoti(
-            a.aoti, leases, aliases=aliases, device=a.device,
+            a.aoti, leases, aliases=aliases, device=a.device, strip_prefix=a.strip_prefix,
+            prefix=a.prefix, constants_file=a.constants,
             torch_lib_dir=None if a.torch_lib == "none" else a.torch_lib, **kw)
     except weightbroker.BrokerError as e:
         print("error=%s" % e, file=sys.stderr)

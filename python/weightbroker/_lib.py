@@ -63,6 +63,10 @@ class ContainerOptions(ctypes.Structure):
         ("work_dir", ctypes.c_char_p),
         ("stream", ctypes.c_void_p),
         ("own_constants", ctypes.c_int),
+        ("strip_prefix", ctypes.c_char_p),
+        ("prefix", ctypes.c_char_p),
+        ("aliases", ctypes.c_char_p),
+        ("constants_file", ctypes.c_char_p),
     ]
 
 
@@ -77,6 +81,12 @@ class ContainerInfo(ctypes.Structure):
         ("bound_tensors", ctypes.c_size_t),
         ("bound_bytes", ctypes.c_uint64),
         ("caller_bytes", ctypes.c_uint64),
+        ("leased_constants", ctypes.c_size_t),
+        ("aliased_constants", ctypes.c_size_t),
+        ("caller_constants", ctypes.c_size_t),
+        ("package_constants", ctypes.c_size_t),
+        ("unbound_constants", ctypes.c_size_t),
+        ("package_bytes", ctypes.c_uint64),
         ("folded_constants", ctypes.c_size_t),
         ("folded_bytes", ctypes.c_uint64),
         ("embedded_bytes", ctypes.c_uint64),

@@ -48,6 +48,7 @@ class Model:
     `with` block, or garbage collection) destroys the container."""
 
     def __init__(self, path, leases, *, tensors=None, aliases=None, device=None,
+                 strip_prefix=None, prefix=None, constants_file=None,
                  torch_lib_dir="auto", num_models=1, work_dir=None, bridge=None):
         L = lib()
         if not isinstance(leases, (list, tuple)):
@@ -65,8 +66,9 @@ class Model:
                               "handle helpers (unsafe_alloc_void_ptrs_from_tensors); use bridge='wb'")
         self.bridge = bridge
 
-        # Caller tensors: explicit ones, and aliases (a constant bound to the
-        # leased tensor of another name, e.g. a tied lm_head.weight).
+        # Caller tensors: constants no lease has. Aliases, prefixes and the
+        # package's constants file are libwbclient's binding rules, passed
+        # through as they are, so Python and C workers bind alike.
         extra = []  # (fqn, data, dtype, shape, device)
         self._keep = []  # caller tensors must outlive the container
         for fqn, t in (tensors or {}).items():
@@ -75,18 +77,12 @@ class Model:
             self._keep.append(t)
             extra.append((fqn, t.data_ptr(), _st_dtype(t, "tensor %s" % fqn), tuple(t.shape),
                           t.device.index if t.device.type == "cuda" else -1))
-        for fqn, source in (aliases or {}).items():
-            info = None
-            for lease in self.leases:
-                try:
-                    info = lease.find(source)
-                    break
-                except BrokerError:
-                    continue
-            if info is None:
-                raise error_for(-4, "WB_ENOTFOUND", "alias %s -> %s: no lease has a tensor %s"
-                                  % (fqn, source, source))
-            extra.append((fqn, info.data, info.dtype, info.shape, info.device))
+        if isinstance(aliases, dict):
+            for name, target in aliases.items():
+                if not name or not target or "=" in name + target or "," in name + target:
+                    raise ValueError("alias %r -> %r: names must be non-empty and hold "
+                                     "no '=' or ','" % (name, target))
+            aliases = ",".join("%s=%s" % kv for kv in aliases.items())
 
         ct = (ContainerTensor * max(len(extra), 1))()
         self._c_keep = [ct]
@@ -103,9 +99,12 @@ class Model:
             torch_lib_dir = _torch_lib_dir()
         keep = []
         for field, value in (("torch_lib_dir", torch_lib_dir), ("device", device),
-                             ("work_dir", work_dir)):
-            if value is not None:
-                b = os.fsencode(value) if field != "device" else value.encode()
+                             ("work_dir", work_dir), ("strip_prefix", strip_prefix),
+                             ("prefix", prefix), ("aliases", aliases),
+                             ("constants_file", constants_file)):
+            if value:
+                path_like = field in ("torch_lib_dir", "work_dir", "constants_file")
+                b = os.fsencode(value) if path_like else value.encode()
                 keep.append(b)
                 setattr(opts, field, b)
         opts.num_models = num_models
@@ -238,16 +237,24 @@ def _torch_lib_dir():
     return d if os.path.isdir(d) else None
 
 
-def load_aoti(path, leases, *, aliases=None, tensors=None, device=None, **kwargs):
+def load_aoti(path, leases, *, aliases=None, tensors=None, device=None, strip_prefix=None,
+              prefix=None, constants_file=None, **kwargs):
     """Loads an AOTInductor package (.pt2, its unpacked directory, or the
     model .so) on the weights of `leases` (a Lease or a list) and returns a
     callable Model. The model's constants are bound by name to the leased
-    tensors without copying them; `aliases` {constant: leased tensor name}
-    binds a constant to a tensor of another name; `tensors` {constant:
+    tensors without copying them, by libwbclient's rules (see
+    include/wb/container.h): `aliases` {constant: leased tensor name} (or the
+    C form "name=target,...") binds a constant to a tensor of another name,
+    such as a tied lm_head.weight; `strip_prefix` / `prefix` map the model's
+    constant names to the checkpoint's (a model exported inside a wrapper);
+    `constants_file` names the file of constants no checkpoint has (default:
+    the one the compile helper stored in the package); `tensors` {constant:
     torch.Tensor} supplies constants no lease has (the tensors must stay
     unchanged while the model lives). device: "cpu", "cuda" or "cuda:N"
     (default: the leases' device). Keywords: torch_lib_dir ("auto": the
     imported torch's), num_models, work_dir, bridge ("torch": torch's own
     tensor handles, zero copy; "wb": the runtime's handles through
     libwbclient, outputs copied)."""
-    return Model(path, leases, aliases=aliases, tensors=tensors, device=device, **kwargs)
+    return Model(path, leases, aliases=aliases, tensors=tensors, device=device,
+                 strip_prefix=strip_prefix, prefix=prefix, constants_file=constants_file,
+                 **kwargs)

@@ -523,14 +523,22 @@ class TestModels(Base):
             self.assertIn("lm_head.weight", cm.exception.message)
             m = self.load(self.tied, [base, head], aliases={"lm_head.weight": "model.weight"})
             self.assertEqual(m(torch.ones(4))[0].tolist(), [11, 22, 33, 44])
+            self.assertEqual(m.info["aliased_constants"], 1)
             m.close()
             bias = torch.tensor([-1.0, -2.0, -3.0, -4.0])
             m = self.load(self.pt2, [base], tensors={"model.bias": bias})
             self.assertEqual(m(torch.ones(4))[0].tolist(), [0, 0, 0, 0])
             self.assertEqual(m.info["caller_bytes"], 16)
             m.close()
-            with self.assertRaisesRegex(wb.NotFoundError, "alias x -> nothing.here"):
-                self.load(self.pt2, [base, head], aliases={"x": "nothing.here"})
+            # The alias rules are libwbclient's: a constant aliased to a
+            # tensor no lease has fails, naming both.
+            with self.assertRaises(wb.NotFoundError) as cm:
+                self.load(self.tied, [base, head], aliases={"lm_head.weight": "nothing.here"})
+            self.assertIn("lm_head.weight", cm.exception.message)
+            self.assertIn("nothing.here", cm.exception.message)
+            self.assertEqual(m.info["aliased_constants"], 0)
+            with self.assertRaisesRegex(ValueError, "names must be non-empty"):
+                self.load(self.tied, [base, head], aliases={"lm_head.weight": "a=b"})
 
     def test_binding_errors_name_the_tensor(self):
         c = self.connect()
