@@ -9,7 +9,7 @@ import threading
 
 from . import _dlpack
 from ._lib import ContainerInfo, ContainerOptions, ContainerTensor, TensorDesc, check, lib, s
-from .errors import BrokerError, error_for
+from .errors import BrokerError
 
 _capsule_ptr = ctypes.pythonapi["PyCapsule_GetPointer"]
 _capsule_ptr.restype = ctypes.c_void_p
