@@ -57,6 +57,7 @@ class Model:
         self.leases = list(leases)
         self._lock = threading.Lock()
         self._h = ctypes.c_void_p()
+        self._side = None  # see _stream
         if bridge is None:
             bridge = "torch" if _torch_bridge_available() else "wb"
         if bridge not in ("torch", "wb"):
@@ -133,18 +134,27 @@ class Model:
         check(rc, lambda: lib().wb_container_errmsg(self._h))
 
     def _stream(self, stream):
-        if stream is not None:
-            h = getattr(stream, "cuda_stream", stream)
-            return (h or 1) if self.device.startswith("cuda") else h
-        if self.device.startswith("cuda"):
-            # torch's current stream, so that the model's kernels are ordered
-            # with the work that made the inputs and with what reads the
-            # outputs, as torch's own AOTI runner does. Handle 0 is torch's
-            # legacy default stream; NULL would select the container's
-            # private stream, so pass cudaStreamLegacy (1) instead.
-            import torch
-            return torch.cuda.current_stream(torch.device(self.device)).cuda_stream or 1
-        return None
+        """The stream handle to run on, and the torch stream the run must be
+        ordered with when it is not that one (else None)."""
+        if not self.device.startswith("cuda"):
+            return (getattr(stream, "cuda_stream", stream) if stream is not None else None), None
+        import torch
+        dev = torch.device(self.device)
+        cur = stream if stream is not None else torch.cuda.current_stream(dev)
+        h = getattr(cur, "cuda_stream", cur)
+        if h:
+            # torch's current stream (or the caller's): the model's kernels
+            # are ordered with the work that made the inputs and with what
+            # reads the outputs, as torch's own AOTI runner does.
+            return h, None
+        # Handle 0 is the legacy default stream. torch's runtime refuses it
+        # as an external stream (c10 has no stream id for it), and NULL would
+        # select the container's private stream; so the model runs on a side
+        # stream of its own, after the default stream's work and before
+        # what follows there.
+        if self._side is None:
+            self._side = torch.cuda.Stream(dev)
+        return self._side.cuda_stream, torch.cuda.default_stream(dev)
 
     def __call__(self, *inputs, stream=None):
         """Runs the model on `inputs` (torch tensors on the model's device);
@@ -157,7 +167,9 @@ class Model:
         if not n_out:
             raise BrokerError(-16, "WB_ENOSYS", "model %s does not say how many outputs it has"
                               % self.path)
-        s_ptr = self._stream(stream)
+        s_ptr, order = self._stream(stream)
+        if order is not None:
+            self._side.wait_stream(order)
         outs = (ctypes.c_void_p * n_out)()
         if self.bridge == "torch":
             from torch._C import _aoti
@@ -167,9 +179,17 @@ class Model:
             ins = (ctypes.c_void_p * max(len(handles), 1))(*handles)
             # Inputs are stolen by the model, also on failure.
             self._fail(L.wb_container_run(h, ins, len(handles), outs, n_out, s_ptr))
-            return _aoti.alloc_tensors_by_stealing_from_void_ptrs(
+            result = _aoti.alloc_tensors_by_stealing_from_void_ptrs(
                 [_capsule_new(outs[i], None, None) for i in range(n_out)])
-        return self._run_wb(inputs, outs, n_out, s_ptr)
+        else:
+            result = self._run_wb(inputs, outs, n_out, s_ptr)
+        if order is not None:
+            # The outputs were made on the side stream and are read on the
+            # default one: order it, and tell the caching allocator.
+            order.wait_stream(self._side)
+            for t in result:
+                t.record_stream(order)
+        return result
 
     def _run_wb(self, inputs, outs, n_out, s_ptr):
         # The model runtime's own tensors (for a runtime that is not this

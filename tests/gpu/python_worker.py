@@ -112,6 +112,16 @@ def main():
     check(err <= a.tolerance, "relative error %.3g over %.3g" % (err, a.tolerance))
     save_file({"output0": first.cpu()}, a.output)
 
+    # On a stream of the caller's (the first run was on the legacy default
+    # stream, which the model replaces by a side stream of its own).
+    s2 = torch.cuda.Stream(dev)
+    with torch.cuda.stream(s2):
+        y3 = model(x)[0]
+    s2.synchronize()
+    res["caller_stream_equal"] = bool(torch.equal(y3, first))
+    check(res["caller_stream_equal"], "the run on a caller's stream gave another output")
+    del y3
+
     # The same package through the runtime's own handles ("wb" bridge).
     m2 = weightbroker.load_aoti(a.pt2, [base, head], bridge="wb")
     y2 = m2(x)[0]
