@@ -3,6 +3,7 @@ API: the same binding as C programs (constants matched by original name,
 dtype and size checked, folding, the container record sent to the broker),
 so Python and C workers follow one set of rules."""
 
+import contextlib
 import ctypes
 import os
 import threading
@@ -217,12 +218,15 @@ class Model:
         self._fail(L.wb_container_run(h, ins, len(inputs), outs, n_out, s_ptr))
         result = []
         try:
-            for i in range(n_out):
-                d = TensorDesc()
-                self._fail(L.wb_container_tensor_describe(h, outs[i], ctypes.byref(d)))
-                view = _dlpack.wrap(d.data, s(d.dtype), tuple(d.shape[:d.ndim]),
-                                    d.device, None, "output %d" % i)
-                result.append(view.clone())
+            # The copies must follow the run on its own stream: on another
+            # one they could read the outputs before the model wrote them.
+            with _on_stream(self.device, s_ptr):
+                for i in range(n_out):
+                    d = TensorDesc()
+                    self._fail(L.wb_container_tensor_describe(h, outs[i], ctypes.byref(d)))
+                    view = _dlpack.wrap(d.data, s(d.dtype), tuple(d.shape[:d.ndim]),
+                                        d.device, None, "output %d" % i)
+                    result.append(view.clone())
         finally:
             for i in range(n_out):
                 L.wb_container_tensor_delete(h, outs[i])
@@ -255,6 +259,19 @@ def _torch_lib_dir():
         return None
     d = os.path.join(os.path.dirname(torch.__file__), "lib")
     return d if os.path.isdir(d) else None
+
+
+@contextlib.contextmanager
+def _on_stream(device, handle):
+    """Makes the CUDA stream `handle` torch's current stream (a no-op on the
+    CPU or for the default stream)."""
+    if not device.startswith("cuda") or not handle:
+        yield
+        return
+    import torch
+    dev = torch.device(device)
+    with torch.cuda.stream(torch.cuda.ExternalStream(handle, device=dev)):
+        yield
 
 
 def load_aoti(path, leases, *, aliases=None, tensors=None, device=None, strip_prefix=None,

@@ -93,7 +93,8 @@ wait_for 180 has_line "$OUT/py_worker.out" "^ready" ||
 mem_py=$(mem_used)
 say "Python worker $PY serving; device memory used: $mem_py"
 
-"$BIN/wb-aoti-worker" --socket "$SOCK" --model pybase --model pyhead --aoti "$WORK/bf16_a.pt2" \
+"$BIN/wb-aoti-worker" --socket "$SOCK" --device cuda:0 --torch-lib "$TORCH_LIB" \
+  --model pybase --model pyhead --aoti "$WORK/bf16_a.pt2" \
   --input "$WORK/bf16_input.safetensors" --output "$OUT/c_out.safetensors" --serve \
   >"$OUT/c_worker.out" 2>&1 &
 CW=$!
