@@ -3,6 +3,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "ops.h"
+#include "ops_admin.h"
 #include "paths.h"
 #include "wire.h"
 #include "zmtp.h"
