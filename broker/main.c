@@ -28,7 +28,7 @@
 #define MAX_FRAMES                 4
 /* Descriptors kept for everything but peers: the listener and its spare,
  * the loader's files and eventfd, slabs being created, the metrics server,
- * libzmq's context, logs. */
+ * the signalfd, logs. */
 #define RESERVED_FDS  64
 #define MAX_PEERS_CAP 4096
 /* Raises the soft descriptor limit to the hard one, so that the peer cap
