@@ -91,26 +91,26 @@ typedef struct outbuf {
 
 /* A reply is addressed by the connection's serial number, 8 bytes: a
  * connection that closed and a new one never share it. */
-static wb_conn *conn_find(wb_conns *L, const void *id, size_t id_len, size_t *index)
+static wb_conn *conn_find(wb_conns *cs, const void *id, size_t id_len, size_t *index)
 {
     uint64_t serial;
     if (id_len != sizeof serial)
         return NULL;
     memcpy(&serial, id, sizeof serial);
-    for (size_t i = 0; i < L->n; i++) {
-        if (L->v[i]->serial == serial) {
+    for (size_t i = 0; i < cs->n; i++) {
+        if (cs->v[i]->serial == serial) {
             if (index)
                 *index = i;
-            return L->v[i];
+            return cs->v[i];
         }
     }
     return NULL;
 }
 
-static void conn_remove(wb_conns *L, size_t i)
+static void conn_remove(wb_conns *cs, size_t i)
 {
-    wb_conn *c = L->v[i];
-    L->buffered -= c->held;
+    wb_conn *c = cs->v[i];
+    cs->buffered -= c->held;
     wb__zmtp_free(&c->z);
     while (c->out_head) {
         outbuf *o = c->out_head;
@@ -119,7 +119,7 @@ static void conn_remove(wb_conns *L, size_t i)
     }
     close(c->fd);
     free(c);
-    L->v[i] = L->v[--L->n];
+    cs->v[i] = cs->v[--cs->n];
 }
 
 /* Writes what the queue holds until the socket would block. Returns -1
@@ -150,10 +150,10 @@ static int conn_flush(wb_conn *c)
  * the socket takes. Returns 0, WB_ELIMIT when --max-queued-replies
  * messages are queued already (the peer does not read), WB_ENOMEM, or
  * WB_EIO when the peer is gone. */
-static int conn_send(wb_conns *L, wb_conn *c, const void *hdr, size_t hl, const void *body,
+static int conn_send(wb_conns *cs, wb_conn *c, const void *hdr, size_t hl, const void *body,
                      size_t len)
 {
-    if (c->queued >= L->opt->max_queued_replies)
+    if (c->queued >= cs->opt->max_queued_replies)
         return WB_ELIMIT;
     outbuf *o = malloc(sizeof *o + hl + len);
     if (!o)
@@ -176,61 +176,61 @@ static int conn_send(wb_conns *L, wb_conn *c, const void *hdr, size_t hl, const 
 
 /* A peer that broke a transport bound or the protocol: logged, counted,
  * disconnected. */
-static void violation(wb_conns *L, size_t i, const char *reason, const char *msg)
+static void violation(wb_conns *cs, size_t i, const char *reason, const char *msg)
 {
-    wb_conn *c = L->v[i];
+    wb_conn *c = cs->v[i];
     char q[WB_ERR_MSG_MAX + 64];
-    L->stats->peers_disconnected++;
+    cs->stats->peers_disconnected++;
     wb_warn("peer_disconnected", "reason=%s pid=%u uid=%u error=%s", reason, c->creds.pid,
             c->creds.uid, wb__log_quote(q, sizeof q, msg));
-    conn_remove(L, i);
+    conn_remove(cs, i);
 }
 
 /* Sends what the codec asked for (greeting, READY, PONG). */
-static int flush_codec(wb_conns *L, wb_conn *c)
+static int flush_codec(wb_conns *cs, wb_conn *c)
 {
     if (c->z.out_len == 0)
         return WB_OK;
     size_t n = c->z.out_len;
     c->z.out_len = 0;
-    return conn_send(L, c, NULL, 0, c->z.out, n);
+    return conn_send(cs, c, NULL, 0, c->z.out, n);
 }
 
 /* Counts a refused connection; logs at most one line a second. */
-static void refused(wb_conns *L, const char *reason, uint32_t pid)
+static void refused(wb_conns *cs, const char *reason, uint32_t pid)
 {
-    L->stats->peers_refused++;
-    L->refused_since_log++;
+    cs->stats->peers_refused++;
+    cs->refused_since_log++;
     int64_t now = wb__clock_mono_ms();
-    if (now - L->refused_logged_ms < 1000)
+    if (now - cs->refused_logged_ms < 1000)
         return;
     wb_warn("peer_refused", "reason=%s pid=%u max_peers=%u refused=%llu", reason, pid,
-            L->opt->max_peers, (unsigned long long)L->refused_since_log);
-    L->refused_logged_ms = now;
-    L->refused_since_log = 0;
+            cs->opt->max_peers, (unsigned long long)cs->refused_since_log);
+    cs->refused_logged_ms = now;
+    cs->refused_since_log = 0;
 }
 
 /* Accepts pending connections. Above --max-peers a connection is
  * closed at once; when the process is out of descriptors the spare one is
  * given up for a moment to accept and close the connection, so that the
  * backlog drains and the broker never stops on EMFILE. */
-void wb__conns_accept(wb_conns *L)
+void wb__conns_accept(wb_conns *cs)
 {
     /* At most 256 a round, so that a flood of connections cannot keep the
      * loop from everything else. */
     for (int round = 0; round < 256; round++) {
-        int fd = accept4(L->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = accept4(cs->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
-            if ((errno == EMFILE || errno == ENFILE) && L->spare >= 0) {
-                close(L->spare);
-                fd = accept4(L->lfd, NULL, NULL, SOCK_CLOEXEC);
+            if ((errno == EMFILE || errno == ENFILE) && cs->spare >= 0) {
+                close(cs->spare);
+                fd = accept4(cs->lfd, NULL, NULL, SOCK_CLOEXEC);
                 if (fd >= 0)
                     close(fd);
-                L->spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
+                cs->spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
                 if (fd >= 0) {
-                    refused(L, "out_of_descriptors", 0);
+                    refused(cs, "out_of_descriptors", 0);
                     continue;
                 }
             }
@@ -239,83 +239,84 @@ void wb__conns_accept(wb_conns *L)
             return;
         }
         /* A connection whose credentials cannot be read is served, but
-         * every request of it is refused (handle_request). */
+         * every request of it is refused (loop.c). */
         wb_peer_creds creds;
         wb_err cerr;
         if (wb__peer_creds_from_fd(fd, &creds, &cerr) != WB_OK) {
             char q[WB_ERR_MSG_MAX + 64];
             wb_warn("peer_credentials", "error=%s", wb__log_quote(q, sizeof q, cerr.msg));
         }
-        if (L->n >= L->opt->max_peers) {
+        if (cs->n >= cs->opt->max_peers) {
             close(fd);
-            refused(L, "max_peers", creds.pid);
+            refused(cs, "max_peers", creds.pid);
             continue;
         }
         wb_conn *c = NULL;
-        if (L->n == L->cap) {
-            size_t cap = L->cap ? L->cap * 2 : 16;
-            wb_conn **p = realloc(L->v, cap * sizeof *p);
+        if (cs->n == cs->cap) {
+            size_t cap = cs->cap ? cs->cap * 2 : 16;
+            wb_conn **p = realloc(cs->v, cap * sizeof *p);
             if (p) {
-                L->v = p;
-                L->cap = cap;
+                cs->v = p;
+                cs->cap = cap;
             }
         }
-        if (L->n < L->cap)
+        if (cs->n < cs->cap)
             c = calloc(1, sizeof *c);
         if (!c) {
             close(fd);
-            refused(L, "out_of_memory", creds.pid);
+            refused(cs, "out_of_memory", creds.pid);
             continue;
         }
         c->fd = fd;
-        c->serial = ++L->next_serial;
+        c->serial = ++cs->next_serial;
         c->creds = creds;
-        wb_zmtp_limits lim = {.max_message = L->opt->max_request, .max_frames = L->opt->max_frames};
+        wb_zmtp_limits lim = {.max_message = cs->opt->max_request,
+                              .max_frames = cs->opt->max_frames};
         wb__zmtp_init(&c->z, &lim);
-        L->v[L->n++] = c;
-        wb_debug("peer_connected", "pid=%u uid=%u connections=%zu", creds.pid, creds.uid, L->n);
-        if (flush_codec(L, c) != WB_OK)
-            conn_remove(L, L->n - 1);
+        cs->v[cs->n++] = c;
+        wb_debug("peer_connected", "pid=%u uid=%u connections=%zu", creds.pid, creds.uid, cs->n);
+        if (flush_codec(cs, c) != WB_OK)
+            conn_remove(cs, cs->n - 1);
     }
 }
 
 /* Bytes from a connection: through the codec, under the per-connection and
  * the aggregate bounds, and every complete request handled. Returns 0
  * while the connection stays, -1 once it was removed. */
-static int conn_input(wb_conns *L, size_t i, const void *data, size_t len)
+static int conn_input(wb_conns *cs, size_t i, const void *data, size_t len)
 {
-    wb_conn *c = L->v[i];
+    wb_conn *c = cs->v[i];
     wb_err err;
     size_t after = c->z.len + len; /* at least what the codec will hold */
-    if (after > c->held && L->buffered - c->held + after > L->opt->max_buffered) {
+    if (after > c->held && cs->buffered - c->held + after > cs->opt->max_buffered) {
         char msg[192];
         snprintf(msg, sizeof msg,
                  "holding %zu more bytes would take the connections over %zu buffered bytes "
                  "(--max-buffered-bytes)",
-                 len, L->opt->max_buffered);
-        violation(L, i, "max_buffered", msg);
+                 len, cs->opt->max_buffered);
+        violation(cs, i, "max_buffered", msg);
         return -1;
     }
     int rc = wb__zmtp_feed(&c->z, data, len, &err);
     for (;;) {
-        L->buffered = L->buffered - c->held + wb__zmtp_buffered(&c->z);
+        cs->buffered = cs->buffered - c->held + wb__zmtp_buffered(&c->z);
         c->held = wb__zmtp_buffered(&c->z);
         if (rc < 0) {
             if (rc == WB_ENOMEM)
                 wb_error("peer_input", "error=out_of_memory");
-            violation(L, i, rc == WB_ELIMIT ? "limit" : "protocol", err.msg);
+            violation(cs, i, rc == WB_ELIMIT ? "limit" : "protocol", err.msg);
             return -1;
         }
         wb_zmtp_msg m;
         rc = wb__zmtp_next(&c->z, &m, &err);
         if (c->z.out_len > 0) {
-            int src = flush_codec(L, c);
+            int src = flush_codec(cs, c);
             if (src == WB_ELIMIT) {
-                violation(L, i, "slow_reader", "the peer does not read what the broker sends");
+                violation(cs, i, "slow_reader", "the peer does not read what the broker sends");
                 return -1;
             }
             if (src != WB_OK) {
-                conn_remove(L, i);
+                conn_remove(cs, i);
                 return -1;
             }
         }
@@ -323,15 +324,15 @@ static int conn_input(wb_conns *L, size_t i, const void *data, size_t len)
             return 0;
         if (rc == 1) {
             if (m.frames != 1) {
-                L->stats->malformed_messages++;
+                cs->stats->malformed_messages++;
                 wb_warn("bad_message", "reason=frame_count frames=%zu pid=%u", m.frames,
                         c->creds.pid);
                 continue;
             }
             uint64_t serial = c->serial;
-            L->on_message(L->ctx, c, &m);
+            cs->on_message(cs->ctx, c, &m);
             /* The reply may have ended the connection. */
-            if (!conn_find(L, &serial, sizeof serial, &i))
+            if (!conn_find(cs, &serial, sizeof serial, &i))
                 return -1;
             rc = WB_OK;
         }
@@ -340,11 +341,11 @@ static int conn_input(wb_conns *L, size_t i, const void *data, size_t len)
 
 /* Reads what a connection sent, at most 256 KiB a round so that one peer
  * cannot starve the others. */
-static void conn_readable(wb_conns *L, size_t i)
+static void conn_readable(wb_conns *cs, size_t i)
 {
     uint8_t buf[WB_ZMTP_READ_CHUNK];
     for (int round = 0; round < 4; round++) {
-        wb_conn *c = L->v[i];
+        wb_conn *c = cs->v[i];
         ssize_t n = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
         if (n < 0 && errno == EINTR)
             continue;
@@ -352,10 +353,10 @@ static void conn_readable(wb_conns *L, size_t i)
             return;
         if (n <= 0) {
             wb_debug("peer_disconnected", "pid=%u", c->creds.pid);
-            conn_remove(L, i);
+            conn_remove(cs, i);
             return;
         }
-        if (conn_input(L, i, buf, (size_t)n) != 0)
+        if (conn_input(cs, i, buf, (size_t)n) != 0)
             return;
     }
 }
@@ -365,77 +366,77 @@ static void conn_readable(wb_conns *L, size_t i)
  * reads itself and speaks ZMTP through zmtp.h: libzmq's ROUTER would
  * buffer an unfinished multipart message without limit, queue replies for
  * a peer that never reads, and abort on EMFILE in accept. */
-int wb__conns_listen(wb_conns *L, const char *path, wb_err *err)
+int wb__conns_listen(wb_conns *cs, const char *path, wb_err *err)
 {
     struct sockaddr_un sun = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof sun.sun_path)
         return wb__err_set(err, WB_EINVAL, "socket path is too long: %s", path);
     memcpy(sun.sun_path, path, strlen(path) + 1);
-    L->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (L->lfd < 0)
+    cs->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (cs->lfd < 0)
         return wb__err_errno(err, WB_EIO, errno, "socket");
     /* Sockets are created with 0777 & ~umask: 0117 gives 0660. */
     mode_t old = umask(0117);
-    int rc = bind(L->lfd, (struct sockaddr *)&sun, sizeof sun);
+    int rc = bind(cs->lfd, (struct sockaddr *)&sun, sizeof sun);
     int e = errno;
     umask(old);
     if (rc != 0)
         return wb__err_errno(err, WB_EIO, e, "cannot bind %s", path);
-    if (listen(L->lfd, 128) != 0)
+    if (listen(cs->lfd, 128) != 0)
         return wb__err_errno(err, WB_EIO, errno, "cannot listen on %s", path);
     struct stat st;
     if (stat(path, &st) != 0)
         return wb__err_errno(err, WB_EIO, errno, "stat %s after binding", path);
     if ((st.st_mode & 07777) != 0660 && chmod(path, 0660) != 0)
         return wb__err_errno(err, WB_EIO, errno, "chmod 0660 %s", path);
-    L->spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    cs->spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
     return WB_OK;
 }
 
-int wb__conns_send(wb_conns *L, const void *ident, size_t ident_len, const void *body, size_t len)
+int wb__conns_send(wb_conns *cs, const void *ident, size_t ident_len, const void *body, size_t len)
 {
     size_t i;
-    wb_conn *c = conn_find(L, ident, ident_len, &i);
+    wb_conn *c = conn_find(cs, ident, ident_len, &i);
     if (!c)
         return WB_ENOTFOUND;
     uint8_t hdr[9];
     size_t hl = wb__zmtp_frame_header(hdr, len);
-    int rc = conn_send(L, c, hdr, hl, body, len);
+    int rc = conn_send(cs, c, hdr, hl, body, len);
     if (rc == WB_ELIMIT) {
         char msg[128];
         snprintf(msg, sizeof msg, "the peer left %d replies unread (--max-queued-replies)",
-                 L->opt->max_queued_replies);
-        violation(L, i, "slow_reader", msg);
+                 cs->opt->max_queued_replies);
+        violation(cs, i, "slow_reader", msg);
     } else if (rc != WB_OK) {
-        conn_remove(L, i);
+        conn_remove(cs, i);
         rc = WB_EIO;
     }
     return rc;
 }
 
-void wb__conns_event(wb_conns *L, uint64_t serial, int writable, int readable)
+void wb__conns_event(wb_conns *cs, uint64_t serial, int writable, int readable)
 {
     size_t i;
-    wb_conn *c = conn_find(L, &serial, sizeof serial, &i);
+    wb_conn *c = conn_find(cs, &serial, sizeof serial, &i);
     if (!c)
         return;
     if (writable && conn_flush(c) != 0) {
-        conn_remove(L, i);
+        conn_remove(cs, i);
         return;
     }
     if (readable)
-        conn_readable(L, i);
+        conn_readable(cs, i);
 }
 
-void wb__conns_destroy(wb_conns *L)
+void wb__conns_destroy(wb_conns *cs)
 {
-    while (L->n > 0)
-        conn_remove(L, L->n - 1);
-    free(L->v);
-    L->v = NULL;
-    if (L->lfd >= 0)
-        close(L->lfd);
-    if (L->spare >= 0)
-        close(L->spare);
-    L->lfd = L->spare = -1;
+    while (cs->n > 0)
+        conn_remove(cs, cs->n - 1);
+    free(cs->v);
+    cs->v = NULL;
+    if (cs->lfd >= 0)
+        close(cs->lfd);
+    if (cs->spare >= 0)
+        close(cs->spare);
+    cs->lfd = cs->spare = -1;
 }

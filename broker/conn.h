@@ -68,24 +68,24 @@ struct wb_conns {
 
 /* Binds the unix socket (mode 0660) and listens. On failure the caller
  * still calls wb__conns_destroy. */
-int wb__conns_listen(wb_conns *L, const char *path, wb_err *err);
+int wb__conns_listen(wb_conns *cs, const char *path, wb_err *err);
 
 /* Accepts pending connections (at most 256 a round). Above --max-peers a
  * connection is closed at once; out of descriptors, the spare one is given
  * up for a moment so that the backlog drains. */
-void wb__conns_accept(wb_conns *L);
+void wb__conns_accept(wb_conns *cs);
 
 /* Handles poll events of the connection with this serial, if it is still
  * there: writes what is queued, reads and handles what came. */
-void wb__conns_event(wb_conns *L, uint64_t serial, int writable, int readable);
+void wb__conns_event(wb_conns *cs, uint64_t serial, int writable, int readable);
 
 /* Sends one message as a ZMTP frame to the connection `ident` (its serial,
  * 8 bytes). Returns WB_OK; WB_ENOTFOUND when no such connection is open;
  * WB_ELIMIT when the peer left --max-queued-replies messages unread, and
  * WB_EIO when it is gone (both disconnect it). */
-int wb__conns_send(wb_conns *L, const void *ident, size_t ident_len, const void *body, size_t len);
+int wb__conns_send(wb_conns *cs, const void *ident, size_t ident_len, const void *body, size_t len);
 
 /* Closes every connection and the listening socket (the path stays). */
-void wb__conns_destroy(wb_conns *L);
+void wb__conns_destroy(wb_conns *cs);
 
 #endif
