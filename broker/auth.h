@@ -1,8 +1,8 @@
 /* Who may use the broker, and what it may be asked to load.
  *
  * Peers are judged by the uid and gid the kernel reports for them
- * (SO_PEERCRED, through the ZeroMQ Peer-Address property), never by anything
- * in a message. Two allow lists: clients (hello, acquire, release, heartbeat,
+ * (SO_PEERCRED on the connection the broker accepted, peer.c), never by
+ * anything in a message. Two allow lists: clients (hello, acquire, release, heartbeat,
  * listings, stats) and administrators (load, unload). An administrator is also
  * a client. Root and the broker's own effective uid are always on both lists:
  * they can read the broker's memory and its slabs anyway, so refusing them

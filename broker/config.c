@@ -132,21 +132,25 @@ static void forget_keys(parser *p)
     p->n_seen = 0;
 }
 
-/* Records `name` in a list; returns the line it was first seen on, 0 if it
- * is new, or -1 when out of memory. */
-static int remember(seen_key **list, size_t *n, const char *name, int line)
+/* Records `name`, seen on the current line, in a list. Returns 0 the first
+ * time; a repeat fails the parse as "WHAT (first on line N)", as does
+ * running out of memory, and returns -1. */
+static int first_time(parser *p, seen_key **list, size_t *n, const char *name, const char *what)
 {
     for (size_t i = 0; i < *n; i++) {
-        if (strcmp((*list)[i].name, name) == 0)
-            return (*list)[i].line;
+        if (strcmp((*list)[i].name, name) == 0) {
+            fail_at(p, p->lineno, "%s (first on line %d)", what, (*list)[i].line);
+            return -1;
+        }
     }
     seen_key *grown = realloc(*list, (*n + 1) * sizeof **list);
-    if (!grown)
+    if (grown)
+        *list = grown;
+    if (!grown || !(grown[*n].name = strdup(name))) {
+        out_of_memory(p);
         return -1;
-    *list = grown;
-    if (!(grown[*n].name = strdup(name)))
-        return -1;
-    grown[*n].line = line;
+    }
+    grown[*n].line = p->lineno;
     (*n)++;
     return 0;
 }
@@ -265,15 +269,10 @@ static void begin_section(parser *p, const char *name, size_t len)
                 (int)(len > 200 ? 200 : len), name);
         return;
     }
-    int first = remember(&p->sections, &p->n_sections, key, p->lineno);
-    if (first < 0) {
-        out_of_memory(p);
+    char what[WB_ERR_MSG_MAX];
+    snprintf(what, sizeof what, "section [%s] appears twice", key);
+    if (first_time(p, &p->sections, &p->n_sections, key, what) != 0)
         return;
-    }
-    if (first > 0) {
-        fail_at(p, p->lineno, "section [%s] appears twice (first on line %d)", key, first);
-        return;
-    }
     p->section_line = p->lineno;
 }
 
@@ -474,15 +473,10 @@ static void broker_key(parser *p, const char *name, const char *value)
         unknown_key(p, name, "broker");
         return;
     }
-    int first = remember(&p->seen, &p->n_seen, key, p->lineno);
-    if (first < 0) {
-        out_of_memory(p);
+    char what[WB_ERR_MSG_MAX];
+    snprintf(what, sizeof what, "key '%s' is set twice in [broker]", key);
+    if (first_time(p, &p->seen, &p->n_seen, key, what) != 0)
         return;
-    }
-    if (first > 0) {
-        fail_at(p, p->lineno, "key '%s' is set twice in [broker] (first on line %d)", key, first);
-        return;
-    }
     if (opt->has_arg == no_argument) {
         int on = parse_bool(value);
         if (on < 0)
@@ -508,16 +502,10 @@ static void model_key(parser *p, const char *name, const char *value)
         unknown_key(p, name, section);
         return;
     }
-    int first = remember(&p->seen, &p->n_seen, name, p->lineno);
-    if (first < 0) {
-        out_of_memory(p);
+    char what[WB_ERR_MSG_MAX];
+    snprintf(what, sizeof what, "key '%s' is set twice in [%s]", name, section);
+    if (first_time(p, &p->seen, &p->n_seen, name, what) != 0)
         return;
-    }
-    if (first > 0) {
-        fail_at(p, p->lineno, "key '%s' is set twice in [%s] (first on line %d)", name, section,
-                first);
-        return;
-    }
     if (!value[0]) {
         fail_at(p, p->lineno, "'%s' of [%s] is empty", name, section);
         return;

@@ -59,8 +59,9 @@ typedef struct wb_load_job {
     char *path; /* owned */
     const wb_backend *backend;
     int device;
-    /* Who asked, so the deferred reply can be sent: a ZeroMQ identity
-     * (owned copy) and the request id. ident is NULL for preloads. */
+    /* Who asked, so the deferred reply can be sent: the connection's
+     * identity (its serial, conn.h; owned copy) and the request id. ident
+     * is NULL for preloads. */
     uint8_t *ident;
     size_t ident_len;
     uint64_t request_id;

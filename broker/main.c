@@ -1,99 +1,25 @@
 /* wbrokerd: the weightbroker daemon. Loads models into shared memory and
  * leases them to worker processes over a ZeroMQ ipc:// socket. It does not
- * fork itself; run it under a supervisor. */
+ * fork itself; run it under a supervisor.
+ *
+ * parse -> validate -> run: the options (options.c) are read and checked as
+ * a whole before anything starts. */
 #include "backend_pick.h"
 #include "broker.h"
-#include "config.h"
-#include "gpu.h"
 #include "log.h"
 #include "loop.h"
 #include "metrics.h"
 #include "models.h"
+#include "options.h"
 #include "paths.h"
-#include "safetensors.h"
 #include "shm.h"
-#include "wire.h"
 
-#include <errno.h>
-#include <getopt.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/un.h>
 #include <unistd.h>
-
-#define EXIT_USAGE 2
-/* sysexits.h's EX_CONFIG: the configuration file is wrong. */
-#define EXIT_CONFIG 78
-/* parse() and validate(): go on to the next step. */
-#define GO_ON (-1)
-
-/* Options without a short letter. */
-enum {
-    OPT_ALLOW_UID = 256,
-    OPT_ALLOW_GID,
-    OPT_ADMIN_UID,
-    OPT_ADMIN_GID,
-    OPT_CONFIG,
-    OPT_CHECK_CONFIG,
-    OPT_LOG_FORMAT,
-    OPT_METRICS,
-    OPT_LOAD_METHOD,
-    /* Numeric options: OPT_NUM + their index in num_opts. */
-    OPT_NUM = 0x1000,
-};
-
-/* Numeric options, table-driven: each is a decimal number from min to
- * max; a wrong one is "--NAME: 'VALUE' is not WHAT". */
-enum {
-    N_HEARTBEAT,
-    N_STALE,
-    N_READ_THREADS,
-    N_STAGING_MIB,
-    N_STAGING_BUFFERS,
-    N_MAX_LEASES,
-    N_MAX_MODELS,
-    N_MAX_TENSORS,
-    N_MAX_MESSAGE,
-    N_MAX_HEADER,
-    N_MAX_PEERS,
-    N_MAX_REQUEST,
-    N_MAX_BUFFERED,
-    N_MAX_QUEUED,
-    N_NUM
-};
-
-typedef struct num_opt {
-    const char *name;
-    long min, max;
-    const char *what; /* "%ld" in it takes min, then max */
-    int arg_width;    /* the most of the value quoted, 0: all of it */
-} num_opt;
-
-static const num_opt num_opts[N_NUM] = {
-    [N_HEARTBEAT] = {"heartbeat-ms", 1, 86400000, "a positive number of milliseconds", 0},
-    [N_STALE] = {"stale-ms", 1, 86400000, "a positive number of milliseconds", 0},
-    [N_READ_THREADS] = {"read-threads", 1, WB_STAGE_MAX_THREADS, "a number from %ld to %ld", 40},
-    [N_STAGING_MIB] = {"staging-mib", 1, WB_STAGE_MAX_CHUNK >> 20, "a number from %ld to %ld", 40},
-    [N_STAGING_BUFFERS] = {"staging-buffers", 2, WB_STAGE_MAX_BUFFERS, "a number from %ld to %ld",
-                           40},
-    [N_MAX_LEASES] = {"max-leases-per-client", 1, 1000000000, "a positive number", 0},
-    [N_MAX_MODELS] = {"max-models", 1, 1000000000, "a positive number", 0},
-    [N_MAX_TENSORS] = {"max-tensors", 1, 1000000000, "a positive number", 0},
-    [N_MAX_MESSAGE] = {"max-message-bytes", WB_MIN_MESSAGE, WB_MAX_MESSAGE,
-                       "a number of bytes from %ld to %ld (clients accept no more)", 0},
-    [N_MAX_HEADER] = {"max-header-bytes", 1, (long)WB_ST_MAX_HEADER,
-                      "a number of bytes from %ld to %ld (the safetensors limit)", 0},
-    [N_MAX_PEERS] = {"max-peers", 1, 1000000, "a number of connections from %ld to %ld", 200},
-    [N_MAX_REQUEST] = {"max-request-bytes", 256, WB_MAX_MESSAGE,
-                       "a number of bytes from %ld to %ld", 200},
-    [N_MAX_BUFFERED] = {"max-buffered-bytes", 4096, 1L << 40, "a number of bytes from %ld to %ld",
-                        200},
-    [N_MAX_QUEUED] = {"max-queued-replies", 1, 100000, "a number of replies from %ld to %ld", 200},
-};
 
 /* Defaults of the transport bounds (loop.h). */
 #define DEFAULT_MAX_REQUEST        (1L << 20)
@@ -102,70 +28,9 @@ static const num_opt num_opts[N_NUM] = {
 #define MAX_FRAMES                 4
 /* Descriptors kept for everything but peers: the listener and its spare,
  * the loader's files and eventfd, slabs being created, the metrics server,
- * libzmq's context, logs. */
+ * the signalfd, logs. */
 #define RESERVED_FDS  64
 #define MAX_PEERS_CAP 4096
-
-typedef struct preload {
-    char *name;
-    char *path;
-    int device;    /* -1: the broker's --device */
-    int from_file; /* given by a [model NAME] section of the configuration file */
-    int line;      /* that section's line (or its device's), else 0 */
-} preload;
-
-/* Everything the options say, parsed and checked before anything starts. */
-typedef struct options {
-    const char *socket;
-    const char *backend;
-    int device, device_given;
-    int load_mode;
-    long num[N_NUM]; /* 0: not given */
-    const char *metrics;
-    const char *config_file;
-    int check_config;
-    preload *models;
-    size_t n_models;
-    wb_auth auth; /* access lists, handed to the broker by run() */
-    wb_config config;
-    char **av; /* the configuration file's arguments, then the command line's */
-    int ac;
-} options;
-
-static const struct option long_opts[] = {
-    {"socket", required_argument, NULL, 's'},
-    {"backend", required_argument, NULL, 'b'},
-    {"model", required_argument, NULL, 'm'},
-    {"device", required_argument, NULL, 'd'},
-    {"read-threads", required_argument, NULL, OPT_NUM + N_READ_THREADS},
-    {"staging-mib", required_argument, NULL, OPT_NUM + N_STAGING_MIB},
-    {"staging-buffers", required_argument, NULL, OPT_NUM + N_STAGING_BUFFERS},
-    {"load-method", required_argument, NULL, OPT_LOAD_METHOD},
-    {"heartbeat-ms", required_argument, NULL, OPT_NUM + N_HEARTBEAT},
-    {"stale-ms", required_argument, NULL, OPT_NUM + N_STALE},
-    {"log-level", required_argument, NULL, 'l'},
-    {"allow-uid", required_argument, NULL, OPT_ALLOW_UID},
-    {"allow-gid", required_argument, NULL, OPT_ALLOW_GID},
-    {"admin-uid", required_argument, NULL, OPT_ADMIN_UID},
-    {"admin-gid", required_argument, NULL, OPT_ADMIN_GID},
-    {"max-leases-per-client", required_argument, NULL, OPT_NUM + N_MAX_LEASES},
-    {"max-models", required_argument, NULL, OPT_NUM + N_MAX_MODELS},
-    {"max-tensors", required_argument, NULL, OPT_NUM + N_MAX_TENSORS},
-    {"max-message-bytes", required_argument, NULL, OPT_NUM + N_MAX_MESSAGE},
-    {"max-header-bytes", required_argument, NULL, OPT_NUM + N_MAX_HEADER},
-    {"max-peers", required_argument, NULL, OPT_NUM + N_MAX_PEERS},
-    {"max-request-bytes", required_argument, NULL, OPT_NUM + N_MAX_REQUEST},
-    {"max-buffered-bytes", required_argument, NULL, OPT_NUM + N_MAX_BUFFERED},
-    {"max-queued-replies", required_argument, NULL, OPT_NUM + N_MAX_QUEUED},
-    {"config", required_argument, NULL, OPT_CONFIG},
-    {"check-config", no_argument, NULL, OPT_CHECK_CONFIG},
-    {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
-    {"metrics", required_argument, NULL, OPT_METRICS},
-    {"version", no_argument, NULL, 'V'},
-    {"help", no_argument, NULL, 'h'},
-    {NULL, 0, NULL, 0},
-};
-
 /* Raises the soft descriptor limit to the hard one, so that the peer cap
  * derived from it is as high as the system allows. Returns the limit now in
  * force. */
@@ -195,446 +60,35 @@ static unsigned default_max_peers(long nofile)
         n = 1;
     return n > MAX_PEERS_CAP ? MAX_PEERS_CAP : (unsigned)n;
 }
-
-/* Options a configuration file may not set. */
-static const char *const command_line_only[] = {"config", "check-config", "help", "version", NULL};
-
-/* The configuration file's options come first in the vector getopt_long
- * sees, before the command line's (see config.h); NULL without --config. */
-static const wb_config *cfg_origin;
-
-/* The line of the configuration file that the argument getopt_long returned
- * last comes from, or 0 when it comes from the command line. */
-static int origin_line(void)
-{
-    int i = optind - 1;
-    if (!cfg_origin || i < 1 || i > cfg_origin->n_args)
-        return 0;
-    return cfg_origin->lines[i - 1];
-}
-
-static void usage(FILE *out)
-{
-    fprintf(out,
-            "usage: wbrokerd [OPTIONS]\n\n"
-            "Loads models into shared memory and leases them to worker processes.\n\n"
-            "options:\n"
-            "  --socket PATH          socket to listen on (default: $WB_SOCKET, else\n"
-            "                         $XDG_RUNTIME_DIR/wbroker/broker.sock, else\n"
-            "                         /run/wbroker/broker.sock as root, else\n"
-            "                         /tmp/wbroker-<uid>/broker.sock)\n"
-            "  --backend auto|cuda|host\n"
-            "                         where slabs live (default auto: cuda when a GPU is\n"
-            "                         usable, else host)\n"
-            "  --model NAME[@DEVICE]=PATH\n"
-            "                         load a safetensors checkpoint before serving, on CUDA\n"
-            "                         device DEVICE if given, else on --device (repeatable)\n"
-            "  --device N             CUDA device for the cuda backend (default 0)\n"
-            "  --read-threads N       loader threads reading checkpoints (default: 3/4 of\n"
-            "                         the online cores, at most 16)\n"
-            "  --staging-mib N        size of one pinned staging buffer, the unit of reads and\n"
-            "                         copies, in MiB (cuda; default 4)\n"
-            "  --staging-buffers N    pinned staging buffers, allocated once at start (cuda;\n"
-            "                         default 32)\n"
-            "  --load-method staged|mapped\n"
-            "                         cuda: copy through the pinned staging ring (default), or\n"
-            "                         register each file mapping with cudaHostRegister\n"
-            "  --heartbeat-ms N       heartbeat interval clients are told to use (default %d)\n"
-            "  --stale-ms N           silence after which a lease is marked stale (default %d)\n"
-            "  --log-level LEVEL      debug, info, warn or error (default info)\n\n"
-            "access (LIST: comma-separated numeric ids or names; repeatable):\n"
-            "  --allow-uid LIST       users that may lease models (default: root and the\n"
-            "                         broker's own user only)\n"
-            "  --allow-gid LIST       primary groups that may lease models\n"
-            "  --admin-uid LIST       users that may also load and unload models\n"
-            "  --admin-gid LIST       primary groups that may also load and unload models\n"
-            "                         (root and the broker's own user always may)\n\n"
-            "limits (each refusal is WB_ELIMIT naming the limit):\n"
-            "  --max-leases-per-client N  leases one process may hold (default %d)\n"
-            "  --max-models N         models held at once, loading and draining included\n"
-            "                         (default %d)\n"
-            "  --max-tensors N        tensors in one model (default %d)\n"
-            "  --max-message-bytes N  largest message either way (default and most %u,\n"
-            "                         least %d)\n"
-            "  --max-header-bytes N   largest safetensors header (default and most %llu)\n\n"
-            "transport bounds (a peer over one is disconnected):\n"
-            "  --max-peers N          connections at once (default: a quarter of the\n"
-            "                         descriptor limit less 64, at most 4096)\n"
-            "  --max-request-bytes N  largest incoming message (default 1048576)\n"
-            "  --max-buffered-bytes N bytes of unfinished messages over all connections\n"
-            "                         (default 67108864)\n"
-            "  --max-queued-replies N replies queued for a peer that does not read\n"
-            "                         (default 4)\n\n"
-            "operations:\n"
-            "  --config FILE          read options from an INI file first: [broker] keys are\n"
-            "                         the long options above, [model NAME] sections have\n"
-            "                         path = and device =; options on the command line win\n"
-            "  --check-config         check the configuration file and options, print the\n"
-            "                         socket and models, and exit (0 when valid, 78 when the\n"
-            "                         file is wrong, 2 for a wrong option)\n"
-            "  --log-format text|json log lines as key=value text (default) or JSON objects\n"
-            "  --metrics ADDR:PORT    serve Prometheus metrics at http://ADDR:PORT/metrics\n"
-            "                         (default off; for example 127.0.0.1:9464)\n\n"
-            "  --version              print the version and exit\n"
-            "  --help                 print this help and exit\n\n"
-            "SIGTERM or SIGINT stops the broker: slab names and the socket are removed;\n"
-            "clients keep the memory they have mapped.\n",
-            WB_DEFAULT_HEARTBEAT_MS, WB_DEFAULT_STALE_MS, WB_DEFAULT_MAX_LEASES_PER_CLIENT,
-            WB_DEFAULT_MAX_MODELS, WB_DEFAULT_MAX_TENSORS, WB_MAX_MESSAGE, WB_MIN_MESSAGE,
-            WB_ST_MAX_HEADER);
-}
-
-static int misuse(const char *fmt, const char *a, const char *b)
-{
-    int line = origin_line();
-    if (line > 0) {
-        /* The file names options without their dashes. */
-        char msg[WB_ERR_MSG_MAX];
-        snprintf(msg, sizeof msg, fmt, a, b);
-        fprintf(stderr, "wbrokerd: %s:%d: %s\n", cfg_origin->file, line,
-                strncmp(msg, "--", 2) == 0 ? msg + 2 : msg);
-        return EXIT_CONFIG;
-    }
-    fprintf(stderr, "wbrokerd: ");
-    fprintf(stderr, fmt, a, b);
-    fprintf(stderr, "\nTry 'wbrokerd --help'.\n");
-    return EXIT_USAGE;
-}
-
-/* Reports why the broker cannot start or go on. In the JSON log format it
- * is a log line like the others, so that a log collector keeps it. */
-__attribute__((format(printf, 1, 2))) static void fatal(const char *fmt, ...)
-{
-    char msg[WB_ERR_MSG_MAX + 300];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (wb__log_get_format() == WB_LOG_JSON) {
-        char q[sizeof msg + 64];
-        wb_error("fatal", "error=%s", wb__log_quote(q, sizeof q, msg));
-    } else {
-        fprintf(stderr, "wbrokerd: %s\n", msg);
-    }
-}
-
-/* Parses a positive decimal number of at most `max`; -1 if invalid. */
-static long parse_positive(const char *s, long max)
-{
-    if (!s || !*s || *s == '-' || *s == '+')
-        return -1;
-    errno = 0;
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end || v == 0 || v > (unsigned long long)max)
-        return -1;
-    return (long)v;
-}
-
-static void options_free(options *o)
-{
-    wb__auth_destroy(&o->auth);
-    free(o->models);
-    o->models = NULL;
-    if (o->av && o->config_file)
-        free(o->av);
-    o->av = NULL;
-    wb__config_free(&o->config);
-    cfg_origin = NULL;
-}
-
-/* A numeric option: in its range, or a usage error naming it. */
-static int parse_num(options *o, int k, const char *arg)
-{
-    const num_opt *t = &num_opts[k];
-    long v = parse_positive(arg, t->max);
-    if (v < t->min) {
-        char what[160], msg[WB_ERR_MSG_MAX];
-        snprintf(what, sizeof what, t->what, t->min, t->max);
-        snprintf(msg, sizeof msg, "--%s: '%.*s' is not %s", t->name,
-                 t->arg_width ? t->arg_width : (int)strlen(arg), arg, what);
-        return misuse("%s%s", msg, "");
-    }
-    o->num[k] = v;
-    return GO_ON;
-}
-
-static int add_model(options *o, char *arg)
-{
-    wb_model_arg ma;
-    wb_err merr;
-    if (wb__config_parse_model(arg, &ma, &merr) != WB_OK)
-        return misuse("--model: %s%s", merr.msg, "");
-    /* A model given on the command line replaces the configuration file's
-     * model of the same name; any other repeat is a mistake. */
-    int from_file = origin_line() > 0;
-    size_t k = 0;
-    while (k < o->n_models && strcmp(o->models[k].name, ma.name) != 0)
-        k++;
-    if (k < o->n_models && (from_file || !o->models[k].from_file))
-        return misuse("--model: model '%s' is given twice%s", ma.name, "");
-    if (k == o->n_models) {
-        preload *grown = realloc(o->models, (o->n_models + 1) * sizeof *grown);
-        if (!grown) {
-            fprintf(stderr, "wbrokerd: out of memory\n");
-            return 1;
-        }
-        o->models = grown;
-        o->n_models++;
-    }
-    arg[strlen(ma.name)] = '\0'; /* ends the name at its '@' or '=' */
-    o->models[k].name = arg;
-    o->models[k].path = (char *)ma.path;
-    o->models[k].device = ma.device;
-    o->models[k].from_file = from_file;
-    o->models[k].line = origin_line();
-    return GO_ON;
-}
-
-static void print_version(void)
-{
-    printf("wbrokerd %s (protocol %d)\n", WB_VERSION, WB_PROTOCOL_VERSION);
-    /* What this build can do beyond the basics, for scripts. */
-    printf("features: %csystemd %cmetrics\n",
-#ifdef WB_HAVE_SYSTEMD
-           '+',
-#else
-           '-',
-#endif
-#ifdef WB_HAVE_MICROHTTPD
-           '+'
-#else
-           '-'
-#endif
-    );
-}
-
-/* One option of the second pass. Returns GO_ON, or the exit status. */
-static int parse_one(options *o, int c, char *arg)
-{
-    if (c >= OPT_NUM && c < OPT_NUM + N_NUM)
-        return parse_num(o, c - OPT_NUM, arg);
-    switch (c) {
-    case 's':
-        if (!arg[0])
-            return misuse("--socket: %s%s", "the path is empty", "");
-        o->socket = arg;
-        return GO_ON;
-    case 'b':
-        if (strcmp(arg, "auto") && strcmp(arg, "cuda") && strcmp(arg, "host"))
-            return misuse("--backend: '%s' is not one of auto, cuda, host%s", arg, "");
-        o->backend = arg;
-        return GO_ON;
-    case 'm':
-        return add_model(o, arg);
-    case 'd':
-        if (strcmp(arg, "0") == 0) {
-            o->device = 0;
-        } else {
-            long v = parse_positive(arg, 1023);
-            if (v < 0)
-                return misuse("--device: '%s' is not a device number%s", arg, "");
-            o->device = (int)v;
-        }
-        o->device_given = 1;
-        return GO_ON;
-    case OPT_LOAD_METHOD:
-        if (strcmp(arg, "staged") == 0)
-            o->load_mode = WB_STAGE_STAGED;
-        else if (strcmp(arg, "mapped") == 0)
-            o->load_mode = WB_STAGE_MAPPED;
-        else
-            return misuse("--load-method: '%s' is not one of staged, mapped%s", arg, "");
-        return GO_ON;
-    case 'l': {
-        int lvl = wb__log_parse_level(arg);
-        if (lvl < 0)
-            return misuse("--log-level: '%s' is not one of debug, info, warn, error%s", arg, "");
-        wb__log_set_level((wb_log_level)lvl);
-        return GO_ON;
-    }
-    case OPT_ALLOW_UID:
-    case OPT_ALLOW_GID:
-    case OPT_ADMIN_UID:
-    case OPT_ADMIN_GID: {
-        static const wb_auth_list which[] = {WB_AUTH_CLIENT_UIDS, WB_AUTH_CLIENT_GIDS,
-                                             WB_AUTH_ADMIN_UIDS, WB_AUTH_ADMIN_GIDS};
-        static const char *const names[] = {"--allow-uid", "--allow-gid", "--admin-uid",
-                                            "--admin-gid"};
-        int k = c - OPT_ALLOW_UID;
-        wb_err aerr;
-        if (wb__auth_add(&o->auth, which[k], arg, names[k], &aerr) != WB_OK)
-            return misuse("%s%s", aerr.msg, "");
-        return GO_ON;
-    }
-    case OPT_CONFIG:
-    case OPT_CHECK_CONFIG:
-        return GO_ON; /* taken by the first pass */
-    case OPT_LOG_FORMAT: {
-        int fmt = wb__log_parse_format(arg);
-        if (fmt < 0)
-            return misuse("--log-format: '%s' is not text or json%s", arg, "");
-        wb__log_set_format((wb_log_format)fmt);
-        return GO_ON;
-    }
-    case OPT_METRICS: {
-        wb_err merr;
-        if (wb__metrics_parse_addr(arg, NULL, NULL, &merr) != WB_OK)
-            return misuse("--metrics: %s%s", merr.msg, "");
-        o->metrics = arg;
-        return GO_ON;
-    }
-    case 'V':
-        print_version();
-        return 0;
-    case 'h':
-        usage(stdout);
-        return 0;
-    default:
-        /* getopt_long has already named the option. */
-        fprintf(stderr, "Try 'wbrokerd --help'.\n");
-        return origin_line() > 0 ? EXIT_CONFIG : EXIT_USAGE;
-    }
-}
-
-/* Reads the configuration file (its options go first, so that the command
- * line's win) and every option. Returns GO_ON, or the exit status. */
-static int parse(options *o, int argc, char **argv)
-{
-    /* --config names a file whose options go before the command line's:
-     * find it (and --check-config) first, acting on nothing else. --help
-     * and --version work whatever the file holds. */
-    int c, help_or_version = 0;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
-        if (c == OPT_CONFIG)
-            o->config_file = optarg;
-        else if (c == OPT_CHECK_CONFIG)
-            o->check_config = 1;
-        else if (c == 'h' || c == 'V')
-            help_or_version = 1;
-    }
-    o->av = argv;
-    o->ac = argc;
-    if (o->config_file && help_or_version)
-        o->config_file = NULL;
-    if (o->config_file) {
-        wb_err cerr;
-        if (wb__config_load(o->config_file, long_opts, command_line_only, &o->config, &cerr) !=
-            WB_OK) {
-            fprintf(stderr, "wbrokerd: %s\n", cerr.msg);
-            o->av = NULL;
-            return EXIT_CONFIG;
-        }
-        char **av = calloc((size_t)argc + (size_t)o->config.n_args + 1, sizeof *av);
-        if (!av) {
-            fprintf(stderr, "wbrokerd: out of memory\n");
-            o->av = NULL;
-            return 1;
-        }
-        av[0] = argv[0];
-        for (int i = 0; i < o->config.n_args; i++)
-            av[1 + i] = o->config.args[i];
-        for (int i = 1; i < argc; i++)
-            av[o->config.n_args + i] = argv[i];
-        o->av = av;
-        o->ac = argc + o->config.n_args;
-        cfg_origin = &o->config;
-    }
-    optind = 0; /* start getopt_long afresh */
-    opterr = 1;
-    while ((c = getopt_long(o->ac, o->av, "h", long_opts, NULL)) != -1) {
-        int rc = parse_one(o, c, optarg);
-        if (rc != GO_ON)
-            return rc;
-    }
-    if (optind < o->ac)
-        return misuse("unexpected argument '%s'%s", o->av[optind], "");
-    return GO_ON;
-}
-
-/* Checks what single options cannot, and answers --check-config. Returns
- * GO_ON, or the exit status. */
-static int validate(options *o)
-{
-    /* A broker serves one CUDA device (its backend's stream and staging
-     * ring live there): a model that names another one is a mistake. */
-    for (size_t i = 0; i < o->n_models; i++) {
-        const preload *m = &o->models[i];
-        if (m->device < 0 || m->device == o->device || strcmp(o->backend, "host") == 0)
-            continue;
-        char msg[600];
-        snprintf(msg, sizeof msg,
-                 "model '%s' asks for device %d, but this broker serves device %d (--device); "
-                 "run one broker per device",
-                 m->name, m->device, o->device);
-        if (m->line > 0) {
-            fprintf(stderr, "wbrokerd: %s:%d: %s\n", o->config.file, m->line, msg);
-            return EXIT_CONFIG;
-        }
-        fprintf(stderr, "wbrokerd: --model: %s\nTry 'wbrokerd --help'.\n", msg);
-        return EXIT_USAGE;
-    }
-    char sp[sizeof(((struct sockaddr_un *)0)->sun_path)];
-    int path_ok = wb__socket_path(o->socket, sp, sizeof sp) == WB_OK;
-    if (o->check_config) {
-        /* Every option has been checked; nothing is started. What the
-         * broker would use is printed for the operator to compare. */
-        if (!path_ok) {
-            fprintf(stderr, "wbrokerd: the socket path is too long for a unix socket\n");
-            return EXIT_USAGE;
-        }
-        printf("config: %s\nsocket: %s\n", o->config_file ? o->config_file : "(none)", sp);
-        for (size_t i = 0; i < o->n_models; i++) {
-            printf("model: %s path=%s", o->models[i].name, o->models[i].path);
-            if (o->models[i].device >= 0)
-                printf(" device=%d", o->models[i].device);
-            printf("%s\n", o->models[i].from_file ? " (file)" : " (command line)");
-        }
-        printf("metrics: %s\nvalid\n", o->metrics ? o->metrics : "off");
-        return 0;
-    }
-    if (o->num[N_STALE] <= o->num[N_HEARTBEAT])
-        wb_warn("config",
-                "note=\"stale-ms is not above heartbeat-ms: leases may go stale between "
-                "heartbeats\" heartbeat_ms=%ld stale_ms=%ld",
-                o->num[N_HEARTBEAT], o->num[N_STALE]);
-    if (!path_ok) {
-        fatal("the socket path is too long for a unix socket");
-        return EXIT_USAGE;
-    }
-    return GO_ON;
-}
-
 /* The limits the options set, over the defaults. */
-static void limits_from(const options *o, wb_limits *l)
+static void limits_from(const wb_options *o, wb_limits *l)
 {
     wb__limits_default(l);
-    if (o->num[N_MAX_LEASES])
-        l->max_leases_per_client = (uint32_t)o->num[N_MAX_LEASES];
-    if (o->num[N_MAX_MODELS])
-        l->max_models = (uint32_t)o->num[N_MAX_MODELS];
-    if (o->num[N_MAX_TENSORS])
-        l->max_tensors = (uint64_t)o->num[N_MAX_TENSORS];
-    if (o->num[N_MAX_MESSAGE])
-        l->max_message = (uint64_t)o->num[N_MAX_MESSAGE];
-    if (o->num[N_MAX_HEADER])
-        l->max_header = (uint64_t)o->num[N_MAX_HEADER];
+    if (o->num[WB_NUM_MAX_LEASES])
+        l->max_leases_per_client = (uint32_t)o->num[WB_NUM_MAX_LEASES];
+    if (o->num[WB_NUM_MAX_MODELS])
+        l->max_models = (uint32_t)o->num[WB_NUM_MAX_MODELS];
+    if (o->num[WB_NUM_MAX_TENSORS])
+        l->max_tensors = (uint64_t)o->num[WB_NUM_MAX_TENSORS];
+    if (o->num[WB_NUM_MAX_MESSAGE])
+        l->max_message = (uint64_t)o->num[WB_NUM_MAX_MESSAGE];
+    if (o->num[WB_NUM_MAX_HEADER])
+        l->max_header = (uint64_t)o->num[WB_NUM_MAX_HEADER];
 }
 
 /* The transport bounds: given, or derived from the descriptor limit. */
-static void transport_from(const options *o, const wb_limits *l, long nofile, wb_loop_options *t)
+static void transport_from(const wb_options *o, const wb_limits *l, long nofile, wb_loop_options *t)
 {
     *t = (wb_loop_options){
-        .max_peers =
-            o->num[N_MAX_PEERS] ? (unsigned)o->num[N_MAX_PEERS] : default_max_peers(nofile),
+        .max_peers = o->num[WB_NUM_MAX_PEERS] ? (unsigned)o->num[WB_NUM_MAX_PEERS]
+                                              : default_max_peers(nofile),
         .max_request =
-            (size_t)(o->num[N_MAX_REQUEST] ? o->num[N_MAX_REQUEST] : DEFAULT_MAX_REQUEST),
+            (size_t)(o->num[WB_NUM_MAX_REQUEST] ? o->num[WB_NUM_MAX_REQUEST] : DEFAULT_MAX_REQUEST),
         .max_frames = MAX_FRAMES,
-        .max_buffered =
-            (size_t)(o->num[N_MAX_BUFFERED] ? o->num[N_MAX_BUFFERED] : DEFAULT_MAX_BUFFERED),
+        .max_buffered = (size_t)(o->num[WB_NUM_MAX_BUFFERED] ? o->num[WB_NUM_MAX_BUFFERED]
+                                                             : DEFAULT_MAX_BUFFERED),
         .max_queued_replies =
-            o->num[N_MAX_QUEUED] ? (int)o->num[N_MAX_QUEUED] : DEFAULT_MAX_QUEUED_REPLIES,
+            o->num[WB_NUM_MAX_QUEUED] ? (int)o->num[WB_NUM_MAX_QUEUED] : DEFAULT_MAX_QUEUED_REPLIES,
     };
     /* A request is never larger than a message may be. */
     if (t->max_request > l->max_message)
@@ -648,10 +102,11 @@ static void transport_from(const options *o, const wb_limits *l, long nofile, wb
 
 /* Starts the broker and serves until SIGTERM or SIGINT. Everything it
  * creates it destroys on the one way out. Returns the exit status. */
-static int run(options *o)
+static int run(wb_options *o)
 {
     char socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
-    wb__socket_path(o->socket, socket_path, sizeof socket_path); /* checked by validate() */
+    wb__socket_path(o->socket, socket_path,
+                    sizeof socket_path); /* checked by wb__options_validate */
 
     /* Block the signals before any thread exists, so that only the loop's
      * signalfd sees them. */
@@ -672,18 +127,18 @@ static int run(options *o)
     /* The backend, once the signals are blocked: the CUDA runtime starts
      * threads of its own, and they must not take SIGTERM. */
     wb_stage_config stage = {
-        .read_threads = (unsigned)o->num[N_READ_THREADS],
-        .chunk_bytes = (uint64_t)o->num[N_STAGING_MIB] << 20,
-        .buffers = (unsigned)o->num[N_STAGING_BUFFERS],
+        .read_threads = (unsigned)o->num[WB_NUM_READ_THREADS],
+        .chunk_bytes = (uint64_t)o->num[WB_NUM_STAGING_MIB] << 20,
+        .buffers = (unsigned)o->num[WB_NUM_STAGING_BUFFERS],
     };
     if (wb__backend_pick(o->backend, o->device, &stage, o->load_mode, &backend, &err) != WB_OK) {
-        fatal("%s", err.msg);
+        wb__fatal("%s", err.msg);
         goto out;
     }
     if (o->device_given && backend->proto == WBPROTO__BACKEND__BACKEND_HOST)
         wb_info("config", "note=\"--device is ignored by the host backend\" device=%d", o->device);
     if (wb__socket_prepare(socket_path, &err) != WB_OK) {
-        fatal("%s", err.msg);
+        wb__fatal("%s", err.msg);
         goto out;
     }
     int removed = wb__shm_cleanup_stale();
@@ -692,8 +147,8 @@ static int run(options *o)
     wb_broker_config cfg = {
         .backend = backend,
         .device = backend->proto == WBPROTO__BACKEND__BACKEND_HOST ? -1 : o->device,
-        .heartbeat_ms = (uint32_t)o->num[N_HEARTBEAT],
-        .stale_ms = (uint32_t)o->num[N_STALE],
+        .heartbeat_ms = (uint32_t)o->num[WB_NUM_HEARTBEAT],
+        .stale_ms = (uint32_t)o->num[WB_NUM_STALE],
     };
     wb__broker_init(&b, &cfg);
     have_broker = 1;
@@ -707,7 +162,7 @@ static int run(options *o)
      * is reported at once rather than after minutes of loading; its first
      * page is rendered before it answers. */
     if (o->metrics && wb__metrics_start(o->metrics, &b, &metrics, &err) != WB_OK) {
-        fatal("%s", err.msg);
+        wb__fatal("%s", err.msg);
         goto out;
     }
     b.metrics = metrics;
@@ -723,21 +178,21 @@ static int run(options *o)
             (unsigned long long)b.limits.max_header);
     for (size_t i = 0; i < o->n_models; i++) {
         if (wb__broker_preload(&b, o->models[i].name, o->models[i].path, &err) != WB_OK) {
-            fatal("cannot load model '%s': %s", o->models[i].name, err.msg);
+            wb__fatal("cannot load model '%s': %s", o->models[i].name, err.msg);
             goto out;
         }
     }
     /* Loading may have taken a while: check once more that nobody took the
      * socket meanwhile. */
     if (wb__socket_prepare(socket_path, &err) != WB_OK) {
-        fatal("%s", err.msg);
+        wb__fatal("%s", err.msg);
         goto out;
     }
     /* Descriptors: as many as the system allows, and a cap on peers. */
     wb_loop_options lopt;
     transport_from(o, &b.limits, raise_nofile(), &lopt);
     if (wb__loop_run(&b, socket_path, &lopt, &err) != WB_OK) {
-        fatal("%s", err.msg);
+        wb__fatal("%s", err.msg);
         goto out;
     }
     status = 0;
@@ -750,22 +205,16 @@ out:
         wb__backend_release(&backend);
     return status;
 }
-
 int main(int argc, char **argv)
 {
     wb__log_set_prog("wbrokerd");
-    options o = {.backend = "auto"};
-    wb__auth_init_default(&o.auth, (uint32_t)geteuid());
-    int rc = parse(&o, argc, argv);
-    if (rc == GO_ON) {
-        if (!o.num[N_HEARTBEAT])
-            o.num[N_HEARTBEAT] = WB_DEFAULT_HEARTBEAT_MS;
-        if (!o.num[N_STALE])
-            o.num[N_STALE] = WB_DEFAULT_STALE_MS;
-        rc = validate(&o);
-    }
-    if (rc == GO_ON)
+    wb_options o;
+    wb__options_init(&o);
+    int rc = wb__options_parse(&o, argc, argv);
+    if (rc == WB_OPTIONS_GO_ON)
+        rc = wb__options_validate(&o);
+    if (rc == WB_OPTIONS_GO_ON)
         rc = run(&o);
-    options_free(&o);
+    wb__options_free(&o);
     return rc;
 }

@@ -116,6 +116,47 @@ static void header(FILE *f, const char *name, const char *type, const char *help
     fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* Models that hold memory: ready or draining. */
+static int holds_memory(const wb_model *m)
+{
+    return m->state == WBPROTO__MODEL_STATE__MODEL_READY ||
+           m->state == WBPROTO__MODEL_STATE__MODEL_DRAINING;
+}
+
+/* A metric without labels: its header and its one sample. */
+static void single(FILE *f, const char *name, const char *type, const char *help,
+                   unsigned long long v)
+{
+    header(f, name, type, help);
+    fprintf(f, "%s %llu\n", name, v);
+}
+
+static double load_seconds(const wb_model *m)
+{
+    return m->data.load_seconds;
+}
+
+static double load_bytes_per_second(const wb_model *m)
+{
+    return m->data.load_seconds > 0 ? (double)m->data.bytes / m->data.load_seconds : 0.0;
+}
+
+/* A gauge with one sample per model that holds memory, labelled by name. */
+static void per_model(FILE *f, const wb_broker *b, const char *name, const char *help,
+                      double (*value)(const wb_model *))
+{
+    header(f, name, "gauge", help);
+    for (const wb_model *m = b->models.head; m; m = m->next) {
+        if (!holds_memory(m))
+            continue;
+        fprintf(f, "%s{model=\"", name);
+        put_label(f, m->name);
+        fputs("\"} ", f);
+        put_double(f, value(m));
+        fputc('\n', f);
+    }
+}
+
 static int by_op_status(const void *a, const void *b)
 {
     const wb_request_count *x = a, *y = b;
@@ -131,13 +172,6 @@ static const char *op_name(uint32_t op)
     const ProtobufCFieldDescriptor *fd =
         protobuf_c_message_descriptor_get_field(&wbproto__request__descriptor, (unsigned)op);
     return fd ? fd->name : "unknown";
-}
-
-/* Models that hold memory: ready or draining. */
-static int holds_memory(const wb_model *m)
-{
-    return m->state == WBPROTO__MODEL_STATE__MODEL_READY ||
-           m->state == WBPROTO__MODEL_STATE__MODEL_DRAINING;
 }
 
 char *wb__metrics_render(const wb_broker *b, size_t *len)
@@ -179,33 +213,13 @@ char *wb__metrics_render(const wb_broker *b, size_t *len)
         fprintf(f, "\"} %llu\n", (unsigned long long)m->data.bytes);
     }
 
-    header(f, "wb_loads_total", "counter",
-           "Model loads finished since the broker started, successful or not.");
-    fprintf(f, "wb_loads_total %llu\n", (unsigned long long)st->loads_total);
-    header(f, "wb_load_failures_total", "counter", "Model loads that failed.");
-    fprintf(f, "wb_load_failures_total %llu\n", (unsigned long long)st->loads_failed);
+    single(f, "wb_loads_total", "counter",
+           "Model loads finished since the broker started, successful or not.", st->loads_total);
+    single(f, "wb_load_failures_total", "counter", "Model loads that failed.", st->loads_failed);
 
-    header(f, "wb_load_seconds", "gauge", "Seconds the load of each model took.");
-    for (const wb_model *m = b->models.head; m; m = m->next) {
-        if (!holds_memory(m))
-            continue;
-        fputs("wb_load_seconds{model=\"", f);
-        put_label(f, m->name);
-        fputs("\"} ", f);
-        put_double(f, m->data.load_seconds);
-        fputc('\n', f);
-    }
-    header(f, "wb_load_bytes_per_second", "gauge", "Tensor bytes per second of each model's load.");
-    for (const wb_model *m = b->models.head; m; m = m->next) {
-        if (!holds_memory(m))
-            continue;
-        fputs("wb_load_bytes_per_second{model=\"", f);
-        put_label(f, m->name);
-        fputs("\"} ", f);
-        put_double(f,
-                   m->data.load_seconds > 0 ? (double)m->data.bytes / m->data.load_seconds : 0.0);
-        fputc('\n', f);
-    }
+    per_model(f, b, "wb_load_seconds", "Seconds the load of each model took.", load_seconds);
+    per_model(f, b, "wb_load_bytes_per_second", "Tensor bytes per second of each model's load.",
+              load_bytes_per_second);
 
     header(f, "wb_requests_total", "counter",
            "Requests answered, by operation and status (WB_OK or the error's name).");
@@ -220,23 +234,22 @@ char *wb__metrics_render(const wb_broker *b, size_t *len)
                 (unsigned long long)sorted[i].n);
     }
 
-    header(f, "wb_reclaims_total", "counter",
-           "Leases reclaimed because their process was proven dead.");
-    fprintf(f, "wb_reclaims_total %llu\n", (unsigned long long)st->leases_reclaimed);
+    single(f, "wb_reclaims_total", "counter",
+           "Leases reclaimed because their process was proven dead.", st->leases_reclaimed);
 
-    header(f, "wb_replies_dropped_total", "counter",
-           "Replies not delivered: the peer was gone or left too many unread.");
-    fprintf(f, "wb_replies_dropped_total %llu\n", (unsigned long long)st->replies_dropped);
-    header(f, "wb_malformed_messages_total", "counter", "Requests that could not be decoded.");
-    fprintf(f, "wb_malformed_messages_total %llu\n", (unsigned long long)st->malformed_messages);
-    header(f, "wb_connections", "gauge", "Connections to the broker's socket open now.");
-    fprintf(f, "wb_connections %u\n", st->connections);
-    header(f, "wb_peers_refused_total", "counter",
-           "Connections closed at once because --max-peers connections were open.");
-    fprintf(f, "wb_peers_refused_total %llu\n", (unsigned long long)st->peers_refused);
-    header(f, "wb_peers_disconnected_total", "counter",
-           "Connections closed for breaking a transport bound or the protocol.");
-    fprintf(f, "wb_peers_disconnected_total %llu\n", (unsigned long long)st->peers_disconnected);
+    single(f, "wb_replies_dropped_total", "counter",
+           "Replies not delivered: the peer was gone or left too many unread.",
+           st->replies_dropped);
+    single(f, "wb_malformed_messages_total", "counter", "Requests that could not be decoded.",
+           st->malformed_messages);
+    single(f, "wb_connections", "gauge", "Connections to the broker's socket open now.",
+           st->connections);
+    single(f, "wb_peers_refused_total", "counter",
+           "Connections closed at once because --max-peers connections were open.",
+           st->peers_refused);
+    single(f, "wb_peers_disconnected_total", "counter",
+           "Connections closed for breaking a transport bound or the protocol.",
+           st->peers_disconnected);
 
     if (fclose(f) != 0) {
         free(text);

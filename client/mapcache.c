@@ -36,6 +36,20 @@ static void link_map(wb__map *m)
     cache_head = m;
 }
 
+/* A cached mapping asked for again: shared when the broker still gives the
+ * size it was mapped with (`have`), else refused naming it (`what`). Called
+ * with cache_mu held. */
+static int map_reuse(wb__map *m, uint64_t have, uint64_t size, const char *what, wb__map **out,
+                     wb_err *err)
+{
+    if (have != size)
+        return wb__err_set(err, WB_EPROTO, "%s with %llu bytes but the broker now says %llu", what,
+                           (unsigned long long)have, (unsigned long long)size);
+    m->refs++;
+    *out = m;
+    return WB_OK;
+}
+
 int wb__mapcache_get_host(const char *shm_name, uint64_t size, wb__map **out, wb_err *err)
 {
     *out = NULL;
@@ -49,14 +63,9 @@ int wb__mapcache_get_host(const char *shm_name, uint64_t size, wb__map **out, wb
             break;
     }
     if (m) {
-        if (m->shm.size != size) {
-            rc = wb__err_set(err, WB_EPROTO,
-                             "slab %s is mapped with %llu bytes but the broker now says %llu",
-                             shm_name, (unsigned long long)m->shm.size, (unsigned long long)size);
-        } else {
-            m->refs++;
-            *out = m;
-        }
+        char what[WB_SHM_NAME_MAX + 32];
+        snprintf(what, sizeof what, "slab %s is mapped", shm_name);
+        rc = map_reuse(m, m->shm.size, size, what, out, err);
         pthread_mutex_unlock(&cache_mu);
         return rc;
     }
@@ -170,15 +179,9 @@ int wb__mapcache_get_cuda(const uint8_t *handle, size_t handle_len, int device, 
             break;
     }
     if (m) {
-        if (m->size != size) {
-            rc = wb__err_set(err, WB_EPROTO,
-                             "cuda slab on device %d is open with %llu bytes but the broker "
-                             "now says %llu",
-                             device, (unsigned long long)m->size, (unsigned long long)size);
-        } else {
-            m->refs++;
-            *out = m;
-        }
+        char what[64];
+        snprintf(what, sizeof what, "cuda slab on device %d is open", device);
+        rc = map_reuse(m, m->size, size, what, out, err);
         pthread_mutex_unlock(&cache_mu);
         return rc;
     }

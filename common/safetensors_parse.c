@@ -109,12 +109,24 @@ static void pending_free(pending *p, size_t n, pending_meta *m, size_t nm)
 }
 
 /* Reads a non-negative JSON integer, saying what is wrong otherwise. */
-static int get_uint(const json_t *v, uint64_t *out)
+/* A shape dimension or an offset: a non-negative integer, else the error
+ * naming the tensor, the entry (`field`: "shape[2]", "data_offsets end")
+ * and what such entries are (`what`: "dimensions", "offsets"). */
+static int get_uint(const char *file, const char *name, const char *field, const char *what,
+                    const json_t *v, uint64_t *out, wb_err *err)
 {
-    if (!json_is_integer(v) || json_integer_value(v) < 0)
-        return -1;
-    *out = (uint64_t)json_integer_value(v);
-    return 0;
+    if (json_is_integer(v) && json_integer_value(v) >= 0) {
+        *out = (uint64_t)json_integer_value(v);
+        return WB_OK;
+    }
+    if (json_is_integer(v))
+        return wb__st_fail(err, WB_EFORMAT, file,
+                           "tensor " NAMEF ": %s is %" JSON_INTEGER_FORMAT
+                           "; %s must be non-negative integers",
+                           name, field, json_integer_value(v), what);
+    return wb__st_fail(err, WB_EFORMAT, file,
+                       "tensor " NAMEF ": %s is %s; %s must be non-negative integers", name, field,
+                       wb__st_json_kind(v), what);
 }
 
 static int validate_tensor(const char *file, const char *name, json_t *entry, pending *out,
@@ -172,19 +184,11 @@ static int validate_tensor(const char *file, const char *name, json_t *entry, pe
                            name, ndim, WB_ST_MAX_DIMS);
     uint64_t shape[WB_ST_MAX_DIMS];
     for (size_t i = 0; i < ndim; i++) {
-        json_t *d = json_array_get(js, i);
-        if (get_uint(d, &shape[i]) != 0) {
-            if (json_is_integer(d))
-                return wb__st_fail(err, WB_EFORMAT, file,
-                                   "tensor " NAMEF ": shape[%zu] is %" JSON_INTEGER_FORMAT
-                                   "; dimensions must be non-negative integers",
-                                   name, i, json_integer_value(d));
-            return wb__st_fail(err, WB_EFORMAT, file,
-                               "tensor " NAMEF
-                               ": shape[%zu] is %s; dimensions must be non-negative "
-                               "integers",
-                               name, i, wb__st_json_kind(d));
-        }
+        char dim[32];
+        snprintf(dim, sizeof dim, "shape[%zu]", i);
+        int rc = get_uint(file, name, dim, "dimensions", json_array_get(js, i), &shape[i], err);
+        if (rc != WB_OK)
+            return rc;
     }
 
     json_t *jo = json_object_get(entry, "data_offsets");
@@ -200,19 +204,10 @@ static int validate_tensor(const char *file, const char *name, json_t *entry, pe
     }
     uint64_t off[2];
     for (size_t i = 0; i < 2; i++) {
-        json_t *o = json_array_get(jo, i);
-        if (get_uint(o, &off[i]) != 0) {
-            const char *which = i ? "end" : "begin";
-            if (json_is_integer(o))
-                return wb__st_fail(err, WB_EFORMAT, file,
-                                   "tensor " NAMEF ": data_offsets %s is %" JSON_INTEGER_FORMAT
-                                   "; offsets must be non-negative integers",
-                                   name, which, json_integer_value(o));
-            return wb__st_fail(err, WB_EFORMAT, file,
-                               "tensor " NAMEF ": data_offsets %s is %s; offsets must be "
-                               "non-negative integers",
-                               name, which, wb__st_json_kind(o));
-        }
+        int rc = get_uint(file, name, i ? "data_offsets end" : "data_offsets begin", "offsets",
+                          json_array_get(jo, i), &off[i], err);
+        if (rc != WB_OK)
+            return rc;
     }
     if (off[0] > off[1])
         return wb__st_fail(err, WB_EFORMAT, file,

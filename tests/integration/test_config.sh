@@ -4,12 +4,12 @@
 # FILE:LINE in the message (wrong flags stay exit status 2); flags override
 # the file while the file's other settings and models take effect; and every
 # long option of wbrokerd is a configuration key, in --help and in the man
-# page (the option table is read from broker/main.c, so a new option that is
+# page (the option table is read from broker/options.c, so a new option that is
 # not documented fails here).
 source "$(dirname "$0")/lib.sh"
 
 : "${WB_SOURCE_DIR:?WB_SOURCE_DIR must name the source tree}"
-MAIN_C=$WB_SOURCE_DIR/broker/main.c
+OPTIONS_C=$WB_SOURCE_DIR/broker/options.c
 MAN8=$WB_SOURCE_DIR/docs/man/wbrokerd.8
 EXAMPLE=$WB_SOURCE_DIR/deploy/wbroker.conf
 
@@ -123,9 +123,9 @@ listen=$(grep '"event":"listen"' "$BROKER_LOG") || fail "no JSON listen line: th
 stop_broker
 
 # Every long option is a configuration key, and is documented.
-mapfile -t options < <(grep -oE '\{"[a-z0-9-]+", *(required|no|optional)_argument' "$MAIN_C" |
+mapfile -t options < <(grep -oE '\{"[a-z0-9-]+", *(required|no|optional)_argument' "$OPTIONS_C" |
   sed -E 's/\{"([a-z0-9-]+)", *([a-z]+)_argument/\1 \2/')
-[ "${#options[@]}" -ge 15 ] || fail "found only ${#options[@]} options in $MAIN_C"
+[ "${#options[@]}" -ge 15 ] || fail "found only ${#options[@]} options in $OPTIONS_C"
 "$WBROKERD" --help >"$WB_TMP/help.out" || fail "--help failed"
 checked=0
 for entry in "${options[@]}"; do

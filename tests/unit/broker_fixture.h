@@ -147,7 +147,7 @@ typedef struct broker_fixture {
     Wbproto__Reply *decoded;
     char dir[64];
     uint64_t next_id;
-    uint8_t ident[2]; /* the ROUTER identity requests come from */
+    uint8_t ident[2]; /* the connection identity requests come from */
 } broker_fixture;
 
 /* Sets up a broker (heartbeat 200 ms, stale after 1000 ms) and makes

@@ -22,31 +22,24 @@ static void unused_fixture(void)
     shm_name_exists("");
 }
 
-static wb_broker B;
-static wb_arena A;
-static Wbproto__Reply *decoded;
+static broker_fixture F;
 
 static void setup(void)
 {
-    fixture_broker(&B, 200, 1000);
-    memset(&A, 0, sizeof A);
-    decoded = NULL;
+    fixture_open(&F, "records");
 }
 
 static void teardown(void)
 {
-    wb__reply_free(&decoded);
-    wb__arena_free(&A);
-    wb__broker_destroy(&B);
+    fixture_close(&F);
 }
 
 /* Packs a request, decodes it as the broker would, handles it and decodes
  * the reply as a client would: both decoders see every message. */
 static Wbproto__Reply *call(const wb_peer_creds *peer, Wbproto__Request *req)
 {
-    static uint64_t next_id = 10;
     req->version = WB_PROTOCOL_VERSION;
-    req->id = ++next_id;
+    req->id = ++F.next_id;
     size_t qlen;
     uint8_t *qbuf = wb__request_pack(req, &qlen);
     Wbproto__Request *dreq = NULL;
@@ -55,8 +48,7 @@ static Wbproto__Reply *call(const wb_peer_creds *peer, Wbproto__Request *req)
     ck_assert_msg(wb__request_decode(qbuf, qlen, &dreq, &id, &err) == WB_OK, "request: %s",
                   err.msg);
     free(qbuf);
-    const uint8_t ident[] = {0, 'i', 'd'};
-    Wbproto__Reply *r = fixture_call(&B, &A, &decoded, peer, dreq, ident, sizeof ident);
+    Wbproto__Reply *r = fixture_call(&F.b, &F.a, &F.decoded, peer, dreq, F.ident, sizeof F.ident);
     wb__request_free(&dreq);
     return r;
 }
@@ -137,8 +129,8 @@ static Wbproto__Reply *list(int containers)
 
 START_TEST(records_are_kept_per_lease_and_listed_per_container)
 {
-    fixture_model(&B, "base");
-    fixture_model(&B, "head");
+    fixture_model(&F.b, "base");
+    fixture_model(&F.b, "head");
     wb_peer_creds p = me();
     uint8_t ids[2][16];
     acquire(&p, "base", ids[0]);
@@ -192,7 +184,7 @@ START_TEST(records_are_kept_per_lease_and_listed_per_container)
 
     /* Records of a lease that ends go with it (no leak under ASan). */
     beat(&p, ids, 1);
-    wb__leases_remove(&B.leases, wb__leases_find(&B.leases, ids[0]));
+    wb__leases_remove(&F.b.leases, wb__leases_find(&F.b.leases, ids[0]));
     r = list(1);
     ck_assert_uint_eq(r->list_containers->n_containers, 1);
     ck_assert_uint_eq(r->list_containers->containers[0]->n_leases, 1);
@@ -202,7 +194,7 @@ END_TEST
 
 START_TEST(another_pids_records_are_ignored)
 {
-    fixture_model(&B, "base");
+    fixture_model(&F.b, "base");
     wb_peer_creds p = me(), other = creds(p.uid, p.gid, p.pid + 1);
     uint8_t ids[2][16];
     acquire(&p, "base", ids[0]);
@@ -240,7 +232,7 @@ static Wbproto__Reply *beat_one(const wb_peer_creds *peer, const uint8_t id[16],
  * and the lease, and changes nothing. */
 START_TEST(inconsistent_records_are_refused)
 {
-    fixture_model(&B, "base");
+    fixture_model(&F.b, "base");
     wb_peer_creds p = me();
     uint8_t id[16];
     acquire(&p, "base", id);
@@ -260,7 +252,7 @@ START_TEST(inconsistent_records_are_refused)
              hex);
     ck_assert_str_eq(rep->error, want);
     /* Nothing applied: no records, not even the liveness. */
-    wb_lease_rec *l = wb__leases_find(&B.leases, id);
+    wb_lease_rec *l = wb__leases_find(&F.b.leases, id);
     ck_assert_uint_eq(l->n_records, 0);
     ck_assert_uint_eq(l->containers, 0);
     ck_assert_int_eq(l->last_beat_ms, fake_ms - 100);
@@ -294,7 +286,7 @@ END_TEST
 /* The same lease twice in one heartbeat would count its records twice. */
 START_TEST(repeated_lease_in_heartbeat_is_refused)
 {
-    fixture_model(&B, "base");
+    fixture_model(&F.b, "base");
     wb_peer_creds p = me();
     uint8_t ids[2][16];
     acquire(&p, "base", ids[0]);
@@ -313,7 +305,7 @@ END_TEST
  * go. */
 START_TEST(record_bytes_count_in_the_quota)
 {
-    fixture_model(&B, "base");
+    fixture_model(&F.b, "base");
     wb_peer_creds p = me();
     uint8_t a[16], b2[16];
     acquire(&p, "base", a);
@@ -328,10 +320,10 @@ START_TEST(record_bytes_count_in_the_quota)
     }
     size_t one = WB_MAX_CONTAINER_RECORDS *
                  (sizeof(wb_container_rec) + sizeof "CreateWithDevice" + WB_MAX_RECORD_PATH);
-    B.limits.max_record_bytes = one + one / 2;
+    F.b.limits.max_record_bytes = one + one / 2;
     Wbproto__Reply *rep = beat_one(&p, a, WB_MAX_CONTAINER_RECORDS, ptrs, WB_MAX_CONTAINER_RECORDS);
     ck_assert_int_eq(rep->status, 0);
-    const wb_peer_rec *pr = wb__leases_peer(&B.leases, p.pid);
+    const wb_peer_rec *pr = wb__leases_peer(&F.b.leases, p.pid);
     ck_assert_uint_eq(pr->record_bytes, one);
     /* Replacing a lease's records is not counted twice. */
     rep = beat_one(&p, a, WB_MAX_CONTAINER_RECORDS, ptrs, WB_MAX_CONTAINER_RECORDS);
@@ -346,14 +338,14 @@ START_TEST(record_bytes_count_in_the_quota)
              "client",
              p.pid, 2 * one, one + one / 2);
     ck_assert_str_eq(rep->error, want);
-    ck_assert_uint_eq(wb__leases_find(&B.leases, b2)->n_records, 0);
+    ck_assert_uint_eq(wb__leases_find(&F.b.leases, b2)->n_records, 0);
     ck_assert_uint_eq(pr->record_bytes, one);
     /* Fewer records on the first lease make room. */
     rep = beat_one(&p, a, 1, ptrs, 1);
     ck_assert_int_eq(rep->status, 0);
     ck_assert_uint_eq(pr->record_bytes, one / WB_MAX_CONTAINER_RECORDS);
     /* A lease that ends takes its bytes along. */
-    wb__leases_remove(&B.leases, wb__leases_find(&B.leases, a));
+    wb__leases_remove(&F.b.leases, wb__leases_find(&F.b.leases, a));
     ck_assert_uint_eq(pr->record_bytes, 0);
 }
 END_TEST
@@ -382,8 +374,8 @@ static size_t list_all(int containers, const wb_peer_creds *viewer, uint32_t lim
         }
         Wbproto__Reply *rep = call(viewer, &req);
         ck_assert_int_eq(rep->status, 0);
-        ck_assert_msg(fixture_reply_len <= B.limits.max_message, "page of %zu bytes over %llu",
-                      fixture_reply_len, (unsigned long long)B.limits.max_message);
+        ck_assert_msg(fixture_reply_len <= F.b.limits.max_message, "page of %zu bytes over %llu",
+                      fixture_reply_len, (unsigned long long)F.b.limits.max_message);
         size_t n = containers ? rep->list_containers->n_containers : rep->list_leases->n_leases;
         ck_assert_uint_gt(n, 0);
         if (limit)
@@ -402,8 +394,8 @@ static size_t list_all(int containers, const wb_peer_creds *viewer, uint32_t lim
  * message, and come back in pages. */
 START_TEST(listings_fit_the_message_limit)
 {
-    fixture_model(&B, "base");
-    B.limits.max_record_bytes = 64u << 20;
+    fixture_model(&F.b, "base");
+    F.b.limits.max_record_bytes = 64u << 20;
     wb_peer_creds p = me();
     enum { LEASES = 64 };
     static uint8_t ids[LEASES][16];
@@ -423,7 +415,7 @@ START_TEST(listings_fit_the_message_limit)
             beat_one(&p, ids[k], WB_MAX_CONTAINER_RECORDS, ptrs, WB_MAX_CONTAINER_RECORDS);
         ck_assert_int_eq(rep->status, 0);
     }
-    B.limits.max_message = 4096;
+    F.b.limits.max_message = 4096;
     size_t pages;
     ck_assert_uint_eq(list_all(0, &p, 0, &pages), LEASES);
     ck_assert_uint_eq(pages, LEASES);
@@ -454,7 +446,7 @@ START_TEST(listings_fit_the_message_limit)
     ck_assert_uint_lt(ci->n_leases, LEASES);
 
     /* With the default limit, one page holds everything. */
-    B.limits.max_message = WB_MAX_MESSAGE;
+    F.b.limits.max_message = WB_MAX_MESSAGE;
     ck_assert_uint_eq(list_all(0, &p, 0, &pages), LEASES);
     ck_assert_uint_eq(pages, 1);
     ck_assert_uint_eq(list_all(1, &p, 0, &pages), WB_MAX_CONTAINER_RECORDS);
@@ -474,7 +466,7 @@ END_TEST
  * the first 4 bytes, in both listings. */
 START_TEST(other_peers_see_a_lease_id_prefix)
 {
-    fixture_model(&B, "base");
+    fixture_model(&F.b, "base");
     wb_peer_creds p = me();
     uint8_t ids[2][16];
     acquire(&p, "base", ids[0]);
@@ -482,7 +474,7 @@ START_TEST(other_peers_see_a_lease_id_prefix)
     ck_assert_int_eq(beat(&p, ids, 1)->status, 0);
     /* A non-administrator of another uid (clients are open here). */
     wb_peer_creds other = creds(4321, 4321, p.pid + 100000);
-    ck_assert(!wb__auth_admin_ok(&B.auth, other.uid, other.gid));
+    ck_assert(!wb__auth_admin_ok(&F.b.auth, other.uid, other.gid));
     Wbproto__Request req = WBPROTO__REQUEST__INIT;
     Wbproto__ListLeasesRequest ll = WBPROTO__LIST_LEASES_REQUEST__INIT;
     req.body_case = WBPROTO__REQUEST__BODY_LIST_LEASES;

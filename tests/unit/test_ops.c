@@ -16,74 +16,22 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static wb_broker B;
-static wb_arena A;
-static Wbproto__Reply *decoded; /* the last reply, packed and decoded again */
+static broker_fixture F;
 
 static void setup(void)
 {
-    fixture_broker(&B, 200, 1000);
-    memset(&A, 0, sizeof A);
-    decoded = NULL;
+    fixture_open(&F, "ops");
 }
 
 static void teardown(void)
 {
-    wb__reply_free(&decoded);
-    wb__arena_free(&A);
-    wb__broker_destroy(&B);
+    fixture_close(&F);
 }
 
 /* Runs one request and returns the reply as a client would decode it. */
 static Wbproto__Reply *call(const wb_peer_creds *peer, Wbproto__Request *req)
 {
-    static uint64_t next_id = 100;
-    req->version = WB_PROTOCOL_VERSION;
-    req->id = ++next_id;
-    const uint8_t ident[] = {0, 'i', 'd'};
-    return fixture_call(&B, &A, &decoded, peer, req, ident, sizeof ident);
-}
-
-static Wbproto__Reply *acquire(const wb_peer_creds *peer, const char *model)
-{
-    Wbproto__Request req = WBPROTO__REQUEST__INIT;
-    Wbproto__AcquireRequest a = WBPROTO__ACQUIRE_REQUEST__INIT;
-    a.model = (char *)model;
-    req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
-    req.acquire = &a;
-    return call(peer, &req);
-}
-
-static Wbproto__Reply *release(const wb_peer_creds *peer, const uint8_t *id)
-{
-    Wbproto__Request req = WBPROTO__REQUEST__INIT;
-    Wbproto__ReleaseRequest r = WBPROTO__RELEASE_REQUEST__INIT;
-    r.lease_id.data = (uint8_t *)id;
-    r.lease_id.len = WB_LEASE_ID_LEN;
-    req.body_case = WBPROTO__REQUEST__BODY_RELEASE;
-    req.release = &r;
-    return call(peer, &req);
-}
-
-static Wbproto__Reply *unload(const wb_peer_creds *peer, const char *name)
-{
-    Wbproto__Request req = WBPROTO__REQUEST__INIT;
-    Wbproto__UnloadRequest u = WBPROTO__UNLOAD_REQUEST__INIT;
-    u.name = (char *)name;
-    req.body_case = WBPROTO__REQUEST__BODY_UNLOAD;
-    req.unload = &u;
-    return call(peer, &req);
-}
-
-static Wbproto__Reply *load(const wb_peer_creds *peer, const char *name, const char *path)
-{
-    Wbproto__Request req = WBPROTO__REQUEST__INIT;
-    Wbproto__LoadRequest l = WBPROTO__LOAD_REQUEST__INIT;
-    l.name = (char *)name;
-    l.path = (char *)path;
-    req.body_case = WBPROTO__REQUEST__BODY_LOAD;
-    req.load = &l;
-    return call(peer, &req);
+    return fixture_send(&F, peer, req);
 }
 
 static Wbproto__Reply *simple(const wb_peer_creds *peer, int body)
@@ -137,14 +85,14 @@ END_TEST
 
 START_TEST(test_acquire)
 {
-    wb_model *m = fixture_model(&B, "demo");
+    wb_model *m = fixture_model(&F.b, "demo");
     wb_peer_creds p = me();
-    Wbproto__Reply *r = acquire(&p, "nope");
+    Wbproto__Reply *r = fixture_acquire(&F, &p, "nope");
     ck_assert_int_eq(r->status, WB_ENOTFOUND);
     ck_assert_str_eq(r->error, "no model named 'nope'");
     ck_assert_int_eq(r->body_case, WBPROTO__REPLY__BODY__NOT_SET);
 
-    r = acquire(&p, "demo");
+    r = fixture_acquire(&F, &p, "demo");
     ck_assert_int_eq(r->status, 0);
     const Wbproto__Lease *l = r->acquire->lease;
     ck_assert_uint_eq(l->id.len, 16);
@@ -178,16 +126,16 @@ START_TEST(test_acquire)
     wb__shm_unmap(&ro);
 
     ck_assert_uint_eq(m->leases, 1);
-    ck_assert_uint_eq(B.stats.leases_granted, 1);
-    wb_lease_rec *rec = wb__leases_find(&B.leases, l->id.data);
+    ck_assert_uint_eq(F.b.stats.leases_granted, 1);
+    wb_lease_rec *rec = wb__leases_find(&F.b.leases, l->id.data);
     ck_assert_ptr_nonnull(rec);
     ck_assert_str_eq(rec->comm, "test_ops");
-    ck_assert_ptr_nonnull(wb__leases_peer(&B.leases, (uint32_t)getpid()));
+    ck_assert_ptr_nonnull(wb__leases_peer(&F.b.leases, (uint32_t)getpid()));
 
     /* A loading model is not leased. */
     wb_model *loading = wb__model_new("later", "/x", &wb__backend_host, -1);
-    wb__models_add(&B.models, loading);
-    r = acquire(&p, "later");
+    wb__models_add(&F.b.models, loading);
+    r = fixture_acquire(&F, &p, "later");
     ck_assert_int_eq(r->status, WB_ESTATE);
     ck_assert_ptr_nonnull(strstr(r->error, "model 'later' is loading"));
 }
@@ -195,45 +143,45 @@ END_TEST
 
 START_TEST(test_acquire_dead_peer)
 {
-    fixture_model(&B, "demo");
+    fixture_model(&F.b, "demo");
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0)
         _exit(0);
     waitpid(pid, NULL, 0);
     wb_peer_creds p = creds(1, 1, (uint32_t)pid);
-    Wbproto__Reply *r = acquire(&p, "demo");
+    Wbproto__Reply *r = fixture_acquire(&F, &p, "demo");
     ck_assert_int_eq(r->status, WB_EPERM);
     ck_assert_ptr_nonnull(strstr(r->error, "exited before its lease was granted"));
-    ck_assert_uint_eq(B.leases.n_leases, 0);
-    ck_assert_uint_eq(wb__models_find(&B.models, "demo")->leases, 0);
+    ck_assert_uint_eq(F.b.leases.n_leases, 0);
+    ck_assert_uint_eq(wb__models_find(&F.b.models, "demo")->leases, 0);
 }
 END_TEST
 
 START_TEST(test_release)
 {
-    wb_model *m = fixture_model(&B, "demo");
+    wb_model *m = fixture_model(&F.b, "demo");
     wb_peer_creds p = me();
     uint8_t id[16];
-    memcpy(id, acquire(&p, "demo")->acquire->lease->id.data, 16);
+    memcpy(id, fixture_acquire(&F, &p, "demo")->acquire->lease->id.data, 16);
     char s8[9], want[80];
     wb__lease_id_short(id, s8);
 
     wb_peer_creds other = creds(p.uid, p.gid, p.pid + 1);
-    Wbproto__Reply *r = release(&other, id);
+    Wbproto__Reply *r = fixture_release(&F, &other, id);
     ck_assert_int_eq(r->status, WB_EPERM);
     snprintf(want, sizeof want, "lease %s belongs to pid %u", s8, p.pid);
     ck_assert_str_eq(r->error, want);
     ck_assert_uint_eq(m->leases, 1);
 
-    r = release(&p, id);
+    r = fixture_release(&F, &p, id);
     ck_assert_int_eq(r->status, 0);
     ck_assert_int_eq(r->release->model_state, WBPROTO__MODEL_STATE__MODEL_READY);
     ck_assert_uint_eq(m->leases, 0);
-    ck_assert_uint_eq(B.stats.leases_released, 1);
-    ck_assert_uint_eq(B.leases.n_peers, 0);
+    ck_assert_uint_eq(F.b.stats.leases_released, 1);
+    ck_assert_uint_eq(F.b.leases.n_peers, 0);
 
-    r = release(&p, id);
+    r = fixture_release(&F, &p, id);
     ck_assert_int_eq(r->status, WB_ENOTFOUND);
     snprintf(want, sizeof want, "no lease %s", s8);
     ck_assert_str_eq(r->error, want);
@@ -247,7 +195,7 @@ END_TEST
  * finds none. The event loop is not running: only that check can notice. */
 START_TEST(test_release_after_pid_reuse)
 {
-    wb_model *m = fixture_model(&B, "demo");
+    wb_model *m = fixture_model(&F.b, "demo");
     int go[2];
     ck_assert_int_eq(pipe(go), 0);
     pid_t pid = fork();
@@ -261,7 +209,7 @@ START_TEST(test_release_after_pid_reuse)
     close(go[0]);
     wb_peer_creds owner = creds(1000, 1000, (uint32_t)pid);
     uint8_t id[16];
-    Wbproto__Reply *r = acquire(&owner, "demo");
+    Wbproto__Reply *r = fixture_acquire(&F, &owner, "demo");
     ck_assert_int_eq(r->status, 0);
     memcpy(id, r->acquire->lease->id.data, 16);
     char s8[9], want[80];
@@ -269,44 +217,44 @@ START_TEST(test_release_after_pid_reuse)
 
     /* While the owner lives, the same pid under another uid is refused. */
     wb_peer_creds reuser = creds(65534, 65534, (uint32_t)pid);
-    r = release(&reuser, id);
+    r = fixture_release(&F, &reuser, id);
     ck_assert_int_eq(r->status, WB_EPERM);
     snprintf(want, sizeof want, "lease %s belongs to pid %u (uid 1000)", s8, (unsigned)pid);
     ck_assert_str_eq(r->error, want);
-    ck_assert_uint_eq(B.leases.n_leases, 1);
+    ck_assert_uint_eq(F.b.leases.n_leases, 1);
 
     /* The owner exits; a new process with its pid asks. */
     close(go[1]);
     waitpid(pid, NULL, 0);
-    r = release(&reuser, id);
+    r = fixture_release(&F, &reuser, id);
     ck_assert_int_eq(r->status, WB_ENOTFOUND);
     snprintf(want, sizeof want, "no lease %s", s8);
     ck_assert_str_eq(r->error, want);
-    ck_assert_uint_eq(B.leases.n_leases, 0);
-    ck_assert_uint_eq(B.leases.n_peers, 0);
-    ck_assert_uint_eq(B.stats.leases_reclaimed, 1);
-    ck_assert_uint_eq(B.stats.leases_released, 0);
+    ck_assert_uint_eq(F.b.leases.n_leases, 0);
+    ck_assert_uint_eq(F.b.leases.n_peers, 0);
+    ck_assert_uint_eq(F.b.stats.leases_reclaimed, 1);
+    ck_assert_uint_eq(F.b.stats.leases_released, 0);
     ck_assert_uint_eq(m->leases, 0);
     /* Even with the dead owner's uid: a new process holds none of it. */
-    ck_assert_int_eq(release(&owner, id)->status, WB_ENOTFOUND);
+    ck_assert_int_eq(fixture_release(&F, &owner, id)->status, WB_ENOTFOUND);
 }
 END_TEST
 
 START_TEST(test_heartbeat)
 {
-    fixture_model(&B, "demo");
+    fixture_model(&F.b, "demo");
     wb_peer_creds p = me();
     uint8_t mine[16], unknown[16] = {0xee};
-    memcpy(mine, acquire(&p, "demo")->acquire->lease->id.data, 16);
+    memcpy(mine, fixture_acquire(&F, &p, "demo")->acquire->lease->id.data, 16);
 
     /* A lease held by another (live) process: this process's own parent. */
     wb_peer_creds parent = creds(p.uid, p.gid, (uint32_t)getppid());
     uint8_t theirs[16];
-    memcpy(theirs, acquire(&parent, "demo")->acquire->lease->id.data, 16);
+    memcpy(theirs, fixture_acquire(&F, &parent, "demo")->acquire->lease->id.data, 16);
 
     advance_ms(1001);
-    ck_assert_uint_eq(wb__broker_scan_stale(&B), 2);
-    wb_lease_rec *rec = wb__leases_find(&B.leases, mine);
+    ck_assert_uint_eq(wb__broker_scan_stale(&F.b), 2);
+    wb_lease_rec *rec = wb__leases_find(&F.b.leases, mine);
     ck_assert_int_eq(rec->state, WBPROTO__LEASE_STATE__LEASE_STALE);
 
     Wbproto__LeaseBeat b1 = WBPROTO__LEASE_BEAT__INIT, b2 = WBPROTO__LEASE_BEAT__INIT,
@@ -334,7 +282,8 @@ START_TEST(test_heartbeat)
     ck_assert_uint_eq(rec->containers, 2);
     ck_assert_int_eq(rec->last_beat_ms, fake_ms);
     /* The other process's lease is untouched: still stale. */
-    ck_assert_int_eq(wb__leases_find(&B.leases, theirs)->state, WBPROTO__LEASE_STATE__LEASE_STALE);
+    ck_assert_int_eq(wb__leases_find(&F.b.leases, theirs)->state,
+                     WBPROTO__LEASE_STATE__LEASE_STALE);
 
     /* An empty heartbeat is valid. */
     hb.n_leases = 0;
@@ -346,13 +295,13 @@ END_TEST
 
 START_TEST(test_list_leases_and_models)
 {
-    wb_model *m = fixture_model(&B, "demo");
-    fixture_model(&B, "second");
+    wb_model *m = fixture_model(&F.b, "demo");
+    fixture_model(&F.b, "second");
     wb_peer_creds p = me();
     double t0 = fake_now_wall();
-    acquire(&p, "demo");
+    fixture_acquire(&F, &p, "demo");
     advance_ms(1500);
-    ck_assert_uint_eq(wb__broker_scan_stale(&B), 1);
+    ck_assert_uint_eq(wb__broker_scan_stale(&F.b), 1);
 
     Wbproto__Reply *r = simple(&p, WBPROTO__REQUEST__BODY_LIST_LEASES);
     ck_assert_int_eq(r->status, 0);
@@ -386,7 +335,7 @@ START_TEST(test_list_leases_and_models)
     ck_assert_uint_eq(r->list_models->models[1]->leases, 0);
 
     /* Loading models are listed as such. */
-    wb__models_add(&B.models, wb__model_new("later", "/x", &wb__backend_host, -1));
+    wb__models_add(&F.b.models, wb__model_new("later", "/x", &wb__backend_host, -1));
     r = simple(&p, WBPROTO__REQUEST__BODY_LIST_MODELS);
     ck_assert_uint_eq(r->list_models->n_models, 3);
     ck_assert_int_eq(r->list_models->models[2]->state, WBPROTO__MODEL_STATE__MODEL_LOADING);
@@ -395,8 +344,8 @@ END_TEST
 
 START_TEST(test_unload_and_drain)
 {
-    wb_model *m = fixture_model(&B, "demo");
-    wb_model *idle = fixture_model(&B, "idle");
+    wb_model *m = fixture_model(&F.b, "demo");
+    wb_model *idle = fixture_model(&F.b, "idle");
     char idle_shm[WB_SHM_NAME_MAX], demo_shm[WB_SHM_NAME_MAX];
     strcpy(idle_shm, idle->data.slabs[0].shm.name);
     strcpy(demo_shm, m->data.slabs[0].shm.name);
@@ -405,37 +354,37 @@ START_TEST(test_unload_and_drain)
     if (p.uid == 0)
         stranger.uid = 4321;
 
-    Wbproto__Reply *r = unload(&stranger, "demo");
+    Wbproto__Reply *r = fixture_unload(&F, &stranger, "demo");
     ck_assert_int_eq(r->status, WB_EPERM);
     char want[80];
     snprintf(want, sizeof want, "uid %u may not unload models", stranger.uid);
     ck_assert_str_eq(r->error, want);
 
-    r = unload(&p, "nope");
+    r = fixture_unload(&F, &p, "nope");
     ck_assert_int_eq(r->status, WB_ENOTFOUND);
     ck_assert_str_eq(r->error, "no model named 'nope'");
 
     /* No leases: freed at once. */
-    r = unload(&p, "idle");
+    r = fixture_unload(&F, &p, "idle");
     ck_assert_int_eq(r->status, 0);
     ck_assert_str_eq(r->unload->model->name, "idle");
     ck_assert_int_eq(r->unload->model->state, WBPROTO__MODEL_STATE__MODEL_FREED);
-    ck_assert_ptr_null(wb__models_find(&B.models, "idle"));
+    ck_assert_ptr_null(wb__models_find(&F.b.models, "idle"));
     ck_assert(!shm_name_exists(idle_shm));
 
     /* With leases: draining; new leases refused; freed at the last release. */
     uint8_t id1[16], id2[16];
-    memcpy(id1, acquire(&p, "demo")->acquire->lease->id.data, 16);
-    memcpy(id2, acquire(&p, "demo")->acquire->lease->id.data, 16);
-    r = unload(&p, "demo");
+    memcpy(id1, fixture_acquire(&F, &p, "demo")->acquire->lease->id.data, 16);
+    memcpy(id2, fixture_acquire(&F, &p, "demo")->acquire->lease->id.data, 16);
+    r = fixture_unload(&F, &p, "demo");
     ck_assert_int_eq(r->status, 0);
     ck_assert_int_eq(r->unload->model->state, WBPROTO__MODEL_STATE__MODEL_DRAINING);
     ck_assert_uint_eq(r->unload->model->leases, 2);
-    r = unload(&p, "demo");
+    r = fixture_unload(&F, &p, "demo");
     ck_assert_int_eq(r->status, 0);
     ck_assert_int_eq(r->unload->model->state, WBPROTO__MODEL_STATE__MODEL_DRAINING);
 
-    r = acquire(&p, "demo");
+    r = fixture_acquire(&F, &p, "demo");
     ck_assert_int_eq(r->status, WB_ESTATE);
     ck_assert_str_eq(r->error,
                      "model 'demo' is draining (unload requested); new leases are refused");
@@ -444,11 +393,11 @@ START_TEST(test_unload_and_drain)
     ck_assert_uint_eq(r->list_models->n_models, 1);
     ck_assert_int_eq(r->list_models->models[0]->state, WBPROTO__MODEL_STATE__MODEL_DRAINING);
 
-    r = release(&p, id1);
+    r = fixture_release(&F, &p, id1);
     ck_assert_int_eq(r->status, 0);
     ck_assert_int_eq(r->release->model_state, WBPROTO__MODEL_STATE__MODEL_DRAINING);
     ck_assert(shm_name_exists(demo_shm));
-    r = release(&p, id2);
+    r = fixture_release(&F, &p, id2);
     ck_assert_int_eq(r->status, 0);
     ck_assert_int_eq(r->release->model_state, WBPROTO__MODEL_STATE__MODEL_FREED);
     ck_assert(!shm_name_exists(demo_shm));
@@ -456,8 +405,8 @@ START_TEST(test_unload_and_drain)
     ck_assert_uint_eq(r->list_models->n_models, 0);
 
     /* A loading model cannot be unloaded. */
-    wb__models_add(&B.models, wb__model_new("later", "/x", &wb__backend_host, -1));
-    r = unload(&p, "later");
+    wb__models_add(&F.b.models, wb__model_new("later", "/x", &wb__backend_host, -1));
+    r = fixture_unload(&F, &p, "later");
     ck_assert_int_eq(r->status, WB_ESTATE);
     ck_assert_ptr_nonnull(strstr(r->error, "model 'later' is loading"));
 }
@@ -477,7 +426,7 @@ START_TEST(test_load)
     wb_peer_creds stranger = creds(p.uid == 0 ? 4321 : p.uid + 1, p.gid, p.pid);
     const char *path = data_path("official/gpt2/model.safetensors");
 
-    Wbproto__Reply *r = load(&stranger, "gpt2", path);
+    Wbproto__Reply *r = fixture_load(&F, &stranger, "gpt2", path);
     ck_assert_int_eq(r->status, WB_EPERM);
     char want[80];
     snprintf(want, sizeof want, "uid %u may not load models", stranger.uid);
@@ -485,17 +434,17 @@ START_TEST(test_load)
 
     static const char *const bad_names[] = {"has space", "semi;colon", "slash/x", "ü"};
     for (size_t i = 0; i < sizeof bad_names / sizeof bad_names[0]; i++) {
-        r = load(&p, bad_names[i], path);
+        r = fixture_load(&F, &p, bad_names[i], path);
         ck_assert_int_eq(r->status, WB_EINVAL);
         ck_assert_ptr_nonnull(strstr(r->error, "is not 1 to 255 characters of A-Z a-z 0-9 . _ -"));
     }
     char longname[300];
     memset(longname, 'x', 256);
     longname[256] = '\0';
-    r = load(&p, longname, path);
+    r = fixture_load(&F, &p, longname, path);
     ck_assert_int_eq(r->status, WB_EINVAL);
 
-    r = load(&p, "gpt2.v1_A-b", path);
+    r = fixture_load(&F, &p, "gpt2.v1_A-b", path);
     ck_assert_msg(r->status == 0, "load: %s", r->error);
     ck_assert_int_eq(r->body_case, WBPROTO__REPLY__BODY_LOAD);
     ck_assert_str_eq(r->load->model->name, "gpt2.v1_A-b");
@@ -506,22 +455,22 @@ START_TEST(test_load)
     ck_assert(r->load->model->load_seconds > 0);
     ck_assert_double_eq_tol(r->load->model->load_gbps, 126464 / r->load->model->load_seconds / 1e9,
                             1e-9);
-    ck_assert_uint_eq(B.stats.loads_total, 1);
-    ck_assert_uint_eq(B.stats.load_bytes_total, 126464);
+    ck_assert_uint_eq(F.b.stats.loads_total, 1);
+    ck_assert_uint_eq(F.b.stats.load_bytes_total, 126464);
 
-    r = load(&p, "gpt2.v1_A-b", path);
+    r = fixture_load(&F, &p, "gpt2.v1_A-b", path);
     ck_assert_int_eq(r->status, WB_EEXIST);
     ck_assert_str_eq(r->error, "a model named 'gpt2.v1_A-b' already exists (ready)");
 
     /* A failed load leaves nothing behind. */
-    r = load(&p, "missing", "/nonexistent/model.safetensors");
+    r = fixture_load(&F, &p, "missing", "/nonexistent/model.safetensors");
     ck_assert_int_eq(r->status, WB_ENOTFOUND);
     ck_assert_ptr_nonnull(strstr(r->error, "/nonexistent/model.safetensors"));
-    ck_assert_ptr_null(wb__models_find(&B.models, "missing"));
-    ck_assert_uint_eq(B.stats.loads_total, 2);
-    ck_assert_uint_eq(B.stats.loads_failed, 1);
+    ck_assert_ptr_null(wb__models_find(&F.b.models, "missing"));
+    ck_assert_uint_eq(F.b.stats.loads_total, 2);
+    ck_assert_uint_eq(F.b.stats.loads_failed, 1);
 
-    r = acquire(&p, "gpt2.v1_A-b");
+    r = fixture_acquire(&F, &p, "gpt2.v1_A-b");
     ck_assert_int_eq(r->status, 0);
     ck_assert_uint_eq(r->acquire->lease->n_tensors, 28);
 }
@@ -529,25 +478,25 @@ END_TEST
 
 START_TEST(test_stats)
 {
-    fixture_model(&B, "demo");
-    wb_model *m2 = fixture_model(&B, "two");
+    fixture_model(&F.b, "demo");
+    wb_model *m2 = fixture_model(&F.b, "two");
     wb_peer_creds p = me();
     uint8_t id[16];
-    memcpy(id, acquire(&p, "demo")->acquire->lease->id.data, 16);
-    acquire(&p, "two");
-    acquire(&p, "two");
-    release(&p, id);
+    memcpy(id, fixture_acquire(&F, &p, "demo")->acquire->lease->id.data, 16);
+    fixture_acquire(&F, &p, "two");
+    fixture_acquire(&F, &p, "two");
+    fixture_release(&F, &p, id);
     advance_ms(1001);
-    wb__broker_scan_stale(&B);
-    acquire(&p, "demo");
-    B.stats.requests_total = 17;
-    B.stats.requests_failed = 3;
-    B.stats.malformed_messages = 2;
-    B.stats.leases_reclaimed = 4;
-    B.stats.loads_total = 5;
-    B.stats.loads_failed = 1;
-    B.stats.load_bytes_total = 999;
-    B.stats.load_seconds_total = 1.5;
+    wb__broker_scan_stale(&F.b);
+    fixture_acquire(&F, &p, "demo");
+    F.b.stats.requests_total = 17;
+    F.b.stats.requests_failed = 3;
+    F.b.stats.malformed_messages = 2;
+    F.b.stats.leases_reclaimed = 4;
+    F.b.stats.loads_total = 5;
+    F.b.stats.loads_failed = 1;
+    F.b.stats.load_bytes_total = 999;
+    F.b.stats.load_seconds_total = 1.5;
     advance_ms(2000);
 
     Wbproto__Reply *r = simple(&p, WBPROTO__REQUEST__BODY_STATS);
@@ -576,15 +525,15 @@ END_TEST
 START_TEST(test_error_reply)
 {
     Wbproto__Reply rep = WBPROTO__REPLY__INIT;
-    wb__ops_error(&rep, &A, 0, WB_EPROTO, "request does not decode");
+    wb__ops_error(&rep, &F.a, 0, WB_EPROTO, "request does not decode");
     size_t len;
     uint8_t *buf = wb__reply_pack(&rep, &len);
     wb_err err;
-    ck_assert_int_eq(wb__reply_decode(buf, len, &decoded, &err), WB_OK);
+    ck_assert_int_eq(wb__reply_decode(buf, len, &F.decoded, &err), WB_OK);
     free(buf);
-    ck_assert_uint_eq(decoded->id, 0);
-    ck_assert_int_eq(decoded->status, WB_EPROTO);
-    ck_assert_str_eq(decoded->error, "request does not decode");
+    ck_assert_uint_eq(F.decoded->id, 0);
+    ck_assert_int_eq(F.decoded->status, WB_EPROTO);
+    ck_assert_str_eq(F.decoded->error, "request does not decode");
 }
 END_TEST
 

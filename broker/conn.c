@@ -1,0 +1,442 @@
+#include "conn.h"
+
+#include "log.h"
+#include "paths.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+/* Creates every missing directory above `path`; new ones get mode 0750
+ * whatever the umask, existing ones are left alone. */
+static int make_parents(const char *path, wb_err *err)
+{
+    char dir[WB_PATH_MAX + 1];
+    int n = snprintf(dir, sizeof dir, "%s", path);
+    if (n < 0 || (size_t)n >= sizeof dir)
+        return wb__err_set(err, WB_EINVAL, "socket path is too long: %s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir)
+        return WB_OK;
+    *slash = '\0';
+    for (char *p = dir + 1;; p++) {
+        int end = *p == '\0';
+        if (*p != '/' && !end)
+            continue;
+        *p = '\0';
+        if (mkdir(dir, 0750) == 0) {
+            if (chmod(dir, 0750) != 0)
+                return wb__err_errno(err, WB_EIO, errno, "chmod %s", dir);
+        } else if (errno != EEXIST) {
+            return wb__err_errno(err, WB_EIO, errno, "cannot create directory %s", dir);
+        }
+        if (end)
+            break;
+        *p = '/';
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return wb__err_set(err, WB_EIO, "%s is not a directory", dir);
+    return WB_OK;
+}
+
+int wb__socket_prepare(const char *path, wb_err *err)
+{
+    struct sockaddr_un sun = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof sun.sun_path)
+        return wb__err_set(err, WB_EINVAL, "socket path has %zu bytes, at most %zu: %s",
+                           strlen(path), sizeof sun.sun_path - 1, path);
+    int rc = make_parents(path, err);
+    if (rc != WB_OK)
+        return rc;
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        if (errno == ENOENT)
+            return WB_OK;
+        return wb__err_errno(err, WB_EIO, errno, "cannot check %s", path);
+    }
+    if (!S_ISSOCK(st.st_mode))
+        return wb__err_set(err, WB_EEXIST, "%s exists and is not a socket; refusing to replace it",
+                           path);
+    memcpy(sun.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return wb__err_errno(err, WB_EIO, errno, "socket");
+    int c = connect(fd, (struct sockaddr *)&sun, sizeof sun);
+    int e = errno;
+    close(fd);
+    if (c == 0)
+        return wb__err_set(err, WB_EEXIST, "another broker is listening on %s", path);
+    if (e != ECONNREFUSED && e != ENOENT)
+        return wb__err_errno(err, WB_EIO, e, "cannot check whether a broker listens on %s", path);
+    if (unlink(path) != 0 && errno != ENOENT)
+        return wb__err_errno(err, WB_EIO, errno, "cannot remove the stale socket %s", path);
+    char q[WB_PATH_MAX + 64];
+    wb_info("stale_socket_removed", "socket=%s", wb__log_quote(q, sizeof q, path));
+    return WB_OK;
+}
+
+/* One queued write: a whole message (reply, greeting, PONG). */
+typedef struct outbuf {
+    struct outbuf *next;
+    size_t len, off;
+    uint8_t data[];
+} outbuf;
+
+/* A reply is addressed by the connection's serial number, 8 bytes: a
+ * connection that closed and a new one never share it. */
+static wb_conn *conn_find(wb_conns *cs, const void *id, size_t id_len, size_t *index)
+{
+    uint64_t serial;
+    if (id_len != sizeof serial)
+        return NULL;
+    memcpy(&serial, id, sizeof serial);
+    for (size_t i = 0; i < cs->n; i++) {
+        if (cs->v[i]->serial == serial) {
+            if (index)
+                *index = i;
+            return cs->v[i];
+        }
+    }
+    return NULL;
+}
+
+static void conn_remove(wb_conns *cs, size_t i)
+{
+    wb_conn *c = cs->v[i];
+    cs->buffered -= c->held;
+    wb__zmtp_free(&c->z);
+    while (c->out_head) {
+        outbuf *o = c->out_head;
+        c->out_head = o->next;
+        free(o);
+    }
+    close(c->fd);
+    free(c);
+    cs->v[i] = cs->v[--cs->n];
+}
+
+/* Writes what the queue holds until the socket would block. Returns -1
+ * when the peer is gone. */
+static int conn_flush(wb_conn *c)
+{
+    while (c->out_head) {
+        outbuf *o = c->out_head;
+        ssize_t n = send(c->fd, o->data + o->off, o->len - o->off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+        }
+        o->off += (size_t)n;
+        if (o->off < o->len)
+            continue;
+        c->out_head = o->next;
+        if (!c->out_head)
+            c->out_tail = NULL;
+        c->queued--;
+        free(o);
+    }
+    return 0;
+}
+
+/* Queues one message (hdr then body) for the connection and writes what
+ * the socket takes. Returns 0, WB_ELIMIT when --max-queued-replies
+ * messages are queued already (the peer does not read), WB_ENOMEM, or
+ * WB_EIO when the peer is gone. */
+static int conn_send(wb_conns *cs, wb_conn *c, const void *hdr, size_t hl, const void *body,
+                     size_t len)
+{
+    if (c->queued >= cs->opt->max_queued_replies)
+        return WB_ELIMIT;
+    outbuf *o = malloc(sizeof *o + hl + len);
+    if (!o)
+        return WB_ENOMEM;
+    o->next = NULL;
+    o->len = hl + len;
+    o->off = 0;
+    if (hl)
+        memcpy(o->data, hdr, hl);
+    if (len)
+        memcpy(o->data + hl, body, len);
+    if (c->out_tail)
+        c->out_tail->next = o;
+    else
+        c->out_head = o;
+    c->out_tail = o;
+    c->queued++;
+    return conn_flush(c) == 0 ? WB_OK : WB_EIO;
+}
+
+/* A peer that broke a transport bound or the protocol: logged, counted,
+ * disconnected. */
+static void violation(wb_conns *cs, size_t i, const char *reason, const char *msg)
+{
+    wb_conn *c = cs->v[i];
+    char q[WB_ERR_MSG_MAX + 64];
+    cs->stats->peers_disconnected++;
+    wb_warn("peer_disconnected", "reason=%s pid=%u uid=%u error=%s", reason, c->creds.pid,
+            c->creds.uid, wb__log_quote(q, sizeof q, msg));
+    conn_remove(cs, i);
+}
+
+/* Sends what the codec asked for (greeting, READY, PONG). */
+static int flush_codec(wb_conns *cs, wb_conn *c)
+{
+    if (c->z.out_len == 0)
+        return WB_OK;
+    size_t n = c->z.out_len;
+    c->z.out_len = 0;
+    return conn_send(cs, c, NULL, 0, c->z.out, n);
+}
+
+/* Counts a refused connection; logs at most one line a second. */
+static void refused(wb_conns *cs, const char *reason, uint32_t pid)
+{
+    cs->stats->peers_refused++;
+    cs->refused_since_log++;
+    int64_t now = wb__clock_mono_ms();
+    if (now - cs->refused_logged_ms < 1000)
+        return;
+    wb_warn("peer_refused", "reason=%s pid=%u max_peers=%u refused=%llu", reason, pid,
+            cs->opt->max_peers, (unsigned long long)cs->refused_since_log);
+    cs->refused_logged_ms = now;
+    cs->refused_since_log = 0;
+}
+
+/* Accepts pending connections. Above --max-peers a connection is
+ * closed at once; when the process is out of descriptors the spare one is
+ * given up for a moment to accept and close the connection, so that the
+ * backlog drains and the broker never stops on EMFILE. */
+void wb__conns_accept(wb_conns *cs)
+{
+    /* At most 256 a round, so that a flood of connections cannot keep the
+     * loop from everything else. */
+    for (int round = 0; round < 256; round++) {
+        int fd = accept4(cs->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            if ((errno == EMFILE || errno == ENFILE) && cs->spare >= 0) {
+                close(cs->spare);
+                fd = accept4(cs->lfd, NULL, NULL, SOCK_CLOEXEC);
+                if (fd >= 0)
+                    close(fd);
+                cs->spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
+                if (fd >= 0) {
+                    refused(cs, "out_of_descriptors", 0);
+                    continue;
+                }
+            }
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                wb_error("accept_failed", "error=\"%s\"", strerror(errno));
+            return;
+        }
+        /* A connection whose credentials cannot be read is served, but
+         * every request of it is refused (loop.c). */
+        wb_peer_creds creds;
+        wb_err cerr;
+        if (wb__peer_creds_from_fd(fd, &creds, &cerr) != WB_OK) {
+            char q[WB_ERR_MSG_MAX + 64];
+            wb_warn("peer_credentials", "error=%s", wb__log_quote(q, sizeof q, cerr.msg));
+        }
+        if (cs->n >= cs->opt->max_peers) {
+            close(fd);
+            refused(cs, "max_peers", creds.pid);
+            continue;
+        }
+        wb_conn *c = NULL;
+        if (cs->n == cs->cap) {
+            size_t cap = cs->cap ? cs->cap * 2 : 16;
+            wb_conn **p = realloc(cs->v, cap * sizeof *p);
+            if (p) {
+                cs->v = p;
+                cs->cap = cap;
+            }
+        }
+        if (cs->n < cs->cap)
+            c = calloc(1, sizeof *c);
+        if (!c) {
+            close(fd);
+            refused(cs, "out_of_memory", creds.pid);
+            continue;
+        }
+        c->fd = fd;
+        c->serial = ++cs->next_serial;
+        c->creds = creds;
+        wb_zmtp_limits lim = {.max_message = cs->opt->max_request,
+                              .max_frames = cs->opt->max_frames};
+        wb__zmtp_init(&c->z, &lim);
+        cs->v[cs->n++] = c;
+        wb_debug("peer_connected", "pid=%u uid=%u connections=%zu", creds.pid, creds.uid, cs->n);
+        if (flush_codec(cs, c) != WB_OK)
+            conn_remove(cs, cs->n - 1);
+    }
+}
+
+/* Bytes from a connection: through the codec, under the per-connection and
+ * the aggregate bounds, and every complete request handled. Returns 0
+ * while the connection stays, -1 once it was removed. */
+static int conn_input(wb_conns *cs, size_t i, const void *data, size_t len)
+{
+    wb_conn *c = cs->v[i];
+    wb_err err;
+    size_t after = c->z.len + len; /* at least what the codec will hold */
+    if (after > c->held && cs->buffered - c->held + after > cs->opt->max_buffered) {
+        char msg[192];
+        snprintf(msg, sizeof msg,
+                 "holding %zu more bytes would take the connections over %zu buffered bytes "
+                 "(--max-buffered-bytes)",
+                 len, cs->opt->max_buffered);
+        violation(cs, i, "max_buffered", msg);
+        return -1;
+    }
+    int rc = wb__zmtp_feed(&c->z, data, len, &err);
+    for (;;) {
+        cs->buffered = cs->buffered - c->held + wb__zmtp_buffered(&c->z);
+        c->held = wb__zmtp_buffered(&c->z);
+        if (rc < 0) {
+            if (rc == WB_ENOMEM)
+                wb_error("peer_input", "error=out_of_memory");
+            violation(cs, i, rc == WB_ELIMIT ? "limit" : "protocol", err.msg);
+            return -1;
+        }
+        wb_zmtp_msg m;
+        rc = wb__zmtp_next(&c->z, &m, &err);
+        if (c->z.out_len > 0) {
+            int src = flush_codec(cs, c);
+            if (src == WB_ELIMIT) {
+                violation(cs, i, "slow_reader", "the peer does not read what the broker sends");
+                return -1;
+            }
+            if (src != WB_OK) {
+                conn_remove(cs, i);
+                return -1;
+            }
+        }
+        if (rc == 0)
+            return 0;
+        if (rc == 1) {
+            if (m.frames != 1) {
+                cs->stats->malformed_messages++;
+                wb_warn("bad_message", "reason=frame_count frames=%zu pid=%u", m.frames,
+                        c->creds.pid);
+                continue;
+            }
+            uint64_t serial = c->serial;
+            cs->on_message(cs->ctx, c, &m);
+            /* The reply may have ended the connection. */
+            if (!conn_find(cs, &serial, sizeof serial, &i))
+                return -1;
+            rc = WB_OK;
+        }
+    }
+}
+
+/* Reads what a connection sent, at most 256 KiB a round so that one peer
+ * cannot starve the others. */
+static void conn_readable(wb_conns *cs, size_t i)
+{
+    uint8_t buf[WB_ZMTP_READ_CHUNK];
+    for (int round = 0; round < 4; round++) {
+        wb_conn *c = cs->v[i];
+        ssize_t n = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        if (n <= 0) {
+            wb_debug("peer_disconnected", "pid=%u", c->creds.pid);
+            conn_remove(cs, i);
+            return;
+        }
+        if (conn_input(cs, i, buf, (size_t)n) != 0)
+            return;
+    }
+}
+
+/* Binds the unix socket the clients' DEALER sockets connect to (libzmq's
+ * ipc:// is a plain SOCK_STREAM unix socket). The broker accepts and
+ * reads itself and speaks ZMTP through zmtp.h: libzmq's ROUTER would
+ * buffer an unfinished multipart message without limit, queue replies for
+ * a peer that never reads, and abort on EMFILE in accept. */
+int wb__conns_listen(wb_conns *cs, const char *path, wb_err *err)
+{
+    struct sockaddr_un sun = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof sun.sun_path)
+        return wb__err_set(err, WB_EINVAL, "socket path is too long: %s", path);
+    memcpy(sun.sun_path, path, strlen(path) + 1);
+    cs->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (cs->lfd < 0)
+        return wb__err_errno(err, WB_EIO, errno, "socket");
+    /* Sockets are created with 0777 & ~umask: 0117 gives 0660. */
+    mode_t old = umask(0117);
+    int rc = bind(cs->lfd, (struct sockaddr *)&sun, sizeof sun);
+    int e = errno;
+    umask(old);
+    if (rc != 0)
+        return wb__err_errno(err, WB_EIO, e, "cannot bind %s", path);
+    if (listen(cs->lfd, 128) != 0)
+        return wb__err_errno(err, WB_EIO, errno, "cannot listen on %s", path);
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return wb__err_errno(err, WB_EIO, errno, "stat %s after binding", path);
+    if ((st.st_mode & 07777) != 0660 && chmod(path, 0660) != 0)
+        return wb__err_errno(err, WB_EIO, errno, "chmod 0660 %s", path);
+    cs->spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    return WB_OK;
+}
+
+int wb__conns_send(wb_conns *cs, const void *ident, size_t ident_len, const void *body, size_t len)
+{
+    size_t i;
+    wb_conn *c = conn_find(cs, ident, ident_len, &i);
+    if (!c)
+        return WB_ENOTFOUND;
+    uint8_t hdr[9];
+    size_t hl = wb__zmtp_frame_header(hdr, len);
+    int rc = conn_send(cs, c, hdr, hl, body, len);
+    if (rc == WB_ELIMIT) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the peer left %d replies unread (--max-queued-replies)",
+                 cs->opt->max_queued_replies);
+        violation(cs, i, "slow_reader", msg);
+    } else if (rc != WB_OK) {
+        conn_remove(cs, i);
+        rc = WB_EIO;
+    }
+    return rc;
+}
+
+void wb__conns_event(wb_conns *cs, uint64_t serial, int writable, int readable)
+{
+    size_t i;
+    wb_conn *c = conn_find(cs, &serial, sizeof serial, &i);
+    if (!c)
+        return;
+    if (writable && conn_flush(c) != 0) {
+        conn_remove(cs, i);
+        return;
+    }
+    if (readable)
+        conn_readable(cs, i);
+}
+
+void wb__conns_destroy(wb_conns *cs)
+{
+    while (cs->n > 0)
+        conn_remove(cs, cs->n - 1);
+    free(cs->v);
+    cs->v = NULL;
+    if (cs->lfd >= 0)
+        close(cs->lfd);
+    if (cs->spare >= 0)
+        close(cs->spare);
+    cs->lfd = cs->spare = -1;
+}

@@ -1,0 +1,91 @@
+/* The broker's transport: the listening unix socket the clients' ZeroMQ
+ * DEALER sockets connect to (libzmq's ipc:// is a plain SOCK_STREAM unix
+ * socket) and one connection per peer. Each connection reads into its ZMTP
+ * codec (zmtp.h) under the transport bounds and writes from a bounded queue;
+ * a peer that breaks a bound or the protocol is disconnected. What a
+ * complete request means is the caller's (on_message). */
+#ifndef WB_BROKER_CONN_H
+#define WB_BROKER_CONN_H
+
+#include "broker.h"
+#include "err.h"
+#include "peer.h"
+#include "zmtp.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Gets the socket path ready for binding: creates missing parent
+ * directories (mode 0750), refuses with WB_EEXIST when a broker answers on
+ * the path or when the path is something other than a socket, and removes a
+ * socket file that nothing answers on. */
+int wb__socket_prepare(const char *path, wb_err *err);
+
+/* Transport bounds: what peers can make the broker hold. */
+typedef struct wb_loop_options {
+    unsigned max_peers;     /* connections at once; more are closed at once */
+    size_t max_request;     /* payload bytes of one incoming message */
+    unsigned max_frames;    /* frames of one incoming message */
+    size_t max_buffered;    /* bytes of unfinished messages over all connections */
+    int max_queued_replies; /* replies queued for one peer (send high-water mark) */
+} wb_loop_options;
+
+struct outbuf;
+
+/* One client connection: its socket, the ZMTP codec, its credentials
+ * (SO_PEERCRED) and the messages waiting to be written. */
+typedef struct wb_conn {
+    int fd;
+    uint64_t serial; /* the connection's identity for deferred replies */
+    wb_zmtp z;
+    size_t held; /* wb__zmtp_buffered(&z) as counted in wb_conns.buffered */
+    wb_peer_creds creds;
+    struct outbuf *out_head, *out_tail;
+    int queued; /* messages in the queue */
+} wb_conn;
+
+typedef struct wb_conns wb_conns;
+
+/* A complete single-frame message from connection c. The connection may be
+ * gone when it returns (a reply to a slow reader). */
+typedef void (*wb_conn_message_fn)(void *ctx, wb_conn *c, const wb_zmtp_msg *m);
+
+/* Every connection, the listening socket and what they hold in all. */
+struct wb_conns {
+    const wb_loop_options *opt;
+    wb_broker_stats *stats; /* peers_refused, peers_disconnected, malformed_messages */
+    wb_conn_message_fn on_message;
+    void *ctx;
+    int lfd;   /* the listening socket, -1 before wb__conns_listen */
+    int spare; /* a descriptor kept to be freed when accept meets EMFILE */
+    wb_conn **v;
+    size_t n, cap;
+    uint64_t next_serial;
+    size_t buffered; /* bytes held by every connection's codec */
+    int64_t refused_logged_ms;
+    uint64_t refused_since_log;
+};
+
+/* Binds the unix socket (mode 0660) and listens. On failure the caller
+ * still calls wb__conns_destroy. */
+int wb__conns_listen(wb_conns *cs, const char *path, wb_err *err);
+
+/* Accepts pending connections (at most 256 a round). Above --max-peers a
+ * connection is closed at once; out of descriptors, the spare one is given
+ * up for a moment so that the backlog drains. */
+void wb__conns_accept(wb_conns *cs);
+
+/* Handles poll events of the connection with this serial, if it is still
+ * there: writes what is queued, reads and handles what came. */
+void wb__conns_event(wb_conns *cs, uint64_t serial, int writable, int readable);
+
+/* Sends one message as a ZMTP frame to the connection `ident` (its serial,
+ * 8 bytes). Returns WB_OK; WB_ENOTFOUND when no such connection is open;
+ * WB_ELIMIT when the peer left --max-queued-replies messages unread, and
+ * WB_EIO when it is gone (both disconnect it). */
+int wb__conns_send(wb_conns *cs, const void *ident, size_t ident_len, const void *body, size_t len);
+
+/* Closes every connection and the listening socket (the path stays). */
+void wb__conns_destroy(wb_conns *cs);
+
+#endif

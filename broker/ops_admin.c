@@ -1,0 +1,109 @@
+#include "ops_admin.h"
+
+#include "log.h"
+
+#include <stdio.h>
+
+void wb__ops_load_done(wb_broker *b, const wb_load_job *job, wb_model *model, wb_arena *a,
+                       Wbproto__Reply *rep)
+{
+    (void)b;
+    rep->version = WB_PROTOCOL_VERSION;
+    rep->id = job->request_id;
+    if (job->rc != WB_OK || !model) {
+        wb__ops_error(rep, a, job->request_id, job->rc != WB_OK ? job->rc : WB_EINTERNAL,
+                      job->err.msg);
+        return;
+    }
+    Wbproto__LoadReply *lr = wb__arena_alloc(a, sizeof *lr);
+    Wbproto__ModelInfo *mi = wb__ops_model_info(model, model->state, a);
+    if (!lr || !mi) {
+        wb__ops_oom(rep, a);
+        return;
+    }
+    wbproto__load_reply__init(lr);
+    lr->model = mi;
+    rep->body_case = WBPROTO__REPLY__BODY_LOAD;
+    rep->load = lr;
+}
+
+int wb__ops_load(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request *req,
+                 const void *ident, size_t ident_len, wb_arena *a, Wbproto__Reply *rep)
+{
+    const char *name = req->load->name;
+    const char *path = req->load->path;
+    char q[300], qp[WB_PATH_MAX + 64];
+    if (!wb__ops_is_admin(b, peer))
+        return wb__ops_refuse_admin(b, peer, "load", rep, a);
+    if (!wb__model_name_valid(name))
+        return wb__ops_fail(rep, a, WB_EINVAL,
+                            "model name %s is not 1 to %d characters of A-Z a-z 0-9 . _ -",
+                            wb__log_quote(q, 80, name), WB_NAME_MAX);
+    wb_model *m = wb__models_find(&b->models, name);
+    if (m)
+        return wb__ops_fail(rep, a, WB_EEXIST, "a model named '%s' already exists (%s)", name,
+                            wb__model_state_name(m->state));
+    wb_err cerr;
+    int crc = wb__broker_check_load(b, peer, name, path, &cerr);
+    if (crc != WB_OK)
+        return wb__ops_fail(rep, a, crc, "%s", cerr.msg);
+    m = wb__model_new(name, path, b->cfg.backend, b->cfg.device);
+    wb_load_job *job =
+        wb__load_job_new(name, path, b->cfg.backend, b->cfg.device, ident, ident_len, rep->id);
+    if (!m || !job) {
+        wb__model_free(&m);
+        wb__load_job_free(&job);
+        return wb__ops_oom(rep, a);
+    }
+    job->progress = &m->progress;
+    job->access = wb__auth_load_access(peer);
+    wb__models_add(&b->models, m);
+    wb_info("model_load_start", "model=%s path=%s backend=%s pid=%u uid=%u",
+            wb__log_quote(q, sizeof q, name), wb__log_quote(qp, sizeof qp, path),
+            b->cfg.backend->name, peer->pid, peer->uid);
+    if (b->loader) {
+        wb__loader_submit(b->loader, job);
+        return WB_OPS_DEFERRED;
+    }
+    wb__load_job_run(job, NULL);
+    wb_model *ready;
+    wb__broker_finish_load(b, job, &ready);
+    wb__ops_load_done(b, job, ready, a, rep);
+    wb__load_job_free(&job);
+    return 0;
+}
+
+int wb__ops_unload(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request *req,
+                   wb_arena *a, Wbproto__Reply *rep)
+{
+    const char *name = req->unload->name;
+    char q[300];
+    if (!wb__ops_is_admin(b, peer))
+        return wb__ops_refuse_admin(b, peer, "unload", rep, a);
+    wb_model *m = wb__models_find(&b->models, name);
+    if (!m)
+        return wb__ops_fail(rep, a, WB_ENOTFOUND, "no model named '%s'", name);
+    if (m->state == WBPROTO__MODEL_STATE__MODEL_LOADING)
+        return wb__ops_fail(rep, a, WB_ESTATE,
+                            "model '%s' is loading; unload it when the load has ended", name);
+    Wbproto__UnloadReply *ur = wb__arena_alloc(a, sizeof *ur);
+    if (!ur)
+        return wb__ops_oom(rep, a);
+    wbproto__unload_reply__init(ur);
+    if (m->leases == 0) {
+        if (!(ur->model = wb__ops_model_info(m, WBPROTO__MODEL_STATE__MODEL_FREED, a)))
+            return wb__ops_oom(rep, a);
+        wb__broker_free_model(b, m);
+    } else {
+        if (m->state != WBPROTO__MODEL_STATE__MODEL_DRAINING) {
+            m->state = WBPROTO__MODEL_STATE__MODEL_DRAINING;
+            wb_info("model_draining", "model=%s leases=%u", wb__log_quote(q, sizeof q, name),
+                    m->leases);
+        }
+        if (!(ur->model = wb__ops_model_info(m, m->state, a)))
+            return wb__ops_oom(rep, a);
+    }
+    rep->body_case = WBPROTO__REPLY__BODY_UNLOAD;
+    rep->unload = ur;
+    return 0;
+}

@@ -1,0 +1,83 @@
+/* wbrokerd's options: the command line and the configuration file's
+ * [broker] keys (config.c turns them into the same arguments) go through one
+ * table-driven parser into one struct, checked as a whole before anything
+ * starts. main.c only runs what they say. */
+#ifndef WB_BROKER_OPTIONS_H
+#define WB_BROKER_OPTIONS_H
+
+#include "auth.h"
+#include "config.h"
+
+#include <stddef.h>
+
+#define WB_EXIT_USAGE 2
+/* sysexits.h's EX_CONFIG: the configuration file is wrong. */
+#define WB_EXIT_CONFIG 78
+/* wb__options_parse and wb__options_validate: go on to the next step. */
+#define WB_OPTIONS_GO_ON (-1)
+
+/* Numeric options, table-driven: each is a decimal number from min to
+ * max; a wrong one is "--NAME: 'VALUE' is not WHAT". */
+typedef enum wb_num_opt {
+    WB_NUM_HEARTBEAT,
+    WB_NUM_STALE,
+    WB_NUM_READ_THREADS,
+    WB_NUM_STAGING_MIB,
+    WB_NUM_STAGING_BUFFERS,
+    WB_NUM_MAX_LEASES,
+    WB_NUM_MAX_MODELS,
+    WB_NUM_MAX_TENSORS,
+    WB_NUM_MAX_MESSAGE,
+    WB_NUM_MAX_HEADER,
+    WB_NUM_MAX_PEERS,
+    WB_NUM_MAX_REQUEST,
+    WB_NUM_MAX_BUFFERED,
+    WB_NUM_MAX_QUEUED,
+    WB_NUM_OPTS
+} wb_num_opt;
+
+typedef struct wb_preload {
+    char *name;
+    char *path;
+    int device;    /* -1: the broker's --device */
+    int from_file; /* given by a [model NAME] section of the configuration file */
+    int line;      /* that section's line (or its device's), else 0 */
+} wb_preload;
+
+/* Everything the options say, parsed and checked before anything starts. */
+typedef struct wb_options {
+    const char *socket;
+    const char *backend;
+    int device, device_given;
+    int load_mode;
+    long num[WB_NUM_OPTS]; /* 0: not given */
+    const char *metrics;
+    const char *config_file;
+    int check_config;
+    wb_preload *models;
+    size_t n_models;
+    wb_auth auth; /* access lists, handed to the broker when it starts */
+    wb_config config;
+    char **av; /* the configuration file's arguments, then the command line's */
+    int ac;
+} wb_options;
+
+/* Defaults: the "auto" backend, the access lists of this user. */
+void wb__options_init(wb_options *o);
+
+/* Reads the configuration file (its options go first, so that the command
+ * line's win) and every option. Returns WB_OPTIONS_GO_ON, or the exit
+ * status (after printing why, or --help or --version). */
+int wb__options_parse(wb_options *o, int argc, char **argv);
+
+/* Fills the defaults left, checks what single options cannot, and answers
+ * --check-config. Returns WB_OPTIONS_GO_ON, or the exit status. */
+int wb__options_validate(wb_options *o);
+
+void wb__options_free(wb_options *o);
+
+/* Reports why the broker cannot start or go on. In the JSON log format it
+ * is a log line like the others, so that a log collector keeps it. */
+void wb__fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif

@@ -1,0 +1,93 @@
+#include "wbctl_model.h"
+
+#include <stdio.h>
+
+/* The loader's figures: progress, settings and per-stage times and rates. */
+static void load_json(json_t *o, const Wbproto__ModelInfo *m)
+{
+    json_object_set_new(o, "loaded_bytes", json_integer((json_int_t)m->loaded_bytes));
+    if (m->load_mode && m->load_mode[0])
+        json_object_set_new(o, "load_mode", json_string(m->load_mode));
+    json_object_set_new(o, "read_threads", json_integer(m->read_threads));
+    json_object_set_new(o, "staging_buffer_bytes",
+                        json_integer((json_int_t)m->staging_buffer_bytes));
+    json_object_set_new(o, "staging_buffers", json_integer(m->staging_buffers));
+    json_t *st = json_object();
+    static const char *const names[] = {"read", "hash", "copy"};
+    const double secs[] = {m->read_seconds, m->hash_seconds, m->copy_seconds};
+    const double rates[] = {m->read_gbps, m->hash_gbps, m->copy_gbps};
+    for (int i = 0; i < 3; i++) {
+        json_t *one = json_object();
+        json_object_set_new(one, "seconds", json_real(secs[i]));
+        json_object_set_new(one, "gbps", json_real(rates[i]));
+        json_object_set_new(st, names[i], one);
+    }
+    json_object_set_new(o, "load_stages", st);
+    json_object_set_new(o, "wait_seconds", json_real(m->wait_seconds));
+    json_object_set_new(o, "open_seconds", json_real(m->open_seconds));
+    json_object_set_new(o, "alloc_seconds", json_real(m->alloc_seconds));
+    json_object_set_new(o, "register_seconds", json_real(m->register_seconds));
+}
+
+void wbctl_print_stages(const Wbproto__ModelInfo *m)
+{
+    if (!m->load_mode || !m->load_mode[0])
+        return;
+    printf("load: %s, %u thread%s", m->load_mode, m->read_threads, m->read_threads == 1 ? "" : "s");
+    if (m->staging_buffers)
+        printf(", %u x %.1f MiB pinned staging", m->staging_buffers,
+               (double)m->staging_buffer_bytes / (1024.0 * 1024.0));
+    printf("; read %.2f GB/s, hash %.2f GB/s", m->read_gbps, m->hash_gbps);
+    if (m->copy_seconds > 0)
+        printf(", copy %.2f GB/s", m->copy_gbps);
+    printf("\n");
+}
+
+json_t *wbctl_model_json(const Wbproto__ModelInfo *m)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "name", json_string(m->name));
+    json_object_set_new(o, "path", json_string(m->path));
+    json_object_set_new(o, "state", json_string(wb__model_state_name(m->state)));
+    json_object_set_new(o, "backend", json_string(wb__backend_name(m->backend)));
+    json_object_set_new(o, "device", json_integer(m->device));
+    json_object_set_new(o, "tensors", json_integer(m->tensors));
+    json_object_set_new(o, "bytes", json_integer((json_int_t)m->bytes));
+    json_object_set_new(o, "slab_bytes", json_integer((json_int_t)m->slab_bytes));
+    json_object_set_new(o, "leases", json_integer(m->leases));
+    json_object_set_new(o, "load_seconds", json_real(m->load_seconds));
+    json_object_set_new(o, "load_gbps", json_real(m->load_gbps));
+    load_json(o, m);
+    if (m->error && m->error[0])
+        json_object_set_new(o, "error", json_string(m->error));
+    return o;
+}
+
+void wbctl_model_header(wbctl_table *t)
+{
+    wbctl_table_add(t, "NAME", "STATE", "BACKEND", "DEVICE", "TENSORS", "BYTES", "LEASES", "LOAD_S",
+                    "GB/S");
+}
+
+void wbctl_model_row(wbctl_table *t, const Wbproto__ModelInfo *m)
+{
+    char dev[16], tensors[16], bytes[32], leases[16], secs[32], gbps[32];
+    snprintf(dev, sizeof dev, "%d", m->device);
+    snprintf(tensors, sizeof tensors, "%u", m->tensors);
+    snprintf(bytes, sizeof bytes, "%llu", (unsigned long long)m->bytes);
+    snprintf(leases, sizeof leases, "%u", m->leases);
+    if (m->state == WBPROTO__MODEL_STATE__MODEL_LOADING) {
+        /* While loading, LOAD_S shows how far it got. */
+        if (m->bytes)
+            snprintf(secs, sizeof secs, "%.0f%%",
+                     100.0 * (double)m->loaded_bytes / (double)m->bytes);
+        else
+            snprintf(secs, sizeof secs, "-");
+        snprintf(gbps, sizeof gbps, "-");
+    } else {
+        snprintf(secs, sizeof secs, "%.3f", m->load_seconds);
+        snprintf(gbps, sizeof gbps, "%.2f", m->load_gbps);
+    }
+    wbctl_table_add(t, m->name, wb__model_state_name(m->state), wb__backend_name(m->backend), dev,
+                    tensors, bytes, leases, secs, gbps);
+}

@@ -1,0 +1,17 @@
+/* How wbctl shows a model: the row of `wbctl models` (also printed by load),
+ * its JSON object, and the loader's stage line. */
+#ifndef WBCTL_MODEL_H
+#define WBCTL_MODEL_H
+
+#include "wbctl_out.h"
+#include "wire.h"
+
+#define WBCTL_MODEL_COLUMNS 9
+
+void wbctl_model_header(wbctl_table *t);
+void wbctl_model_row(wbctl_table *t, const Wbproto__ModelInfo *m);
+json_t *wbctl_model_json(const Wbproto__ModelInfo *m);
+/* One line per load for people: how each stage did. */
+void wbctl_print_stages(const Wbproto__ModelInfo *m);
+
+#endif

@@ -1,0 +1,115 @@
+#include "wbctl_out.h"
+
+#include "wbctl.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void wbctl_table_add(wbctl_table *t, ...)
+{
+    if (t->nrows == t->cap) {
+        size_t cap = t->cap ? 2 * t->cap : 8;
+        char **cells = realloc(t->cells, cap * t->ncols * sizeof *cells);
+        if (!cells)
+            return;
+        t->cells = cells;
+        t->cap = cap;
+    }
+    va_list ap;
+    va_start(ap, t);
+    for (size_t i = 0; i < t->ncols; i++) {
+        /* Cells hold what peers chose (process names, paths): escaped, so
+         * that none can drive the terminal. */
+        const char *s = va_arg(ap, const char *);
+        t->cells[t->nrows * t->ncols + i] = wbctl_escape(s);
+    }
+    va_end(ap);
+    t->nrows++;
+}
+
+void wbctl_table_print(wbctl_table *t)
+{
+    size_t width[16] = {0};
+    for (size_t r = 0; r < t->nrows; r++) {
+        for (size_t c = 0; c < t->ncols && c < 16; c++) {
+            const char *s = t->cells[r * t->ncols + c];
+            size_t n = s ? strlen(s) : 0;
+            if (n > width[c])
+                width[c] = n;
+        }
+    }
+    for (size_t r = 0; r < t->nrows; r++) {
+        for (size_t c = 0; c < t->ncols; c++) {
+            const char *s = t->cells[r * t->ncols + c];
+            if (c + 1 < t->ncols)
+                printf("%-*s  ", (int)width[c], s ? s : "");
+            else
+                printf("%s\n", s ? s : "");
+        }
+    }
+    for (size_t i = 0; i < t->nrows * t->ncols; i++)
+        free(t->cells[i]);
+    free(t->cells);
+    t->cells = NULL;
+    t->nrows = t->cap = 0;
+}
+
+json_t *wbctl_jstr(const char *s)
+{
+    json_t *j = json_string(s ? s : "");
+    if (j)
+        return j;
+    char *fixed = wbctl_utf8(s);
+    j = json_string(fixed ? fixed : "");
+    free(fixed);
+    return j;
+}
+
+int wbctl_print_json(json_t *j)
+{
+    if (!j) {
+        fprintf(stderr, "wbctl: out of memory\n");
+        return 1;
+    }
+    char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(j);
+    if (!s) {
+        fprintf(stderr, "wbctl: out of memory\n");
+        return 1;
+    }
+    puts(s);
+    free(s);
+    return WBCTL_EXIT_OK;
+}
+
+double wbctl_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+void wbctl_fmt_age(char *buf, size_t size, double seconds)
+{
+    long s = seconds > 0 ? (long)seconds : 0;
+    if (s < 60)
+        snprintf(buf, size, "%lds", s);
+    else if (s < 3600)
+        snprintf(buf, size, "%ldm%02lds", s / 60, s % 60);
+    else
+        snprintf(buf, size, "%ldh%02ldm%02lds", s / 3600, (s / 60) % 60, s % 60);
+}
+
+void wbctl_hex(const ProtobufCBinaryData *b, char *out, size_t size)
+{
+    static const char digits[] = "0123456789abcdef";
+    size_t o = 0;
+    for (size_t i = 0; i < b->len && o + 2 < size; i++) {
+        out[o++] = digits[b->data[i] >> 4];
+        out[o++] = digits[b->data[i] & 15];
+    }
+    out[o] = '\0';
+}
