@@ -201,6 +201,31 @@ int wb__broker_finish_load(wb_broker *b, wb_load_job *job, wb_model **model)
     return WB_OK;
 }
 
+/* What the pre-load walk judges each file by: the peer's access, then the
+ * limits, all on the descriptor the walk opened. */
+typedef struct load_check {
+    wb_load_access access;
+    const wb_limits *limits;
+    const char *model;
+} load_check;
+
+static int check_file_access(void *arg, int fd, const char *path, wb_err *err)
+{
+    return wb__auth_check_peer_fd(&((load_check *)arg)->access, fd, path, err);
+}
+
+static int check_header_len(void *arg, const char *path, uint64_t header_len, wb_err *err)
+{
+    return wb__limits_check_header_len(((load_check *)arg)->limits, path, header_len, err);
+}
+
+static int check_tensor_count(void *arg, const char *index_path, uint64_t tensors, wb_err *err)
+{
+    (void)index_path;
+    const load_check *lc = arg;
+    return wb__limits_check_tensors(lc->limits, lc->model, tensors, err);
+}
+
 int wb__broker_check_load(wb_broker *b, const wb_peer_creds *peer, const char *name,
                           const char *path, wb_err *err)
 {
@@ -215,21 +240,31 @@ int wb__broker_check_load(wb_broker *b, const wb_peer_creds *peer, const char *n
     if (rc == WB_ENOTFOUND)
         return WB_OK;
     /* The peer's own access, to the resolved path and then to every file the
-     * load will open (index and shards), before anything reads a byte of
-     * them: the header checks below would otherwise answer with bytes of a
-     * file the peer may not read. The loader judges each file again on the
-     * descriptor it reads. Other errors of the reader are the loader's to
-     * report. */
-    wb_load_access acc = wb__auth_load_access(peer);
+     * load will open (index and shards), and only then the limits that need
+     * a file's bytes (header length, an index's tensor count), each on the
+     * descriptor whose access was judged: a file is never opened twice by
+     * path, so a link swapped during the check cannot make the limit message
+     * echo bytes of a file the peer may not read. The reader opens the path
+     * as given (an index names its shards relative to its own directory,
+     * which for a linked index is not the target's). The loader judges each
+     * file again on the descriptor it reads. Other errors of the reader are
+     * the loader's to report. */
+    load_check lc = {.access = wb__auth_load_access(peer), .limits = &b->limits, .model = name};
     if (rc == WB_OK)
-        rc = wb__auth_check_peer_path(&acc, resolved, err);
+        rc = wb__auth_check_peer_path(&lc.access, resolved, err);
     if (rc == WB_OK) {
-        wb_st_open_opts so = {.check_file = wb__auth_check_peer_fd, .arg = &acc};
+        wb_st_open_opts so = {.check_file = check_file_access,
+                              .arg = &lc,
+                              .check_header = check_header_len,
+                              .check_count = check_tensor_count};
         wb_err ferr;
         wb__err_clear(&ferr);
-        if (wb__st_check_files(path, &so, &ferr) == WB_EPERM)
-            rc = wb__err_set(err, WB_EPERM, "%s", ferr.msg);
+        int frc = wb__st_check_files(path, &so, &ferr);
+        if (frc == WB_EPERM || frc == WB_ELIMIT)
+            rc = wb__err_set(err, frc, "%s", ferr.msg);
     }
+    if (rc == WB_ELIMIT)
+        return rc;
     if (rc != WB_OK) {
         wb_warn("load_path_refused", "model=%s path=%s status=%s error=%s",
                 wb__log_quote(q, sizeof q, name), wb__log_quote(qp, sizeof qp, path),
@@ -239,9 +274,7 @@ int wb__broker_check_load(wb_broker *b, const wb_peer_creds *peer, const char *n
     wb_info("load_path", "model=%s path=%s resolved=%s kind=%s", wb__log_quote(q, sizeof q, name),
             wb__log_quote(qp, sizeof qp, path), wb__log_quote(qr, sizeof qr, resolved),
             is_dir ? "directory" : "file");
-    /* The reader opens the path as given: an index names its shards relative
-     * to its own directory, which for a linked index is not the target's. */
-    return wb__limits_check_checkpoint(&b->limits, name, path, err);
+    return WB_OK;
 }
 
 void wb__broker_count_request(wb_broker *b, uint32_t op, int status)

@@ -111,6 +111,7 @@ static void conn_remove(wb_conns *cs, size_t i)
 {
     wb_conn *c = cs->v[i];
     cs->buffered -= c->held;
+    cs->queued_bytes -= c->queued_bytes;
     wb__zmtp_free(&c->z);
     while (c->out_head) {
         outbuf *o = c->out_head;
@@ -124,7 +125,7 @@ static void conn_remove(wb_conns *cs, size_t i)
 
 /* Writes what the queue holds until the socket would block. Returns -1
  * when the peer is gone. */
-static int conn_flush(wb_conn *c)
+static int conn_flush(wb_conns *cs, wb_conn *c)
 {
     while (c->out_head) {
         outbuf *o = c->out_head;
@@ -135,6 +136,8 @@ static int conn_flush(wb_conn *c)
             return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
         }
         o->off += (size_t)n;
+        c->queued_bytes -= (size_t)n;
+        cs->queued_bytes -= (size_t)n;
         if (o->off < o->len)
             continue;
         c->out_head = o->next;
@@ -147,14 +150,33 @@ static int conn_flush(wb_conn *c)
 }
 
 /* Queues one message (hdr then body) for the connection and writes what
- * the socket takes. Returns 0, WB_ELIMIT when --max-queued-replies
- * messages are queued already (the peer does not read), WB_ENOMEM, or
- * WB_EIO when the peer is gone. */
+ * the socket takes. Returns 0; WB_ELIMIT when --max-queued-replies
+ * messages are queued already, or when the message would take the peer's
+ * queue over --max-queued-bytes (one message always fits an empty queue)
+ * or every peer's over --max-queued-bytes-total (the peer does not read;
+ * `why` says which); WB_ENOMEM; or WB_EIO when the peer is gone. */
 static int conn_send(wb_conns *cs, wb_conn *c, const void *hdr, size_t hl, const void *body,
-                     size_t len)
+                     size_t len, char *why, size_t why_len)
 {
-    if (c->queued >= cs->opt->max_queued_replies)
+    size_t total = hl + len;
+    if (c->queued >= cs->opt->max_queued_replies) {
+        snprintf(why, why_len, "the peer left %d replies unread (--max-queued-replies)",
+                 cs->opt->max_queued_replies);
         return WB_ELIMIT;
+    }
+    if (c->queued > 0 && c->queued_bytes + total > cs->opt->max_queued_bytes) {
+        snprintf(why, why_len,
+                 "the peer left %zu bytes unread; %zu more would pass %zu (--max-queued-bytes)",
+                 c->queued_bytes, total, cs->opt->max_queued_bytes);
+        return WB_ELIMIT;
+    }
+    if (cs->queued_bytes + total > cs->opt->max_queued_total) {
+        snprintf(why, why_len,
+                 "%zu more bytes would take the replies queued for all peers over %zu "
+                 "(--max-queued-bytes-total)",
+                 total, cs->opt->max_queued_total);
+        return WB_ELIMIT;
+    }
     outbuf *o = malloc(sizeof *o + hl + len);
     if (!o)
         return WB_ENOMEM;
@@ -171,7 +193,9 @@ static int conn_send(wb_conns *cs, wb_conn *c, const void *hdr, size_t hl, const
         c->out_head = o;
     c->out_tail = o;
     c->queued++;
-    return conn_flush(c) == 0 ? WB_OK : WB_EIO;
+    c->queued_bytes += total;
+    cs->queued_bytes += total;
+    return conn_flush(cs, c) == 0 ? WB_OK : WB_EIO;
 }
 
 /* A peer that broke a transport bound or the protocol: logged, counted,
@@ -187,13 +211,13 @@ static void violation(wb_conns *cs, size_t i, const char *reason, const char *ms
 }
 
 /* Sends what the codec asked for (greeting, READY, PONG). */
-static int flush_codec(wb_conns *cs, wb_conn *c)
+static int flush_codec(wb_conns *cs, wb_conn *c, char *why, size_t why_len)
 {
     if (c->z.out_len == 0)
         return WB_OK;
     size_t n = c->z.out_len;
     c->z.out_len = 0;
-    return conn_send(cs, c, NULL, 0, c->z.out, n);
+    return conn_send(cs, c, NULL, 0, c->z.out, n, why, why_len);
 }
 
 /* Counts a refused connection; logs at most one line a second. */
@@ -204,8 +228,9 @@ static void refused(wb_conns *cs, const char *reason, uint32_t pid)
     int64_t now = wb__clock_mono_ms();
     if (now - cs->refused_logged_ms < 1000)
         return;
-    wb_warn("peer_refused", "reason=%s pid=%u max_peers=%u refused=%llu", reason, pid,
-            cs->opt->max_peers, (unsigned long long)cs->refused_since_log);
+    wb_warn("peer_refused", "reason=%s pid=%u max_peers=%u max_peers_per_process=%u refused=%llu",
+            reason, pid, cs->opt->max_peers, cs->opt->max_per_process,
+            (unsigned long long)cs->refused_since_log);
     cs->refused_logged_ms = now;
     cs->refused_since_log = 0;
 }
@@ -251,6 +276,18 @@ void wb__conns_accept(wb_conns *cs)
             refused(cs, "max_peers", creds.pid);
             continue;
         }
+        /* One process cannot take the whole table: libwbclient holds one
+         * connection per client object, far fewer than this. */
+        if (creds.known) {
+            unsigned same = 0;
+            for (size_t k = 0; k < cs->n; k++)
+                same += cs->v[k]->creds.known && cs->v[k]->creds.pid == creds.pid;
+            if (same >= cs->opt->max_per_process) {
+                close(fd);
+                refused(cs, "max_peers_per_process", creds.pid);
+                continue;
+            }
+        }
         wb_conn *c = NULL;
         if (cs->n == cs->cap) {
             size_t cap = cs->cap ? cs->cap * 2 : 16;
@@ -270,12 +307,14 @@ void wb__conns_accept(wb_conns *cs)
         c->fd = fd;
         c->serial = ++cs->next_serial;
         c->creds = creds;
+        c->accepted_ms = wb__clock_mono_ms();
         wb_zmtp_limits lim = {.max_message = cs->opt->max_request,
                               .max_frames = cs->opt->max_frames};
         wb__zmtp_init(&c->z, &lim);
         cs->v[cs->n++] = c;
         wb_debug("peer_connected", "pid=%u uid=%u connections=%zu", creds.pid, creds.uid, cs->n);
-        if (flush_codec(cs, c) != WB_OK)
+        char why[160];
+        if (flush_codec(cs, c, why, sizeof why) != WB_OK)
             conn_remove(cs, cs->n - 1);
     }
 }
@@ -310,9 +349,10 @@ static int conn_input(wb_conns *cs, size_t i, const void *data, size_t len)
         wb_zmtp_msg m;
         rc = wb__zmtp_next(&c->z, &m, &err);
         if (c->z.out_len > 0) {
-            int src = flush_codec(cs, c);
+            char why[160];
+            int src = flush_codec(cs, c, why, sizeof why);
             if (src == WB_ELIMIT) {
-                violation(cs, i, "slow_reader", "the peer does not read what the broker sends");
+                violation(cs, i, "slow_reader", why);
                 return -1;
             }
             if (src != WB_OK) {
@@ -401,12 +441,10 @@ int wb__conns_send(wb_conns *cs, const void *ident, size_t ident_len, const void
         return WB_ENOTFOUND;
     uint8_t hdr[9];
     size_t hl = wb__zmtp_frame_header(hdr, len);
-    int rc = conn_send(cs, c, hdr, hl, body, len);
+    char why[192];
+    int rc = conn_send(cs, c, hdr, hl, body, len, why, sizeof why);
     if (rc == WB_ELIMIT) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "the peer left %d replies unread (--max-queued-replies)",
-                 cs->opt->max_queued_replies);
-        violation(cs, i, "slow_reader", msg);
+        violation(cs, i, "slow_reader", why);
     } else if (rc != WB_OK) {
         conn_remove(cs, i);
         rc = WB_EIO;
@@ -420,12 +458,47 @@ void wb__conns_event(wb_conns *cs, uint64_t serial, int writable, int readable)
     wb_conn *c = conn_find(cs, &serial, sizeof serial, &i);
     if (!c)
         return;
-    if (writable && conn_flush(c) != 0) {
+    if (writable && conn_flush(cs, c) != 0) {
         conn_remove(cs, i);
         return;
     }
     if (readable)
         conn_readable(cs, i);
+}
+
+long wb__conns_expire(wb_conns *cs)
+{
+    int64_t now = wb__clock_mono_ms();
+    long next = -1;
+    for (size_t i = 0; i < cs->n;) {
+        wb_conn *c = cs->v[i];
+        if (c->z.state == WB_ZMTP_READY) {
+            i++;
+            continue;
+        }
+        int64_t left = c->accepted_ms + (int64_t)cs->opt->handshake_ms - now;
+        if (left > 0) {
+            if (next < 0 || left < next)
+                next = (long)left;
+            i++;
+            continue;
+        }
+        /* Counted as a disconnection; logged like refusals, at most once a
+         * second, since one process may hold --max-peers-per-process of them
+         * every deadline. */
+        cs->stats->peers_disconnected++;
+        cs->timeouts_since_log++;
+        if (now - cs->timeout_logged_ms >= 1000) {
+            wb_warn("peer_disconnected",
+                    "reason=handshake_timeout pid=%u uid=%u handshake_timeout_ms=%u closed=%llu",
+                    c->creds.pid, c->creds.uid, cs->opt->handshake_ms,
+                    (unsigned long long)cs->timeouts_since_log);
+            cs->timeout_logged_ms = now;
+            cs->timeouts_since_log = 0;
+        }
+        conn_remove(cs, i); /* the last one moved to i */
+    }
+    return next;
 }
 
 void wb__conns_destroy(wb_conns *cs)

@@ -23,11 +23,15 @@ int wb__socket_prepare(const char *path, wb_err *err);
 
 /* Transport bounds: what peers can make the broker hold. */
 typedef struct wb_loop_options {
-    unsigned max_peers;     /* connections at once; more are closed at once */
-    size_t max_request;     /* payload bytes of one incoming message */
-    unsigned max_frames;    /* frames of one incoming message */
-    size_t max_buffered;    /* bytes of unfinished messages over all connections */
-    int max_queued_replies; /* replies queued for one peer (send high-water mark) */
+    unsigned max_peers;       /* connections at once; more are closed at once */
+    size_t max_request;       /* payload bytes of one incoming message */
+    unsigned max_frames;      /* frames of one incoming message */
+    size_t max_buffered;      /* bytes of unfinished messages over all connections */
+    int max_queued_replies;   /* replies queued for one peer (send high-water mark) */
+    size_t max_queued_bytes;  /* bytes queued for one peer (one message always fits) */
+    size_t max_queued_total;  /* bytes queued for every peer together */
+    unsigned max_per_process; /* connections of one process (SO_PEERCRED pid) */
+    unsigned handshake_ms;    /* time a connection has for greeting and READY */
 } wb_loop_options;
 
 struct outbuf;
@@ -41,7 +45,9 @@ typedef struct wb_conn {
     size_t held; /* wb__zmtp_buffered(&z) as counted in wb_conns.buffered */
     wb_peer_creds creds;
     struct outbuf *out_head, *out_tail;
-    int queued; /* messages in the queue */
+    int queued;          /* messages in the queue */
+    size_t queued_bytes; /* their unsent bytes, counted in wb_conns.queued_bytes */
+    int64_t accepted_ms; /* when accepted, for the handshake deadline */
 } wb_conn;
 
 typedef struct wb_conns wb_conns;
@@ -61,16 +67,20 @@ struct wb_conns {
     wb_conn **v;
     size_t n, cap;
     uint64_t next_serial;
-    size_t buffered; /* bytes held by every connection's codec */
+    size_t buffered;     /* bytes held by every connection's codec */
+    size_t queued_bytes; /* bytes queued for every connection */
     int64_t refused_logged_ms;
     uint64_t refused_since_log;
+    int64_t timeout_logged_ms;
+    uint64_t timeouts_since_log;
 };
 
 /* Binds the unix socket (mode 0660) and listens. On failure the caller
  * still calls wb__conns_destroy. */
 int wb__conns_listen(wb_conns *cs, const char *path, wb_err *err);
 
-/* Accepts pending connections (at most 256 a round). Above --max-peers a
+/* Accepts pending connections (at most 256 a round). Above --max-peers, or
+ * above --max-peers-per-process connections of the same process, a
  * connection is closed at once; out of descriptors, the spare one is given
  * up for a moment so that the backlog drains. */
 void wb__conns_accept(wb_conns *cs);
@@ -79,9 +89,17 @@ void wb__conns_accept(wb_conns *cs);
  * there: writes what is queued, reads and handles what came. */
 void wb__conns_event(wb_conns *cs, uint64_t serial, int writable, int readable);
 
+/* Closes the connections that have not completed the ZMTP handshake
+ * within --handshake-timeout-ms (counted in peers_disconnected, logged at
+ * most once a second). Returns the milliseconds until the next deadline,
+ * or -1 when no connection is in its handshake. */
+long wb__conns_expire(wb_conns *cs);
+
 /* Sends one message as a ZMTP frame to the connection `ident` (its serial,
  * 8 bytes). Returns WB_OK; WB_ENOTFOUND when no such connection is open;
- * WB_ELIMIT when the peer left --max-queued-replies messages unread, and
+ * WB_ELIMIT when the peer left --max-queued-replies messages unread, or
+ * its queue (or every peer's) would pass --max-queued-bytes
+ * (--max-queued-bytes-total), and
  * WB_EIO when it is gone (both disconnect it). */
 int wb__conns_send(wb_conns *cs, const void *ident, size_t ident_len, const void *body, size_t len);
 

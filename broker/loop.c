@@ -284,10 +284,13 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
 
     wb_info("listen",
             "socket=%s backend=%s heartbeat_ms=%u stale_ms=%u pid=%u max_peers=%u "
-            "max_request_bytes=%zu max_frames=%u max_buffered_bytes=%zu max_queued_replies=%d",
+            "max_request_bytes=%zu max_frames=%u max_buffered_bytes=%zu max_queued_replies=%d "
+            "max_queued_bytes=%zu max_queued_bytes_total=%zu max_peers_per_process=%u "
+            "handshake_timeout_ms=%u",
             wb__log_quote(q, sizeof q, socket_path), b->cfg.backend->name, b->cfg.heartbeat_ms,
             b->cfg.stale_ms, b->pid, opt->max_peers, opt->max_request, opt->max_frames,
-            opt->max_buffered, opt->max_queued_replies);
+            opt->max_buffered, opt->max_queued_replies, opt->max_queued_bytes,
+            opt->max_queued_total, opt->max_per_process, opt->handshake_ms);
     /* Preloads are done and the socket is bound: clients may come. */
     notify_systemd("READY=1\nSTATUS=serving");
     wb__metrics_tick(b->metrics, b, 1);
@@ -296,13 +299,17 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
     if (b->cfg.stale_ms / 4 < (uint32_t)wait_ms)
         wait_ms = b->cfg.stale_ms / 4 > 10 ? (long)(b->cfg.stale_ms / 4) : 10;
     while (!L.stop) {
+        /* Connections past their handshake deadline go before the poll set
+         * is built; the next deadline bounds the wait. */
+        long deadline = wb__conns_expire(&L.conns);
         size_t n;
         if (build_items(&L, &n) != 0) {
             wb_error("poll_setup", "error=out_of_memory");
             rc = wb__err_set(err, WB_ENOMEM, "out of memory building the poll set");
             break;
         }
-        int pr = zmq_poll(L.items, (int)n, wait_ms);
+        int pr =
+            zmq_poll(L.items, (int)n, deadline >= 0 && deadline < wait_ms ? deadline : wait_ms);
         if (pr < 0 && zmq_errno() != EINTR) {
             rc = wb__err_set(err, WB_EIO, "zmq_poll: %s", zmq_strerror(zmq_errno()));
             wb_error("poll_failed", "error=\"%s\"", zmq_strerror(zmq_errno()));

@@ -25,7 +25,14 @@
 #define DEFAULT_MAX_REQUEST        (1L << 20)
 #define DEFAULT_MAX_BUFFERED       (64L << 20)
 #define DEFAULT_MAX_QUEUED_REPLIES 4
-#define MAX_FRAMES                 4
+#define DEFAULT_MAX_QUEUED_BYTES   (8L << 20)
+/* Four of the largest messages. */
+#define DEFAULT_MAX_QUEUED_TOTAL (256L << 20)
+/* libwbclient holds one connection per client object (a new one after a
+ * timeout, the old one closed): no honest process comes near. */
+#define DEFAULT_MAX_PER_PROCESS 16
+#define DEFAULT_HANDSHAKE_MS    2000
+#define MAX_FRAMES              4
 /* Descriptors kept for everything but peers: the listener and its spare,
  * the loader's files and eventfd, slabs being created, the metrics server,
  * the signalfd, logs. */
@@ -89,6 +96,16 @@ static void transport_from(const wb_options *o, const wb_limits *l, long nofile,
                                                              : DEFAULT_MAX_BUFFERED),
         .max_queued_replies =
             o->num[WB_NUM_MAX_QUEUED] ? (int)o->num[WB_NUM_MAX_QUEUED] : DEFAULT_MAX_QUEUED_REPLIES,
+        .max_queued_bytes =
+            (size_t)(o->num[WB_NUM_MAX_QUEUED_BYTES] ? o->num[WB_NUM_MAX_QUEUED_BYTES]
+                                                     : DEFAULT_MAX_QUEUED_BYTES),
+        .max_queued_total =
+            (size_t)(o->num[WB_NUM_MAX_QUEUED_TOTAL] ? o->num[WB_NUM_MAX_QUEUED_TOTAL]
+                                                     : DEFAULT_MAX_QUEUED_TOTAL),
+        .max_per_process = o->num[WB_NUM_MAX_PER_PROCESS] ? (unsigned)o->num[WB_NUM_MAX_PER_PROCESS]
+                                                          : DEFAULT_MAX_PER_PROCESS,
+        .handshake_ms =
+            o->num[WB_NUM_HANDSHAKE] ? (unsigned)o->num[WB_NUM_HANDSHAKE] : DEFAULT_HANDSHAKE_MS,
     };
     /* A request is never larger than a message may be. */
     if (t->max_request > l->max_message)

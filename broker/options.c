@@ -61,6 +61,14 @@ static const num_opt num_opts[WB_NUM_OPTS] = {
                              "a number of bytes from %ld to %ld", 200},
     [WB_NUM_MAX_QUEUED] = {"max-queued-replies", 1, 100000, "a number of replies from %ld to %ld",
                            200},
+    [WB_NUM_MAX_QUEUED_BYTES] = {"max-queued-bytes", 4096, 1L << 40,
+                                 "a number of bytes from %ld to %ld", 200},
+    [WB_NUM_MAX_QUEUED_TOTAL] = {"max-queued-bytes-total", 4096, 1L << 40,
+                                 "a number of bytes from %ld to %ld", 200},
+    [WB_NUM_MAX_PER_PROCESS] = {"max-peers-per-process", 1, 1000000,
+                                "a number of connections from %ld to %ld", 200},
+    [WB_NUM_HANDSHAKE] = {"handshake-timeout-ms", 10, 3600000,
+                          "a number of milliseconds from %ld to %ld", 200},
 };
 static const struct option long_opts[] = {
     {"socket", required_argument, NULL, 's'},
@@ -87,6 +95,10 @@ static const struct option long_opts[] = {
     {"max-request-bytes", required_argument, NULL, OPT_NUM + WB_NUM_MAX_REQUEST},
     {"max-buffered-bytes", required_argument, NULL, OPT_NUM + WB_NUM_MAX_BUFFERED},
     {"max-queued-replies", required_argument, NULL, OPT_NUM + WB_NUM_MAX_QUEUED},
+    {"max-queued-bytes", required_argument, NULL, OPT_NUM + WB_NUM_MAX_QUEUED_BYTES},
+    {"max-queued-bytes-total", required_argument, NULL, OPT_NUM + WB_NUM_MAX_QUEUED_TOTAL},
+    {"max-peers-per-process", required_argument, NULL, OPT_NUM + WB_NUM_MAX_PER_PROCESS},
+    {"handshake-timeout-ms", required_argument, NULL, OPT_NUM + WB_NUM_HANDSHAKE},
     {"config", required_argument, NULL, OPT_CONFIG},
     {"check-config", no_argument, NULL, OPT_CHECK_CONFIG},
     {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
@@ -164,7 +176,16 @@ static void usage(FILE *out)
             "  --max-buffered-bytes N bytes of unfinished messages over all connections\n"
             "                         (default 67108864)\n"
             "  --max-queued-replies N replies queued for a peer that does not read\n"
-            "                         (default 4)\n\n"
+            "                         (default 4)\n"
+            "  --max-queued-bytes N   reply bytes queued for a peer that does not read; one\n"
+            "                         reply always fits (default 8388608)\n"
+            "  --max-queued-bytes-total N\n"
+            "                         reply bytes queued for all peers (default 268435456)\n"
+            "  --max-peers-per-process N\n"
+            "                         connections of one process (default 16)\n"
+            "  --handshake-timeout-ms N\n"
+            "                         time a connection has to complete the ZMTP\n"
+            "                         handshake (default 2000)\n\n"
             "operations:\n"
             "  --config FILE          read options from an INI file first: [broker] keys are\n"
             "                         the long options above, [model NAME] sections have\n"

@@ -33,6 +33,10 @@ typedef enum wb_num_opt {
     WB_NUM_MAX_REQUEST,
     WB_NUM_MAX_BUFFERED,
     WB_NUM_MAX_QUEUED,
+    WB_NUM_MAX_QUEUED_BYTES,
+    WB_NUM_MAX_QUEUED_TOTAL,
+    WB_NUM_MAX_PER_PROCESS,
+    WB_NUM_HANDSHAKE,
     WB_NUM_OPTS
 } wb_num_opt;
 

@@ -47,20 +47,9 @@ int wb__limits_check_tensors(const wb_limits *l, const char *model, uint64_t ten
 int wb__limits_check_lease_size(const wb_limits *l, const char *model, uint64_t lease_bytes,
                                 wb_err *err);
 
-/* Reads the 8-byte header length of the safetensors file `path` (a regular
- * file, already checked) and refuses one over max_header. Files that are not
- * safetensors by name (an index .json) pass: the reader checks them. A file
- * shorter than 8 bytes passes too, for the reader to reject with its own
- * message. */
-int wb__limits_check_header(const wb_limits *l, const char *path, wb_err *err);
-
-/* Checks what can be known before loading a checkpoint the way the reader
- * will open it (`path` as given, links followed): the header length of each
- * safetensors file (a single file, a directory's model.safetensors, or every
- * shard an index names) and, for an index, the number of tensors in its
- * weight_map. Malformed input passes, for the reader to reject with its
- * full message. */
-int wb__limits_check_checkpoint(const wb_limits *l, const char *model, const char *path,
+/* A safetensors file whose 8-byte length field (read by the caller from
+ * the descriptor it judged) gives a header of `header_len` bytes. */
+int wb__limits_check_header_len(const wb_limits *l, const char *path, uint64_t header_len,
                                 wb_err *err);
 
 #endif

@@ -86,6 +86,20 @@ static int accept_fd(const reader *r, int fd, const char *path, struct stat *st,
     return rc;
 }
 
+/* Hands the header length of the safetensors file open on fd to the
+ * caller's check_header (if any), read from that very descriptor. */
+static int check_header_len(const reader *r, int fd, const struct stat *st, const char *path,
+                            wb_err *err)
+{
+    if (!r->o || !r->o->check_header || st->st_size < 8)
+        return 0;
+    uint8_t head[8];
+    int rc = pread_full(fd, head, sizeof head, 0, path, err);
+    if (rc == 0)
+        rc = r->o->check_header(r->o->arg, path, wb__st_load_le64(head), err);
+    return rc;
+}
+
 /* Opens a file for reading and refuses anything but a regular file.
  * O_NONBLOCK: a FIFO in place of a shard or index must not hang the reader.
  * On success *fd_out is the open descriptor and *st describes it. */
@@ -380,6 +394,8 @@ static int open_index(const reader *r, const char *path, wb_st_table **out, wb_e
         }
         shards[n_shards++] = json_string_value(value);
     }
+    if (r->o && r->o->check_count && (rc = r->o->check_count(r->o->arg, path, n_map, err)) != 0)
+        goto out;
     qsort(shards, n_shards, sizeof *shards, cmp_str);
     size_t u = 0;
     for (size_t i = 0; i < n_shards; i++)
@@ -421,7 +437,9 @@ static int open_index(const reader *r, const char *path, wb_st_table **out, wb_e
         int fd = -1;
         struct stat st;
         rc = open_shard(r, dirfd, index_dir, shards[i], shard_path, &fd, &st, err);
-        if (rc == 0 && r->check_only)
+        if (rc == 0 && (rc = check_header_len(r, fd, &st, shard_path, err)) != 0)
+            close(fd);
+        else if (rc == 0 && r->check_only)
             close(fd);
         else if (rc == 0)
             rc = read_header(table, (uint32_t)i, fd, &st, shard_path, err);
@@ -494,9 +512,9 @@ static int open_single(const reader *r, const char *path, wb_st_table **out, wb_
     int rc = open_regular(r, path, &fd, &st, err);
     if (rc)
         return rc;
-    if (r->check_only) {
+    if ((rc = check_header_len(r, fd, &st, path, err)) != 0 || r->check_only) {
         close(fd);
-        return 0;
+        return rc;
     }
     wb_st_table *table = calloc(1, sizeof *table);
     if (!table) {

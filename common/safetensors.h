@@ -23,9 +23,22 @@ int wb__st_open(const char *path, wb_st_table **out, wb_err *err);
  * judge the requesting peer's access to the very file that is read. */
 typedef int (*wb_st_file_check)(void *arg, int fd, const char *path, wb_err *err);
 
+/* Asked, after check_file passed, about each safetensors file (the single
+ * file or a shard, not the index) with the header length its first 8 bytes
+ * give, read from that same descriptor; not asked about a file shorter than
+ * 8 bytes (the parser reports it). Nonzero stops the open, as check_file. */
+typedef int (*wb_st_header_check)(void *arg, const char *path, uint64_t header_len, wb_err *err);
+
+/* Asked about an index once its weight_map is known to be an object of
+ * shard names, with the number of tensors it maps, before any shard is
+ * opened. Nonzero stops the open, as check_file. */
+typedef int (*wb_st_count_check)(void *arg, const char *index_path, uint64_t tensors, wb_err *err);
+
 typedef struct wb_st_open_opts {
-    wb_st_file_check check_file; /* may be NULL */
-    void *arg;                   /* passed to check_file */
+    wb_st_file_check check_file;     /* may be NULL */
+    void *arg;                       /* passed to each check */
+    wb_st_header_check check_header; /* may be NULL */
+    wb_st_count_check check_count;   /* may be NULL */
 } wb_st_open_opts;
 
 /* wb__st_open with options (NULL: none). A shard whose directories lead out
@@ -35,8 +48,10 @@ typedef struct wb_st_open_opts {
 int wb__st_open_ex(const char *path, const wb_st_open_opts *opts, wb_st_table **out, wb_err *err);
 
 /* Opens every file wb__st_open_ex would (resolving the directory and the
- * index, refusing the same shard names) and passes each to opts->check_file,
- * but reads no safetensors header. Errors as wb__st_open_ex. */
+ * index, refusing the same shard names) and passes each to opts->check_file
+ * (and its header length, its index's tensor count, to check_header and
+ * check_count), but parses no safetensors header. Each file is opened once
+ * and judged on that descriptor. Errors as wb__st_open_ex. */
 int wb__st_check_files(const char *path, const wb_st_open_opts *opts, wb_err *err);
 
 #endif

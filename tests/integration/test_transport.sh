@@ -2,8 +2,9 @@
 # The transport against hostile peers (tests/integration/zmtp_peer.py speaks
 # ZMTP on raw sockets): an unfinished multipart message, unfinished
 # messages spread over many connections, more idle connections than the
-# descriptor limit allows, and a peer that sends requests and never reads
-# the replies. Each time the broker's memory stays bounded (VmRSS measured),
+# descriptor limit allows, one process holding many connections, connections
+# that never complete the handshake, and peers that send requests and never
+# read the replies (bounded by count and by bytes). Each time the broker's memory stays bounded (VmRSS measured),
 # the violator is disconnected and counted, and a normal client is served.
 source "$(dirname "$0")/lib.sh"
 
@@ -82,9 +83,9 @@ stop_broker
 
 # The same with --max-peers set too high for the limit: accept meets
 # EMFILE, and the spare descriptor lets the broker close the connection and
-# go on.
+# go on (the per-process cap lifted, since one process connects).
 WBROKERD=$WB_TMP/lowfd.sh
-start_broker --max-peers 200
+start_broker --max-peers 200 --max-peers-per-process 1000
 WBROKERD=$REAL_WBROKERD
 grep -q "leaves too few of 128 descriptors" "$BROKER_LOG" || fail "no warning for --max-peers 200"
 (ulimit -n 4096 && "${PEER[@]}" idle "$SOCK" 300 2) >"$WB_TMP/idle2.out" 2>&1 ||
@@ -121,5 +122,63 @@ log "non-reading peer: $(cat "$WB_TMP/noread.out"); RSS $before -> $mid (while i
 [ $((mid - before)) -lt 32768 ] || fail "the broker's RSS grew from $before to $mid KiB"
 [ "$(stat_field replies_dropped)" -ge 1 ] || fail "replies_dropped: $(ctl stats --json)"
 grep -q "event=peer_disconnected reason=slow_reader" "$BROKER_LOG" || fail "no slow_reader line"
+stop_broker
+
+# --- 5. Queued reply bytes: with the count bound out of the way, 600
+# replies of about 150 KB for a peer that reads none stop at
+# --max-queued-bytes for the peer, and at --max-queued-bytes-total for all.
+for bound in "--max-queued-bytes 1048576" "--max-queued-bytes-total 2097152"; do
+  # shellcheck disable=SC2086
+  start_broker --model "wide=$WB_TMP/wide.safetensors" --max-leases-per-client 100000 \
+    --max-queued-replies 100000 $bound
+  wait_for model_ready wide || fail "model wide did not become ready"
+  before=$(rss_kib "$BROKER_PID")
+  fd_before=$(fds "$BROKER_PID")
+  spawn noread "${PEER[@]}" noread "$SOCK" wide 600 3
+  noread=$LAST_PID
+  wait_for output_has noread "sent=" || fail "the non-reading peer did not send"
+  sleep 0.5
+  mid=$(rss_kib "$BROKER_PID")
+  served "a peer that does not read ($bound)"
+  wait_exit "$noread"
+  log "non-reading peer, ${bound}: $(cat "$WB_TMP/noread.out"); RSS $before -> $mid -> $(rss_kib "$BROKER_PID") KiB; fds $fd_before -> $(fds "$BROKER_PID")"
+  [ $((mid - before)) -lt 16384 ] || fail "$bound: the broker's RSS grew from $before to $mid KiB"
+  grep -q "event=peer_disconnected reason=slow_reader .*(${bound%% *})" "$BROKER_LOG" ||
+    fail "no slow_reader line naming ${bound%% *}: $(grep slow_reader "$BROKER_LOG")"
+  [ "$(stat_field replies_dropped)" -ge 1 ] || fail "replies_dropped: $(ctl stats --json)"
+  stop_broker
+done
+
+# --- 6. One process cannot take the peer table, and connections that never
+# finish the handshake are closed after its deadline (defaults: 16
+# connections a process, 2000 ms); a normal client is served throughout.
+start_broker --max-peers 64
+grep -q "max_peers_per_process=16 handshake_timeout_ms=2000" "$BROKER_LOG" ||
+  fail "the defaults are not logged: $(grep event=listen "$BROKER_LOG")"
+fd_before=$(fds "$BROKER_PID")
+rss_before=$(rss_kib "$BROKER_PID")
+spawn greedy "${PEER[@]}" hold "$SOCK" 40 1 4
+greedy=$LAST_PID
+wait_for output_has greedy "opened=" || fail "the greedy peer did not connect"
+spawn silent "${PEER[@]}" hold "$SOCK" 10 0 3
+silent=$LAST_PID
+wait_for output_has silent "opened=" || fail "the silent peer did not connect"
+served "one process holding 16 connections"
+held_fds=$(fds "$BROKER_PID")
+wait_exit "$silent"
+served "connections that never finished the handshake"
+wait_exit "$greedy"
+log "one process, 40 connections: $(tr '\n' ' ' <"$WB_TMP/greedy.out"); another, 10 silent: $(tr '\n' ' ' <"$WB_TMP/silent.out"); fds $fd_before -> $held_fds (held) -> $(fds "$BROKER_PID"); RSS $rss_before -> $(rss_kib "$BROKER_PID") KiB"
+grep -qx "opened=40 refused=24" "$WB_TMP/greedy.out" || fail "per-process cap: $(cat "$WB_TMP/greedy.out")"
+grep -qx "kept=16 closed=0" "$WB_TMP/greedy.out" || fail "handshaken connections were closed: $(cat "$WB_TMP/greedy.out")"
+grep -qx "opened=10 refused=0" "$WB_TMP/silent.out" || fail "silent connections refused at once: $(cat "$WB_TMP/silent.out")"
+grep -qx "kept=10 closed=10" "$WB_TMP/silent.out" || fail "handshake deadline: $(cat "$WB_TMP/silent.out")"
+grep -q "event=peer_refused reason=max_peers_per_process pid=$greedy .*max_peers_per_process=16" "$BROKER_LOG" ||
+  fail "no max_peers_per_process line: $(grep peer_refused "$BROKER_LOG")"
+grep -q "event=peer_disconnected reason=handshake_timeout pid=$silent .*handshake_timeout_ms=2000" "$BROKER_LOG" ||
+  fail "no handshake_timeout line: $(grep peer_disconnected "$BROKER_LOG")"
+[ "$(stat_field peers_refused)" -ge 24 ] || fail "peers_refused: $(ctl stats --json)"
+[ "$(stat_field peers_disconnected)" -ge 10 ] || fail "peers_disconnected: $(ctl stats --json)"
+[ "$(fds "$BROKER_PID")" -le $((fd_before + 1)) ] || fail "descriptors remain: $(fds "$BROKER_PID") (from $fd_before)"
 stop_broker
 log "ok"

@@ -12,6 +12,10 @@ would: never end a message, never read replies, open connections and idle.
   zmtp_peer.py idle SOCK CONNS SECONDS
       CONNS connections that send nothing, held SECONDS; prints
       "opened=N closed=M"
+  zmtp_peer.py hold SOCK CONNS HANDSHAKE SECONDS
+      CONNS connections from one process, handshaken (HANDSHAKE 1) or
+      silent (0); prints "opened=N refused=R" (closed at once), then after
+      SECONDS "kept=K closed=C" (of the others, closed since)
   zmtp_peer.py noread SOCK MODEL COUNT SECONDS
       handshake, COUNT acquire requests for MODEL, reads nothing for
       SECONDS; prints "sent=N"
@@ -127,6 +131,26 @@ def idle(path, conns, seconds):
     print("opened=%d closed=%d" % (opened, sum(1 for s in socks if closed(s, 0.01))))
 
 
+def hold(path, conns, shake, seconds):
+    """Opens conns connections from this one process, completing the
+    handshake on each (shake=1) or sending nothing (shake=0); counts those
+    the broker closed at once, then those it closed within seconds."""
+    socks, refused = [], 0
+    for _ in range(conns):
+        try:
+            socks.append(handshake(path) if shake else connect(path))
+        except (Refused, ConnectionResetError, BrokenPipeError):
+            refused += 1
+    if not shake:
+        time.sleep(0.2)
+        early = [s for s in socks if closed(s, 0.01)]
+        refused += len(early)
+        socks = [s for s in socks if s not in early]
+    print("opened=%d refused=%d" % (conns, refused), flush=True)
+    time.sleep(seconds)
+    print("kept=%d closed=%d" % (len(socks), sum(1 for s in socks if closed(s, 0.01))), flush=True)
+
+
 def noread(path, model, count, seconds):
     try:
         s = handshake(path)
@@ -155,6 +179,8 @@ def main():
         spread(path, int(a[0]), int(a[1]))
     elif mode == "idle":
         idle(path, int(a[0]), float(a[1]))
+    elif mode == "hold":
+        hold(path, int(a[0]), int(a[1]), float(a[2]))
     elif mode == "noread":
         noread(path, a[0], int(a[1]), float(a[2]))
     else:

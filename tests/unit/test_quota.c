@@ -1,6 +1,9 @@
 /* Configured limits: leases per client, models, tensors per model, message
  * size and safetensors header size. Each refusal is WB_ELIMIT with a message
  * that names the limit and its value, and leaves nothing behind. */
+/* The test defines open() itself (below); glibc's fortified inline one
+ * would clash with it. */
+#undef _FORTIFY_SOURCE
 #include "broker_fixture.h"
 #include "ops.h"
 #include "quota.h"
@@ -9,6 +12,9 @@
 #include <check.h>
 
 #include <dirent.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +22,34 @@
 #include <unistd.h>
 
 static broker_fixture F;
+
+/* open() as the broker sees it in this test: counts the opens of
+ * `watch_path`, and after the first one replaces that link with one to
+ * `swap_to`, as a hostile peer racing the load check would. */
+static const char *watch_path, *swap_to;
+static int watch_opens;
+
+int open(const char *path, int flags, ...)
+{
+    static int (*real_open)(const char *, int, ...);
+    if (!real_open)
+        *(void **)&real_open = dlsym(RTLD_NEXT, "open");
+    mode_t mode = 0;
+    if (flags & (O_CREAT | O_TMPFILE)) {
+        va_list ap;
+        va_start(ap, flags);
+        mode = (mode_t)va_arg(ap, int);
+        va_end(ap);
+    }
+    int fd = real_open(path, flags, mode);
+    if (watch_path && strcmp(path, watch_path) == 0 && watch_opens++ == 0 && swap_to) {
+        char tmp[256];
+        snprintf(tmp, sizeof tmp, "%s.swap", watch_path);
+        if (symlink(swap_to, tmp) != 0 || rename(tmp, watch_path) != 0)
+            watch_opens = -1000; /* fails the test's count */
+    }
+    return fd;
+}
 
 static void setup(void)
 {
@@ -278,6 +312,51 @@ START_TEST(header_size)
 }
 END_TEST
 
+/* The header and tensor-count limits are judged on the descriptors whose
+ * access was judged: a link swapped after the access check opened its file
+ * is never followed again, and the limit message cannot echo the 8-byte
+ * length field of the file it now names. */
+START_TEST(limits_on_the_judged_descriptor)
+{
+    char good[160], secret[160], link_path[160];
+    snprintf(good, sizeof good, "%s/good.safetensors", F.dir);
+    snprintf(secret, sizeof secret, "%s/secret.bin", F.dir);
+    snprintf(link_path, sizeof link_path, "%s/link.safetensors", F.dir);
+    write_model(good, 2, 1, 0);
+    FILE *f = fopen(secret, "wb");
+    ck_assert_ptr_nonnull(f);
+    fputs("AAAAAAAAsecret", f); /* a length field of 0x4141414141414141 */
+    fclose(f);
+    ck_assert_int_eq(symlink(good, link_path), 0);
+    F.b.limits.max_header = 1000;
+
+    wb_peer_creds p = me();
+    wb_err err;
+    wb__err_clear(&err);
+    watch_path = link_path;
+    swap_to = secret;
+    watch_opens = 0;
+    int rc = wb__broker_check_load(&F.b, &p, "raced", link_path, &err);
+    watch_path = swap_to = NULL;
+    ck_assert_msg(rc == WB_OK, "status %d: %s", rc, err.msg);
+    ck_assert_ptr_null(strstr(err.msg, "4702111234474983745"));
+    ck_assert_int_eq(watch_opens, 1); /* opened once, judged once */
+
+    /* The same walk still refuses what is over the limits, with the
+     * messages of before. */
+    ck_assert_int_eq(unlink(link_path), 0);
+    ck_assert_int_eq(symlink(secret, link_path), 0);
+    rc = wb__broker_check_load(&F.b, &p, "secret", link_path, &err);
+    ck_assert_int_eq(rc, WB_ELIMIT);
+    char want[300];
+    snprintf(want, sizeof want,
+             "%s: the safetensors header is 4702111234474983745 bytes, over the limit of 1000 "
+             "(--max-header-bytes)",
+             link_path);
+    ck_assert_str_eq(err.msg, want);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("quota");
@@ -290,6 +369,7 @@ int main(void)
     tcase_add_test(tc, tensors);
     tcase_add_test(tc, message_size);
     tcase_add_test(tc, header_size);
+    tcase_add_test(tc, limits_on_the_judged_descriptor);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
