@@ -501,7 +501,7 @@ START_TEST(test_load_direct_prepares_every_byte)
     ck_assert_ptr_nonnull(host.slab_prepare);
     host.slab_prepare = recording_prepare;
     host.stage.read_threads = 2;
-    host.stage.chunk_bytes = 64 * 1024;
+    host.stage.chunk_bytes = 1024;
     wb_model_data d;
     wb_err err;
     const char *path = data_path("official/gpt2/model.safetensors");
@@ -530,9 +530,9 @@ START_TEST(test_load_direct_prepares_every_byte)
     wb__model_data_free(&d, &host);
 
     n_prep = 0;
-    prep_fail_at = 300000;
+    prep_fail_at = 100000;
     ck_assert_int_eq(wb__load(path, &host, -1, NULL, &d, &err), WB_ENOMEM);
-    ck_assert_str_eq(err.msg, "no memory for byte 300000");
+    ck_assert_str_eq(err.msg, "no memory for byte 100000");
     ck_assert_uint_eq(d.n_slabs, 0);
     prep_fail_at = UINT64_MAX;
 }
