@@ -37,6 +37,11 @@ typedef struct wb_backend {
     /* A host pointer to bytes [offset, offset + len) of the slab that the
      * loader may read files into directly, or NULL (device memory). */
     void *(*slab_dest)(wb_slab *slab, uint64_t offset, uint64_t len);
+    /* May be NULL. Before a direct load's reader writes bytes [offset,
+     * offset + len) of slab_dest, it calls this to have their memory
+     * allocated (a clean error when there is none, not a fault while
+     * writing). Called from several reader threads at once. */
+    int (*slab_prepare)(wb_slab *slab, uint64_t offset, uint64_t len, wb_err *err);
     /* Describes the slab for a lease; strings and bytes point into *slab. */
     void (*slab_export)(wb_slab *slab, Wbproto__Slab *out);
     /* Withdraws the slab's name and releases the broker's memory; clients

@@ -6,7 +6,10 @@ static int host_alloc(wb_slab *slab, int device, uint64_t size, wb_err *err)
 {
     (void)device;
     memset(slab, 0, sizeof *slab);
-    int rc = wb__shm_create(&slab->shm, size, err);
+    /* Nothing is reserved here: each reader populates the range it fills
+     * (host_prepare), so that allocating the pages runs in parallel and
+     * overlaps the reads instead of preceding them all. */
+    int rc = wb__shm_create_lazy(&slab->shm, size, err);
     if (rc != WB_OK)
         return rc;
     slab->size = slab->shm.size;
@@ -19,6 +22,11 @@ static void *host_dest(wb_slab *slab, uint64_t offset, uint64_t len)
     if (!slab->shm.addr || offset > slab->size || len > slab->size - offset)
         return NULL;
     return (uint8_t *)slab->shm.addr + offset;
+}
+
+static int host_prepare(wb_slab *slab, uint64_t offset, uint64_t len, wb_err *err)
+{
+    return wb__shm_populate(&slab->shm, offset, len, err);
 }
 
 static void host_export(wb_slab *slab, Wbproto__Slab *out)
@@ -43,6 +51,7 @@ const wb_backend wb__backend_host = {
     .proto = WBPROTO__BACKEND__BACKEND_HOST,
     .slab_alloc = host_alloc,
     .slab_dest = host_dest,
+    .slab_prepare = host_prepare,
     .load_mode = WB_STAGE_DIRECT,
     .slab_export = host_export,
     .slab_free = host_free,

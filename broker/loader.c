@@ -154,6 +154,18 @@ static int inputs_register(inputs *in, wb_copy_engine *e, const wb_st_table *tab
     return WB_OK;
 }
 
+/* The backend's slab_prepare, as the pipeline calls it. */
+typedef struct slab_ref {
+    const wb_backend *be;
+    wb_slab *slab;
+} slab_ref;
+
+static int prepare_slab(void *ctx, uint64_t offset, uint64_t len, wb_err *err)
+{
+    slab_ref *r = ctx;
+    return r->be->slab_prepare(r->slab, offset, len, err);
+}
+
 int wb__load_ex(const char *path, const wb_load_opts *o, wb_model_data *out, wb_err *err)
 {
     const wb_backend *be = o->backend;
@@ -229,7 +241,12 @@ int wb__load_ex(const char *path, const wb_load_opts *o, wb_model_data *out, wb_
         .cancel = o->cancel,
         .landed = o->progress ? &o->progress->landed : NULL,
     };
+    slab_ref ref = {be, &d.slabs[0]};
     if (mode == WB_STAGE_DIRECT) {
+        if (be->slab_prepare) {
+            job.prepare = prepare_slab;
+            job.prepare_ctx = &ref;
+        }
         job.host_dst = be->slab_dest(&d.slabs[0], 0, d.slabs[0].size);
         if (!job.host_dst && table->n_tensors) {
             rc = wb__err_set(err, WB_EINTERNAL, "backend %s gave no host memory to read into",

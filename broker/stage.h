@@ -119,6 +119,12 @@ typedef struct wb_stage_job {
     /* The destination: the slab's host bytes (direct) or its base address
      * as the engine understands it (staged, mapped). */
     uint8_t *host_dst;
+    /* Direct: may be NULL. Called by a reader before it writes a chunk, with
+     * the range from the chunk's start to the next chunk's (the first from 0,
+     * the last to UINT64_MAX: the slab's end), so that every byte of the
+     * slab, the gaps between tensors included, is prepared once. */
+    int (*prepare)(void *ctx, uint64_t offset, uint64_t len, wb_err *err);
+    void *prepare_ctx;
     void *dst;
     wb_staging *staging;      /* staged: the ring; mapped: only its engine */
     wb_copy_engine *engine;   /* mapped: the engine (staged uses the ring's) */

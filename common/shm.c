@@ -79,7 +79,11 @@ static int make_name(char *buf, size_t size)
     return 0;
 }
 
-int wb__shm_create(wb_shm *shm, uint64_t size, wb_err *err)
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
+static int shm_create(wb_shm *shm, uint64_t size, int lazy, wb_err *err)
 {
     memset(shm, 0, sizeof *shm);
     long page = sysconf(_SC_PAGESIZE);
@@ -113,19 +117,31 @@ int wb__shm_create(wb_shm *shm, uint64_t size, wb_err *err)
                            "ftruncate %s to %llu bytes", name, (unsigned long long)real);
         goto fail;
     }
-    /* Reserve the pages now: tmpfs allocates lazily, and running out of
-     * shared memory while filling the mapping would be SIGBUS, not an error. */
-    int frc = posix_fallocate(fd, 0, (off_t)real);
-    if (frc != 0 && frc != EOPNOTSUPP) {
-        rc = wb__err_errno(err, frc == ENOSPC ? WB_ENOMEM : WB_EIO, frc,
-                           "reserving %llu bytes of shared memory for %s", (unsigned long long)real,
-                           name);
-        goto fail;
-    }
     void *addr = mmap(NULL, (size_t)real, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (addr == MAP_FAILED) {
         rc = wb__err_errno(err, WB_EIO, errno, "mmap %s (%llu bytes)", name,
                            (unsigned long long)real);
+        goto fail;
+    }
+    if (lazy) {
+        /* Huge pages, where tmpfs gives them (shmem_enabled "advise" and
+         * up): one allocation and no fault per 2 MiB instead of 512. Only
+         * a hint: an error leaves small pages. */
+        (void)madvise(addr, (size_t)real, MADV_HUGEPAGE);
+        /* A length of 0 checks the advice without doing anything: a kernel
+         * that does not know MADV_POPULATE_WRITE says EINVAL. */
+        if (madvise(addr, 0, MADV_POPULATE_WRITE) != 0)
+            lazy = 0;
+    }
+    /* Reserve the pages now unless the filler populates each range: tmpfs
+     * allocates lazily, and running out of shared memory while filling the
+     * mapping would be SIGBUS, not an error. */
+    int frc = lazy ? 0 : posix_fallocate(fd, 0, (off_t)real);
+    if (frc != 0 && frc != EOPNOTSUPP) {
+        munmap(addr, (size_t)real);
+        rc = wb__err_errno(err, frc == ENOSPC ? WB_ENOMEM : WB_EIO, frc,
+                           "reserving %llu bytes of shared memory for %s", (unsigned long long)real,
+                           name);
         goto fail;
     }
     close(fd);
@@ -133,12 +149,55 @@ int wb__shm_create(wb_shm *shm, uint64_t size, wb_err *err)
     shm->addr = addr;
     shm->size = real;
     shm->writable = 1;
+    shm->lazy = lazy;
     return WB_OK;
 
 fail:
     shm_unlink(name);
     close(fd);
     return rc;
+}
+
+int wb__shm_create(wb_shm *shm, uint64_t size, wb_err *err)
+{
+    return shm_create(shm, size, 0, err);
+}
+
+int wb__shm_create_lazy(wb_shm *shm, uint64_t size, wb_err *err)
+{
+    return shm_create(shm, size, 1, err);
+}
+
+int wb__shm_populate(wb_shm *shm, uint64_t offset, uint64_t len, wb_err *err)
+{
+    if (!shm->writable || !shm->addr)
+        return wb__err_set(err, WB_EINTERNAL, "slab %s is not mapped for writing", shm->name);
+    if (!shm->lazy || offset >= shm->size || len == 0)
+        return WB_OK;
+    if (len > shm->size - offset)
+        len = shm->size - offset;
+    long ps = sysconf(_SC_PAGESIZE);
+    uint64_t page = ps > 0 ? (uint64_t)ps : 4096;
+    uint64_t from = offset & ~(page - 1);
+    /* The mapping covers whole pages: the last one may be rounded up. */
+    uint64_t to = (offset + len + page - 1) & ~(page - 1);
+    uint8_t *p = (uint8_t *)shm->addr + from;
+    while (madvise(p, (size_t)(to - from), MADV_POPULATE_WRITE) != 0) {
+        int e = errno;
+        if (e == EINTR)
+            continue;
+        /* EFAULT: a page could not be had (tmpfs full: the SIGBUS a write
+         * would have got); ENOMEM: out of memory. */
+        if (e == EFAULT || e == ENOMEM)
+            return wb__err_set(err, WB_ENOMEM,
+                               "shared memory ran out filling slab %s: bytes %llu to %llu of "
+                               "%llu cannot be backed (is %s full?)",
+                               shm->name, (unsigned long long)from, (unsigned long long)to,
+                               (unsigned long long)shm->size, SHM_DIR);
+        return wb__err_errno(err, WB_EIO, e, "populating bytes %llu to %llu of slab %s",
+                             (unsigned long long)from, (unsigned long long)to, shm->name);
+    }
+    return WB_OK;
 }
 
 int wb__shm_map_ro(wb_shm *shm, const char *name, uint64_t size, wb_err *err)

@@ -21,11 +21,35 @@ typedef struct wb_shm {
     void *addr;
     uint64_t size;
     int writable;
+    /* Made by wb__shm_create_lazy: a page is reserved only when
+     * wb__shm_populate covers it. */
+    int lazy;
 } wb_shm;
 
 /* Creates and maps read-write a new slab of `size` bytes (size may be 0: a
- * one-page object is made). The name is fresh and random. */
+ * one-page object is made). The name is fresh and random. Every page is
+ * reserved before this returns: filling the mapping never runs out of
+ * shared memory (tmpfs allocates lazily, and running out while writing to
+ * a mapping is SIGBUS, not an error). */
 int wb__shm_create(wb_shm *shm, uint64_t size, wb_err *err);
+
+/* The same, but reserves nothing: whoever fills the slab calls
+ * wb__shm_populate on each range before writing to it, so that the pages
+ * are allocated by the threads that fill them, in parallel and overlapped
+ * with their reads, instead of one posix_fallocate of the whole slab before
+ * any read starts. Huge pages are asked for (MADV_HUGEPAGE), which tmpfs
+ * honours when /sys/kernel/mm/transparent_hugepage/shmem_enabled allows.
+ * Where the kernel cannot populate a range with an error return (before
+ * Linux 5.14), the slab is reserved up front as wb__shm_create does. */
+int wb__shm_create_lazy(wb_shm *shm, uint64_t size, wb_err *err);
+
+/* Allocates and maps the pages of bytes [offset, offset + len) (clamped to
+ * the slab) so that writing there cannot fault. When shared memory runs out
+ * this returns WB_ENOMEM and a message naming the slab and the range,
+ * instead of a SIGBUS on the first write. Returns WB_OK at once for a slab
+ * reserved up front. Safe from several threads on disjoint or overlapping
+ * ranges. */
+int wb__shm_populate(wb_shm *shm, uint64_t offset, uint64_t len, wb_err *err);
 
 /* Opens and maps read-only an existing slab; fails with WB_EPROTO if its size
  * differs from `size` and WB_ENOTFOUND if the name does not exist. */

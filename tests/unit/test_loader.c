@@ -12,6 +12,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -466,6 +467,77 @@ START_TEST(test_load_staged_progress)
 }
 END_TEST
 
+/* The host backend's readers populate the slab range by range: the ranges
+ * they prepare tile the whole slab, gaps between tensors included, each
+ * byte once, one range per chunk; a range that cannot be had fails the load
+ * with the backend's message and leaves nothing allocated. */
+static pthread_mutex_t prep_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t prep_off[4096], prep_len[4096];
+static size_t n_prep;
+static uint64_t prep_fail_at = UINT64_MAX;
+
+static int recording_prepare(wb_slab *slab, uint64_t offset, uint64_t len, wb_err *err)
+{
+    pthread_mutex_lock(&prep_mu);
+    ck_assert_uint_lt(n_prep, 4096);
+    prep_off[n_prep] = offset;
+    prep_len[n_prep++] = len;
+    pthread_mutex_unlock(&prep_mu);
+    if (offset <= prep_fail_at && prep_fail_at - offset < len)
+        return wb__err_set(err, WB_ENOMEM, "no memory for byte %llu",
+                           (unsigned long long)prep_fail_at);
+    return wb__backend_host.slab_prepare(slab, offset, len, err);
+}
+
+static int by_off(const void *a, const void *b)
+{
+    uint64_t x = prep_off[*(const size_t *)a], y = prep_off[*(const size_t *)b];
+    return (x > y) - (x < y);
+}
+
+START_TEST(test_load_direct_prepares_every_byte)
+{
+    wb_backend host = wb__backend_host;
+    ck_assert_ptr_nonnull(host.slab_prepare);
+    host.slab_prepare = recording_prepare;
+    host.stage.read_threads = 2;
+    host.stage.chunk_bytes = 1024;
+    wb_model_data d;
+    wb_err err;
+    const char *path = data_path("official/gpt2/model.safetensors");
+    n_prep = 0;
+    prep_fail_at = UINT64_MAX;
+    ck_assert_msg(wb__load(path, &host, -1, NULL, &d, &err) == WB_OK, "%s", err.msg);
+    ck_assert_uint_eq(n_prep, d.stage.chunks);
+    ck_assert_uint_gt(n_prep, 2);
+    size_t idx[4096];
+    for (size_t i = 0; i < n_prep; i++)
+        idx[i] = i;
+    qsort(idx, n_prep, sizeof idx[0], by_off);
+    uint64_t at = 0;
+    for (size_t i = 0; i + 1 < n_prep; i++) {
+        ck_assert_uint_eq(prep_off[idx[i]], at);
+        at += prep_len[idx[i]];
+    }
+    ck_assert_uint_eq(prep_off[idx[n_prep - 1]], at);
+    ck_assert_uint_ge(prep_len[idx[n_prep - 1]], d.slabs[0].size - at); /* to the end */
+    /* Every tensor's bytes are the file's (the checksums were computed
+     * from the slab). */
+    for (size_t i = 0; i < d.n_tensors; i++) {
+        const uint8_t *p = (const uint8_t *)d.slabs[0].shm.addr + d.tensors[i].offset;
+        ck_assert_uint_eq(XXH3_64bits(p, d.tensors[i].nbytes), d.tensors[i].xxh3);
+    }
+    wb__model_data_free(&d, &host);
+
+    n_prep = 0;
+    prep_fail_at = 100000;
+    ck_assert_int_eq(wb__load(path, &host, -1, NULL, &d, &err), WB_ENOMEM);
+    ck_assert_str_eq(err.msg, "no memory for byte 100000");
+    ck_assert_uint_eq(d.n_slabs, 0);
+    prep_fail_at = UINT64_MAX;
+}
+END_TEST
+
 /* The host backend with loader settings: the direct path uses them. */
 START_TEST(test_load_direct_settings)
 {
@@ -514,6 +586,7 @@ int main(void)
     tcase_add_test(tc, test_loader_stop_returns_queued);
     tcase_add_test(tc, test_load_staged_progress);
     tcase_add_test(tc, test_load_direct_settings);
+    tcase_add_test(tc, test_load_direct_prepares_every_byte);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -1,7 +1,9 @@
 /* The host memory backend's shared memory: slabs are created with fresh
  * names and mode 0640, read back through read-only mappings (here and in a
  * forked child), refuse writes, and fail cleanly on wrong sizes, missing and
- * malformed names; stale slabs of dead brokers are cleaned up. */
+ * malformed names; stale slabs of dead brokers are cleaned up. A lazy slab
+ * reserves no page until a range is populated, and a range that cannot be
+ * backed is an error naming the slab, not a SIGBUS on the first write. */
 #include "shm.h"
 
 #include <check.h>
@@ -155,6 +157,88 @@ START_TEST(test_write_through_ro_mapping_faults)
 }
 END_TEST
 
+/* Bytes of tmpfs memory the slab holds. */
+static long long slab_bytes(const wb_shm *s)
+{
+    char path[128];
+    snprintf(path, sizeof path, "/dev/shm%s", s->name);
+    struct stat st;
+    ck_assert_int_eq(stat(path, &st), 0);
+    return (long long)st.st_blocks * 512;
+}
+
+START_TEST(test_lazy_populate)
+{
+    const long page = sysconf(_SC_PAGESIZE);
+    const size_t size = 5 * (size_t)page;
+    wb_shm w, r, e;
+    wb_err err;
+    ck_assert_int_eq(wb__shm_create(&e, size, &err), WB_OK);
+    ck_assert_int_eq(e.lazy, 0);
+    ck_assert_int_eq(slab_bytes(&e), (long long)size); /* reserved up front */
+    ck_assert_int_eq(wb__shm_populate(&e, 0, size, &err), WB_OK);
+
+    ck_assert_int_eq(wb__shm_create_lazy(&w, size, &err), WB_OK);
+    ck_assert(wb__shm_name_valid(w.name));
+    ck_assert_int_eq(w.writable, 1);
+    if (!w.lazy) {
+        /* A kernel without MADV_POPULATE_WRITE: reserved as before. */
+        ck_assert_int_eq(slab_bytes(&w), (long long)size);
+    } else {
+        ck_assert_int_eq(slab_bytes(&w), 0);
+        /* [page + 1, 2 * page + 1) touches pages 1 and 2. */
+        ck_assert_int_eq(wb__shm_populate(&w, (uint64_t)page + 1, (uint64_t)page, &err), WB_OK);
+        ck_assert_int_eq(slab_bytes(&w), 2 * (long long)page);
+        /* Past the end is clamped; nothing at all is a no-op. */
+        ck_assert_int_eq(wb__shm_populate(&w, 4 * (uint64_t)page, UINT64_MAX, &err), WB_OK);
+        ck_assert_int_eq(wb__shm_populate(&w, size, 10, &err), WB_OK);
+        ck_assert_int_eq(wb__shm_populate(&w, 0, 0, &err), WB_OK);
+        ck_assert_int_eq(slab_bytes(&w), 3 * (long long)page);
+    }
+    ck_assert_int_eq(wb__shm_populate(&w, 0, size, &err), WB_OK);
+    ck_assert_int_eq(slab_bytes(&w), (long long)size);
+    fill(w.addr, size, 7);
+    ck_assert_int_eq(wb__shm_map_ro(&r, w.name, size, &err), WB_OK);
+    ck_assert(check_bytes(r.addr, size, 7));
+    /* A read-only mapping is not populated through. */
+    ck_assert_int_eq(wb__shm_populate(&r, 0, size, &err), WB_EINTERNAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "is not mapped for writing"));
+    wb__shm_unmap(&r);
+    wb__shm_unlink(&w);
+    wb__shm_unmap(&w);
+    wb__shm_unlink(&e);
+    wb__shm_unmap(&e);
+}
+END_TEST
+
+/* Pages that cannot be had (here: cut off by a truncation, as when tmpfs is
+ * full) are a WB_ENOMEM naming the slab and the range; writing there would
+ * have been a SIGBUS. */
+START_TEST(test_lazy_populate_fails_cleanly)
+{
+    const long page = sysconf(_SC_PAGESIZE);
+    wb_shm w;
+    wb_err err;
+    ck_assert_int_eq(wb__shm_create_lazy(&w, 4 * (size_t)page, &err), WB_OK);
+    if (w.lazy) {
+        int fd = shm_open(w.name, O_RDWR, 0);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(ftruncate(fd, page), 0);
+        close(fd);
+        ck_assert_int_eq(wb__shm_populate(&w, 0, (uint64_t)page, &err), WB_OK);
+        ck_assert_int_eq(wb__shm_populate(&w, 2 * (uint64_t)page, 10, &err), WB_ENOMEM);
+        char want[256];
+        snprintf(want, sizeof want,
+                 "shared memory ran out filling slab %s: bytes %ld to %ld of %ld cannot be "
+                 "backed (is /dev/shm full?)",
+                 w.name, 2 * page, 3 * page, 4 * page);
+        ck_assert_str_eq(err.msg, want);
+    }
+    wb__shm_unlink(&w);
+    wb__shm_unmap(&w);
+}
+END_TEST
+
 START_TEST(test_map_errors)
 {
     wb_shm w, r;
@@ -268,6 +352,8 @@ int main(void)
     tcase_add_test(tc, test_names_are_fresh);
     tcase_add_test(tc, test_write_through_ro_mapping_faults);
     tcase_add_test(tc, test_map_errors);
+    tcase_add_test(tc, test_lazy_populate);
+    tcase_add_test(tc, test_lazy_populate_fails_cleanly);
     tcase_add_test(tc, test_name_validation);
     tcase_add_test(tc, test_cleanup_stale);
     tcase_add_test(tc, test_cleanup_zombie);
