@@ -121,20 +121,31 @@ int wb__aoti_create_external(wb_container *c, const wb_container_options *o, siz
     return rc;
 }
 
+/* CreateWithDevice, named `api` in the record, then the constants' metadata;
+ * *free0 and *free1 are the device's free bytes before and after creation
+ * (-1 on the CPU), to see whether the library loaded constants of its own. */
+static int create_device_container(wb_container *c, size_t num_models, const char *api,
+                                   int64_t *free0, int64_t *free1)
+{
+    *free0 = device_free_bytes(c);
+    if (c->f.create_with_device(&c->h, num_models, c->device_str, c->cubin_dir) != 0) {
+        c->h = NULL;
+        *free1 = -1;
+        return wb__aoti_runtime_fail(c, "AOTInductorModelContainerCreateWithDevice", NULL);
+    }
+    *free1 = device_free_bytes(c);
+    snprintf(c->rec.aoti_api, sizeof c->rec.aoti_api, "%s", api);
+    return wb__aoti_read_constants(c);
+}
+
 /* torch 2.11-2.13: create, then point the constants at our tensors. A
  * library that loaded its own copy at creation gets ours in the inactive
  * buffer, which is swapped in; its copy is then freed. */
 int wb__aoti_create_with_device(wb_container *c, const wb_container_options *o, size_t num_models)
 {
     char q[600];
-    int64_t free0 = device_free_bytes(c);
-    if (c->f.create_with_device(&c->h, num_models, c->device_str, c->cubin_dir) != 0) {
-        c->h = NULL;
-        return wb__aoti_runtime_fail(c, "AOTInductorModelContainerCreateWithDevice", NULL);
-    }
-    int64_t free1 = device_free_bytes(c);
-    snprintf(c->rec.aoti_api, sizeof c->rec.aoti_api, "%s", API_DEVICE);
-    int rc = wb__aoti_read_constants(c);
+    int64_t free0, free1;
+    int rc = create_device_container(c, num_models, API_DEVICE, &free0, &free1);
     if (rc == WB_OK)
         rc = wb__aoti_bind_constants(c, o);
     if (rc != WB_OK)
@@ -219,14 +230,8 @@ int wb__aoti_create_own(wb_container *c, size_t num_models)
                              "model library %s does not export "
                              "AOTInductorModelContainerCreateWithDevice",
                              c->so_path);
-    int64_t free0 = device_free_bytes(c);
-    if (c->f.create_with_device(&c->h, num_models, c->device_str, c->cubin_dir) != 0) {
-        c->h = NULL;
-        return wb__aoti_runtime_fail(c, "AOTInductorModelContainerCreateWithDevice", NULL);
-    }
-    int64_t free1 = device_free_bytes(c);
-    snprintf(c->rec.aoti_api, sizeof c->rec.aoti_api, "%s", API_OWN);
-    int rc = wb__aoti_read_constants(c);
+    int64_t free0, free1;
+    int rc = create_device_container(c, num_models, API_OWN, &free0, &free1);
     if (rc != WB_OK)
         return rc;
     uint64_t own = 0, folded_bytes = 0;
