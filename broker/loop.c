@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -30,9 +31,10 @@ typedef struct loop {
     int sigfd;
     wb_loader loader;
     int stop;
+    int epfd; /* every peer's pidfd, registered once (wb_lease_table.epfd) */
     zmq_pollitem_t *items;
     size_t cap_items;
-    uint32_t *item_pids; /* pid of each pidfd item, index of each connection item */
+    uint32_t *item_conns; /* index of each connection item */
     size_t first_conn_item;
 } loop;
 
@@ -144,23 +146,22 @@ static void handle_signals(loop *L)
     }
 }
 
-/* Builds the poll set: listener, signals, loads, one pidfd per process
- * that holds leases, then one item per connection (item_pids holds the
- * connection's index there). */
+/* Builds the poll set: listener, signals, loads, the epoll set of pidfds,
+ * then one item per connection (item_conns holds the connection's index
+ * there). */
 static int build_items(loop *L, size_t *n)
 {
-    const wb_lease_table *t = &L->b->leases;
-    size_t need = 3 + t->n_peers + L->conns.n;
+    size_t need = 4 + L->conns.n;
     if (need > L->cap_items) {
         size_t cap = need * 2;
         zmq_pollitem_t *items = realloc(L->items, cap * sizeof *items);
         if (!items)
             return -1;
         L->items = items;
-        uint32_t *pids = realloc(L->item_pids, cap * sizeof *pids);
-        if (!pids)
+        uint32_t *idx = realloc(L->item_conns, cap * sizeof *idx);
+        if (!idx)
             return -1;
-        L->item_pids = pids;
+        L->item_conns = idx;
         L->cap_items = cap;
     }
     zmq_pollitem_t *it = L->items;
@@ -171,24 +172,31 @@ static int build_items(loop *L, size_t *n)
     it[1].events = ZMQ_POLLIN;
     it[2].fd = L->loader.efd;
     it[2].events = ZMQ_POLLIN;
-    size_t k = 3;
-    for (size_t i = 0; i < t->n_peers; i++) {
-        if (t->peers[i]->pidfd < 0)
-            continue;
-        it[k].fd = t->peers[i]->pidfd;
-        it[k].events = ZMQ_POLLIN;
-        L->item_pids[k] = t->peers[i]->pid;
-        k++;
-    }
+    it[3].fd = L->epfd;
+    it[3].events = ZMQ_POLLIN;
+    size_t k = 4;
     L->first_conn_item = k;
     for (size_t i = 0; i < L->conns.n; i++) {
         it[k].fd = L->conns.v[i]->fd;
         it[k].events = (short)(ZMQ_POLLIN | (L->conns.v[i]->out_head ? ZMQ_POLLOUT : 0));
-        L->item_pids[k] = (uint32_t)i;
+        L->item_conns[k] = (uint32_t)i;
         k++;
     }
     *n = k;
     return 0;
+}
+
+/* Every peer whose pidfd reports an exit: its leases are reclaimed and its
+ * record forgotten (which closes the pidfd and so leaves the set). */
+static void handle_deaths(loop *L)
+{
+    struct epoll_event ev[64];
+    int n;
+    do {
+        n = epoll_wait(L->epfd, ev, 64, 0);
+        for (int i = 0; i < n; i++)
+            wb__broker_reclaim_pid(L->b, ev[i].data.u32);
+    } while (n == 64);
 }
 
 /* Connections with events, handled by identity: handling one may remove
@@ -207,7 +215,7 @@ static void handle_conns(loop *L, size_t n)
     for (size_t j = L->first_conn_item; j < n; j++) {
         if (!L->items[j].revents)
             continue;
-        serials[k] = L->conns.v[L->item_pids[j]]->serial;
+        serials[k] = L->conns.v[L->item_conns[j]]->serial;
         revents[k++] = L->items[j].revents;
     }
     for (size_t j = 0; j < k; j++)
@@ -254,7 +262,7 @@ static void shutdown_loads(loop *L)
 
 int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *opt, wb_err *err)
 {
-    loop L = {.b = b, .opt = opt, .sigfd = -1};
+    loop L = {.b = b, .opt = opt, .sigfd = -1, .epfd = -1};
     L.conns = (wb_conns){.opt = opt,
                          .stats = &b->stats,
                          .on_message = handle_request,
@@ -278,6 +286,20 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
         rc = wb__err_errno(err, WB_EIO, errno, "signalfd");
         goto out_unlink;
     }
+    L.epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (L.epfd < 0) {
+        rc = wb__err_errno(err, WB_EIO, errno, "epoll_create1");
+        goto out_unlink;
+    }
+    /* Peers that hold leases already (none today: leases come only from
+     * requests) join the set as they would at their first grant. */
+    for (size_t i = 0; i < b->leases.n_peers; i++) {
+        wb_peer_rec *p = b->leases.peers[i];
+        struct epoll_event ev = {.events = EPOLLIN, .data.u32 = p->pid};
+        if (p->pidfd >= 0)
+            epoll_ctl(L.epfd, EPOLL_CTL_ADD, p->pidfd, &ev);
+    }
+    b->leases.epfd = L.epfd;
     if ((rc = wb__loader_start(&L.loader, err)) != WB_OK)
         goto out_unlink;
     b->loader = &L.loader;
@@ -295,6 +317,7 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
     long wait_ms = LOOP_MAX_WAIT_MS;
     if (b->cfg.stale_ms / 4 < (uint32_t)wait_ms)
         wait_ms = b->cfg.stale_ms / 4 > 10 ? (long)(b->cfg.stale_ms / 4) : 10;
+    int64_t next_scan = 0;
     while (!L.stop) {
         size_t n;
         if (build_items(&L, &n) != 0) {
@@ -313,10 +336,8 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
                 handle_signals(&L);
             /* Deaths first: a pid that died and was reused must not act on
              * the dead process's leases in this same round. */
-            for (size_t i = 3; i < L.first_conn_item; i++) {
-                if (L.items[i].revents)
-                    wb__broker_reclaim_pid(b, L.item_pids[i]);
-            }
+            if (L.items[3].revents)
+                handle_deaths(&L);
             if (L.items[2].revents)
                 handle_loads(&L);
             handle_conns(&L, n);
@@ -324,7 +345,13 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
                 wb__conns_accept(&L.conns);
         }
         b->stats.connections = (uint32_t)L.conns.n;
-        size_t went_stale = wb__broker_scan_stale(b);
+        /* The stale scan walks every lease: on a timer, not per message. */
+        size_t went_stale = 0;
+        int64_t now = b->now_ms();
+        if (now >= next_scan) {
+            went_stale = wb__broker_scan_stale(b);
+            next_scan = now + wait_ms;
+        }
         wb__metrics_tick(b->metrics, b, pr > 0 || went_stale > 0);
     }
 
@@ -334,14 +361,17 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
     wb_info("stop", "leases_held=%zu leases_stale=%zu peers=%zu models=%zu replies_dropped=%llu",
             b->leases.n_leases,
             wb__leases_count_state(&b->leases, WBPROTO__LEASE_STATE__LEASE_STALE),
-            b->leases.n_peers, b->models.n, (unsigned long long)b->stats.replies_dropped);
+            b->leases.n_holders, b->models.n, (unsigned long long)b->stats.replies_dropped);
 
 out_unlink:
     wb__conns_destroy(&L.conns);
     if (L.sigfd >= 0)
         close(L.sigfd);
+    b->leases.epfd = -1;
+    if (L.epfd >= 0)
+        close(L.epfd);
     free(L.items);
-    free(L.item_pids);
+    free(L.item_conns);
     if (bound)
         unlink(socket_path);
     return rc;

@@ -49,6 +49,9 @@ static void wire_free(wb_model *m)
     m->wire_slab_ptrs = NULL;
     m->wire_tensors = NULL;
     m->wire_tensor_ptrs = NULL;
+    free(m->wire_lease_tail);
+    m->wire_lease_tail = NULL;
+    m->wire_lease_tail_len = 0;
 }
 
 void wb__model_free(wb_model **mp)
@@ -117,6 +120,12 @@ int wb__model_adopt(wb_model *m, wb_model_data *data, wb_err *err)
     lease.n_tensors = nt;
     lease.tensors = tensor_ptrs;
     m->wire_lease_size = wbproto__lease__get_packed_size(&lease);
+    lease.id.data = NULL;
+    lease.id.len = 0;
+    size_t tail = wbproto__lease__get_packed_size(&lease);
+    m->wire_lease_tail = malloc(tail ? tail : 1);
+    if (m->wire_lease_tail)
+        m->wire_lease_tail_len = wbproto__lease__pack(&lease, m->wire_lease_tail);
     m->state = WBPROTO__MODEL_STATE__MODEL_READY;
     return WB_OK;
 }

@@ -179,7 +179,9 @@ START_TEST(test_release)
     ck_assert_int_eq(r->release->model_state, WBPROTO__MODEL_STATE__MODEL_READY);
     ck_assert_uint_eq(m->leases, 0);
     ck_assert_uint_eq(F.b.stats.leases_released, 1);
-    ck_assert_uint_eq(F.b.leases.n_peers, 0);
+    /* The peer's record stays for its next acquire; it holds nothing. */
+    ck_assert_uint_eq(F.b.leases.n_holders, 0);
+    ck_assert_uint_eq(F.b.leases.n_peers, 1);
 
     r = fixture_release(&F, &p, id);
     ck_assert_int_eq(r->status, WB_ENOTFOUND);
