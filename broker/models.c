@@ -52,6 +52,9 @@ static void wire_free(wb_model *m)
     free(m->wire_lease_tail);
     m->wire_lease_tail = NULL;
     m->wire_lease_tail_len = 0;
+    free(m->wire_table_tail);
+    m->wire_table_tail = NULL;
+    m->wire_table_tail_len = 0;
 }
 
 void wb__model_free(wb_model **mp)
@@ -126,6 +129,19 @@ int wb__model_adopt(wb_model *m, wb_model_data *data, wb_err *err)
     m->wire_lease_tail = malloc(tail ? tail : 1);
     if (m->wire_lease_tail)
         m->wire_lease_tail_len = wbproto__lease__pack(&lease, m->wire_lease_tail);
+    size_t table_len = 0;
+    uint8_t *table = wb__tensor_table_pack(tensor_ptrs, nt, &table_len);
+    if (table) {
+        lease.n_tensors = 0;
+        lease.tensors = NULL;
+        lease.tensor_table.data = table;
+        lease.tensor_table.len = table_len;
+        tail = wbproto__lease__get_packed_size(&lease);
+        m->wire_table_tail = malloc(tail);
+        if (m->wire_table_tail)
+            m->wire_table_tail_len = wbproto__lease__pack(&lease, m->wire_table_tail);
+        free(table);
+    }
     m->state = WBPROTO__MODEL_STATE__MODEL_READY;
     return WB_OK;
 }

@@ -68,6 +68,10 @@ typedef struct wb_model {
      * memory was short (the reply is then packed field by field). */
     uint8_t *wire_lease_tail;
     size_t wire_lease_tail_len;
+    /* The same with Lease.tensor_table (the compact table, common/wire.h)
+     * in place of the tensors, for clients that ask for it. */
+    uint8_t *wire_table_tail;
+    size_t wire_table_tail_len;
     struct wb_model *next;
 } wb_model;
 

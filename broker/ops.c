@@ -103,7 +103,7 @@ Wbproto__ModelInfo *wb__ops_model_info(const wb_model *m, int state, wb_arena *a
     return mi;
 }
 
-int wb__ops_lease_tail(const wb_model *m, Wbproto__Lease *lw, wb_arena *a)
+int wb__ops_lease_tail(const wb_model *m, int table, Wbproto__Lease *lw, wb_arena *a)
 {
     /* The cached bytes start with the tag of `model` (field 2, length
      * delimited: 0x12). protobuf-c packs an unknown field as its tag and
@@ -111,15 +111,16 @@ int wb__ops_lease_tail(const wb_model *m, Wbproto__Lease *lw, wb_arena *a)
      * one unknown field whose tag is 2 and whose data is the rest of the
      * cached bytes therefore packs to exactly the Lease packed field by
      * field, without walking the tensors. */
-    const uint8_t *tail = m->wire_lease_tail;
-    if (!tail || m->wire_lease_tail_len < 2 || tail[0] != 0x12)
+    const uint8_t *tail = table ? m->wire_table_tail : m->wire_lease_tail;
+    size_t len = table ? m->wire_table_tail_len : m->wire_lease_tail_len;
+    if (!tail || len < 2 || tail[0] != 0x12)
         return WB_EINVAL;
     ProtobufCMessageUnknownField *u = wb__arena_alloc(a, sizeof *u);
     if (!u)
         return WB_ENOMEM;
     u->tag = 2;
     u->wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED;
-    u->len = m->wire_lease_tail_len - 1;
+    u->len = len - 1;
     u->data = (uint8_t *)tail + 1;
     lw->base.n_unknown_fields = 1;
     lw->base.unknown_fields = u;
@@ -203,7 +204,10 @@ static int op_acquire(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Re
     wbproto__lease__init(lw);
     lw->id.data = l->id;
     lw->id.len = WB_LEASE_ID_LEN;
-    if (wb__ops_lease_tail(m, lw, a) != WB_OK) {
+    /* A client that reads the compact table gets it, else (or when it
+     * could not be built) the tensors as messages. */
+    if (wb__ops_lease_tail(m, req->acquire->tensor_table, lw, a) != WB_OK &&
+        wb__ops_lease_tail(m, 0, lw, a) != WB_OK) {
         lw->model = m->name;
         lw->n_slabs = m->data.n_slabs;
         lw->slabs = m->wire_slab_ptrs;

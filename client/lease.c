@@ -144,8 +144,43 @@ static int map_slabs(wb_client *c, const char *model, const Wbproto__Lease *pl, 
 /* The tensor table is one allocation: the entries, then every shape, then
  * every name and dtype. A model of 10^5 tensors would otherwise cost 3 * 10^5
  * mallocs at acquire and as many frees at release. */
+/* From the compact table (Lease.tensor_table, checked by the decoder): one
+ * allocation holds the entries and a copy of the table, whose strings and
+ * dims the entries point into. No per-tensor message was decoded. */
+static int build_from_table(wb_client *c, const char *model, const Wbproto__Lease *pl, wb_lease *l)
+{
+    const uint8_t *src = pl->tensor_table.data;
+    size_t n = wb__tensor_table_count(src);
+    size_t head = (n ? n : 1) * sizeof *l->tensors;
+    head = (head + 7) & ~(size_t)7; /* the copy's dims are u64 */
+    l->tensors = malloc(head + pl->tensor_table.len);
+    if (!l->tensors)
+        return wb__client_fail(c, WB_ENOMEM, "acquire '%s': out of memory", model);
+    uint8_t *table = (uint8_t *)l->tensors + head;
+    memcpy(table, src, pl->tensor_table.len);
+    const char *str = wb__tensor_table_strings(table);
+    const uint64_t *dims = wb__tensor_table_dims(table);
+    for (size_t i = 0; i < n; i++) {
+        wb_table_tensor r;
+        wb__tensor_table_get(table, (uint32_t)i, &r);
+        wb__tensor_entry *lt = &l->tensors[i];
+        lt->name = (char *)str + r.name;
+        lt->dtype = (char *)str + r.dtype;
+        lt->ndim = r.ndim;
+        lt->shape = (uint64_t *)dims + r.dim;
+        lt->data = (const uint8_t *)wb__map_addr(l->maps[r.slab]) + r.offset;
+        lt->nbytes = r.nbytes;
+        lt->xxh3 = r.xxh3;
+        lt->device = wb__map_device(l->maps[r.slab]);
+    }
+    l->n_tensors = n;
+    return WB_OK;
+}
+
 static int build_tensors(wb_client *c, const char *model, const Wbproto__Lease *pl, wb_lease *l)
 {
+    if (pl->tensor_table.len)
+        return build_from_table(c, model, pl, l);
     size_t n = pl->n_tensors, dims = 0, chars = 0;
     for (size_t i = 0; i < n; i++) {
         const Wbproto__Tensor *t = pl->tensors[i];
@@ -196,6 +231,7 @@ WB_EXPORT int wb_lease_acquire(wb_client *client, const char *model, wb_lease **
     }
     Wbproto__AcquireRequest acq = WBPROTO__ACQUIRE_REQUEST__INIT;
     acq.model = (char *)model;
+    acq.tensor_table = 1;
     Wbproto__Request req = WBPROTO__REQUEST__INIT;
     req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
     req.acquire = &acq;
