@@ -23,7 +23,8 @@ static void lease_free(wb_lease *l)
 {
     if (!l)
         return;
-    free(l->tensors); /* names, dtypes and shapes live in the same block */
+    free(l->tensors); /* names, dtypes and shapes: the same block or table_rep */
+    wb__reply_free(&l->table_rep);
     wb__lease_containers_free(l);
     for (size_t i = 0; i < l->n_maps; i++)
         wb__mapcache_put(&l->maps[i]);
@@ -144,20 +145,23 @@ static int map_slabs(wb_client *c, const char *model, const Wbproto__Lease *pl, 
 /* The tensor table is one allocation: the entries, then every shape, then
  * every name and dtype. A model of 10^5 tensors would otherwise cost 3 * 10^5
  * mallocs at acquire and as many frees at release. */
-/* From the compact table (Lease.tensor_table, checked by the decoder): one
- * allocation holds the entries and a copy of the table, whose strings and
- * dims the entries point into. No per-tensor message was decoded. */
-static int build_from_table(wb_client *c, const char *model, const Wbproto__Lease *pl, wb_lease *l)
+/* From the compact table (Lease.tensor_table, checked by the decoder): the
+ * entries point into the table, which stays in the reply the lease keeps
+ * (*rep is taken). No per-tensor message was decoded, one allocation made. */
+static int build_from_table(wb_client *c, const char *model, const Wbproto__Lease *pl, wb_lease *l,
+                            Wbproto__Reply **rep)
 {
-    const uint8_t *src = pl->tensor_table.data;
-    size_t n = wb__tensor_table_count(src);
+    const uint8_t *table = pl->tensor_table.data;
+    size_t n = wb__tensor_table_count(table);
     size_t head = (n ? n : 1) * sizeof *l->tensors;
-    head = (head + 7) & ~(size_t)7; /* the copy's dims are u64 */
-    l->tensors = malloc(head + pl->tensor_table.len);
+    int copy = ((uintptr_t)table & 7) != 0; /* the dims are read as u64 */
+    if (copy)
+        head = (head + 7) & ~(size_t)7;
+    l->tensors = malloc(head + (copy ? pl->tensor_table.len : 0));
     if (!l->tensors)
         return wb__client_fail(c, WB_ENOMEM, "acquire '%s': out of memory", model);
-    uint8_t *table = (uint8_t *)l->tensors + head;
-    memcpy(table, src, pl->tensor_table.len);
+    if (copy)
+        table = memcpy((uint8_t *)l->tensors + head, table, pl->tensor_table.len);
     const char *str = wb__tensor_table_strings(table);
     const uint64_t *dims = wb__tensor_table_dims(table);
     for (size_t i = 0; i < n; i++) {
@@ -174,13 +178,18 @@ static int build_from_table(wb_client *c, const char *model, const Wbproto__Leas
         lt->device = wb__map_device(l->maps[r.slab]);
     }
     l->n_tensors = n;
+    if (!copy) {
+        l->table_rep = *rep;
+        *rep = NULL;
+    }
     return WB_OK;
 }
 
-static int build_tensors(wb_client *c, const char *model, const Wbproto__Lease *pl, wb_lease *l)
+static int build_tensors(wb_client *c, const char *model, const Wbproto__Lease *pl, wb_lease *l,
+                         Wbproto__Reply **rep)
 {
     if (pl->tensor_table.len)
-        return build_from_table(c, model, pl, l);
+        return build_from_table(c, model, pl, l, rep);
     size_t n = pl->n_tensors, dims = 0, chars = 0;
     for (size_t i = 0; i < n; i++) {
         const Wbproto__Tensor *t = pl->tensors[i];
@@ -264,7 +273,7 @@ WB_EXPORT int wb_lease_acquire(wb_client *client, const char *model, wb_lease **
         if (rc == WB_OK)
             rc = map_slabs(client, model, pl, l);
         if (rc == WB_OK)
-            rc = build_tensors(client, model, pl, l);
+            rc = build_tensors(client, model, pl, l, &rep);
     }
     if (rc != WB_OK && pl && pl->id.len == WB_LEASE_ID_BYTES) {
         /* The broker granted a lease this process cannot use: hand it back

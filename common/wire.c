@@ -303,11 +303,24 @@ static int check_tensor(const Wbproto__Tensor *t, size_t i, const Wbproto__Lease
 typedef struct table_header {
     uint32_t magic, n, dims, strings;
 } table_header;
+_Static_assert(sizeof(table_header) == WB_TABLE_HEADER, "the table header is 16 bytes");
+_Static_assert(sizeof(wb_table_tensor) == WB_TABLE_RECORD, "a table record is 40 bytes");
+
+/* The dtype strings already written (a handful per model), so that equal
+ * dtypes share one string. */
+typedef struct dtype_seen {
+    const char *name;
+    uint32_t at;
+} dtype_seen;
 
 uint8_t *wb__tensor_table_pack(Wbproto__Tensor *const *tensors, size_t n, size_t *len)
 {
     uint64_t dims = 0, strings = 0;
+    dtype_seen seen[16];
+    size_t n_seen = 0;
     for (size_t i = 0; i < n; i++) {
+        if (tensors[i]->n_shape > UINT16_MAX || tensors[i]->slab > UINT16_MAX)
+            return NULL;
         dims += tensors[i]->n_shape;
         strings += strlen(tensors[i]->name) + strlen(tensors[i]->dtype) + 2;
     }
@@ -319,32 +332,47 @@ uint8_t *wb__tensor_table_pack(Wbproto__Tensor *const *tensors, size_t n, size_t
     uint8_t *buf = calloc(1, (size_t)total);
     if (!buf)
         return NULL;
-    table_header h = {WB_TABLE_MAGIC, (uint32_t)n, (uint32_t)dims, (uint32_t)strings};
-    memcpy(buf, &h, sizeof h);
     uint8_t *rec = buf + WB_TABLE_HEADER;
     uint8_t *dim = rec + n * WB_TABLE_RECORD;
     char *str = (char *)(dim + dims * 8);
     uint32_t sp = 0, dp = 0;
     for (size_t i = 0; i < n; i++) {
         const Wbproto__Tensor *t = tensors[i];
-        size_t ln = strlen(t->name) + 1, ld = strlen(t->dtype) + 1;
+        size_t ln = strlen(t->name) + 1;
         wb_table_tensor r = {.offset = t->offset,
                              .nbytes = t->nbytes,
                              .xxh3 = t->xxh3,
-                             .slab = t->slab,
                              .name = sp,
-                             .dtype = sp + (uint32_t)ln,
                              .dim = dp,
-                             .ndim = (uint32_t)t->n_shape};
+                             .ndim = (uint16_t)t->n_shape,
+                             .slab = (uint16_t)t->slab};
         memcpy(str + sp, t->name, ln);
-        memcpy(str + sp + ln, t->dtype, ld);
-        sp += (uint32_t)(ln + ld);
+        sp += (uint32_t)ln;
+        size_t k = 0;
+        while (k < n_seen && strcmp(seen[k].name, t->dtype) != 0)
+            k++;
+        if (k < n_seen) {
+            r.dtype = seen[k].at;
+        } else {
+            size_t ld = strlen(t->dtype) + 1;
+            r.dtype = sp;
+            memcpy(str + sp, t->dtype, ld);
+            if (n_seen < sizeof seen / sizeof seen[0])
+                seen[n_seen++] = (dtype_seen){t->dtype, sp};
+            sp += (uint32_t)ld;
+        }
         if (t->n_shape)
             memcpy(dim + (size_t)dp * 8, t->shape, t->n_shape * 8);
         dp += (uint32_t)t->n_shape;
         memcpy(rec + i * WB_TABLE_RECORD, &r, sizeof r);
     }
-    *len = (size_t)total;
+    /* Shared dtypes leave the strings shorter than reserved: the table
+     * ends at the last one written. */
+    if (sp == 0)
+        sp = 1;
+    table_header h = {WB_TABLE_MAGIC, (uint32_t)n, (uint32_t)dims, sp};
+    memcpy(buf, &h, sizeof h);
+    *len = (size_t)(total - strings + sp);
     return buf;
 }
 

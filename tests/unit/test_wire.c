@@ -546,13 +546,13 @@ START_TEST(test_reply_tensor_table)
     free(t);
     fixture_init(&f);
     t = to_table(&f, &len);
-    poke(t, 1, 28, 13); /* name offset past the strings */
+    poke(t, 1, 24, 13); /* name offset past the strings */
     ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
     ck_assert_str_eq(err.msg, "lease.tensor_table[1] has no name");
     free(t);
     fixture_init(&f);
     t = to_table(&f, &len);
-    poke(t, 0, 40, 3); /* dims 0..2 of 2 */
+    poke(t, 0, 36, 3); /* ndim 3: dims 0..2 of 2 */
     ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
     ck_assert_str_eq(err.msg, "tensor 'w' has 3 dimensions from dim 0 (of 2, at most 64 each)");
     free(t);
