@@ -41,7 +41,8 @@ typedef struct wb_conn {
     size_t held; /* wb__zmtp_buffered(&z) as counted in wb_conns.buffered */
     wb_peer_creds creds;
     struct outbuf *out_head, *out_tail;
-    int queued; /* messages in the queue */
+    int queued;           /* messages in the queue */
+    uint32_t loop_events; /* what the event loop registered for fd (0: not yet) */
 } wb_conn;
 
 typedef struct wb_conns wb_conns;
