@@ -164,18 +164,28 @@ static int build_from_table(wb_client *c, const char *model, const Wbproto__Leas
         table = memcpy((uint8_t *)l->tensors + head, table, pl->tensor_table.len);
     const char *str = wb__tensor_table_strings(table);
     const uint64_t *dims = wb__tensor_table_dims(table);
-    for (size_t i = 0; i < n; i++) {
+    const uint8_t *rec = table + WB_TABLE_HEADER;
+    /* One slab's base and device serve all its tensors. */
+    uint32_t last = UINT32_MAX;
+    const uint8_t *base = NULL;
+    int device = -1;
+    for (size_t i = 0; i < n; i++, rec += WB_TABLE_RECORD) {
         wb_table_tensor r;
-        wb__tensor_table_get(table, (uint32_t)i, &r);
+        memcpy(&r, rec, sizeof r);
+        if (r.slab != last) {
+            last = r.slab;
+            base = wb__map_addr(l->maps[r.slab]);
+            device = wb__map_device(l->maps[r.slab]);
+        }
         wb__tensor_entry *lt = &l->tensors[i];
         lt->name = (char *)str + r.name;
         lt->dtype = (char *)str + r.dtype;
         lt->ndim = r.ndim;
         lt->shape = (uint64_t *)dims + r.dim;
-        lt->data = (const uint8_t *)wb__map_addr(l->maps[r.slab]) + r.offset;
+        lt->data = base + r.offset;
         lt->nbytes = r.nbytes;
         lt->xxh3 = r.xxh3;
-        lt->device = wb__map_device(l->maps[r.slab]);
+        lt->device = device;
     }
     l->n_tensors = n;
     if (!copy) {
