@@ -177,24 +177,42 @@ static int conn_send(wb_conns *cs, wb_conn *c, const void *hdr, size_t hl, const
                  total, cs->opt->max_queued_total);
         return WB_ELIMIT;
     }
-    outbuf *o = malloc(sizeof *o + hl + len);
+    /* Nothing queued: write straight from the caller's buffers, and copy
+     * only what the socket did not take (a large reply is not copied once
+     * more on its way out). */
+    size_t done = 0;
+    if (!c->out_head) {
+        struct iovec iov[2] = {{(void *)hdr, hl}, {(void *)body, len}};
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+        ssize_t n;
+        do {
+            n = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        } while (n < 0 && errno == EINTR);
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+            return WB_EIO;
+        done = n > 0 ? (size_t)n : 0;
+        if (done == hl + len)
+            return WB_OK;
+    }
+    outbuf *o = malloc(sizeof *o + hl + len - done);
     if (!o)
         return WB_ENOMEM;
     o->next = NULL;
-    o->len = hl + len;
+    o->len = hl + len - done;
     o->off = 0;
-    if (hl)
-        memcpy(o->data, hdr, hl);
-    if (len)
-        memcpy(o->data + hl, body, len);
+    if (done < hl)
+        memcpy(o->data, (const uint8_t *)hdr + done, hl - done);
+    size_t from = done > hl ? done - hl : 0;
+    if (len > from)
+        memcpy(o->data + (done < hl ? hl - done : 0), (const uint8_t *)body + from, len - from);
     if (c->out_tail)
         c->out_tail->next = o;
     else
         c->out_head = o;
     c->out_tail = o;
     c->queued++;
-    c->queued_bytes += total;
-    cs->queued_bytes += total;
+    c->queued_bytes += o->len;
+    cs->queued_bytes += o->len;
     return conn_flush(cs, c) == 0 ? WB_OK : WB_EIO;
 }
 

@@ -45,9 +45,10 @@ typedef struct wb_conn {
     size_t held; /* wb__zmtp_buffered(&z) as counted in wb_conns.buffered */
     wb_peer_creds creds;
     struct outbuf *out_head, *out_tail;
-    int queued;          /* messages in the queue */
-    size_t queued_bytes; /* their unsent bytes, counted in wb_conns.queued_bytes */
-    int64_t accepted_ms; /* when accepted, for the handshake deadline */
+    int queued;           /* messages in the queue */
+    size_t queued_bytes;  /* their unsent bytes, counted in wb_conns.queued_bytes */
+    int64_t accepted_ms;  /* when accepted, for the handshake deadline */
+    uint32_t loop_events; /* what the event loop registered for fd (0: not yet) */
 } wb_conn;
 
 typedef struct wb_conns wb_conns;

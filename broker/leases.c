@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@ void wb__leases_init(wb_lease_table *t)
 {
     memset(t, 0, sizeof *t);
     t->open_pidfd = wb__pidfd_open;
+    t->epfd = -1;
 }
 
 static void lease_rec_free(wb_lease_rec *l)
@@ -33,8 +35,10 @@ void wb__leases_destroy(wb_lease_table *t)
     free(t->leases);
     free(t->peers);
     wb_pidfd_open_fn open_pidfd = t->open_pidfd;
+    int epfd = t->epfd;
     memset(t, 0, sizeof *t);
     t->open_pidfd = open_pidfd;
+    t->epfd = epfd;
 }
 
 const char *wb__lease_id_short(const uint8_t *id, char out[9])
@@ -120,8 +124,21 @@ static int grow(void **arr, size_t *cap, size_t need, size_t elem)
     return 0;
 }
 
-/* Drops one lease from a pid's count; the last one closes the pidfd and
- * forgets the peer. */
+static void peer_forget(wb_lease_table *t, size_t i)
+{
+    wb_peer_rec *p = t->peers[i];
+    if (p->pidfd >= 0)
+        close(p->pidfd);
+    if (p->leases > 0)
+        t->n_holders--;
+    free(p);
+    memmove(t->peers + i, t->peers + i + 1, (t->n_peers - i - 1) * sizeof *t->peers);
+    t->n_peers--;
+}
+
+/* Drops one lease from a pid's count. A peer left without leases keeps its
+ * record (and pidfd) for its next acquire, unless too many such records are
+ * open already. */
 static void peer_put(wb_lease_table *t, uint32_t pid, uint64_t record_bytes)
 {
     int found;
@@ -130,14 +147,12 @@ static void peer_put(wb_lease_table *t, uint32_t pid, uint64_t record_bytes)
         return;
     wb_peer_rec *p = t->peers[i];
     p->record_bytes -= record_bytes < p->record_bytes ? record_bytes : p->record_bytes;
-    if (p->leases > 0)
-        p->leases--;
-    if (p->leases == 0) {
-        if (p->pidfd >= 0)
-            close(p->pidfd);
-        free(p);
-        memmove(t->peers + i, t->peers + i + 1, (t->n_peers - i - 1) * sizeof *t->peers);
-        t->n_peers--;
+    if (p->leases == 0)
+        return;
+    if (--p->leases == 0) {
+        t->n_holders--;
+        if (t->n_peers - t->n_holders > WB_IDLE_PEERS_MAX)
+            peer_forget(t, i);
     }
 }
 
@@ -191,6 +206,16 @@ int wb__leases_grant(wb_lease_table *t, struct wb_model *model, const wb_peer_cr
         }
         wb_err perr;
         int fd = t->open_pidfd ? t->open_pidfd(c->pid, &perr) : -1;
+        if (fd >= 0 && t->epfd >= 0) {
+            struct epoll_event ev = {.events = EPOLLIN, .data.u32 = c->pid};
+            if (epoll_ctl(t->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+                int e = errno;
+                close(fd);
+                free(p);
+                free(l);
+                return wb__err_errno(err, WB_EIO, e, "cannot watch process %u", c->pid);
+            }
+        }
         if (fd < 0 && t->open_pidfd) {
             free(p);
             free(l);
@@ -203,17 +228,22 @@ int wb__leases_grant(wb_lease_table *t, struct wb_model *model, const wb_peer_cr
         }
         p->pid = c->pid;
         p->pidfd = fd;
+        if (comm)
+            snprintf(p->comm, sizeof p->comm, "%s", comm[0] ? comm : "?");
+        else
+            wb__peer_comm(c->pid, p->comm, sizeof p->comm);
         memmove(t->peers + ppos + 1, t->peers + ppos, (t->n_peers - ppos) * sizeof *t->peers);
         t->peers[ppos] = p;
         t->n_peers++;
     }
-    p->leases++;
+    if (p->leases++ == 0)
+        t->n_holders++;
 
     l->model = model;
     l->pid = c->pid;
     l->uid = c->uid;
     l->gid = c->gid;
-    snprintf(l->comm, sizeof l->comm, "%s", comm && comm[0] ? comm : "?");
+    snprintf(l->comm, sizeof l->comm, "%s", comm ? (comm[0] ? comm : "?") : p->comm);
     l->state = WBPROTO__LEASE_STATE__LEASE_ACTIVE;
     l->granted_at = now_wall;
     l->last_heartbeat = now_wall;
@@ -311,11 +341,18 @@ size_t wb__leases_mark_stale(wb_lease_table *t, int64_t now_ms, int64_t stale_ms
 
 size_t wb__leases_reclaim_pid(wb_lease_table *t, uint32_t pid, wb_lease_cb cb, void *ctx)
 {
+    int found;
+    size_t i = peer_pos(t, pid, &found);
+    if (found && t->peers[i]->leases == 0) {
+        /* A peer kept between leases: only its record goes. */
+        peer_forget(t, i);
+        return 0;
+    }
     /* One pass that keeps the other leases in order: removing them one by
      * one would move the array once per lease. */
     size_t n = 0, kept = 0;
-    for (size_t i = 0; i < t->n_leases; i++) {
-        wb_lease_rec *l = t->leases[i];
+    for (size_t k = 0; k < t->n_leases; k++) {
+        wb_lease_rec *l = t->leases[k];
         if (l->pid != pid) {
             t->leases[kept++] = l;
             continue;
@@ -327,6 +364,9 @@ size_t wb__leases_reclaim_pid(wb_lease_table *t, uint32_t pid, wb_lease_cb cb, v
         n++;
     }
     t->n_leases = kept;
+    i = peer_pos(t, pid, &found);
+    if (found)
+        peer_forget(t, i);
     return n;
 }
 

@@ -3,9 +3,13 @@
  * Pure bookkeeping: no sockets, no clocks of its own (callers pass the time,
  * so tests can move it), no knowledge of what a model is. Leases are kept in
  * an array sorted by their 16-byte random id; per-pid peer records (sorted
- * by pid) hold the pidfd that proves the holder's death, the number of
- * leases the pid holds (the pidfd is closed when that number drops to zero)
- * and the bytes of container records its leases keep.
+ * by pid) hold the pidfd that proves the holder's death, the process's name,
+ * the number of leases the pid holds and the bytes of container records its
+ * leases keep. A peer record outlives its last lease (so that a process that
+ * acquires and releases in a loop does not pay pidfd_open and a read of
+ * /proc/<pid>/comm each time) until its pidfd reports the exit; at most
+ * WB_IDLE_PEERS_MAX records without leases are kept, the surplus is closed
+ * at once.
  *
  * A lease belongs to the process that acquired it: the same pid, the same
  * uid, and the process the peer record's pidfd watches (the broker reclaims
@@ -22,10 +26,14 @@
 
 struct wb_model;
 
+/* Peer records without leases kept open at most (each holds a pidfd). */
+#define WB_IDLE_PEERS_MAX 256
+
 typedef struct wb_peer_rec {
     uint32_t pid;
     int pidfd;
     uint32_t leases;
+    char comm[32];         /* /proc/<pid>/comm when the record was made */
     uint64_t record_bytes; /* container records kept for its leases */
 } wb_peer_rec;
 
@@ -76,7 +84,12 @@ typedef struct wb_lease_table {
     wb_peer_rec **peers;
     size_t n_peers;
     size_t cap_peers;
+    size_t n_holders;            /* peers with at least one lease */
     wb_pidfd_open_fn open_pidfd; /* wb__pidfd_open unless a test replaces it */
+    /* When >= 0, every pidfd is added to this epoll set once, with the pid
+     * as its data (closing the pidfd removes it): the event loop waits on
+     * one descriptor instead of a poll array of every peer. */
+    int epfd;
 } wb_lease_table;
 
 void wb__leases_init(wb_lease_table *t);
@@ -84,7 +97,8 @@ void wb__leases_init(wb_lease_table *t);
 void wb__leases_destroy(wb_lease_table *t);
 
 /* Grants a new lease on `model` to the peer `c` (which must be known). The
- * first lease of a pid opens its pidfd: WB_EPERM if the process is
+ * first lease of a pid opens its pidfd and reads its name (/proc/<pid>/comm;
+ * `comm`, when not NULL, replaces that read): WB_EPERM if the process is
  * already gone. On success *out points to the new record, owned by the
  * table. */
 int wb__leases_grant(wb_lease_table *t, struct wb_model *model, const wb_peer_creds *c,
@@ -127,10 +141,12 @@ size_t wb__leases_mark_stale(wb_lease_table *t, int64_t now_ms, int64_t stale_ms
                              void *ctx);
 
 /* Removes every lease of `pid` (its death was proven), calling cb before each
- * record is freed. Returns the number removed. One pass over the table. */
+ * record is freed, and forgets the peer (closing its pidfd). Returns the
+ * number of leases removed. One pass over the table. */
 size_t wb__leases_reclaim_pid(wb_lease_table *t, uint32_t pid, wb_lease_cb cb, void *ctx);
 
-/* The peer record of a pid (binary search); NULL if it holds no lease. */
+/* The peer record of a pid (binary search); NULL if the table has none (a
+ * record may hold no lease). */
 wb_peer_rec *wb__leases_peer(const wb_lease_table *t, uint32_t pid);
 
 /* Number of leases in a state (WBPROTO__LEASE_STATE__*). */

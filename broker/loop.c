@@ -12,9 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
-#include <zmq.h>
 
 #ifdef WB_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
@@ -30,11 +30,22 @@ typedef struct loop {
     int sigfd;
     wb_loader loader;
     int stop;
-    zmq_pollitem_t *items;
-    size_t cap_items;
-    uint32_t *item_pids; /* pid of each pidfd item, index of each connection item */
-    size_t first_conn_item;
+    int epfd; /* every peer's pidfd, registered once (wb_lease_table.epfd) */
+    /* Everything the loop waits on, registered once: the listener, the
+     * signals, the loader, the pidfd set and each connection (whose wanted
+     * events change only when its output queue fills or empties). One
+     * epoll_wait costs the same with 1,000 idle peers as with one. */
+    int ep;
+    struct epoll_event *evs;
+    size_t cap_evs;
+    uint64_t *serials; /* connections with events, in this round */
+    uint32_t *revents;
 } loop;
+
+/* epoll data of the fixed descriptors; a connection's is its serial with
+ * EV_CONN set. */
+enum { EV_LISTEN = 1, EV_SIGNAL, EV_LOADER, EV_DEATH };
+#define EV_CONN (1ull << 63)
 
 /* Packs and sends a reply to the connection `ident` as one ZMTP frame. A
  * peer that went away loses it; a peer that leaves --max-queued-replies
@@ -144,77 +155,67 @@ static void handle_signals(loop *L)
     }
 }
 
-/* Builds the poll set: listener, signals, loads, one pidfd per process
- * that holds leases, then one item per connection (item_pids holds the
- * connection's index there). */
-static int build_items(loop *L, size_t *n)
+/* Registers new connections and follows the output interest of the others
+ * (EPOLLOUT while replies wait). A closed connection left the set when its
+ * descriptor was closed. A walk of the table, no system call unless
+ * something changed. */
+static int sync_conns(loop *L)
 {
-    const wb_lease_table *t = &L->b->leases;
-    size_t need = 3 + t->n_peers + L->conns.n;
-    if (need > L->cap_items) {
-        size_t cap = need * 2;
-        zmq_pollitem_t *items = realloc(L->items, cap * sizeof *items);
-        if (!items)
-            return -1;
-        L->items = items;
-        uint32_t *pids = realloc(L->item_pids, cap * sizeof *pids);
-        if (!pids)
-            return -1;
-        L->item_pids = pids;
-        L->cap_items = cap;
-    }
-    zmq_pollitem_t *it = L->items;
-    memset(it, 0, need * sizeof *it);
-    it[0].fd = L->conns.lfd;
-    it[0].events = ZMQ_POLLIN;
-    it[1].fd = L->sigfd;
-    it[1].events = ZMQ_POLLIN;
-    it[2].fd = L->loader.efd;
-    it[2].events = ZMQ_POLLIN;
-    size_t k = 3;
-    for (size_t i = 0; i < t->n_peers; i++) {
-        if (t->peers[i]->pidfd < 0)
-            continue;
-        it[k].fd = t->peers[i]->pidfd;
-        it[k].events = ZMQ_POLLIN;
-        L->item_pids[k] = t->peers[i]->pid;
-        k++;
-    }
-    L->first_conn_item = k;
     for (size_t i = 0; i < L->conns.n; i++) {
-        it[k].fd = L->conns.v[i]->fd;
-        it[k].events = (short)(ZMQ_POLLIN | (L->conns.v[i]->out_head ? ZMQ_POLLOUT : 0));
-        L->item_pids[k] = (uint32_t)i;
-        k++;
+        wb_conn *c = L->conns.v[i];
+        uint32_t want = EPOLLIN | (c->out_head ? EPOLLOUT : 0);
+        if (c->loop_events == want)
+            continue;
+        struct epoll_event ev = {.events = want, .data.u64 = EV_CONN | c->serial};
+        if (epoll_ctl(L->ep, c->loop_events ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, c->fd, &ev) != 0)
+            return -1;
+        c->loop_events = want;
     }
-    *n = k;
+    if (L->cap_evs < L->conns.n + 8) {
+        size_t cap = (L->conns.n + 8) * 2;
+        struct epoll_event *evs = realloc(L->evs, cap * sizeof *evs);
+        if (!evs)
+            return -1;
+        L->evs = evs;
+        uint64_t *serials = realloc(L->serials, cap * sizeof *serials);
+        if (!serials)
+            return -1;
+        L->serials = serials;
+        uint32_t *rev = realloc(L->revents, cap * sizeof *rev);
+        if (!rev)
+            return -1;
+        L->revents = rev;
+        L->cap_evs = cap;
+    }
     return 0;
 }
 
-/* Connections with events, handled by identity: handling one may remove
- * others from the table (a reply to a slow reader), so indexes move. */
-static void handle_conns(loop *L, size_t n)
+static int add_fixed(int ep, int fd, uint64_t tag)
 {
-    size_t m = n - L->first_conn_item;
-    uint64_t *serials = malloc((m ? m : 1) * sizeof *serials);
-    short *revents = malloc((m ? m : 1) * sizeof *revents);
-    if (!serials || !revents) {
-        free(serials);
-        free(revents);
-        return;
-    }
-    size_t k = 0;
-    for (size_t j = L->first_conn_item; j < n; j++) {
-        if (!L->items[j].revents)
-            continue;
-        serials[k] = L->conns.v[L->item_pids[j]]->serial;
-        revents[k++] = L->items[j].revents;
-    }
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = tag};
+    return epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+}
+
+/* Every peer whose pidfd reports an exit: its leases are reclaimed and its
+ * record forgotten (which closes the pidfd and so leaves the set). */
+static void handle_deaths(loop *L)
+{
+    struct epoll_event ev[64];
+    int n;
+    do {
+        n = epoll_wait(L->epfd, ev, 64, 0);
+        for (int i = 0; i < n; i++)
+            wb__broker_reclaim_pid(L->b, ev[i].data.u32);
+    } while (n == 64);
+}
+
+/* Connections with events, handled by identity: handling one may remove
+ * others from the table (a reply to a slow reader). */
+static void handle_conns(loop *L, size_t k)
+{
     for (size_t j = 0; j < k; j++)
-        wb__conns_event(&L->conns, serials[j], revents[j] & ZMQ_POLLOUT,
-                        revents[j] & (ZMQ_POLLIN | ZMQ_POLLERR));
-    free(serials);
-    free(revents);
+        wb__conns_event(&L->conns, L->serials[j], (L->revents[j] & EPOLLOUT) != 0,
+                        (L->revents[j] & (EPOLLIN | EPOLLERR | EPOLLHUP)) != 0);
 }
 
 /* Tells systemd (Type=notify) how the broker is doing. Without
@@ -254,7 +255,7 @@ static void shutdown_loads(loop *L)
 
 int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *opt, wb_err *err)
 {
-    loop L = {.b = b, .opt = opt, .sigfd = -1};
+    loop L = {.b = b, .opt = opt, .sigfd = -1, .epfd = -1, .ep = -1};
     L.conns = (wb_conns){.opt = opt,
                          .stats = &b->stats,
                          .on_message = handle_request,
@@ -278,8 +279,29 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
         rc = wb__err_errno(err, WB_EIO, errno, "signalfd");
         goto out_unlink;
     }
+    L.epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (L.epfd < 0) {
+        rc = wb__err_errno(err, WB_EIO, errno, "epoll_create1");
+        goto out_unlink;
+    }
+    /* Peers that hold leases already (none today: leases come only from
+     * requests) join the set as they would at their first grant. */
+    for (size_t i = 0; i < b->leases.n_peers; i++) {
+        wb_peer_rec *p = b->leases.peers[i];
+        struct epoll_event ev = {.events = EPOLLIN, .data.u32 = p->pid};
+        if (p->pidfd >= 0)
+            epoll_ctl(L.epfd, EPOLL_CTL_ADD, p->pidfd, &ev);
+    }
+    b->leases.epfd = L.epfd;
     if ((rc = wb__loader_start(&L.loader, err)) != WB_OK)
         goto out_unlink;
+    L.ep = epoll_create1(EPOLL_CLOEXEC);
+    if (L.ep < 0 || add_fixed(L.ep, L.conns.lfd, EV_LISTEN) != 0 ||
+        add_fixed(L.ep, L.sigfd, EV_SIGNAL) != 0 || add_fixed(L.ep, L.loader.efd, EV_LOADER) != 0 ||
+        add_fixed(L.ep, L.epfd, EV_DEATH) != 0) {
+        rc = wb__err_errno(err, WB_EIO, errno, "setting up the epoll set");
+        goto out_unlink;
+    }
     b->loader = &L.loader;
 
     wb_info("listen",
@@ -298,40 +320,60 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
     long wait_ms = LOOP_MAX_WAIT_MS;
     if (b->cfg.stale_ms / 4 < (uint32_t)wait_ms)
         wait_ms = b->cfg.stale_ms / 4 > 10 ? (long)(b->cfg.stale_ms / 4) : 10;
+    int64_t next_scan = 0;
     while (!L.stop) {
-        /* Connections past their handshake deadline go before the poll set
-         * is built; the next deadline bounds the wait. */
+        /* Connections past their handshake deadline go first; the next
+         * deadline bounds the wait. */
         long deadline = wb__conns_expire(&L.conns);
-        size_t n;
-        if (build_items(&L, &n) != 0) {
-            wb_error("poll_setup", "error=out_of_memory");
-            rc = wb__err_set(err, WB_ENOMEM, "out of memory building the poll set");
+        if (sync_conns(&L) != 0) {
+            int e = errno;
+            wb_error("poll_setup", "error=\"%s\"", strerror(e));
+            rc = wb__err_errno(err, WB_EIO, e, "registering connections with epoll");
             break;
         }
-        int pr =
-            zmq_poll(L.items, (int)n, deadline >= 0 && deadline < wait_ms ? deadline : wait_ms);
-        if (pr < 0 && zmq_errno() != EINTR) {
-            rc = wb__err_set(err, WB_EIO, "zmq_poll: %s", zmq_strerror(zmq_errno()));
-            wb_error("poll_failed", "error=\"%s\"", zmq_strerror(zmq_errno()));
+        int pr = epoll_wait(L.ep, L.evs, (int)L.cap_evs,
+                            (int)(deadline >= 0 && deadline < wait_ms ? deadline : wait_ms));
+        if (pr < 0 && errno != EINTR) {
+            int e = errno;
+            rc = wb__err_errno(err, WB_EIO, e, "epoll_wait");
+            wb_error("poll_failed", "error=\"%s\"", strerror(e));
             break;
         }
         if (pr > 0) {
-            if (L.items[1].revents)
+            int listen = 0, signals = 0, loads = 0, deaths = 0;
+            size_t k = 0;
+            for (int i = 0; i < pr; i++) {
+                uint64_t tag = L.evs[i].data.u64;
+                if (tag & EV_CONN) {
+                    L.serials[k] = tag & ~EV_CONN;
+                    L.revents[k++] = L.evs[i].events;
+                } else {
+                    listen |= tag == EV_LISTEN;
+                    signals |= tag == EV_SIGNAL;
+                    loads |= tag == EV_LOADER;
+                    deaths |= tag == EV_DEATH;
+                }
+            }
+            if (signals)
                 handle_signals(&L);
             /* Deaths first: a pid that died and was reused must not act on
              * the dead process's leases in this same round. */
-            for (size_t i = 3; i < L.first_conn_item; i++) {
-                if (L.items[i].revents)
-                    wb__broker_reclaim_pid(b, L.item_pids[i]);
-            }
-            if (L.items[2].revents)
+            if (deaths)
+                handle_deaths(&L);
+            if (loads)
                 handle_loads(&L);
-            handle_conns(&L, n);
-            if (L.items[0].revents & ZMQ_POLLIN)
+            handle_conns(&L, k);
+            if (listen)
                 wb__conns_accept(&L.conns);
         }
         b->stats.connections = (uint32_t)L.conns.n;
-        size_t went_stale = wb__broker_scan_stale(b);
+        /* The stale scan walks every lease: on a timer, not per message. */
+        size_t went_stale = 0;
+        int64_t now = b->now_ms();
+        if (now >= next_scan) {
+            went_stale = wb__broker_scan_stale(b);
+            next_scan = now + wait_ms;
+        }
         wb__metrics_tick(b->metrics, b, pr > 0 || went_stale > 0);
     }
 
@@ -341,14 +383,20 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
     wb_info("stop", "leases_held=%zu leases_stale=%zu peers=%zu models=%zu replies_dropped=%llu",
             b->leases.n_leases,
             wb__leases_count_state(&b->leases, WBPROTO__LEASE_STATE__LEASE_STALE),
-            b->leases.n_peers, b->models.n, (unsigned long long)b->stats.replies_dropped);
+            b->leases.n_holders, b->models.n, (unsigned long long)b->stats.replies_dropped);
 
 out_unlink:
     wb__conns_destroy(&L.conns);
     if (L.sigfd >= 0)
         close(L.sigfd);
-    free(L.items);
-    free(L.item_pids);
+    b->leases.epfd = -1;
+    if (L.epfd >= 0)
+        close(L.epfd);
+    if (L.ep >= 0)
+        close(L.ep);
+    free(L.evs);
+    free(L.serials);
+    free(L.revents);
     if (bound)
         unlink(socket_path);
     return rc;

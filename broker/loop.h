@@ -1,8 +1,9 @@
 /* The broker's event loop: the listening socket and one descriptor per
  * connection (their transport is conn.h), a signalfd for SIGTERM/SIGINT,
- * the loader's eventfd, and one pidfd per process that holds leases, all in
- * one zmq_poll. Complete requests go to the handlers (ops.h) and their
- * replies back to their connections. */
+ * the loader's eventfd, and an epoll set of the pidfds of the processes the
+ * lease table watches, all registered once in one epoll set. Complete
+ * requests go to the handlers (ops.h) and their replies back to their
+ * connections. */
 #ifndef WB_BROKER_LOOP_H
 #define WB_BROKER_LOOP_H
 

@@ -49,6 +49,12 @@ static void wire_free(wb_model *m)
     m->wire_slab_ptrs = NULL;
     m->wire_tensors = NULL;
     m->wire_tensor_ptrs = NULL;
+    free(m->wire_lease_tail);
+    m->wire_lease_tail = NULL;
+    m->wire_lease_tail_len = 0;
+    free(m->wire_table_tail);
+    m->wire_table_tail = NULL;
+    m->wire_table_tail_len = 0;
 }
 
 void wb__model_free(wb_model **mp)
@@ -117,6 +123,25 @@ int wb__model_adopt(wb_model *m, wb_model_data *data, wb_err *err)
     lease.n_tensors = nt;
     lease.tensors = tensor_ptrs;
     m->wire_lease_size = wbproto__lease__get_packed_size(&lease);
+    lease.id.data = NULL;
+    lease.id.len = 0;
+    size_t tail = wbproto__lease__get_packed_size(&lease);
+    m->wire_lease_tail = malloc(tail ? tail : 1);
+    if (m->wire_lease_tail)
+        m->wire_lease_tail_len = wbproto__lease__pack(&lease, m->wire_lease_tail);
+    size_t table_len = 0;
+    uint8_t *table = wb__tensor_table_pack(tensor_ptrs, nt, &table_len);
+    if (table) {
+        lease.n_tensors = 0;
+        lease.tensors = NULL;
+        lease.tensor_table.data = table;
+        lease.tensor_table.len = table_len;
+        tail = wbproto__lease__get_packed_size(&lease);
+        m->wire_table_tail = malloc(tail);
+        if (m->wire_table_tail)
+            m->wire_table_tail_len = wbproto__lease__pack(&lease, m->wire_table_tail);
+        free(table);
+    }
     m->state = WBPROTO__MODEL_STATE__MODEL_READY;
     return WB_OK;
 }

@@ -62,6 +62,16 @@ typedef struct wb_model {
     Wbproto__Tensor *wire_tensors;
     Wbproto__Tensor **wire_tensor_ptrs;
     size_t wire_lease_size; /* packed size of a Lease on this model */
+    /* A Lease on this model packed once, without its id: the fields from
+     * `model` on (model, slabs, tensors). Every acquire reply carries these
+     * bytes as they are instead of packing 10^5 tensors again. NULL when
+     * memory was short (the reply is then packed field by field). */
+    uint8_t *wire_lease_tail;
+    size_t wire_lease_tail_len;
+    /* The same with Lease.tensor_table (the compact table, common/wire.h)
+     * in place of the tensors, for clients that ask for it. */
+    uint8_t *wire_table_tail;
+    size_t wire_table_tail_len;
     struct wb_model *next;
 } wb_model;
 

@@ -103,6 +103,30 @@ Wbproto__ModelInfo *wb__ops_model_info(const wb_model *m, int state, wb_arena *a
     return mi;
 }
 
+int wb__ops_lease_tail(const wb_model *m, int table, Wbproto__Lease *lw, wb_arena *a)
+{
+    /* The cached bytes start with the tag of `model` (field 2, length
+     * delimited: 0x12). protobuf-c packs an unknown field as its tag and
+     * then its data verbatim, after the known fields (here only the id):
+     * one unknown field whose tag is 2 and whose data is the rest of the
+     * cached bytes therefore packs to exactly the Lease packed field by
+     * field, without walking the tensors. */
+    const uint8_t *tail = table ? m->wire_table_tail : m->wire_lease_tail;
+    size_t len = table ? m->wire_table_tail_len : m->wire_lease_tail_len;
+    if (!tail || len < 2 || tail[0] != 0x12)
+        return WB_EINVAL;
+    ProtobufCMessageUnknownField *u = wb__arena_alloc(a, sizeof *u);
+    if (!u)
+        return WB_ENOMEM;
+    u->tag = 2;
+    u->wire_type = PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED;
+    u->len = len - 1;
+    u->data = (uint8_t *)tail + 1;
+    lw->base.n_unknown_fields = 1;
+    lw->base.unknown_fields = u;
+    return WB_OK;
+}
+
 static int op_hello(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request *req,
                     wb_arena *a, Wbproto__Reply *rep)
 {
@@ -161,29 +185,35 @@ static int op_acquire(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Re
     if (!ar || !lw)
         return wb__ops_oom(rep, a);
 
-    char comm[32];
-    wb__peer_comm(peer->pid, comm, sizeof comm);
     wb_lease_rec *l;
     wb_err err;
-    int rc = wb__leases_grant(&b->leases, m, peer, comm, b->now_ms(), b->now_wall(), &l, &err);
+    int rc = wb__leases_grant(&b->leases, m, peer, NULL, b->now_ms(), b->now_wall(), &l, &err);
     if (rc != WB_OK)
         return wb__ops_fail(rep, a, rc, "%s", err.msg);
     m->leases++;
     b->stats.leases_granted++;
     char hex[9], qc[80];
-    wb_info("lease_grant", "lease=%s model=%s pid=%u uid=%u gid=%u comm=%s",
-            wb__lease_id_short(l->id, hex), wb__log_quote(q, sizeof q, m->name), l->pid, l->uid,
-            l->gid, wb__log_quote(qc, sizeof qc, l->comm));
+    /* Per-lease lines are debug: at thousands of leases a second, info
+     * lines cost the broker more than the grant itself. */
+    if (wb__log_get_level() <= WB_LOG_DEBUG)
+        wb_debug("lease_grant", "lease=%s model=%s pid=%u uid=%u gid=%u comm=%s",
+                 wb__lease_id_short(l->id, hex), wb__log_quote(q, sizeof q, m->name), l->pid,
+                 l->uid, l->gid, wb__log_quote(qc, sizeof qc, l->comm));
 
     wbproto__acquire_reply__init(ar);
     wbproto__lease__init(lw);
     lw->id.data = l->id;
     lw->id.len = WB_LEASE_ID_LEN;
-    lw->model = m->name;
-    lw->n_slabs = m->data.n_slabs;
-    lw->slabs = m->wire_slab_ptrs;
-    lw->n_tensors = m->data.n_tensors;
-    lw->tensors = m->wire_tensor_ptrs;
+    /* A client that reads the compact table gets it, else (or when it
+     * could not be built) the tensors as messages. */
+    if (wb__ops_lease_tail(m, req->acquire->tensor_table, lw, a) != WB_OK &&
+        wb__ops_lease_tail(m, 0, lw, a) != WB_OK) {
+        lw->model = m->name;
+        lw->n_slabs = m->data.n_slabs;
+        lw->slabs = m->wire_slab_ptrs;
+        lw->n_tensors = m->data.n_tensors;
+        lw->tensors = m->wire_tensor_ptrs;
+    }
     ar->lease = lw;
     rep->body_case = WBPROTO__REPLY__BODY_ACQUIRE;
     rep->acquire = ar;
@@ -199,7 +229,7 @@ static int op_release(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Re
         return wb__ops_oom(rep, a);
     wb_lease_rec *l = wb__leases_find(&b->leases, id);
     char comm[32] = "?";
-    if (l)
+    if (l && wb__log_get_level() <= WB_LOG_DEBUG)
         snprintf(comm, sizeof comm, "%s", l->comm);
     wb_model *m;
     wb_err err;
@@ -208,8 +238,10 @@ static int op_release(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Re
         return wb__ops_fail(rep, a, rc, "%s", err.msg);
     b->stats.leases_released++;
     char hex[9], q[300], qc[80];
-    wb_info("lease_release", "lease=%s model=%s pid=%u comm=%s", wb__lease_id_short(id, hex),
-            wb__log_quote(q, sizeof q, m->name), peer->pid, wb__log_quote(qc, sizeof qc, comm));
+    if (wb__log_get_level() <= WB_LOG_DEBUG)
+        wb_debug("lease_release", "lease=%s model=%s pid=%u comm=%s", wb__lease_id_short(id, hex),
+                 wb__log_quote(q, sizeof q, m->name), peer->pid,
+                 wb__log_quote(qc, sizeof qc, comm));
     wbproto__release_reply__init(rr);
     rr->model_state = wb__broker_lease_ended(b, m);
     rep->body_case = WBPROTO__REPLY__BODY_RELEASE;

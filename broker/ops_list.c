@@ -296,7 +296,7 @@ int wb__ops_stats(wb_broker *b, wb_arena *a, Wbproto__Reply *rep)
     s->loads_failed = st->loads_failed;
     s->load_bytes_total = st->load_bytes_total;
     s->load_seconds_total = st->load_seconds_total;
-    s->peers = (uint32_t)b->leases.n_peers;
+    s->peers = (uint32_t)b->leases.n_holders;
     wb__load_fill_stats(b->cfg.backend, &b->models, s);
     s->requests_refused = st->requests_refused;
     s->limit_refusals = st->limit_refusals;

@@ -23,12 +23,8 @@ static void lease_free(wb_lease *l)
 {
     if (!l)
         return;
-    for (size_t i = 0; i < l->n_tensors; i++) {
-        free(l->tensors[i].name);
-        free(l->tensors[i].dtype);
-        free(l->tensors[i].shape);
-    }
-    free(l->tensors);
+    free(l->tensors); /* names, dtypes and shapes: the same block or table_rep */
+    wb__reply_free(&l->table_rep);
     wb__lease_containers_free(l);
     for (size_t i = 0; i < l->n_maps; i++)
         wb__mapcache_put(&l->maps[i]);
@@ -146,33 +142,95 @@ static int map_slabs(wb_client *c, const char *model, const Wbproto__Lease *pl, 
     return WB_OK;
 }
 
-static char *dup_str(const char *s)
+/* The tensor table is one allocation: the entries, then every shape, then
+ * every name and dtype. A model of 10^5 tensors would otherwise cost 3 * 10^5
+ * mallocs at acquire and as many frees at release. */
+/* From the compact table (Lease.tensor_table, checked by the decoder): the
+ * entries point into the table, which stays in the reply the lease keeps
+ * (*rep is taken). No per-tensor message was decoded, one allocation made. */
+static int build_from_table(wb_client *c, const char *model, const Wbproto__Lease *pl, wb_lease *l,
+                            Wbproto__Reply **rep)
 {
-    return strdup(s ? s : "");
-}
-
-static int build_tensors(wb_client *c, const char *model, const Wbproto__Lease *pl, wb_lease *l)
-{
-    l->tensors = calloc(pl->n_tensors ? pl->n_tensors : 1, sizeof *l->tensors);
+    const uint8_t *table = pl->tensor_table.data;
+    size_t n = wb__tensor_table_count(table);
+    size_t head = (n ? n : 1) * sizeof *l->tensors;
+    int copy = ((uintptr_t)table & 7) != 0; /* the dims are read as u64 */
+    if (copy)
+        head = (head + 7) & ~(size_t)7;
+    l->tensors = malloc(head + (copy ? pl->tensor_table.len : 0));
     if (!l->tensors)
         return wb__client_fail(c, WB_ENOMEM, "acquire '%s': out of memory", model);
-    for (size_t i = 0; i < pl->n_tensors; i++) {
+    if (copy)
+        table = memcpy((uint8_t *)l->tensors + head, table, pl->tensor_table.len);
+    const char *str = wb__tensor_table_strings(table);
+    const uint64_t *dims = wb__tensor_table_dims(table);
+    const uint8_t *rec = table + WB_TABLE_HEADER;
+    /* One slab's base and device serve all its tensors. */
+    uint32_t last = UINT32_MAX;
+    const uint8_t *base = NULL;
+    int device = -1;
+    for (size_t i = 0; i < n; i++, rec += WB_TABLE_RECORD) {
+        wb_table_tensor r;
+        memcpy(&r, rec, sizeof r);
+        if (r.slab != last) {
+            last = r.slab;
+            base = wb__map_addr(l->maps[r.slab]);
+            device = wb__map_device(l->maps[r.slab]);
+        }
+        wb__tensor_entry *lt = &l->tensors[i];
+        lt->name = (char *)str + r.name;
+        lt->dtype = (char *)str + r.dtype;
+        lt->ndim = r.ndim;
+        lt->shape = (uint64_t *)dims + r.dim;
+        lt->data = base + r.offset;
+        lt->nbytes = r.nbytes;
+        lt->xxh3 = r.xxh3;
+        lt->device = device;
+    }
+    l->n_tensors = n;
+    if (!copy) {
+        l->table_rep = *rep;
+        *rep = NULL;
+    }
+    return WB_OK;
+}
+
+static int build_tensors(wb_client *c, const char *model, const Wbproto__Lease *pl, wb_lease *l,
+                         Wbproto__Reply **rep)
+{
+    if (pl->tensor_table.len)
+        return build_from_table(c, model, pl, l, rep);
+    size_t n = pl->n_tensors, dims = 0, chars = 0;
+    for (size_t i = 0; i < n; i++) {
+        const Wbproto__Tensor *t = pl->tensors[i];
+        dims += t->n_shape;
+        chars += strlen(t->name) + strlen(t->dtype) + 2;
+    }
+    size_t size = (n ? n : 1) * sizeof *l->tensors + dims * sizeof(uint64_t) + chars;
+    l->tensors = malloc(size);
+    if (!l->tensors)
+        return wb__client_fail(c, WB_ENOMEM, "acquire '%s': out of memory", model);
+    uint64_t *shape = (uint64_t *)(l->tensors + (n ? n : 1));
+    char *str = (char *)(shape + dims);
+    for (size_t i = 0; i < n; i++) {
         const Wbproto__Tensor *t = pl->tensors[i];
         wb__tensor_entry *lt = &l->tensors[i];
-        l->n_tensors = i + 1;
-        lt->name = dup_str(t->name);
-        lt->dtype = dup_str(t->dtype);
+        size_t ln = strlen(t->name) + 1, ld = strlen(t->dtype) + 1;
+        lt->name = memcpy(str, t->name, ln);
+        str += ln;
+        lt->dtype = memcpy(str, t->dtype, ld);
+        str += ld;
         lt->ndim = (uint32_t)t->n_shape;
-        lt->shape = calloc(t->n_shape ? t->n_shape : 1, sizeof *lt->shape);
-        if (!lt->name || !lt->dtype || !lt->shape)
-            return wb__client_fail(c, WB_ENOMEM, "acquire '%s': out of memory", model);
+        lt->shape = shape;
         if (t->n_shape)
-            memcpy(lt->shape, t->shape, t->n_shape * sizeof *lt->shape);
+            memcpy(shape, t->shape, t->n_shape * sizeof *shape);
+        shape += t->n_shape;
         lt->data = (const uint8_t *)wb__map_addr(l->maps[t->slab]) + t->offset;
         lt->nbytes = t->nbytes;
         lt->xxh3 = t->xxh3;
         lt->device = wb__map_device(l->maps[t->slab]);
     }
+    l->n_tensors = n;
     return WB_OK;
 }
 
@@ -192,6 +250,7 @@ WB_EXPORT int wb_lease_acquire(wb_client *client, const char *model, wb_lease **
     }
     Wbproto__AcquireRequest acq = WBPROTO__ACQUIRE_REQUEST__INIT;
     acq.model = (char *)model;
+    acq.tensor_table = 1;
     Wbproto__Request req = WBPROTO__REQUEST__INIT;
     req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
     req.acquire = &acq;
@@ -224,7 +283,7 @@ WB_EXPORT int wb_lease_acquire(wb_client *client, const char *model, wb_lease **
         if (rc == WB_OK)
             rc = map_slabs(client, model, pl, l);
         if (rc == WB_OK)
-            rc = build_tensors(client, model, pl, l);
+            rc = build_tensors(client, model, pl, l, &rep);
     }
     if (rc != WB_OK && pl && pl->id.len == WB_LEASE_ID_BYTES) {
         /* The broker granted a lease this process cannot use: hand it back

@@ -63,6 +63,9 @@ struct wb_lease {
     wb__map **maps; /* one reference per slab, in the broker's slab order */
     size_t n_tensors;
     wb__tensor_entry *tensors;
+    /* The acquire reply when it carried the compact tensor table: the
+     * entries' names, dtypes and shapes point into it. NULL otherwise. */
+    Wbproto__Reply *table_rep;
     atomic_int orphaned;
     /* The container state: one lock for the count, the records and the
      * `ending` flag, so that wb_lease_release decides under the same lock

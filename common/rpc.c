@@ -176,7 +176,7 @@ static int wait_socket(wb__rpc *rpc, short events, int64_t deadline, wb_err *err
  * multi-frame message (discarded), or a negative code. */
 static int recv_one(wb__rpc *rpc, zmq_msg_t *msg, wb_err *err)
 {
-    if (zmq_msg_recv(msg, rpc->sock, ZMQ_DONTWAIT) < 0) {
+    if (zmq_msg_recv(msg, rpc->sock, 0) < 0) {
         int e = zmq_errno();
         if (e == EAGAIN || e == EINTR)
             return 0;
@@ -216,25 +216,32 @@ static int exchange(wb__rpc *rpc, const uint8_t *buf, size_t len, uint64_t want_
             return rc;
     }
 
-    int ready = wait_socket(rpc, ZMQ_POLLOUT, deadline, err);
-    if (ready < 0)
-        return ready;
-    if (ready == 0)
-        return timed_out(rpc, timeout_ms, err);
-    if (zmq_send(rpc->sock, buf, len, ZMQ_DONTWAIT) < 0) {
-        int e = zmq_errno();
-        if (e == EAGAIN)
-            return timed_out(rpc, timeout_ms, err);
-        return wb__err_set(err, WB_ECONN, "sending to the broker at %s: %s", rpc->path,
-                           zmq_strerror(e));
-    }
-
+    /* Send first and wait only when the socket says it cannot take the
+     * message now: a poll before every send costs a round of system calls
+     * for what is almost always ready. */
     for (;;) {
-        ready = wait_socket(rpc, ZMQ_POLLIN, deadline, err);
+        if (zmq_send(rpc->sock, buf, len, ZMQ_DONTWAIT) >= 0)
+            break;
+        int e = zmq_errno();
+        if (e == EINTR)
+            continue;
+        if (e != EAGAIN)
+            return wb__err_set(err, WB_ECONN, "sending to the broker at %s: %s", rpc->path,
+                               zmq_strerror(e));
+        int ready = wait_socket(rpc, ZMQ_POLLOUT, deadline, err);
         if (ready < 0)
             return ready;
         if (ready == 0)
             return timed_out(rpc, timeout_ms, err);
+    }
+
+    for (;;) {
+        /* A blocking receive bounded by the time left (ZMQ_RCVTIMEO is
+         * read at each call and costs no system call to set), instead of a
+         * poll and then a receive. */
+        int64_t left = deadline - wb__now_ms();
+        int wait = left > 0 ? (int)left : 0;
+        zmq_setsockopt(rpc->sock, ZMQ_RCVTIMEO, &wait, sizeof wait);
         zmq_msg_t msg;
         zmq_msg_init(&msg);
         int got = recv_one(rpc, &msg, err);
@@ -242,6 +249,8 @@ static int exchange(wb__rpc *rpc, const uint8_t *buf, size_t len, uint64_t want_
             zmq_msg_close(&msg);
             if (got < 0)
                 return got;
+            if (left <= 0)
+                return timed_out(rpc, timeout_ms, err);
             continue;
         }
         Wbproto__Reply *rep = NULL;

@@ -20,6 +20,26 @@ static void check_lease(const Wbproto__Lease *l)
         if (t->offset > size || t->nbytes > size - t->offset)
             __builtin_trap();
     }
+    if (l->tensor_table.len) {
+        /* A table that decoded is one a client reads with pointers. */
+        const uint8_t *tt = l->tensor_table.data;
+        const char *str = wb__tensor_table_strings(tt);
+        size_t strings = l->tensor_table.len - (size_t)(str - (const char *)tt);
+        size_t dims =
+            (size_t)((const uint8_t *)str - (const uint8_t *)wb__tensor_table_dims(tt)) / 8;
+        for (uint32_t i = 0; i < wb__tensor_table_count(tt); i++) {
+            wb_table_tensor r;
+            wb__tensor_table_get(tt, i, &r);
+            if (r.slab >= l->n_slabs || r.ndim > 64 || r.name >= strings || r.dtype >= strings ||
+                !str[r.name] || r.dim + (size_t)r.ndim > dims)
+                __builtin_trap();
+            if (strlen(str + r.name) >= strings - r.name)
+                __builtin_trap();
+            uint64_t size = l->slabs[r.slab]->size;
+            if (r.offset > size || r.nbytes > size - r.offset)
+                __builtin_trap();
+        }
+    }
     for (size_t i = 0; i < l->n_slabs; i++) {
         size_t h = l->slabs[i]->cuda_ipc_handle.len;
         if (h != 0 && h != 64)

@@ -11,7 +11,8 @@ SOCK="$WB_TMP/dir with space/broker.sock"
 export WB_SOCKET=$SOCK
 
 make_model "$WB_TMP/demo.safetensors" 5 3 >/dev/null
-start_broker --log-format json --model "demo=$WB_TMP/demo.safetensors"
+# Debug level: per-lease lines (lease_grant, lease_release) are debug.
+start_broker --log-format json --log-level debug --model "demo=$WB_TMP/demo.safetensors"
 wait_for model_ready demo || fail "model demo did not become ready"
 start_worker w1 --model demo
 w1=$LAST_PID

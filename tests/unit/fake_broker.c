@@ -106,6 +106,8 @@ static void answer(fake_broker *f, zmq_msg_t *ident, const Wbproto__Request *req
         break;
     case WBPROTO__REQUEST__BODY_ACQUIRE:
         atomic_fetch_add(&f->n_acquire, 1);
+        if (req->acquire->tensor_table)
+            atomic_fetch_add(&f->n_asked_table, 1);
         if (strcmp(req->acquire->model, "demo") != 0) {
             rep.status = WB_ENOTFOUND;
             rep.error = "no model named 'nosuch'";

@@ -49,6 +49,9 @@ typedef struct fake_broker {
     atomic_int delay_next_ms; /* delay the next answer by this much, once */
     atomic_int forget;        /* heartbeats: report every lease as unknown */
     atomic_int n_hello, n_acquire, n_release, n_heartbeat;
+    /* Acquires that asked for the compact table; the fake, like a broker
+     * that predates it, answers with tensor messages all the same. */
+    atomic_int n_asked_table;
     atomic_uint last_containers; /* of the first lease in the last heartbeat */
     atomic_int last_beats;       /* leases in the last heartbeat */
     uint8_t released_id[WB_LEASE_ID_LEN];

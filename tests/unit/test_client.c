@@ -213,6 +213,9 @@ START_TEST(acquire_maps_and_verifies)
     wb_lease_id_hex(l, hex);
     ck_assert_str_eq(hex, "ab000000000000000000000000000001");
     ck_assert_uint_eq(wb_lease_id(l)[0], 0xab);
+    /* The client asks for the compact table and reads the messages of a
+     * broker that answers without it. */
+    ck_assert_int_eq(atomic_load(&f.b.n_asked_table), 1);
     ck_assert_uint_eq(wb_lease_tensor_count(l), 2);
 
     wb_tensor_view v;

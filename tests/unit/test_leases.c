@@ -142,12 +142,48 @@ START_TEST(test_release)
     snprintf(want, sizeof want, "no lease %s", s8);
     ck_assert_str_eq(err.msg, want);
 
-    /* The last lease of a pid closes its pidfd and forgets the peer. */
+    /* The last lease of a pid keeps the peer (pidfd and name) for the next
+     * acquire: no second pidfd_open. */
     ck_assert_int_eq(wb__leases_release(&t, &c, id2, &m, &err), WB_OK);
     ck_assert_ptr_eq(m, MODEL_B);
+    ck_assert_ptr_nonnull(wb__leases_peer(&t, 4242));
+    ck_assert_uint_eq(wb__leases_peer(&t, 4242)->leases, 0);
+    ck_assert_uint_eq(t.n_peers, 1);
+    ck_assert_uint_eq(t.n_holders, 0);
+    ck_assert(fd_open(pidfd));
+    int opens = fake_opens;
+    wb_lease_rec *again;
+    ck_assert_int_eq(wb__leases_grant(&t, MODEL_A, &c, NULL, 0, 0, &again, &err), WB_OK);
+    ck_assert_int_eq(fake_opens, opens);
+    ck_assert_str_eq(again->comm, "w"); /* the name read at the first grant */
+    ck_assert_uint_eq(t.n_holders, 1);
+    ck_assert_int_eq(wb__leases_release(&t, &c, again->id, &m, &err), WB_OK);
+    /* Its death forgets it and closes the pidfd. */
+    ck_assert_uint_eq(wb__leases_reclaim_pid(&t, 4242, NULL, NULL), 0);
     ck_assert_ptr_null(wb__leases_peer(&t, 4242));
     ck_assert_uint_eq(t.n_peers, 0);
     ck_assert(!fd_open(pidfd));
+    wb__leases_destroy(&t);
+}
+END_TEST
+
+/* Peers without leases are kept up to WB_IDLE_PEERS_MAX; past that, a peer
+ * whose last lease ends is closed at once. */
+START_TEST(test_idle_peers_capped)
+{
+    wb_lease_table t;
+    table(&t);
+    wb_err err;
+    wb_lease_rec *l;
+    struct wb_model *m;
+    for (uint32_t pid = 1; pid <= WB_IDLE_PEERS_MAX + 5; pid++) {
+        wb_peer_creds c = creds(1, 1, pid);
+        ck_assert_int_eq(wb__leases_grant(&t, MODEL_A, &c, "x", 0, 0, &l, &err), WB_OK);
+        ck_assert_int_eq(wb__leases_release(&t, &c, l->id, &m, &err), WB_OK);
+    }
+    ck_assert_uint_eq(t.n_peers, WB_IDLE_PEERS_MAX);
+    ck_assert_uint_eq(t.n_holders, 0);
+    ck_assert_ptr_null(wb__leases_peer(&t, WB_IDLE_PEERS_MAX + 5));
     wb__leases_destroy(&t);
 }
 END_TEST
@@ -423,6 +459,7 @@ int main(void)
     TCase *tc = tcase_create("table");
     tcase_add_test(tc, test_grant_and_find);
     tcase_add_test(tc, test_release);
+    tcase_add_test(tc, test_idle_peers_capped);
     tcase_add_test(tc, test_heartbeat);
     tcase_add_test(tc, test_stale_transition);
     tcase_add_test(tc, test_reclaim_pid);

@@ -83,6 +83,51 @@ START_TEST(test_hello)
 }
 END_TEST
 
+/* An acquire reply carries the model's tensor table packed once: the Lease
+ * it packs must be byte for byte the Lease packed field by field. */
+START_TEST(test_lease_tail_bytes)
+{
+    wb_model *m = fixture_model(&F.b, "demo");
+    ck_assert_ptr_nonnull(m->wire_lease_tail);
+    uint8_t id[16];
+    for (int i = 0; i < 16; i++)
+        id[i] = (uint8_t)(0xa0 + i);
+    Wbproto__Lease full = WBPROTO__LEASE__INIT;
+    full.id.data = id;
+    full.id.len = sizeof id;
+    full.model = m->name;
+    full.n_slabs = m->data.n_slabs;
+    full.slabs = m->wire_slab_ptrs;
+    full.n_tensors = m->data.n_tensors;
+    full.tensors = m->wire_tensor_ptrs;
+    size_t want_len = wbproto__lease__get_packed_size(&full);
+    uint8_t *want = malloc(want_len);
+    ck_assert_uint_eq(wbproto__lease__pack(&full, want), want_len);
+
+    wb_arena a = {0};
+    Wbproto__Lease fast = WBPROTO__LEASE__INIT;
+    fast.id.data = id;
+    fast.id.len = sizeof id;
+    ck_assert_int_eq(wb__ops_lease_tail(m, 0, &fast, &a), WB_OK);
+    ck_assert_uint_eq(wbproto__lease__get_packed_size(&fast), want_len);
+    uint8_t *got = malloc(want_len);
+    ck_assert_uint_eq(wbproto__lease__pack(&fast, got), want_len);
+    ck_assert_int_eq(memcmp(got, want, want_len), 0);
+    ck_assert_uint_eq(m->wire_lease_size, want_len);
+
+    /* Without a tail (memory was short at load), the fields are filled. */
+    uint8_t *tail = m->wire_lease_tail;
+    m->wire_lease_tail = NULL;
+    Wbproto__Lease none = WBPROTO__LEASE__INIT;
+    ck_assert_int_eq(wb__ops_lease_tail(m, 0, &none, &a), WB_EINVAL);
+    ck_assert_uint_eq(none.base.n_unknown_fields, 0);
+    m->wire_lease_tail = tail;
+    wb__arena_free(&a);
+    free(want);
+    free(got);
+}
+END_TEST
+
 START_TEST(test_acquire)
 {
     wb_model *m = fixture_model(&F.b, "demo");
@@ -179,7 +224,9 @@ START_TEST(test_release)
     ck_assert_int_eq(r->release->model_state, WBPROTO__MODEL_STATE__MODEL_READY);
     ck_assert_uint_eq(m->leases, 0);
     ck_assert_uint_eq(F.b.stats.leases_released, 1);
-    ck_assert_uint_eq(F.b.leases.n_peers, 0);
+    /* The peer's record stays for its next acquire; it holds nothing. */
+    ck_assert_uint_eq(F.b.leases.n_holders, 0);
+    ck_assert_uint_eq(F.b.leases.n_peers, 1);
 
     r = fixture_release(&F, &p, id);
     ck_assert_int_eq(r->status, WB_ENOTFOUND);
@@ -544,6 +591,7 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_hello);
     tcase_add_test(tc, test_acquire);
+    tcase_add_test(tc, test_lease_tail_bytes);
     tcase_add_test(tc, test_acquire_dead_peer);
     tcase_add_test(tc, test_release);
     tcase_add_test(tc, test_release_after_pid_reuse);

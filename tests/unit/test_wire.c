@@ -458,6 +458,114 @@ START_TEST(test_reply_acquire_bounds)
 }
 END_TEST
 
+/* The fixture's tensors as a compact table in place of the messages. */
+static uint8_t *to_table(fixture *f, size_t *len)
+{
+    uint8_t *t = wb__tensor_table_pack(f->tensors, 2, len);
+    ck_assert_ptr_nonnull(t);
+    f->lease.n_tensors = 0;
+    f->lease.tensors = NULL;
+    f->lease.tensor_table.data = t;
+    f->lease.tensor_table.len = *len;
+    return t;
+}
+
+/* Writes u32 `v` at byte `at` of record i (or of the header when i < 0). */
+static void poke(uint8_t *t, int i, size_t at, uint32_t v)
+{
+    size_t base = i < 0 ? 0 : WB_TABLE_HEADER + (size_t)i * WB_TABLE_RECORD;
+    memcpy(t + base + at, &v, sizeof v);
+}
+
+START_TEST(test_reply_tensor_table)
+{
+    fixture f;
+    Wbproto__Reply *out;
+    wb_err err;
+    size_t len;
+    fixture_init(&f);
+    f.t[0].n_shape = 2;
+    f.shape[0] = 3;
+    f.shape[1] = 5;
+    uint8_t *t = to_table(&f, &len);
+    ck_assert_uint_eq(len, WB_TABLE_HEADER + 2 * WB_TABLE_RECORD + 2 * 8 + strlen("w F32 b BF16 "));
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_OK);
+    const Wbproto__Lease *l = out->acquire->lease;
+    ck_assert_uint_eq(l->n_tensors, 0);
+    ck_assert_uint_eq(wb__tensor_table_count(l->tensor_table.data), 2);
+    wb_table_tensor r;
+    const char *str = wb__tensor_table_strings(l->tensor_table.data);
+    const uint64_t *dims = wb__tensor_table_dims(l->tensor_table.data);
+    wb__tensor_table_get(l->tensor_table.data, 0, &r);
+    ck_assert_str_eq(str + r.name, "w");
+    ck_assert_str_eq(str + r.dtype, "F32");
+    ck_assert_uint_eq(r.ndim, 2);
+    ck_assert_uint_eq(dims[r.dim + 1], 5);
+    ck_assert_uint_eq(r.offset, 256);
+    ck_assert_uint_eq(r.nbytes, 4096 - 256);
+    wb__tensor_table_get(l->tensor_table.data, 1, &r);
+    ck_assert_str_eq(str + r.name, "b");
+    ck_assert_str_eq(str + r.dtype, "BF16");
+    ck_assert_uint_eq(r.slab, 1);
+    ck_assert_uint_eq(r.ndim, 0);
+    wb__reply_free(&out);
+    free(t);
+
+    /* Every bound the messages have, the table has too. */
+    fixture_init(&f);
+    f.t[0].nbytes = 4096 - 255;
+    t = to_table(&f, &len);
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg,
+                     "tensor 'w' (offset 256, 3841 bytes) ends past its slab of 4096 bytes");
+    free(t);
+    fixture_init(&f);
+    f.t[1].slab = 2;
+    t = to_table(&f, &len);
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "tensor 'b' names slab 2 of 2");
+    free(t);
+
+    fixture_init(&f);
+    t = to_table(&f, &len);
+    poke(t, -1, 0, 0x12345678); /* magic */
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "lease.tensor_table has magic 0x12345678, not 0x31544257");
+    free(t);
+    fixture_init(&f);
+    t = to_table(&f, &len);
+    poke(t, -1, 4, 3); /* 3 tensors announced, 2 present */
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_ptr_nonnull(strstr(err.msg, "header (3 tensors, 2 dims, 13 string bytes) needs"));
+    free(t);
+    fixture_init(&f);
+    t = to_table(&f, &len);
+    t[len - 1] = 'x';
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "lease.tensor_table's strings do not end with a NUL");
+    free(t);
+    fixture_init(&f);
+    t = to_table(&f, &len);
+    poke(t, 1, 24, 13); /* name offset past the strings */
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "lease.tensor_table[1] has no name");
+    free(t);
+    fixture_init(&f);
+    t = to_table(&f, &len);
+    poke(t, 0, 36, 3); /* ndim 3: dims 0..2 of 2 */
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "tensor 'w' has 3 dimensions from dim 0 (of 2, at most 64 each)");
+    free(t);
+    fixture_init(&f);
+    t = to_table(&f, &len);
+    f.lease.n_tensors = 2;
+    f.lease.tensors = f.tensors;
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "lease carries both tensors (2) and a tensor_table");
+    free(t);
+}
+END_TEST
+
 START_TEST(test_reply_header)
 {
     Wbproto__Reply rep = WBPROTO__REPLY__INIT, *out;
@@ -589,6 +697,7 @@ int main(void)
     tcase_add_test(tc, test_request_names);
     tcase_add_test(tc, test_request_lease_ids);
     tcase_add_test(tc, test_reply_acquire_bounds);
+    tcase_add_test(tc, test_reply_tensor_table);
     tcase_add_test(tc, test_reply_header);
     tcase_add_test(tc, test_reply_lists);
     tcase_add_test(tc, test_enum_names);
