@@ -69,13 +69,13 @@ __attribute__((format(printf, 4, 5))) static int fail_code(parser *p, int code, 
 {
     if (p->rc != WB_OK)
         return p->rc;
-    char msg[WB_ERR_MSG_MAX];
+    char where[1100];
+    snprintf(where, sizeof where, "%s:%d", p->file, line);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    wb__err_vsetp(p->err, code, where, fmt, ap);
     va_end(ap);
     p->rc = code;
-    wb__err_set(p->err, code, "%s:%d: %s", p->file, line, msg);
     return p->rc;
 }
 

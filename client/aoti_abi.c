@@ -33,9 +33,8 @@ __attribute__((format(printf, 3, 4))) int wb__aoti_fail(wb_container *c, int cod
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(c->err.msg, sizeof c->err.msg, fmt, ap);
+    wb__err_vset(&c->err, code, fmt, ap);
     va_end(ap);
-    c->err.code = code;
     return code;
 }
 

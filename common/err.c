@@ -13,6 +13,17 @@ int wb__err_vset(wb_err *err, int code, const char *fmt, va_list ap)
     return code;
 }
 
+int wb__err_vsetp(wb_err *err, int code, const char *prefix, const char *fmt, va_list ap)
+{
+    if (err) {
+        int n = snprintf(err->msg, sizeof err->msg, "%s: ", prefix);
+        if (n >= 0 && (size_t)n < sizeof err->msg)
+            vsnprintf(err->msg + n, sizeof err->msg - (size_t)n, fmt, ap);
+        err->code = code;
+    }
+    return code;
+}
+
 int wb__err_set(wb_err *err, int code, const char *fmt, ...)
 {
     va_list ap;

@@ -24,6 +24,11 @@ int wb__err_set(wb_err *err, int code, const char *fmt, ...) __attribute__((form
 int wb__err_vset(wb_err *err, int code, const char *fmt, va_list ap)
     __attribute__((format(printf, 3, 0)));
 
+/* Like wb__err_vset, with "PREFIX: " before the message: for messages that
+ * name their file (or file:line) first. */
+int wb__err_vsetp(wb_err *err, int code, const char *prefix, const char *fmt, va_list ap)
+    __attribute__((format(printf, 4, 0)));
+
 /* Like wb__err_set, but appends ": strerror(errnum)". */
 int wb__err_errno(wb_err *err, int code, int errnum, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

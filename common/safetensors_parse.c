@@ -22,12 +22,13 @@
 
 int wb__st_fail(wb_err *err, int code, const char *file, const char *fmt, ...)
 {
-    char msg[WB_ERR_MSG_MAX];
+    char name[401];
+    snprintf(name, sizeof name, FILEF, file);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    wb__err_vsetp(err, code, name, fmt, ap);
     va_end(ap);
-    return wb__err_set(err, code, FILEF ": %s", file, msg);
+    return code;
 }
 
 const char *wb__st_json_kind(const json_t *v)
