@@ -282,15 +282,6 @@ int wb__aoti_read_constants(wb_container *c)
     return WB_OK;
 }
 
-static const wb__tensor_entry *lease_lookup(const wb_lease *l, const char *name)
-{
-    for (size_t i = 0; i < l->n_tensors; i++) {
-        if (strcmp(l->tensors[i].name, name) == 0)
-            return &l->tensors[i];
-    }
-    return NULL;
-}
-
 static void lease_names(wb_container *c, char *buf, size_t size)
 {
     size_t used = 0;
@@ -346,7 +337,7 @@ static int find_named(wb_container *c, const wb_container_options *o, const char
     }
     int found = 0;
     for (size_t k = 0; k < c->n_leases; k++) {
-        const wb__tensor_entry *t = lease_lookup(c->leases[k], name);
+        const wb__tensor_entry *t = wb__lease_lookup(c->leases[k], name);
         if (!t)
             continue;
         if (b->lease >= 0) {

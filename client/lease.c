@@ -24,6 +24,7 @@ static void lease_free(wb_lease *l)
     if (!l)
         return;
     free(l->tensors); /* names, dtypes and shapes: the same block or table_rep */
+    free(atomic_load(&l->by_name));
     wb__reply_free(&l->table_rep);
     wb__lease_containers_free(l);
     for (size_t i = 0; i < l->n_maps; i++)
@@ -407,15 +408,57 @@ WB_EXPORT int wb_lease_tensor(const wb_lease *lease, size_t index, wb_tensor_vie
     return WB_OK;
 }
 
+static int cmp_by_name(const void *x, const void *y, void *arg)
+{
+    const wb__tensor_entry *t = arg;
+    return strcmp(t[*(const uint32_t *)x].name, t[*(const uint32_t *)y].name);
+}
+
+const wb__tensor_entry *wb__lease_lookup(const wb_lease *lease, const char *name)
+{
+    /* The index is a cache: building it changes nothing a caller sees. */
+    wb_lease *l = (wb_lease *)lease;
+    uint32_t *idx = atomic_load_explicit(&l->by_name, memory_order_acquire);
+    if (!idx && l->n_tensors > 0 && l->n_tensors <= UINT32_MAX) {
+        pthread_mutex_lock(&l->mu);
+        idx = atomic_load_explicit(&l->by_name, memory_order_relaxed);
+        if (!idx && (idx = malloc(l->n_tensors * sizeof *idx))) {
+            for (size_t i = 0; i < l->n_tensors; i++)
+                idx[i] = (uint32_t)i;
+            qsort_r(idx, l->n_tensors, sizeof *idx, cmp_by_name, l->tensors);
+            atomic_store_explicit(&l->by_name, idx, memory_order_release);
+        }
+        pthread_mutex_unlock(&l->mu);
+    }
+    if (!idx) { /* out of memory: the slow way */
+        for (size_t i = 0; i < l->n_tensors; i++)
+            if (strcmp(l->tensors[i].name, name) == 0)
+                return &l->tensors[i];
+        return NULL;
+    }
+    size_t lo = 0, hi = l->n_tensors;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        const wb__tensor_entry *t = &l->tensors[idx[mid]];
+        int c = strcmp(t->name, name);
+        if (c == 0)
+            return t;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
 WB_EXPORT int wb_lease_find(const wb_lease *lease, const char *name, wb_tensor_view *out)
 {
     if (!lease || !name || !out)
         return WB_EINVAL;
-    for (size_t i = 0; i < lease->n_tensors; i++) {
-        if (strcmp(lease->tensors[i].name, name) == 0) {
-            fill_view(&lease->tensors[i], out);
-            return WB_OK;
-        }
+    const wb__tensor_entry *t = wb__lease_lookup(lease, name);
+    if (t) {
+        fill_view(t, out);
+        return WB_OK;
     }
     if (lease->client) {
         pthread_mutex_lock(&lease->client->mu);
