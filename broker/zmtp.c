@@ -352,9 +352,9 @@ int wb__zmtp_next(wb_zmtp *z, wb_zmtp_msg *msg, wb_err *err)
         z->scan = next;
         if (!(flags & F_MORE)) {
             /* The first frame's header was at offset 0. */
-            uint8_t f0;
-            size_t hl0;
-            uint64_t s0;
+            uint8_t f0 = 0;
+            size_t hl0 = 0;
+            uint64_t s0 = 0;
             frame_at(z, 0, &f0, &hl0, &s0);
             msg->data = z->buf + hl0;
             msg->len = (size_t)s0;
