@@ -152,8 +152,9 @@ static int conn_flush(wb_conns *cs, wb_conn *c)
 /* Queues one message (hdr then body) for the connection and writes what
  * the socket takes. Returns 0; WB_ELIMIT when --max-queued-replies
  * messages are queued already, or when the message would take the peer's
- * queue over --max-queued-bytes (one message always fits an empty queue)
- * or every peer's over --max-queued-bytes-total (the peer does not read;
+ * queue over --max-queued-bytes or every peer's over
+ * --max-queued-bytes-total (one message always fits an empty queue; the
+ * peer does not read;
  * `why` says which); WB_ENOMEM; or WB_EIO when the peer is gone. */
 static int conn_send(wb_conns *cs, wb_conn *c, const void *hdr, size_t hl, const void *body,
                      size_t len, char *why, size_t why_len)
@@ -170,7 +171,11 @@ static int conn_send(wb_conns *cs, wb_conn *c, const void *hdr, size_t hl, const
                  c->queued_bytes, total, cs->opt->max_queued_bytes);
         return WB_ELIMIT;
     }
-    if (cs->queued_bytes + total > cs->opt->max_queued_total) {
+    /* The total bounds what peers that do not read may hold beyond one reply
+     * each: a reply to a peer with nothing queued always goes out, so a burst
+     * of honest clients acquiring a large model at once (64 replies of 8 MB,
+     * more than the total) is served rather than cut off. */
+    if (c->queued > 0 && cs->queued_bytes + total > cs->opt->max_queued_total) {
         snprintf(why, why_len,
                  "%zu more bytes would take the replies queued for all peers over %zu "
                  "(--max-queued-bytes-total)",
