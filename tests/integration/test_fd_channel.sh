@@ -69,7 +69,8 @@ grep -qx "closed" "$WB_TMP/p3.out" || fail "the broker kept a connection that se
 "${PROBE[@]}" "$FDSOCK" idle >"$WB_TMP/p4.out" || fail "probe failed"
 grep -q "^closed after" "$WB_TMP/p4.out" || fail "silent connection: $(cat "$WB_TMP/p4.out")"
 # The broker still serves.
-"${PROBE[@]}" "$FDSOCK" 00112233445566778899aabbccddeeff | grep -q "status=-4" || fail "the broker stopped answering"
+"${PROBE[@]}" "$FDSOCK" 00112233445566778899aabbccddeeff >"$WB_TMP/p1b.out" || fail "probe failed"
+grep -qx "status=-4 fds=0 announced=0 magic=WBF1" "$WB_TMP/p1b.out" || fail "the broker stopped answering: $(cat "$WB_TMP/p1b.out")"
 
 # --- What the worker mapped is sealed (write, grow, shrink, seal), and the
 # worker closed the descriptor once it had mapped it. The seals are read
