@@ -94,6 +94,8 @@ static void conn_close(wb_sidechan *s, size_t i, const char *why)
     wb_side_conn *c = s->v[i];
     wb_broker *b = s->b;
     size_t reclaimed = 0;
+    if (!c->answered)
+        s->n_waiting--;
     for (size_t k = 0; k < c->n_ids; k++) {
         wb_lease_rec *l = wb__leases_find(&b->leases, c->ids[k]);
         if (!l || !wb__lease_held_by(l, &c->creds))
@@ -285,6 +287,8 @@ static int conn_readable(wb_sidechan *s, size_t i)
             conn_close(s, i, "slow_reader");
             return -1;
         }
+        if (!c->answered)
+            s->n_waiting--;
         c->answered = 1;
     }
 }
@@ -330,6 +334,7 @@ static void side_accept(wb_sidechan *s)
             continue;
         }
         s->v[s->n++] = c;
+        s->n_waiting++;
     }
 }
 
@@ -353,6 +358,10 @@ void wb__side_handle(wb_sidechan *s)
 
 void wb__side_expire(wb_sidechan *s)
 {
+    /* Most connections have asked already and stay for their process's
+     * life: no walk unless one has not. */
+    if (s->n_waiting == 0)
+        return;
     int64_t now = s->b->now_ms();
     for (size_t i = 0; i < s->n;) {
         wb_side_conn *c = s->v[i];
@@ -373,7 +382,7 @@ void wb__side_destroy(wb_sidechan *s)
         conn_free(s->v[i]);
     free(s->v);
     s->v = NULL;
-    s->n = s->cap = 0;
+    s->n = s->cap = s->n_waiting = 0;
     if (s->lfd >= 0)
         close(s->lfd);
     s->lfd = -1;

@@ -35,6 +35,7 @@ typedef struct wb_sidechan {
     char path[128]; /* fits a sockaddr_un */
     wb_side_conn **v;
     size_t n, cap;
+    size_t n_waiting; /* connections that have not sent a request yet */
     unsigned max_conns;
     unsigned handshake_ms;
     uint64_t next_serial;

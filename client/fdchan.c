@@ -24,6 +24,36 @@ typedef struct chan {
 static pthread_mutex_t chan_mu = PTHREAD_MUTEX_INITIALIZER;
 static chan chans[FDCHAN_SLOTS];
 static size_t n_chans;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+/* fork(): the lock is held across it, so the child's copy of the table is
+ * whole; the child closes its copies of the parent's connections at once,
+ * so that the parent's death still ends them (the broker reclaims the
+ * parent's leases), and opens its own when it fetches. */
+static void before_fork(void)
+{
+    pthread_mutex_lock(&chan_mu);
+}
+
+static void after_fork_parent(void)
+{
+    pthread_mutex_unlock(&chan_mu);
+}
+
+static void after_fork_child(void)
+{
+    for (size_t i = 0; i < n_chans; i++) {
+        if (chans[i].fd >= 0)
+            close(chans[i].fd);
+        chans[i].fd = -1;
+    }
+    pthread_mutex_unlock(&chan_mu);
+}
+
+static void register_atfork(void)
+{
+    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+}
 
 static void chan_drop(chan *c)
 {
@@ -174,6 +204,7 @@ int wb__fdchan_fetch(const char *socket_path, const uint8_t *lease_id, int timeo
         return wb__err_set(err, WB_EINVAL,
                            "the descriptor channel's path %s" WB_FDWIRE_SUFFIX " is too long",
                            socket_path);
+    pthread_once(&atfork_once, register_atfork);
     pthread_mutex_lock(&chan_mu);
     int rc = WB_ECONN;
     /* A connection of a broker that restarted is closed: one more try on a

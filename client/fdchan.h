@@ -6,8 +6,10 @@
  * and kept open for the life of the process: the broker takes its end (the
  * kernel closes it when the process dies) as the end of every lease
  * fetched through it, even when it cannot see the process's pid. A child
- * after fork() does not use its parent's connection: it closes its copy
- * (so that the parent's death still ends it) and opens its own. */
+ * after fork() closes its copies at once (pthread_atfork), so that the
+ * parent's death still ends them, and opens its own when it fetches. The
+ * connections are close-on-exec: exec ends them too (the mappings go with
+ * the old image). */
 #ifndef WB_FDCHAN_H
 #define WB_FDCHAN_H
 

@@ -260,10 +260,12 @@ int wb__shm_populate(wb_shm *shm, uint64_t offset, uint64_t len, wb_err *err)
             return wb__err_set(err, WB_ENOMEM,
                                "shared memory ran out filling slab %s: bytes %llu to %llu of "
                                "%llu cannot be backed (is %s full?)",
-                               shm->name, (unsigned long long)from, (unsigned long long)to,
-                               (unsigned long long)shm->size, SHM_DIR);
+                               shm->memfd ? "(memfd)" : shm->name, (unsigned long long)from,
+                               (unsigned long long)to, (unsigned long long)shm->size,
+                               shm->memfd ? "shared memory" : SHM_DIR);
         return wb__err_errno(err, WB_EIO, e, "populating bytes %llu to %llu of slab %s",
-                             (unsigned long long)from, (unsigned long long)to, shm->name);
+                             (unsigned long long)from, (unsigned long long)to,
+                             shm->memfd ? "(memfd)" : shm->name);
     }
     return WB_OK;
 }

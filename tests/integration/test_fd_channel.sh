@@ -11,8 +11,9 @@
 # * a process that closes its channel (exec closes it: close-on-exec) while
 #   it still lives loses the leases fetched through it: the broker reclaims
 #   them on the channel's EOF, not on the pidfd (the process is alive);
-# * a client killed with SIGKILL gives its lease back; a broker killed with
-#   SIGKILL leaves the worker's mapping readable and nothing in /dev/shm.
+# * a client killed with SIGKILL gives its lease back, at whatever step of
+#   its start it was killed; a broker killed with SIGKILL leaves the
+#   worker's mapping readable and nothing in /dev/shm.
 source "$(dirname "$0")/lib.sh"
 
 PROBE=("$PYTHON" "$(dirname "$0")/fdchan_probe.py")
@@ -128,6 +129,25 @@ alive "$EXECER" || fail "process $EXECER should still be running"
 # --- A client killed with SIGKILL gives its lease back.
 kill -KILL "$HOLDER"
 wait_for no_lease "$HOLDER" || fail "the killed holder's lease was not reclaimed"
+
+# --- Workers killed with SIGKILL at every point of their start (connect,
+# hello, acquire, fetch, map, verify, hold): whatever step each reached,
+# the broker ends with no lease of theirs and no channel connection left
+# open (its descriptor count comes back to where it was).
+leases_total() { ctl leases --json | json "len(d)"; }
+fds_of_broker() { ls "/proc/$BROKER_PID/fd" | wc -l; }
+base_leases=$(leases_total)
+base_fds=$(fds_of_broker)
+for delay in 0 0.002 0.005 0.01 0.02 0.03 0.05 0.08 0.12 0.2; do
+  spawn "k$delay" "$WORKER" --socket "$SOCK" --model demo
+  sleep "$delay"
+  kill -KILL "$LAST_PID"
+  wait "$LAST_PID" 2>/dev/null
+done
+wait_for test "$(leases_total)" = "$base_leases" ||
+  fail "killed workers left leases: $(ctl leases --json)"
+wait_for test "$(fds_of_broker)" -le "$base_fds" ||
+  fail "the broker holds $(fds_of_broker) descriptors, $base_fds before the killed workers"
 
 # --- The broker killed with SIGKILL: the worker's mapping stays readable
 # (it re-verifies every 50 ms, every tensor against its checksum, and exits
