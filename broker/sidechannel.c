@@ -270,8 +270,9 @@ static int conn_readable(wb_sidechan *s, size_t i)
         int rc = wb__fdwire_request_parse(c->in, sizeof c->in, id, &err);
         if (rc != WB_OK) {
             s->b->stats.malformed_messages++;
-            wb_warn("bad_message", "reason=fd_channel pid=%u uid=%u error=\"%s\"", c->creds.pid,
-                    c->creds.uid, err.msg);
+            char q[WB_ERR_MSG_MAX + 64];
+            wb_warn("bad_message", "reason=fd_channel pid=%u uid=%u error=%s", c->creds.pid,
+                    c->creds.uid, wb__log_quote(q, sizeof q, err.msg));
             send_reply(c, rc, NULL, 0, err.msg);
             conn_close(s, i, "malformed");
             return -1;
@@ -279,8 +280,9 @@ static int conn_readable(wb_sidechan *s, size_t i)
         rc = judge(s, c, id, fds, &n_fds, msg, sizeof msg);
         if (rc == WB_EPERM) {
             s->b->stats.requests_refused++;
-            wb_warn("peer_refused", "reason=fd_channel pid=%u uid=%u error=\"%s\"", c->creds.pid,
-                    c->creds.uid, msg);
+            char q[WB_FDWIRE_MSG_MAX + 64];
+            wb_warn("peer_refused", "reason=fd_channel pid=%u uid=%u error=%s", c->creds.pid,
+                    c->creds.uid, wb__log_quote(q, sizeof q, msg));
         }
         if (send_reply(c, rc, fds, n_fds, msg) != 0) {
             s->b->stats.peers_disconnected++;
