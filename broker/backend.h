@@ -44,6 +44,21 @@ typedef struct wb_backend {
     int (*slab_prepare)(wb_slab *slab, uint64_t offset, uint64_t len, wb_err *err);
     /* Describes the slab for a lease; strings and bytes point into *slab. */
     void (*slab_export)(wb_slab *slab, Wbproto__Slab *out);
+    /* May be NULL. Called by the loader once the slab is filled, before
+     * any lease: makes it immutable (host memfd: unmapped for writing and
+     * sealed, wb__shm_seal). */
+    int (*slab_seal)(wb_slab *slab, wb_err *err);
+    /* May be NULL. The descriptor a client receives for the slab on the
+     * descriptor channel (sidechannel.h), or -1 when clients reach the slab
+     * by its name or handle. The slab keeps it; the channel sends copies. */
+    int (*slab_fd)(const wb_slab *slab);
+    /* How clients reach a slab (Slab.transport): "shm" (a name in
+     * /dev/shm), "memfd" (a sealed memfd from the descriptor channel),
+     * "cuda-ipc" (a cudaIpcMemHandle). */
+    const char *transport;
+    /* What a client's mapping allows: "ro", or "rw" (a CUDA IPC handle
+     * opens the memory writable). */
+    const char *access;
     /* Withdraws the slab's name and releases the broker's memory; clients
      * that attached keep their own mappings. Idempotent. */
     void (*slab_free)(wb_slab *slab);
@@ -57,9 +72,21 @@ typedef struct wb_backend {
     void *priv; /* the backend's own state */
 } wb_backend;
 
+/* be->transport and be->access, "" when a backend leaves them unset. */
+static inline const char *wb__backend_transport(const wb_backend *be)
+{
+    return be && be->transport ? be->transport : "";
+}
+static inline const char *wb__backend_access(const wb_backend *be)
+{
+    return be && be->access ? be->access : "";
+}
+
 /* POSIX shared memory (common/shm.h), with the default loader settings. A
  * broker that changes them uses a copy. */
 extern const wb_backend wb__backend_host;
+/* The same in sealed memfds handed out as descriptors (--host-slab memfd). */
+extern const wb_backend wb__backend_host_memfd;
 
 typedef struct wb_cuda_options {
     int device;

@@ -90,6 +90,7 @@ static void cuda_export(wb_slab *slab, Wbproto__Slab *out)
     out->size = slab->size;
     out->cuda_ipc_handle.data = slab->ipc_handle;
     out->cuda_ipc_handle.len = WB_CUDA_IPC_HANDLE_LEN;
+    out->transport = "cuda-ipc";
 }
 
 static void cuda_slab_free(wb_slab *slab)
@@ -296,6 +297,8 @@ int wb__backend_cuda_new(const wb_cuda_options *opts, wb_backend **out, wb_err *
     s->be.slab_dest = cuda_dest;
     s->be.slab_export = cuda_export;
     s->be.slab_free = cuda_slab_free;
+    s->be.transport = "cuda-ipc";
+    s->be.access = "rw";
     s->be.load_mode = mode;
     s->be.stage = cfg;
     s->be.engine = &s->engine;

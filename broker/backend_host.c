@@ -17,6 +17,29 @@ static int host_alloc(wb_slab *slab, int device, uint64_t size, wb_err *err)
     return WB_OK;
 }
 
+/* The same in an anonymous memfd, sealed once filled (host_seal). */
+static int memfd_alloc(wb_slab *slab, int device, uint64_t size, wb_err *err)
+{
+    (void)device;
+    memset(slab, 0, sizeof *slab);
+    int rc = wb__shm_create_memfd(&slab->shm, size, err);
+    if (rc != WB_OK)
+        return rc;
+    slab->size = slab->shm.size;
+    slab->device = -1;
+    return WB_OK;
+}
+
+static int memfd_seal(wb_slab *slab, wb_err *err)
+{
+    return wb__shm_seal(&slab->shm, err);
+}
+
+static int memfd_fd(const wb_slab *slab)
+{
+    return slab->shm.memfd ? slab->shm.fd : -1;
+}
+
 static void *host_dest(wb_slab *slab, uint64_t offset, uint64_t len)
 {
     if (!slab->shm.addr || offset > slab->size || len > slab->size - offset)
@@ -37,6 +60,7 @@ static void host_export(wb_slab *slab, Wbproto__Slab *out)
     out->device = -1;
     out->size = slab->size;
     out->shm_name = slab->shm.name;
+    out->transport = slab->shm.memfd ? "memfd" : "shm";
 }
 
 static void host_free(wb_slab *slab)
@@ -55,4 +79,21 @@ const wb_backend wb__backend_host = {
     .load_mode = WB_STAGE_DIRECT,
     .slab_export = host_export,
     .slab_free = host_free,
+    .transport = "shm",
+    .access = "ro",
+};
+
+const wb_backend wb__backend_host_memfd = {
+    .name = "host",
+    .proto = WBPROTO__BACKEND__BACKEND_HOST,
+    .slab_alloc = memfd_alloc,
+    .slab_dest = host_dest,
+    .slab_prepare = host_prepare,
+    .slab_seal = memfd_seal,
+    .slab_fd = memfd_fd,
+    .load_mode = WB_STAGE_DIRECT,
+    .slab_export = host_export,
+    .slab_free = host_free,
+    .transport = "memfd",
+    .access = "ro",
 };

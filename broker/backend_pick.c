@@ -18,9 +18,9 @@ static double mono_seconds(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static const wb_backend *host_with(const wb_stage_config *stage)
+static const wb_backend *host_with(const wb_stage_config *stage, int memfd)
 {
-    host_configured = wb__backend_host;
+    host_configured = memfd ? wb__backend_host_memfd : wb__backend_host;
     host_configured.stage = *stage;
     return &host_configured;
 }
@@ -33,8 +33,10 @@ static void log_choice(const wb_backend *be, const char *requested, int device, 
     wb__stage_config_fill(&c);
     wb__log_quote(q, sizeof q, why);
     if (be->proto == WBPROTO__BACKEND__BACKEND_HOST) {
-        wb_info("backend", "backend=host requested=%s reason=%s load_mode=direct read_threads=%u",
-                requested, q, c.read_threads);
+        wb_info("backend",
+                "backend=host requested=%s reason=%s load_mode=direct read_threads=%u "
+                "host_slab=%s",
+                requested, q, c.read_threads, be->transport);
         return;
     }
     unsigned long long buf = be->staging ? (unsigned long long)be->staging->size : 0;
@@ -47,7 +49,7 @@ static void log_choice(const wb_backend *be, const char *requested, int device, 
 }
 
 int wb__backend_pick(const char *requested, int device, const wb_stage_config *stage, int load_mode,
-                     const wb_backend **out, wb_err *err)
+                     int host_memfd, const wb_backend **out, wb_err *err)
 {
     *out = NULL;
     wb_stage_config filled = *stage;
@@ -56,7 +58,7 @@ int wb__backend_pick(const char *requested, int device, const wb_stage_config *s
     if (rc != WB_OK)
         return rc;
     if (strcmp(requested, "host") == 0) {
-        *out = host_with(stage);
+        *out = host_with(stage, host_memfd);
         log_choice(*out, requested, device, "requested", 0);
         return WB_OK;
     }
@@ -65,7 +67,7 @@ int wb__backend_pick(const char *requested, int device, const wb_stage_config *s
     if (wb__gpu_probe(&count, &probe) != WB_OK) {
         if (strcmp(requested, "cuda") == 0)
             return wb__err_set(err, probe.code, "%s", probe.msg);
-        *out = host_with(stage);
+        *out = host_with(stage, host_memfd);
         log_choice(*out, requested, device, probe.msg, 0);
         return WB_OK;
     }
@@ -80,7 +82,7 @@ int wb__backend_pick(const char *requested, int device, const wb_stage_config *s
         char why[WB_ERR_MSG_MAX + 64];
         snprintf(why, sizeof why, "a GPU is usable but the cuda backend failed to start: %.*s",
                  WB_ERR_MSG_MAX - 1, cerr.msg);
-        *out = host_with(stage);
+        *out = host_with(stage, host_memfd);
         log_choice(*out, requested, device, why, 0);
         return WB_OK;
     }

@@ -8,7 +8,9 @@
 
 /* Picks the backend for `requested` ("auto", "cuda" or "host") and logs one
  * line (event=backend) saying which and why:
- * - host: the host backend with the given loader settings;
+ * - host: the host backend with the given loader settings, its slabs in
+ *   sealed memfds when `host_memfd` (--host-slab memfd), else named POSIX
+ *   shared memory;
  * - cuda: the cuda backend on `device` (stream and pinned staging ring
  *   allocated now); WB_ENOGPU or WB_ENOSYS with a one-line reason when no GPU
  *   is usable or the build has no CUDA, or the start's error;
@@ -16,7 +18,7 @@
  * Zero fields of `stage` take the defaults; an out-of-range value is
  * WB_EINVAL naming it. *out is released with wb__backend_release. */
 int wb__backend_pick(const char *requested, int device, const wb_stage_config *stage, int load_mode,
-                     const wb_backend **out, wb_err *err);
+                     int host_memfd, const wb_backend **out, wb_err *err);
 
 /* Frees what wb__backend_pick started (the cuda backend's ring and stream);
  * slabs must have been freed. Sets *be to NULL. */

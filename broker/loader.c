@@ -260,6 +260,9 @@ int wb__load_ex(const char *path, const wb_load_opts *o, wb_model_data *out, wb_
         goto done;
     for (size_t i = 0; i < table->n_tensors; i++)
         d.tensors[i].xxh3 = st[i].xxh3;
+    /* Filled and hashed: nothing may change the bytes from here on. */
+    if (be->slab_seal && (rc = be->slab_seal(&d.slabs[0], err)) != WB_OK)
+        goto done;
     inputs_close(&in);
     d.read_seconds = mono_seconds() - t2;
     d.read_threads = d.stage.threads;

@@ -5,6 +5,7 @@
 #include "ops.h"
 #include "ops_admin.h"
 #include "paths.h"
+#include "sidechannel.h"
 #include "wire.h"
 
 #include <errno.h>
@@ -40,11 +41,14 @@ typedef struct loop {
     size_t cap_evs;
     uint64_t *serials; /* connections with events, in this round */
     uint32_t *revents;
+    /* The descriptor channel, when the backend hands out descriptors. */
+    wb_sidechan side;
+    int have_side;
 } loop;
 
 /* epoll data of the fixed descriptors; a connection's is its serial with
  * EV_CONN set. */
-enum { EV_LISTEN = 1, EV_SIGNAL, EV_LOADER, EV_DEATH };
+enum { EV_LISTEN = 1, EV_SIGNAL, EV_LOADER, EV_DEATH, EV_SIDE };
 #define EV_CONN (1ull << 63)
 
 /* Packs and sends a reply to the connection `ident` as one ZMTP frame. A
@@ -302,6 +306,17 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
         rc = wb__err_errno(err, WB_EIO, errno, "setting up the epoll set");
         goto out_unlink;
     }
+    if (b->cfg.backend->slab_fd) {
+        L.have_side = 1;
+        if ((rc = wb__side_listen(&L.side, b, socket_path, opt->max_peers, opt->handshake_ms,
+                                  err)) != WB_OK)
+            goto out_unlink;
+        if (add_fixed(L.ep, L.side.ep, EV_SIDE) != 0) {
+            rc = wb__err_errno(err, WB_EIO, errno, "setting up the epoll set");
+            goto out_unlink;
+        }
+        wb_info("fd_channel", "socket=%s", wb__log_quote(q, sizeof q, L.side.path));
+    }
     b->loader = &L.loader;
 
     wb_info("listen",
@@ -340,7 +355,7 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
             break;
         }
         if (pr > 0) {
-            int listen = 0, signals = 0, loads = 0, deaths = 0;
+            int listen = 0, signals = 0, loads = 0, deaths = 0, side = 0;
             size_t k = 0;
             for (int i = 0; i < pr; i++) {
                 uint64_t tag = L.evs[i].data.u64;
@@ -352,6 +367,7 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
                     signals |= tag == EV_SIGNAL;
                     loads |= tag == EV_LOADER;
                     deaths |= tag == EV_DEATH;
+                    side |= tag == EV_SIDE;
                 }
             }
             if (signals)
@@ -360,12 +376,16 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
              * the dead process's leases in this same round. */
             if (deaths)
                 handle_deaths(&L);
+            if (side)
+                wb__side_handle(&L.side);
             if (loads)
                 handle_loads(&L);
             handle_conns(&L, k);
             if (listen)
                 wb__conns_accept(&L.conns);
         }
+        if (L.have_side)
+            wb__side_expire(&L.side);
         b->stats.connections = (uint32_t)L.conns.n;
         /* The stale scan walks every lease: on a timer, not per message. */
         size_t went_stale = 0;
@@ -386,6 +406,8 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
             b->leases.n_holders, b->models.n, (unsigned long long)b->stats.replies_dropped);
 
 out_unlink:
+    if (L.have_side)
+        wb__side_destroy(&L.side);
     wb__conns_destroy(&L.conns);
     if (L.sigfd >= 0)
         close(L.sigfd);

@@ -99,6 +99,8 @@ Wbproto__ModelInfo *wb__ops_model_info(const wb_model *m, int state, wb_arena *a
     mi->leases = m->leases;
     mi->load_seconds = m->data.load_seconds;
     mi->load_gbps = m->data.load_gbps;
+    mi->transport = (char *)wb__backend_transport(m->backend);
+    mi->access = (char *)wb__backend_access(m->backend);
     wb__load_fill_model_info(m, mi);
     return mi;
 }

@@ -218,6 +218,9 @@ int wb__ops_list_leases(wb_broker *b, const wb_peer_creds *peer, const Wbproto__
         li->granted_at = l->granted_at;
         li->last_heartbeat = l->last_heartbeat;
         li->container_records_total = l->n_records;
+        li->backend = l->model->backend->proto;
+        li->transport = (char *)wb__backend_transport(l->model->backend);
+        li->access = (char *)wb__backend_access(l->model->backend);
         if (l->n_records) {
             Wbproto__ContainerRecord **recs = wb__arena_alloc(a, l->n_records * sizeof *recs);
             if (!recs)

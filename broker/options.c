@@ -27,6 +27,7 @@ enum {
     OPT_LOG_FORMAT,
     OPT_METRICS,
     OPT_LOAD_METHOD,
+    OPT_HOST_SLAB,
     /* Numeric options: OPT_NUM + their index in num_opts. */
     OPT_NUM = 0x1000,
 };
@@ -79,6 +80,7 @@ static const struct option long_opts[] = {
     {"staging-mib", required_argument, NULL, OPT_NUM + WB_NUM_STAGING_MIB},
     {"staging-buffers", required_argument, NULL, OPT_NUM + WB_NUM_STAGING_BUFFERS},
     {"load-method", required_argument, NULL, OPT_LOAD_METHOD},
+    {"host-slab", required_argument, NULL, OPT_HOST_SLAB},
     {"heartbeat-ms", required_argument, NULL, OPT_NUM + WB_NUM_HEARTBEAT},
     {"stale-ms", required_argument, NULL, OPT_NUM + WB_NUM_STALE},
     {"log-level", required_argument, NULL, 'l'},
@@ -151,6 +153,10 @@ static void usage(FILE *out)
             "  --load-method staged|mapped\n"
             "                         cuda: copy through the pinned staging ring (default), or\n"
             "                         register each file mapping with cudaHostRegister\n"
+            "  --host-slab shm|memfd  host: slabs as named POSIX shared memory that clients\n"
+            "                         open by name (default), or as sealed memfds passed on\n"
+            "                         the descriptor channel <socket>.fd (no /dev/shm names,\n"
+            "                         no shared IPC or PID namespace needed)\n"
             "  --heartbeat-ms N       heartbeat interval clients are told to use (default %d)\n"
             "  --stale-ms N           silence after which a lease is marked stale (default %d)\n"
             "  --log-level LEVEL      debug, info, warn or error (default info)\n\n"
@@ -356,6 +362,14 @@ static int parse_one(wb_options *o, int c, char *arg)
             o->device = (int)v;
         }
         o->device_given = 1;
+        return WB_OPTIONS_GO_ON;
+    case OPT_HOST_SLAB:
+        if (strcmp(arg, "memfd") == 0)
+            o->host_memfd = 1;
+        else if (strcmp(arg, "shm") == 0)
+            o->host_memfd = 0;
+        else
+            return misuse("--host-slab: '%s' is not one of shm, memfd%s", arg, "");
         return WB_OPTIONS_GO_ON;
     case OPT_LOAD_METHOD:
         if (strcmp(arg, "staged") == 0)

@@ -54,6 +54,7 @@ typedef struct wb_options {
     const char *backend;
     int device, device_given;
     int load_mode;
+    int host_memfd;        /* --host-slab memfd */
     long num[WB_NUM_OPTS]; /* 0: not given */
     const char *metrics;
     const char *config_file;

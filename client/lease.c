@@ -2,10 +2,14 @@
 #include "lease.h"
 
 #include "client_impl.h"
+#include "fdchan.h"
+#include "fdwire.h"
+#include "mapcache.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_DIMS 64
 
@@ -119,28 +123,62 @@ static int validate_lease(wb_client *c, const char *model, const Wbproto__Lease 
     return WB_OK;
 }
 
+/* A slab the broker hands out as a sealed memfd on the descriptor channel
+ * rather than by name (Slab.transport "memfd"). */
+static int slab_is_memfd(const Wbproto__Slab *s)
+{
+    return s->backend == WBPROTO__BACKEND__BACKEND_HOST && s->transport &&
+           strcmp(s->transport, "memfd") == 0;
+}
+
 static int map_slabs(wb_client *c, const char *model, const Wbproto__Lease *pl, wb_lease *l)
 {
     l->maps = calloc(pl->n_slabs ? pl->n_slabs : 1, sizeof *l->maps);
     if (!l->maps)
         return wb__client_fail(c, WB_ENOMEM, "acquire '%s': out of memory", model);
-    for (size_t i = 0; i < pl->n_slabs; i++) {
-        const Wbproto__Slab *s = pl->slabs[i];
+    /* Slabs handed out as descriptors come in one fetch for the lease. */
+    int fds[WB_FDWIRE_MAX_FDS];
+    size_t n_fds = 0, want_fds = 0;
+    for (size_t i = 0; i < pl->n_slabs; i++)
+        want_fds += slab_is_memfd(pl->slabs[i]);
+    if (want_fds) {
         wb_err e;
-        int rc;
-        if (s->backend == WBPROTO__BACKEND__BACKEND_CUDA)
+        int rc = wb__fdchan_fetch(c->rpc.path, pl->id.data, c->rpc.timeout_ms, fds,
+                                  WB_FDWIRE_MAX_FDS, &n_fds, &e);
+        if (rc != WB_OK)
+            return wb__client_fail(c, rc, "acquire '%s': %s", model, e.msg);
+        if (n_fds != pl->n_slabs) {
+            for (size_t k = 0; k < n_fds; k++)
+                close(fds[k]);
+            return wb__client_fail(c, WB_EPROTO,
+                                   "acquire '%s': the broker sent %zu descriptors for %zu slabs",
+                                   model, n_fds, pl->n_slabs);
+        }
+    }
+    int rc = WB_OK;
+    wb_err e;
+    for (size_t i = 0; i < pl->n_slabs && rc == WB_OK; i++) {
+        const Wbproto__Slab *s = pl->slabs[i];
+        char what[64];
+        snprintf(what, sizeof what, "slab %zu (memfd)", i);
+        if (slab_is_memfd(s))
+            rc = wb__mapcache_get_fd(fds[i], s->size, what, &l->maps[i], &e);
+        else if (s->backend == WBPROTO__BACKEND__BACKEND_CUDA)
             rc = wb__mapcache_get_cuda(s->cuda_ipc_handle.data, s->cuda_ipc_handle.len, s->device,
                                        s->size, &l->maps[i], &e);
         else if (s->backend == WBPROTO__BACKEND__BACKEND_HOST)
             rc = wb__mapcache_get_host(s->shm_name, s->size, &l->maps[i], &e);
         else
-            return wb__client_fail(c, WB_EPROTO, "acquire '%s': slab %zu has unknown backend %d",
-                                   model, i, (int)s->backend);
-        if (rc != WB_OK)
-            return wb__client_fail(c, rc, "acquire '%s': slab %zu: %s", model, i, e.msg);
-        l->n_maps = i + 1;
+            rc = wb__err_set(&e, WB_EPROTO, "unknown backend %d", (int)s->backend);
+        if (rc == WB_OK)
+            l->n_maps = i + 1;
+        else
+            rc = wb__client_fail(c, rc, "acquire '%s': slab %zu: %s", model, i, e.msg);
     }
-    return WB_OK;
+    /* Mapped (or failed): the mappings keep the memory, not the descriptors. */
+    for (size_t k = 0; k < n_fds; k++)
+        close(fds[k]);
+    return rc;
 }
 
 /* The tensor table is one allocation: the entries, then every shape, then

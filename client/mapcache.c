@@ -4,10 +4,12 @@
 
 #include "shm.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #ifdef WB_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -81,6 +83,50 @@ int wb__mapcache_get_host(const char *shm_name, uint64_t size, wb__map **out, wb
         return rc;
     }
     snprintf(m->key, sizeof m->key, "%s", shm_name);
+    m->size = size;
+    m->device = -1;
+    m->open_device = -1;
+    link_map(m);
+    *out = m;
+    pthread_mutex_unlock(&cache_mu);
+    return WB_OK;
+}
+
+int wb__mapcache_get_fd(int fd, uint64_t size, const char *what, wb__map **out, wb_err *err)
+{
+    *out = NULL;
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return wb__err_errno(err, WB_EIO, errno, "%s: fstat of its descriptor", what);
+    char key[WB_SHM_NAME_MAX];
+    /* No shm name starts with "memfd:" (they start with '/'). */
+    snprintf(key, sizeof key, "memfd:%llx:%llx", (unsigned long long)st.st_dev,
+             (unsigned long long)st.st_ino);
+    pthread_mutex_lock(&cache_mu);
+    wb__map *m;
+    for (m = cache_head; m; m = m->next) {
+        if (!m->cuda && strcmp(m->key, key) == 0)
+            break;
+    }
+    if (m) {
+        char w[160];
+        snprintf(w, sizeof w, "%.120s is mapped", what);
+        int rc = map_reuse(m, m->shm.size, size, w, out, err);
+        pthread_mutex_unlock(&cache_mu);
+        return rc;
+    }
+    m = calloc(1, sizeof *m);
+    if (!m) {
+        pthread_mutex_unlock(&cache_mu);
+        return wb__err_set(err, WB_ENOMEM, "out of memory mapping %s", what);
+    }
+    int rc = wb__shm_map_fd_ro(&m->shm, fd, size, what, err);
+    if (rc != WB_OK) {
+        free(m);
+        pthread_mutex_unlock(&cache_mu);
+        return rc;
+    }
+    snprintf(m->key, sizeof m->key, "%s", key);
     m->size = size;
     m->device = -1;
     m->open_device = -1;

@@ -3,7 +3,8 @@
  * Several leases of one process (on one model, or granted again after a
  * release) name the same slab; it is mapped once and shared. Each lease that
  * uses a slab holds one reference; the slab is unmapped when the last one is
- * dropped. The key is the slab's name: the shm name for the host backend, the
+ * dropped. The key is the slab's name: the shm name (or a memfd's inode) for
+ * the host backend, the
  * 64-byte IPC handle (and device) for cuda. All functions are thread-safe
  * (one global mutex). */
 #ifndef WB_MAPCACHE_H
@@ -23,6 +24,13 @@ typedef struct wb__map wb__map;
  * an existing mapping: WB_EPROTO otherwise). On success *out holds a
  * reference to drop with wb__mapcache_put. */
 int wb__mapcache_get_host(const char *shm_name, uint64_t size, wb__map **out, wb_err *err);
+
+/* Maps read-only a host slab received as a descriptor (a sealed memfd,
+ * wb__shm_map_fd_ro: an unsealed one is WB_EPROTO), or takes one more
+ * reference on its existing mapping: the key is the memfd's inode, so the
+ * descriptors of several leases on one slab share a mapping. `what` names
+ * the slab in messages. The caller keeps and closes fd. */
+int wb__mapcache_get_fd(int fd, uint64_t size, const char *what, wb__map **out, wb_err *err);
 
 /* Opens the cuda slab named by a 64-byte cudaIpcMemHandle_t, exported by the
  * broker on CUDA device `device`, once per process

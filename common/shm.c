@@ -83,7 +83,7 @@ static int make_name(char *buf, size_t size)
 #define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
 #endif
 
-static int shm_create(wb_shm *shm, uint64_t size, int lazy, wb_err *err)
+static int shm_create(wb_shm *shm, uint64_t size, int lazy, int memfd, wb_err *err)
 {
     memset(shm, 0, sizeof *shm);
     long page = sysconf(_SC_PAGESIZE);
@@ -92,11 +92,16 @@ static int shm_create(wb_shm *shm, uint64_t size, int lazy, wb_err *err)
         return wb__err_set(err, WB_EINVAL, "shared memory slab of %llu bytes is too large",
                            (unsigned long long)size);
 
-    char name[WB_SHM_NAME_MAX];
+    char name[WB_SHM_NAME_MAX] = "memfd";
     int fd = -1;
+    if (memfd) {
+        fd = memfd_create("wb-slab", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (fd < 0)
+            return wb__err_errno(err, errno == ENOMEM ? WB_ENOMEM : WB_EIO, errno, "memfd_create");
+    }
     /* The name is 128 random bits; a collision means something is wrong with
      * the random source, so give up after a few tries. */
-    for (int attempt = 0; attempt < 4 && fd < 0; attempt++) {
+    for (int attempt = 0; !memfd && attempt < 4 && fd < 0; attempt++) {
         if (make_name(name, sizeof name) != 0)
             return wb__err_errno(err, WB_EIO, errno, "getrandom for a shared memory name");
         fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, SHM_MODE);
@@ -108,7 +113,7 @@ static int shm_create(wb_shm *shm, uint64_t size, int lazy, wb_err *err)
 
     int rc = WB_OK;
     /* The umask may have removed group read; set the mode explicitly. */
-    if (fchmod(fd, SHM_MODE) != 0) {
+    if (!memfd && fchmod(fd, SHM_MODE) != 0) {
         rc = wb__err_errno(err, WB_EIO, errno, "fchmod %s", name);
         goto fail;
     }
@@ -144,8 +149,13 @@ static int shm_create(wb_shm *shm, uint64_t size, int lazy, wb_err *err)
                            name);
         goto fail;
     }
-    close(fd);
-    snprintf(shm->name, sizeof shm->name, "%s", name);
+    if (memfd) {
+        shm->memfd = 1;
+        shm->fd = fd;
+    } else {
+        close(fd);
+        snprintf(shm->name, sizeof shm->name, "%s", name);
+    }
     shm->addr = addr;
     shm->size = real;
     shm->writable = 1;
@@ -153,19 +163,77 @@ static int shm_create(wb_shm *shm, uint64_t size, int lazy, wb_err *err)
     return WB_OK;
 
 fail:
-    shm_unlink(name);
+    if (!memfd)
+        shm_unlink(name);
     close(fd);
     return rc;
 }
 
+int wb__shm_create_memfd(wb_shm *shm, uint64_t size, wb_err *err)
+{
+    return shm_create(shm, size, 1, 1, err);
+}
+
+int wb__shm_seal(wb_shm *shm, wb_err *err)
+{
+    if (!shm->memfd)
+        return wb__err_set(err, WB_EINVAL, "slab %s is not a memfd and cannot be sealed",
+                           shm->name);
+    /* F_SEAL_WRITE is refused (EBUSY) while a shared mapping that may
+     * write exists, and a read-only mapping of a descriptor opened for
+     * writing still counts on kernels before 6.7: unmap, seal, map again. */
+    if (shm->addr) {
+        munmap(shm->addr, (size_t)shm->size);
+        shm->addr = NULL;
+    }
+    shm->writable = 0;
+    if (fcntl(shm->fd, F_ADD_SEALS, WB_SHM_SEALS_REQUIRED | F_SEAL_SEAL) != 0)
+        return wb__err_errno(err, WB_EIO, errno, "sealing the memfd slab of %llu bytes",
+                             (unsigned long long)shm->size);
+    void *addr = mmap(NULL, (size_t)shm->size, PROT_READ, MAP_SHARED, shm->fd, 0);
+    if (addr == MAP_FAILED)
+        return wb__err_errno(err, WB_EIO, errno,
+                             "mapping the sealed memfd slab of %llu bytes read-only",
+                             (unsigned long long)shm->size);
+    shm->addr = addr;
+    return WB_OK;
+}
+
+int wb__shm_map_fd_ro(wb_shm *shm, int fd, uint64_t size, const char *what, wb_err *err)
+{
+    memset(shm, 0, sizeof *shm);
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0)
+        return wb__err_errno(err, WB_EPROTO, errno, "%s: the descriptor is not a sealable memfd",
+                             what);
+    if ((seals & WB_SHM_SEALS_REQUIRED) != WB_SHM_SEALS_REQUIRED)
+        return wb__err_set(err, WB_EPROTO,
+                           "%s: the memfd is not sealed against writing and resizing "
+                           "(seals 0x%x, need 0x%x)",
+                           what, (unsigned)seals, (unsigned)WB_SHM_SEALS_REQUIRED);
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return wb__err_errno(err, WB_EIO, errno, "%s: fstat", what);
+    if (st.st_size < 0 || (uint64_t)st.st_size != size || size == 0 || size > (uint64_t)SIZE_MAX)
+        return wb__err_set(err, WB_EPROTO, "%s has %lld bytes, expected %llu", what,
+                           (long long)st.st_size, (unsigned long long)size);
+    void *addr = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
+    if (addr == MAP_FAILED)
+        return wb__err_errno(err, WB_EIO, errno, "%s: mmap of %llu bytes, read-only", what,
+                             (unsigned long long)size);
+    shm->addr = addr;
+    shm->size = size;
+    return WB_OK;
+}
+
 int wb__shm_create(wb_shm *shm, uint64_t size, wb_err *err)
 {
-    return shm_create(shm, size, 0, err);
+    return shm_create(shm, size, 0, 0, err);
 }
 
 int wb__shm_create_lazy(wb_shm *shm, uint64_t size, wb_err *err)
 {
-    return shm_create(shm, size, 1, err);
+    return shm_create(shm, size, 1, 0, err);
 }
 
 int wb__shm_populate(wb_shm *shm, uint64_t offset, uint64_t len, wb_err *err)
@@ -192,10 +260,12 @@ int wb__shm_populate(wb_shm *shm, uint64_t offset, uint64_t len, wb_err *err)
             return wb__err_set(err, WB_ENOMEM,
                                "shared memory ran out filling slab %s: bytes %llu to %llu of "
                                "%llu cannot be backed (is %s full?)",
-                               shm->name, (unsigned long long)from, (unsigned long long)to,
-                               (unsigned long long)shm->size, SHM_DIR);
+                               shm->memfd ? "(memfd)" : shm->name, (unsigned long long)from,
+                               (unsigned long long)to, (unsigned long long)shm->size,
+                               shm->memfd ? "shared memory" : SHM_DIR);
         return wb__err_errno(err, WB_EIO, e, "populating bytes %llu to %llu of slab %s",
-                             (unsigned long long)from, (unsigned long long)to, shm->name);
+                             (unsigned long long)from, (unsigned long long)to,
+                             shm->memfd ? "(memfd)" : shm->name);
     }
     return WB_OK;
 }
@@ -245,7 +315,7 @@ int wb__shm_map_ro(wb_shm *shm, const char *name, uint64_t size, wb_err *err)
 
 void wb__shm_unlink(wb_shm *shm)
 {
-    if (shm && shm->name[0])
+    if (shm && !shm->memfd && shm->name[0])
         shm_unlink(shm->name);
 }
 
@@ -255,6 +325,8 @@ void wb__shm_unmap(wb_shm *shm)
         return;
     if (shm->addr && shm->size)
         munmap(shm->addr, (size_t)shm->size);
+    if (shm->memfd && shm->fd >= 0)
+        close(shm->fd);
     memset(shm, 0, sizeof *shm);
 }
 

@@ -9,6 +9,7 @@
 
 #include "err.h"
 
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -24,6 +25,11 @@ typedef struct wb_shm {
     /* Made by wb__shm_create_lazy: a page is reserved only when
      * wb__shm_populate covers it. */
     int lazy;
+    /* Made by wb__shm_create_memfd: an anonymous memfd with no name, kept
+     * open in `fd` (its owner hands it to clients) and closed by
+     * wb__shm_unmap. */
+    int memfd;
+    int fd;
 } wb_shm;
 
 /* Creates and maps read-write a new slab of `size` bytes (size may be 0: a
@@ -42,6 +48,31 @@ int wb__shm_create(wb_shm *shm, uint64_t size, wb_err *err);
  * Where the kernel cannot populate a range with an error return (before
  * Linux 5.14), the slab is reserved up front as wb__shm_create does. */
 int wb__shm_create_lazy(wb_shm *shm, uint64_t size, wb_err *err);
+
+/* The same as wb__shm_create_lazy, but the slab is an anonymous memfd
+ * (memfd_create with MFD_ALLOW_SEALING) instead of a name in /dev/shm:
+ * nothing to unlink, nothing left behind when the broker dies, no shared
+ * IPC namespace needed. Clients get the descriptor itself (SCM_RIGHTS).
+ * shm->name is left empty. */
+int wb__shm_create_memfd(wb_shm *shm, uint64_t size, wb_err *err);
+
+/* Seals a filled memfd slab: the writable mapping is unmapped (the kernel
+ * refuses F_SEAL_WRITE while one exists), the seals F_SEAL_WRITE,
+ * F_SEAL_GROW, F_SEAL_SHRINK and F_SEAL_SEAL are added, and the slab is
+ * mapped again read-only at a new address. From then on nobody, the broker
+ * included, can change or resize the bytes: write(2), ftruncate(2) and a
+ * writable shared mapping all fail with EPERM. WB_EINVAL for a slab that is
+ * not a memfd. */
+int wb__shm_seal(wb_shm *shm, wb_err *err);
+
+/* The seals a memfd slab must carry before a client maps it. */
+#define WB_SHM_SEALS_REQUIRED (F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK)
+
+/* Maps read-only a slab received as a descriptor (`what` names it in
+ * messages). The descriptor must be a memfd carrying WB_SHM_SEALS_REQUIRED
+ * (WB_EPROTO otherwise: an unsealed descriptor could change under the
+ * client) and have exactly `size` bytes. The caller keeps and closes fd. */
+int wb__shm_map_fd_ro(wb_shm *shm, int fd, uint64_t size, const char *what, wb_err *err);
 
 /* Allocates and maps the pages of bytes [offset, offset + len) (clamped to
  * the slab) so that writing there cannot fault. When shared memory runs out

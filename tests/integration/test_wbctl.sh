@@ -98,7 +98,7 @@ want="[[\"ready\", \"host\", -1, 6, $bytes, \"$(realpath "$WB_TMP")/second.safet
 for key in name path state backend device tensors bytes slab_bytes leases load_seconds load_gbps; do
   [ "$(json "all('$key' in m for m in d)" <<<"$models")" = True ] || fail "models --json lacks '$key'"
 done
-ctl models | head -n 1 | grep -q "^NAME  *STATE  *BACKEND  *DEVICE  *TENSORS  *BYTES  *LEASES  *LOAD_S  *GB/S$" ||
+ctl models | head -n 1 | grep -q "^NAME  *STATE  *BACKEND  *DEVICE  *TENSORS  *BYTES  *LEASES  *LOAD_S  *GB/S  *SLAB  *ACCESS$" ||
   fail "unexpected models header: $(ctl models | head -n 1)"
 expect_rc 0 loadjson "$WBCTL" --socket "$SOCK" load --json third "$WB_TMP/second.safetensors"
 [ "$(json "d['name'], d['state'], d['tensors']" <"$WB_TMP/loadjson.out")" = "('third', 'ready', 6)" ] ||

@@ -41,7 +41,7 @@ done
 
 # The plain table names the same leases.
 ctl leases >"$WB_TMP/table.out" || fail "wbctl leases failed"
-head -n 1 "$WB_TMP/table.out" | grep -q "^ID  *MODEL  *PID  *PROCESS  *UID  *STATE  *CONTAINERS  *SHARED  *SLABS  *BYTES  *AGE  *HEARTBEAT$" ||
+head -n 1 "$WB_TMP/table.out" | grep -q "^ID  *MODEL  *PID  *PROCESS  *UID  *STATE  *CONTAINERS  *SHARED  *SLABS  *BYTES  *AGE  *HEARTBEAT  *BACKEND  *SLAB  *ACCESS$" ||
   fail "unexpected table header: $(head -n 1 "$WB_TMP/table.out")"
 [ "$(grep -c wb-demo-worker "$WB_TMP/table.out")" = 4 ] || fail "the table does not list 4 workers"
 

@@ -343,6 +343,93 @@ START_TEST(test_cleanup_zombie)
 }
 END_TEST
 
+/* A memfd slab has no name, is filled through its writable mapping, and
+ * once sealed refuses every way of changing it: write(2), growing and
+ * shrinking, a writable shared mapping, making the read-only mapping
+ * writable. A client maps the descriptor read-only and reads the bytes. */
+START_TEST(test_memfd_sealed)
+{
+    wb_shm s;
+    wb_err err;
+    const size_t n = 3 * 4096 + 100;
+    ck_assert_int_eq(wb__shm_create_memfd(&s, n, &err), WB_OK);
+    ck_assert_int_eq(s.memfd, 1);
+    ck_assert_int_ge(s.fd, 0);
+    ck_assert_str_eq(s.name, "");
+    ck_assert_int_eq(wb__shm_populate(&s, 0, n, &err), WB_OK);
+    fill(s.addr, n, 7);
+    void *before = s.addr;
+    ck_assert_int_eq(wb__shm_seal(&s, &err), WB_OK);
+    ck_assert_int_eq(s.writable, 0);
+    ck_assert_ptr_nonnull(s.addr);
+    ck_assert(check_bytes(s.addr, n, 7));
+    (void)before;
+    int seals = fcntl(s.fd, F_GET_SEALS);
+    ck_assert_int_eq(seals & (F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL),
+                     F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL);
+
+    uint8_t byte = 1;
+    errno = 0;
+    ck_assert_int_eq(pwrite(s.fd, &byte, 1, 0), -1);
+    ck_assert_int_eq(errno, EPERM);
+    errno = 0;
+    ck_assert_int_eq(ftruncate(s.fd, (off_t)n * 2), -1);
+    ck_assert_int_eq(errno, EPERM);
+    errno = 0;
+    ck_assert_int_eq(ftruncate(s.fd, 4096), -1);
+    ck_assert_int_eq(errno, EPERM);
+    errno = 0;
+    ck_assert_ptr_eq(mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, s.fd, 0), MAP_FAILED);
+    ck_assert_int_eq(errno, EPERM);
+    ck_assert_int_ne(mprotect(s.addr, 4096, PROT_READ | PROT_WRITE), 0);
+    /* No more seals can be added or removed: F_SEAL_SEAL. */
+    errno = 0;
+    ck_assert_int_eq(fcntl(s.fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE), -1);
+    ck_assert_int_eq(errno, EPERM);
+
+    /* A client maps it by descriptor: the same bytes, read-only. */
+    wb_shm c;
+    ck_assert_int_eq(wb__shm_map_fd_ro(&c, s.fd, s.size, "slab 0", &err), WB_OK);
+    ck_assert(check_bytes(c.addr, n, 7));
+    ck_assert_int_ne(mprotect(c.addr, 4096, PROT_READ | PROT_WRITE), 0);
+    /* The wrong size is refused naming the slab. */
+    wb_shm d;
+    ck_assert_int_eq(wb__shm_map_fd_ro(&d, s.fd, s.size + 1, "slab 0", &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "slab 0 has 12388 bytes, expected 12389");
+    wb__shm_unmap(&c);
+    int fd = s.fd;
+    wb__shm_unmap(&s);
+    /* The descriptor was the slab's: closed with it. */
+    ck_assert_int_eq(fcntl(fd, F_GETFD), -1);
+}
+END_TEST
+
+/* A client refuses a descriptor that could change under it: an unsealed
+ * memfd, and a file that cannot carry seals at all. Sealing a named slab
+ * is refused. */
+START_TEST(test_memfd_unsealed_refused)
+{
+    wb_shm s, c;
+    wb_err err;
+    ck_assert_int_eq(wb__shm_create_memfd(&s, 4096, &err), WB_OK);
+    ck_assert_int_eq(wb__shm_map_fd_ro(&c, s.fd, 4096, "slab 1", &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "slab 1: the memfd is not sealed against writing and resizing "
+                              "(seals 0x0, need 0xe)");
+    wb__shm_unmap(&s);
+    int fd = open("/dev/null", O_RDONLY);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(wb__shm_map_fd_ro(&c, fd, 4096, "slab 2", &err), WB_EPROTO);
+    ck_assert_ptr_nonnull(strstr(err.msg, "slab 2: the descriptor is not a sealable memfd"));
+    close(fd);
+    wb_shm named;
+    ck_assert_int_eq(wb__shm_create(&named, 4096, &err), WB_OK);
+    ck_assert_int_eq(wb__shm_seal(&named, &err), WB_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "is not a memfd and cannot be sealed"));
+    wb__shm_unlink(&named);
+    wb__shm_unmap(&named);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("shm");
@@ -357,6 +444,8 @@ int main(void)
     tcase_add_test(tc, test_name_validation);
     tcase_add_test(tc, test_cleanup_stale);
     tcase_add_test(tc, test_cleanup_zombie);
+    tcase_add_test(tc, test_memfd_sealed);
+    tcase_add_test(tc, test_memfd_unsealed_refused);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -173,10 +173,10 @@ int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
         return rc;
     double now = wbctl_now();
     json_t *arr = json ? json_array() : NULL;
-    wbctl_table t = {.ncols = 12};
+    wbctl_table t = {.ncols = 15};
     if (!json)
         wbctl_table_add(&t, "ID", "MODEL", "PID", "PROCESS", "UID", "STATE", "CONTAINERS", "SHARED",
-                        "SLABS", "BYTES", "AGE", "HEARTBEAT");
+                        "SLABS", "BYTES", "AGE", "HEARTBEAT", "BACKEND", "SLAB", "ACCESS");
     for (size_t page = 0; page < pg.n; page++) {
         const Wbproto__ListLeasesReply *ll = pg.reps[page]->list_leases;
         for (size_t i = 0; i < ll->n_leases; i++) {
@@ -205,6 +205,9 @@ int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
                 json_object_set_new(o, "state", json_string(wb__lease_state_name(l->state)));
                 json_object_set_new(o, "containers", json_integer(l->containers));
                 json_object_set_new(o, "slabs", json_integer(l->slabs));
+                json_object_set_new(o, "backend", json_string(wb__backend_name(l->backend)));
+                json_object_set_new(o, "transport", wbctl_jstr(l->transport));
+                json_object_set_new(o, "access", wbctl_jstr(l->access));
                 json_object_set_new(o, "bytes", json_integer((json_int_t)l->bytes));
                 json_object_set_new(o, "granted_at", json_real(l->granted_at));
                 json_object_set_new(o, "last_heartbeat", json_real(l->last_heartbeat));
@@ -236,7 +239,9 @@ int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
             id[8] = '\0';
             wbctl_table_add(&t, id, l->model, pid, l->process_name, uid,
                             wb__lease_state_name(l->state), containers, shared, slabs, bytes,
-                            agebuf, hb);
+                            agebuf, hb, wb__backend_name(l->backend),
+                            l->transport && l->transport[0] ? l->transport : "-",
+                            l->access && l->access[0] ? l->access : "-");
         }
     }
     return list_print(&pg, json, arr, &t);

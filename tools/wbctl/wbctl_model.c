@@ -57,6 +57,8 @@ json_t *wbctl_model_json(const Wbproto__ModelInfo *m)
     json_object_set_new(o, "leases", json_integer(m->leases));
     json_object_set_new(o, "load_seconds", json_real(m->load_seconds));
     json_object_set_new(o, "load_gbps", json_real(m->load_gbps));
+    json_object_set_new(o, "transport", json_string(m->transport ? m->transport : ""));
+    json_object_set_new(o, "access", json_string(m->access ? m->access : ""));
     load_json(o, m);
     if (m->error && m->error[0])
         json_object_set_new(o, "error", json_string(m->error));
@@ -66,7 +68,7 @@ json_t *wbctl_model_json(const Wbproto__ModelInfo *m)
 void wbctl_model_header(wbctl_table *t)
 {
     wbctl_table_add(t, "NAME", "STATE", "BACKEND", "DEVICE", "TENSORS", "BYTES", "LEASES", "LOAD_S",
-                    "GB/S");
+                    "GB/S", "SLAB", "ACCESS");
 }
 
 void wbctl_model_row(wbctl_table *t, const Wbproto__ModelInfo *m)
@@ -88,6 +90,9 @@ void wbctl_model_row(wbctl_table *t, const Wbproto__ModelInfo *m)
         snprintf(secs, sizeof secs, "%.3f", m->load_seconds);
         snprintf(gbps, sizeof gbps, "%.2f", m->load_gbps);
     }
+    /* A broker that predates Slab.transport says nothing: "-". */
     wbctl_table_add(t, m->name, wb__model_state_name(m->state), wb__backend_name(m->backend), dev,
-                    tensors, bytes, leases, secs, gbps);
+                    tensors, bytes, leases, secs, gbps,
+                    m->transport && m->transport[0] ? m->transport : "-",
+                    m->access && m->access[0] ? m->access : "-");
 }

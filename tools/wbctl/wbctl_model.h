@@ -6,7 +6,7 @@
 #include "wbctl_out.h"
 #include "wire.h"
 
-#define WBCTL_MODEL_COLUMNS 9
+#define WBCTL_MODEL_COLUMNS 11
 
 void wbctl_model_header(wbctl_table *t);
 void wbctl_model_row(wbctl_table *t, const Wbproto__ModelInfo *m);

@@ -1,0 +1,397 @@
+#include "sidechannel.h"
+
+#include "conn.h"
+#include "fdwire.h"
+#include "log.h"
+#include "peer.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+/* Lease ids one connection remembers (for the reclaim at its end); ids of
+ * leases that ended are dropped first when the list is full. */
+#define SIDE_MAX_IDS 4096
+
+struct wb_side_conn {
+    int fd;
+    uint64_t serial;
+    wb_peer_creds creds;
+    char creds_error[WB_ERR_MSG_MAX];
+    uint8_t in[WB_FDWIRE_REQUEST_LEN];
+    size_t in_len;
+    int64_t accepted_ms;
+    int answered; /* a request was served: the handshake deadline no longer applies */
+    uint8_t (*ids)[WB_LEASE_ID_LEN];
+    size_t n_ids, cap_ids;
+};
+
+#define TAG_LISTEN UINT64_MAX
+
+int wb__side_listen(wb_sidechan *s, wb_broker *b, const char *socket_path, unsigned max_conns,
+                    unsigned handshake_ms, wb_err *err)
+{
+    memset(s, 0, sizeof *s);
+    s->b = b;
+    s->lfd = -1;
+    s->max_conns = max_conns;
+    s->handshake_ms = handshake_ms;
+    struct sockaddr_un sun = {.sun_family = AF_UNIX};
+    if (wb__fdwire_path(socket_path, s->path, sizeof s->path) != WB_OK ||
+        strlen(s->path) >= sizeof sun.sun_path)
+        return wb__err_set(err, WB_EINVAL,
+                           "the descriptor channel's path %s" WB_FDWIRE_SUFFIX
+                           " does not fit a socket address (%zu bytes at most)",
+                           socket_path, sizeof sun.sun_path - 1);
+    int rc = wb__socket_prepare(s->path, err);
+    if (rc != WB_OK) {
+        s->path[0] = '\0';
+        return rc;
+    }
+    memcpy(sun.sun_path, s->path, strlen(s->path) + 1);
+    s->ep = epoll_create1(EPOLL_CLOEXEC);
+    s->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (s->ep < 0 || s->lfd < 0)
+        return wb__err_errno(err, WB_EIO, errno, "setting up the descriptor channel");
+    /* As the main socket: 0777 & ~0117 gives 0660. */
+    mode_t old = umask(0117);
+    int r = bind(s->lfd, (struct sockaddr *)&sun, sizeof sun);
+    int e = errno;
+    umask(old);
+    if (r != 0) {
+        s->path[0] = '\0'; /* not ours to unlink */
+        return wb__err_errno(err, WB_EIO, e, "cannot bind %s", sun.sun_path);
+    }
+    if (chmod(s->path, 0660) != 0)
+        return wb__err_errno(err, WB_EIO, errno, "chmod 0660 %s", s->path);
+    if (listen(s->lfd, 128) != 0)
+        return wb__err_errno(err, WB_EIO, errno, "cannot listen on %s", s->path);
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = TAG_LISTEN};
+    if (epoll_ctl(s->ep, EPOLL_CTL_ADD, s->lfd, &ev) != 0)
+        return wb__err_errno(err, WB_EIO, errno, "epoll_ctl for %s", s->path);
+    return WB_OK;
+}
+
+static void conn_free(wb_side_conn *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    free(c->ids);
+    free(c);
+}
+
+/* The end of a connection: the kernel closed it when its process died, or
+ * the process closed it. Either way the leases fetched through it that this
+ * process still holds are of no more use to anyone. */
+static void conn_close(wb_sidechan *s, size_t i, const char *why)
+{
+    wb_side_conn *c = s->v[i];
+    wb_broker *b = s->b;
+    size_t reclaimed = 0;
+    if (!c->answered)
+        s->n_waiting--;
+    for (size_t k = 0; k < c->n_ids; k++) {
+        wb_lease_rec *l = wb__leases_find(&b->leases, c->ids[k]);
+        if (!l || !wb__lease_held_by(l, &c->creds))
+            continue;
+        char hex[9], q[300];
+        wb_info("lease_reclaim", "reason=descriptor_channel_closed lease=%s model=%s pid=%u",
+                wb__lease_id_short(l->id, hex), wb__log_quote(q, sizeof q, l->model->name), l->pid);
+        wb_model *m = l->model;
+        wb__leases_remove(&b->leases, l);
+        b->stats.leases_reclaimed++;
+        wb__broker_lease_ended(b, m);
+        reclaimed++;
+    }
+    wb_debug("fd_channel_closed", "pid=%u uid=%u reason=%s leases_reclaimed=%zu", c->creds.pid,
+             c->creds.uid, why, reclaimed);
+    conn_free(c);
+    s->v[i] = s->v[--s->n];
+}
+
+static size_t find_serial(const wb_sidechan *s, uint64_t serial)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        if (s->v[i]->serial == serial)
+            return i;
+    }
+    return SIZE_MAX;
+}
+
+/* Sends one reply, descriptors attached. A peer whose socket buffer is
+ * full does not read its replies: it is disconnected (returns -1). */
+static int send_reply(wb_side_conn *c, int32_t status, const int *fds, uint32_t n_fds,
+                      const char *msg)
+{
+    uint8_t buf[WB_FDWIRE_REPLY_MAX];
+    size_t len = wb__fdwire_reply_pack(buf, status, n_fds, msg);
+    struct iovec iov = {.iov_base = buf, .iov_len = len};
+    union {
+        struct cmsghdr h;
+        char space[CMSG_SPACE(sizeof(int) * WB_FDWIRE_MAX_FDS)];
+    } ctl;
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (n_fds) {
+        memset(&ctl, 0, sizeof ctl);
+        mh.msg_control = ctl.space;
+        mh.msg_controllen = CMSG_SPACE(sizeof(int) * n_fds);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int) * n_fds);
+        memcpy(CMSG_DATA(cm), fds, sizeof(int) * n_fds);
+    }
+    ssize_t n;
+    do {
+        n = sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    /* A reply is far smaller than any socket buffer: a short write means
+     * the buffer is full of replies the peer did not read. */
+    return n == (ssize_t)len ? 0 : -1;
+}
+
+/* Remembers that this connection fetched lease `id`. When the list is full,
+ * ids of leases that ended are dropped first. */
+static int remember(wb_sidechan *s, wb_side_conn *c, const uint8_t *id)
+{
+    for (size_t k = 0; k < c->n_ids; k++) {
+        if (memcmp(c->ids[k], id, WB_LEASE_ID_LEN) == 0)
+            return WB_OK;
+    }
+    if (c->n_ids == c->cap_ids) {
+        size_t kept = 0;
+        for (size_t k = 0; k < c->n_ids; k++) {
+            wb_lease_rec *l = wb__leases_find(&s->b->leases, c->ids[k]);
+            if (l && wb__lease_held_by(l, &c->creds))
+                memmove(c->ids[kept++], c->ids[k], WB_LEASE_ID_LEN);
+        }
+        c->n_ids = kept;
+    }
+    if (c->n_ids == c->cap_ids) {
+        if (c->cap_ids >= SIDE_MAX_IDS)
+            return WB_ELIMIT;
+        size_t cap = c->cap_ids ? c->cap_ids * 2 : 8;
+        void *v = realloc(c->ids, cap * WB_LEASE_ID_LEN);
+        if (!v)
+            return WB_ENOMEM;
+        c->ids = v;
+        c->cap_ids = cap;
+    }
+    memcpy(c->ids[c->n_ids++], id, WB_LEASE_ID_LEN);
+    return WB_OK;
+}
+
+/* Judges one request; fills fds (borrowed from the slabs) or a refusal. */
+static int judge(wb_sidechan *s, wb_side_conn *c, const uint8_t *id, int *fds, uint32_t *n_fds,
+                 char *msg, size_t size)
+{
+    wb_broker *b = s->b;
+    char hex[9];
+    wb_err err;
+    *n_fds = 0;
+    if (!c->creds.known) {
+        snprintf(msg, size, "%.200s", c->creds_error);
+        return WB_EPERM;
+    }
+    if (wb__auth_check_client(&b->auth, &c->creds, &err) != WB_OK) {
+        snprintf(msg, size, "%.200s", err.msg);
+        return WB_EPERM;
+    }
+    /* A pid whose process exited and was reused holds none of the old
+     * process's leases. */
+    wb__broker_check_peer(b, c->creds.pid);
+    wb_lease_rec *l = wb__leases_find(&b->leases, id);
+    if (!l) {
+        snprintf(msg, size, "no lease %s", wb__lease_id_short(id, hex));
+        return WB_ENOTFOUND;
+    }
+    if (!wb__lease_held_by(l, &c->creds)) {
+        snprintf(msg, size,
+                 "lease %s belongs to pid %u (uid %u), not to this connection's pid %u (uid %u)",
+                 wb__lease_id_short(id, hex), l->pid, l->uid, c->creds.pid, c->creds.uid);
+        return WB_EPERM;
+    }
+    const wb_model *m = l->model;
+    const wb_backend *be = m->backend;
+    if (!be->slab_fd || m->data.n_slabs > WB_FDWIRE_MAX_FDS) {
+        snprintf(msg, size, "model '%.80s' has no slab descriptors (transport %s)", m->name,
+                 wb__backend_transport(be));
+        return WB_ENOSYS;
+    }
+    for (size_t i = 0; i < m->data.n_slabs; i++) {
+        fds[i] = be->slab_fd(&m->data.slabs[i]);
+        if (fds[i] < 0) {
+            snprintf(msg, size, "slab %zu of model '%.80s' has no descriptor", i, m->name);
+            return WB_ENOSYS;
+        }
+    }
+    int rc = remember(s, c, id);
+    if (rc != WB_OK) {
+        snprintf(msg, size,
+                 rc == WB_ELIMIT ? "this connection holds %d leases' descriptors already"
+                                 : "out of memory (%d leases)",
+                 SIDE_MAX_IDS);
+        return rc;
+    }
+    *n_fds = (uint32_t)m->data.n_slabs;
+    msg[0] = '\0';
+    return WB_OK;
+}
+
+/* Reads and answers; returns -1 when the connection was closed. */
+static int conn_readable(wb_sidechan *s, size_t i)
+{
+    wb_side_conn *c = s->v[i];
+    for (;;) {
+        ssize_t n = recv(c->fd, c->in + c->in_len, sizeof c->in - c->in_len, MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        if (n <= 0) {
+            conn_close(s, i, n == 0 ? "eof" : "error");
+            return -1;
+        }
+        c->in_len += (size_t)n;
+        if (c->in_len < sizeof c->in)
+            continue;
+        c->in_len = 0;
+        uint8_t id[WB_LEASE_ID_LEN];
+        wb_err err;
+        char msg[WB_FDWIRE_MSG_MAX + 1];
+        int fds[WB_FDWIRE_MAX_FDS];
+        uint32_t n_fds = 0;
+        int rc = wb__fdwire_request_parse(c->in, sizeof c->in, id, &err);
+        if (rc != WB_OK) {
+            s->b->stats.malformed_messages++;
+            char q[WB_ERR_MSG_MAX + 64];
+            wb_warn("bad_message", "reason=fd_channel pid=%u uid=%u error=%s", c->creds.pid,
+                    c->creds.uid, wb__log_quote(q, sizeof q, err.msg));
+            send_reply(c, rc, NULL, 0, err.msg);
+            conn_close(s, i, "malformed");
+            return -1;
+        }
+        rc = judge(s, c, id, fds, &n_fds, msg, sizeof msg);
+        if (rc == WB_EPERM) {
+            s->b->stats.requests_refused++;
+            char q[WB_FDWIRE_MSG_MAX + 64];
+            wb_warn("peer_refused", "reason=fd_channel pid=%u uid=%u error=%s", c->creds.pid,
+                    c->creds.uid, wb__log_quote(q, sizeof q, msg));
+        }
+        if (send_reply(c, rc, fds, n_fds, msg) != 0) {
+            s->b->stats.peers_disconnected++;
+            conn_close(s, i, "slow_reader");
+            return -1;
+        }
+        if (!c->answered)
+            s->n_waiting--;
+        c->answered = 1;
+    }
+}
+
+static void side_accept(wb_sidechan *s)
+{
+    for (;;) {
+        int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0)
+            return; /* EAGAIN, or EMFILE: the next round tries again */
+        if (s->n >= s->max_conns) {
+            s->b->stats.peers_refused++;
+            wb_warn("limit", "limit=max_peers channel=fd peers=%zu", s->n);
+            close(fd);
+            continue;
+        }
+        if (s->n == s->cap) {
+            size_t cap = s->cap ? s->cap * 2 : 16;
+            wb_side_conn **v = realloc(s->v, cap * sizeof *v);
+            if (!v) {
+                close(fd);
+                continue;
+            }
+            s->v = v;
+            s->cap = cap;
+        }
+        wb_side_conn *c = calloc(1, sizeof *c);
+        if (!c) {
+            close(fd);
+            continue;
+        }
+        c->fd = fd;
+        c->serial = ++s->next_serial;
+        c->accepted_ms = s->b->now_ms();
+        wb_err err;
+        /* A peer whose pid is not visible is refused on its first request,
+         * with the reason, rather than dropped silently. */
+        if (wb__peer_creds_from_fd(fd, &c->creds, &err) != WB_OK)
+            snprintf(c->creds_error, sizeof c->creds_error, "%s", err.msg);
+        struct epoll_event ev = {.events = EPOLLIN, .data.u64 = c->serial};
+        if (epoll_ctl(s->ep, EPOLL_CTL_ADD, fd, &ev) != 0) {
+            conn_free(c);
+            continue;
+        }
+        s->v[s->n++] = c;
+        s->n_waiting++;
+    }
+}
+
+void wb__side_handle(wb_sidechan *s)
+{
+    struct epoll_event ev[64];
+    int n;
+    do {
+        n = epoll_wait(s->ep, ev, 64, 0);
+        for (int k = 0; k < n; k++) {
+            if (ev[k].data.u64 == TAG_LISTEN) {
+                side_accept(s);
+                continue;
+            }
+            size_t i = find_serial(s, ev[k].data.u64);
+            if (i != SIZE_MAX)
+                conn_readable(s, i);
+        }
+    } while (n == 64);
+}
+
+void wb__side_expire(wb_sidechan *s)
+{
+    /* Most connections have asked already and stay for their process's
+     * life: no walk unless one has not. */
+    if (s->n_waiting == 0)
+        return;
+    int64_t now = s->b->now_ms();
+    for (size_t i = 0; i < s->n;) {
+        wb_side_conn *c = s->v[i];
+        if (!c->answered && now - c->accepted_ms > (int64_t)s->handshake_ms) {
+            s->b->stats.peers_disconnected++;
+            conn_close(s, i, "no_request_in_time");
+            continue;
+        }
+        i++;
+    }
+}
+
+void wb__side_destroy(wb_sidechan *s)
+{
+    if (!s)
+        return;
+    for (size_t i = 0; i < s->n; i++)
+        conn_free(s->v[i]);
+    free(s->v);
+    s->v = NULL;
+    s->n = s->cap = s->n_waiting = 0;
+    if (s->lfd >= 0)
+        close(s->lfd);
+    s->lfd = -1;
+    if (s->ep > 0)
+        close(s->ep);
+    s->ep = -1;
+    if (s->path[0])
+        unlink(s->path);
+    s->path[0] = '\0';
+}

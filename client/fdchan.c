@@ -1,0 +1,225 @@
+#include "fdchan.h"
+
+#include "fdwire.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+/* Brokers one process talks to at once; a further one reuses the oldest
+ * slot's connection for nothing: its fetches fail with WB_ELIMIT. */
+#define FDCHAN_SLOTS 8
+
+typedef struct chan {
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    int fd; /* -1: not connected */
+    pid_t pid;
+} chan;
+
+static pthread_mutex_t chan_mu = PTHREAD_MUTEX_INITIALIZER;
+static chan chans[FDCHAN_SLOTS];
+static size_t n_chans;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+/* fork(): the lock is held across it, so the child's copy of the table is
+ * whole; the child closes its copies of the parent's connections at once,
+ * so that the parent's death still ends them (the broker reclaims the
+ * parent's leases), and opens its own when it fetches. */
+static void before_fork(void)
+{
+    pthread_mutex_lock(&chan_mu);
+}
+
+static void after_fork_parent(void)
+{
+    pthread_mutex_unlock(&chan_mu);
+}
+
+static void after_fork_child(void)
+{
+    for (size_t i = 0; i < n_chans; i++) {
+        if (chans[i].fd >= 0)
+            close(chans[i].fd);
+        chans[i].fd = -1;
+    }
+    pthread_mutex_unlock(&chan_mu);
+}
+
+static void register_atfork(void)
+{
+    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+}
+
+static void chan_drop(chan *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+}
+
+static int chan_connect(chan *c, int timeout_ms, wb_err *err)
+{
+    struct sockaddr_un sun = {.sun_family = AF_UNIX};
+    memcpy(sun.sun_path, c->path, strlen(c->path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return wb__err_errno(err, WB_ECONN, errno, "descriptor channel %s: socket", c->path);
+    struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    if (connect(fd, (struct sockaddr *)&sun, sizeof sun) != 0) {
+        int e = errno;
+        close(fd);
+        return wb__err_errno(err, WB_ECONN, e, "cannot connect to the descriptor channel %s",
+                             c->path);
+    }
+    c->fd = fd;
+    c->pid = getpid();
+    return WB_OK;
+}
+
+/* The slot of a path, connected by this process. Called with chan_mu held. */
+static int chan_get(const char *path, int timeout_ms, chan **out, wb_err *err)
+{
+    chan *c = NULL;
+    for (size_t i = 0; i < n_chans; i++) {
+        if (strcmp(chans[i].path, path) == 0)
+            c = &chans[i];
+    }
+    if (!c) {
+        if (n_chans == FDCHAN_SLOTS)
+            return wb__err_set(err, WB_ELIMIT,
+                               "descriptor channel %s: this process talks to %d brokers already",
+                               path, FDCHAN_SLOTS);
+        c = &chans[n_chans++];
+        snprintf(c->path, sizeof c->path, "%s", path);
+        c->fd = -1;
+    }
+    if (c->fd >= 0 && c->pid != getpid())
+        chan_drop(c); /* the parent's, inherited through fork() */
+    *out = c;
+    return c->fd >= 0 ? WB_OK : chan_connect(c, timeout_ms, err);
+}
+
+static void close_all(int *fds, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        close(fds[i]);
+}
+
+/* One exchange on a connected channel. *broken is set when the connection
+ * cannot be used any more (the caller drops it). */
+static int exchange(chan *c, const uint8_t *id, int *fds, size_t max_fds, size_t *n_fds,
+                    int *broken, wb_err *err)
+{
+    uint8_t req[WB_FDWIRE_REQUEST_LEN];
+    wb__fdwire_request_pack(req, id);
+    *broken = 1;
+    ssize_t n;
+    do {
+        n = send(c->fd, req, sizeof req, MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    if (n != (ssize_t)sizeof req)
+        return wb__err_errno(err, WB_ECONN, n < 0 ? errno : EPIPE,
+                             "descriptor channel %s: sending the request", c->path);
+    uint8_t hdr[WB_FDWIRE_HEADER_LEN];
+    struct iovec iov = {.iov_base = hdr, .iov_len = sizeof hdr};
+    union {
+        struct cmsghdr h;
+        char space[CMSG_SPACE(sizeof(int) * WB_FDWIRE_MAX_FDS)];
+    } ctl;
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.space, .msg_controllen = sizeof ctl};
+    do {
+        n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+    } while (n < 0 && errno == EINTR);
+    /* Whatever came, descriptors first: they must not leak. */
+    int got[WB_FDWIRE_MAX_FDS];
+    size_t n_got = 0;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t j = 0; j < k && n_got < WB_FDWIRE_MAX_FDS; j++)
+            memcpy(&got[n_got++], CMSG_DATA(cm) + j * sizeof(int), sizeof(int));
+    }
+    if (n != (ssize_t)sizeof hdr) {
+        close_all(got, n_got);
+        if (n == 0)
+            return wb__err_set(err, WB_ECONN, "descriptor channel %s: the broker closed it",
+                               c->path);
+        return wb__err_errno(err, n < 0 && errno == EAGAIN ? WB_ETIMEDOUT : WB_ECONN,
+                             n < 0 ? errno : EPROTO, "descriptor channel %s: reading the reply",
+                             c->path);
+    }
+    int32_t status;
+    uint32_t want, msg_len;
+    int rc = wb__fdwire_header_parse(hdr, &status, &want, &msg_len, err);
+    char msg[WB_FDWIRE_MSG_MAX + 1] = "";
+    if (rc == WB_OK && msg_len) {
+        do {
+            n = recv(c->fd, msg, msg_len, MSG_WAITALL);
+        } while (n < 0 && errno == EINTR);
+        if (n != (ssize_t)msg_len)
+            rc = wb__err_set(err, WB_ECONN, "descriptor channel %s: the reply was cut short",
+                             c->path);
+        msg[msg_len] = '\0';
+    }
+    if (rc == WB_OK && (mh.msg_flags & MSG_CTRUNC || n_got != want))
+        rc = wb__err_set(err, WB_EPROTO,
+                         "descriptor channel %s: the reply announces %u descriptors but carries "
+                         "%zu",
+                         c->path, want, n_got);
+    if (rc != WB_OK) {
+        close_all(got, n_got);
+        return rc;
+    }
+    *broken = 0;
+    if (status != WB_OK) {
+        close_all(got, n_got);
+        return wb__err_set(err, status, "the broker refused the descriptors: %s",
+                           msg[0] ? msg : wb_strerror(status));
+    }
+    if (n_got > max_fds) {
+        close_all(got, n_got);
+        return wb__err_set(err, WB_EPROTO, "descriptor channel %s: %zu descriptors for %zu slabs",
+                           c->path, n_got, max_fds);
+    }
+    memcpy(fds, got, n_got * sizeof *fds);
+    *n_fds = n_got;
+    return WB_OK;
+}
+
+int wb__fdchan_fetch(const char *socket_path, const uint8_t *lease_id, int timeout_ms, int *fds,
+                     size_t max_fds, size_t *n_fds, wb_err *err)
+{
+    *n_fds = 0;
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    if (wb__fdwire_path(socket_path, path, sizeof path) != WB_OK)
+        return wb__err_set(err, WB_EINVAL,
+                           "the descriptor channel's path %s" WB_FDWIRE_SUFFIX " is too long",
+                           socket_path);
+    pthread_once(&atfork_once, register_atfork);
+    pthread_mutex_lock(&chan_mu);
+    int rc = WB_ECONN;
+    /* A connection of a broker that restarted is closed: one more try on a
+     * fresh one. */
+    for (int attempt = 0; attempt < 2; attempt++) {
+        chan *c = NULL;
+        rc = chan_get(path, timeout_ms > 0 ? timeout_ms : 5000, &c, err);
+        if (rc != WB_OK)
+            break;
+        int broken = 0;
+        rc = exchange(c, lease_id, fds, max_fds, n_fds, &broken, err);
+        if (!broken)
+            break;
+        chan_drop(c);
+    }
+    pthread_mutex_unlock(&chan_mu);
+    return rc;
+}

@@ -1,0 +1,30 @@
+/* The client's end of the broker's descriptor channel (broker/sidechannel.h,
+ * wire layout in common/fdwire.h): the descriptors of a lease's slabs,
+ * fetched by lease id over the unix socket "<broker socket>.fd".
+ *
+ * One connection per broker socket and process, opened at the first fetch
+ * and kept open for the life of the process: the broker takes its end (the
+ * kernel closes it when the process dies) as the end of every lease
+ * fetched through it, even when it cannot see the process's pid. A child
+ * after fork() closes its copies at once (pthread_atfork), so that the
+ * parent's death still ends them, and opens its own when it fetches. The
+ * connections are close-on-exec: exec ends them too (the mappings go with
+ * the old image). */
+#ifndef WB_FDCHAN_H
+#define WB_FDCHAN_H
+
+#include "err.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Fetches the descriptors of lease `lease_id` (16 bytes) into fds (at most
+ * max_fds; *n_fds says how many, close-on-exec, the caller's to close).
+ * The broker's refusal comes back with its status and reason (WB_EPERM
+ * "lease ... belongs to pid N ...", WB_ENOTFOUND "no lease ..."); WB_ECONN
+ * when the channel cannot be reached; WB_EPROTO for a reply that breaks
+ * the layout. `timeout_ms` bounds each exchange. */
+int wb__fdchan_fetch(const char *socket_path, const uint8_t *lease_id, int timeout_ms, int *fds,
+                     size_t max_fds, size_t *n_fds, wb_err *err);
+
+#endif

@@ -1,0 +1,75 @@
+#include "fdwire.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+int wb__fdwire_path(const char *socket_path, char *out, size_t size)
+{
+    int n = snprintf(out, size, "%s" WB_FDWIRE_SUFFIX, socket_path);
+    return n < 0 || (size_t)n >= size ? WB_EINVAL : WB_OK;
+}
+
+void wb__fdwire_request_pack(uint8_t out[WB_FDWIRE_REQUEST_LEN], const uint8_t *lease_id)
+{
+    memcpy(out, WB_FDWIRE_MAGIC, 4);
+    memcpy(out + 4, lease_id, WB_LEASE_ID_LEN);
+}
+
+int wb__fdwire_request_parse(const uint8_t *buf, size_t len, uint8_t *lease_id, wb_err *err)
+{
+    if (len != WB_FDWIRE_REQUEST_LEN)
+        return wb__err_set(err, WB_EPROTO, "descriptor request has %zu bytes, not %d", len,
+                           WB_FDWIRE_REQUEST_LEN);
+    if (memcmp(buf, WB_FDWIRE_MAGIC, 4) != 0)
+        return wb__err_set(err, WB_EPROTO,
+                           "descriptor request does not start with \"" WB_FDWIRE_MAGIC "\"");
+    memcpy(lease_id, buf + 4, WB_LEASE_ID_LEN);
+    return WB_OK;
+}
+
+size_t wb__fdwire_reply_pack(uint8_t out[WB_FDWIRE_REPLY_MAX], int32_t status, uint32_t n_fds,
+                             const char *msg)
+{
+    size_t ml = msg ? strlen(msg) : 0;
+    if (ml > WB_FDWIRE_MSG_MAX)
+        ml = WB_FDWIRE_MSG_MAX;
+    memcpy(out, WB_FDWIRE_MAGIC, 4);
+    put32(out + 4, (uint32_t)status);
+    put32(out + 8, n_fds);
+    put32(out + 12, (uint32_t)ml);
+    if (ml)
+        memcpy(out + WB_FDWIRE_HEADER_LEN, msg, ml);
+    return WB_FDWIRE_HEADER_LEN + ml;
+}
+
+int wb__fdwire_header_parse(const uint8_t hdr[WB_FDWIRE_HEADER_LEN], int32_t *status,
+                            uint32_t *n_fds, uint32_t *msg_len, wb_err *err)
+{
+    if (memcmp(hdr, WB_FDWIRE_MAGIC, 4) != 0)
+        return wb__err_set(err, WB_EPROTO,
+                           "descriptor reply does not start with \"" WB_FDWIRE_MAGIC "\"");
+    *status = (int32_t)get32(hdr + 4);
+    *n_fds = get32(hdr + 8);
+    *msg_len = get32(hdr + 12);
+    if (*n_fds > WB_FDWIRE_MAX_FDS)
+        return wb__err_set(err, WB_EPROTO, "descriptor reply announces %u descriptors, at most %d",
+                           *n_fds, WB_FDWIRE_MAX_FDS);
+    if (*msg_len > WB_FDWIRE_MSG_MAX)
+        return wb__err_set(err, WB_EPROTO,
+                           "descriptor reply announces a %u-byte message, at most %d", *msg_len,
+                           WB_FDWIRE_MSG_MAX);
+    return WB_OK;
+}

@@ -1,0 +1,334 @@
+/* The descriptor channel (broker/sidechannel.h) on a real socket in a
+ * scratch directory, with this test process as the client: the holder of a
+ * lease gets its slab's sealed memfd and reads the model's bytes through
+ * it; an unknown id, another process's lease and a model without
+ * descriptors are refused with their reasons; closing the connection
+ * reclaims the leases fetched through it; bytes of the wrong shape are
+ * answered and the connection closed; a connection that asks nothing is
+ * closed after the handshake time; the path is bound 0660 and unlinked. */
+#include "broker_fixture.h"
+#include "fdwire.h"
+#include "sidechannel.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+
+static char dir[64];
+static char sock_path[128];
+
+/* A ready model whose slab is a sealed memfd: "a", 12 bytes at 0. */
+static wb_model *memfd_model(wb_broker *b, const char *name)
+{
+    wb_err err;
+    const wb_backend *be = &wb__backend_host_memfd;
+    wb_model *m = wb__model_new(name, "/models/fixture.safetensors", be, -1);
+    ck_assert_ptr_nonnull(m);
+    wb_model_data d;
+    memset(&d, 0, sizeof d);
+    d.n_slabs = 1;
+    d.slabs = calloc(1, sizeof *d.slabs);
+    ck_assert_int_eq(be->slab_alloc(&d.slabs[0], -1, 256, &err), WB_OK);
+    ck_assert_int_eq(be->slab_prepare(&d.slabs[0], 0, 256, &err), WB_OK);
+    uint8_t *p = be->slab_dest(&d.slabs[0], 0, 12);
+    for (int k = 0; k < 12; k++)
+        p[k] = (uint8_t)(k + 1);
+    ck_assert_int_eq(be->slab_seal(&d.slabs[0], &err), WB_OK);
+    d.slab_bytes = d.slabs[0].size;
+    d.n_tensors = 1;
+    d.tensors = calloc(1, sizeof *d.tensors);
+    d.tensors[0].name = strdup("a");
+    strcpy(d.tensors[0].dtype, "U8");
+    d.tensors[0].ndim = 1;
+    d.tensors[0].shape = malloc(sizeof *d.tensors[0].shape);
+    d.tensors[0].shape[0] = 12;
+    d.tensors[0].nbytes = 12;
+    d.tensors[0].xxh3 = XXH3_64bits(d.slabs[0].shm.addr, 12);
+    d.bytes = 12;
+    ck_assert_int_eq(wb__model_adopt(m, &d, &err), WB_OK);
+    wb__models_add(&b->models, m);
+    return m;
+}
+
+static void setup_side(wb_broker *b, wb_sidechan *s)
+{
+    fixture_broker(b, 1000, 5000);
+    snprintf(dir, sizeof dir, "/tmp/wbside.XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(sock_path, sizeof sock_path, "%s/broker.sock", dir);
+    wb_err err;
+    ck_assert_int_eq(wb__side_listen(s, b, sock_path, 8, 300, &err), WB_OK);
+}
+
+static void teardown_side(wb_broker *b, wb_sidechan *s)
+{
+    wb__side_destroy(s);
+    wb__broker_destroy(b);
+    rmdir(dir);
+}
+
+static int connect_side(void)
+{
+    struct sockaddr_un sun = {.sun_family = AF_UNIX};
+    snprintf(sun.sun_path, sizeof sun.sun_path, "%.80s.fd", sock_path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sun, sizeof sun), 0);
+    return fd;
+}
+
+/* Lets the broker's side run until the client has something to read (or
+ * about a second has passed). */
+static void pump(wb_sidechan *s, int cfd)
+{
+    for (int i = 0; i < 200; i++) {
+        wb__side_handle(s);
+        struct pollfd p = {.fd = cfd, .events = POLLIN};
+        if (poll(&p, 1, 5) > 0)
+            return;
+    }
+}
+
+typedef struct answer {
+    int32_t status;
+    uint32_t n_fds;
+    int fds[WB_FDWIRE_MAX_FDS];
+    char msg[WB_FDWIRE_MSG_MAX + 1];
+    int eof;
+} answer;
+
+static answer ask(wb_sidechan *s, int cfd, const uint8_t *raw, size_t len)
+{
+    answer a;
+    memset(&a, 0, sizeof a);
+    ck_assert_int_eq(send(cfd, raw, len, MSG_NOSIGNAL), (ssize_t)len);
+    pump(s, cfd);
+    uint8_t hdr[WB_FDWIRE_HEADER_LEN];
+    struct iovec iov = {.iov_base = hdr, .iov_len = sizeof hdr};
+    union {
+        struct cmsghdr h;
+        char space[CMSG_SPACE(sizeof(int) * WB_FDWIRE_MAX_FDS)];
+    } ctl;
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.space, .msg_controllen = sizeof ctl};
+    ssize_t n = recvmsg(cfd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n == 0) {
+        a.eof = 1;
+        return a;
+    }
+    ck_assert_int_eq(n, (ssize_t)sizeof hdr);
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t j = 0; j < k; j++)
+            memcpy(&a.fds[a.n_fds++], CMSG_DATA(cm) + j * sizeof(int), sizeof(int));
+    }
+    uint32_t announced, ml;
+    wb_err err;
+    ck_assert_int_eq(wb__fdwire_header_parse(hdr, &a.status, &announced, &ml, &err), WB_OK);
+    ck_assert_uint_eq(announced, a.n_fds);
+    if (ml)
+        ck_assert_int_eq(recv(cfd, a.msg, ml, MSG_DONTWAIT), (ssize_t)ml);
+    return a;
+}
+
+static answer ask_id(wb_sidechan *s, int cfd, const uint8_t *id)
+{
+    uint8_t req[WB_FDWIRE_REQUEST_LEN];
+    wb__fdwire_request_pack(req, id);
+    return ask(s, cfd, req, sizeof req);
+}
+
+static wb_lease_rec *grant(wb_broker *b, wb_model *m, wb_peer_creds c)
+{
+    wb_lease_rec *l;
+    wb_err err;
+    ck_assert_int_eq(
+        wb__leases_grant(&b->leases, m, &c, "test", fake_ms, fake_now_wall(), &l, &err), WB_OK);
+    m->leases++;
+    return l;
+}
+
+START_TEST(test_holder_gets_sealed_memfd)
+{
+    wb_broker b;
+    wb_sidechan s;
+    setup_side(&b, &s);
+    struct stat st;
+    ck_assert_int_eq(stat(s.path, &st), 0);
+    ck_assert_uint_eq(st.st_mode & 07777, 0660);
+    wb_model *m = memfd_model(&b, "m");
+    wb_lease_rec *l = grant(&b, m, me());
+    int cfd = connect_side();
+    answer a = ask_id(&s, cfd, l->id);
+    ck_assert_int_eq(a.status, WB_OK);
+    ck_assert_str_eq(a.msg, "");
+    ck_assert_uint_eq(a.n_fds, 1);
+    ck_assert_int_eq(fcntl(a.fds[0], F_GET_SEALS) & 0xf, 0xf);
+    wb_shm map;
+    wb_err err;
+    ck_assert_int_eq(wb__shm_map_fd_ro(&map, a.fds[0], m->data.slabs[0].size, "slab 0", &err),
+                     WB_OK);
+    for (int k = 0; k < 12; k++)
+        ck_assert_uint_eq(((const uint8_t *)map.addr)[k], (unsigned)(k + 1));
+    errno = 0;
+    ck_assert_int_eq(write(a.fds[0], "x", 1), -1);
+    ck_assert_int_eq(errno, EPERM);
+    wb__shm_unmap(&map);
+    close(a.fds[0]);
+    /* The same lease again: the same answer. */
+    a = ask_id(&s, cfd, l->id);
+    ck_assert_int_eq(a.status, WB_OK);
+    ck_assert_uint_eq(a.n_fds, 1);
+    close(a.fds[0]);
+    close(cfd);
+    char path[sizeof s.path];
+    snprintf(path, sizeof path, "%s", s.path);
+    teardown_side(&b, &s);
+    ck_assert_int_ne(access(path, F_OK), 0);
+}
+END_TEST
+
+START_TEST(test_refusals)
+{
+    wb_broker b;
+    wb_sidechan s;
+    setup_side(&b, &s);
+    wb_model *m = memfd_model(&b, "m");
+    wb_model *named = fixture_model(&b, "named");
+    int cfd = connect_side();
+    uint8_t unknown[WB_LEASE_ID_LEN] = {0xde, 0xad, 0xbe, 0xef};
+    answer a = ask_id(&s, cfd, unknown);
+    ck_assert_int_eq(a.status, WB_ENOTFOUND);
+    ck_assert_str_eq(a.msg, "no lease deadbeef");
+    ck_assert_uint_eq(a.n_fds, 0);
+
+    /* Another process's lease: a child that waits. */
+    pid_t child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0) {
+        pause();
+        _exit(0);
+    }
+    wb_peer_creds other = creds((uint32_t)geteuid(), (uint32_t)getegid(), (uint32_t)child);
+    wb_lease_rec *l = grant(&b, m, other);
+    a = ask_id(&s, cfd, l->id);
+    ck_assert_int_eq(a.status, WB_EPERM);
+    char want[200], hex[9];
+    snprintf(want, sizeof want,
+             "lease %s belongs to pid %d (uid %u), not to this connection's pid %d (uid %u)",
+             wb__lease_id_short(l->id, hex), (int)child, (unsigned)geteuid(), (int)getpid(),
+             (unsigned)geteuid());
+    ck_assert_str_eq(a.msg, want);
+    ck_assert_uint_eq(a.n_fds, 0);
+    ck_assert_uint_eq(b.stats.requests_refused, 1);
+    /* The refused lease is untouched, and the connection still serves. */
+    ck_assert_ptr_eq(wb__leases_find(&b.leases, l->id), l);
+
+    /* A model whose slabs are reached by name has no descriptors. */
+    wb_lease_rec *ln = grant(&b, named, me());
+    a = ask_id(&s, cfd, ln->id);
+    ck_assert_int_eq(a.status, WB_ENOSYS);
+    ck_assert_str_eq(a.msg, "model 'named' has no slab descriptors (transport shm)");
+    close(cfd);
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    teardown_side(&b, &s);
+}
+END_TEST
+
+START_TEST(test_eof_reclaims)
+{
+    wb_broker b;
+    wb_sidechan s;
+    setup_side(&b, &s);
+    wb_model *m = memfd_model(&b, "m");
+    wb_lease_rec *fetched = grant(&b, m, me());
+    wb_lease_rec *kept = grant(&b, m, me());
+    uint8_t fetched_id[WB_LEASE_ID_LEN], kept_id[WB_LEASE_ID_LEN];
+    memcpy(fetched_id, fetched->id, sizeof fetched_id);
+    memcpy(kept_id, kept->id, sizeof kept_id);
+    int cfd = connect_side();
+    answer a = ask_id(&s, cfd, fetched_id);
+    ck_assert_int_eq(a.status, WB_OK);
+    close(a.fds[0]);
+    ck_assert_uint_eq(s.n, 1);
+    /* The process lives on; its connection ends: the lease fetched through
+     * it is reclaimed, the other one stays. */
+    close(cfd);
+    for (int i = 0; i < 200 && s.n; i++) {
+        wb__side_handle(&s);
+        usleep(1000);
+    }
+    ck_assert_uint_eq(s.n, 0);
+    ck_assert_ptr_null(wb__leases_find(&b.leases, fetched_id));
+    ck_assert_ptr_nonnull(wb__leases_find(&b.leases, kept_id));
+    ck_assert_uint_eq(b.stats.leases_reclaimed, 1);
+    ck_assert_uint_eq(m->leases, 1);
+    teardown_side(&b, &s);
+}
+END_TEST
+
+START_TEST(test_hostile_input)
+{
+    wb_broker b;
+    wb_sidechan s;
+    setup_side(&b, &s);
+    int cfd = connect_side();
+    uint8_t junk[WB_FDWIRE_REQUEST_LEN];
+    memset(junk, 'Z', sizeof junk);
+    answer a = ask(&s, cfd, junk, sizeof junk);
+    ck_assert_int_eq(a.status, WB_EPROTO);
+    ck_assert_str_eq(a.msg, "descriptor request does not start with \"WBF1\"");
+    ck_assert_uint_eq(b.stats.malformed_messages, 1);
+    char c;
+    ck_assert_int_eq(recv(cfd, &c, 1, MSG_DONTWAIT), 0); /* closed */
+    close(cfd);
+    ck_assert_uint_eq(s.n, 0);
+
+    /* Half a request, then silence: closed after the handshake time. */
+    cfd = connect_side();
+    ck_assert_int_eq(send(cfd, "WBF1", 4, 0), 4);
+    pump(&s, cfd);
+    ck_assert_uint_eq(s.n, 1);
+    wb__side_expire(&s);
+    ck_assert_uint_eq(s.n, 1);
+    advance_ms(301);
+    wb__side_expire(&s);
+    ck_assert_uint_eq(s.n, 0);
+    ck_assert_int_eq(recv(cfd, &c, 1, MSG_DONTWAIT), 0);
+    close(cfd);
+
+    /* More connections than allowed: the surplus is closed at once. */
+    int fds[9];
+    for (int i = 0; i < 9; i++)
+        fds[i] = connect_side();
+    for (int i = 0; i < 20; i++)
+        wb__side_handle(&s);
+    ck_assert_uint_eq(s.n, 8);
+    ck_assert_uint_eq(b.stats.peers_refused, 1);
+    for (int i = 0; i < 9; i++)
+        close(fds[i]);
+    teardown_side(&b, &s);
+}
+END_TEST
+
+int main(void)
+{
+    (void)shm_name_exists; /* broker_fixture.h's, for named slabs */
+    Suite *su = suite_create("sidechannel");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, test_holder_gets_sealed_memfd);
+    tcase_add_test(tc, test_refusals);
+    tcase_add_test(tc, test_eof_reclaims);
+    tcase_add_test(tc, test_hostile_input);
+    suite_add_tcase(su, tc);
+    SRunner *sr = srunner_create(su);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
