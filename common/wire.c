@@ -272,10 +272,8 @@ static int check_slab(const Wbproto__Slab *s, size_t i, wb_err *err)
     /* A memfd slab has no name: the client fetches its descriptor. */
     int memfd = s->transport && strcmp(s->transport, "memfd") == 0;
     if (memfd && s->backend != WBPROTO__BACKEND__BACKEND_HOST)
-        return wb__err_set(err, WB_EPROTO, "lease.slabs[%zu] is a memfd slab of a cuda backend",
-                           i);
-    if (s->backend == WBPROTO__BACKEND__BACKEND_HOST && !memfd &&
-        !wb__shm_name_valid(s->shm_name))
+        return wb__err_set(err, WB_EPROTO, "lease.slabs[%zu] is a memfd slab of a cuda backend", i);
+    if (s->backend == WBPROTO__BACKEND__BACKEND_HOST && !memfd && !wb__shm_name_valid(s->shm_name))
         return wb__err_set(err, WB_EPROTO,
                            "lease.slabs[%zu].shm_name is not of the form /wb-<pid>-<32 hex>", i);
     return WB_OK;
