@@ -5,7 +5,9 @@
 #include "fdchan.h"
 #include "fdwire.h"
 #include "mapcache.h"
+#include "names.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -446,47 +448,24 @@ WB_EXPORT int wb_lease_tensor(const wb_lease *lease, size_t index, wb_tensor_vie
     return WB_OK;
 }
 
-static int cmp_by_name(const void *x, const void *y, void *arg)
-{
-    const wb__tensor_entry *t = arg;
-    return strcmp(t[*(const uint32_t *)x].name, t[*(const uint32_t *)y].name);
-}
-
 const wb__tensor_entry *wb__lease_lookup(const wb_lease *lease, const char *name)
 {
     /* The index is a cache: building it changes nothing a caller sees. */
     wb_lease *l = (wb_lease *)lease;
-    uint32_t *idx = atomic_load_explicit(&l->by_name, memory_order_acquire);
-    if (!idx && l->n_tensors > 0 && l->n_tensors <= UINT32_MAX) {
+    size_t *idx = atomic_load_explicit(&l->by_name, memory_order_acquire);
+    if (!idx && l->n_tensors > 0) {
         pthread_mutex_lock(&l->mu);
         idx = atomic_load_explicit(&l->by_name, memory_order_relaxed);
         if (!idx && (idx = malloc(l->n_tensors * sizeof *idx))) {
-            for (size_t i = 0; i < l->n_tensors; i++)
-                idx[i] = (uint32_t)i;
-            qsort_r(idx, l->n_tensors, sizeof *idx, cmp_by_name, l->tensors);
+            wb__names_sort(idx, l->tensors, l->n_tensors, sizeof *l->tensors,
+                           offsetof(wb__tensor_entry, name));
             atomic_store_explicit(&l->by_name, idx, memory_order_release);
         }
         pthread_mutex_unlock(&l->mu);
     }
-    if (!idx) { /* out of memory: the slow way */
-        for (size_t i = 0; i < l->n_tensors; i++)
-            if (strcmp(l->tensors[i].name, name) == 0)
-                return &l->tensors[i];
-        return NULL;
-    }
-    size_t lo = 0, hi = l->n_tensors;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        const wb__tensor_entry *t = &l->tensors[idx[mid]];
-        int c = strcmp(t->name, name);
-        if (c == 0)
-            return t;
-        if (c < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return NULL;
+    /* Without an index (out of memory) the lookup scans. */
+    return wb__names_find(l->tensors, l->n_tensors, sizeof *l->tensors,
+                          offsetof(wb__tensor_entry, name), idx, name);
 }
 
 WB_EXPORT int wb_lease_find(const wb_lease *lease, const char *name, wb_tensor_view *out)

@@ -68,7 +68,7 @@ struct wb_lease {
     Wbproto__Reply *table_rep;
     /* Indexes of `tensors` sorted by name, built under `mu` by the first
      * lookup (wb__lease_lookup); NULL until then. */
-    _Atomic(uint32_t *) by_name;
+    _Atomic(size_t *) by_name;
     atomic_int orphaned;
     /* The container state: one lock for the count, the records and the
      * `ending` flag, so that wb_lease_release decides under the same lock

@@ -5,12 +5,15 @@
  * wb__st_parse_header directly. */
 #include "safetensors_parse.h"
 
+#include "names.h"
+
 #include <jansson.h>
 
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -334,12 +337,6 @@ static int cmp_tensor(const void *a, const void *b)
     return strcmp(x->name, y->name);
 }
 
-static int cmp_index_by_name(const void *a, const void *b, void *arg)
-{
-    const wb_st_tensor *t = arg;
-    return strcmp(t[*(const size_t *)a].name, t[*(const size_t *)b].name);
-}
-
 static int cmp_meta(const void *a, const void *b)
 {
     return strcmp(((const wb_st_meta *)a)->key, ((const wb_st_meta *)b)->key);
@@ -419,9 +416,8 @@ static int check_new_names(const wb_st_table *table, const char *file, pending *
         tmp = malloc(table->n_tensors * sizeof *tmp);
         if (!tmp)
             return wb__st_fail(err, WB_ENOMEM, file, "out of memory checking tensor names");
-        for (size_t i = 0; i < table->n_tensors; i++)
-            tmp[i] = i;
-        qsort_r(tmp, table->n_tensors, sizeof *tmp, cmp_index_by_name, table->tensors);
+        wb__names_sort(tmp, table->tensors, table->n_tensors, sizeof *table->tensors,
+                       offsetof(wb_st_tensor, name));
         old = tmp;
     }
     pending **mine = malloc(n * sizeof *mine);
@@ -579,9 +575,10 @@ static int commit(wb_st_table *table, uint32_t file_index, const char *file, uin
          * ones are sorted at the front of the output and the merge runs from the
          * back, so it never overwrites one of them before reading it. */
         size_t *fresh = by_name;
+        wb__names_sort(fresh, table->tensors + old_n, n, sizeof *table->tensors,
+                       offsetof(wb_st_tensor, name));
         for (size_t i = 0; i < n; i++)
-            fresh[i] = old_n + i;
-        qsort_r(fresh, n, sizeof *fresh, cmp_index_by_name, table->tensors);
+            fresh[i] += old_n;
         size_t i = old_n, j = n, k = new_n;
         while (j > 0) {
             if (i > 0 && strcmp(table->tensors[table->by_name[i - 1]].name,
@@ -593,9 +590,8 @@ static int commit(wb_st_table *table, uint32_t file_index, const char *file, uin
         while (i > 0)
             by_name[--k] = table->by_name[--i];
     } else if (new_n) {
-        for (size_t i = 0; i < new_n; i++)
-            by_name[i] = i;
-        qsort_r(by_name, new_n, sizeof *by_name, cmp_index_by_name, table->tensors);
+        wb__names_sort(by_name, table->tensors, new_n, sizeof *table->tensors,
+                       offsetof(wb_st_tensor, name));
     }
     free(table->by_name);
     table->by_name = by_name;

@@ -2,6 +2,9 @@
  * a table) and the file reader (which owns one per checkpoint) link this. */
 #include "safetensors_table.h"
 
+#include "names.h"
+
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -74,23 +77,6 @@ const wb_st_tensor *wb__st_find(const wb_st_table *table, const char *name)
 {
     if (!table || !name)
         return NULL;
-    if (!table->by_name) {
-        for (size_t i = 0; i < table->n_tensors; i++)
-            if (strcmp(table->tensors[i].name, name) == 0)
-                return &table->tensors[i];
-        return NULL;
-    }
-    size_t lo = 0, hi = table->n_tensors;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        const wb_st_tensor *t = &table->tensors[table->by_name[mid]];
-        int c = strcmp(t->name, name);
-        if (c == 0)
-            return t;
-        if (c < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return NULL;
+    return wb__names_find(table->tensors, table->n_tensors, sizeof *table->tensors,
+                          offsetof(wb_st_tensor, name), table->by_name, name);
 }

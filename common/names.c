@@ -1,0 +1,53 @@
+#include "names.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct layout {
+    const char *base;
+    size_t stride, name_offset;
+} layout;
+
+static const char *name_at(const layout *l, size_t i)
+{
+    const char *name;
+    memcpy(&name, l->base + i * l->stride + l->name_offset, sizeof name);
+    return name;
+}
+
+static int cmp_index(const void *a, const void *b, void *arg)
+{
+    return strcmp(name_at(arg, *(const size_t *)a), name_at(arg, *(const size_t *)b));
+}
+
+void wb__names_sort(size_t *idx, const void *records, size_t n, size_t stride, size_t name_offset)
+{
+    layout l = {records, stride, name_offset};
+    for (size_t i = 0; i < n; i++)
+        idx[i] = i;
+    qsort_r(idx, n, sizeof *idx, cmp_index, &l);
+}
+
+const void *wb__names_find(const void *records, size_t n, size_t stride, size_t name_offset,
+                           const size_t *by_name, const char *name)
+{
+    layout l = {records, stride, name_offset};
+    if (!by_name) {
+        for (size_t i = 0; i < n; i++)
+            if (strcmp(name_at(&l, i), name) == 0)
+                return l.base + i * stride;
+        return NULL;
+    }
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(name_at(&l, by_name[mid]), name);
+        if (c == 0)
+            return l.base + by_name[mid] * stride;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
