@@ -52,66 +52,23 @@ static int map_reuse(wb__map *m, uint64_t have, uint64_t size, const char *what,
     return WB_OK;
 }
 
-int wb__mapcache_get_host(const char *shm_name, uint64_t size, wb__map **out, wb_err *err)
+/* The host mapping cached under `key`, or a new read-only one of the slab
+ * named `shm_name` (when not NULL) or of descriptor `fd`. `what` names the
+ * slab in messages. */
+static int get_host(const char *key, const char *shm_name, int fd, uint64_t size, const char *what,
+                    wb__map **out, wb_err *err)
 {
-    *out = NULL;
-    if (!shm_name || strlen(shm_name) >= WB_SHM_NAME_MAX)
-        return wb__err_set(err, WB_EPROTO, "slab name is missing or too long");
-    int rc = WB_OK;
-    pthread_mutex_lock(&cache_mu);
-    wb__map *m;
-    for (m = cache_head; m; m = m->next) {
-        if (!m->cuda && strcmp(m->key, shm_name) == 0)
-            break;
-    }
-    if (m) {
-        char what[WB_SHM_NAME_MAX + 32];
-        snprintf(what, sizeof what, "slab %s is mapped", shm_name);
-        rc = map_reuse(m, m->shm.size, size, what, out, err);
-        pthread_mutex_unlock(&cache_mu);
-        return rc;
-    }
-    m = calloc(1, sizeof *m);
-    if (!m) {
-        pthread_mutex_unlock(&cache_mu);
-        return wb__err_set(err, WB_ENOMEM, "out of memory mapping slab %s", shm_name);
-    }
-    rc = wb__shm_map_ro(&m->shm, shm_name, size, err);
-    if (rc != WB_OK) {
-        free(m);
-        pthread_mutex_unlock(&cache_mu);
-        return rc;
-    }
-    snprintf(m->key, sizeof m->key, "%s", shm_name);
-    m->size = size;
-    m->device = -1;
-    m->open_device = -1;
-    link_map(m);
-    *out = m;
-    pthread_mutex_unlock(&cache_mu);
-    return WB_OK;
-}
-
-int wb__mapcache_get_fd(int fd, uint64_t size, const char *what, wb__map **out, wb_err *err)
-{
-    *out = NULL;
-    struct stat st;
-    if (fstat(fd, &st) != 0)
-        return wb__err_errno(err, WB_EIO, errno, "%s: fstat of its descriptor", what);
-    char key[WB_SHM_NAME_MAX];
-    /* No shm name starts with "memfd:" (they start with '/'). */
-    snprintf(key, sizeof key, "memfd:%llx:%llx", (unsigned long long)st.st_dev,
-             (unsigned long long)st.st_ino);
     pthread_mutex_lock(&cache_mu);
     wb__map *m;
     for (m = cache_head; m; m = m->next) {
         if (!m->cuda && strcmp(m->key, key) == 0)
             break;
     }
+    int rc;
     if (m) {
         char w[160];
         snprintf(w, sizeof w, "%.120s is mapped", what);
-        int rc = map_reuse(m, m->shm.size, size, w, out, err);
+        rc = map_reuse(m, m->shm.size, size, w, out, err);
         pthread_mutex_unlock(&cache_mu);
         return rc;
     }
@@ -120,7 +77,8 @@ int wb__mapcache_get_fd(int fd, uint64_t size, const char *what, wb__map **out, 
         pthread_mutex_unlock(&cache_mu);
         return wb__err_set(err, WB_ENOMEM, "out of memory mapping %s", what);
     }
-    int rc = wb__shm_map_fd_ro(&m->shm, fd, size, what, err);
+    rc = shm_name ? wb__shm_map_ro(&m->shm, shm_name, size, err)
+                  : wb__shm_map_fd_ro(&m->shm, fd, size, what, err);
     if (rc != WB_OK) {
         free(m);
         pthread_mutex_unlock(&cache_mu);
@@ -134,6 +92,29 @@ int wb__mapcache_get_fd(int fd, uint64_t size, const char *what, wb__map **out, 
     *out = m;
     pthread_mutex_unlock(&cache_mu);
     return WB_OK;
+}
+
+int wb__mapcache_get_host(const char *shm_name, uint64_t size, wb__map **out, wb_err *err)
+{
+    *out = NULL;
+    if (!shm_name || strlen(shm_name) >= WB_SHM_NAME_MAX)
+        return wb__err_set(err, WB_EPROTO, "slab name is missing or too long");
+    char what[WB_SHM_NAME_MAX + 8];
+    snprintf(what, sizeof what, "slab %s", shm_name);
+    return get_host(shm_name, shm_name, -1, size, what, out, err);
+}
+
+int wb__mapcache_get_fd(int fd, uint64_t size, const char *what, wb__map **out, wb_err *err)
+{
+    *out = NULL;
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return wb__err_errno(err, WB_EIO, errno, "%s: fstat of its descriptor", what);
+    char key[WB_SHM_NAME_MAX];
+    /* No shm name starts with "memfd:" (they start with '/'). */
+    snprintf(key, sizeof key, "memfd:%llx:%llx", (unsigned long long)st.st_dev,
+             (unsigned long long)st.st_ino);
+    return get_host(key, NULL, fd, size, what, out, err);
 }
 
 #ifdef WB_HAVE_CUDA
