@@ -277,3 +277,18 @@ start_worker() {
   wait_for output_has "$name" "verified " || fail "worker $name did not verify its lease"
   LAST_PID=$pid
 }
+
+# skip REASON: the test cannot run here; ctest reports it as skipped (77).
+skip() {
+  log "SKIP: $*"
+  exit 77
+}
+
+# need_nobody: sets NOBODY, a command prefix that runs as uid and gid 65534
+# without groups, or skips the test where it cannot: not root, or no
+# setpriv. The caller then checks that uid 65534 can run what it needs.
+need_nobody() {
+  [ "$(id -u)" = 0 ] || skip "switching to another uid needs root"
+  command -v setpriv >/dev/null || skip "setpriv (util-linux) is not installed"
+  NOBODY=(setpriv --reuid 65534 --regid 65534 --clear-groups)
+}

@@ -10,14 +10,8 @@
 # * non-administrators see other processes' lease ids as 8 hex digits.
 source "$(dirname "$0")/lib.sh"
 
-skip() {
-  log "SKIP: $*"
-  exit 77
-}
-[ "$(id -u)" = 0 ] || skip "switching to another uid and forcing a pid need root"
-command -v setpriv >/dev/null || skip "setpriv (util-linux) is not installed"
+need_nobody
 [ -w /proc/sys/kernel/ns_last_pid ] || skip "/proc/sys/kernel/ns_last_pid is not writable"
-NOBODY=(setpriv --reuid 65534 --regid 65534 --clear-groups)
 "${NOBODY[@]}" "$TESTCLIENT" --socket "$SOCK" 2>/dev/null
 [ $? = 2 ] || skip "uid 65534 cannot run $TESTCLIENT (is the build directory reachable for it?)"
 

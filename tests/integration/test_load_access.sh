@@ -11,13 +11,7 @@
 #   that are links from snapshots/REV/ into ../../blobs/) loads.
 source "$(dirname "$0")/lib.sh"
 
-skip() {
-  log "SKIP: $*"
-  exit 77
-}
-[ "$(id -u)" = 0 ] || skip "switching to another uid needs root"
-command -v setpriv >/dev/null || skip "setpriv (util-linux) is not installed"
-NOBODY=(setpriv --reuid 65534 --regid 65534 --clear-groups)
+need_nobody
 "${NOBODY[@]}" "$WBCTL" --help >/dev/null 2>&1 ||
   skip "uid 65534 cannot run $WBCTL (is the build directory reachable for it?)"
 
