@@ -36,6 +36,10 @@ void wb__broker_init(wb_broker *b, const wb_broker_config *cfg)
         b->cfg.heartbeat_ms = WB_DEFAULT_HEARTBEAT_MS;
     if (b->cfg.stale_ms == 0)
         b->cfg.stale_ms = WB_DEFAULT_STALE_MS;
+    if (b->cfg.max_heartbeat_rate == 0)
+        b->cfg.max_heartbeat_rate = WB_DEFAULT_HEARTBEAT_RATE;
+    b->pace.interval_ms = b->cfg.heartbeat_ms;
+    b->pace.stale_ms = b->cfg.stale_ms;
     wb__leases_init(&b->leases);
     b->euid = (uint32_t)geteuid();
     b->pid = (uint32_t)getpid();
@@ -131,9 +135,43 @@ static void on_stale(wb_lease_rec *l, void *arg)
             wb__log_quote(qc, sizeof qc, l->comm), (long long)(b->now_ms() - l->last_beat_ms));
 }
 
+void wb__broker_pace_heartbeats(wb_broker *b, size_t peers, int64_t now_ms)
+{
+    uint64_t base = b->cfg.heartbeat_ms;
+    /* ms between one peer's heartbeats for the rate to hold. */
+    uint64_t need =
+        ((uint64_t)peers * 1000 + b->cfg.max_heartbeat_rate - 1) / b->cfg.max_heartbeat_rate;
+    uint64_t factor = need > base ? (need + base - 1) / base : 1;
+    uint64_t interval = base * factor, stale = (uint64_t)b->cfg.stale_ms * factor;
+    if (interval > 86400000)
+        interval = 86400000;
+    if (stale > 864000000)
+        stale = 864000000;
+    if (interval == b->pace.interval_ms)
+        return;
+    if (stale < b->pace.stale_ms) {
+        /* Peers learn the shorter interval from their next heartbeat reply,
+         * up to one old interval from now: until then a silence is judged
+         * by the old window. */
+        uint32_t old = b->pace.stale_ms;
+        if (now_ms < b->pace.old_until_ms && b->pace.old_stale_ms > old)
+            old = b->pace.old_stale_ms;
+        b->pace.old_stale_ms = old;
+        b->pace.old_until_ms = now_ms + old;
+    }
+    wb_debug("heartbeat_pace", "peers=%zu heartbeat_ms=%llu stale_ms=%llu", peers,
+             (unsigned long long)interval, (unsigned long long)stale);
+    b->pace.interval_ms = (uint32_t)interval;
+    b->pace.stale_ms = (uint32_t)stale;
+}
+
 size_t wb__broker_scan_stale(wb_broker *b)
 {
-    return wb__leases_mark_stale(&b->leases, b->now_ms(), b->cfg.stale_ms, on_stale, b);
+    int64_t now = b->now_ms();
+    uint32_t window = b->pace.stale_ms;
+    if (now < b->pace.old_until_ms && b->pace.old_stale_ms > window)
+        window = b->pace.old_stale_ms;
+    return wb__leases_mark_stale(&b->leases, now, window, on_stale, b);
 }
 
 /* Gives the model's host slabs to the socket's group, so that peers who may

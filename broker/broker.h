@@ -15,13 +15,29 @@
 
 #define WB_DEFAULT_HEARTBEAT_MS 1000
 #define WB_DEFAULT_STALE_MS     5000
+/* Heartbeats a second that all peers together are asked for at most. */
+#define WB_DEFAULT_HEARTBEAT_RATE 250
 
 typedef struct wb_broker_config {
     const wb_backend *backend;
     int device; /* -1 for host */
     uint32_t heartbeat_ms;
     uint32_t stale_ms;
+    /* Heartbeats a second asked of all connected peers together: with more
+     * peers than heartbeat_ms allows, the interval (and the stale window
+     * with it) is stretched. 0: WB_DEFAULT_HEARTBEAT_RATE. */
+    uint32_t max_heartbeat_rate;
 } wb_broker_config;
+
+/* The heartbeat interval and stale window the broker asks for now
+ * (wb__broker_pace_heartbeats), and while a shrink reaches every peer, the
+ * larger window that peers still on the old interval are judged by. */
+typedef struct wb_heartbeat_pace {
+    uint32_t interval_ms;
+    uint32_t stale_ms;
+    uint32_t old_stale_ms;
+    int64_t old_until_ms; /* old_stale_ms applies before this time */
+} wb_heartbeat_pace;
 
 /* Requests answered with one status for one operation. `op` is the field
  * number of the Request's body (wbproto__request__descriptor names it), 0
@@ -63,6 +79,7 @@ typedef struct wb_broker {
     wb_model_registry models;
     wb_lease_table leases;
     wb_broker_stats stats;
+    wb_heartbeat_pace pace;
     uint32_t euid;
     uint32_t pid;
     /* Random per run, so clients can tell a restarted broker (whose pid may
@@ -90,6 +107,14 @@ int64_t wb__clock_mono_ms(void);
 double wb__clock_wall(void);
 
 void wb__broker_init(wb_broker *b, const wb_broker_config *cfg);
+
+/* Sets b->pace for `peers` connected peers: heartbeat_ms, or the smallest
+ * multiple of it at which they send at most max_heartbeat_rate heartbeats
+ * a second together; the stale window grows by the same factor. Liveness
+ * does not depend on it (pidfds and the descriptor channel report deaths at
+ * once): heartbeats only tell a live but silent process, and carry container
+ * records. Hello and heartbeat replies tell peers the current values. */
+void wb__broker_pace_heartbeats(wb_broker *b, size_t peers, int64_t now_ms);
 /* Frees every model (unlinking its slab names) and every lease. */
 void wb__broker_destroy(wb_broker *b);
 

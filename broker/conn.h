@@ -74,6 +74,11 @@ struct wb_conns {
     uint64_t refused_since_log;
     int64_t timeout_logged_ms;
     uint64_t timeouts_since_log;
+    /* The earliest handshake deadline not yet checked, 0 when none. */
+    int64_t next_expire_ms;
+    /* Set when a connection was added or its queue became empty or
+     * non-empty: the event loop then updates what epoll watches. */
+    int interest_changed;
 };
 
 /* Binds the unix socket (mode 0660) and listens. On failure the caller

@@ -165,7 +165,7 @@ static void handle_signals(loop *L)
  * something changed. */
 static int sync_conns(loop *L)
 {
-    for (size_t i = 0; i < L->conns.n; i++) {
+    for (size_t i = 0; L->conns.interest_changed && i < L->conns.n; i++) {
         wb_conn *c = L->conns.v[i];
         uint32_t want = EPOLLIN | (c->out_head ? EPOLLOUT : 0);
         if (c->loop_events == want)
@@ -175,6 +175,7 @@ static int sync_conns(loop *L)
             return -1;
         c->loop_events = want;
     }
+    L->conns.interest_changed = 0;
     if (L->cap_evs < L->conns.n + 8) {
         size_t cap = (L->conns.n + 8) * 2;
         struct epoll_event *evs = realloc(L->evs, cap * sizeof *evs);
@@ -387,6 +388,7 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
         if (L.have_side)
             wb__side_expire(&L.side);
         b->stats.connections = (uint32_t)L.conns.n;
+        wb__broker_pace_heartbeats(b, L.conns.n, b->now_ms());
         /* The stale scan walks every lease: on a timer, not per message. */
         size_t went_stale = 0;
         int64_t now = b->now_ms();

@@ -167,6 +167,7 @@ static int run(wb_options *o)
         .device = backend->proto == WBPROTO__BACKEND__BACKEND_HOST ? -1 : o->device,
         .heartbeat_ms = (uint32_t)o->num[WB_NUM_HEARTBEAT],
         .stale_ms = (uint32_t)o->num[WB_NUM_STALE],
+        .max_heartbeat_rate = (uint32_t)o->num[WB_NUM_HEARTBEAT_RATE],
     };
     wb__broker_init(&b, &cfg);
     have_broker = 1;

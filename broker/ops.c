@@ -139,8 +139,8 @@ static int op_hello(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Requ
     h->broker_version = WB_VERSION;
     h->broker_pid = b->pid;
     h->backend = b->cfg.backend->proto;
-    h->heartbeat_interval_ms = b->cfg.heartbeat_ms;
-    h->stale_after_ms = b->cfg.stale_ms;
+    h->heartbeat_interval_ms = b->pace.interval_ms;
+    h->stale_after_ms = b->pace.stale_ms;
     h->peer_uid = peer->uid;
     h->peer_gid = peer->gid;
     h->peer_pid = peer->pid;
@@ -426,6 +426,8 @@ static int op_heartbeat(wb_broker *b, const wb_peer_creds *peer, const Wbproto__
     }
     hr->n_unknown_leases = n_unknown;
     hr->unknown_leases = n_unknown ? unknown : NULL;
+    hr->heartbeat_interval_ms = b->pace.interval_ms;
+    hr->stale_after_ms = b->pace.stale_ms;
     rep->body_case = WBPROTO__REPLY__BODY_HEARTBEAT;
     rep->heartbeat = hr;
     return 0;

@@ -42,6 +42,8 @@ typedef struct num_opt {
 static const num_opt num_opts[WB_NUM_OPTS] = {
     [WB_NUM_HEARTBEAT] = {"heartbeat-ms", 1, 86400000, "a positive number of milliseconds", 0},
     [WB_NUM_STALE] = {"stale-ms", 1, 86400000, "a positive number of milliseconds", 0},
+    [WB_NUM_HEARTBEAT_RATE] = {"max-heartbeat-rate", 1, 1000000,
+                               "a number of heartbeats a second from %ld to %ld", 40},
     [WB_NUM_READ_THREADS] = {"read-threads", 1, WB_STAGE_MAX_THREADS, "a number from %ld to %ld",
                              40},
     [WB_NUM_STAGING_MIB] = {"staging-mib", 1, WB_STAGE_MAX_CHUNK >> 20, "a number from %ld to %ld",
@@ -83,6 +85,7 @@ static const struct option long_opts[] = {
     {"host-slab", required_argument, NULL, OPT_HOST_SLAB},
     {"heartbeat-ms", required_argument, NULL, OPT_NUM + WB_NUM_HEARTBEAT},
     {"stale-ms", required_argument, NULL, OPT_NUM + WB_NUM_STALE},
+    {"max-heartbeat-rate", required_argument, NULL, OPT_NUM + WB_NUM_HEARTBEAT_RATE},
     {"log-level", required_argument, NULL, 'l'},
     {"allow-uid", required_argument, NULL, OPT_ALLOW_UID},
     {"allow-gid", required_argument, NULL, OPT_ALLOW_GID},
@@ -159,6 +162,9 @@ static void usage(FILE *out)
             "                         no shared IPC or PID namespace needed)\n"
             "  --heartbeat-ms N       heartbeat interval clients are told to use (default %d)\n"
             "  --stale-ms N           silence after which a lease is marked stale (default %d)\n"
+            "  --max-heartbeat-rate N heartbeats a second asked of all peers together: with\n"
+            "                         more peers, both values above are stretched by the\n"
+            "                         same factor (default %d)\n"
             "  --log-level LEVEL      debug, info, warn or error (default info)\n\n"
             "access (LIST: comma-separated numeric ids or names; repeatable):\n"
             "  --allow-uid LIST       users that may lease models (default: root and the\n"
@@ -207,9 +213,9 @@ static void usage(FILE *out)
             "  --help                 print this help and exit\n\n"
             "SIGTERM or SIGINT stops the broker: slab names and the socket are removed;\n"
             "clients keep the memory they have mapped.\n",
-            WB_DEFAULT_HEARTBEAT_MS, WB_DEFAULT_STALE_MS, WB_DEFAULT_MAX_LEASES_PER_CLIENT,
-            WB_DEFAULT_MAX_MODELS, WB_DEFAULT_MAX_TENSORS, WB_MAX_MESSAGE, WB_MIN_MESSAGE,
-            WB_ST_MAX_HEADER);
+            WB_DEFAULT_HEARTBEAT_MS, WB_DEFAULT_STALE_MS, WB_DEFAULT_HEARTBEAT_RATE,
+            WB_DEFAULT_MAX_LEASES_PER_CLIENT, WB_DEFAULT_MAX_MODELS, WB_DEFAULT_MAX_TENSORS,
+            WB_MAX_MESSAGE, WB_MIN_MESSAGE, WB_ST_MAX_HEADER);
 }
 
 static int misuse(const char *fmt, const char *a, const char *b)

@@ -76,6 +76,8 @@ static int heartbeat_locked(wb_client *c, wb_err *err)
         return wb__err_set(err, rc, "heartbeat: %s", e.msg);
     }
     const Wbproto__HeartbeatReply *hr = rep->heartbeat;
+    if (hr)
+        wb__client_set_pace(c, hr->heartbeat_interval_ms, hr->stale_after_ms);
     for (size_t k = 0; hr && k < hr->n_unknown_leases; k++) {
         if (hr->unknown_leases[k].len != WB_LEASE_ID_BYTES)
             continue;
@@ -123,7 +125,7 @@ static void *heartbeat_main(void *arg)
     wb_client *c = arg;
     pthread_mutex_lock(&c->hb_mu);
     while (!c->hb_stop) {
-        uint32_t wait_ms = c->heartbeat_ms;
+        uint32_t wait_ms = atomic_load(&c->heartbeat_ms);
         if (!atomic_load(&c->connected)) {
             int64_t left = atomic_load(&c->next_reconnect_ms) - wb__now_ms();
             wait_ms = left <= 0 ? 0 : left < (int64_t)wait_ms ? (uint32_t)left : wait_ms;

@@ -22,8 +22,11 @@ struct wb_client {
     struct wb_lease *leases; /* linked through wb_lease.prev/next, under mu */
 
     uint32_t broker_pid;
-    uint32_t heartbeat_ms;
-    uint32_t stale_ms;
+    /* What the broker asked for, at hello and in every heartbeat reply (it
+     * stretches them when many peers are connected); the heartbeat thread
+     * reads them without the lock. */
+    atomic_uint heartbeat_ms;
+    atomic_uint stale_ms;
 
     /* Reconnection, under mu except where atomic. A failed exchange clears
      * `connected`; the next call, or the heartbeat thread once
@@ -64,6 +67,10 @@ int wb__client_hello(wb_client *c, const char *name);
  * WB_RPC_RECONNECT_MAX_MS). 1 in *restarted when the broker is another run.
  * The caller holds c->mu. */
 int wb__client_reconnect_locked(wb_client *c, int *restarted, wb_err *err);
+
+/* Adopts the heartbeat interval and stale window a broker reply gave (0:
+ * the reply did not say; the interval stays as it was, 1 s at first). */
+void wb__client_set_pace(wb_client *c, uint32_t heartbeat_ms, uint32_t stale_ms);
 
 /* One exchange with the broker; records whether it answered (connected).
  * Same contract as wb__rpc_call. The caller holds client->mu. */

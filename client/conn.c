@@ -26,6 +26,17 @@ int wb__client_fail(wb_client *c, int code, const char *fmt, ...)
 
 /* The connection failed: schedule the first reconnection attempt. The
  * caller holds c->mu. */
+void wb__client_set_pace(wb_client *c, uint32_t heartbeat_ms, uint32_t stale_ms)
+{
+    if (heartbeat_ms == 0 && atomic_load(&c->heartbeat_ms) != 0)
+        return;
+    if (heartbeat_ms == 0)
+        heartbeat_ms = 1000;
+    atomic_store(&c->heartbeat_ms,
+                 heartbeat_ms < MIN_HEARTBEAT_MS ? MIN_HEARTBEAT_MS : heartbeat_ms);
+    atomic_store(&c->stale_ms, stale_ms);
+}
+
 static void connection_lost(wb_client *c)
 {
     if (atomic_exchange(&c->connected, 0) || c->backoff_ms == 0) {
@@ -65,14 +76,7 @@ static int hello_locked(wb_client *c, int *restarted, wb_err *err)
     }
     c->broker_pid = pid;
     c->broker_instance = instance;
-    if (!c->hello_done) {
-        /* The first broker's timings are kept: the heartbeat thread reads
-         * them without the lock. */
-        c->heartbeat_ms = h && h->heartbeat_interval_ms ? h->heartbeat_interval_ms : 1000;
-        if (c->heartbeat_ms < MIN_HEARTBEAT_MS)
-            c->heartbeat_ms = MIN_HEARTBEAT_MS;
-        c->stale_ms = h ? h->stale_after_ms : 0;
-    }
+    wb__client_set_pace(c, h ? h->heartbeat_interval_ms : 0, h ? h->stale_after_ms : 0);
     c->hello_done = 1;
     c->backoff_ms = 0;
     atomic_store(&c->connected, 1);

@@ -137,6 +137,8 @@ static void answer(fake_broker *f, zmq_msg_t *ident, const Wbproto__Request *req
                 unknown[hb.n_unknown_leases++] = *lid;
         }
         hb.unknown_leases = hb.n_unknown_leases ? unknown : NULL;
+        hb.heartbeat_interval_ms = atomic_load(&f->pace_ms);
+        hb.stale_after_ms = 5 * hb.heartbeat_interval_ms;
         rep.body_case = WBPROTO__REPLY__BODY_HEARTBEAT;
         rep.heartbeat = &hb;
         atomic_fetch_add(&f->n_heartbeat, 1);

@@ -48,6 +48,7 @@ typedef struct fake_broker {
     atomic_int mode;          /* enum fake_mode */
     atomic_int delay_next_ms; /* delay the next answer by this much, once */
     atomic_int forget;        /* heartbeats: report every lease as unknown */
+    atomic_uint pace_ms;      /* heartbeat replies ask for this interval (0: say nothing) */
     atomic_int n_hello, n_acquire, n_release, n_heartbeat;
     /* Acquires that asked for the compact table; the fake, like a broker
      * that predates it, answers with tensor messages all the same. */

@@ -406,6 +406,38 @@ START_TEST(timeout_then_recovery)
 }
 END_TEST
 
+/* A heartbeat reply that asks for another interval (a broker with many
+ * peers stretches it) is followed from the next beat on. */
+START_TEST(heartbeat_interval_follows_the_reply)
+{
+    fake f;
+    fake_start(&f, 20);
+    wb_client *c = connect_fake(&f, 0, 2000);
+    int64_t deadline = now_ms() + 10000;
+    while (atomic_load(&f.b.n_heartbeat) < 3 && now_ms() < deadline)
+        sleep_ms(10);
+    ck_assert_int_ge(atomic_load(&f.b.n_heartbeat), 3);
+    atomic_store(&f.b.pace_ms, 1000);
+    /* The beat that carries the new interval back, then none for 1 s. */
+    int before = atomic_load(&f.b.n_heartbeat);
+    deadline = now_ms() + 10000;
+    while (atomic_load(&f.b.n_heartbeat) < before + 2 && now_ms() < deadline)
+        sleep_ms(5);
+    int seen = atomic_load(&f.b.n_heartbeat);
+    sleep_ms(700);
+    /* At 20 ms, 35 more would have come. */
+    ck_assert_int_le(atomic_load(&f.b.n_heartbeat) - seen, 1);
+    /* A reply that says nothing (an older broker) keeps the interval. */
+    atomic_store(&f.b.pace_ms, 0);
+    ck_assert_int_eq(wb_client_heartbeat(c), WB_OK);
+    seen = atomic_load(&f.b.n_heartbeat);
+    sleep_ms(500);
+    ck_assert_int_le(atomic_load(&f.b.n_heartbeat) - seen, 1);
+    wb_client_destroy(&c);
+    fake_stop(&f);
+}
+END_TEST
+
 START_TEST(heartbeat_thread_runs_and_stops_promptly)
 {
     fake f;
@@ -485,6 +517,7 @@ int main(void)
     tcase_add_test(tc, unknown_lease_becomes_orphaned);
     tcase_add_test(tc, timeout_then_recovery);
     tcase_add_test(tc, heartbeat_thread_runs_and_stops_promptly);
+    tcase_add_test(tc, heartbeat_interval_follows_the_reply);
     tcase_add_test(tc, destroy_keeps_busy_leases_mapped);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

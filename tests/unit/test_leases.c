@@ -453,6 +453,54 @@ START_TEST(test_broker_stale_scan_uses_clock)
 }
 END_TEST
 
+/* With more peers than the base interval allows at the rate, the interval
+ * and the stale window stretch by the same whole factor; when they shrink
+ * again, silences are judged by the old window until every peer had time
+ * to hear the new interval. */
+START_TEST(test_broker_heartbeat_pace)
+{
+    wb_broker b;
+    fixture_broker(&b, 100, 500);
+    b.cfg.max_heartbeat_rate = 10; /* heartbeats a second, all peers */
+    b.leases.open_pidfd = fake_pidfd;
+    ck_assert_uint_eq(b.pace.interval_ms, 100);
+    ck_assert_uint_eq(b.pace.stale_ms, 500);
+    wb__broker_pace_heartbeats(&b, 1, b.now_ms());
+    ck_assert_uint_eq(b.pace.interval_ms, 100);
+    wb__broker_pace_heartbeats(&b, 5, b.now_ms());
+    ck_assert_uint_eq(b.pace.interval_ms, 500);
+    ck_assert_uint_eq(b.pace.stale_ms, 2500);
+    wb__broker_pace_heartbeats(&b, 41, b.now_ms()); /* 4,100 ms */
+    ck_assert_uint_eq(b.pace.interval_ms, 4100);
+    ck_assert_uint_eq(b.pace.stale_ms, 20500);
+    wb__broker_pace_heartbeats(&b, 42, b.now_ms()); /* 4,200 ms */
+    ck_assert_uint_eq(b.pace.interval_ms, 4200);
+    ck_assert_uint_eq(b.pace.stale_ms, 21000);
+    wb__broker_pace_heartbeats(&b, 5, b.now_ms());
+    ck_assert_uint_eq(b.pace.interval_ms, 500);
+
+    wb_model *m = fixture_model(&b, "demo");
+    wb_err err;
+    wb_peer_creds c = creds(1, 1, 60);
+    wb_lease_rec *l;
+    ck_assert_int_eq(wb__leases_grant(&b.leases, m, &c, "w", b.now_ms(), b.now_wall(), &l, &err),
+                     WB_OK);
+    m->leases++;
+    /* Silent for 3 s: beyond the new window (2.5 s), within the old one. */
+    advance_ms(3000);
+    ck_assert_uint_eq(wb__broker_scan_stale(&b), 0);
+    /* Once the old window has passed since the shrink, the new one rules. */
+    advance_ms(18001); /* 21,001 ms after the shrink */
+    ck_assert_uint_eq(wb__broker_scan_stale(&b), 1);
+    ck_assert_int_eq(l->state, WBPROTO__LEASE_STATE__LEASE_STALE);
+    /* Unbounded rates stay at the base. */
+    b.cfg.max_heartbeat_rate = 1000000;
+    wb__broker_pace_heartbeats(&b, 4096, b.now_ms());
+    ck_assert_uint_eq(b.pace.interval_ms, 100);
+    wb__broker_destroy(&b);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("leases");
@@ -470,6 +518,7 @@ int main(void)
     tcase_add_test(tb, test_broker_draining_frees_at_last_release);
     tcase_add_test(tb, test_broker_reclaim_on_death);
     tcase_add_test(tb, test_broker_stale_scan_uses_clock);
+    tcase_add_test(tb, test_broker_heartbeat_pace);
     suite_add_tcase(s, tb);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
