@@ -33,7 +33,7 @@ SOCK=$T/broker.sock
 BROKER=
 cleanup() {
   [ -n "$BROKER" ] && kill -TERM "$BROKER" 2>/dev/null && wait "$BROKER" 2>/dev/null
-  rm -rf "$T"
+  [ -n "${KEEP_TMP:-}" ] && echo "kept $T" >&2 || rm -rf "$T"
 }
 trap cleanup EXIT
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
