@@ -55,6 +55,9 @@ static void wire_free(wb_model *m)
     free(m->wire_table_tail);
     m->wire_table_tail = NULL;
     m->wire_table_tail_len = 0;
+    free(m->wire_cached_tail);
+    m->wire_cached_tail = NULL;
+    m->wire_cached_tail_len = 0;
 }
 
 void wb__model_free(wb_model **mp)
@@ -140,6 +143,14 @@ int wb__model_adopt(wb_model *m, wb_model_data *data, wb_err *err)
         m->wire_table_tail = malloc(tail);
         if (m->wire_table_tail)
             m->wire_table_tail_len = wbproto__lease__pack(&lease, m->wire_table_tail);
+        wb__tensor_table_digest(table, table_len, m->table_digest);
+        lease.tensor_table.data = NULL;
+        lease.tensor_table.len = 0;
+        lease.tensor_table_cached = 1;
+        tail = wbproto__lease__get_packed_size(&lease);
+        m->wire_cached_tail = m->wire_table_tail ? malloc(tail) : NULL;
+        if (m->wire_cached_tail)
+            m->wire_cached_tail_len = wbproto__lease__pack(&lease, m->wire_cached_tail);
         free(table);
     }
     m->state = WBPROTO__MODEL_STATE__MODEL_READY;

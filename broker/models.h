@@ -72,6 +72,12 @@ typedef struct wb_model {
      * in place of the tensors, for clients that ask for it. */
     uint8_t *wire_table_tail;
     size_t wire_table_tail_len;
+    /* XXH3-128 of the compact table (canonical bytes), and a Lease tail
+     * that carries only the slabs and tensor_table_cached: the reply to a
+     * client that already holds this table. */
+    uint8_t table_digest[16];
+    uint8_t *wire_cached_tail;
+    size_t wire_cached_tail_len;
     struct wb_model *next;
 } wb_model;
 

@@ -105,7 +105,7 @@ Wbproto__ModelInfo *wb__ops_model_info(const wb_model *m, int state, wb_arena *a
     return mi;
 }
 
-int wb__ops_lease_tail(const wb_model *m, int table, Wbproto__Lease *lw, wb_arena *a)
+int wb__ops_lease_tail(const wb_model *m, enum wb_lease_tail which, Wbproto__Lease *lw, wb_arena *a)
 {
     /* The cached bytes start with the tag of `model` (field 2, length
      * delimited: 0x12). protobuf-c packs an unknown field as its tag and
@@ -113,8 +113,12 @@ int wb__ops_lease_tail(const wb_model *m, int table, Wbproto__Lease *lw, wb_aren
      * one unknown field whose tag is 2 and whose data is the rest of the
      * cached bytes therefore packs to exactly the Lease packed field by
      * field, without walking the tensors. */
-    const uint8_t *tail = table ? m->wire_table_tail : m->wire_lease_tail;
-    size_t len = table ? m->wire_table_tail_len : m->wire_lease_tail_len;
+    const uint8_t *tail = which == WB_TAIL_TABLE    ? m->wire_table_tail
+                          : which == WB_TAIL_CACHED ? m->wire_cached_tail
+                                                    : m->wire_lease_tail;
+    size_t len = which == WB_TAIL_TABLE    ? m->wire_table_tail_len
+                 : which == WB_TAIL_CACHED ? m->wire_cached_tail_len
+                                           : m->wire_lease_tail_len;
     if (!tail || len < 2 || tail[0] != 0x12)
         return WB_EINVAL;
     ProtobufCMessageUnknownField *u = wb__arena_alloc(a, sizeof *u);
@@ -206,10 +210,20 @@ static int op_acquire(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Re
     wbproto__lease__init(lw);
     lw->id.data = l->id;
     lw->id.len = WB_LEASE_ID_LEN;
-    /* A client that reads the compact table gets it, else (or when it
-     * could not be built) the tensors as messages. */
-    if (wb__ops_lease_tail(m, req->acquire->tensor_table, lw, a) != WB_OK &&
-        wb__ops_lease_tail(m, 0, lw, a) != WB_OK) {
+    /* A client that holds this model's table gets none; one that reads
+     * the compact table gets it; else (or when it could not be built) the
+     * tensors as messages. */
+    const Wbproto__AcquireRequest *aq = req->acquire;
+    enum wb_lease_tail which = WB_TAIL_TENSORS;
+    if (aq->tensor_table)
+        which = aq->tensor_table_digest.len == sizeof m->table_digest && m->wire_cached_tail &&
+                        memcmp(aq->tensor_table_digest.data, m->table_digest,
+                               sizeof m->table_digest) == 0
+                    ? WB_TAIL_CACHED
+                    : WB_TAIL_TABLE;
+    if (wb__ops_lease_tail(m, which, lw, a) != WB_OK &&
+        (which != WB_TAIL_CACHED || wb__ops_lease_tail(m, WB_TAIL_TABLE, lw, a) != WB_OK) &&
+        wb__ops_lease_tail(m, WB_TAIL_TENSORS, lw, a) != WB_OK) {
         lw->model = m->name;
         lw->n_slabs = m->data.n_slabs;
         lw->slabs = m->wire_slab_ptrs;

@@ -262,6 +262,8 @@ WB_EXPORT void wb_client_destroy(wb_client **client)
         if (rc == WB_ECONN)
             tell = 0;
     }
+    for (size_t i = 0; i < sizeof c->tables / sizeof c->tables[0]; i++)
+        wb__table_unref(&c->tables[i]);
     pthread_mutex_unlock(&c->mu);
     wb__rpc_close(&c->rpc);
     pthread_mutex_destroy(&c->mu);

@@ -20,6 +20,10 @@ struct wb_client {
     wb_err err;
     atomic_int connected;
     struct wb_lease *leases; /* linked through wb_lease.prev/next, under mu */
+    /* The tensor tables of recent acquires, one per model, under mu; each
+     * holds a reference (wb__table). Slot `tables_next` is replaced next. */
+    struct wb__table *tables[8];
+    unsigned tables_next;
 
     uint32_t broker_pid;
     /* What the broker asked for, at hello and in every heartbeat reply (it

@@ -29,9 +29,9 @@ static void lease_free(wb_lease *l)
 {
     if (!l)
         return;
-    free(l->tensors); /* names, dtypes and shapes: the same block or table_rep */
+    free(l->tensors); /* names, dtypes and shapes: the same block or the table */
     free(atomic_load(&l->by_name));
-    wb__reply_free(&l->table_rep);
+    wb__table_unref(&l->table);
     wb__lease_containers_free(l);
     for (size_t i = 0; i < l->n_maps; i++)
         wb__mapcache_put(&l->maps[i]);
@@ -186,23 +186,93 @@ static int map_slabs(wb_client *c, const char *model, const Wbproto__Lease *pl, 
 /* The tensor table is one allocation: the entries, then every shape, then
  * every name and dtype. A model of 10^5 tensors would otherwise cost 3 * 10^5
  * mallocs at acquire and as many frees at release. */
-/* From the compact table (Lease.tensor_table, checked by the decoder): the
- * entries point into the table, which stays in the reply the lease keeps
- * (*rep is taken). No per-tensor message was decoded, one allocation made. */
-static int build_from_table(wb_client *c, const char *model, const Wbproto__Lease *pl, wb_lease *l,
-                            Wbproto__Reply **rep)
+_Static_assert(sizeof((wb_client *)0)->tables / sizeof((wb_client *)0)->tables[0] == WB_TABLE_CACHE,
+               "wb_client.tables holds WB_TABLE_CACHE tables");
+
+void wb__table_unref(wb__table **tp)
 {
-    const uint8_t *table = pl->tensor_table.data;
+    wb__table *t = tp ? *tp : NULL;
+    if (!t)
+        return;
+    *tp = NULL;
+    if (atomic_fetch_sub(&t->refs, 1) != 1)
+        return;
+    wb__reply_free(&t->rep);
+    free(t->model);
+    free(t);
+}
+
+static wb__table *table_ref(wb__table *t)
+{
+    atomic_fetch_add(&t->refs, 1);
+    return t;
+}
+
+/* The table of the client's last lease on `model`, or NULL. */
+static wb__table *table_cached(wb_client *c, const char *model)
+{
+    for (size_t i = 0; i < WB_TABLE_CACHE; i++) {
+        if (c->tables[i] && strcmp(c->tables[i]->model, model) == 0)
+            return c->tables[i];
+    }
+    return NULL;
+}
+
+/* Keeps `t` (one more reference) as the model's table, in place of an
+ * older one of the same model or else of the oldest slot. */
+static void table_keep(wb_client *c, wb__table *t)
+{
+    size_t slot = c->tables_next;
+    for (size_t i = 0; i < WB_TABLE_CACHE; i++) {
+        if (c->tables[i] && strcmp(c->tables[i]->model, t->model) == 0) {
+            slot = i;
+            break;
+        }
+    }
+    if (slot == c->tables_next)
+        c->tables_next = (c->tables_next + 1) % WB_TABLE_CACHE;
+    wb__table_unref(&c->tables[slot]);
+    c->tables[slot] = table_ref(t);
+}
+
+/* A table from a reply (checked by the decoder): it keeps the reply (*rep
+ * is taken), or a copy when the bytes are not 8-byte aligned. */
+static wb__table *table_new(const char *model, const Wbproto__Lease *pl, Wbproto__Reply **rep)
+{
+    size_t len = pl->tensor_table.len;
+    int copy = ((uintptr_t)pl->tensor_table.data & 7) != 0;
+    wb__table *t = calloc(1, sizeof *t + (copy ? (len + 7) & ~(size_t)7 : 0));
+    if (!t)
+        return NULL;
+    t->model = strdup(model);
+    if (!t->model) {
+        free(t);
+        return NULL;
+    }
+    atomic_init(&t->refs, 1);
+    t->len = len;
+    if (copy) {
+        t->bytes = memcpy(t->copy, pl->tensor_table.data, len);
+    } else {
+        t->bytes = pl->tensor_table.data;
+        t->rep = *rep;
+        *rep = NULL;
+    }
+    wb__tensor_table_digest(t->bytes, len, t->digest);
+    return t;
+}
+
+/* The entries from a compact table (the reply's, or the one the client
+ * held): they point into it, and the lease keeps a reference. No
+ * per-tensor message was decoded, one allocation made. */
+static int build_from_table(wb_client *c, const char *model, wb__table *t, wb_lease *l)
+{
+    const uint8_t *table = t->bytes;
     size_t n = wb__tensor_table_count(table);
-    size_t head = (n ? n : 1) * sizeof *l->tensors;
-    int copy = ((uintptr_t)table & 7) != 0; /* the dims are read as u64 */
-    if (copy)
-        head = (head + 7) & ~(size_t)7;
-    l->tensors = malloc(head + (copy ? pl->tensor_table.len : 0));
+    l->tensors = malloc((n ? n : 1) * sizeof *l->tensors);
     if (!l->tensors)
         return wb__client_fail(c, WB_ENOMEM, "acquire '%s': out of memory", model);
-    if (copy)
-        table = memcpy((uint8_t *)l->tensors + head, table, pl->tensor_table.len);
+    l->table = table_ref(t);
     const char *str = wb__tensor_table_strings(table);
     const uint64_t *dims = wb__tensor_table_dims(table);
     const uint8_t *rec = table + WB_TABLE_HEADER;
@@ -229,18 +299,40 @@ static int build_from_table(wb_client *c, const char *model, const Wbproto__Leas
         lt->device = device;
     }
     l->n_tensors = n;
-    if (!copy) {
-        l->table_rep = *rep;
-        *rep = NULL;
-    }
     return WB_OK;
 }
 
-static int build_tensors(wb_client *c, const char *model, const Wbproto__Lease *pl, wb_lease *l,
-                         Wbproto__Reply **rep)
+/* The table a reply says the client holds: checked again against this
+ * lease's slabs (the same table over other slabs must still fit them). */
+static int build_from_cached(wb_client *c, const char *model, const Wbproto__Lease *pl,
+                             wb__table *held, wb_lease *l)
 {
-    if (pl->tensor_table.len)
-        return build_from_table(c, model, pl, l, rep);
+    if (!held)
+        return wb__client_fail(c, WB_EPROTO,
+                               "acquire '%s': the broker answered that this client holds the "
+                               "model's tensor table, but it holds none",
+                               model);
+    wb_err e;
+    if (wb__tensor_table_check(held->bytes, held->len, pl->slabs, pl->n_slabs, &e) != WB_OK)
+        return wb__client_fail(c, WB_EPROTO, "acquire '%s': the tensor table held: %s", model,
+                               e.msg);
+    return build_from_table(c, model, held, l);
+}
+
+static int build_tensors(wb_client *c, const char *model, const Wbproto__Lease *pl, wb__table *held,
+                         wb_lease *l, Wbproto__Reply **rep)
+{
+    if (pl->tensor_table_cached)
+        return build_from_cached(c, model, pl, held, l);
+    if (pl->tensor_table.len) {
+        wb__table *t = table_new(model, pl, rep);
+        if (!t)
+            return wb__client_fail(c, WB_ENOMEM, "acquire '%s': out of memory", model);
+        table_keep(c, t);
+        int rc = build_from_table(c, model, t, l);
+        wb__table_unref(&t);
+        return rc;
+    }
     size_t n = pl->n_tensors, dims = 0, chars = 0;
     for (size_t i = 0; i < n; i++) {
         const Wbproto__Tensor *t = pl->tensors[i];
@@ -292,6 +384,13 @@ WB_EXPORT int wb_lease_acquire(wb_client *client, const char *model, wb_lease **
     Wbproto__AcquireRequest acq = WBPROTO__ACQUIRE_REQUEST__INIT;
     acq.model = (char *)model;
     acq.tensor_table = 1;
+    /* The table of an earlier lease on this model: the broker sends none
+     * when it is still the model's. */
+    wb__table *held = table_cached(client, model);
+    if (held) {
+        acq.tensor_table_digest.data = held->digest;
+        acq.tensor_table_digest.len = sizeof held->digest;
+    }
     Wbproto__Request req = WBPROTO__REQUEST__INIT;
     req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
     req.acquire = &acq;
@@ -324,7 +423,7 @@ WB_EXPORT int wb_lease_acquire(wb_client *client, const char *model, wb_lease **
         if (rc == WB_OK)
             rc = map_slabs(client, model, pl, l);
         if (rc == WB_OK)
-            rc = build_tensors(client, model, pl, l, &rep);
+            rc = build_tensors(client, model, pl, held, l, &rep);
     }
     if (rc != WB_OK && pl && pl->id.len == WB_LEASE_ID_BYTES) {
         /* The broker granted a lease this process cannot use: hand it back

@@ -51,6 +51,26 @@ typedef struct wb__lease_use {
     uint32_t bound_tensors;
 } wb__lease_use;
 
+/* A compact tensor table as a broker sent it (Lease.tensor_table), shared
+ * by every lease on that model and by the client's cache of tables, so that
+ * the next acquire of the model names its digest and gets no table back.
+ * Freed with its last reference. */
+typedef struct wb__table {
+    atomic_int refs;
+    uint8_t digest[16]; /* wb__tensor_table_digest */
+    char *model;
+    const uint8_t *bytes; /* 8-byte aligned: the dims are read as u64 */
+    size_t len;
+    Wbproto__Reply *rep; /* holds `bytes`, or NULL when they were copied to `copy` */
+    uint64_t copy[];
+} wb__table;
+
+/* Drops one reference; NULL is fine; sets *t to NULL. */
+void wb__table_unref(wb__table **t);
+
+/* Tables a client keeps for its next acquires, one per model. */
+#define WB_TABLE_CACHE 8
+
 struct wb_lease {
     /* NULL once the client was destroyed while containers still used the
      * lease: it then lives on, mapped, until released locally. */
@@ -63,9 +83,10 @@ struct wb_lease {
     wb__map **maps; /* one reference per slab, in the broker's slab order */
     size_t n_tensors;
     wb__tensor_entry *tensors;
-    /* The acquire reply when it carried the compact tensor table: the
-     * entries' names, dtypes and shapes point into it. NULL otherwise. */
-    Wbproto__Reply *table_rep;
+    /* The compact tensor table when the broker sent one or the client held
+     * it: the entries' names, dtypes and shapes point into it. NULL
+     * otherwise (the entries own them). One reference. */
+    wb__table *table;
     /* Indexes of `tensors` sorted by name, built under `mu` by the first
      * lookup (wb__lease_lookup); NULL until then. */
     _Atomic(size_t *) by_name;

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 /* The largest number of dimensions a tensor may have (as the safetensors
  * reader enforces); the client sizes shape arrays and strides from it. */
@@ -430,6 +431,13 @@ int wb__tensor_table_check(const uint8_t *table, size_t len, Wbproto__Slab *cons
     return WB_OK;
 }
 
+void wb__tensor_table_digest(const uint8_t *table, size_t len, uint8_t out[16])
+{
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits(table, len));
+    memcpy(out, c.digest, 16);
+}
+
 uint32_t wb__tensor_table_count(const uint8_t *table)
 {
     table_header h;
@@ -475,6 +483,9 @@ static int check_lease(const Wbproto__Lease *lease, wb_err *err)
         if ((rc = check_tensor(lease->tensors[i], i, lease, err)) != WB_OK)
             return rc;
     }
+    if (lease->tensor_table_cached && (lease->n_tensors || lease->tensor_table.len))
+        return wb__err_set(err, WB_EPROTO, "lease says tensor_table_cached but carries %s",
+                           lease->n_tensors ? "tensors" : "a tensor_table");
     if (lease->tensor_table.len) {
         if (lease->n_tensors)
             return wb__err_set(err, WB_EPROTO,

@@ -82,6 +82,10 @@ int wb__tensor_table_check(const uint8_t *table, size_t len, Wbproto__Slab *cons
 
 /* Tensors in a checked table. */
 uint32_t wb__tensor_table_count(const uint8_t *table);
+/* XXH3-128 of a table's bytes, in canonical (big-endian) order: how broker
+ * and client tell whether the client already holds a model's table
+ * (AcquireRequest.tensor_table_digest). */
+void wb__tensor_table_digest(const uint8_t *table, size_t len, uint8_t out[16]);
 /* Record i of a checked table, and where its strings and dims start. */
 void wb__tensor_table_get(const uint8_t *table, uint32_t i, wb_table_tensor *out);
 const char *wb__tensor_table_strings(const uint8_t *table);

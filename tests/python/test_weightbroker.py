@@ -31,7 +31,7 @@ WBROKERD = os.path.join(BIN, "broker", "wbrokerd")
 WBCTL = os.path.join(BIN, "tools", "wbctl", "wbctl")
 FAKE_DIR = os.path.join(BIN, "tests", "fake_aoti")
 DEMO = os.path.join(SRC, "examples", "demo", "model.safetensors")
-WAIT = 30 if os.environ.get("WB_SANITIZED") == "1" else 10
+WAIT = 60 if os.environ.get("WB_SANITIZED") == "1" else 30  # a loaded machine starts torch slowly
 
 
 def write_safetensors(path, tensors):

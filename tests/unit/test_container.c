@@ -270,6 +270,44 @@ static long fake_long(const char *so, const char *name)
 
 static const float WANT_BASIC[4] = {1 * 1 + 10, 1 * 2 + 20, 2 * 3 + 30, 2 * 4 + 40};
 
+/* The second acquire of a model names the digest of the table the client
+ * holds, and the broker sends none: the new lease's entries point into the
+ * same table (one reference more), with the same names, shapes and bytes. */
+START_TEST(acquire_reuses_the_held_table)
+{
+    wb_client *c = connect_client();
+    wb_lease *a = NULL, *b = NULL;
+    ck_assert_int_eq(wb_lease_acquire(c, "base", &a), WB_OK);
+    wb__table *t = a->table;
+    ck_assert_ptr_nonnull(t);
+    ck_assert_int_eq(atomic_load(&t->refs), 2); /* the lease and the cache */
+    size_t n = a->n_tensors;
+    ck_assert_uint_gt(n, 0);
+    char name0[128];
+    snprintf(name0, sizeof name0, "%s", a->tensors[0].name);
+    uint64_t nbytes0 = a->tensors[0].nbytes, xxh0 = a->tensors[0].xxh3;
+    ck_assert_int_eq(wb_lease_release(&a), WB_OK);
+    ck_assert_int_eq(atomic_load(&t->refs), 1); /* kept for the next acquire */
+
+    ck_assert_int_eq(wb_lease_acquire(c, "base", &b), WB_OK);
+    ck_assert_ptr_eq(b->table, t);
+    ck_assert_int_eq(atomic_load(&t->refs), 2);
+    ck_assert_uint_eq(b->n_tensors, n);
+    ck_assert_str_eq(b->tensors[0].name, name0);
+    ck_assert_uint_eq(b->tensors[0].nbytes, nbytes0);
+    ck_assert_uint_eq(b->tensors[0].xxh3, xxh0);
+    ck_assert_int_eq(wb_lease_verify(b, NULL), WB_OK);
+    /* Another model gets its own table. */
+    wb_lease *h = NULL;
+    ck_assert_int_eq(wb_lease_acquire(c, "head", &h), WB_OK);
+    ck_assert_ptr_nonnull(h->table);
+    ck_assert_ptr_ne(h->table, t);
+    ck_assert_int_eq(wb_lease_release(&h), WB_OK);
+    ck_assert_int_eq(wb_lease_release(&b), WB_OK);
+    wb_client_destroy(&c);
+}
+END_TEST
+
 START_TEST(v211_binds_by_fqn_across_leases)
 {
     char so[512];
@@ -1096,6 +1134,7 @@ static Suite *suite(void)
     tcase_add_test(tc, storage_size_rounding_is_accepted);
     tcase_add_test(tc, proxy_executor_model_is_refused);
     tcase_add_test(tc, each_tensor_keeps_its_device);
+    tcase_add_test(tc, acquire_reuses_the_held_table);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -60,6 +60,23 @@ static Wbproto__Reply *simple(const wb_peer_creds *peer, int body)
     return call(peer, &req);
 }
 
+/* An acquire that asks for the compact table with its digest. */
+static Wbproto__Reply *acquire_table(const wb_peer_creds *p, const char *model,
+                                     const uint8_t *digest)
+{
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__AcquireRequest a = WBPROTO__ACQUIRE_REQUEST__INIT;
+    a.model = (char *)model;
+    a.tensor_table = 1;
+    if (digest) {
+        a.tensor_table_digest.data = (uint8_t *)digest;
+        a.tensor_table_digest.len = 16;
+    }
+    req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
+    req.acquire = &a;
+    return call(p, &req);
+}
+
 START_TEST(test_hello)
 {
     wb_peer_creds p = creds(1234, 567, 89);
@@ -80,6 +97,40 @@ START_TEST(test_hello)
     r = simple(&none, WBPROTO__REQUEST__BODY_HELLO);
     ck_assert_int_eq(r->status, WB_EPERM);
     ck_assert_str_eq(r->error, "the peer's credentials cannot be read");
+}
+END_TEST
+
+/* A client that names the digest of the table it holds gets no table back,
+ * only the slabs and tensor_table_cached; any other digest gets the table. */
+START_TEST(test_acquire_cached_table)
+{
+    fixture_model(&F.b, "demo");
+    wb_peer_creds p = me();
+    Wbproto__Reply *r = acquire_table(&p, "demo", NULL);
+    ck_assert_int_eq(r->status, 0);
+    const Wbproto__Lease *l = r->acquire->lease;
+    ck_assert_uint_gt(l->tensor_table.len, 0);
+    ck_assert_int_eq(l->tensor_table_cached, 0);
+    ck_assert_uint_eq(l->n_tensors, 0);
+    uint8_t digest[16];
+    wb__tensor_table_digest(l->tensor_table.data, l->tensor_table.len, digest);
+    size_t full = wbproto__lease__get_packed_size(l);
+
+    r = acquire_table(&p, "demo", digest);
+    ck_assert_int_eq(r->status, 0);
+    l = r->acquire->lease;
+    ck_assert_int_eq(l->tensor_table_cached, 1);
+    ck_assert_uint_eq(l->tensor_table.len, 0);
+    ck_assert_uint_eq(l->n_tensors, 0);
+    ck_assert_str_eq(l->model, "demo");
+    ck_assert_uint_eq(l->n_slabs, 1);
+    ck_assert_uint_lt(wbproto__lease__get_packed_size(l), full);
+
+    digest[15] ^= 1;
+    r = acquire_table(&p, "demo", digest);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->acquire->lease->tensor_table_cached, 0);
+    ck_assert_uint_gt(r->acquire->lease->tensor_table.len, 0);
 }
 END_TEST
 
@@ -592,6 +643,7 @@ int main(void)
     tcase_add_test(tc, test_hello);
     tcase_add_test(tc, test_acquire);
     tcase_add_test(tc, test_lease_tail_bytes);
+    tcase_add_test(tc, test_acquire_cached_table);
     tcase_add_test(tc, test_acquire_dead_peer);
     tcase_add_test(tc, test_release);
     tcase_add_test(tc, test_release_after_pid_reuse);
