@@ -1,6 +1,7 @@
 #include "backend_vmm.h"
 
 #include "cudrv.h"
+#include "log.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -97,6 +98,9 @@ fail:
     return rc;
 }
 
+/* Clients' mappings are read-only whatever happens here; the broker's own
+ * becoming read-only too is defence in depth, so a driver that refuses it
+ * is logged (event=cuda_vmm_seal_failed) rather than failing the load. */
 int wb__vmm_slab_seal(wb_slab *slab, wb_err *err)
 {
     const wb_cudrv *d = drv(err);
@@ -105,9 +109,13 @@ int wb__vmm_slab_seal(wb_slab *slab, wb_err *err)
     CUmemAccessDesc a = {{CU_MEM_LOCATION_TYPE_DEVICE, slab->device},
                          CU_MEM_ACCESS_FLAGS_PROT_READ};
     CUresult r = d->set_access((CUdeviceptr)(uintptr_t)slab->dev_ptr, (size_t)slab->size, &a, 1);
-    if (r != CUDA_SUCCESS)
-        return wb__cudrv_fail(d, err, WB_EIO, r,
-                              "cuMemSetAccess (read-only, sealing the broker's mapping)");
+    if (r != CUDA_SUCCESS) {
+        wb_err e;
+        wb__cudrv_fail(d, &e, WB_EIO, r, "cuMemSetAccess (read-only)");
+        char q[WB_ERR_MSG_MAX + 16];
+        wb_warn("cuda_vmm_seal_failed", "device=%d bytes=%llu error=%s", slab->device,
+                (unsigned long long)slab->size, wb__log_quote(q, sizeof q, e.msg));
+    }
     return WB_OK;
 }
 

@@ -18,7 +18,8 @@ int wb__vmm_start(int device, uint64_t *granularity, wb_err *err);
 
 /* The backend operations (backend.h) of a VMM slab. */
 int wb__vmm_slab_alloc(wb_slab *slab, int device, uint64_t size, wb_err *err);
-/* Once filled: the broker's own mapping becomes read-only too. */
+/* Once filled: the broker's own mapping becomes read-only too (a driver
+ * that refuses is logged, event=cuda_vmm_seal_failed, not fatal). */
 int wb__vmm_slab_seal(wb_slab *slab, wb_err *err);
 int wb__vmm_slab_fd(const wb_slab *slab);
 void wb__vmm_slab_export(wb_slab *slab, Wbproto__Slab *out);

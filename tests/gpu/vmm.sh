@@ -170,6 +170,9 @@ if [ "$VMM_OK" = 1 ]; then
   bad=$(jq_py "[m['name'] for m in d if m.get('transport') != 'cuda-vmm' or m.get('access') != 'ro']" <"$OUT/models_vmm.json")
   [ "$bad" = "[]" ] || fail "models not shown as cuda-vmm/ro: $bad"
   [ -S "$VSOCK.fd" ] || fail "the vmm broker has no descriptor channel $VSOCK.fd"
+  if grep -q "cuda_vmm_seal_failed" "$OUT/broker_vmm.log"; then
+    fail "the broker could not make its own mapping read-only: $(grep -m1 cuda_vmm_seal_failed "$OUT/broker_vmm.log")"
+  fi
 
   # ---- 3. bytes and mapping --------------------------------------------------------
   for m in fp32_base t256m; do

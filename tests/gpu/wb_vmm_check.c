@@ -222,7 +222,10 @@ static int try_write(const char *how, const char *socket, const char *model)
         fflush(stdout);
         _exit(0);
     }
-    printf("FAIL the write went through\n");
+    unsigned now = 0;
+    cudaError_t ce = cudaMemcpy(&now, v.data, sizeof now, cudaMemcpyDeviceToHost);
+    printf("FAIL the write was not refused (the first 4 bytes now read 0x%08x%s)\n", now,
+           ce == cudaSuccess ? "" : ", read back failed");
     return 1;
 }
 
