@@ -1,9 +1,10 @@
 /* The cuda backend: one cudaMalloc slab per model on one device, exported
  * with cudaIpcGetMemHandle, or (--cuda-slab vmm) one cuMemCreate allocation
- * exported as a descriptor (backend_vmm.h). Slabs are filled by the loader through a ring of
- * pinned staging buffers that is allocated once, here, when the backend
- * starts (pinning is slow: never per load), and one non-blocking stream
- * whose per-buffer events tell the loader when a buffer may be refilled.
+ * exported as a descriptor (backend_vmm.h). Slabs are filled by the loader
+ * through a ring of pinned staging buffers that is allocated once, here,
+ * when the backend starts (pinning is slow: never per load), and one
+ * non-blocking stream whose per-buffer events tell the loader when a buffer
+ * may be refilled.
  * Nothing here issues a pageable or synchronous copy. */
 #include "backend.h"
 #include "backend_vmm.h"

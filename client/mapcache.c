@@ -197,6 +197,7 @@ static void cuda_close(wb__map *m)
     if (cur >= 0 && cur != m->open_device)
         cudaSetDevice(cur);
 }
+
 /* Imports the allocation behind `fd`, reserves an address range, maps it,
  * and allows the lease's device (and the current one, when it is a peer)
  * to read it, nothing more: a store into it faults. The range is mapped in
