@@ -19,6 +19,7 @@ uint64_t wb__vmm_round(uint64_t size, uint64_t granularity)
 }
 
 #ifdef WB_HAVE_CUDA
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -45,8 +46,28 @@ static int lookup(const char *symbol, void **fn)
     return 0;
 }
 
+/* The toolkit's own prototypes of the ABI versions looked up: a field of a
+ * different type fails to compile (-Werror). */
+#define WB_SAME_TYPE(field, pfn)                                                                   \
+    do {                                                                                           \
+        pfn check_ = drv.field;                                                                    \
+        (void)check_;                                                                              \
+    } while (0)
+
 static void load(void)
 {
+    WB_SAME_TYPE(get_error_string, PFN_cuGetErrorString_v6000);
+    WB_SAME_TYPE(device_get_attribute, PFN_cuDeviceGetAttribute_v2000);
+    WB_SAME_TYPE(granularity, PFN_cuMemGetAllocationGranularity_v10020);
+    WB_SAME_TYPE(create, PFN_cuMemCreate_v10020);
+    WB_SAME_TYPE(release, PFN_cuMemRelease_v10020);
+    WB_SAME_TYPE(reserve, PFN_cuMemAddressReserve_v10020);
+    WB_SAME_TYPE(address_free, PFN_cuMemAddressFree_v10020);
+    WB_SAME_TYPE(map, PFN_cuMemMap_v10020);
+    WB_SAME_TYPE(unmap, PFN_cuMemUnmap_v10020);
+    WB_SAME_TYPE(set_access, PFN_cuMemSetAccess_v10020);
+    WB_SAME_TYPE(export_handle, PFN_cuMemExportToShareableHandle_v10020);
+    WB_SAME_TYPE(import_handle, PFN_cuMemImportFromShareableHandle_v10020);
     struct {
         const char *sym;
         void **fn;

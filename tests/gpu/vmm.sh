@@ -81,6 +81,10 @@ has_line() { grep -q -- "$2" "$1"; }
 jq_py() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 n_ready() { "$BIN/wbctl" --socket "$1" models --json | jq_py "sum(m['state'] == 'ready' for m in d)"; }
 all_ready() { [ "$(n_ready "$1")" = "$2" ]; }
+# ready_or_gone SOCKET N PID: the broker has N ready models, or has exited.
+ready_or_gone() { all_ready "$1" "$2" || ! kill -0 "$3" 2>/dev/null; }
+# serving_or_gone NAME PID: the worker printed "ready", or has exited.
+serving_or_gone() { has_line "$OUT/$1.out" "^ready" || ! kill -0 "$2" 2>/dev/null; }
 
 for b in wbrokerd wbctl wb-aoti-worker wb_vmm_check; do
   [ -x "$BIN/$b" ] || {
@@ -132,7 +136,8 @@ start_broker() {
     --stale-ms 3000 "${MODELS[@]}" >"$OUT/broker_$1.log" 2>&1 &
   BROKER=$!
   PIDS+=("$BROKER")
-  if ! wait_for 120 all_ready "$2" "$NMODELS"; then
+  wait_for 120 ready_or_gone "$2" "$NMODELS" "$BROKER"
+  if ! all_ready "$2" "$NMODELS"; then
     fail "broker $1 did not load the $NMODELS models: $(tail -n 5 "$OUT/broker_$1.log")"
     return 1
   fi
@@ -191,8 +196,9 @@ if [ "$VMM_OK" = 1 ]; then
   WA2=$LAST
   start_worker vmm_b1 "$VSOCK" b --iterations 3 --serve
   WB1=$LAST
-  for n in vmm_a1 vmm_a2 vmm_b1; do
-    wait_for 120 has_line "$OUT/$n.out" "^ready" || fail "worker $n not ready: $(tail -n 3 "$OUT/$n.err")"
+  for n in vmm_a1:"$WA1" vmm_a2:"$WA2" vmm_b1:"$WB1"; do
+    wait_for 120 serving_or_gone "${n%%:*}" "${n#*:}"
+    has_line "$OUT/${n%%:*}.out" "^ready" || fail "worker ${n%%:*} not ready: $(tail -n 3 "$OUT/${n%%:*}.err")"
   done
   "$BIN/wbctl" --socket "$VSOCK" leases >>"$LOG"
   "$BIN/wbctl" --socket "$VSOCK" leases --json >"$OUT/leases_vmm.json"
