@@ -27,6 +27,10 @@ typedef struct wb_slab {
     wb_shm shm;    /* host backend */
     void *dev_ptr; /* cuda backend */
     uint8_t ipc_handle[WB_CUDA_IPC_HANDLE_LEN];
+    /* cuda-vmm (backend_vmm.h): the cuMemCreate allocation, its exported
+     * POSIX descriptor (size is then a multiple of the granularity). */
+    unsigned long long vmm_handle; /* 0: not a VMM slab */
+    int vmm_fd;
 } wb_slab;
 
 typedef struct wb_backend {
@@ -54,10 +58,11 @@ typedef struct wb_backend {
     int (*slab_fd)(const wb_slab *slab);
     /* How clients reach a slab (Slab.transport): "shm" (a name in
      * /dev/shm), "memfd" (a sealed memfd from the descriptor channel),
-     * "cuda-ipc" (a cudaIpcMemHandle). */
+     * "cuda-ipc" (a cudaIpcMemHandle), "cuda-vmm" (a cuMemCreate
+     * allocation exported as a descriptor on the descriptor channel). */
     const char *transport;
     /* What a client's mapping allows: "ro", or "rw" (a CUDA IPC handle
-     * opens the memory writable). */
+     * opens the memory writable; a cuda-vmm import is mapped read-only). */
     const char *access;
     /* Withdraws the slab's name and releases the broker's memory; clients
      * that attached keep their own mappings. Idempotent. */
@@ -88,18 +93,25 @@ extern const wb_backend wb__backend_host;
 /* The same in sealed memfds handed out as descriptors (--host-slab memfd). */
 extern const wb_backend wb__backend_host_memfd;
 
+/* How the cuda backend exports its slabs (--cuda-slab). */
+enum { WB_CUDA_SLAB_IPC = 0, WB_CUDA_SLAB_VMM = 1 };
+
 typedef struct wb_cuda_options {
     int device;
+    int slab;              /* WB_CUDA_SLAB_IPC (default) or WB_CUDA_SLAB_VMM */
     int load_mode;         /* WB_STAGE_STAGED (0 means the same) or WB_STAGE_MAPPED */
     wb_stage_config stage; /* staged: buffers of chunk_bytes, `buffers` of them */
 } wb_cuda_options;
 
 /* Starts the cuda backend on one device: a non-blocking stream, and for the
  * staged mode the pinned staging ring (cudaHostAlloc, once; it is reused by
- * every load). *out is owned by the caller (wb__backend_cuda_free). Returns
- * WB_ENOSYS in a build without CUDA, WB_ENOGPU when the device cannot be
- * used, WB_ENOMEM when pinned memory cannot be had; the message says which
- * call failed and why. */
+ * every load). With WB_CUDA_SLAB_VMM its slabs are cuMemCreate allocations
+ * handed out as descriptors (transport "cuda-vmm", access "ro"), after a
+ * check that the device supports them. *out is owned by the caller
+ * (wb__backend_cuda_free). Returns WB_ENOSYS in a build without CUDA or on
+ * a device without VMM descriptor export, WB_ENOGPU when the device cannot
+ * be used, WB_ENOMEM when pinned memory cannot be had; the message says
+ * which call failed and why. */
 int wb__backend_cuda_new(const wb_cuda_options *opts, wb_backend **out, wb_err *err);
 /* Frees the ring and the stream; slabs must have been freed. NULL is fine;
  * sets *be to NULL. */

@@ -1,10 +1,14 @@
 /* The cuda backend: one cudaMalloc slab per model on one device, exported
- * with cudaIpcGetMemHandle. Slabs are filled by the loader through a ring of
- * pinned staging buffers that is allocated once, here, when the backend
- * starts (pinning is slow: never per load), and one non-blocking stream
- * whose per-buffer events tell the loader when a buffer may be refilled.
+ * with cudaIpcGetMemHandle, or (--cuda-slab vmm) one cuMemCreate allocation
+ * exported as a descriptor (backend_vmm.h). Slabs are filled by the loader
+ * through a ring of pinned staging buffers that is allocated once, here,
+ * when the backend starts (pinning is slow: never per load), and one
+ * non-blocking stream whose per-buffer events tell the loader when a buffer
+ * may be refilled.
  * Nothing here issues a pageable or synchronous copy. */
 #include "backend.h"
+#include "backend_vmm.h"
+#include "log.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -235,6 +239,10 @@ int wb__backend_cuda_new(const wb_cuda_options *opts, wb_backend **out, wb_err *
         return wb__err_set(err, WB_ENOGPU, "no CUDA device %d: the runtime sees %d", opts->device,
                            count);
 
+    uint64_t granularity = 0;
+    if (opts->slab == WB_CUDA_SLAB_VMM && (rc = wb__vmm_start(opts->device, &granularity, err)))
+        return rc;
+
     cuda_state *s = calloc(1, sizeof *s);
     if (!s)
         return wb__err_set(err, WB_ENOMEM, "out of memory starting the cuda backend");
@@ -299,6 +307,18 @@ int wb__backend_cuda_new(const wb_cuda_options *opts, wb_backend **out, wb_err *
     s->be.slab_free = cuda_slab_free;
     s->be.transport = "cuda-ipc";
     s->be.access = "rw";
+    if (opts->slab == WB_CUDA_SLAB_VMM) {
+        /* A descriptor per slab: the descriptor channel is opened for them. */
+        s->be.slab_alloc = wb__vmm_slab_alloc;
+        s->be.slab_seal = wb__vmm_slab_seal;
+        s->be.slab_fd = wb__vmm_slab_fd;
+        s->be.slab_export = wb__vmm_slab_export;
+        s->be.slab_free = wb__vmm_slab_free;
+        s->be.transport = "cuda-vmm";
+        s->be.access = "ro";
+        wb_info("cuda_vmm", "device=%d granularity=%llu", opts->device,
+                (unsigned long long)granularity);
+    }
     s->be.load_mode = mode;
     s->be.stage = cfg;
     s->be.engine = &s->engine;

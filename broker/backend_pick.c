@@ -1,4 +1,5 @@
-/* Choosing the broker's backend from --backend auto|cuda|host. */
+/* Choosing the broker's backend from --backend auto|cuda|host, --cuda-slab
+ * ipc|vmm and --host-slab shm|memfd. */
 #include "backend_pick.h"
 
 #include "gpu.h"
@@ -42,14 +43,15 @@ static void log_choice(const wb_backend *be, const char *requested, int device, 
     unsigned long long buf = be->staging ? (unsigned long long)be->staging->size : 0;
     unsigned n = be->staging ? be->staging->n : 0;
     wb_info("backend",
-            "backend=cuda requested=%s reason=%s device=%d load_mode=%s read_threads=%u "
-            "staging_buffers=%u staging_buffer_bytes=%llu staging_bytes=%llu start_seconds=%.3f",
-            requested, q, device, wb__stage_mode_name(be->load_mode), c.read_threads, n, buf,
-            buf * n, start_seconds);
+            "backend=cuda requested=%s reason=%s device=%d cuda_slab=%s access=%s load_mode=%s "
+            "read_threads=%u staging_buffers=%u staging_buffer_bytes=%llu staging_bytes=%llu "
+            "start_seconds=%.3f",
+            requested, q, device, be->transport, be->access, wb__stage_mode_name(be->load_mode),
+            c.read_threads, n, buf, buf * n, start_seconds);
 }
 
 int wb__backend_pick(const char *requested, int device, const wb_stage_config *stage, int load_mode,
-                     int host_memfd, const wb_backend **out, wb_err *err)
+                     int host_memfd, int cuda_slab, const wb_backend **out, wb_err *err)
 {
     *out = NULL;
     wb_stage_config filled = *stage;
@@ -71,7 +73,8 @@ int wb__backend_pick(const char *requested, int device, const wb_stage_config *s
         log_choice(*out, requested, device, probe.msg, 0);
         return WB_OK;
     }
-    wb_cuda_options o = {.device = device, .load_mode = load_mode, .stage = *stage};
+    wb_cuda_options o = {
+        .device = device, .slab = cuda_slab, .load_mode = load_mode, .stage = *stage};
     wb_backend *cuda = NULL;
     wb_err cerr;
     double t0 = mono_seconds();

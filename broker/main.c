@@ -148,8 +148,8 @@ static int run(wb_options *o)
         .chunk_bytes = (uint64_t)o->num[WB_NUM_STAGING_MIB] << 20,
         .buffers = (unsigned)o->num[WB_NUM_STAGING_BUFFERS],
     };
-    if (wb__backend_pick(o->backend, o->device, &stage, o->load_mode, o->host_memfd, &backend,
-                         &err) != WB_OK) {
+    if (wb__backend_pick(o->backend, o->device, &stage, o->load_mode, o->host_memfd, o->cuda_slab,
+                         &backend, &err) != WB_OK) {
         wb__fatal("%s", err.msg);
         goto out;
     }

@@ -28,6 +28,7 @@ enum {
     OPT_METRICS,
     OPT_LOAD_METHOD,
     OPT_HOST_SLAB,
+    OPT_CUDA_SLAB,
     /* Numeric options: OPT_NUM + their index in num_opts. */
     OPT_NUM = 0x1000,
 };
@@ -83,6 +84,7 @@ static const struct option long_opts[] = {
     {"staging-buffers", required_argument, NULL, OPT_NUM + WB_NUM_STAGING_BUFFERS},
     {"load-method", required_argument, NULL, OPT_LOAD_METHOD},
     {"host-slab", required_argument, NULL, OPT_HOST_SLAB},
+    {"cuda-slab", required_argument, NULL, OPT_CUDA_SLAB},
     {"heartbeat-ms", required_argument, NULL, OPT_NUM + WB_NUM_HEARTBEAT},
     {"stale-ms", required_argument, NULL, OPT_NUM + WB_NUM_STALE},
     {"max-heartbeat-rate", required_argument, NULL, OPT_NUM + WB_NUM_HEARTBEAT_RATE},
@@ -160,6 +162,10 @@ static void usage(FILE *out)
             "                         open by name (default), or as sealed memfds passed on\n"
             "                         the descriptor channel <socket>.fd (no /dev/shm names,\n"
             "                         no shared IPC or PID namespace needed)\n"
+            "  --cuda-slab ipc|vmm    cuda: slabs exported as CUDA IPC handles that clients\n"
+            "                         open read-write (default), or as cuMemCreate\n"
+            "                         allocations passed as descriptors on <socket>.fd that\n"
+            "                         clients map read-only (a write faults)\n"
             "  --heartbeat-ms N       heartbeat interval clients are told to use (default %d)\n"
             "  --stale-ms N           silence after which a lease is marked stale (default %d)\n"
             "  --max-heartbeat-rate N heartbeats a second asked of all peers together: with\n"
@@ -377,6 +383,14 @@ static int parse_one(wb_options *o, int c, char *arg)
         else
             return misuse("--host-slab: '%s' is not one of shm, memfd%s", arg, "");
         return WB_OPTIONS_GO_ON;
+    case OPT_CUDA_SLAB:
+        if (strcmp(arg, "vmm") == 0)
+            o->cuda_slab = WB_CUDA_SLAB_VMM;
+        else if (strcmp(arg, "ipc") == 0)
+            o->cuda_slab = WB_CUDA_SLAB_IPC;
+        else
+            return misuse("--cuda-slab: '%s' is not one of ipc, vmm%s", arg, "");
+        return WB_OPTIONS_GO_ON;
     case OPT_LOAD_METHOD:
         if (strcmp(arg, "staged") == 0)
             o->load_mode = WB_STAGE_STAGED;
@@ -530,6 +544,8 @@ int wb__options_validate(wb_options *o)
                 printf(" device=%d", o->models[i].device);
             printf("%s\n", o->models[i].from_file ? " (file)" : " (command line)");
         }
+        printf("backend: %s cuda-slab=%s host-slab=%s\n", o->backend,
+               o->cuda_slab == WB_CUDA_SLAB_VMM ? "vmm" : "ipc", o->host_memfd ? "memfd" : "shm");
         printf("metrics: %s\nvalid\n", o->metrics ? o->metrics : "off");
         return 0;
     }

@@ -6,6 +6,7 @@
 #define WB_BROKER_OPTIONS_H
 
 #include "auth.h"
+#include "backend.h"
 #include "config.h"
 
 #include <stddef.h>
@@ -56,6 +57,7 @@ typedef struct wb_options {
     int device, device_given;
     int load_mode;
     int host_memfd;        /* --host-slab memfd */
+    int cuda_slab;         /* --cuda-slab: WB_CUDA_SLAB_IPC (default) or _VMM */
     long num[WB_NUM_OPTS]; /* 0: not given */
     const char *metrics;
     const char *config_file;

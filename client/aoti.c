@@ -219,7 +219,7 @@ static int create(wb_container *c, wb_lease *const *leases, size_t n_leases, con
                        : stat(model_path, &st) == 0 && S_ISDIR(st.st_mode) ? model_path
                                                                            : NULL;
     if (!o->own_constants &&
-        (rc = wb__aoti_rules_init(&c->rules, o->aliases, o->strip_prefix, o->prefix,
+        (rc = wb__aoti_rules_init(&c->rules, o->aliases, o->strip_prefix, o->prefix, o->mutated,
                                   o->constants_file, root, model_path, &c->err)))
         return rc;
     c->lib = dlopen(c->so_path, RTLD_NOW | RTLD_LOCAL);

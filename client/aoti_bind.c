@@ -24,6 +24,7 @@
 #define META_ALIASES "weightbroker.aliases"
 #define META_STRIP   "weightbroker.strip_prefix"
 #define META_PREFIX  "weightbroker.prefix"
+#define META_MUTATED "weightbroker.mutated"
 #define PKG_ENTRY    "weightbroker/constants.safetensors"
 #define BESIDE_EXT   ".wb.safetensors"
 
@@ -126,9 +127,56 @@ static int find_in_package(const char *root, char *path, size_t size)
     return found;
 }
 
+/* Appends the names of the list "a, b,c" to *set, kept as ",a,b,c," so that
+ * a lookup is one strstr of ",name,". */
+static int add_names(char **set, const char *list, wb_err *err)
+{
+    if (!list || !list[0])
+        return WB_OK;
+    size_t have = *set ? strlen(*set) : 0;
+    char *n = realloc(*set, have + strlen(list) + 3);
+    if (!n)
+        return wb__err_set(err, WB_ENOMEM, "out of memory");
+    if (!have)
+        n[have++] = ',';
+    for (const char *p = list; *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        char *item = trimmed(p, len);
+        if (!item) {
+            n[have] = '\0';
+            *set = n;
+            return wb__err_set(err, WB_ENOMEM, "out of memory");
+        }
+        size_t il = strlen(item);
+        if (il) {
+            memcpy(n + have, item, il);
+            have += il;
+            n[have++] = ',';
+        }
+        free(item);
+        p = end ? end + 1 : p + len;
+    }
+    n[have] = '\0';
+    *set = n;
+    return WB_OK;
+}
+
+int wb__aoti_is_mutated(const wb__aoti_rules *r, const char *fqn)
+{
+    if (!r->mutated || !fqn || !fqn[0])
+        return 0;
+    size_t len = strlen(fqn);
+    for (const char *p = strstr(r->mutated, fqn); p; p = strstr(p + 1, fqn)) {
+        if (p > r->mutated && p[-1] == ',' && p[len] == ',')
+            return 1;
+    }
+    return 0;
+}
+
 int wb__aoti_rules_init(wb__aoti_rules *r, const char *aliases, const char *strip_prefix,
-                        const char *prefix, const char *explicit_file, const char *package_root,
-                        const char *model_path, wb_err *err)
+                        const char *prefix, const char *mutated, const char *explicit_file,
+                        const char *package_root, const char *model_path, wb_err *err)
 {
     char path[PATH_MAX];
     memset(r, 0, sizeof *r);
@@ -159,9 +207,12 @@ int wb__aoti_rules_init(wb__aoti_rules *r, const char *aliases, const char *stri
         if ((rc = wb__aoti_aliases_parse(r, meta(r->extra, META_ALIASES), 1, what, err)))
             return rc;
         if ((rc = set_str(&r->strip_prefix, meta(r->extra, META_STRIP), err)) ||
-            (rc = set_str(&r->prefix, meta(r->extra, META_PREFIX), err)))
+            (rc = set_str(&r->prefix, meta(r->extra, META_PREFIX), err)) ||
+            (rc = add_names(&r->mutated, meta(r->extra, META_MUTATED), err)))
             return rc;
     }
+    if ((rc = add_names(&r->mutated, mutated, err)))
+        return rc;
     /* The caller's rules come after the file's: alias lookups take the last
      * match, and the caller's prefixes replace the file's. */
     if ((rc = wb__aoti_aliases_parse(r, aliases, 0, "option aliases", err)))
@@ -181,6 +232,7 @@ void wb__aoti_rules_free(wb__aoti_rules *r)
     free(r->aliases);
     free(r->strip_prefix);
     free(r->prefix);
+    free(r->mutated);
     free(r->extra_path);
     wb__st_table_free(&r->extra);
     memset(r, 0, sizeof *r);
@@ -435,6 +487,78 @@ static int lease_tensor_seen(const wb_container *c, const binding *b)
     return 0;
 }
 
+/* How the lease that holds a bound tensor maps it, for messages. */
+static const char *lease_mapping(const wb_lease *l, int *readonly)
+{
+    *readonly = 1;
+    const char *t = "host";
+    for (size_t i = 0; i < l->n_maps; i++) {
+        if (!wb__map_readonly(l->maps[i]))
+            *readonly = 0;
+        t = wb__map_transport(l->maps[i]);
+    }
+    return t;
+}
+
+/* A constant the compiled graph writes must not be bound to shared memory:
+ * refused naming it, or (copy_mutated) bound to a private copy of the
+ * leased tensor, made here. */
+static int guard_mutated(wb_container *c, const wb_container_options *o, binding *b, source *s,
+                         const char *mapped)
+{
+    if (s->kind != WB_BIND_LEASED && s->kind != WB_BIND_ALIASED)
+        return WB_OK;
+    if (!wb__aoti_is_mutated(&c->rules, b->fqn) && !wb__aoti_is_mutated(&c->rules, mapped))
+        return WB_OK;
+    const wb_lease *l = c->leases[b->lease];
+    int ro = 1;
+    const char *transport = lease_mapping(l, &ro);
+    if (!o->copy_mutated)
+        return wb__aoti_fail(
+            c, WB_EPERM,
+            "constant '%s' is written by the compiled graph (listed as mutated%s%s) but would be "
+            "bound to %s, shared through a %s mapping (%s): a write would %s; bind a caller "
+            "tensor of that name, or ask for a private copy (copy_mutated, wb-aoti-worker "
+            "--copy-mutated)",
+            b->fqn, c->rules.extra_path ? " in " : "",
+            c->rules.extra_path ? c->rules.extra_path : "", s->where, ro ? "read-only" : "writable",
+            transport,
+            ro ? "fault in this worker" : "change the weights of every worker of the lease");
+    size_t n = s->nbytes;
+    void *copy = NULL;
+    if (s->device >= 0) {
+#ifdef WB_HAVE_CUDA
+        cudaError_t ce = cudaMalloc(&b->private_dev, n ? n : 1);
+        if (ce == cudaSuccess)
+            ce = cudaMemcpyAsync(b->private_dev, s->data, n, cudaMemcpyDeviceToDevice,
+                                 (cudaStream_t)c->stream);
+        if (ce == cudaSuccess)
+            ce = cudaStreamSynchronize((cudaStream_t)c->stream);
+        if (ce != cudaSuccess)
+            return wb__aoti_fail(c, WB_ENOGPU, "constant '%s' from %s: cannot copy it: %s", b->fqn,
+                                 s->where, cudaGetErrorString(ce));
+        copy = b->private_dev;
+#else
+        return wb__aoti_fail(c, WB_ENOSYS, "constant '%s': no CUDA in this build to copy %s",
+                             b->fqn, s->where);
+#endif
+    } else {
+        if (!(b->private_host = malloc(n ? n : 1)))
+            return wb__aoti_fail(c, WB_ENOMEM, "out of memory copying constant '%s'", b->fqn);
+        memcpy(b->private_host, s->data, n);
+        copy = b->private_host;
+    }
+    char q[600];
+    wb__cwarn("container_constant_copied",
+              "model=%s constant=%s bytes=%zu note=\"written by the compiled graph: bound to a "
+              "private copy, not to the lease\"",
+              wb__aoti_qpath(c, q, sizeof q), b->fqn, n);
+    s->data = copy;
+    s->kind = WB_BIND_PACKAGE;
+    b->lease = -1;
+    return WB_OK;
+}
+
 /* Finds, checks and wraps the tensor of every constant that is not folded.
  * Order: a caller tensor of the FQN; a leased tensor of the mapped name
  * (prefix rules); the alias target (tied weights); the package's constants
@@ -512,6 +636,9 @@ int wb__aoti_bind_constants(wb_container *c, const wb_container_options *o)
                 (unsigned long long)s.nbytes);
         if (s.ndim > 64)
             return wb__aoti_fail(c, WB_EINVAL, "constant '%s': %u dimensions", b->fqn, s.ndim);
+        if ((rc = guard_mutated(c, o, b, &s, name)) != WB_OK)
+            return rc;
+        b->kind = s.kind;
         int64_t sizes[64], strides[64];
         int64_t stride = 1;
         for (uint32_t d = s.ndim; d-- > 0;) {
@@ -521,8 +648,9 @@ int wb__aoti_bind_constants(wb_container *c, const wb_container_options *o)
         }
         /* Each tensor keeps its own device: upstream checks every constant
          * against its own device type, so a model may mix them. The model
-         * never writes its constants; host leases are mapped read-only, so a
-         * write would fault rather than corrupt the shared copy. */
+         * does not write its constants unless listed as mutated (guard_mutated);
+         * host and cuda-vmm leases are mapped read-only, so an unlisted write
+         * faults rather than corrupting the shared copy. */
         int32_t dev_type = s.device >= 0 ? c->cuda_type_code : c->cpu_type_code;
         b->data = s.data;
         if (c->f.from_blob((void *)s.data, (int64_t)s.ndim, sizes, strides, 0, b->dtype, dev_type,

@@ -10,6 +10,9 @@
  *   "weightbroker.aliases"       "name=target,name=target"
  *   "weightbroker.strip_prefix"  prefix removed from every FQN
  *   "weightbroker.prefix"        prefix added after that
+ *   "weightbroker.mutated"       "fqn,fqn": constants the compiled graph
+ *                                writes (buffers the exported program
+ *                                mutates); never bound to shared memory
  * It is found, in this order: the path given in the options; inside a
  * package or package directory as weightbroker/constants.safetensors (at
  * its top or one folder down, under the archive name); beside
@@ -33,6 +36,7 @@ typedef struct wb__aoti_rules {
     char *prefix;       /* NULL: none */
     size_t n_aliases;
     wb__alias *aliases;
+    char *mutated;      /* ",fqn,fqn,": the file's and the caller's; NULL: none */
     char *extra_path;   /* the constants file, NULL when there is none */
     wb_st_table *extra; /* its table */
 } wb__aoti_rules;
@@ -45,11 +49,15 @@ int wb__aoti_aliases_parse(wb__aoti_rules *rules, const char *list, int from_fil
 
 /* Sets the rules from the caller's options (each may be NULL) and from the
  * constants file, if one is found (see above); caller options win over the
- * file's. `explicit_file` must exist when given. `package_root` is the
- * unpacked package or the package directory (NULL for a bare library). */
+ * file's, and the caller's `mutated` list adds to the file's.
+ * `explicit_file` must exist when given. `package_root` is the unpacked
+ * package or the package directory (NULL for a bare library). */
 int wb__aoti_rules_init(wb__aoti_rules *rules, const char *aliases, const char *strip_prefix,
-                        const char *prefix, const char *explicit_file, const char *package_root,
-                        const char *model_path, wb_err *err);
+                        const char *prefix, const char *mutated, const char *explicit_file,
+                        const char *package_root, const char *model_path, wb_err *err);
+
+/* 1 when the rules list `fqn` as written by the compiled graph. */
+int wb__aoti_is_mutated(const wb__aoti_rules *rules, const char *fqn);
 
 void wb__aoti_rules_free(wb__aoti_rules *rules);
 

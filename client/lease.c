@@ -125,12 +125,28 @@ static int validate_lease(wb_client *c, const char *model, const Wbproto__Lease 
     return WB_OK;
 }
 
-/* A slab the broker hands out as a sealed memfd on the descriptor channel
- * rather than by name (Slab.transport "memfd"). */
-static int slab_is_memfd(const Wbproto__Slab *s)
+int wb__slab_kind(int backend, const char *transport)
 {
-    return s->backend == WBPROTO__BACKEND__BACKEND_HOST && s->transport &&
-           strcmp(s->transport, "memfd") == 0;
+    int empty = !transport || !transport[0];
+    if (backend == WBPROTO__BACKEND__BACKEND_HOST) {
+        if (empty || strcmp(transport, "shm") == 0)
+            return SLAB_SHM;
+        if (strcmp(transport, "memfd") == 0)
+            return SLAB_MEMFD;
+    } else if (backend == WBPROTO__BACKEND__BACKEND_CUDA) {
+        if (empty || strcmp(transport, "cuda-ipc") == 0)
+            return SLAB_CUDA_IPC;
+        if (strcmp(transport, "cuda-vmm") == 0)
+            return SLAB_CUDA_VMM;
+    }
+    return SLAB_UNKNOWN;
+}
+
+/* Slabs the broker hands out as descriptors on the descriptor channel
+ * rather than by name or handle. */
+static int slab_is_fd(int kind)
+{
+    return kind == SLAB_MEMFD || kind == SLAB_CUDA_VMM;
 }
 
 static int map_slabs(wb_client *c, const char *model, const Wbproto__Lease *pl, wb_lease *l)
@@ -141,8 +157,18 @@ static int map_slabs(wb_client *c, const char *model, const Wbproto__Lease *pl, 
     /* Slabs handed out as descriptors come in one fetch for the lease. */
     int fds[WB_FDWIRE_MAX_FDS];
     size_t n_fds = 0, want_fds = 0;
-    for (size_t i = 0; i < pl->n_slabs; i++)
-        want_fds += slab_is_memfd(pl->slabs[i]);
+    for (size_t i = 0; i < pl->n_slabs; i++) {
+        const Wbproto__Slab *s = pl->slabs[i];
+        int kind = wb__slab_kind(s->backend, s->transport);
+        /* Refused before anything is fetched or mapped. */
+        if (kind == SLAB_UNKNOWN)
+            return wb__client_fail(
+                c, WB_EPROTO,
+                "acquire '%s': slab %zu: transport '%.40s' of backend %d is not one this "
+                "libwbclient knows (shm, memfd, cuda-ipc, cuda-vmm); upgrade it",
+                model, i, s->transport ? s->transport : "", (int)s->backend);
+        want_fds += slab_is_fd(kind);
+    }
     if (want_fds) {
         wb_err e;
         int rc = wb__fdchan_fetch(c->rpc.path, pl->id.data, c->rpc.timeout_ms, fds,
@@ -162,16 +188,23 @@ static int map_slabs(wb_client *c, const char *model, const Wbproto__Lease *pl, 
     for (size_t i = 0; i < pl->n_slabs && rc == WB_OK; i++) {
         const Wbproto__Slab *s = pl->slabs[i];
         char what[64];
-        snprintf(what, sizeof what, "slab %zu (memfd)", i);
-        if (slab_is_memfd(s))
+        switch (wb__slab_kind(s->backend, s->transport)) {
+        case SLAB_MEMFD:
+            snprintf(what, sizeof what, "slab %zu (memfd)", i);
             rc = wb__mapcache_get_fd(fds[i], s->size, what, &l->maps[i], &e);
-        else if (s->backend == WBPROTO__BACKEND__BACKEND_CUDA)
+            break;
+        case SLAB_CUDA_VMM:
+            snprintf(what, sizeof what, "cuda-vmm slab %zu", i);
+            rc = wb__mapcache_get_vmm(fds[i], s->device, s->size, what, &l->maps[i], &e);
+            break;
+        case SLAB_CUDA_IPC:
             rc = wb__mapcache_get_cuda(s->cuda_ipc_handle.data, s->cuda_ipc_handle.len, s->device,
                                        s->size, &l->maps[i], &e);
-        else if (s->backend == WBPROTO__BACKEND__BACKEND_HOST)
+            break;
+        default:
             rc = wb__mapcache_get_host(s->shm_name, s->size, &l->maps[i], &e);
-        else
-            rc = wb__err_set(&e, WB_EPROTO, "unknown backend %d", (int)s->backend);
+            break;
+        }
         if (rc == WB_OK)
             l->n_maps = i + 1;
         else

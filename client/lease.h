@@ -71,6 +71,15 @@ void wb__table_unref(wb__table **t);
 /* Tables a client keeps for its next acquires, one per model. */
 #define WB_TABLE_CACHE 8
 
+/* How a slab is reached (wb__slab_kind). */
+enum { SLAB_SHM, SLAB_MEMFD, SLAB_CUDA_IPC, SLAB_CUDA_VMM, SLAB_UNKNOWN };
+
+/* The way to reach a slab from its Slab.backend (WBPROTO__BACKEND__*) and
+ * Slab.transport: SLAB_UNKNOWN for a transport this library does not know
+ * (refused before anything is fetched or mapped). An empty transport is a
+ * broker from before the field: its backend's only way (shm, cuda-ipc). */
+int wb__slab_kind(int backend, const char *transport);
+
 struct wb_lease {
     /* NULL once the client was destroyed while containers still used the
      * lease: it then lives on, mapped, until released locally. */

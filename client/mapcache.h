@@ -43,6 +43,20 @@ int wb__mapcache_get_fd(int fd, uint64_t size, const char *what, wb__map **out, 
 int wb__mapcache_get_cuda(const uint8_t *handle, size_t handle_len, int device, uint64_t size,
                           wb__map **out, wb_err *err);
 
+/* Maps a cuda-vmm slab received as a descriptor (a cuMemCreate allocation
+ * the broker exported): cuMemImportFromShareableHandle, cuMemAddressReserve,
+ * cuMemMap, then cuMemSetAccess with PROT_READ for `device` (and for the
+ * thread's current device when it reaches `device` as a peer): a kernel
+ * store or a copy into it fails. Not shared between leases (an exported
+ * descriptor says nothing that identifies the allocation): each lease maps
+ * its own range of the same memory. `size` is the slab's, a multiple of the
+ * allocation granularity. The caller keeps and closes fd; unmapped,
+ * its range freed and the import released with the last reference.
+ * WB_ENOSYS without CUDA in this build; WB_ENOGPU without a usable device;
+ * WB_EIO when the driver refuses the descriptor. */
+int wb__mapcache_get_vmm(int fd, int device, uint64_t size, const char *what, wb__map **out,
+                         wb_err *err);
+
 /* Drops one reference and sets *map to NULL; unmaps (or closes the IPC
  * handle) at the last. NULL-safe. */
 void wb__mapcache_put(wb__map **map);
@@ -55,6 +69,11 @@ int wb__map_device(const wb__map *map);
 /* The CUDA device whose context opened the slab (differs from
  * wb__map_device when the slab is reached through peer access); -1 for host. */
 int wb__map_open_device(const wb__map *map);
+/* 1 when the mapping refuses writes (host mappings, cuda-vmm); 0 for a
+ * CUDA IPC mapping, which the driver opens read-write. */
+int wb__map_readonly(const wb__map *map);
+/* "host", "cuda-ipc" or "cuda-vmm", for messages. */
+const char *wb__map_transport(const wb__map *map);
 /* Number of references held on this mapping. */
 unsigned wb__map_refs(const wb__map *map);
 

@@ -11,6 +11,10 @@
  *   wb-aoti-worker --local-weights FILE [--local-weights FILE ...] --aoti PATH ...
  *   wb-aoti-worker --own-constants --aoti PATH.so ...
  *
+ * --mutated FQN,... names constants the compiled graph writes (besides the
+ * package's "weightbroker.mutated"): binding them to a lease is refused;
+ * --copy-mutated binds them to private copies instead.
+ *
  * --verify checks every leased tensor against the broker's checksum before
  * serving (wb_lease_verify; device memory is copied to the host in chunks
  * on a private stream).
@@ -94,7 +98,7 @@ static void usage(FILE *out)
             "                      [--input FILE] [--output FILE] [--iterations N] [--serve]\n"
             "                      [--socket PATH] [--torch-lib DIR] [--device DEV] [--verify]\n"
             "                      [--alias NAME=TARGET ...] [--strip-prefix P] [--prefix P]\n"
-            "                      [--constants FILE]\n"
+            "                      [--constants FILE] [--mutated FQN,...] [--copy-mutated]\n"
             "       wb-aoti-worker --local-weights FILE [...] --aoti PATH [...]\n"
             "       wb-aoti-worker --own-constants --aoti PATH [...]\n");
 }
@@ -299,6 +303,8 @@ typedef struct worker {
     int own_constants;
     char aliases[4096]; /* --alias, joined with commas */
     const char *strip_prefix, *prefix, *constants_file;
+    const char *mutated; /* --mutated: constants the graph writes */
+    int copy_mutated;    /* --copy-mutated: bind those to private copies */
     const char *aoti, *input, *output, *socket, *torch_lib, *device;
     long iterations;
     int serve;
@@ -481,6 +487,8 @@ static int attach(worker *w)
     o.strip_prefix = w->strip_prefix;
     o.prefix = w->prefix;
     o.constants_file = w->constants_file;
+    o.mutated = w->mutated;
+    o.copy_mutated = w->copy_mutated;
     int rc = wb_container_create(w->leases, w->n_models, w->aoti, &o, &w->c);
     if (rc != WB_OK) {
         fprintf(stderr, "wb-aoti-worker: %s: %s\n", wb_status_name(rc), wb_container_errmsg(w->c));
@@ -561,6 +569,8 @@ static int parse(worker *w, int argc, char **argv)
         {"strip-prefix", required_argument, NULL, 'P'},
         {"prefix", required_argument, NULL, 'p'},
         {"constants", required_argument, NULL, 'C'},
+        {"mutated", required_argument, NULL, 'u'},
+        {"copy-mutated", no_argument, NULL, 'K'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -595,6 +605,12 @@ static int parse(worker *w, int argc, char **argv)
             break;
         case 'p':
             w->prefix = optarg;
+            break;
+        case 'u':
+            w->mutated = optarg;
+            break;
+        case 'K':
+            w->copy_mutated = 1;
             break;
         case 'C':
             w->constants_file = optarg;

@@ -19,7 +19,10 @@ stored in the package as <archive>/weightbroker/constants.safetensors:
   not read; a tie the model does not show must be given with --alias;
 * "weightbroker.strip_prefix" / "weightbroker.prefix": how the model's FQNs
   become checkpoint names (a model exported inside a wrapper has FQNs
-  "model.<name>").
+  "model.<name>");
+* "weightbroker.mutated": the buffers the exported program writes
+  (graph_signature.buffers_to_mutate); libwbclient refuses to bind them to
+  shared weights unless asked for a private copy.
 
 libwbclient finds the file by itself (wb_container_options.constants_file or
 wb-aoti-worker --constants name another one; --alias, --strip-prefix and
@@ -131,11 +134,23 @@ def _add_to_package(package_path, file_path):
     return entry
 
 
-def write_constants(package_path, aliases, extra, strip_prefix=None, prefix=None):
+def mutated_buffers(ep):
+    """FQNs of the buffers the exported program writes (BatchNorm running
+    statistics in training mode, caches, counters): the compiled graph
+    writes those constants, so workers must not bind them to shared,
+    read-only weights."""
+    if ep is None:
+        return []
+    return sorted(set(ep.graph_signature.buffers_to_mutate.values()))
+
+
+def write_constants(package_path, aliases, extra, strip_prefix=None, prefix=None, mutated=()):
     from safetensors.torch import save_file
 
     meta = {"weightbroker.format": FORMAT,
             "weightbroker.aliases": ",".join(f"{k}={v}" for k, v in sorted(aliases.items()))}
+    if mutated:
+        meta["weightbroker.mutated"] = ",".join(mutated)
     if strip_prefix:
         meta["weightbroker.strip_prefix"] = strip_prefix
     if prefix:
@@ -163,9 +178,10 @@ def compile_package(module, example_inputs, package_path, checkpoint=None, strip
     t_compile = time.time() - t0
     ckpt = checkpoint_names(checkpoint) if checkpoint else None
     leased, aliases, extra = plan(module, ckpt, strip_prefix, prefix, ep)
-    entry = write_constants(package_path, aliases, extra, strip_prefix, prefix)
+    mutated = mutated_buffers(ep)
+    entry = write_constants(package_path, aliases, extra, strip_prefix, prefix, mutated)
     return {"package": package_path, "entry": entry, "leased": len(leased),
-            "aliases": aliases, "extra": sorted(extra),
+            "aliases": aliases, "extra": sorted(extra), "mutated": mutated,
             "extra_bytes": sum(t.numel() * t.element_size() for t in extra.values()),
             "export_s": round(t_export, 2), "compile_s": round(t_compile, 2)}
 

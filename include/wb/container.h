@@ -110,6 +110,17 @@ typedef struct wb_container_options {
      * beside it, else none. Its tensors are copied into memory private to the
      * container (counted in package_bytes). */
     const char *constants_file;
+    /* Constants the compiled graph writes (buffers the exported program
+     * mutates): "fqn,fqn", added to the constants file's
+     * "weightbroker.mutated" list (examples/wb_compile.py writes it from
+     * the exported program's buffers_to_mutate). Such a constant found in a
+     * lease is refused with WB_EPERM naming it (a write into a read-only
+     * mapping would fault in this worker; into a CUDA IPC slab it would
+     * change every worker's copy), unless `copy_mutated` is nonzero: then
+     * it is bound to a private copy of the leased tensor, counted in
+     * package_constants/package_bytes. Caller tensors are the caller's. */
+    const char *mutated;
+    int copy_mutated;
 } wb_container_options;
 
 /* Fills opts with the defaults described above (all zero). */

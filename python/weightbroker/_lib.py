@@ -67,6 +67,8 @@ class ContainerOptions(ctypes.Structure):
         ("prefix", ctypes.c_char_p),
         ("aliases", ctypes.c_char_p),
         ("constants_file", ctypes.c_char_p),
+        ("mutated", ctypes.c_char_p),
+        ("copy_mutated", ctypes.c_int),
     ]
 
 

@@ -49,8 +49,9 @@ class Model:
     `with` block, or garbage collection) destroys the container."""
 
     def __init__(self, path, leases, *, tensors=None, aliases=None, device=None,
-                 strip_prefix=None, prefix=None, constants_file=None,
-                 torch_lib_dir="auto", num_models=1, work_dir=None, bridge=None):
+                 strip_prefix=None, prefix=None, constants_file=None, mutated=None,
+                 copy_mutated=False, torch_lib_dir="auto", num_models=1, work_dir=None,
+                 bridge=None):
         L = lib()
         if not isinstance(leases, (list, tuple)):
             leases = [leases]
@@ -103,13 +104,14 @@ class Model:
         for field, value in (("torch_lib_dir", torch_lib_dir), ("device", device),
                              ("work_dir", work_dir), ("strip_prefix", strip_prefix),
                              ("prefix", prefix), ("aliases", aliases),
-                             ("constants_file", constants_file)):
+                             ("constants_file", constants_file), ("mutated", mutated)):
             if value:
                 path_like = field in ("torch_lib_dir", "work_dir", "constants_file")
                 b = os.fsencode(value) if path_like else value.encode()
                 keep.append(b)
                 setattr(opts, field, b)
         opts.num_models = num_models
+        opts.copy_mutated = 1 if copy_mutated else 0
         opts.tensors = ct if extra else None
         opts.n_tensors = len(extra)
 
@@ -285,13 +287,16 @@ def load_aoti(path, leases, *, aliases=None, tensors=None, device=None, strip_pr
     such as a tied lm_head.weight; `strip_prefix` / `prefix` map the model's
     constant names to the checkpoint's (a model exported inside a wrapper);
     `constants_file` names the file of constants no checkpoint has (default:
-    the one the compile helper stored in the package); `tensors` {constant:
+    the one the compile helper stored in the package); `mutated` ("fqn,...")
+    names constants the compiled graph writes, besides the package's list:
+    binding those to a lease is refused (WB_EPERM) unless `copy_mutated`
+    binds them to private copies; `tensors` {constant:
     torch.Tensor} supplies constants no lease has (the tensors must stay
     unchanged while the model lives). device: "cpu", "cuda" or "cuda:N"
     (default: the leases' device). Keywords: torch_lib_dir ("auto": the
-    imported torch's), num_models, work_dir, bridge ("torch": torch's own
-    tensor handles, zero copy; "wb": the runtime's handles through
-    libwbclient, outputs copied)."""
+    imported torch's), num_models, work_dir, mutated, copy_mutated, bridge
+    ("torch": torch's own tensor handles, zero copy; "wb": the runtime's
+    handles through libwbclient, outputs copied)."""
     return Model(path, leases, aliases=aliases, tensors=tensors, device=device,
                  strip_prefix=strip_prefix, prefix=prefix, constants_file=constants_file,
                  **kwargs)

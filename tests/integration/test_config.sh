@@ -153,3 +153,44 @@ for entry in "${options[@]}"; do
   checked=$((checked + 1))
 done
 log "checked ${checked} configuration keys against ${#options[@]} options"
+
+# The cuda slab transport: a configuration key like --host-slab; a bad value
+# is refused naming it; --backend cuda with vmm slabs stops at start with the
+# reason on a machine without a usable GPU (or a build without CUDA), and
+# auto falls back to the host backend saying why.
+printf '[broker]\ncuda-slab = vmm\nhost-slab = memfd\n' >"$WB_TMP/vmm.conf"
+check_config "$WB_TMP/vmm.conf" --socket "$WB_TMP/k.sock"
+[ "$EXIT_RC" = 0 ] || fail "cuda-slab = vmm: exit status $EXIT_RC: $(cat "$WB_TMP/check.err")"
+grep -qx "backend: auto cuda-slab=vmm host-slab=memfd" "$WB_TMP/check.out" ||
+  fail "--check-config does not show the slab transports: $(cat "$WB_TMP/check.out")"
+check_config "$WB_TMP/vmm.conf" --socket "$WB_TMP/k.sock" --cuda-slab ipc
+grep -qx "backend: auto cuda-slab=ipc host-slab=memfd" "$WB_TMP/check.out" ||
+  fail "--cuda-slab ipc did not override the file: $(cat "$WB_TMP/check.out")"
+printf '[broker]\ncuda-slab = fast\n' >"$WB_TMP/vmm_bad.conf"
+check_config "$WB_TMP/vmm_bad.conf" --socket "$WB_TMP/k.sock"
+[ "$EXIT_RC" = 78 ] || fail "cuda-slab = fast: exit status $EXIT_RC, not 78"
+if ! grep -qF "$WB_TMP/vmm_bad.conf:2: cuda-slab: 'fast' is not one of ipc, vmm" "$WB_TMP/check.err"; then
+  fail "cuda-slab = fast: $(cat "$WB_TMP/check.err")"
+fi
+"$WBROKERD" --cuda-slab fast --check-config >"$WB_TMP/check.out" 2>"$WB_TMP/check.err"
+rc=$?
+[ "$rc" = 2 ] || fail "--cuda-slab fast: exit status $rc, not 2"
+grep -qF -- "--cuda-slab: 'fast' is not one of ipc, vmm" "$WB_TMP/check.err" || fail "--cuda-slab fast: $(cat "$WB_TMP/check.err")"
+
+"$WBROKERD" --backend cuda --cuda-slab vmm --socket "$WB_TMP/vmm.sock" >"$WB_TMP/vmm.log" 2>&1 &
+vpid=$!
+for _ in $(seq 1 100); do kill -0 "$vpid" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$vpid" 2>/dev/null; then
+  kill -KILL "$vpid"
+  fail "--backend cuda --cuda-slab vmm started without a usable GPU"
+else
+  wait "$vpid"
+  rc=$?
+  [ "$rc" != 0 ] || fail "--backend cuda --cuda-slab vmm exited 0 without a GPU"
+  grep -qE "no usable GPU|this build has no cuda backend" "$WB_TMP/vmm.log" ||
+    fail "--backend cuda --cuda-slab vmm gave no reason: $(cat "$WB_TMP/vmm.log")"
+fi
+start_broker --backend auto --cuda-slab vmm
+grep -q "event=backend .*backend=host requested=auto" "$BROKER_LOG" ||
+  fail "auto with --cuda-slab vmm did not fall back to host: $(grep backend "$BROKER_LOG")"
+stop_broker

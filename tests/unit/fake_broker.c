@@ -53,6 +53,8 @@ static void fill_lease(fake_broker *f, Wbproto__Lease *lease, Wbproto__Slab *sla
         slab->device = -1;
         slab->shm_name = f->slab->name;
     }
+    if (f->transport)
+        slab->transport = (char *)f->transport;
     slabs[0] = slab;
     lease->n_slabs = 1;
     lease->slabs = slabs;

@@ -46,6 +46,7 @@ typedef struct fake_broker {
     size_t n_tensors;
 
     atomic_int mode;          /* enum fake_mode */
+    const char *transport;    /* Slab.transport of the grants; NULL: none */
     atomic_int delay_next_ms; /* delay the next answer by this much, once */
     atomic_int forget;        /* heartbeats: report every lease as unknown */
     atomic_uint pace_ms;      /* heartbeat replies ask for this interval (0: say nothing) */

@@ -5,6 +5,7 @@
 #include "wb/client.h"
 
 #include "fake_broker.h"
+#include "lease.h"
 #include "mapcache.h"
 #include "shm.h"
 #include "wire.h"
@@ -283,6 +284,80 @@ START_TEST(broker_refusal_message)
 }
 END_TEST
 
+/* A slab transport this library does not know is refused before anything
+ * is fetched or mapped, naming it; the granted lease is handed back. */
+START_TEST(unknown_transport_is_refused)
+{
+    const struct {
+        int mode;
+        const char *transport;
+        int backend;
+    } cases[] = {{FAKE_CUDA, "cuda-bogus", 2}, {FAKE_NORMAL, "cuda-vmm", 1}};
+    for (size_t k = 0; k < 2; k++) {
+        fake f;
+        fake_start(&f, 10000);
+        atomic_store(&f.b.mode, cases[k].mode);
+        f.b.transport = cases[k].transport;
+        wb_client *c = connect_fake(&f, 1, 2000);
+        wb_lease *l = NULL;
+        ck_assert_int_eq(wb_lease_acquire(c, "demo", &l), WB_EPROTO);
+        ck_assert_ptr_null(l);
+        char want[200];
+        snprintf(want, sizeof want,
+                 "acquire 'demo': slab 0: transport '%s' of backend %d is not one this "
+                 "libwbclient knows (shm, memfd, cuda-ipc, cuda-vmm); upgrade it",
+                 cases[k].transport, cases[k].backend);
+        ck_assert_str_eq(wb_client_errmsg(c), want);
+        ck_assert_int_eq(atomic_load(&f.b.n_release), 1);
+        ck_assert_uint_eq(wb__mapcache_count(), 0);
+        wb_client_destroy(&c);
+        fake_stop(&f);
+    }
+}
+END_TEST
+
+/* Which way a slab is reached, from its backend and transport; an empty
+ * transport is a broker from before the field. */
+START_TEST(slab_kinds)
+{
+    const int host = WBPROTO__BACKEND__BACKEND_HOST, cuda = WBPROTO__BACKEND__BACKEND_CUDA;
+    ck_assert_int_eq(wb__slab_kind(host, NULL), SLAB_SHM);
+    ck_assert_int_eq(wb__slab_kind(host, ""), SLAB_SHM);
+    ck_assert_int_eq(wb__slab_kind(host, "shm"), SLAB_SHM);
+    ck_assert_int_eq(wb__slab_kind(host, "memfd"), SLAB_MEMFD);
+    ck_assert_int_eq(wb__slab_kind(cuda, ""), SLAB_CUDA_IPC);
+    ck_assert_int_eq(wb__slab_kind(cuda, "cuda-ipc"), SLAB_CUDA_IPC);
+    ck_assert_int_eq(wb__slab_kind(cuda, "cuda-vmm"), SLAB_CUDA_VMM);
+    ck_assert_int_eq(wb__slab_kind(host, "cuda-vmm"), SLAB_UNKNOWN);
+    ck_assert_int_eq(wb__slab_kind(cuda, "memfd"), SLAB_UNKNOWN);
+    ck_assert_int_eq(wb__slab_kind(cuda, "cuda-vmm "), SLAB_UNKNOWN);
+    ck_assert_int_eq(wb__slab_kind(WBPROTO__BACKEND__BACKEND_UNSPECIFIED, ""), SLAB_UNKNOWN);
+}
+END_TEST
+
+/* A cuda-vmm slab is refused clearly where it cannot be mapped: no CUDA in
+ * the build, or no usable GPU (these tests run without one). */
+START_TEST(vmm_map_without_gpu)
+{
+    wb__map *m = NULL;
+    wb_err e;
+    int rc = wb__mapcache_get_vmm(-1, 0, 2u << 20, "cuda-vmm slab 0", &m, &e);
+    ck_assert_ptr_null(m);
+#ifdef WB_HAVE_CUDA
+    ck_assert_int_eq(rc, WB_ENOGPU);
+    ck_assert_msg(strstr(e.msg, "cuda slab on device 0: no usable GPU in this process") != NULL,
+                  "%s", e.msg);
+#else
+    ck_assert_int_eq(rc, WB_ENOSYS);
+    ck_assert_str_eq(e.msg, "cuda-vmm slab 0 on device 0: this build of libwbclient has no CUDA "
+                            "support (CUDA toolkit not found at build time)");
+#endif
+    ck_assert_int_eq(wb__mapcache_get_vmm(-1, 0, 0, "cuda-vmm slab 0", &m, &e), WB_EPROTO);
+    ck_assert_str_eq(e.msg, "cuda-vmm slab 0: the broker gave a size of 0 bytes");
+    ck_assert_uint_eq(wb__mapcache_count(), 0);
+}
+END_TEST
+
 START_TEST(cuda_slab_not_supported)
 {
     fake f;
@@ -506,6 +581,9 @@ int main(void)
     TCase *tc = tcase_create("client");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, missing_socket_fails_fast);
+    tcase_add_test(tc, unknown_transport_is_refused);
+    tcase_add_test(tc, slab_kinds);
+    tcase_add_test(tc, vmm_map_without_gpu);
     tcase_add_test(tc, not_a_socket_fails);
     tcase_add_test(tc, stale_socket_refused_fast);
     tcase_add_test(tc, silent_socket_times_out);

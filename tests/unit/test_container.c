@@ -786,6 +786,66 @@ static void check_beat_counts(wb_lease *l, uint32_t leased, uint32_t aliased, ui
     wb__lease_beat_free(&beat);
 }
 
+/* A constant the compiled graph writes (the constants file's
+ * "weightbroker.mutated", or the caller's list) is never bound to the
+ * shared lease: refused naming it, or bound to a private copy when asked. */
+START_TEST(mutated_constant_is_refused_or_copied)
+{
+    char so[512], file[600];
+    make_case("v211", SPEC_BASIC, so, sizeof so);
+    snprintf(file, sizeof file, "%s.wb.safetensors", so);
+    const char *names[] = {"unused.extra"};
+    const float vals[][4] = {{0, 0, 0, 0}};
+    const char *meta[] = {"weightbroker.mutated", "running.count, model.bias"};
+    write_st_meta(file, names, vals, 1, meta, 1);
+    env e;
+    open_env(&e);
+    wb_container *c = NULL;
+    ck_assert_int_eq(wb_container_create(e.leases, 2, so, NULL, &c), WB_EPERM);
+    const char *msg = wb_container_errmsg(c);
+    ck_assert_msg(strstr(msg, "constant 'model.bias' is written by the compiled graph (listed as "
+                              "mutated in ") != NULL,
+                  "%s", msg);
+    ck_assert_msg(strstr(msg, "shared through a read-only mapping (host): a write would fault in "
+                              "this worker") != NULL,
+                  "%s", msg);
+    ck_assert_ptr_nonnull(strstr(msg, "copy_mutated"));
+    wb_container_destroy(&c);
+    ck_assert_uint_eq(wb_lease_containers(e.leases[0]), 0);
+
+    /* Asked for: a private copy, counted as the container's own. */
+    wb_container_options o;
+    wb_container_options_init(&o);
+    o.copy_mutated = 1;
+    int rc = wb_container_create(e.leases, 2, so, &o, &c);
+    ck_assert_msg(rc == WB_OK, "create: %s", wb_container_errmsg(c));
+    wb_container_info info;
+    wb_container_get_info(c, &info);
+    ck_assert_uint_eq(info.leased_constants, 1);
+    ck_assert_uint_eq(info.package_constants, 1);
+    ck_assert_uint_eq(info.package_bytes, 16);
+    ck_assert_uint_eq(info.bound_bytes, 16);
+    run_and_check(c, WANT_BASIC);
+    wb_container_destroy(&c);
+    unlink(file);
+
+    /* The caller's list, names trimmed; only whole names match. */
+    wb_container_options_init(&o);
+    o.mutated = " model.weight ,";
+    ck_assert_int_eq(wb_container_create(e.leases, 2, so, &o, &c), WB_EPERM);
+    ck_assert_msg(strstr(wb_container_errmsg(c), "constant 'model.weight' is written by the "
+                                                 "compiled graph (listed as mutated) but") != NULL,
+                  "%s", wb_container_errmsg(c));
+    wb_container_destroy(&c);
+    o.mutated = "model.weigh,odel.bias,model.bias.x";
+    rc = wb_container_create(e.leases, 2, so, &o, &c);
+    ck_assert_msg(rc == WB_OK, "create: %s", wb_container_errmsg(c));
+    run_and_check(c, WANT_BASIC);
+    wb_container_destroy(&c);
+    close_env(&e);
+}
+END_TEST
+
 /* save_pretrained drops a tied parameter: the model still has a constant
  * for it, which binds to the tensor it is tied to. */
 START_TEST(tied_weight_binds_through_alias)
@@ -1135,6 +1195,7 @@ static Suite *suite(void)
     tcase_add_test(tc, proxy_executor_model_is_refused);
     tcase_add_test(tc, each_tensor_keeps_its_device);
     tcase_add_test(tc, acquire_reuses_the_held_table);
+    tcase_add_test(tc, mutated_constant_is_refused_or_copied);
     suite_add_tcase(s, tc);
     return s;
 }
