@@ -267,7 +267,12 @@ static int check_slab(const Wbproto__Slab *s, size_t i, wb_err *err)
         return wb__err_set(err, WB_EPROTO,
                            "lease.slabs[%zu].cuda_ipc_handle has %zu bytes, expected 0 or %d", i,
                            s->cuda_ipc_handle.len, WIRE_CUDA_HANDLE_LEN);
-    if (s->backend == WBPROTO__BACKEND__BACKEND_CUDA && s->cuda_ipc_handle.len == 0)
+    /* A cuda-vmm slab comes as a descriptor on the descriptor channel. */
+    int vmm = s->transport && strcmp(s->transport, "cuda-vmm") == 0;
+    if (vmm && s->backend != WBPROTO__BACKEND__BACKEND_CUDA)
+        return wb__err_set(err, WB_EPROTO, "lease.slabs[%zu] is a cuda-vmm slab of a host backend",
+                           i);
+    if (s->backend == WBPROTO__BACKEND__BACKEND_CUDA && !vmm && s->cuda_ipc_handle.len == 0)
         return wb__err_set(err, WB_EPROTO, "lease.slabs[%zu] is a cuda slab without an IPC handle",
                            i);
     /* A memfd slab has no name: the client fetches its descriptor. */

@@ -170,6 +170,8 @@ def compile_package(module, example_inputs, package_path, checkpoint=None, strip
     ep = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic_shapes,
                              strict=False)
     t_export = time.time() - t0
+    # Read before compiling: compilation may rewrite the program it is given.
+    mutated = mutated_buffers(ep)
     configs = {"aot_inductor.package_constants_in_so": False}
     configs.update(inductor_configs or {})
     t0 = time.time()
@@ -178,7 +180,6 @@ def compile_package(module, example_inputs, package_path, checkpoint=None, strip
     t_compile = time.time() - t0
     ckpt = checkpoint_names(checkpoint) if checkpoint else None
     leased, aliases, extra = plan(module, ckpt, strip_prefix, prefix, ep)
-    mutated = mutated_buffers(ep)
     entry = write_constants(package_path, aliases, extra, strip_prefix, prefix, mutated)
     return {"package": package_path, "entry": entry, "leased": len(leased),
             "aliases": aliases, "extra": sorted(extra), "mutated": mutated,

@@ -426,6 +426,13 @@ START_TEST(test_reply_acquire_bounds)
     f.slab[1].cuda_ipc_handle.len = 0;
     ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
     ck_assert_str_eq(err.msg, "lease.slabs[1] is a cuda slab without an IPC handle");
+    /* A cuda-vmm slab has no handle: its descriptor comes on the channel. */
+    f.slab[1].transport = "cuda-vmm";
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_OK);
+    wb__reply_free(&out);
+    f.slab[0].transport = "cuda-vmm"; /* slab 0 is a host slab */
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "lease.slabs[0] is a cuda-vmm slab of a host backend");
 
     fixture_init(&f);
     f.slab[0].shm_name = "/../etc/passwd";
