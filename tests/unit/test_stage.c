@@ -253,6 +253,11 @@ static void ring_free(ring *r)
 
 static const char *const file_names[] = {data_file};
 
+/* The read source of the running loop test (wb_stage_read): the tests that
+ * read run once with each. */
+static int cur_read = WB_STAGE_READ_PREAD;
+#define READ_LOOP() (cur_read = _i)
+
 static wb_stage_job job_for(model *m, int mode, unsigned threads, uint64_t chunk)
 {
     wb_stage_job j = {
@@ -262,7 +267,7 @@ static wb_stage_job job_for(model *m, int mode, unsigned threads, uint64_t chunk
         .n_files = 1,
         .files = file_names,
         .fds = &m->fd,
-        .cfg = {.read_threads = threads, .chunk_bytes = chunk},
+        .cfg = {.read_threads = threads, .chunk_bytes = chunk, .read_source = cur_read},
     };
     return j;
 }
@@ -279,6 +284,7 @@ static const uint64_t mixed[] = {
 
 START_TEST(test_direct_matrix)
 {
+    READ_LOOP();
     model m;
     model_make(&m, mixed, N_MIXED, 0);
     static const uint64_t chunks[] = {4096, 65536, 1 << 20, 8 << 20};
@@ -301,6 +307,7 @@ START_TEST(test_direct_matrix)
             model_check(&m, dst);
             ck_assert_uint_eq(atomic_load(&landed), st.bytes);
             ck_assert_int_eq(st.mode, WB_STAGE_DIRECT);
+            ck_assert_int_eq(st.read_source, cur_read);
             ck_assert_uint_ge(st.threads, 1);
             ck_assert_uint_le(st.threads, threads[t]);
             ck_assert_uint_eq(st.chunk_bytes, chunks[c]);
@@ -314,6 +321,7 @@ END_TEST
 
 START_TEST(test_staged_matrix)
 {
+    READ_LOOP();
     model m;
     model_make(&m, mixed, N_MIXED, 3);
     static const uint64_t sizes[] = {4096, 65536, 1 << 20};
@@ -368,6 +376,7 @@ END_TEST
  * checksum must still be over the bytes in order. */
 START_TEST(test_one_big_tensor_many_threads)
 {
+    READ_LOOP();
     static const uint64_t sizes[] = {(7 << 20) + 3};
     model m;
     model_make(&m, sizes, 1, 100);
@@ -423,6 +432,7 @@ END_TEST
  * and the tensor, and the ring can load again. */
 START_TEST(test_short_file)
 {
+    READ_LOOP();
     model m;
     model_make(&m, mixed, N_MIXED, 0);
     ck_assert_int_eq(truncate(data_file, (off_t)(m.file_len - 1000)), 0);
@@ -453,9 +463,68 @@ START_TEST(test_short_file)
 }
 END_TEST
 
+/* Truncates the data file when the reader prepares chunk `at`. */
+typedef struct shrink {
+    unsigned calls, at;
+    off_t to;
+} shrink;
+
+static int shrink_prepare(void *ctx, uint64_t offset, uint64_t len, wb_err *err)
+{
+    (void)offset;
+    (void)len;
+    (void)err;
+    shrink *k = ctx;
+    if (k->calls++ == k->at)
+        ck_assert_int_eq(truncate(data_file, k->to), 0);
+    return WB_OK;
+}
+
+/* The file shrinks while it is read (someone truncates it): a pread gets a
+ * short read, a mapping faults (SIGBUS, or an error from populating its
+ * pages). Each read source fails the load with WB_EIO naming the file and
+ * the tensor; none kills the process. Small tensors take the fault path,
+ * large ones are populated first. */
+START_TEST(test_file_shrinks)
+{
+    READ_LOOP();
+    static const uint64_t small[] = {4096, 5000, 70000, 65536, 8192, 100000, 4096, 65536};
+    static const uint64_t large[] = {1 << 20, (1 << 20) + 5, 3 << 20, 1 << 20};
+    for (int big = 0; big < 2; big++) {
+        model m;
+        const uint64_t *sizes = big ? large : small;
+        size_t n = big ? 4 : 8;
+        model_make(&m, sizes, n, 0);
+        uint8_t *dst = malloc(m.slab_len);
+        ck_assert_ptr_nonnull(dst);
+        /* One thread, chunks of one tensor each (in slab order): the file
+         * loses its second half when the third chunk is prepared. */
+        wb_stage_job j = job_for(&m, WB_STAGE_DIRECT, 1, 65536);
+        j.host_dst = dst;
+        shrink k = {.at = 2, .to = (off_t)(m.t[2].file_offset + 100)};
+        j.prepare = shrink_prepare;
+        j.prepare_ctx = &k;
+        wb_stage_stats st;
+        wb_err err = {0};
+        ck_assert_int_eq(wb__stage_run(&j, &st, &err), WB_EIO);
+        ck_assert_int_eq(err.code, WB_EIO);
+        ck_assert_msg(strstr(err.msg, data_file) != NULL, "%s", err.msg);
+        ck_assert_msg(strstr(err.msg, "tensor 't2'") != NULL, "%s", err.msg);
+        if (cur_read == WB_STAGE_READ_PREAD)
+            ck_assert_msg(strstr(err.msg, "the file ends at") != NULL, "%s", err.msg);
+        else
+            ck_assert_msg(strstr(err.msg, "the file shrank while it was read") != NULL, "%s",
+                          err.msg);
+        free(dst);
+        model_free(&m);
+    }
+}
+END_TEST
+
 /* A descriptor that cannot be read (a directory): WB_EIO with the reason. */
 START_TEST(test_read_error)
 {
+    READ_LOOP();
     model m;
     model_make(&m, mixed, N_MIXED, 0);
     int dirfd = open(tmpdir, O_RDONLY | O_DIRECTORY);
@@ -491,6 +560,7 @@ END_TEST
  * again. */
 START_TEST(test_copy_failures)
 {
+    READ_LOOP();
     model m;
     model_make(&m, mixed, N_MIXED, 0);
     for (int which = 0; which < 2; which++) {
@@ -523,6 +593,7 @@ END_TEST
 
 START_TEST(test_cancel)
 {
+    READ_LOOP();
     model m;
     model_make(&m, mixed, N_MIXED, 0);
     atomic_int cancel = 1;
@@ -633,14 +704,16 @@ static Suite *suite(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
     tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, test_direct_matrix);
-    tcase_add_test(tc, test_staged_matrix);
-    tcase_add_test(tc, test_one_big_tensor_many_threads);
+    tcase_add_loop_test(tc, test_direct_matrix, WB_STAGE_READ_PREAD, WB_STAGE_READ_MMAP_NT + 1);
+    tcase_add_loop_test(tc, test_staged_matrix, WB_STAGE_READ_PREAD, WB_STAGE_READ_MMAP_NT + 1);
+    tcase_add_loop_test(tc, test_one_big_tensor_many_threads, WB_STAGE_READ_PREAD,
+                        WB_STAGE_READ_MMAP_NT + 1);
     tcase_add_test(tc, test_mapped);
-    tcase_add_test(tc, test_short_file);
-    tcase_add_test(tc, test_read_error);
-    tcase_add_test(tc, test_copy_failures);
-    tcase_add_test(tc, test_cancel);
+    tcase_add_loop_test(tc, test_short_file, WB_STAGE_READ_PREAD, WB_STAGE_READ_MMAP_NT + 1);
+    tcase_add_loop_test(tc, test_read_error, WB_STAGE_READ_PREAD, WB_STAGE_READ_MMAP_NT + 1);
+    tcase_add_loop_test(tc, test_copy_failures, WB_STAGE_READ_PREAD, WB_STAGE_READ_MMAP_NT + 1);
+    tcase_add_loop_test(tc, test_cancel, WB_STAGE_READ_PREAD, WB_STAGE_READ_MMAP_NT + 1);
+    tcase_add_loop_test(tc, test_file_shrinks, WB_STAGE_READ_PREAD, WB_STAGE_READ_MMAP_NT + 1);
     tcase_add_test(tc, test_bad_jobs);
     tcase_add_test(tc, test_empty_tensors);
     tcase_add_test(tc, test_config);
