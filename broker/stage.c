@@ -77,6 +77,8 @@ void wb__stage_config_fill(wb_stage_config *c)
         c->read_source = WB_STAGE_DEFAULT_READ;
     if (c->ring_pages == 0)
         c->ring_pages = WB_STAGE_DEFAULT_RING_PAGES;
+    if (c->register_piece == 0)
+        c->register_piece = WB_STAGE_REGISTER_PIECE;
 }
 
 int wb__stage_config_check(const wb_stage_config *c, wb_err *err)
@@ -104,6 +106,10 @@ int wb__stage_config_check(const wb_stage_config *c, wb_err *err)
     if (c->register_threads > WB_STAGE_MAX_THREADS)
         return wb__err_set(err, WB_EINVAL, "register threads: %u is not between 0 and %d",
                            c->register_threads, WB_STAGE_MAX_THREADS);
+    if (c->register_piece == 0 || c->register_piece % (64u * 1024u) != 0)
+        return wb__err_set(err, WB_EINVAL,
+                           "register piece: %llu bytes is not a positive multiple of 65536",
+                           (unsigned long long)c->register_piece);
     return WB_OK;
 }
 

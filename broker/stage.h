@@ -99,6 +99,9 @@ typedef struct wb_stage_config {
      * N registers it in pieces of WB_STAGE_REGISTER_PIECE bytes on N
      * threads while the copies of the pieces already registered run. */
     unsigned register_threads;
+    /* Mapped, register_threads > 0: bytes per piece, a multiple of 64 KiB;
+     * 0: WB_STAGE_REGISTER_PIECE. */
+    uint64_t register_piece;
 } wb_stage_config;
 
 /* Replaces zero fields of *c by the defaults. */
@@ -160,6 +163,9 @@ typedef struct wb_stage_job {
     const char *const *files; /* names, for messages */
     const int *fds;
     const uint8_t *const *maps;
+    /* Mapped, register_threads > 0: each mapping's length; the pipeline
+     * registers and unregisters the mappings itself, in pieces. */
+    const uint64_t *map_lens;
     /* The destination: the slab's host bytes (direct) or its base address
      * as the engine understands it (staged, mapped). */
     uint8_t *host_dst;

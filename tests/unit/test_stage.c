@@ -12,6 +12,7 @@
 #include <xxhash.h>
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,9 +126,17 @@ typedef struct fake_engine {
     pending_copy slot[64];
     unsigned submits, queries, begins, finishes, in_flight, max_in_flight;
     unsigned fail_submit_at, fail_query_at; /* 1-based; 0 never */
-    unsigned registered;
+    unsigned registered, register_calls;
+    unsigned fail_register_at; /* 1-based; 0 never */
+    /* Registered ranges (mapped in pieces), and copies that spanned two. */
+    const uint8_t *reg_lo[256], *reg_hi[256];
+    unsigned spanning;
     int delay; /* the most queries a copy stays pending */
 } fake_engine;
+
+/* Guards the fake engine's registration records: registering threads and
+ * the copier use them at once. */
+static pthread_mutex_t fe_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void land(pending_copy *p)
 {
@@ -151,6 +160,17 @@ static int fe_submit(void *ctx, int buf, const void *src, void *dst, size_t len,
     if (f->fail_submit_at && f->submits == f->fail_submit_at)
         return wb__err_set(err, WB_EIO, "injected copy failure at copy %u", f->submits);
     if (buf < 0) {
+        /* Mapped: the source must lie within one registered range, when
+         * the pipeline registered pieces. */
+        pthread_mutex_lock(&fe_mu);
+        unsigned nr = f->register_calls < 256 ? f->register_calls : 256;
+        int inside = nr == 0;
+        for (unsigned i = 0; i < nr; i++) {
+            if ((const uint8_t *)src >= f->reg_lo[i] && (const uint8_t *)src + len <= f->reg_hi[i])
+                inside = 1;
+        }
+        f->spanning += !inside;
+        pthread_mutex_unlock(&fe_mu);
         memcpy(dst, src, len);
         return WB_OK;
     }
@@ -202,17 +222,29 @@ static int fe_finish(void *ctx, double *secs, wb_err *err)
 
 static int fe_register(void *ctx, void *addr, size_t len, wb_err *err)
 {
-    (void)addr;
-    (void)len;
-    (void)err;
-    ((fake_engine *)ctx)->registered++;
+    fake_engine *f = ctx;
+    pthread_mutex_lock(&fe_mu);
+    unsigned k = f->register_calls++;
+    int fail = f->fail_register_at && k + 1 == f->fail_register_at;
+    if (!fail) {
+        f->registered++;
+        if (k < 256) {
+            f->reg_lo[k] = addr;
+            f->reg_hi[k] = (const uint8_t *)addr + len;
+        }
+    }
+    pthread_mutex_unlock(&fe_mu);
+    if (fail)
+        return wb__err_set(err, WB_EIO, "injected register failure at call %u", k + 1);
     return WB_OK;
 }
 
 static void fe_unregister(void *ctx, void *addr)
 {
     (void)addr;
+    pthread_mutex_lock(&fe_mu);
     ((fake_engine *)ctx)->registered--;
+    pthread_mutex_unlock(&fe_mu);
 }
 
 typedef struct ring {
@@ -400,11 +432,13 @@ END_TEST
 
 START_TEST(test_mapped)
 {
+    /* _i: registering threads (0: the caller registered the mapping). */
     model m;
     model_make(&m, mixed, N_MIXED, 0);
     uint8_t *map = mmap(NULL, m.file_len, PROT_READ, MAP_SHARED, m.fd, 0);
     ck_assert_ptr_ne(map, MAP_FAILED);
     const uint8_t *const maps[] = {map};
+    const uint64_t lens[] = {m.file_len};
     ring r;
     ring_make(&r, 2, 65536, 0);
     uint8_t *dst = malloc(m.slab_len);
@@ -412,15 +446,64 @@ START_TEST(test_mapped)
     _Atomic uint64_t landed = 0;
     wb_stage_job j = job_for(&m, WB_STAGE_MAPPED, 4, 65536);
     j.maps = maps;
+    j.map_lens = lens;
     j.engine = &r.s.engine;
     j.dst = dst;
     j.landed = &landed;
+    j.cfg.register_threads = (unsigned)_i;
+    /* Pieces smaller than a chunk and not a divisor of the tensors' offsets:
+     * copies are cut at every piece boundary. */
+    j.cfg.register_piece = 3 * 65536;
     wb_stage_stats st;
     wb_err err = {0};
     ck_assert_msg(wb__stage_run(&j, &st, &err) == WB_OK, "%s", err.msg);
     model_check(&m, dst);
     ck_assert_uint_eq(atomic_load(&landed), st.bytes);
     ck_assert_int_eq(st.mode, WB_STAGE_MAPPED);
+    uint64_t pieces = (m.file_len + 3 * 65536 - 1) / (3 * 65536);
+    ck_assert_uint_eq(r.fe.registered, 0); /* every piece unregistered */
+    ck_assert_uint_eq(r.fe.register_calls, _i ? pieces : 0);
+    if (_i) {
+        /* No copy spans two pieces. */
+        ck_assert_uint_eq(r.fe.spanning, 0);
+        ck_assert_uint_gt(r.fe.submits, pieces);
+    }
+    munmap(map, m.file_len);
+    free(dst);
+    ring_free(&r);
+    model_free(&m);
+}
+END_TEST
+
+/* A piece that cannot be registered fails the load with the engine's
+ * message and the file's range; every piece registered is unregistered. */
+START_TEST(test_mapped_register_fails)
+{
+    model m;
+    model_make(&m, mixed, N_MIXED, 0);
+    uint8_t *map = mmap(NULL, m.file_len, PROT_READ, MAP_SHARED, m.fd, 0);
+    ck_assert_ptr_ne(map, MAP_FAILED);
+    const uint8_t *const maps[] = {map};
+    const uint64_t lens[] = {m.file_len};
+    ring r;
+    ring_make(&r, 2, 65536, 0);
+    r.fe.fail_register_at = 3;
+    uint8_t *dst = malloc(m.slab_len);
+    ck_assert_ptr_nonnull(dst);
+    wb_stage_job j = job_for(&m, WB_STAGE_MAPPED, 2, 65536);
+    j.maps = maps;
+    j.map_lens = lens;
+    j.engine = &r.s.engine;
+    j.dst = dst;
+    j.cfg.register_threads = 1;
+    j.cfg.register_piece = 65536;
+    wb_stage_stats st;
+    wb_err err = {0};
+    ck_assert_int_eq(wb__stage_run(&j, &st, &err), WB_EIO);
+    ck_assert_msg(strstr(err.msg, "injected register failure at call 3") != NULL, "%s", err.msg);
+    ck_assert_msg(strstr(err.msg, "bytes 131072 to 196608") != NULL, "%s", err.msg);
+    ck_assert_msg(strstr(err.msg, data_file) != NULL, "%s", err.msg);
+    ck_assert_uint_eq(r.fe.registered, 0);
     munmap(map, m.file_len);
     free(dst);
     ring_free(&r);
@@ -708,7 +791,8 @@ static Suite *suite(void)
     tcase_add_loop_test(tc, test_staged_matrix, WB_STAGE_READ_PREAD, WB_STAGE_READ_MMAP_NT + 1);
     tcase_add_loop_test(tc, test_one_big_tensor_many_threads, WB_STAGE_READ_PREAD,
                         WB_STAGE_READ_MMAP_NT + 1);
-    tcase_add_test(tc, test_mapped);
+    tcase_add_loop_test(tc, test_mapped, 0, 4);
+    tcase_add_test(tc, test_mapped_register_fails);
     tcase_add_loop_test(tc, test_short_file, WB_STAGE_READ_PREAD, WB_STAGE_READ_MMAP_NT + 1);
     tcase_add_loop_test(tc, test_read_error, WB_STAGE_READ_PREAD, WB_STAGE_READ_MMAP_NT + 1);
     tcase_add_loop_test(tc, test_copy_failures, WB_STAGE_READ_PREAD, WB_STAGE_READ_MMAP_NT + 1);
