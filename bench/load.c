@@ -326,6 +326,7 @@ typedef struct load_result {
     char error[WB_ERR_MSG_MAX];
     double gbps;          /* tensor bytes / whole load (headers, slab allocation, pipeline) */
     double pipeline_gbps; /* tensor bytes / pipeline */
+    int read_source;      /* the one the readers used */
     wb_model_data d;      /* kept when asked */
 } load_result;
 
@@ -343,6 +344,7 @@ static load_result load_once(const wb_backend *be, const char *path, int device,
     double t = now_s() - t0;
     r.gbps = (double)r.d.bytes / t / 1e9;
     r.pipeline_gbps = (double)r.d.bytes / r.d.stage.seconds / 1e9;
+    r.read_source = r.d.stage.read_source;
     if (!keep)
         wb__model_data_free(&r.d, be);
     return r;
@@ -739,12 +741,32 @@ static void cold_figures(const opts *o, const loader_cfg *cfg, json_t *cold)
     if (be)
         r = load_once(be, cold_path, o->device, 0);
     wb__backend_cuda_free(&be);
+    /* The same cold load with pread and with mmap-nt. */
+    static const int reads[] = {WB_STAGE_READ_PREAD, WB_STAGE_READ_MMAP_NT};
+    static const char *const keys[] = {"wbrokerd_pread_gbps", "wbrokerd_mmap_nt_gbps"};
     double raw = direct > buffered ? direct : buffered;
+    for (size_t i = 0; i < 2; i++) {
+        loader_cfg pc = *cfg;
+        pc.read = reads[i];
+        drop_cache(cold_path);
+        wb_backend *bp = start_backend(o->device, &pc, NULL, 0);
+        load_result rp = {.rc = WB_EIO};
+        if (bp)
+            rp = load_once(bp, cold_path, o->device, 0);
+        wb__backend_cuda_free(&bp);
+        if (rp.rc == WB_OK) {
+            json_object_set_new(cold, keys[i], json_real(rp.gbps));
+            printf("cold: wbrokerd with %s %.2f GB/s = %.2f x raw\n", wb__stage_read_name(reads[i]),
+                   rp.gbps, raw > 0 ? rp.gbps / raw : 0);
+        }
+    }
     json_object_set_new(cold, "possible", json_true());
     json_object_set_new(cold, "raw_odirect_16threads_gbps", json_real(direct));
     json_object_set_new(cold, "raw_buffered_16threads_gbps", json_real(buffered));
     json_object_set_new(cold, "resident_before_load", json_real(res2));
     if (r.rc == WB_OK) {
+        json_object_set_new(cold, "read_source_used",
+                            json_string(wb__stage_read_name(r.read_source)));
         json_object_set_new(cold, "wbrokerd_gbps", json_real(r.gbps));
         json_object_set_new(cold, "wbrokerd_pipeline_gbps", json_real(r.pipeline_gbps));
         json_object_set_new(cold, "wbrokerd_over_raw", json_real(raw > 0 ? r.gbps / raw : 0));

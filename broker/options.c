@@ -160,10 +160,11 @@ static void usage(FILE *out)
             "  --load-method staged|mapped\n"
             "                         cuda: copy through the pinned staging ring (default), or\n"
             "                         register each file mapping with cudaHostRegister\n"
-            "  --read-source pread|mmap|mmap-nt\n"
+            "  --read-source pread|mmap|mmap-nt|auto\n"
             "                         how readers take a checkpoint's bytes: pread, or\n"
             "                         copies from a mapping of the file, with non-temporal\n"
-            "                         stores for mmap-nt (default)\n"
+            "                         stores for mmap-nt; auto (default): mmap-nt for a\n"
+            "                         file in the page cache, else pread\n"
             "  --staging-pages normal|huge\n"
             "                         cuda: the pinned ring in normal pages (default) or\n"
             "                         2 MiB pages (normal ones, logged, when none are had)\n"
@@ -390,7 +391,8 @@ static int parse_one(wb_options *o, int c, char *arg)
         return WB_OPTIONS_GO_ON;
     case OPT_READ_SOURCE:
         if (!(o->read_source = wb__stage_read_parse(arg)))
-            return misuse("--read-source: '%s' is not one of pread, mmap, mmap-nt%s", arg, "");
+            return misuse("--read-source: '%s' is not one of pread, mmap, mmap-nt, auto%s", arg,
+                          "");
         return WB_OPTIONS_GO_ON;
     case OPT_STAGING_PAGES:
         if (!(o->staging_pages = wb__stage_pages_parse(arg)))

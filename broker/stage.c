@@ -27,18 +27,19 @@ const char *wb__stage_mode_name(int mode)
 
 static const char *const read_names[] = {[WB_STAGE_READ_PREAD] = "pread",
                                          [WB_STAGE_READ_MMAP] = "mmap",
-                                         [WB_STAGE_READ_MMAP_NT] = "mmap-nt"};
+                                         [WB_STAGE_READ_MMAP_NT] = "mmap-nt",
+                                         [WB_STAGE_READ_AUTO] = "auto"};
 static const char *const pages_names[] = {
     [WB_STAGE_PAGES_NORMAL] = "normal", [WB_STAGE_PAGES_HUGE] = "huge"};
 
 const char *wb__stage_read_name(int r)
 {
-    return r >= WB_STAGE_READ_PREAD && r <= WB_STAGE_READ_MMAP_NT ? read_names[r] : "unknown";
+    return r >= WB_STAGE_READ_PREAD && r <= WB_STAGE_READ_AUTO ? read_names[r] : "unknown";
 }
 
 int wb__stage_read_parse(const char *name)
 {
-    for (int r = WB_STAGE_READ_PREAD; r <= WB_STAGE_READ_MMAP_NT; r++) {
+    for (int r = WB_STAGE_READ_PREAD; r <= WB_STAGE_READ_AUTO; r++) {
         if (strcmp(name, read_names[r]) == 0)
             return r;
     }
@@ -97,8 +98,8 @@ int wb__stage_config_check(const wb_stage_config *c, wb_err *err)
     if (c->buffers < 2 || c->buffers > WB_STAGE_MAX_BUFFERS)
         return wb__err_set(err, WB_EINVAL, "staging buffers: %u is not between 2 and %d",
                            c->buffers, WB_STAGE_MAX_BUFFERS);
-    if (c->read_source < WB_STAGE_READ_PREAD || c->read_source > WB_STAGE_READ_MMAP_NT)
-        return wb__err_set(err, WB_EINVAL, "read source: %d is not pread, mmap or mmap-nt",
+    if (c->read_source < WB_STAGE_READ_PREAD || c->read_source > WB_STAGE_READ_AUTO)
+        return wb__err_set(err, WB_EINVAL, "read source: %d is not pread, mmap, mmap-nt or auto",
                            c->read_source);
     if (c->ring_pages < WB_STAGE_PAGES_NORMAL || c->ring_pages > WB_STAGE_PAGES_HUGE)
         return wb__err_set(err, WB_EINVAL, "staging pages: %d is not normal or huge",
@@ -143,6 +144,24 @@ int wb__stage_oom(wb_err *err, const char *what)
     return wb__err_set(err, WB_ENOMEM, "out of memory planning the load (%s)", what);
 }
 
+/* Whether at least 90 % of 64 pages spread evenly over a mapping are in
+ * the page cache. */
+static int mostly_cached(const uint8_t *p, uint64_t len)
+{
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), pages = (len + page - 1) / page;
+    unsigned samples = 0, in = 0;
+    for (unsigned i = 0; i < 64; i++) {
+        uint64_t pg = pages * i / 64;
+        unsigned char v = 0;
+        if (i && pg == pages * (i - 1) / 64)
+            continue; /* a small file: each page once */
+        samples++;
+        if (mincore((void *)(p + pg * page), (size_t)page, &v) == 0 && (v & 1))
+            in++;
+    }
+    return in * 10 >= samples * 9;
+}
+
 /* The mmap read sources: each file mapped read-only for the load. A file
  * that cannot be mapped (empty, or not a regular file) is read with pread;
  * its errors then say what is wrong with it. */
@@ -160,6 +179,10 @@ static void src_maps_open(ctx *c)
         void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, j->fds[i], 0);
         if (p == MAP_FAILED)
             continue;
+        if (j->cfg.read_source == WB_STAGE_READ_AUTO && !mostly_cached(p, (uint64_t)sb.st_size)) {
+            munmap(p, (size_t)sb.st_size);
+            continue;
+        }
         c->src_maps[i] = p;
         c->src_lens[i] = (uint64_t)sb.st_size;
     }
@@ -287,8 +310,15 @@ int wb__stage_run(wb_stage_job *job, wb_stage_stats *st, wb_err *err)
     st->chunks = c.n_chunks;
     st->read_source = job->cfg.read_source;
     if (job->cfg.read_source != WB_STAGE_READ_PREAD && c.n_chunks) {
-        c.nt = job->cfg.read_source == WB_STAGE_READ_MMAP_NT;
+        c.nt = job->cfg.read_source != WB_STAGE_READ_MMAP;
         src_maps_open(&c);
+        if (job->cfg.read_source == WB_STAGE_READ_AUTO) {
+            st->read_source = WB_STAGE_READ_PREAD;
+            for (uint32_t i = 0; c.src_maps && i < job->n_files; i++) {
+                if (c.src_maps[i])
+                    st->read_source = WB_STAGE_READ_MMAP_NT;
+            }
+        }
     }
     if (threads > c.n_chunks)
         threads = c.n_chunks ? (unsigned)c.n_chunks : 1;

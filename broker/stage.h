@@ -40,12 +40,13 @@
  * source: there, pread's figures fit every byte crossing host memory four
  * times (page cache read, staging buffer read for ownership and written,
  * read by the copy engine) against a ceiling near 200 GB/s; non-temporal
- * copies from a mapping drop the read for ownership. */
+ * copies from a mapping drop the read for ownership. auto uses them for
+ * files in the page cache only (a cold mapping reads worse than pread). */
 #define WB_STAGE_DEFAULT_CHUNK       (4ull * 1024u * 1024u)
 #define WB_STAGE_DEFAULT_BUFFERS     32
 #define WB_STAGE_DEFAULT_MAX_THREADS 16
 #define WB_STAGE_DEFAULT_READ_BLOCK  (256u * 1024u)
-#define WB_STAGE_DEFAULT_READ        WB_STAGE_READ_MMAP_NT
+#define WB_STAGE_DEFAULT_READ        WB_STAGE_READ_AUTO
 #define WB_STAGE_DEFAULT_RING_PAGES  WB_STAGE_PAGES_NORMAL
 /* Mapped mode, register_threads > 0: the unit of registration. */
 #define WB_STAGE_REGISTER_PIECE (64ull * 1024u * 1024u)
@@ -62,6 +63,11 @@ typedef enum wb_stage_read {
      * the copy has just brought into the cache; the buffer's bytes are not
      * there. */
     WB_STAGE_READ_MMAP_NT = 3,
+    /* Per file: mmap-nt when the file is in the page cache (judged from 64
+     * pages spread over it), pread when not: a cold mapping is read by page
+     * faults, a few pages at a time, where pread gets the kernel's
+     * readahead. */
+    WB_STAGE_READ_AUTO = 4,
 } wb_stage_read;
 
 /* What memory the staging ring is made of (cuda backend). */
@@ -81,7 +87,7 @@ typedef enum wb_stage_mode {
 
 /* "direct", "staged", "mapped"; "unknown" otherwise. */
 const char *wb__stage_mode_name(int mode);
-/* "pread", "mmap", "mmap-nt"; "unknown" otherwise. */
+/* "pread", "mmap", "mmap-nt", "auto"; "unknown" otherwise. */
 const char *wb__stage_read_name(int read_source);
 /* The wb_stage_read of a name above, or 0. */
 int wb__stage_read_parse(const char *name);

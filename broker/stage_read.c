@@ -120,8 +120,9 @@ static int shrank(wb_err *err, const char *file, const char *tensor, uint64_t of
 }
 
 /* MADV_POPULATE_READ (Linux 5.14): maps a range's pages in one call instead
- * of one fault per few pages; an older kernel says EINVAL once and the
- * readers fault the pages in instead. */
+ * of one fault per few pages, and says EFAULT where a read would fault
+ * with SIGBUS; an older kernel says EINVAL once and the readers fault the
+ * pages in instead. */
 static atomic_int no_populate;
 
 /* Segments smaller than this are neither populated nor dropped: a system
@@ -136,6 +137,40 @@ static void page_range(const uint8_t *p, uint64_t len, uintptr_t *from, size_t *
     *n = (size_t)(b - a);
 }
 
+/* Asks for a range of a mapping that is not in the page cache (judged by
+ * its first page) to be read, asynchronously and as a whole. A warm range
+ * costs one mincore of one page. */
+static void read_ahead(void *a, size_t n)
+{
+    unsigned char resident = 1;
+    if (mincore(a, (size_t)sysconf(_SC_PAGESIZE), &resident) == 0 && !(resident & 1))
+        madvise(a, n, MADV_WILLNEED);
+}
+
+/* Cold files: a reader that starts on a chunk also asks for the chunk one
+ * round of claims ahead, so that the disk has work queued while this one is
+ * copied (pread gets the same from the kernel's readahead). */
+static void read_ahead_chunk(ctx *c, size_t k)
+{
+    if (k >= c->n_chunks)
+        return;
+    const chunk *ch = &c->chunks[c->order[k]];
+    for (uint32_t i = 0; i < ch->n_segs; i++) {
+        const seg *s = &c->segs[ch->first_seg + i];
+        const wb_stage_tensor *t = &c->job->tensors[s->tensor];
+        const uint8_t *map = c->src_maps[t->file];
+        uint64_t at =
+            t->file_offset + (s->piece == WHOLE ? 0 : (uint64_t)s->piece * c->chunk_bytes);
+        if (!map || s->len < MAP_TABLE_MIN || at > c->src_lens[t->file] ||
+            s->len > c->src_lens[t->file] - at)
+            continue;
+        uintptr_t a;
+        size_t n;
+        page_range(map + at, s->len, &a, &n);
+        read_ahead((void *)a, n);
+    }
+}
+
 static int populate(const uint8_t *p, uint64_t len, const char *file, const char *tensor,
                     uint64_t offset, wb_err *err)
 {
@@ -145,6 +180,11 @@ static int populate(const uint8_t *p, uint64_t len, const char *file, const char
     uintptr_t a;
     size_t n;
     page_range(p, len, &a, &n);
+    /* A segment whose first page is not in the page cache is likely cold
+     * as a whole: ask for all of it at once (asynchronous readahead of the
+     * whole range), not one fault's read-around at a time. A warm segment
+     * costs one mincore of one page. */
+    read_ahead((void *)a, n);
     if (madvise((void *)a, n, MADV_POPULATE_READ) == 0)
         return WB_OK;
     if (errno == EFAULT)
@@ -416,6 +456,8 @@ void *wb__stage_reader_main(void *arg)
         }
         size_t ci = c->order[k];
         chunk *ch = &c->chunks[ci];
+        if (c->src_maps)
+            read_ahead_chunk(c, k + c->n_lanes);
         uint8_t *base = staged ? c->job->staging->bufs[b] : c->job->host_dst + ch->slab_off;
         held h;
         int rc = staged ? WB_OK : prepare(c, &r->st, ci, &err);

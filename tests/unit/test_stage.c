@@ -290,6 +290,13 @@ static const char *const file_names[] = {data_file};
 static int cur_read = WB_STAGE_READ_PREAD;
 #define READ_LOOP() (cur_read = _i)
 
+/* The read source a load reports: auto reads the test files, which were
+ * just written and so are in the page cache, from their mappings. */
+static int used_read(void)
+{
+    return cur_read == WB_STAGE_READ_AUTO ? WB_STAGE_READ_MMAP_NT : cur_read;
+}
+
 static wb_stage_job job_for(model *m, int mode, unsigned threads, uint64_t chunk)
 {
     wb_stage_job j = {
@@ -339,7 +346,7 @@ START_TEST(test_direct_matrix)
             model_check(&m, dst);
             ck_assert_uint_eq(atomic_load(&landed), st.bytes);
             ck_assert_int_eq(st.mode, WB_STAGE_DIRECT);
-            ck_assert_int_eq(st.read_source, cur_read);
+            ck_assert_int_eq(st.read_source, used_read());
             ck_assert_uint_ge(st.threads, 1);
             ck_assert_uint_le(st.threads, threads[t]);
             ck_assert_uint_eq(st.chunk_bytes, chunks[c]);
@@ -604,6 +611,46 @@ START_TEST(test_file_shrinks)
 }
 END_TEST
 
+/* auto: a file in the page cache is read from its mapping, one that is not
+ * with pread; the bytes and checksums are right either way. */
+START_TEST(test_auto_follows_the_cache)
+{
+    model m;
+    model_make(&m, mixed, N_MIXED, 0);
+    for (int cold = 0; cold < 2; cold++) {
+        if (cold) {
+            /* Written back, then dropped from the page cache. */
+            ck_assert_int_eq(fdatasync(m.fd), 0);
+            ck_assert_int_eq(posix_fadvise(m.fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+            uint8_t *map = mmap(NULL, m.file_len, PROT_READ, MAP_SHARED, m.fd, 0);
+            ck_assert_ptr_ne(map, MAP_FAILED);
+            size_t pages = (m.file_len + 4095) / 4096, in = 0;
+            unsigned char *vec = malloc(pages);
+            ck_assert_ptr_nonnull(vec);
+            ck_assert_int_eq(mincore(map, m.file_len, vec), 0);
+            for (size_t i = 0; i < pages; i++)
+                in += vec[i] & 1;
+            free(vec);
+            munmap(map, m.file_len);
+            ck_assert_msg(in * 10 < pages, "the file stayed in the page cache: %zu of %zu pages",
+                          in, pages);
+        }
+        uint8_t *dst = malloc(m.slab_len);
+        ck_assert_ptr_nonnull(dst);
+        wb_stage_job j = job_for(&m, WB_STAGE_DIRECT, 2, 65536);
+        j.cfg.read_source = WB_STAGE_READ_AUTO;
+        j.host_dst = dst;
+        wb_stage_stats st;
+        wb_err err = {0};
+        ck_assert_msg(wb__stage_run(&j, &st, &err) == WB_OK, "%s", err.msg);
+        model_check(&m, dst);
+        ck_assert_int_eq(st.read_source, cold ? WB_STAGE_READ_PREAD : WB_STAGE_READ_MMAP_NT);
+        free(dst);
+    }
+    model_free(&m);
+}
+END_TEST
+
 /* A descriptor that cannot be read (a directory): WB_EIO with the reason. */
 START_TEST(test_read_error)
 {
@@ -756,7 +803,7 @@ START_TEST(test_config)
     ck_assert_uint_eq(c.chunk_bytes, WB_STAGE_DEFAULT_CHUNK);
     ck_assert_uint_eq(c.buffers, WB_STAGE_DEFAULT_BUFFERS);
     ck_assert_uint_eq(c.read_block, WB_STAGE_DEFAULT_READ_BLOCK);
-    ck_assert_int_eq(c.read_source, WB_STAGE_READ_MMAP_NT);
+    ck_assert_int_eq(c.read_source, WB_STAGE_READ_AUTO);
     ck_assert_int_eq(c.ring_pages, WB_STAGE_PAGES_NORMAL);
     ck_assert_uint_eq(c.register_threads, 0);
     ck_assert_uint_eq(c.register_piece, WB_STAGE_REGISTER_PIECE);
@@ -779,9 +826,9 @@ START_TEST(test_config)
     ck_assert_int_eq(wb__stage_config_check(&bad, &err), WB_EINVAL);
     ck_assert_ptr_nonnull(strstr(err.msg, "staging buffers: 1"));
     bad = c;
-    bad.read_source = 4;
+    bad.read_source = 5;
     ck_assert_int_eq(wb__stage_config_check(&bad, &err), WB_EINVAL);
-    ck_assert_str_eq(err.msg, "read source: 4 is not pread, mmap or mmap-nt");
+    ck_assert_str_eq(err.msg, "read source: 5 is not pread, mmap, mmap-nt or auto");
     bad = c;
     bad.ring_pages = 3;
     ck_assert_int_eq(wb__stage_config_check(&bad, &err), WB_EINVAL);
@@ -794,7 +841,7 @@ START_TEST(test_config)
     bad.register_piece = 65536 + 4096;
     ck_assert_int_eq(wb__stage_config_check(&bad, &err), WB_EINVAL);
     ck_assert_str_eq(err.msg, "register piece: 69632 bytes is not a positive multiple of 65536");
-    for (int r = WB_STAGE_READ_PREAD; r <= WB_STAGE_READ_MMAP_NT; r++)
+    for (int r = WB_STAGE_READ_PREAD; r <= WB_STAGE_READ_AUTO; r++)
         ck_assert_int_eq(wb__stage_read_parse(wb__stage_read_name(r)), r);
     ck_assert_int_eq(wb__stage_read_parse("mmap-t"), 0);
     ck_assert_str_eq(wb__stage_read_name(0), "unknown");
@@ -814,17 +861,18 @@ static Suite *suite(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
     tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_loop_test(tc, test_direct_matrix, WB_STAGE_READ_PREAD, WB_STAGE_READ_MMAP_NT + 1);
-    tcase_add_loop_test(tc, test_staged_matrix, WB_STAGE_READ_PREAD, WB_STAGE_READ_MMAP_NT + 1);
+    tcase_add_loop_test(tc, test_direct_matrix, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
+    tcase_add_loop_test(tc, test_staged_matrix, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
     tcase_add_loop_test(tc, test_one_big_tensor_many_threads, WB_STAGE_READ_PREAD,
-                        WB_STAGE_READ_MMAP_NT + 1);
+                        WB_STAGE_READ_AUTO + 1);
     tcase_add_loop_test(tc, test_mapped, 0, 4);
     tcase_add_test(tc, test_mapped_register_fails);
-    tcase_add_loop_test(tc, test_short_file, WB_STAGE_READ_PREAD, WB_STAGE_READ_MMAP_NT + 1);
-    tcase_add_loop_test(tc, test_read_error, WB_STAGE_READ_PREAD, WB_STAGE_READ_MMAP_NT + 1);
-    tcase_add_loop_test(tc, test_copy_failures, WB_STAGE_READ_PREAD, WB_STAGE_READ_MMAP_NT + 1);
-    tcase_add_loop_test(tc, test_cancel, WB_STAGE_READ_PREAD, WB_STAGE_READ_MMAP_NT + 1);
-    tcase_add_loop_test(tc, test_file_shrinks, WB_STAGE_READ_PREAD, WB_STAGE_READ_MMAP_NT + 1);
+    tcase_add_loop_test(tc, test_short_file, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
+    tcase_add_loop_test(tc, test_read_error, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
+    tcase_add_loop_test(tc, test_copy_failures, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
+    tcase_add_loop_test(tc, test_cancel, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
+    tcase_add_loop_test(tc, test_file_shrinks, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
+    tcase_add_test(tc, test_auto_follows_the_cache);
     tcase_add_test(tc, test_bad_jobs);
     tcase_add_test(tc, test_empty_tensors);
     tcase_add_test(tc, test_config);
