@@ -351,6 +351,10 @@ static int bench(const char *path, int reps, const char *json)
         {"wbrokerd_host", "wbrokerd host load (wb__load, host backend, checksums)", -1, 0},
         {"wbrokerd_host_reserved",
          "the same, slab reserved whole by posix_fallocate first (the former host backend)", -2, 0},
+        {"wbrokerd_host_mmap", "wbrokerd host load, --read-source mmap (memcpy from a mapping)", -3,
+         0},
+        {"wbrokerd_host_mmap_nt",
+         "wbrokerd host load, --read-source mmap-nt (non-temporal copy from a mapping)", -4, 0},
         {"pread_buf_1t", "pread into a reused buffer, 1 thread", D_BUF, 1},
         {"pread_buf_2t", "pread into a reused buffer, 2 threads", D_BUF, 2},
         {"pread_buf_hash_2t", "pread into a reused 256 KiB buffer + XXH3, 2 threads", D_BUF_HASH,
@@ -381,7 +385,12 @@ static int bench(const char *path, int reps, const char *json)
                 wb_backend reserved = wb__backend_host;
                 reserved.slab_alloc = reserved_alloc;
                 reserved.slab_prepare = NULL;
-                const wb_backend *be = m->dest == -1 ? &wb__backend_host : &reserved;
+                wb_backend mapped = wb__backend_host;
+                mapped.stage.read_source =
+                    m->dest == -3 ? WB_STAGE_READ_MMAP : WB_STAGE_READ_MMAP_NT;
+                const wb_backend *be = m->dest == -1   ? &wb__backend_host
+                                       : m->dest == -2 ? &reserved
+                                                       : &mapped;
                 wb_model_data d;
                 wb_err err;
                 double t0 = now();

@@ -1,23 +1,31 @@
 /* wb_bench_load: how fast a safetensors checkpoint reaches GPU memory, with
- * the broker's own loader (the code wbrokerd runs, called as a library) and
- * the baselines measured in the same run on the same file:
+ * the broker's own loader (the code wbrokerd runs, called as a library) in
+ * several variants, and the baselines measured in the same run on the same
+ * file:
  *   pageable_sync            cudaMemcpy per tensor from the file mapping
  *                            (what AOTInductor does by default for constants)
  *   pinned_pingpong_1thread  one thread, two 64 MiB pinned buffers: copy from
  *                            the mapping into one while the other goes to the
  *                            device (AOTInductor 2.14's pinned path)
  *   pinned_peak              one large cudaMemcpyAsync from pinned memory
- * plus the loader's mapped mode (cudaHostRegister of the file mapping), a
- * sweep of threads x buffer size x buffer count, and a cold-cache figure
- * next to the disk's raw read bandwidth. Every loaded byte is compared with
- * the file once, after the timed runs. Writes a JSON report.
+ * The variants: wbrokerd's compiled-in default (gbps.wbrokerd), then each
+ * change to the staged loader alone (read source pread / mmap / mmap-nt,
+ * a ring in huge pages, reader threads and read block from a sweep), all of
+ * them together, and the mapped mode with the file registered whole or in
+ * pieces on 1, 4 or 8 threads while copying. Each variant: `--runs` loads
+ * (median), the last one verified byte for byte and checksum for checksum
+ * against the file. Optional: the sweep (--sweep) and a cold-cache figure
+ * next to the disk's raw read bandwidth (--cold). Writes a JSON report.
  *
  * usage: wb_bench_load [--file PATH] [--gib N] [--runs N] [--out JSON]
  *                      [--device N] [--sweep] [--cold] [--cold-gib N]
- *                      [--threads N] [--staging-mib N] [--buffers N] [--write-only]
+ *                      [--threads N] [--staging-mib N] [--buffers N]
+ *                      [--variants NAME,...] [--write-only]
+ * --variants limits the variants to those named (default always runs);
  * --write-only writes the checkpoint (if missing) and exits. */
 #include "backend.h"
 #include "loader.h"
+#include "ntcopy.h"
 #include "safetensors.h"
 #include "stage.h"
 
@@ -287,22 +295,29 @@ typedef struct loader_cfg {
     int mode;
     unsigned threads, buffers, block;
     uint64_t chunk;
+    int read, pages;
+    unsigned reg_threads;
 } loader_cfg;
 
-static wb_backend *start_backend(int device, const loader_cfg *c)
+static wb_backend *start_backend(int device, const loader_cfg *c, char *pages, size_t pages_len)
 {
     wb_cuda_options o = {.device = device,
                          .load_mode = c->mode,
                          .stage = {.read_threads = c->threads,
                                    .chunk_bytes = c->chunk,
                                    .buffers = c->buffers,
-                                   .read_block = c->block}};
+                                   .read_block = c->block,
+                                   .read_source = c->read,
+                                   .ring_pages = c->pages,
+                                   .register_threads = c->reg_threads}};
     wb_backend *be = NULL;
     wb_err err;
     if (wb__backend_cuda_new(&o, &be, &err) != WB_OK) {
         fprintf(stderr, "wb_bench_load: starting the cuda backend: %s\n", err.msg);
         return NULL;
     }
+    if (pages)
+        snprintf(pages, pages_len, "%s", be->staging ? be->staging->pages : "none");
     return be;
 }
 
@@ -311,6 +326,7 @@ typedef struct load_result {
     char error[WB_ERR_MSG_MAX];
     double gbps;          /* tensor bytes / whole load (headers, slab allocation, pipeline) */
     double pipeline_gbps; /* tensor bytes / pipeline */
+    int read_source;      /* the one the readers used */
     wb_model_data d;      /* kept when asked */
 } load_result;
 
@@ -328,6 +344,7 @@ static load_result load_once(const wb_backend *be, const char *path, int device,
     double t = now_s() - t0;
     r.gbps = (double)r.d.bytes / t / 1e9;
     r.pipeline_gbps = (double)r.d.bytes / r.d.stage.seconds / 1e9;
+    r.read_source = r.d.stage.read_source;
     if (!keep)
         wb__model_data_free(&r.d, be);
     return r;
@@ -338,12 +355,15 @@ static json_t *stages_json(const wb_model_data *d)
     const wb_stage_stats *s = &d->stage;
     json_t *o = json_object();
     json_object_set_new(o, "mode", json_string(wb__stage_mode_name(s->mode)));
+    if (s->mode != WB_STAGE_MAPPED)
+        json_object_set_new(o, "read_source", json_string(wb__stage_read_name(s->read_source)));
     json_object_set_new(o, "threads", json_integer(s->threads));
     json_object_set_new(o, "chunks", json_integer((json_int_t)s->chunks));
     json_object_set_new(o, "load_seconds", json_real(d->load_seconds));
     json_object_set_new(o, "open_seconds", json_real(d->open_seconds));
     json_object_set_new(o, "alloc_seconds", json_real(d->alloc_seconds));
     json_object_set_new(o, "register_seconds", json_real(d->register_seconds));
+    json_object_set_new(o, "register_seconds_summed_in_pieces", json_real(s->register_seconds));
     json_object_set_new(o, "pipeline_seconds", json_real(s->seconds));
     json_object_set_new(o, "read_gbps",
                         json_real(wb__stage_gbps(s->bytes, s->read_busy, s->threads)));
@@ -357,43 +377,44 @@ static json_t *stages_json(const wb_model_data *d)
     return o;
 }
 
-/* Compares every tensor of a loaded slab with the file, byte for byte, and
- * its checksum with XXH3_64bits of the file's bytes. */
-static json_t *verify(const wb_model_data *d, const char *path, uint64_t *mismatches)
+/* The file's tensors: a mapping to compare against and each one's XXH3-64,
+ * computed once. */
+typedef struct reference {
+    wb_st_table *t;
+    uint8_t *map;
+    size_t len;
+    uint64_t *xxh3;
+    uint8_t *pin; /* pinned bounce buffer for copies back */
+    size_t pin_len;
+} reference;
+
+/* Compares every tensor of a loaded slab with the file, byte for byte
+ * (copied back through a pinned buffer), and its checksum with the file's
+ * XXH3-64. */
+static json_t *verify(const wb_model_data *d, const reference *ref, uint64_t *mismatches)
 {
-    wb_st_table *t = NULL;
-    wb_err err;
-    if (wb__st_open(path, &t, &err) != WB_OK)
-        die("verify", err.msg);
-    int fd = open(path, O_RDONLY);
-    uint64_t max = 1, compared = 0, bad = 0, bad_hash = 0;
-    for (size_t i = 0; i < t->n_tensors; i++)
-        if (t->tensors[i].nbytes > max)
-            max = t->tensors[i].nbytes;
-    uint8_t *dev = malloc(max), *file = malloc(max);
+    uint64_t compared = 0, bad = 0, bad_hash = 0;
     double t0 = now_s();
     for (size_t i = 0; i < d->n_tensors; i++) {
         const wb_model_tensor *mt = &d->tensors[i];
-        const wb_st_tensor *st = wb__st_find(t, mt->name);
+        const wb_st_tensor *st = wb__st_find(ref->t, mt->name);
         if (!st || st->nbytes != mt->nbytes) {
             bad++;
             continue;
         }
-        if (pread(fd, file, st->nbytes, (off_t)st->offset) != (ssize_t)st->nbytes)
-            die("verify: pread", strerror(errno));
-        cuda_check(cudaMemcpy(dev, (uint8_t *)d->slabs[0].dev_ptr + mt->offset, mt->nbytes,
-                              cudaMemcpyDeviceToHost),
-                   "verify: cudaMemcpy");
-        if (memcmp(dev, file, mt->nbytes) != 0)
-            bad++;
-        if (XXH3_64bits(file, mt->nbytes) != mt->xxh3)
-            bad_hash++;
+        size_t k = (size_t)(st - ref->t->tensors);
+        int differs = 0;
+        for (uint64_t off = 0; off < mt->nbytes; off += ref->pin_len) {
+            size_t n = mt->nbytes - off < ref->pin_len ? (size_t)(mt->nbytes - off) : ref->pin_len;
+            cuda_check(cudaMemcpy(ref->pin, (uint8_t *)d->slabs[0].dev_ptr + mt->offset + off, n,
+                                  cudaMemcpyDeviceToHost),
+                       "verify: cudaMemcpy");
+            differs |= memcmp(ref->pin, ref->map + st->offset + off, n) != 0;
+        }
+        bad += differs;
+        bad_hash += ref->xxh3[k] != mt->xxh3;
         compared += mt->nbytes;
     }
-    close(fd);
-    free(dev);
-    free(file);
-    wb__st_table_free(&t);
     json_t *o = json_object();
     json_object_set_new(o, "bytes_compared", json_integer((json_int_t)compared));
     json_object_set_new(o, "tensor_mismatches", json_integer((json_int_t)bad));
@@ -492,7 +513,7 @@ static double pinned_peak(uint8_t *pin, uint8_t *slab, uint64_t n, cudaStream_t 
 /* ---- main ---- */
 
 typedef struct opts {
-    const char *file, *out;
+    const char *file, *out, *only;
     double gib, cold_gib;
     int runs, device, sweep, cold, write_only;
     loader_cfg cfg;
@@ -500,14 +521,21 @@ typedef struct opts {
 
 static void parse(int argc, char **argv, opts *o)
 {
-    static const struct option lo[] = {
-        {"file", required_argument, NULL, 'f'},    {"gib", required_argument, NULL, 'g'},
-        {"runs", required_argument, NULL, 'r'},    {"out", required_argument, NULL, 'o'},
-        {"device", required_argument, NULL, 'd'},  {"sweep", no_argument, NULL, 's'},
-        {"cold", no_argument, NULL, 'c'},          {"cold-gib", required_argument, NULL, 'C'},
-        {"threads", required_argument, NULL, 't'}, {"staging-mib", required_argument, NULL, 'm'},
-        {"buffers", required_argument, NULL, 'b'}, {"help", no_argument, NULL, 'h'},
-        {"write-only", no_argument, NULL, 'w'},    {NULL, 0, NULL, 0}};
+    static const struct option lo[] = {{"file", required_argument, NULL, 'f'},
+                                       {"gib", required_argument, NULL, 'g'},
+                                       {"runs", required_argument, NULL, 'r'},
+                                       {"out", required_argument, NULL, 'o'},
+                                       {"device", required_argument, NULL, 'd'},
+                                       {"sweep", no_argument, NULL, 's'},
+                                       {"cold", no_argument, NULL, 'c'},
+                                       {"cold-gib", required_argument, NULL, 'C'},
+                                       {"threads", required_argument, NULL, 't'},
+                                       {"staging-mib", required_argument, NULL, 'm'},
+                                       {"buffers", required_argument, NULL, 'b'},
+                                       {"help", no_argument, NULL, 'h'},
+                                       {"write-only", no_argument, NULL, 'w'},
+                                       {"variants", required_argument, NULL, 'v'},
+                                       {NULL, 0, NULL, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
@@ -544,6 +572,9 @@ static void parse(int argc, char **argv, opts *o)
         case 'b':
             o->cfg.buffers = (unsigned)atoi(optarg);
             break;
+        case 'v':
+            o->only = optarg;
+            break;
         case 'w':
             o->write_only = 1;
             break;
@@ -551,7 +582,8 @@ static void parse(int argc, char **argv, opts *o)
             printf("usage: wb_bench_load [--file PATH] [--gib N] [--runs N] [--out JSON] "
                    "[--device N]\n                     [--sweep] [--cold] [--cold-gib N] "
                    "[--threads N] [--staging-mib N] [--buffers N]\n                     "
-                   "[--write-only]\n");
+                   "[--variants NAME,NAME...] [--write-only]\n"
+                   "--threads, --staging-mib and --buffers change the default variant only.\n");
             exit(0);
         default:
             exit(2);
@@ -568,46 +600,116 @@ static json_t *cfg_json(const loader_cfg *c)
     wb_stage_config s = {.read_threads = c->threads,
                          .chunk_bytes = c->chunk,
                          .buffers = c->buffers,
-                         .read_block = c->block};
+                         .read_block = c->block,
+                         .read_source = c->read,
+                         .ring_pages = c->pages,
+                         .register_threads = c->reg_threads};
     wb__stage_config_fill(&s);
     json_t *o = json_object();
     json_object_set_new(o, "load_mode", json_string(wb__stage_mode_name(c->mode)));
     json_object_set_new(o, "read_threads", json_integer(s.read_threads));
-    json_object_set_new(o, "staging_mib", json_real((double)s.chunk_bytes / MIB));
-    json_object_set_new(o, "staging_buffers", json_integer(s.buffers));
-    json_object_set_new(o, "read_block_kib", json_integer(s.read_block / 1024));
+    if (c->mode == WB_STAGE_MAPPED) {
+        json_object_set_new(o, "register_threads", json_integer(s.register_threads));
+        json_object_set_new(o, "register_piece_mib",
+                            json_real((double)s.register_piece / (double)MIB));
+    } else {
+        json_object_set_new(o, "read_source", json_string(wb__stage_read_name(s.read_source)));
+        json_object_set_new(o, "staging_pages", json_string(wb__stage_pages_name(s.ring_pages)));
+        json_object_set_new(o, "staging_mib", json_real((double)s.chunk_bytes / MIB));
+        json_object_set_new(o, "staging_buffers", json_integer(s.buffers));
+        json_object_set_new(o, "read_block_kib", json_integer(s.read_block / 1024));
+    }
     return o;
 }
 
-/* Median GB/s of `runs` loads with one configuration. */
-static double loader_median(int device, const loader_cfg *c, const char *path, int runs,
-                            json_t **samples, double *pipeline)
+/* The command-line options that select a configuration in wbrokerd. */
+static void cfg_flags(const loader_cfg *c, char *buf, size_t len)
 {
-    wb_backend *be = start_backend(device, c);
-    if (!be)
-        return -1;
-    double v[32], p[32];
-    for (int i = 0; i < runs; i++) {
-        load_result r = load_once(be, path, device, 0);
-        if (r.rc != WB_OK) {
-            wb__backend_cuda_free(&be);
-            return -1;
-        }
-        v[i] = r.gbps;
-        p[i] = r.pipeline_gbps;
-    }
-    wb__backend_cuda_free(&be);
-    if (samples)
-        *samples = samples_json(v, runs);
-    if (pipeline)
-        *pipeline = median(p, runs);
-    return median(v, runs);
+    wb_stage_config s = {.read_threads = c->threads,
+                         .chunk_bytes = c->chunk,
+                         .buffers = c->buffers,
+                         .read_block = c->block,
+                         .read_source = c->read,
+                         .ring_pages = c->pages,
+                         .register_threads = c->reg_threads};
+    wb__stage_config_fill(&s);
+    if (c->mode == WB_STAGE_MAPPED)
+        snprintf(buf, len, "--load-method mapped --read-threads %u%s%.0u", s.read_threads,
+                 s.register_threads ? " --register-threads " : "", s.register_threads);
+    else
+        snprintf(buf, len,
+                 "--read-source %s --staging-pages %s --read-threads %u --staging-mib %llu "
+                 "--staging-buffers %u (read block %u KiB)",
+                 wb__stage_read_name(s.read_source), wb__stage_pages_name(s.ring_pages),
+                 s.read_threads, (unsigned long long)(s.chunk_bytes / MIB), s.buffers,
+                 s.read_block / 1024);
 }
 
 static void save(json_t *root, const char *out)
 {
     if (out && json_dump_file(root, out, JSON_INDENT(2) | JSON_PRESERVE_ORDER) != 0)
         die(out, "cannot write the report");
+}
+
+/* One variant of the loader: `runs` timed loads with one configuration (a
+ * fresh backend, as wbrokerd starts it), the last one verified. */
+typedef struct variant {
+    const char *name, *what;
+    loader_cfg cfg;
+    double gbps, pipeline;
+    uint64_t bad;
+    int ok;
+} variant;
+
+static json_t *run_variant(const opts *o, variant *v, const reference *ref)
+{
+    json_t *e = json_object();
+    json_object_set_new(e, "name", json_string(v->name));
+    json_object_set_new(e, "what", json_string(v->what));
+    json_object_set_new(e, "config", cfg_json(&v->cfg));
+    char flags[256];
+    cfg_flags(&v->cfg, flags, sizeof flags);
+    json_object_set_new(e, "wbrokerd_options", json_string(flags));
+    char pages[160] = "";
+    wb_backend *be = start_backend(o->device, &v->cfg, pages, sizeof pages);
+    if (!be) {
+        json_object_set_new(e, "error", json_string("the cuda backend did not start"));
+        return e;
+    }
+    json_object_set_new(e, "staging_pages_got", json_string(pages));
+    double g[32], p[32];
+    load_result keep = {0};
+    int n = 0;
+    for (int i = 0; i < o->runs; i++) {
+        load_result r = load_once(be, o->file, o->device, i == o->runs - 1);
+        if (r.rc != WB_OK) {
+            json_object_set_new(e, "error", json_string(r.error));
+            break;
+        }
+        g[n] = r.gbps;
+        p[n++] = r.pipeline_gbps;
+        if (i == o->runs - 1)
+            keep = r;
+    }
+    if (n == o->runs) {
+        v->ok = 1;
+        v->gbps = median(g, n);
+        v->pipeline = median(p, n);
+        json_object_set_new(e, "gbps", json_real(v->gbps));
+        json_object_set_new(e, "pipeline_gbps", json_real(v->pipeline));
+        json_object_set_new(e, "samples", samples_json(g, n));
+        json_object_set_new(e, "stages", stages_json(&keep.d));
+        json_object_set_new(e, "verify", verify(&keep.d, ref, &v->bad));
+        wb__model_data_free(&keep.d, be);
+    }
+    wb__backend_cuda_free(&be);
+    printf("%-14s %7.2f GB/s (pipeline %6.2f)  verify: %s  [%s] %s\n", v->name, v->gbps,
+           v->pipeline,
+           !v->ok   ? "NOT RUN"
+           : v->bad ? "MISMATCH"
+                    : "ok",
+           pages, flags);
+    return e;
 }
 
 /* Cold cache, on its own smaller file: the disk's raw bandwidth, then the
@@ -634,17 +736,37 @@ static void cold_figures(const opts *o, const loader_cfg *cfg, json_t *cold)
     double buffered = read_file(cold_path, 16, 8 * MIB, 0);
     drop_cache(cold_path);
     double res2 = resident_fraction(cold_path);
-    wb_backend *be = start_backend(o->device, cfg);
+    wb_backend *be = start_backend(o->device, cfg, NULL, 0);
     load_result r = {.rc = WB_EIO};
     if (be)
         r = load_once(be, cold_path, o->device, 0);
     wb__backend_cuda_free(&be);
+    /* The same cold load with pread and with mmap-nt. */
+    static const int reads[] = {WB_STAGE_READ_PREAD, WB_STAGE_READ_MMAP_NT};
+    static const char *const keys[] = {"wbrokerd_pread_gbps", "wbrokerd_mmap_nt_gbps"};
     double raw = direct > buffered ? direct : buffered;
+    for (size_t i = 0; i < 2; i++) {
+        loader_cfg pc = *cfg;
+        pc.read = reads[i];
+        drop_cache(cold_path);
+        wb_backend *bp = start_backend(o->device, &pc, NULL, 0);
+        load_result rp = {.rc = WB_EIO};
+        if (bp)
+            rp = load_once(bp, cold_path, o->device, 0);
+        wb__backend_cuda_free(&bp);
+        if (rp.rc == WB_OK) {
+            json_object_set_new(cold, keys[i], json_real(rp.gbps));
+            printf("cold: wbrokerd with %s %.2f GB/s = %.2f x raw\n", wb__stage_read_name(reads[i]),
+                   rp.gbps, raw > 0 ? rp.gbps / raw : 0);
+        }
+    }
     json_object_set_new(cold, "possible", json_true());
     json_object_set_new(cold, "raw_odirect_16threads_gbps", json_real(direct));
     json_object_set_new(cold, "raw_buffered_16threads_gbps", json_real(buffered));
     json_object_set_new(cold, "resident_before_load", json_real(res2));
     if (r.rc == WB_OK) {
+        json_object_set_new(cold, "read_source_used",
+                            json_string(wb__stage_read_name(r.read_source)));
         json_object_set_new(cold, "wbrokerd_gbps", json_real(r.gbps));
         json_object_set_new(cold, "wbrokerd_pipeline_gbps", json_real(r.pipeline_gbps));
         json_object_set_new(cold, "wbrokerd_over_raw", json_real(raw > 0 ? r.gbps / raw : 0));
@@ -655,41 +777,51 @@ static void cold_figures(const opts *o, const loader_cfg *cfg, json_t *cold)
     unlink(cold_path);
 }
 
-/* Tries threads x buffer size x buffer count (two loads each) and returns
- * the fastest configuration. */
-static loader_cfg sweep_figures(const opts *o, json_t *root)
+/* Reader threads x read block for one read source (two loads each);
+ * returns the fastest configuration. */
+static loader_cfg sweep_figures(const opts *o, int read, json_t *sw)
 {
-    static const unsigned threads[] = {12, 14};
-    static const unsigned mibs[] = {2, 4};
-    static const unsigned bufs[] = {16, 32};
+    static const unsigned threads[] = {8, 10, 12, 14};
     static const unsigned blocks[] = {256, 1024};
-    loader_cfg best = o->cfg;
+    loader_cfg best = {.mode = WB_STAGE_STAGED, .read = read};
     double best_gbps = 0;
-    json_t *sw = json_array();
-    for (size_t a = 0; a < 2; a++)
-        for (size_t b = 0; b < 2; b++)
-            for (size_t c = 0; c < 4; c++) {
-                loader_cfg lc = {.mode = WB_STAGE_STAGED,
-                                 .threads = threads[a],
-                                 .chunk = mibs[b] * MIB,
-                                 .buffers = bufs[c % 2],
-                                 .block = blocks[c / 2] * 1024};
-                double g = loader_median(o->device, &lc, o->file, 2, NULL, NULL);
-                json_t *e = cfg_json(&lc);
-                json_object_set_new(e, "gbps", json_real(g));
-                json_array_append_new(sw, e);
-                printf("sweep: threads %2u buffer %2u MiB x %2u read block %4u KiB: %.2f GB/s\n",
-                       threads[a], mibs[b], bufs[c % 2], blocks[c / 2], g);
-                if (g > best_gbps) {
-                    best_gbps = g;
-                    best = lc;
-                }
+    for (size_t a = 0; a < sizeof threads / sizeof threads[0]; a++)
+        for (size_t b = 0; b < sizeof blocks / sizeof blocks[0]; b++) {
+            loader_cfg lc = {.mode = WB_STAGE_STAGED,
+                             .threads = threads[a],
+                             .block = blocks[b] * 1024,
+                             .read = read};
+            wb_backend *be = start_backend(o->device, &lc, NULL, 0);
+            double g[2] = {0, 0};
+            for (int i = 0; be && i < 2; i++) {
+                load_result r = load_once(be, o->file, o->device, 0);
+                g[i] = r.rc == WB_OK ? r.gbps : 0;
             }
-    json_object_set_new(root, "sweep", sw);
-    printf("best of the sweep: threads %u buffer %llu MiB x %u read block %u KiB: %.2f GB/s\n",
-           best.threads, (unsigned long long)(best.chunk / MIB), best.buffers, best.block / 1024,
-           best_gbps);
+            wb__backend_cuda_free(&be);
+            double mean = (g[0] + g[1]) / 2;
+            json_t *e = cfg_json(&lc);
+            json_object_set_new(e, "gbps", json_real(mean));
+            json_array_append_new(sw, e);
+            printf("sweep %-7s: threads %2u read block %4u KiB: %.2f GB/s\n",
+                   wb__stage_read_name(read), threads[a], blocks[b], mean);
+            if (mean > best_gbps) {
+                best_gbps = mean;
+                best = lc;
+            }
+        }
     return best;
+}
+
+static int wanted(const opts *o, const char *name)
+{
+    if (!o->only)
+        return 1;
+    size_t n = strlen(name);
+    for (const char *p = o->only; (p = strstr(p, name)) != NULL; p += n) {
+        if ((p == o->only || p[-1] == ',') && (p[n] == ',' || p[n] == '\0'))
+            return 1;
+    }
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -717,9 +849,10 @@ int main(int argc, char **argv)
     json_object_set_new(root, "date", json_string(date));
     json_object_set_new(root, "gpu", json_string(prop.name));
     json_object_set_new(root, "cpus", json_integer(sysconf(_SC_NPROCESSORS_ONLN)));
+    json_object_set_new(root, "nt_copy", json_string(wb__nt_copy_kind()));
     json_object_set_new(root, "file", json_string(o.file));
     json_object_set_new(root, "runs", json_integer(o.runs));
-    json_t *gbps = json_object(), *samples = json_object(), *cold = json_object();
+    json_t *gbps = json_object(), *samples = json_object();
     json_object_set_new(root, "gbps", gbps);
     json_object_set_new(root, "samples", samples);
 
@@ -737,62 +870,86 @@ int main(int argc, char **argv)
     json_object_set_new(root, "bytes", json_integer((json_int_t)mf.bytes));
     json_object_set_new(root, "tensors", json_integer((json_int_t)mf.t->n_tensors));
 
-    /* The sweep first: the loader's figure below uses its best
-     * configuration (and the compiled-in default is measured too). */
-    loader_cfg main_cfg = o.cfg;
-    double v[32], p[32];
+    /* The reference every variant is verified against. */
+    reference ref = {.t = mf.t, .map = mf.map, .len = mf.len, .pin_len = (size_t)(256 * MIB)};
+    ref.xxh3 = malloc((mf.t->n_tensors ? mf.t->n_tensors : 1) * sizeof *ref.xxh3);
+    for (size_t i = 0; i < mf.t->n_tensors; i++)
+        ref.xxh3[i] = XXH3_64bits(mf.map + mf.t->tensors[i].offset, mf.t->tensors[i].nbytes);
+    cuda_check(cudaHostAlloc((void **)&ref.pin, ref.pin_len, 0), "cudaHostAlloc");
+
+    /* (d): reader threads x read block, for pread and mmap-nt. */
+    loader_cfg tuned_pread = {
+        .mode = WB_STAGE_STAGED, .threads = 14, .block = 1024 * 1024, .read = WB_STAGE_READ_PREAD};
+    loader_cfg tuned_nt = tuned_pread;
+    tuned_nt.read = WB_STAGE_READ_MMAP_NT;
     if (o.sweep) {
-        main_cfg = sweep_figures(&o, root);
-        json_t *ds = NULL;
-        double dp = 0;
-        double dm = loader_median(o.device, &o.cfg, o.file, o.runs, &ds, &dp);
-        json_t *dj = cfg_json(&o.cfg);
-        json_object_set_new(dj, "gbps", json_real(dm));
-        json_object_set_new(dj, "pipeline_gbps", json_real(dp));
-        if (ds)
-            json_object_set_new(dj, "samples", ds);
-        json_object_set_new(root, "default_config", dj);
-        json_object_set_new(gbps, "wbrokerd_default_config", json_real(dm));
-        printf("compiled-in default config: median %.2f GB/s\n", dm);
+        json_t *sw = json_array();
+        tuned_pread = sweep_figures(&o, WB_STAGE_READ_PREAD, sw);
+        tuned_nt = sweep_figures(&o, WB_STAGE_READ_MMAP_NT, sw);
+        json_object_set_new(root, "sweep", sw);
         save(root, o.out);
     }
-    json_object_set_new(root, "config", cfg_json(&main_cfg));
+    loader_cfg all = tuned_nt;
+    all.pages = WB_STAGE_PAGES_HUGE;
+    loader_cfg def = o.cfg; /* the compiled-in defaults, unless --threads etc. */
 
-    /* (a) the broker's loader; the last run is kept and verified. */
-    double wbrokerd = 0;
-    uint64_t bad = 0, mapped_bad = 0;
-    uint64_t *sums = NULL;
-    size_t n_sums = 0;
-    wb_backend *be = start_backend(o.device, &main_cfg);
-    if (!be)
-        die("starting the cuda backend", "see above");
-    load_result keep = {0};
-    for (int i = 0; i < o.runs; i++) {
-        load_result r = load_once(be, o.file, o.device, i == o.runs - 1);
-        if (r.rc != WB_OK)
-            die("the broker's loader", r.error);
-        v[i] = r.gbps;
-        p[i] = r.pipeline_gbps;
-        if (i == o.runs - 1)
-            keep = r;
+    variant vs[] = {
+        {"default", "wbrokerd's configuration as compiled (what it runs without options)", def},
+        {"pread",
+         "pread into the pinned ring (the loader before the read sources)",
+         {.mode = WB_STAGE_STAGED, .read = WB_STAGE_READ_PREAD, .pages = WB_STAGE_PAGES_NORMAL}},
+        {"mmap",
+         "(a) without streaming stores: memcpy from a populated mapping",
+         {.mode = WB_STAGE_STAGED, .read = WB_STAGE_READ_MMAP, .pages = WB_STAGE_PAGES_NORMAL}},
+        {"mmap-nt",
+         "(a)+(b) non-temporal copy from a populated mapping, XXH3 from the source block",
+         {.mode = WB_STAGE_STAGED, .read = WB_STAGE_READ_MMAP_NT, .pages = WB_STAGE_PAGES_NORMAL}},
+        {"huge",
+         "(c) pread into a ring in 2 MiB pages (cudaHostRegister)",
+         {.mode = WB_STAGE_STAGED, .read = WB_STAGE_READ_PREAD, .pages = WB_STAGE_PAGES_HUGE}},
+        {"tuned-pread", "(d) pread, threads and read block from the sweep", tuned_pread},
+        {"tuned-mmap-nt", "(d) mmap-nt, threads and read block from the sweep", tuned_nt},
+        {"all", "(a)+(b)+(c)+(d): mmap-nt, huge ring, tuned", all},
+        {"mapped",
+         "cudaHostRegister of each whole file mapping, then copies from it",
+         {.mode = WB_STAGE_MAPPED}},
+        {"mapped-reg1",
+         "(e) registered in 64 MiB pieces on 1 thread while copying",
+         {.mode = WB_STAGE_MAPPED, .reg_threads = 1}},
+        {"mapped-reg4",
+         "(e) registered in 64 MiB pieces on 4 threads while copying",
+         {.mode = WB_STAGE_MAPPED, .reg_threads = 4}},
+        {"mapped-reg8",
+         "(e) registered in 64 MiB pieces on 8 threads while copying",
+         {.mode = WB_STAGE_MAPPED, .reg_threads = 8}},
+    };
+    size_t nv = sizeof vs / sizeof vs[0];
+    json_t *vj = json_array();
+    json_object_set_new(root, "variants", vj);
+    uint64_t bad = 0;
+    printf("%-14s %7s\n", "variant", "median");
+    for (size_t i = 0; i < nv; i++) {
+        if (i > 0 && !wanted(&o, vs[i].name))
+            continue;
+        json_array_append_new(vj, run_variant(&o, &vs[i], &ref));
+        bad += vs[i].bad;
+        if (vs[i].ok) {
+            char key[64];
+            snprintf(key, sizeof key, "wbrokerd_%s", vs[i].name);
+            json_object_set_new(gbps, key, json_real(vs[i].gbps));
+        }
+        save(root, o.out);
     }
-    wbrokerd = median(v, o.runs);
-    json_object_set_new(gbps, "wbrokerd", json_real(wbrokerd));
-    json_object_set_new(gbps, "wbrokerd_pipeline", json_real(median(p, o.runs)));
-    json_object_set_new(samples, "wbrokerd", samples_json(v, o.runs));
-    json_object_set_new(root, "stages", stages_json(&keep.d));
-    json_object_set_new(root, "verify", verify(&keep.d, o.file, &bad));
-    printf("wbrokerd (staged): median %.2f GB/s (pipeline %.2f); verify: %s\n", wbrokerd,
-           median(p, o.runs), bad ? "MISMATCH" : "every byte and checksum matched");
-    sums = malloc((keep.d.n_tensors ? keep.d.n_tensors : 1) * sizeof *sums);
-    for (size_t i = 0; i < keep.d.n_tensors; i++)
-        sums[i] = keep.d.tensors[i].xxh3;
-    n_sums = keep.d.n_tensors;
-    wb__model_data_free(&keep.d, be);
-    wb__backend_cuda_free(&be);
-    save(root, o.out);
+    if (!vs[0].ok)
+        die("the default variant", "failed (see above)");
+    json_object_set_new(gbps, "wbrokerd", json_real(vs[0].gbps));
+    json_object_set_new(gbps, "wbrokerd_pipeline", json_real(vs[0].pipeline));
+    json_object_set_new(root, "config", cfg_json(&vs[0].cfg));
+    cudaFreeHost(ref.pin);
+    free(ref.xxh3);
 
     /* Baselines. */
+    double v[32];
     uint8_t *slab = NULL;
     cuda_check(cudaMalloc((void **)&slab, mf.slab), "cudaMalloc");
     for (int i = 0; i < o.runs; i++)
@@ -836,52 +993,44 @@ int main(int argc, char **argv)
     cudaStreamDestroy(s);
     cudaFree(slab);
 
-    json_t *ratios = json_object();
-    json_object_set_new(ratios, "wbrokerd_over_pinned_peak", json_real(wbrokerd / peak));
-    json_object_set_new(ratios, "wbrokerd_over_pageable", json_real(wbrokerd / pageable));
-    json_object_set_new(ratios, "wbrokerd_over_pingpong", json_real(wbrokerd / pp));
+    double wb = vs[0].gbps;
+    json_t *ratios = json_object(), *per = json_object();
+    json_object_set_new(ratios, "wbrokerd_over_pinned_peak", json_real(wb / peak));
+    json_object_set_new(ratios, "wbrokerd_over_pageable", json_real(wb / pageable));
+    json_object_set_new(ratios, "wbrokerd_over_pingpong", json_real(wb / pp));
+    json_object_set_new(ratios, "wbrokerd_over_page_cache_read", json_real(wb / cache_read2));
+    int best = 0;
+    for (size_t i = 0; i < nv; i++) {
+        if (!vs[i].ok)
+            continue;
+        json_object_set_new(per, vs[i].name, json_real(vs[i].gbps / peak));
+        if (vs[i].gbps > vs[best].gbps)
+            best = (int)i;
+    }
+    json_object_set_new(ratios, "variant_over_pinned_peak", per);
     json_object_set_new(root, "ratios", ratios);
-    printf("ratios: wbrokerd/pinned_peak %.3f, wbrokerd/pageable %.2f, wbrokerd/pingpong %.2f\n",
-           wbrokerd / peak, wbrokerd / pageable, wbrokerd / pp);
-    save(root, o.out);
-
-    /* The mapped mode (cudaHostRegister of the file mapping). */
-    loader_cfg mc = main_cfg;
-    mc.mode = WB_STAGE_MAPPED;
-    be = start_backend(o.device, &mc);
-    int mapped_runs = 0;
-    for (int i = 0; be && i < o.runs; i++) {
-        load_result r = load_once(be, o.file, o.device, 1);
-        if (r.rc != WB_OK) {
-            json_object_set_new(root, "mapped_error", json_string(r.error));
-            break;
-        }
-        v[mapped_runs++] = r.gbps;
-        for (size_t k = 0; k < n_sums && k < r.d.n_tensors; k++)
-            mapped_bad += r.d.tensors[k].xxh3 != sums[k];
-        if (i == o.runs - 1)
-            json_object_set_new(root, "stages_mapped", stages_json(&r.d));
-        wb__model_data_free(&r.d, be);
-    }
-    wb__backend_cuda_free(&be);
-    free(sums);
-    if (mapped_runs) {
-        json_object_set_new(gbps, "wbrokerd_mapped", json_real(median(v, mapped_runs)));
-        json_object_set_new(samples, "wbrokerd_mapped", samples_json(v, mapped_runs));
-        printf("wbrokerd (mapped, cudaHostRegister): median %.2f GB/s\n", median(v, mapped_runs));
-    }
-    json_object_set_new(root, "mapped_xxh3_mismatches", json_integer((json_int_t)mapped_bad));
+    char flags[256];
+    cfg_flags(&vs[best].cfg, flags, sizeof flags);
+    json_t *bj = json_object();
+    json_object_set_new(bj, "name", json_string(vs[best].name));
+    json_object_set_new(bj, "gbps", json_real(vs[best].gbps));
+    json_object_set_new(bj, "over_pinned_peak", json_real(vs[best].gbps / peak));
+    json_object_set_new(bj, "wbrokerd_options", json_string(flags));
+    json_object_set_new(root, "best_variant", bj);
+    printf("ratios: wbrokerd (default)/pinned_peak %.3f, /pageable %.2f, /pingpong %.2f\n",
+           wb / peak, wb / pageable, wb / pp);
+    printf("best variant: %s %.2f GB/s = %.3f of the pinned peak (%s)\n", vs[best].name,
+           vs[best].gbps, vs[best].gbps / peak, flags);
     save(root, o.out);
 
     if (o.cold) {
-        cold_figures(&o, &main_cfg, cold);
+        json_t *cold = json_object();
+        cold_figures(&o, &vs[0].cfg, cold);
         json_object_set_new(root, "cold", cold);
         save(root, o.out);
-    } else {
-        json_decref(cold);
     }
     json_decref(root);
     munmap(mf.map, mf.len);
     wb__st_table_free(&mf.t);
-    return bad || mapped_bad ? 1 : 0;
+    return bad ? 1 : 0;
 }

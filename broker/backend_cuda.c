@@ -10,9 +10,12 @@
 #include "backend_vmm.h"
 #include "log.h"
 
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #ifdef WB_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -26,6 +29,7 @@ typedef struct cuda_state {
     cudaEvent_t ev_start, ev_end;
     int started;
     uint8_t *pinned; /* one allocation, cut into the ring's buffers */
+    size_t huge_len; /* nonzero: pinned is an mmap of this many bytes, registered */
     wb_staging staging;
     wb_copy_engine engine;
 } cuda_state;
@@ -197,6 +201,96 @@ static void eng_unregister(void *ctx, void *addr)
     cudaHostUnregister(addr);
 }
 
+#define HUGE_PAGE (2ull * 1024 * 1024)
+
+/* Bytes of [p, p + len) in transparent huge pages, from /proc/self/smaps
+ * (the mapping that starts at p); -1 when it cannot be told. */
+static long long thp_bytes(const void *p)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f)
+        return -1;
+    char line[256];
+    int in = 0;
+    long long kb = -1;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long a, b;
+        if (sscanf(line, "%llx-%llx ", &a, &b) == 2) {
+            if (in)
+                break;
+            in = a == (uintptr_t)p;
+        } else if (in && sscanf(line, "AnonHugePages: %lld kB", &kb) == 1) {
+            break;
+        }
+    }
+    fclose(f);
+    return kb < 0 ? -1 : kb * 1024;
+}
+
+/* The staging ring in 2 MiB pages, pinned with cudaHostRegister: a
+ * hugetlbfs page reservation if the system has one, else transparent huge
+ * pages (an aligned anonymous mapping with MADV_HUGEPAGE, touched so that
+ * the kernel backs it now). Sets s->pinned, or leaves it NULL when neither
+ * could be had, with why in s->staging.pages (the caller then falls back to
+ * cudaHostAlloc). A failure to pin is returned as an error. */
+static int ring_alloc_huge(cuda_state *s, size_t total, wb_err *err)
+{
+    size_t len = (total + HUGE_PAGE - 1) & ~(size_t)(HUGE_PAGE - 1);
+    char *why = s->staging.pages;
+    size_t why_len = sizeof s->staging.pages;
+    void *p =
+        mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+    const char *kind = "hugetlb";
+    int e_hugetlb = p == MAP_FAILED ? errno : 0;
+    if (p == MAP_FAILED) {
+        /* Over-allocate by a page to align the start on 2 MiB. */
+        uint8_t *raw =
+            mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (raw == MAP_FAILED) {
+            snprintf(why, why_len, "normal (huge pages: mmap: %s)", strerror(errno));
+            return WB_OK;
+        }
+        uint8_t *a = (uint8_t *)(((uintptr_t)raw + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+        if (a > raw)
+            munmap(raw, (size_t)(a - raw));
+        if (a + len < raw + len + HUGE_PAGE)
+            munmap(a + len, (size_t)(raw + len + HUGE_PAGE - (a + len)));
+        p = a;
+        if (madvise(p, len, MADV_HUGEPAGE) != 0) {
+            snprintf(why, why_len,
+                     "normal (huge pages: no hugetlbfs pages (%s), madvise(MADV_HUGEPAGE): %s)",
+                     strerror(e_hugetlb), strerror(errno));
+            munmap(p, len);
+            return WB_OK;
+        }
+        kind = "thp";
+    }
+    memset(p, 0, len);
+    long long huge = strcmp(kind, "thp") == 0 ? thp_bytes(p) : (long long)len;
+    if (huge == 0) {
+        snprintf(why, why_len,
+                 "normal (huge pages: no hugetlbfs pages (%s), and no transparent huge pages "
+                 "were given)",
+                 strerror(e_hugetlb));
+        munmap(p, len);
+        return WB_OK;
+    }
+    cudaError_t e = cudaHostRegister(p, total, cudaHostRegisterPortable);
+    if (e != cudaSuccess) {
+        munmap(p, len);
+        char what[96];
+        snprintf(what, sizeof what, "cudaHostRegister of a %zu-byte staging ring", total);
+        return cuda_fail(err, WB_ENOMEM, e, what);
+    }
+    s->pinned = p;
+    s->huge_len = len;
+    if (huge < 0)
+        snprintf(why, why_len, "%s", kind);
+    else
+        snprintf(why, why_len, "%s %lld/%zu MiB", kind, huge >> 20, len >> 20);
+    return WB_OK;
+}
+
 static void state_free(cuda_state *s)
 {
     if (!s)
@@ -213,8 +307,12 @@ static void state_free(cuda_state *s)
         cudaEventDestroy(s->ev_end);
     if (s->stream)
         cudaStreamDestroy(s->stream);
-    if (s->pinned)
+    if (s->pinned && s->huge_len) {
+        cudaHostUnregister(s->pinned);
+        munmap(s->pinned, s->huge_len);
+    } else if (s->pinned) {
         cudaFreeHost(s->pinned);
+    }
     free(s->staging.bufs);
     free(s);
 }
@@ -283,15 +381,19 @@ int wb__backend_cuda_new(const wb_cuda_options *opts, wb_backend **out, wb_err *
                 goto fail;
             }
         }
+        snprintf(s->staging.pages, sizeof s->staging.pages, "normal");
+        if (cfg.ring_pages == WB_STAGE_PAGES_HUGE && (rc = ring_alloc_huge(s, total, err)) != WB_OK)
+            goto fail;
         void *p = NULL;
-        if ((e = cudaHostAlloc(&p, total, cudaHostAllocPortable)) != cudaSuccess) {
+        if (!s->pinned && (e = cudaHostAlloc(&p, total, cudaHostAllocPortable)) != cudaSuccess) {
             char what[128];
             snprintf(what, sizeof what, "cudaHostAlloc of a %u x %llu-byte staging ring",
                      cfg.buffers, (unsigned long long)cfg.chunk_bytes);
             rc = cuda_fail(err, WB_ENOMEM, e, what);
             goto fail;
         }
-        s->pinned = p;
+        if (!s->pinned)
+            s->pinned = p;
         for (unsigned i = 0; i < cfg.buffers; i++)
             s->staging.bufs[i] = s->pinned + (size_t)i * cfg.chunk_bytes;
         s->staging.n = cfg.buffers;

@@ -36,18 +36,21 @@ static void log_choice(const wb_backend *be, const char *requested, int device, 
     if (be->proto == WBPROTO__BACKEND__BACKEND_HOST) {
         wb_info("backend",
                 "backend=host requested=%s reason=%s load_mode=direct read_threads=%u "
-                "host_slab=%s",
-                requested, q, c.read_threads, be->transport);
+                "read_source=%s host_slab=%s",
+                requested, q, c.read_threads, wb__stage_read_name(c.read_source), be->transport);
         return;
     }
     unsigned long long buf = be->staging ? (unsigned long long)be->staging->size : 0;
     unsigned n = be->staging ? be->staging->n : 0;
+    char pq[2 * sizeof be->staging->pages + 8];
+    wb__log_quote(pq, sizeof pq, be->staging ? be->staging->pages : "none");
     wb_info("backend",
             "backend=cuda requested=%s reason=%s device=%d cuda_slab=%s access=%s load_mode=%s "
             "read_threads=%u staging_buffers=%u staging_buffer_bytes=%llu staging_bytes=%llu "
-            "start_seconds=%.3f",
+            "start_seconds=%.3f read_source=%s register_threads=%u staging_pages=%s",
             requested, q, device, be->transport, be->access, wb__stage_mode_name(be->load_mode),
-            c.read_threads, n, buf, buf * n, start_seconds);
+            c.read_threads, n, buf, buf * n, start_seconds, wb__stage_read_name(c.read_source),
+            c.register_threads, pq);
 }
 
 int wb__backend_pick(const char *requested, int device, const wb_stage_config *stage, int load_mode,

@@ -221,7 +221,9 @@ int wb__load_ex(const char *path, const wb_load_opts *o, wb_model_data *out, wb_
     d.slab_bytes = d.slabs[0].size;
     double t2 = mono_seconds();
     d.alloc_seconds = t2 - t1;
-    if (mode == WB_STAGE_MAPPED) {
+    /* With register threads the pipeline registers the mappings itself, in
+     * pieces, while it copies. */
+    if (mode == WB_STAGE_MAPPED && be->stage.register_threads == 0) {
         if ((rc = inputs_register(&in, be->engine, table, err)) != WB_OK)
             goto done;
         d.register_seconds = mono_seconds() - t2;
@@ -235,6 +237,7 @@ int wb__load_ex(const char *path, const wb_load_opts *o, wb_model_data *out, wb_
         .files = (const char *const *)table->files,
         .fds = in.fds,
         .maps = (const uint8_t *const *)in.maps,
+        .map_lens = in.lens,
         .staging = be->staging,
         .engine = be->engine,
         .cfg = be->stage,

@@ -147,6 +147,9 @@ static int run(wb_options *o)
         .read_threads = (unsigned)o->num[WB_NUM_READ_THREADS],
         .chunk_bytes = (uint64_t)o->num[WB_NUM_STAGING_MIB] << 20,
         .buffers = (unsigned)o->num[WB_NUM_STAGING_BUFFERS],
+        .read_source = o->read_source,
+        .ring_pages = o->staging_pages,
+        .register_threads = (unsigned)o->num[WB_NUM_REGISTER_THREADS],
     };
     if (wb__backend_pick(o->backend, o->device, &stage, o->load_mode, o->host_memfd, o->cuda_slab,
                          &backend, &err) != WB_OK) {

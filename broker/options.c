@@ -29,6 +29,8 @@ enum {
     OPT_LOAD_METHOD,
     OPT_HOST_SLAB,
     OPT_CUDA_SLAB,
+    OPT_READ_SOURCE,
+    OPT_STAGING_PAGES,
     /* Numeric options: OPT_NUM + their index in num_opts. */
     OPT_NUM = 0x1000,
 };
@@ -51,6 +53,8 @@ static const num_opt num_opts[WB_NUM_OPTS] = {
                             40},
     [WB_NUM_STAGING_BUFFERS] = {"staging-buffers", 2, WB_STAGE_MAX_BUFFERS,
                                 "a number from %ld to %ld", 40},
+    [WB_NUM_REGISTER_THREADS] = {"register-threads", 1, WB_STAGE_MAX_THREADS,
+                                 "a number from %ld to %ld", 40},
     [WB_NUM_MAX_LEASES] = {"max-leases-per-client", 1, 1000000000, "a positive number", 0},
     [WB_NUM_MAX_MODELS] = {"max-models", 1, 1000000000, "a positive number", 0},
     [WB_NUM_MAX_TENSORS] = {"max-tensors", 1, 1000000000, "a positive number", 0},
@@ -83,6 +87,9 @@ static const struct option long_opts[] = {
     {"staging-mib", required_argument, NULL, OPT_NUM + WB_NUM_STAGING_MIB},
     {"staging-buffers", required_argument, NULL, OPT_NUM + WB_NUM_STAGING_BUFFERS},
     {"load-method", required_argument, NULL, OPT_LOAD_METHOD},
+    {"read-source", required_argument, NULL, OPT_READ_SOURCE},
+    {"staging-pages", required_argument, NULL, OPT_STAGING_PAGES},
+    {"register-threads", required_argument, NULL, OPT_NUM + WB_NUM_REGISTER_THREADS},
     {"host-slab", required_argument, NULL, OPT_HOST_SLAB},
     {"cuda-slab", required_argument, NULL, OPT_CUDA_SLAB},
     {"heartbeat-ms", required_argument, NULL, OPT_NUM + WB_NUM_HEARTBEAT},
@@ -158,6 +165,17 @@ static void usage(FILE *out)
             "  --load-method staged|mapped\n"
             "                         cuda: copy through the pinned staging ring (default), or\n"
             "                         register each file mapping with cudaHostRegister\n"
+            "  --read-source pread|mmap|mmap-nt|auto\n"
+            "                         how readers take a checkpoint's bytes: pread, or\n"
+            "                         copies from a mapping of the file, with non-temporal\n"
+            "                         stores for mmap-nt; auto (default): mmap-nt for a\n"
+            "                         file in the page cache, else pread\n"
+            "  --staging-pages normal|huge\n"
+            "                         cuda: the pinned ring in normal pages (default) or\n"
+            "                         2 MiB pages (normal ones, logged, when none are had)\n"
+            "  --register-threads N   cuda, mapped: register file mappings in 64 MiB pieces\n"
+            "                         on N threads while copying (default: whole files\n"
+            "                         first)\n"
             "  --host-slab shm|memfd  host: slabs as named POSIX shared memory that clients\n"
             "                         open by name (default), or as sealed memfds passed on\n"
             "                         the descriptor channel <socket>.fd (no /dev/shm names,\n"
@@ -390,6 +408,15 @@ static int parse_one(wb_options *o, int c, char *arg)
             o->cuda_slab = WB_CUDA_SLAB_IPC;
         else
             return misuse("--cuda-slab: '%s' is not one of ipc, vmm%s", arg, "");
+        return WB_OPTIONS_GO_ON;
+    case OPT_READ_SOURCE:
+        if (!(o->read_source = wb__stage_read_parse(arg)))
+            return misuse("--read-source: '%s' is not one of pread, mmap, mmap-nt, auto%s", arg,
+                          "");
+        return WB_OPTIONS_GO_ON;
+    case OPT_STAGING_PAGES:
+        if (!(o->staging_pages = wb__stage_pages_parse(arg)))
+            return misuse("--staging-pages: '%s' is not one of normal, huge%s", arg, "");
         return WB_OPTIONS_GO_ON;
     case OPT_LOAD_METHOD:
         if (strcmp(arg, "staged") == 0)

@@ -26,6 +26,7 @@ typedef enum wb_num_opt {
     WB_NUM_READ_THREADS,
     WB_NUM_STAGING_MIB,
     WB_NUM_STAGING_BUFFERS,
+    WB_NUM_REGISTER_THREADS,
     WB_NUM_MAX_LEASES,
     WB_NUM_MAX_MODELS,
     WB_NUM_MAX_TENSORS,
@@ -56,6 +57,8 @@ typedef struct wb_options {
     const char *backend;
     int device, device_given;
     int load_mode;
+    int read_source;       /* --read-source: wb_stage_read, 0: the default */
+    int staging_pages;     /* --staging-pages: wb_stage_pages, 0: the default */
     int host_memfd;        /* --host-slab memfd */
     int cuda_slab;         /* --cuda-slab: WB_CUDA_SLAB_IPC (default) or _VMM */
     long num[WB_NUM_OPTS]; /* 0: not given */

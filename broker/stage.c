@@ -6,6 +6,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -23,6 +25,41 @@ const char *wb__stage_mode_name(int mode)
     }
 }
 
+static const char *const read_names[] = {[WB_STAGE_READ_PREAD] = "pread",
+                                         [WB_STAGE_READ_MMAP] = "mmap",
+                                         [WB_STAGE_READ_MMAP_NT] = "mmap-nt",
+                                         [WB_STAGE_READ_AUTO] = "auto"};
+static const char *const pages_names[] = {
+    [WB_STAGE_PAGES_NORMAL] = "normal", [WB_STAGE_PAGES_HUGE] = "huge"};
+
+const char *wb__stage_read_name(int r)
+{
+    return r >= WB_STAGE_READ_PREAD && r <= WB_STAGE_READ_AUTO ? read_names[r] : "unknown";
+}
+
+int wb__stage_read_parse(const char *name)
+{
+    for (int r = WB_STAGE_READ_PREAD; r <= WB_STAGE_READ_AUTO; r++) {
+        if (strcmp(name, read_names[r]) == 0)
+            return r;
+    }
+    return 0;
+}
+
+const char *wb__stage_pages_name(int p)
+{
+    return p >= WB_STAGE_PAGES_NORMAL && p <= WB_STAGE_PAGES_HUGE ? pages_names[p] : "unknown";
+}
+
+int wb__stage_pages_parse(const char *name)
+{
+    for (int p = WB_STAGE_PAGES_NORMAL; p <= WB_STAGE_PAGES_HUGE; p++) {
+        if (strcmp(name, pages_names[p]) == 0)
+            return p;
+    }
+    return 0;
+}
+
 void wb__stage_config_fill(wb_stage_config *c)
 {
     if (c->read_threads == 0) {
@@ -37,6 +74,12 @@ void wb__stage_config_fill(wb_stage_config *c)
         c->buffers = WB_STAGE_DEFAULT_BUFFERS;
     if (c->read_block == 0)
         c->read_block = WB_STAGE_DEFAULT_READ_BLOCK;
+    if (c->read_source == 0)
+        c->read_source = WB_STAGE_DEFAULT_READ;
+    if (c->ring_pages == 0)
+        c->ring_pages = WB_STAGE_DEFAULT_RING_PAGES;
+    if (c->register_piece == 0)
+        c->register_piece = WB_STAGE_REGISTER_PIECE;
 }
 
 int wb__stage_config_check(const wb_stage_config *c, wb_err *err)
@@ -55,6 +98,19 @@ int wb__stage_config_check(const wb_stage_config *c, wb_err *err)
     if (c->buffers < 2 || c->buffers > WB_STAGE_MAX_BUFFERS)
         return wb__err_set(err, WB_EINVAL, "staging buffers: %u is not between 2 and %d",
                            c->buffers, WB_STAGE_MAX_BUFFERS);
+    if (c->read_source < WB_STAGE_READ_PREAD || c->read_source > WB_STAGE_READ_AUTO)
+        return wb__err_set(err, WB_EINVAL, "read source: %d is not pread, mmap, mmap-nt or auto",
+                           c->read_source);
+    if (c->ring_pages < WB_STAGE_PAGES_NORMAL || c->ring_pages > WB_STAGE_PAGES_HUGE)
+        return wb__err_set(err, WB_EINVAL, "staging pages: %d is not normal or huge",
+                           c->ring_pages);
+    if (c->register_threads > WB_STAGE_MAX_THREADS)
+        return wb__err_set(err, WB_EINVAL, "register threads: %u is not between 0 and %d",
+                           c->register_threads, WB_STAGE_MAX_THREADS);
+    if (c->register_piece == 0 || c->register_piece % (64u * 1024u) != 0)
+        return wb__err_set(err, WB_EINVAL,
+                           "register piece: %llu bytes is not a positive multiple of 65536",
+                           (unsigned long long)c->register_piece);
     return WB_OK;
 }
 
@@ -88,8 +144,65 @@ int wb__stage_oom(wb_err *err, const char *what)
     return wb__err_set(err, WB_ENOMEM, "out of memory planning the load (%s)", what);
 }
 
+/* Whether at least 90 % of 64 pages spread evenly over a mapping are in
+ * the page cache. */
+static int mostly_cached(const uint8_t *p, uint64_t len)
+{
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), pages = (len + page - 1) / page;
+    unsigned samples = 0, in = 0;
+    for (unsigned i = 0; i < 64; i++) {
+        uint64_t pg = pages * i / 64;
+        unsigned char v = 0;
+        if (i && pg == pages * (i - 1) / 64)
+            continue; /* a small file: each page once */
+        samples++;
+        if (mincore((void *)(p + pg * page), (size_t)page, &v) == 0 && (v & 1))
+            in++;
+    }
+    return in * 10 >= samples * 9;
+}
+
+/* The mmap read sources: each file mapped read-only for the load. A file
+ * that cannot be mapped (empty, or not a regular file) is read with pread;
+ * its errors then say what is wrong with it. */
+static void src_maps_open(ctx *c)
+{
+    const wb_stage_job *j = c->job;
+    c->src_maps = calloc(j->n_files ? j->n_files : 1, sizeof *c->src_maps);
+    c->src_lens = calloc(j->n_files ? j->n_files : 1, sizeof *c->src_lens);
+    if (!c->src_maps || !c->src_lens)
+        return; /* every file read with pread */
+    for (uint32_t i = 0; i < j->n_files; i++) {
+        struct stat sb;
+        if (fstat(j->fds[i], &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size <= 0)
+            continue;
+        void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, j->fds[i], 0);
+        if (p == MAP_FAILED)
+            continue;
+        if (j->cfg.read_source == WB_STAGE_READ_AUTO && !mostly_cached(p, (uint64_t)sb.st_size)) {
+            munmap(p, (size_t)sb.st_size);
+            continue;
+        }
+        c->src_maps[i] = p;
+        c->src_lens[i] = (uint64_t)sb.st_size;
+    }
+}
+
+static void src_maps_close(ctx *c)
+{
+    for (uint32_t i = 0; c->src_maps && i < c->job->n_files; i++) {
+        if (c->src_maps[i])
+            munmap((void *)c->src_maps[i], (size_t)c->src_lens[i]);
+    }
+    free(c->src_maps);
+    free(c->src_lens);
+    c->src_maps = NULL;
+    c->src_lens = NULL;
+}
+
 static void ctx_free(ctx *c)
 {
+    src_maps_close(c);
     if (c->states) {
         for (size_t i = 0; i < c->job->n_tensors; i++)
             XXH3_freeState(c->states[i]);
@@ -195,6 +308,18 @@ int wb__stage_run(wb_stage_job *job, wb_stage_stats *st, wb_err *err)
         return rc;
     }
     st->chunks = c.n_chunks;
+    st->read_source = job->cfg.read_source;
+    if (job->cfg.read_source != WB_STAGE_READ_PREAD && c.n_chunks) {
+        c.nt = job->cfg.read_source != WB_STAGE_READ_MMAP;
+        src_maps_open(&c);
+        if (job->cfg.read_source == WB_STAGE_READ_AUTO) {
+            st->read_source = WB_STAGE_READ_PREAD;
+            for (uint32_t i = 0; c.src_maps && i < job->n_files; i++) {
+                if (c.src_maps[i])
+                    st->read_source = WB_STAGE_READ_MMAP_NT;
+            }
+        }
+    }
     if (threads > c.n_chunks)
         threads = c.n_chunks ? (unsigned)c.n_chunks : 1;
     if (job->mode == WB_STAGE_STAGED) {

@@ -36,11 +36,49 @@
 
 /* Defaults, chosen by bench/load on a 16-core H200 host (bench/RESULTS.md):
  * 3/4 of the cores read (the rest is left to the copier and the kernel), in
- * 4 MiB chunks through 32 buffers (128 MiB of pinned memory). */
+ * 4 MiB chunks through 32 buffers (128 MiB of pinned memory). The read
+ * source: there, pread's figures fit every byte crossing host memory four
+ * times (page cache read, staging buffer read for ownership and written,
+ * read by the copy engine) against a ceiling near 200 GB/s; non-temporal
+ * copies from a mapping drop the read for ownership. auto uses them for
+ * files in the page cache only: on a 2-core development VM a cold file
+ * loaded from its mapping at about half pread's rate. */
 #define WB_STAGE_DEFAULT_CHUNK       (4ull * 1024u * 1024u)
 #define WB_STAGE_DEFAULT_BUFFERS     32
 #define WB_STAGE_DEFAULT_MAX_THREADS 16
 #define WB_STAGE_DEFAULT_READ_BLOCK  (256u * 1024u)
+#define WB_STAGE_DEFAULT_READ        WB_STAGE_READ_AUTO
+#define WB_STAGE_DEFAULT_RING_PAGES  WB_STAGE_PAGES_NORMAL
+/* Mapped mode, register_threads > 0: the unit of registration. */
+#define WB_STAGE_REGISTER_PIECE (64ull * 1024u * 1024u)
+
+/* How readers take a file's bytes (wb_stage_config.read_source). */
+typedef enum wb_stage_read {
+    /* pread into the buffer: the kernel copies from the page cache. */
+    WB_STAGE_READ_PREAD = 1,
+    /* memcpy from a read-only shared mapping of the file, populated a chunk
+     * at a time (MADV_POPULATE_READ) and dropped after it. */
+    WB_STAGE_READ_MMAP = 2,
+    /* The same with non-temporal stores (ntcopy.h): the buffer is not read
+     * for ownership first. Blocks are checksummed from the mapping, which
+     * the copy has just brought into the cache; the buffer's bytes are not
+     * there. */
+    WB_STAGE_READ_MMAP_NT = 3,
+    /* Per file: mmap-nt when the file is in the page cache (judged from 64
+     * pages spread over it), pread when not: a cold mapping is read by page
+     * faults, a few pages at a time, where pread gets the kernel's
+     * readahead. */
+    WB_STAGE_READ_AUTO = 4,
+} wb_stage_read;
+
+/* What memory the staging ring is made of (cuda backend). */
+typedef enum wb_stage_pages {
+    WB_STAGE_PAGES_NORMAL = 1, /* cudaHostAlloc */
+    /* 2 MiB pages (a hugetlbfs reservation, else transparent huge pages),
+     * pinned with cudaHostRegister; normal pages, with a note in the
+     * backend's log line, when neither is to be had. */
+    WB_STAGE_PAGES_HUGE = 2,
+} wb_stage_pages;
 
 typedef enum wb_stage_mode {
     WB_STAGE_DIRECT = 1,
@@ -50,6 +88,14 @@ typedef enum wb_stage_mode {
 
 /* "direct", "staged", "mapped"; "unknown" otherwise. */
 const char *wb__stage_mode_name(int mode);
+/* "pread", "mmap", "mmap-nt", "auto"; "unknown" otherwise. */
+const char *wb__stage_read_name(int read_source);
+/* The wb_stage_read of a name above, or 0. */
+int wb__stage_read_parse(const char *name);
+/* "normal", "huge"; "unknown" otherwise. */
+const char *wb__stage_pages_name(int pages);
+/* The wb_stage_pages of a name above, or 0. */
+int wb__stage_pages_parse(const char *name);
 
 typedef struct wb_stage_config {
     unsigned read_threads; /* 0: 3/4 of the online cores, at most WB_STAGE_DEFAULT_MAX_THREADS */
@@ -58,6 +104,15 @@ typedef struct wb_stage_config {
     /* 0: WB_STAGE_DEFAULT_READ_BLOCK. Reads go in blocks of this size, each
      * checksummed right after it is read, while it is in the core's cache. */
     unsigned read_block;
+    int read_source; /* wb_stage_read; 0: WB_STAGE_DEFAULT_READ (direct and staged) */
+    int ring_pages;  /* wb_stage_pages; 0: WB_STAGE_DEFAULT_RING_PAGES (cuda, staged) */
+    /* Mapped: 0 registers each file mapping whole before the first copy;
+     * N registers it in pieces of WB_STAGE_REGISTER_PIECE bytes on N
+     * threads while the copies of the pieces already registered run. */
+    unsigned register_threads;
+    /* Mapped, register_threads > 0: bytes per piece, a multiple of 64 KiB;
+     * 0: WB_STAGE_REGISTER_PIECE. */
+    uint64_t register_piece;
 } wb_stage_config;
 
 /* Replaces zero fields of *c by the defaults. */
@@ -92,7 +147,10 @@ typedef struct wb_copy_engine {
 /* A ring of staging buffers, allocated once by its owner (the backend) and
  * reused by every load; one load at a time. */
 typedef struct wb_staging {
-    unsigned n;     /* buffers */
+    unsigned n; /* buffers */
+    /* What the ring's memory is, for the backend's log line: "normal",
+     * "hugetlb", "thp 128/128 MiB", or "normal (huge pages: why not)". */
+    char pages[160];
     uint64_t size;  /* bytes per buffer = the chunk size of staged loads */
     uint8_t **bufs; /* n buffers of `size` bytes, owned by the creator */
     wb_copy_engine engine;
@@ -116,6 +174,9 @@ typedef struct wb_stage_job {
     const char *const *files; /* names, for messages */
     const int *fds;
     const uint8_t *const *maps;
+    /* Mapped, register_threads > 0: each mapping's length; the pipeline
+     * registers and unregisters the mappings itself, in pieces. */
+    const uint64_t *map_lens;
     /* The destination: the slab's host bytes (direct) or its base address
      * as the engine understands it (staged, mapped). */
     uint8_t *host_dst;
@@ -143,11 +204,13 @@ typedef struct wb_stage_stats {
     uint64_t chunk_bytes;
     unsigned buffers;
     uint64_t chunks;
-    double seconds;      /* the whole pipeline, wall clock */
-    double read_busy;    /* summed seconds in pread (or memcpy) */
-    double hash_busy;    /* summed seconds in XXH3 */
-    double wait_busy;    /* summed seconds readers waited for a buffer or a turn */
-    double copy_seconds; /* copy stage: first copy's start to last one's end */
+    double seconds;          /* the whole pipeline, wall clock */
+    double read_busy;        /* summed seconds in pread (or memcpy) */
+    double hash_busy;        /* summed seconds in XXH3 */
+    double wait_busy;        /* summed seconds readers waited for a buffer or a turn */
+    double copy_seconds;     /* copy stage: first copy's start to last one's end */
+    int read_source;         /* wb_stage_read the readers used (direct, staged) */
+    double register_seconds; /* mapped in pieces: summed over the registering threads */
 } wb_stage_stats;
 
 /* Progress of one load: the loader thread writes it, the broker's event

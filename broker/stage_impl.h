@@ -84,6 +84,11 @@ typedef struct ctx {
     chunk **buf_chunk;
     unsigned n_readers;
     unsigned readers_done;
+    /* Read sources mmap and mmap-nt: per file its mapping (NULL: pread)
+     * and length; nt: copy with non-temporal stores. */
+    const uint8_t **src_maps;
+    uint64_t *src_lens;
+    int nt;
 } ctx;
 
 typedef struct reader {

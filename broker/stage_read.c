@@ -2,9 +2,14 @@
  * checksum them. */
 #include "stage_impl.h"
 
+#include "ntcopy.h"
+
 #include <errno.h>
 #include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 /* Reads go in blocks (wb_stage_config.read_block), each checksummed right
@@ -41,6 +46,177 @@ static int read_full(int fd, uint8_t *buf, uint64_t len, uint64_t offset, const 
     return WB_OK;
 }
 
+/* ---- reads from a file mapping ----
+ * A mapped file that shrinks under the load (truncated by someone else)
+ * faults with SIGBUS where pread would return a short read. The readers
+ * catch it: a process-wide SIGBUS handler, installed on the first mapped
+ * read, jumps back into the reader whose guard is set; any other SIGBUS
+ * gets the handler that was there before (or the default), by putting it
+ * back and returning to the faulting instruction. */
+
+static _Thread_local sigjmp_buf *bus_guard;
+static struct sigaction bus_prev;
+static pthread_once_t bus_once = PTHREAD_ONCE_INIT;
+
+static void on_sigbus(int sig, siginfo_t *si, void *uc)
+{
+    (void)si;
+    (void)uc;
+    if (bus_guard)
+        siglongjmp(*bus_guard, 1);
+    sigaction(sig, &bus_prev, NULL);
+}
+
+static void bus_install(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &bus_prev);
+}
+
+/* One guarded step on mapped bytes: copy n bytes from src to dst (when dst
+ * is set), then checksum them from src into st (when set) or *once (when
+ * set). Returns nonzero when the mapping faulted. */
+typedef struct mapped_op {
+    uint8_t *dst;
+    const uint8_t *src;
+    size_t n;
+    int nt;
+    XXH3_state_t *st;
+    uint64_t *once;
+} mapped_op;
+
+static int guarded(const mapped_op *op)
+{
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 0)) {
+        bus_guard = NULL;
+        return 1;
+    }
+    bus_guard = &jb;
+    if (op->dst) {
+        if (op->nt)
+            wb__nt_copy(op->dst, op->src, op->n);
+        else if (op->n)
+            memcpy(op->dst, op->src, op->n);
+    }
+    if (op->st)
+        XXH3_64bits_update(op->st, op->src, op->n);
+    if (op->once)
+        *op->once = hash_once(op->src, op->n);
+    bus_guard = NULL;
+    return 0;
+}
+
+static int shrank(wb_err *err, const char *file, const char *tensor, uint64_t offset)
+{
+    return wb__err_set(err, WB_EIO,
+                       "%s: tensor '%s': the file shrank while it was read (no bytes at "
+                       "offset %llu any more)",
+                       file, tensor, (unsigned long long)offset);
+}
+
+/* MADV_POPULATE_READ (Linux 5.14): maps a range's pages in one call instead
+ * of one fault per few pages, and says EFAULT where a read would fault
+ * with SIGBUS; an older kernel says EINVAL once and the readers fault the
+ * pages in instead. */
+static atomic_int no_populate;
+
+/* Segments smaller than this are neither populated nor dropped: a system
+ * call and a TLB flush would cost more than the few faults they save. */
+#define MAP_TABLE_MIN (256u * 1024u)
+
+static void page_range(const uint8_t *p, uint64_t len, uintptr_t *from, size_t *n)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)p & ~(page - 1), b = ((uintptr_t)p + len + page - 1) & ~(page - 1);
+    *from = a;
+    *n = (size_t)(b - a);
+}
+
+/* Asks for a range of a mapping that is not in the page cache (judged by
+ * its first page) to be read, asynchronously and as a whole. A warm range
+ * costs one mincore of one page. */
+static void read_ahead(void *a, size_t n)
+{
+    unsigned char resident = 1;
+    if (mincore(a, (size_t)sysconf(_SC_PAGESIZE), &resident) == 0 && !(resident & 1))
+        madvise(a, n, MADV_WILLNEED);
+}
+
+/* Cold files: a reader that starts on a chunk also asks for the chunk one
+ * round of claims ahead, so that the disk has work queued while this one is
+ * copied (pread gets the same from the kernel's readahead). */
+static void read_ahead_chunk(ctx *c, size_t k)
+{
+    if (k >= c->n_chunks)
+        return;
+    const chunk *ch = &c->chunks[c->order[k]];
+    for (uint32_t i = 0; i < ch->n_segs; i++) {
+        const seg *s = &c->segs[ch->first_seg + i];
+        const wb_stage_tensor *t = &c->job->tensors[s->tensor];
+        const uint8_t *map = c->src_maps[t->file];
+        uint64_t at =
+            t->file_offset + (s->piece == WHOLE ? 0 : (uint64_t)s->piece * c->chunk_bytes);
+        if (!map || s->len < MAP_TABLE_MIN || at > c->src_lens[t->file] ||
+            s->len > c->src_lens[t->file] - at)
+            continue;
+        uintptr_t a;
+        size_t n;
+        page_range(map + at, s->len, &a, &n);
+        read_ahead((void *)a, n);
+    }
+}
+
+static int populate(const uint8_t *p, uint64_t len, const char *file, const char *tensor,
+                    uint64_t offset, wb_err *err)
+{
+#ifdef MADV_POPULATE_READ
+    if (len < MAP_TABLE_MIN || atomic_load_explicit(&no_populate, memory_order_relaxed))
+        return WB_OK;
+    uintptr_t a;
+    size_t n;
+    page_range(p, len, &a, &n);
+    /* A segment whose first page is not in the page cache is likely cold
+     * as a whole: ask for all of it at once (asynchronous readahead of the
+     * whole range), not one fault's read-around at a time. A warm segment
+     * costs one mincore of one page. */
+    read_ahead((void *)a, n);
+    if (madvise((void *)a, n, MADV_POPULATE_READ) == 0)
+        return WB_OK;
+    if (errno == EFAULT)
+        return shrank(err, file, tensor, offset);
+    /* EINVAL (no such advice), or a transient failure: fault the pages in. */
+    if (errno == EINVAL)
+        atomic_store(&no_populate, 1);
+#else
+    (void)p;
+    (void)len;
+    (void)file;
+    (void)tensor;
+    (void)offset;
+    (void)err;
+#endif
+    return WB_OK;
+}
+
+/* Drops the load's page table entries for a range it has read, in the
+ * reader, so that unmapping the file at the end of the load is cheap
+ * instead of one thread tearing down millions of entries. The page cache
+ * keeps the pages. */
+static void drop_range(const uint8_t *p, uint64_t len)
+{
+    if (len < MAP_TABLE_MIN)
+        return;
+    uintptr_t a;
+    size_t n;
+    page_range(p, len, &a, &n);
+    madvise((void *)a, n, MADV_DONTNEED);
+}
+
 static int my_turn(ctx *c, const seg *s)
 {
     return atomic_load_explicit(&c->ticket[s->tensor], memory_order_acquire) == s->piece;
@@ -62,6 +238,112 @@ typedef struct held {
     uint64_t hashed;
 } held;
 
+/* One segment by pread, block by block, each checksummed from the buffer
+ * right after its read (the kernel's copy has left it in the cache). Whole
+ * tensors are checksummed as they are read; a piece of a split tensor too
+ * when its turn has come, else later (finish_hash). */
+static int read_pread(ctx *c, reader_stats *rs, const seg *s, uint8_t *p, uint64_t from,
+                      XXH3_state_t *local, held *h, wb_err *err)
+{
+    const wb_stage_job *j = c->job;
+    wb_stage_tensor *t = &j->tensors[s->tensor];
+    uint64_t blk = j->cfg.read_block;
+    int whole = s->piece == WHOLE, streaming = whole && s->len > blk;
+    if (streaming)
+        XXH3_64bits_reset(local);
+    for (uint64_t done = 0; done < s->len;) {
+        uint64_t n = s->len - done < blk ? s->len - done : blk;
+        double t0 = now_s();
+        int rc = read_full(j->fds[t->file], p + done, n, t->file_offset + from + done,
+                           j->files[t->file], t->name, err);
+        double t1 = now_s();
+        rs->read += t1 - t0;
+        if (rc != WB_OK)
+            return rc;
+        done += n;
+        if (streaming) {
+            XXH3_64bits_update(local, p + done - n, (size_t)n);
+        } else if (!whole && my_turn(c, s)) {
+            XXH3_64bits_update(c->states[s->tensor], p + h->hashed, (size_t)(done - h->hashed));
+            h->hashed = done;
+        }
+        if (streaming || !whole)
+            rs->hash += now_s() - t1;
+    }
+    if (whole) {
+        double t0 = now_s();
+        t->xxh3 = streaming ? XXH3_64bits_digest(local) : hash_once(p, s->len);
+        rs->hash += now_s() - t0;
+    }
+    return WB_OK;
+}
+
+/* One segment copied from the file's mapping, block by block, each
+ * checksummed from the mapping right after its copy: the copy's loads have
+ * left the source in the cache, and a non-temporal copy has left nothing of
+ * the destination there. The same checksum rules as read_pread. */
+static int read_mapped(ctx *c, reader_stats *rs, const seg *s, uint8_t *p, uint64_t from,
+                       XXH3_state_t *local, held *h, wb_err *err)
+{
+    const wb_stage_job *j = c->job;
+    wb_stage_tensor *t = &j->tensors[s->tensor];
+    const char *file = j->files[t->file];
+    uint64_t flen = c->src_lens[t->file], at = t->file_offset + from;
+    if (at > flen || s->len > flen - at)
+        return wb__err_set(err, WB_EIO,
+                           "%s: tensor '%s': the file ends at %llu, before the tensor's "
+                           "end at %llu",
+                           file, t->name, (unsigned long long)flen,
+                           (unsigned long long)(at + s->len));
+    const uint8_t *src = c->src_maps[t->file] + at;
+    double t0 = now_s();
+    int rc = populate(src, s->len, file, t->name, at, err);
+    rs->read += now_s() - t0;
+    if (rc != WB_OK)
+        return rc;
+    uint64_t blk = j->cfg.read_block;
+    int whole = s->piece == WHOLE, streaming = whole && s->len > blk;
+    if (streaming)
+        XXH3_64bits_reset(local);
+    for (uint64_t done = 0; done < s->len;) {
+        uint64_t n = s->len - done < blk ? s->len - done : blk;
+        double t1 = now_s();
+        mapped_op op = {.dst = p + done, .src = src + done, .n = (size_t)n, .nt = c->nt};
+        if (guarded(&op))
+            return shrank(err, file, t->name, at + done);
+        double t2 = now_s();
+        rs->read += t2 - t1;
+        mapped_op hop = {0}; /* a small whole tensor is checksummed below */
+        if (streaming) {
+            hop = (mapped_op){.src = src + done, .n = (size_t)n, .st = local};
+        } else if (!whole && my_turn(c, s)) {
+            hop = (mapped_op){.src = src + h->hashed,
+                              .n = (size_t)(done + n - h->hashed),
+                              .st = c->states[s->tensor]};
+            h->hashed = done + n;
+        }
+        if (hop.src && guarded(&hop))
+            return shrank(err, file, t->name, at + done);
+        done += n;
+        rs->hash += now_s() - t2;
+    }
+    if (whole) {
+        double t3 = now_s();
+        if (streaming) {
+            t->xxh3 = XXH3_64bits_digest(local);
+        } else {
+            mapped_op op = {.src = src, .n = (size_t)s->len, .once = &t->xxh3};
+            if (guarded(&op))
+                return shrank(err, file, t->name, at);
+        }
+        rs->hash += now_s() - t3;
+    }
+    double t4 = now_s();
+    drop_range(src, s->len);
+    rs->read += now_s() - t4;
+    return WB_OK;
+}
+
 /* Reads a chunk's segments to base, block by block. Whole tensors are
  * checksummed as they are read; a piece of a split tensor too when its turn
  * has come, else later (finish_hash). In a staging buffer the gaps between
@@ -79,34 +361,11 @@ static int read_chunk(ctx *c, reader_stats *rs, const chunk *ch, uint8_t *base, 
         if (zero_gaps && s->rel > end)
             memset(base + end, 0, s->rel - end);
         uint64_t from = s->piece == WHOLE ? 0 : (uint64_t)s->piece * c->chunk_bytes;
-        uint64_t blk = c->job->cfg.read_block;
-        int whole = s->piece == WHOLE, streaming = whole && s->len > blk;
-        if (streaming)
-            XXH3_64bits_reset(local);
-        for (uint64_t done = 0; done < s->len;) {
-            uint64_t n = s->len - done < blk ? s->len - done : blk;
-            double t0 = now_s();
-            int rc = read_full(j->fds[t->file], p + done, n, t->file_offset + from + done,
-                               j->files[t->file], t->name, err);
-            double t1 = now_s();
-            rs->read += t1 - t0;
-            if (rc != WB_OK)
-                return rc;
-            done += n;
-            if (streaming) {
-                XXH3_64bits_update(local, p + done - n, (size_t)n);
-            } else if (!whole && my_turn(c, s)) {
-                XXH3_64bits_update(c->states[s->tensor], p + h->hashed, (size_t)(done - h->hashed));
-                h->hashed = done;
-            }
-            if (streaming || !whole)
-                rs->hash += now_s() - t1;
-        }
-        if (whole) {
-            double t0 = now_s();
-            t->xxh3 = streaming ? XXH3_64bits_digest(local) : hash_once(p, s->len);
-            rs->hash += now_s() - t0;
-        }
+        const uint8_t *map = c->src_maps ? c->src_maps[t->file] : NULL;
+        int rc = map ? read_mapped(c, rs, s, p, from, local, h, err)
+                     : read_pread(c, rs, s, p, from, local, h, err);
+        if (rc != WB_OK)
+            return rc;
         end = s->rel + s->len;
     }
     return WB_OK;
@@ -183,6 +442,8 @@ void *wb__stage_reader_main(void *arg)
         wb__err_set(&err, WB_ENOMEM, "out of memory for a checksum state");
         wb__stage_fail(c, WB_ENOMEM, &err);
     }
+    if (c->src_maps)
+        pthread_once(&bus_once, bus_install);
     while (!stopped(c) && !check_cancel(c)) {
         int b = -1;
         if (staged && (b = wb__stage_take_buffer(c, &r->st)) < 0)
@@ -195,6 +456,8 @@ void *wb__stage_reader_main(void *arg)
         }
         size_t ci = c->order[k];
         chunk *ch = &c->chunks[ci];
+        if (c->src_maps)
+            read_ahead_chunk(c, k + c->n_lanes);
         uint8_t *base = staged ? c->job->staging->bufs[b] : c->job->host_dst + ch->slab_off;
         held h;
         int rc = staged ? WB_OK : prepare(c, &r->st, ci, &err);

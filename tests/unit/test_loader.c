@@ -62,6 +62,29 @@ static const char *write_st(const char *name, const char *header, const uint8_t 
     return path;
 }
 
+/* Reads a file whole, so that it is in the page cache. */
+static void warm(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    ck_assert_int_ge(fd, 0);
+    char buf[65536];
+    while (read(fd, buf, sizeof buf) > 0) {
+    }
+    close(fd);
+}
+
+/* The host backend with the read source of the running loop test
+ * (wb_stage_read): the loading tests run once with each. */
+static wb_backend host_be;
+static int cur_read = WB_STAGE_READ_PREAD;
+
+static void use_read_source(int r)
+{
+    cur_read = r;
+    host_be = wb__backend_host;
+    host_be.stage.read_source = r;
+}
+
 static int shm_exists(const char *name)
 {
     int fd = shm_open(name, O_RDONLY, 0);
@@ -73,6 +96,7 @@ static int shm_exists(const char *name)
 
 START_TEST(test_load_hand_written)
 {
+    use_read_source(_i);
     uint8_t data[13 + 300];
     for (size_t i = 0; i < sizeof data; i++)
         data[i] = (uint8_t)(i * 7 + 1);
@@ -84,7 +108,7 @@ START_TEST(test_load_hand_written)
     const char *path = write_st("hand.safetensors", hdr, data, sizeof data);
     wb_model_data d;
     wb_err err;
-    ck_assert_int_eq(wb__load(path, &wb__backend_host, -1, NULL, &d, &err), WB_OK);
+    ck_assert_int_eq(wb__load(path, &host_be, -1, NULL, &d, &err), WB_OK);
     ck_assert_uint_eq(d.n_tensors, 4);
     ck_assert_uint_eq(d.n_slabs, 1);
     ck_assert_uint_eq(d.bytes, 313);
@@ -122,7 +146,7 @@ START_TEST(test_load_hand_written)
     char name[WB_SHM_NAME_MAX];
     strcpy(name, d.slabs[0].shm.name);
     ck_assert(shm_exists(name));
-    wb__model_data_free(&d, &wb__backend_host);
+    wb__model_data_free(&d, &host_be);
     ck_assert(!shm_exists(name));
     ck_assert_uint_eq(d.n_tensors, 0);
 }
@@ -133,8 +157,7 @@ static void check_against_files(const char *path)
 {
     wb_model_data d;
     wb_err err;
-    ck_assert_msg(wb__load(path, &wb__backend_host, -1, NULL, &d, &err) == WB_OK, "%s: %s", path,
-                  err.msg);
+    ck_assert_msg(wb__load(path, &host_be, -1, NULL, &d, &err) == WB_OK, "%s: %s", path, err.msg);
     wb_st_table *table;
     ck_assert_int_eq(wb__st_open(path, &table, &err), WB_OK);
     ck_assert_uint_eq(d.n_tensors, table->n_tensors);
@@ -160,11 +183,12 @@ static void check_against_files(const char *path)
         free(buf);
     }
     wb__st_table_free(&table);
-    wb__model_data_free(&d, &wb__backend_host);
+    wb__model_data_free(&d, &host_be);
 }
 
 START_TEST(test_load_official)
 {
+    use_read_source(_i);
     check_against_files(data_path("official/all_dtypes.safetensors"));
     check_against_files(data_path("official/gpt2/model.safetensors"));
     check_against_files(data_path("official/gpt2_sharded"));
@@ -173,11 +197,12 @@ END_TEST
 
 START_TEST(test_load_errors)
 {
+    use_read_source(_i);
     wb_model_data d;
     wb_err err;
     char missing[300];
     snprintf(missing, sizeof missing, "%s/missing.safetensors", tmpdir);
-    ck_assert_int_eq(wb__load(missing, &wb__backend_host, -1, NULL, &d, &err), WB_ENOTFOUND);
+    ck_assert_int_eq(wb__load(missing, &host_be, -1, NULL, &d, &err), WB_ENOTFOUND);
     ck_assert_ptr_nonnull(strstr(err.msg, missing));
     ck_assert_uint_eq(d.n_slabs, 0);
 
@@ -186,7 +211,7 @@ START_TEST(test_load_errors)
     const char *hdr = "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}";
     uint8_t data[8] = {0};
     const char *path = write_st("short.safetensors", hdr, data, sizeof data);
-    ck_assert_int_eq(wb__load(path, &wb__backend_host, -1, NULL, &d, &err), WB_EFORMAT);
+    ck_assert_int_eq(wb__load(path, &host_be, -1, NULL, &d, &err), WB_EFORMAT);
     ck_assert_ptr_nonnull(strstr(err.msg, "short.safetensors"));
     ck_assert_uint_eq(d.n_slabs, 0);
 }
@@ -194,6 +219,7 @@ END_TEST
 
 START_TEST(test_load_cancelled)
 {
+    use_read_source(_i);
     uint8_t data[64] = {1};
     const char *hdr = "{\"a\":{\"dtype\":\"U8\",\"shape\":[64],\"data_offsets\":[0,64]}}";
     const char *path = write_st("c.safetensors", hdr, data, sizeof data);
@@ -201,7 +227,7 @@ START_TEST(test_load_cancelled)
     atomic_init(&cancel, 1);
     wb_model_data d;
     wb_err err;
-    ck_assert_int_eq(wb__load(path, &wb__backend_host, -1, &cancel, &d, &err), WB_ESTATE);
+    ck_assert_int_eq(wb__load(path, &host_be, -1, &cancel, &d, &err), WB_ESTATE);
     ck_assert_ptr_nonnull(strstr(err.msg, "cancelled"));
     ck_assert_uint_eq(d.n_slabs, 0);
     ck_assert_ptr_null(d.slabs);
@@ -384,7 +410,7 @@ static const wb_backend *fake_staged_backend(uint64_t chunk, unsigned threads)
                                 .slab_export = fd_export,
                                 .slab_free = fd_free,
                                 .load_mode = WB_STAGE_STAGED,
-                                .stage = {.read_threads = threads},
+                                .stage = {.read_threads = threads, .read_source = cur_read},
                                 .staging = &fdev.ring};
     return &fake_backend;
 }
@@ -394,6 +420,7 @@ static const wb_backend *fake_staged_backend(uint64_t chunk, unsigned threads)
  * total; the stage figures say what ran. */
 START_TEST(test_load_staged_progress)
 {
+    use_read_source(_i);
     static const char *const files[] = {"official/gpt2/model.safetensors", "official/gpt2_sharded",
                                         "official/all_dtypes.safetensors"};
     for (size_t f = 0; f < 3; f++) {
@@ -497,7 +524,8 @@ static int by_off(const void *a, const void *b)
 
 START_TEST(test_load_direct_prepares_every_byte)
 {
-    wb_backend host = wb__backend_host;
+    use_read_source(_i);
+    wb_backend host = host_be;
     ck_assert_ptr_nonnull(host.slab_prepare);
     host.slab_prepare = recording_prepare;
     host.stage.read_threads = 2;
@@ -541,7 +569,8 @@ END_TEST
 /* The host backend with loader settings: the direct path uses them. */
 START_TEST(test_load_direct_settings)
 {
-    wb_backend host = wb__backend_host;
+    use_read_source(_i);
+    wb_backend host = host_be;
     host.stage.read_threads = 2;
     host.stage.chunk_bytes = 1024;
     wb_load_progress prog = {0};
@@ -549,8 +578,13 @@ START_TEST(test_load_direct_settings)
     wb_model_data d;
     wb_err err;
     const char *path = data_path("official/gpt2/model.safetensors");
+    /* In the page cache, as auto's choice below assumes. */
+    warm(path);
     ck_assert_msg(wb__load_ex(path, &o, &d, &err) == WB_OK, "%s", err.msg);
     ck_assert_int_eq(d.stage.mode, WB_STAGE_DIRECT);
+    /* auto reads the fixture, cached above, from its mapping. */
+    ck_assert_int_eq(d.stage.read_source,
+                     cur_read == WB_STAGE_READ_AUTO ? WB_STAGE_READ_MMAP_NT : cur_read);
     ck_assert_uint_eq(d.stage.threads, 2);
     ck_assert_uint_eq(d.read_threads, 2);
     ck_assert_uint_eq(d.stage.chunk_bytes, 1024);
@@ -578,15 +612,16 @@ int main(void)
     Suite *s = suite_create("loader");
     TCase *tc = tcase_create("core");
     tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, test_load_hand_written);
-    tcase_add_test(tc, test_load_official);
-    tcase_add_test(tc, test_load_errors);
-    tcase_add_test(tc, test_load_cancelled);
+    tcase_add_loop_test(tc, test_load_hand_written, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
+    tcase_add_loop_test(tc, test_load_official, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
+    tcase_add_loop_test(tc, test_load_errors, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
+    tcase_add_loop_test(tc, test_load_cancelled, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
     tcase_add_test(tc, test_background_loader);
     tcase_add_test(tc, test_loader_stop_returns_queued);
-    tcase_add_test(tc, test_load_staged_progress);
-    tcase_add_test(tc, test_load_direct_settings);
-    tcase_add_test(tc, test_load_direct_prepares_every_byte);
+    tcase_add_loop_test(tc, test_load_staged_progress, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
+    tcase_add_loop_test(tc, test_load_direct_settings, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
+    tcase_add_loop_test(tc, test_load_direct_prepares_every_byte, WB_STAGE_READ_PREAD,
+                        WB_STAGE_READ_AUTO + 1);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -12,6 +12,7 @@
 #include <xxhash.h>
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,9 +126,17 @@ typedef struct fake_engine {
     pending_copy slot[64];
     unsigned submits, queries, begins, finishes, in_flight, max_in_flight;
     unsigned fail_submit_at, fail_query_at; /* 1-based; 0 never */
-    unsigned registered;
+    unsigned registered, register_calls;
+    unsigned fail_register_at; /* 1-based; 0 never */
+    /* Registered ranges (mapped in pieces), and copies that spanned two. */
+    const uint8_t *reg_lo[256], *reg_hi[256];
+    unsigned spanning;
     int delay; /* the most queries a copy stays pending */
 } fake_engine;
+
+/* Guards the fake engine's registration records: registering threads and
+ * the copier use them at once. */
+static pthread_mutex_t fe_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void land(pending_copy *p)
 {
@@ -151,6 +160,17 @@ static int fe_submit(void *ctx, int buf, const void *src, void *dst, size_t len,
     if (f->fail_submit_at && f->submits == f->fail_submit_at)
         return wb__err_set(err, WB_EIO, "injected copy failure at copy %u", f->submits);
     if (buf < 0) {
+        /* Mapped: the source must lie within one registered range, when
+         * the pipeline registered pieces. */
+        pthread_mutex_lock(&fe_mu);
+        unsigned nr = f->register_calls < 256 ? f->register_calls : 256;
+        int inside = nr == 0;
+        for (unsigned i = 0; i < nr; i++) {
+            if ((const uint8_t *)src >= f->reg_lo[i] && (const uint8_t *)src + len <= f->reg_hi[i])
+                inside = 1;
+        }
+        f->spanning += !inside;
+        pthread_mutex_unlock(&fe_mu);
         memcpy(dst, src, len);
         return WB_OK;
     }
@@ -202,17 +222,29 @@ static int fe_finish(void *ctx, double *secs, wb_err *err)
 
 static int fe_register(void *ctx, void *addr, size_t len, wb_err *err)
 {
-    (void)addr;
-    (void)len;
-    (void)err;
-    ((fake_engine *)ctx)->registered++;
+    fake_engine *f = ctx;
+    pthread_mutex_lock(&fe_mu);
+    unsigned k = f->register_calls++;
+    int fail = f->fail_register_at && k + 1 == f->fail_register_at;
+    if (!fail) {
+        f->registered++;
+        if (k < 256) {
+            f->reg_lo[k] = addr;
+            f->reg_hi[k] = (const uint8_t *)addr + len;
+        }
+    }
+    pthread_mutex_unlock(&fe_mu);
+    if (fail)
+        return wb__err_set(err, WB_EIO, "injected register failure at call %u", k + 1);
     return WB_OK;
 }
 
 static void fe_unregister(void *ctx, void *addr)
 {
     (void)addr;
+    pthread_mutex_lock(&fe_mu);
     ((fake_engine *)ctx)->registered--;
+    pthread_mutex_unlock(&fe_mu);
 }
 
 typedef struct ring {
@@ -253,6 +285,18 @@ static void ring_free(ring *r)
 
 static const char *const file_names[] = {data_file};
 
+/* The read source of the running loop test (wb_stage_read): the tests that
+ * read run once with each. */
+static int cur_read = WB_STAGE_READ_PREAD;
+#define READ_LOOP() (cur_read = _i)
+
+/* The read source a load reports: auto reads the test files, which were
+ * just written and so are in the page cache, from their mappings. */
+static int used_read(void)
+{
+    return cur_read == WB_STAGE_READ_AUTO ? WB_STAGE_READ_MMAP_NT : cur_read;
+}
+
 static wb_stage_job job_for(model *m, int mode, unsigned threads, uint64_t chunk)
 {
     wb_stage_job j = {
@@ -262,7 +306,7 @@ static wb_stage_job job_for(model *m, int mode, unsigned threads, uint64_t chunk
         .n_files = 1,
         .files = file_names,
         .fds = &m->fd,
-        .cfg = {.read_threads = threads, .chunk_bytes = chunk},
+        .cfg = {.read_threads = threads, .chunk_bytes = chunk, .read_source = cur_read},
     };
     return j;
 }
@@ -279,6 +323,7 @@ static const uint64_t mixed[] = {
 
 START_TEST(test_direct_matrix)
 {
+    READ_LOOP();
     model m;
     model_make(&m, mixed, N_MIXED, 0);
     static const uint64_t chunks[] = {4096, 65536, 1 << 20, 8 << 20};
@@ -301,6 +346,7 @@ START_TEST(test_direct_matrix)
             model_check(&m, dst);
             ck_assert_uint_eq(atomic_load(&landed), st.bytes);
             ck_assert_int_eq(st.mode, WB_STAGE_DIRECT);
+            ck_assert_int_eq(st.read_source, used_read());
             ck_assert_uint_ge(st.threads, 1);
             ck_assert_uint_le(st.threads, threads[t]);
             ck_assert_uint_eq(st.chunk_bytes, chunks[c]);
@@ -314,6 +360,7 @@ END_TEST
 
 START_TEST(test_staged_matrix)
 {
+    READ_LOOP();
     model m;
     model_make(&m, mixed, N_MIXED, 3);
     static const uint64_t sizes[] = {4096, 65536, 1 << 20};
@@ -368,6 +415,7 @@ END_TEST
  * checksum must still be over the bytes in order. */
 START_TEST(test_one_big_tensor_many_threads)
 {
+    READ_LOOP();
     static const uint64_t sizes[] = {(7 << 20) + 3};
     model m;
     model_make(&m, sizes, 1, 100);
@@ -391,11 +439,13 @@ END_TEST
 
 START_TEST(test_mapped)
 {
+    /* _i: registering threads (0: the caller registered the mapping). */
     model m;
     model_make(&m, mixed, N_MIXED, 0);
     uint8_t *map = mmap(NULL, m.file_len, PROT_READ, MAP_SHARED, m.fd, 0);
     ck_assert_ptr_ne(map, MAP_FAILED);
     const uint8_t *const maps[] = {map};
+    const uint64_t lens[] = {m.file_len};
     ring r;
     ring_make(&r, 2, 65536, 0);
     uint8_t *dst = malloc(m.slab_len);
@@ -403,15 +453,64 @@ START_TEST(test_mapped)
     _Atomic uint64_t landed = 0;
     wb_stage_job j = job_for(&m, WB_STAGE_MAPPED, 4, 65536);
     j.maps = maps;
+    j.map_lens = lens;
     j.engine = &r.s.engine;
     j.dst = dst;
     j.landed = &landed;
+    j.cfg.register_threads = (unsigned)_i;
+    /* Pieces smaller than a chunk and not a divisor of the tensors' offsets:
+     * copies are cut at every piece boundary. */
+    j.cfg.register_piece = 3 * 65536;
     wb_stage_stats st;
     wb_err err = {0};
     ck_assert_msg(wb__stage_run(&j, &st, &err) == WB_OK, "%s", err.msg);
     model_check(&m, dst);
     ck_assert_uint_eq(atomic_load(&landed), st.bytes);
     ck_assert_int_eq(st.mode, WB_STAGE_MAPPED);
+    uint64_t pieces = (m.file_len + 3 * 65536 - 1) / (3 * 65536);
+    ck_assert_uint_eq(r.fe.registered, 0); /* every piece unregistered */
+    ck_assert_uint_eq(r.fe.register_calls, _i ? pieces : 0);
+    if (_i) {
+        /* No copy spans two pieces. */
+        ck_assert_uint_eq(r.fe.spanning, 0);
+        ck_assert_uint_gt(r.fe.submits, pieces);
+    }
+    munmap(map, m.file_len);
+    free(dst);
+    ring_free(&r);
+    model_free(&m);
+}
+END_TEST
+
+/* A piece that cannot be registered fails the load with the engine's
+ * message and the file's range; every piece registered is unregistered. */
+START_TEST(test_mapped_register_fails)
+{
+    model m;
+    model_make(&m, mixed, N_MIXED, 0);
+    uint8_t *map = mmap(NULL, m.file_len, PROT_READ, MAP_SHARED, m.fd, 0);
+    ck_assert_ptr_ne(map, MAP_FAILED);
+    const uint8_t *const maps[] = {map};
+    const uint64_t lens[] = {m.file_len};
+    ring r;
+    ring_make(&r, 2, 65536, 0);
+    r.fe.fail_register_at = 3;
+    uint8_t *dst = malloc(m.slab_len);
+    ck_assert_ptr_nonnull(dst);
+    wb_stage_job j = job_for(&m, WB_STAGE_MAPPED, 2, 65536);
+    j.maps = maps;
+    j.map_lens = lens;
+    j.engine = &r.s.engine;
+    j.dst = dst;
+    j.cfg.register_threads = 1;
+    j.cfg.register_piece = 65536;
+    wb_stage_stats st;
+    wb_err err = {0};
+    ck_assert_int_eq(wb__stage_run(&j, &st, &err), WB_EIO);
+    ck_assert_msg(strstr(err.msg, "injected register failure at call 3") != NULL, "%s", err.msg);
+    ck_assert_msg(strstr(err.msg, "bytes 131072 to 196608") != NULL, "%s", err.msg);
+    ck_assert_msg(strstr(err.msg, data_file) != NULL, "%s", err.msg);
+    ck_assert_uint_eq(r.fe.registered, 0);
     munmap(map, m.file_len);
     free(dst);
     ring_free(&r);
@@ -423,6 +522,7 @@ END_TEST
  * and the tensor, and the ring can load again. */
 START_TEST(test_short_file)
 {
+    READ_LOOP();
     model m;
     model_make(&m, mixed, N_MIXED, 0);
     ck_assert_int_eq(truncate(data_file, (off_t)(m.file_len - 1000)), 0);
@@ -453,9 +553,108 @@ START_TEST(test_short_file)
 }
 END_TEST
 
+/* Truncates the data file when the reader prepares chunk `at`. */
+typedef struct shrink {
+    unsigned calls, at;
+    off_t to;
+} shrink;
+
+static int shrink_prepare(void *ctx, uint64_t offset, uint64_t len, wb_err *err)
+{
+    (void)offset;
+    (void)len;
+    (void)err;
+    shrink *k = ctx;
+    if (k->calls++ == k->at)
+        ck_assert_int_eq(truncate(data_file, k->to), 0);
+    return WB_OK;
+}
+
+/* The file shrinks while it is read (someone truncates it): a pread gets a
+ * short read, a mapping faults (SIGBUS, or an error from populating its
+ * pages). Each read source fails the load with WB_EIO naming the file and
+ * the tensor; none kills the process. Small tensors take the fault path,
+ * large ones are populated first. */
+START_TEST(test_file_shrinks)
+{
+    READ_LOOP();
+    static const uint64_t small[] = {4096, 5000, 70000, 65536, 8192, 100000, 4096, 65536};
+    static const uint64_t large[] = {1 << 20, (1 << 20) + 5, 3 << 20, 1 << 20};
+    for (int big = 0; big < 2; big++) {
+        model m;
+        const uint64_t *sizes = big ? large : small;
+        size_t n = big ? 4 : 8;
+        model_make(&m, sizes, n, 0);
+        uint8_t *dst = malloc(m.slab_len);
+        ck_assert_ptr_nonnull(dst);
+        /* One thread, chunks of one tensor each (in slab order): the file
+         * loses its second half when the third chunk is prepared. */
+        wb_stage_job j = job_for(&m, WB_STAGE_DIRECT, 1, 65536);
+        j.host_dst = dst;
+        shrink k = {.at = 2, .to = (off_t)(m.t[2].file_offset + 100)};
+        j.prepare = shrink_prepare;
+        j.prepare_ctx = &k;
+        wb_stage_stats st;
+        wb_err err = {0};
+        ck_assert_int_eq(wb__stage_run(&j, &st, &err), WB_EIO);
+        ck_assert_int_eq(err.code, WB_EIO);
+        ck_assert_msg(strstr(err.msg, data_file) != NULL, "%s", err.msg);
+        ck_assert_msg(strstr(err.msg, "tensor 't2'") != NULL, "%s", err.msg);
+        if (cur_read == WB_STAGE_READ_PREAD)
+            ck_assert_msg(strstr(err.msg, "the file ends at") != NULL, "%s", err.msg);
+        else
+            ck_assert_msg(strstr(err.msg, "the file shrank while it was read") != NULL, "%s",
+                          err.msg);
+        free(dst);
+        model_free(&m);
+    }
+}
+END_TEST
+
+/* auto: a file in the page cache is read from its mapping, one that is not
+ * with pread; the bytes and checksums are right either way. */
+START_TEST(test_auto_follows_the_cache)
+{
+    model m;
+    model_make(&m, mixed, N_MIXED, 0);
+    for (int cold = 0; cold < 2; cold++) {
+        if (cold) {
+            /* Written back, then dropped from the page cache. */
+            ck_assert_int_eq(fdatasync(m.fd), 0);
+            ck_assert_int_eq(posix_fadvise(m.fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+            uint8_t *map = mmap(NULL, m.file_len, PROT_READ, MAP_SHARED, m.fd, 0);
+            ck_assert_ptr_ne(map, MAP_FAILED);
+            size_t pages = (m.file_len + 4095) / 4096, in = 0;
+            unsigned char *vec = malloc(pages);
+            ck_assert_ptr_nonnull(vec);
+            ck_assert_int_eq(mincore(map, m.file_len, vec), 0);
+            for (size_t i = 0; i < pages; i++)
+                in += vec[i] & 1;
+            free(vec);
+            munmap(map, m.file_len);
+            ck_assert_msg(in * 10 < pages, "the file stayed in the page cache: %zu of %zu pages",
+                          in, pages);
+        }
+        uint8_t *dst = malloc(m.slab_len);
+        ck_assert_ptr_nonnull(dst);
+        wb_stage_job j = job_for(&m, WB_STAGE_DIRECT, 2, 65536);
+        j.cfg.read_source = WB_STAGE_READ_AUTO;
+        j.host_dst = dst;
+        wb_stage_stats st;
+        wb_err err = {0};
+        ck_assert_msg(wb__stage_run(&j, &st, &err) == WB_OK, "%s", err.msg);
+        model_check(&m, dst);
+        ck_assert_int_eq(st.read_source, cold ? WB_STAGE_READ_PREAD : WB_STAGE_READ_MMAP_NT);
+        free(dst);
+    }
+    model_free(&m);
+}
+END_TEST
+
 /* A descriptor that cannot be read (a directory): WB_EIO with the reason. */
 START_TEST(test_read_error)
 {
+    READ_LOOP();
     model m;
     model_make(&m, mixed, N_MIXED, 0);
     int dirfd = open(tmpdir, O_RDONLY | O_DIRECTORY);
@@ -491,6 +690,7 @@ END_TEST
  * again. */
 START_TEST(test_copy_failures)
 {
+    READ_LOOP();
     model m;
     model_make(&m, mixed, N_MIXED, 0);
     for (int which = 0; which < 2; which++) {
@@ -523,6 +723,7 @@ END_TEST
 
 START_TEST(test_cancel)
 {
+    READ_LOOP();
     model m;
     model_make(&m, mixed, N_MIXED, 0);
     atomic_int cancel = 1;
@@ -602,6 +803,10 @@ START_TEST(test_config)
     ck_assert_uint_eq(c.chunk_bytes, WB_STAGE_DEFAULT_CHUNK);
     ck_assert_uint_eq(c.buffers, WB_STAGE_DEFAULT_BUFFERS);
     ck_assert_uint_eq(c.read_block, WB_STAGE_DEFAULT_READ_BLOCK);
+    ck_assert_int_eq(c.read_source, WB_STAGE_READ_AUTO);
+    ck_assert_int_eq(c.ring_pages, WB_STAGE_PAGES_NORMAL);
+    ck_assert_uint_eq(c.register_threads, 0);
+    ck_assert_uint_eq(c.register_piece, WB_STAGE_REGISTER_PIECE);
     wb_err err;
     ck_assert_int_eq(wb__stage_config_check(&c, &err), WB_OK);
     wb_stage_config bad = c;
@@ -620,6 +825,29 @@ START_TEST(test_config)
     bad.buffers = 1;
     ck_assert_int_eq(wb__stage_config_check(&bad, &err), WB_EINVAL);
     ck_assert_ptr_nonnull(strstr(err.msg, "staging buffers: 1"));
+    bad = c;
+    bad.read_source = 5;
+    ck_assert_int_eq(wb__stage_config_check(&bad, &err), WB_EINVAL);
+    ck_assert_str_eq(err.msg, "read source: 5 is not pread, mmap, mmap-nt or auto");
+    bad = c;
+    bad.ring_pages = 3;
+    ck_assert_int_eq(wb__stage_config_check(&bad, &err), WB_EINVAL);
+    ck_assert_str_eq(err.msg, "staging pages: 3 is not normal or huge");
+    bad = c;
+    bad.register_threads = WB_STAGE_MAX_THREADS + 1;
+    ck_assert_int_eq(wb__stage_config_check(&bad, &err), WB_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "register threads: 65"));
+    bad = c;
+    bad.register_piece = 65536 + 4096;
+    ck_assert_int_eq(wb__stage_config_check(&bad, &err), WB_EINVAL);
+    ck_assert_str_eq(err.msg, "register piece: 69632 bytes is not a positive multiple of 65536");
+    for (int r = WB_STAGE_READ_PREAD; r <= WB_STAGE_READ_AUTO; r++)
+        ck_assert_int_eq(wb__stage_read_parse(wb__stage_read_name(r)), r);
+    ck_assert_int_eq(wb__stage_read_parse("mmap-t"), 0);
+    ck_assert_str_eq(wb__stage_read_name(0), "unknown");
+    ck_assert_int_eq(wb__stage_pages_parse("huge"), WB_STAGE_PAGES_HUGE);
+    ck_assert_int_eq(wb__stage_pages_parse("normal"), WB_STAGE_PAGES_NORMAL);
+    ck_assert_int_eq(wb__stage_pages_parse("giant"), 0);
     ck_assert_str_eq(wb__stage_mode_name(WB_STAGE_STAGED), "staged");
     ck_assert_str_eq(wb__stage_mode_name(0), "unknown");
     ck_assert(wb__stage_gbps(2000000000ull, 2.0, 2) == 2.0);
@@ -633,14 +861,18 @@ static Suite *suite(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
     tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, test_direct_matrix);
-    tcase_add_test(tc, test_staged_matrix);
-    tcase_add_test(tc, test_one_big_tensor_many_threads);
-    tcase_add_test(tc, test_mapped);
-    tcase_add_test(tc, test_short_file);
-    tcase_add_test(tc, test_read_error);
-    tcase_add_test(tc, test_copy_failures);
-    tcase_add_test(tc, test_cancel);
+    tcase_add_loop_test(tc, test_direct_matrix, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
+    tcase_add_loop_test(tc, test_staged_matrix, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
+    tcase_add_loop_test(tc, test_one_big_tensor_many_threads, WB_STAGE_READ_PREAD,
+                        WB_STAGE_READ_AUTO + 1);
+    tcase_add_loop_test(tc, test_mapped, 0, 4);
+    tcase_add_test(tc, test_mapped_register_fails);
+    tcase_add_loop_test(tc, test_short_file, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
+    tcase_add_loop_test(tc, test_read_error, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
+    tcase_add_loop_test(tc, test_copy_failures, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
+    tcase_add_loop_test(tc, test_cancel, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
+    tcase_add_loop_test(tc, test_file_shrinks, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
+    tcase_add_test(tc, test_auto_follows_the_cache);
     tcase_add_test(tc, test_bad_jobs);
     tcase_add_test(tc, test_empty_tensors);
     tcase_add_test(tc, test_config);

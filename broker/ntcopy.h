@@ -1,0 +1,28 @@
+/* Copies with non-temporal (streaming) stores, for the loader's reads from a
+ * file mapping into a staging buffer or a slab: the destination is written
+ * once and read next by another agent (the copy engine, a client), so
+ * ordinary stores would first read every destination line into the cache
+ * (read for ownership) and then evict the source's lines for it. Streaming
+ * stores write whole lines straight to memory.
+ *
+ * wb__nt_copy picks the widest kind the CPU has, once (AVX2, else SSE2;
+ * memcpy on other architectures), and ends with a store fence, so that the
+ * bytes are visible to any thread or device that is handed the buffer
+ * afterwards. Any alignment and size; src and dst must not overlap. */
+#ifndef WB_BROKER_NTCOPY_H
+#define WB_BROKER_NTCOPY_H
+
+#include <stddef.h>
+
+typedef void (*wb_nt_copy_fn)(void *dst, const void *src, size_t n);
+
+void wb__nt_copy(void *dst, const void *src, size_t n);
+
+/* The implementation wb__nt_copy uses: "avx2", "sse2" or "memcpy". */
+const char *wb__nt_copy_kind(void);
+
+/* One implementation by name ("avx2", "sse2", "memcpy"), or NULL when this
+ * CPU or build lacks it; for tests and benchmarks that check each. */
+wb_nt_copy_fn wb__nt_copy_get(const char *kind);
+
+#endif
