@@ -51,10 +51,11 @@ int wb__ops_is_admin(const wb_broker *b, const wb_peer_creds *peer);
 int wb__ops_refuse_admin(wb_broker *b, const wb_peer_creds *peer, const char *verb,
                          Wbproto__Reply *rep, wb_arena *a);
 /* Points the Lease `lw` (id already set) at the model's packed tail
- * (wb_model.wire_lease_tail, or wire_table_tail when `table`): it then
+ * (wb_model.wire[copy].lease_tail, or table_tail when `table`): it then
  * packs to the same bytes as a Lease with model, slabs and tensors (or
  * tensor_table) filled in. WB_EINVAL when the model has no such tail,
  * WB_ENOMEM; lw is untouched then. */
-int wb__ops_lease_tail(const wb_model *m, int table, Wbproto__Lease *lw, wb_arena *a);
+int wb__ops_lease_tail(const wb_model *m, unsigned copy, int table, Wbproto__Lease *lw,
+                       wb_arena *a);
 
 #endif

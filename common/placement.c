@@ -55,11 +55,13 @@ int wb__placement_parse(const char *text, size_t len, wb_placement *out, wb_err 
                         WB_PLACEMENT_MAX);
         wb_placement_item *it = &out->items[out->n];
         if (item[0] >= '0' && item[0] <= '9') {
-            long v = 0;
             for (size_t i = 0; i < n; i++) {
                 if (item[i] < '0' || item[i] > '9')
                     return fail(err, t, len, at + i, "'%.*s' is not a device ordinal",
                                 ITEM(item, n));
+            }
+            long v = 0;
+            for (size_t i = 0; i < n; i++) {
                 v = v * 10 + (item[i] - '0');
                 if (v > ORDINAL_MAX)
                     return fail(err, t, len, at, "device ordinal '%.*s' is above %d", ITEM(item, n),

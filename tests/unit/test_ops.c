@@ -88,7 +88,7 @@ END_TEST
 START_TEST(test_lease_tail_bytes)
 {
     wb_model *m = fixture_model(&F.b, "demo");
-    ck_assert_ptr_nonnull(m->wire_lease_tail);
+    ck_assert_ptr_nonnull(m->wire[0].lease_tail);
     uint8_t id[16];
     for (int i = 0; i < 16; i++)
         id[i] = (uint8_t)(0xa0 + i);
@@ -96,8 +96,8 @@ START_TEST(test_lease_tail_bytes)
     full.id.data = id;
     full.id.len = sizeof id;
     full.model = m->name;
-    full.n_slabs = m->data.n_slabs;
-    full.slabs = m->wire_slab_ptrs;
+    full.n_slabs = 1;
+    full.slabs = &m->wire[0].slab_ptr;
     full.n_tensors = m->data.n_tensors;
     full.tensors = m->wire_tensor_ptrs;
     size_t want_len = wbproto__lease__get_packed_size(&full);
@@ -108,7 +108,7 @@ START_TEST(test_lease_tail_bytes)
     Wbproto__Lease fast = WBPROTO__LEASE__INIT;
     fast.id.data = id;
     fast.id.len = sizeof id;
-    ck_assert_int_eq(wb__ops_lease_tail(m, 0, &fast, &a), WB_OK);
+    ck_assert_int_eq(wb__ops_lease_tail(m, 0, 0, &fast, &a), WB_OK);
     ck_assert_uint_eq(wbproto__lease__get_packed_size(&fast), want_len);
     uint8_t *got = malloc(want_len);
     ck_assert_uint_eq(wbproto__lease__pack(&fast, got), want_len);
@@ -116,12 +116,14 @@ START_TEST(test_lease_tail_bytes)
     ck_assert_uint_eq(m->wire_lease_size, want_len);
 
     /* Without a tail (memory was short at load), the fields are filled. */
-    uint8_t *tail = m->wire_lease_tail;
-    m->wire_lease_tail = NULL;
+    uint8_t *tail = m->wire[0].lease_tail;
+    m->wire[0].lease_tail = NULL;
     Wbproto__Lease none = WBPROTO__LEASE__INIT;
-    ck_assert_int_eq(wb__ops_lease_tail(m, 0, &none, &a), WB_EINVAL);
+    ck_assert_int_eq(wb__ops_lease_tail(m, 0, 0, &none, &a), WB_EINVAL);
     ck_assert_uint_eq(none.base.n_unknown_fields, 0);
-    m->wire_lease_tail = tail;
+    /* A copy the model does not have. */
+    ck_assert_int_eq(wb__ops_lease_tail(m, 1, 0, &none, &a), WB_EINVAL);
+    m->wire[0].lease_tail = tail;
     wb__arena_free(&a);
     free(want);
     free(got);
