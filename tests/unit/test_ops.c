@@ -242,6 +242,176 @@ END_TEST
  * process may not release the lease: the broker checks the pidfd before
  * acting for the pid, reclaims the dead process's leases, and the request
  * finds none. The event loop is not running: only that check can notice. */
+/* A device-like backend for a model with copies on two devices: slabs in
+ * host memory standing in for device memory (a fake; nothing is exported to
+ * any GPU). */
+static int twin_alloc(wb_slab *slab, int device, uint64_t size, wb_err *err)
+{
+    (void)err;
+    memset(slab, 0, sizeof *slab);
+    slab->dev_ptr = calloc(1, size);
+    slab->size = size;
+    slab->device = device;
+    return WB_OK;
+}
+
+static void twin_export(wb_slab *slab, Wbproto__Slab *out)
+{
+    wbproto__slab__init(out);
+    out->backend = WBPROTO__BACKEND__BACKEND_CUDA;
+    out->device = slab->device;
+    out->size = slab->size;
+    memset(slab->ipc_handle, slab->device + 1, sizeof slab->ipc_handle);
+    out->cuda_ipc_handle.data = slab->ipc_handle;
+    out->cuda_ipc_handle.len = sizeof slab->ipc_handle;
+    out->transport = "cuda-ipc";
+}
+
+static void twin_free(wb_slab *slab)
+{
+    free(slab->dev_ptr);
+    slab->dev_ptr = NULL;
+}
+
+static const wb_backend twin_backend = {.name = "twin",
+                                        .proto = WBPROTO__BACKEND__BACKEND_CUDA,
+                                        .slab_alloc = twin_alloc,
+                                        .slab_export = twin_export,
+                                        .slab_free = twin_free,
+                                        .transport = "cuda-ipc",
+                                        .access = "rw"};
+
+#define UUID0 "GPU-00000000-1111-2222-3333-444444444444"
+#define UUID1 "GPU-11111111-1111-2222-3333-444444444444"
+#define UUID2 "GPU-22222222-1111-2222-3333-444444444444"
+
+/* Model "twin": copies ready on devices 0 and 1, failed on device 2. */
+static wb_model *twin_model(void)
+{
+    wb_err err;
+    static const int devs[] = {0, 1, 2};
+    wb_model *m = wb__model_new("twin", "/models/twin.safetensors", &twin_backend, 0);
+    ck_assert_ptr_nonnull(m);
+    wb__model_set_devices(m, devs, 3);
+    wb_model_data d;
+    memset(&d, 0, sizeof d);
+    d.n_slabs = d.n_copies = 3;
+    d.slabs = calloc(3, sizeof *d.slabs);
+    d.copies = calloc(3, sizeof *d.copies);
+    const char *uuids[3] = {UUID0, UUID1, UUID2};
+    for (int k = 0; k < 3; k++) {
+        d.copies[k].device = k;
+        strcpy(d.copies[k].uuid, uuids[k]);
+        d.copies[k].state =
+            k < 2 ? WBPROTO__MODEL_STATE__MODEL_READY : WBPROTO__MODEL_STATE__MODEL_FAILED;
+        if (k < 2)
+            twin_alloc(&d.slabs[k], k, 256, &err);
+    }
+    strcpy(d.copies[2].error, "cudaMalloc of 256 bytes on device 2: out of memory");
+    d.n_tensors = 1;
+    d.tensors = calloc(1, sizeof *d.tensors);
+    d.tensors[0].name = strdup("w");
+    strcpy(d.tensors[0].dtype, "U8");
+    d.tensors[0].ndim = 1;
+    d.tensors[0].shape = malloc(sizeof *d.tensors[0].shape);
+    d.tensors[0].shape[0] = 8;
+    d.tensors[0].nbytes = 8;
+    d.bytes = 8;
+    ck_assert_int_eq(wb__model_adopt(m, &d, &err), WB_OK);
+    wb__models_add(&F.b.models, m);
+    return m;
+}
+
+static Wbproto__Reply *acquire_on(const wb_peer_creds *p, int device_set, int device,
+                                  const char *uuid, int allow_peer)
+{
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__AcquireRequest a = WBPROTO__ACQUIRE_REQUEST__INIT;
+    a.model = "twin";
+    a.device_set = device_set;
+    a.device = device;
+    a.device_uuid = (char *)uuid;
+    a.allow_peer = allow_peer;
+    req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
+    req.acquire = &a;
+    return call(p, &req);
+}
+
+/* A lease names the device the worker runs on and gets that device's copy;
+ * a device with no ready copy is refused with the reason; old clients get
+ * the first ready copy; the listing shows every copy. */
+START_TEST(test_acquire_per_device)
+{
+    wb_model *m = twin_model();
+    wb_peer_creds p = me();
+    Wbproto__Reply *r = acquire_on(&p, 0, 0, UUID1, 0);
+    ck_assert_msg(r->status == 0, "%s", r->error);
+    const Wbproto__Lease *l = r->acquire->lease;
+    ck_assert_uint_eq(l->n_slabs, 1);
+    ck_assert_int_eq(l->slabs[0]->device, 1);
+    ck_assert_str_eq(l->slabs[0]->device_uuid, UUID1);
+    ck_assert_uint_eq(l->slabs[0]->index, 0);
+    ck_assert_uint_eq(l->slabs[0]->cuda_ipc_handle.data[0], 2); /* device 1's slab */
+    ck_assert_uint_eq(m->data.copies[1].leases, 1);
+
+    /* By the broker's ordinal when no UUID is given. */
+    r = acquire_on(&p, 1, 0, "", 0);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_str_eq(r->acquire->lease->slabs[0]->device_uuid, UUID0);
+    uint8_t id0[16];
+    memcpy(id0, r->acquire->lease->id.data, 16);
+
+    /* An older client names no device: the first ready copy. */
+    r = fixture_acquire(&F, &p, "twin");
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->acquire->lease->slabs[0]->device, 0);
+
+    /* The failed copy and devices without a copy are refused clearly. */
+    r = acquire_on(&p, 0, 0, UUID2, 0);
+    ck_assert_int_eq(r->status, WB_ENOGPU);
+    ck_assert_str_eq(r->error, "model 'twin' has no ready copy on device " UUID2
+                               "; its copies: 0=" UUID0 " ready, 1=" UUID1 " ready, 2=" UUID2
+                               " failed (load it there, or ask for peer access)");
+    r = acquire_on(&p, 1, 5, "", 0);
+    ck_assert_int_eq(r->status, WB_ENOGPU);
+    ck_assert_ptr_nonnull(strstr(r->error, "has no ready copy on device 5 (the broker's ordinal)"));
+    r = acquire_on(&p, 0, 0, "GPU-99999999-1111-2222-3333-444444444444", 0);
+    ck_assert_int_eq(r->status, WB_ENOGPU);
+    /* With peer access: the first ready copy. */
+    r = acquire_on(&p, 1, 5, "", 1);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->acquire->lease->slabs[0]->device, 0);
+    ck_assert_uint_eq(m->leases, 4);
+    ck_assert_uint_eq(m->data.copies[0].leases, 3);
+
+    /* The listing: one entry per device with its state, bytes and leases. */
+    r = simple(&p, WBPROTO__REQUEST__BODY_LIST_MODELS);
+    ck_assert_int_eq(r->status, 0);
+    const Wbproto__ModelInfo *mi = NULL;
+    for (size_t i = 0; i < r->list_models->n_models; i++) {
+        if (strcmp(r->list_models->models[i]->name, "twin") == 0)
+            mi = r->list_models->models[i];
+    }
+    ck_assert_ptr_nonnull(mi);
+    ck_assert_uint_eq(mi->n_copies, 3);
+    ck_assert_int_eq(mi->copies[1]->device, 1);
+    ck_assert_str_eq(mi->copies[1]->device_uuid, UUID1);
+    ck_assert_int_eq(mi->copies[1]->state, WBPROTO__MODEL_STATE__MODEL_READY);
+    ck_assert_uint_eq(mi->copies[1]->slab_bytes, 256);
+    ck_assert_uint_eq(mi->copies[1]->leases, 1);
+    ck_assert_uint_eq(mi->copies[0]->leases, 3);
+    ck_assert_int_eq(mi->copies[2]->state, WBPROTO__MODEL_STATE__MODEL_FAILED);
+    ck_assert_str_eq(mi->copies[2]->error, "cudaMalloc of 256 bytes on device 2: out of memory");
+    ck_assert_uint_eq(mi->copies[2]->slab_bytes, 0);
+
+    /* A release counts down its own copy. */
+    r = fixture_release(&F, &p, id0);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_uint_eq(m->data.copies[0].leases, 2);
+    ck_assert_uint_eq(m->data.copies[1].leases, 1);
+}
+END_TEST
+
 START_TEST(test_release_after_pid_reuse)
 {
     wb_model *m = fixture_model(&F.b, "demo");
@@ -597,6 +767,7 @@ int main(void)
     tcase_add_test(tc, test_acquire_dead_peer);
     tcase_add_test(tc, test_release);
     tcase_add_test(tc, test_release_after_pid_reuse);
+    tcase_add_test(tc, test_acquire_per_device);
     tcase_add_test(tc, test_heartbeat);
     tcase_add_test(tc, test_list_leases_and_models);
     tcase_add_test(tc, test_unload_and_drain);
