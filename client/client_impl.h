@@ -22,6 +22,7 @@ struct wb_client {
     struct wb_lease *leases; /* linked through wb_lease.prev/next, under mu */
 
     uint32_t broker_pid;
+    int broker_backend; /* WBPROTO__BACKEND__* from the last hello */
     uint32_t heartbeat_ms;
     uint32_t stale_ms;
 

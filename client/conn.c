@@ -65,6 +65,7 @@ static int hello_locked(wb_client *c, int *restarted, wb_err *err)
     }
     c->broker_pid = pid;
     c->broker_instance = instance;
+    c->broker_backend = h ? (int)h->backend : 0;
     if (!c->hello_done) {
         /* The first broker's timings are kept: the heartbeat thread reads
          * them without the lock. */

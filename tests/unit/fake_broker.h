@@ -46,6 +46,7 @@ typedef struct fake_broker {
     size_t n_tensors;
 
     atomic_int mode;          /* enum fake_mode */
+    const char *slab_uuid;    /* FAKE_CUDA: the slab's device UUID (NULL: none sent) */
     atomic_int delay_next_ms; /* delay the next answer by this much, once */
     atomic_int forget;        /* heartbeats: report every lease as unknown */
     atomic_int n_hello, n_acquire, n_release, n_heartbeat;

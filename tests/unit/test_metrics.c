@@ -143,7 +143,7 @@ START_TEST(test_render_values)
     wb__broker_count_request(&B, 0, WB_EPROTO);
 
     char *text = render();
-    ck_assert_int_eq(check_structure(text), 14);
+    ck_assert_int_eq(check_structure(text), 16);
     assert_line(text, "# TYPE wb_leases gauge");
     assert_line(text, "wb_leases{state=\"active\"} 1");
     assert_line(text, "wb_leases{state=\"stale\"} 2");
@@ -154,6 +154,9 @@ START_TEST(test_render_values)
     assert_line(text, "# TYPE wb_model_bytes gauge");
     assert_line(text, "wb_model_bytes{model=\"alpha\",device=\"-1\",backend=\"host\"} 28");
     assert_line(text, "wb_model_bytes{model=\"beta\",device=\"-1\",backend=\"host\"} 28");
+    assert_line(text, "# TYPE wb_model_copies gauge");
+    assert_line(text, "wb_model_copies{model=\"alpha\",device=\"-1\",uuid=\"\",state=\"ready\"} 1");
+    assert_line(text, "# TYPE wb_model_copy_leases gauge");
     ck_assert_ptr_null(strstr(text, "gamma"));
     assert_line(text, "# TYPE wb_loads_total counter");
     assert_line(text, "wb_loads_total 4");
@@ -195,7 +198,7 @@ END_TEST
 START_TEST(test_render_empty_broker)
 {
     char *text = render();
-    ck_assert_int_eq(check_structure(text), 14);
+    ck_assert_int_eq(check_structure(text), 16);
     assert_line(text, "wb_leases{state=\"active\"} 0");
     assert_line(text, "wb_models{state=\"ready\"} 0");
     assert_line(text, "wb_loads_total 0");
