@@ -48,7 +48,18 @@ static int lease_device_uuid(wb_client *c, const char *model, const wb_lease_opt
                              char uuid[WB_GPU_UUID_SIZE])
 {
     uuid[0] = '\0';
-    if (c->broker_backend != WBPROTO__BACKEND__BACKEND_CUDA || o->device == WB_LEASE_DEVICE_ANY)
+    if (o->device_uuid && o->device_uuid[0] && !wb__gpu_uuid_valid(o->device_uuid))
+        return wb__client_fail(c, WB_EINVAL,
+                               "acquire '%s': '%.100s' is not a device UUID "
+                               "(GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)",
+                               model, o->device_uuid);
+    if (c->broker_backend != WBPROTO__BACKEND__BACKEND_CUDA)
+        return WB_OK;
+    if (o->device_uuid && o->device_uuid[0]) {
+        snprintf(uuid, WB_GPU_UUID_SIZE, "%s", o->device_uuid);
+        return WB_OK;
+    }
+    if (o->device == WB_LEASE_DEVICE_ANY)
         return WB_OK;
     wb_err e;
     int dev = o->device;

@@ -111,6 +111,10 @@ typedef struct wb_lease_options {
      * ordinals differ from ours under another CUDA_VISIBLE_DEVICES) and
      * grants its copy there. Ignored by a host-memory broker. */
     int device;
+    /* May be NULL. A device UUID ("GPU-..." as nvidia-smi -L prints it):
+     * names the device instead of `device`, whether or not this process
+     * sees it (mapping then needs it visible, or reachable as a peer). */
+    const char *device_uuid;
     /* Nonzero: when the model has no copy on that device, accept a copy on
      * another device that this one reaches as a peer (slower: every read
      * crosses the link). Zero: such an acquire is refused, WB_ENOGPU. */

@@ -43,6 +43,16 @@ start_worker w1 --model demo
 dev=$(lease_field "$LAST_PID" device)
 [ "$dev" = -1 ] || fail "the host lease's device is $dev, not -1"
 
+# A worker that names a device: host memory serves every device.
+start_worker w2 --model demo --device 3
+output_has w2 "model demo device -1" || fail "w2: $(cat "$WB_TMP/w2.out")"
+"$WORKER" --socket "$SOCK" --model demo --device GPU-1 >"$WB_TMP/w3.out" 2>"$WB_TMP/w3.err"
+rc=$?
+[ "$rc" = 1 ] || fail "a malformed device UUID exited $rc, not 1"
+grep -qF "'GPU-1' is not a device UUID" "$WB_TMP/w3.err" || fail "w3: $(cat "$WB_TMP/w3.err")"
+"$WORKER" --socket "$SOCK" --model demo --device x >"$WB_TMP/w4.out" 2>"$WB_TMP/w4.err"
+[ "$?" = 2 ] || fail "--device x was not a usage error"
+
 # wbctl load PATH@DEVICES: checked by wbctl, ignored by the host backend.
 ctl load d2 "$WB_TMP/demo.safetensors@0,,1" >"$WB_TMP/l1.out" 2>"$WB_TMP/l1.err"
 rc=$?

@@ -316,6 +316,10 @@ START_TEST(cuda_slab_on_an_invisible_device)
     o.device = -5;
     ck_assert_int_eq(wb_lease_acquire_ex(c, "demo", &o, &l), WB_EINVAL);
     ck_assert_str_eq(wb_client_errmsg(c), "acquire 'demo': device -5 is not an ordinal");
+    o.device_uuid = "GPU-12";
+    ck_assert_int_eq(wb_lease_acquire_ex(c, "demo", &o, &l), WB_EINVAL);
+    ck_assert_str_eq(wb_client_errmsg(c), "acquire 'demo': 'GPU-12' is not a device UUID "
+                                          "(GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)");
     ck_assert_ptr_null(l);
     ck_assert_uint_eq(wb__mapcache_count(), 0);
     unsetenv("CUDA_VISIBLE_DEVICES");
