@@ -207,6 +207,21 @@ int wb__broker_finish_load(wb_broker *b, wb_load_job *job, wb_model **model)
             m->data.load_seconds, m->data.load_gbps, m->backend->name, m->data.open_seconds,
             m->data.alloc_seconds, m->data.read_seconds, m->data.read_threads);
     wb__load_log_stages(m->name, &m->data);
+    /* Where the copies are; a copy that failed is a warning, not a failed
+     * load: the others serve. */
+    for (uint32_t k = 0; k < m->data.n_copies; k++) {
+        const wb_model_copy *c = &m->data.copies[k];
+        if (c->state == WBPROTO__MODEL_STATE__MODEL_READY)
+            wb_info("model_copy",
+                    "model=%s device=%d uuid=%s state=ready slab_bytes=%llu "
+                    "copy_seconds=%.3f",
+                    wb__log_quote(q, sizeof q, m->name), c->device, c->uuid[0] ? c->uuid : "-",
+                    (unsigned long long)m->data.slabs[k].size, c->copy_seconds);
+        else
+            wb_warn("model_copy_failed", "model=%s device=%d uuid=%s error=%s",
+                    wb__log_quote(q, sizeof q, m->name), c->device, c->uuid[0] ? c->uuid : "-",
+                    wb__log_quote(qe, sizeof qe, c->error));
+    }
     *model = m;
     return WB_OK;
 }
