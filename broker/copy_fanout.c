@@ -153,7 +153,7 @@ int wb__fanout_init(wb_fanout *f, wb_fanout_target *targets, unsigned n, wb_err 
             reg = 0;
     }
     if (!f->base)
-        return wb__err_set(err, WB_EINVAL, "no device to load to");
+        return n ? all_failed(f, err) : wb__err_set(err, WB_EINVAL, "no device to load to");
     f->engine = (wb_copy_engine){
         .ctx = f,
         .begin = fan_begin,

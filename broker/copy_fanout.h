@@ -34,8 +34,9 @@ typedef struct wb_fanout {
 } wb_fanout;
 
 /* Sets f up over n targets (targets already marked failed are skipped). The
- * pipeline's job takes f->engine and f->base as its destination. Returns
- * WB_EINVAL when no target is usable. */
+ * pipeline's job takes f->engine and f->base as its destination. When every
+ * target has failed already, returns the first one's code with every
+ * device's reason; WB_EINVAL for no target at all. */
 int wb__fanout_init(wb_fanout *f, wb_fanout_target *targets, unsigned n, wb_err *err);
 
 /* Marks target i failed with `why` (the first reason is kept). */

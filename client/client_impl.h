@@ -22,7 +22,6 @@ struct wb_client {
     struct wb_lease *leases; /* linked through wb_lease.prev/next, under mu */
 
     uint32_t broker_pid;
-    int broker_backend; /* WBPROTO__BACKEND__* from the last hello */
     uint32_t heartbeat_ms;
     uint32_t stale_ms;
 
@@ -33,6 +32,7 @@ struct wb_client {
     char hello_name[128];
     int hello_done;
     uint64_t broker_instance;
+    int broker_backend; /* WBPROTO__BACKEND__* from the last hello */
     uint32_t backoff_ms; /* 0 while connected */
     _Atomic int64_t next_reconnect_ms;
     atomic_uint reconnect_attempts;

@@ -379,9 +379,14 @@ START_TEST(the_fanout_engine_alone)
     ck_assert_mem_eq(a + 32, src, 16);
     ck_assert_mem_eq(b + 32, src, 16);
     ck_assert_uint_eq(wb__fanout_live(&f), 2);
-    /* No usable target. */
+    /* No usable target: every device's reason. */
     t[0].failed = t[1].failed = 1;
-    ck_assert_int_eq(wb__fanout_init(&f, t, 2, &err), WB_EINVAL);
+    wb__err_set(&t[0].err, WB_ENOGPU, "no stream");
+    wb__err_set(&t[1].err, WB_ENOMEM, "no memory");
+    ck_assert_int_eq(wb__fanout_init(&f, t, 2, &err), WB_ENOGPU);
+    ck_assert_str_eq(err.msg,
+                     "the load failed on every device: device 0: no stream; device 1: no memory");
+    ck_assert_int_eq(wb__fanout_init(&f, t, 0, &err), WB_EINVAL);
     ck_assert_str_eq(err.msg, "no device to load to");
 }
 END_TEST
