@@ -342,6 +342,7 @@ START_TEST(the_load_fails_only_when_no_device_is_left)
     ck_assert_ptr_null(d.slabs);
 
     /* One device, failing at the end: the load fails with its reason. */
+    teardown();
     setup();
     static const int one[] = {1};
     gpus[1].fail_finish = 1;
