@@ -74,6 +74,12 @@ typedef struct wb_backend {
     wb_stage_config stage; /* reader threads, chunk size; zero fields: defaults */
     wb_staging *staging;   /* staged: allocated once when the backend started */
     wb_copy_engine *engine;
+    /* May be NULL (host). The copy engine of `device` (its own stream and one
+     * event per staging buffer) for loads to several devices at once
+     * (copy_fanout.h); `engine` is --device's. Others are started on first
+     * use and kept until the backend is freed. Called by the loader thread. */
+    int (*device_engine)(const struct wb_backend *be, int device, wb_copy_engine **out,
+                         wb_err *err);
     void *priv; /* the backend's own state */
 } wb_backend;
 
@@ -103,7 +109,7 @@ typedef struct wb_cuda_options {
     wb_stage_config stage; /* staged: buffers of chunk_bytes, `buffers` of them */
 } wb_cuda_options;
 
-/* Starts the cuda backend on one device: a non-blocking stream, and for the
+/* Starts the cuda backend on --device: a non-blocking stream, and for the
  * staged mode the pinned staging ring (cudaHostAlloc, once; it is reused by
  * every load). With WB_CUDA_SLAB_VMM its slabs are cuMemCreate allocations
  * handed out as descriptors (transport "cuda-vmm", access "ro"), after a

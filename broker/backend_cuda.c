@@ -10,7 +10,10 @@
 #include "backend_vmm.h"
 #include "log.h"
 
+#include "devlist.h"
+
 #include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,18 +23,30 @@
 #ifdef WB_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-typedef struct cuda_state {
-    wb_backend be;
+/* One device's copy engine: its own non-blocking stream and one event per
+ * staging buffer, so that several devices copy the same chunk at once. */
+typedef struct dev_engine {
     int device;
     cudaStream_t stream;
     cudaEvent_t *events; /* one per staging buffer */
     unsigned n_events;
     cudaEvent_t ev_start, ev_end;
     int started;
-    uint8_t *pinned; /* one allocation, cut into the ring's buffers */
-    size_t huge_len; /* nonzero: pinned is an mmap of this many bytes, registered */
-    wb_staging staging;
     wb_copy_engine engine;
+} dev_engine;
+
+typedef struct cuda_state {
+    wb_backend be;
+    int device;
+    dev_engine main; /* --device's, started with the backend */
+    /* The other devices' engines, started by the loader when a model is
+     * first placed there; guarded by mu. */
+    pthread_mutex_t mu;
+    dev_engine *others[WB_GPU_MAX];
+    unsigned buffers; /* staging buffers (events per engine); 0 in mapped mode */
+    uint8_t *pinned;  /* one allocation, cut into the ring's buffers */
+    size_t huge_len;  /* nonzero: pinned is an mmap of this many bytes, registered */
+    wb_staging staging;
 } cuda_state;
 
 static int cuda_fail(wb_err *err, int code, cudaError_t e, const char *what)
@@ -116,14 +131,14 @@ static void cuda_slab_free(wb_slab *slab)
 
 static int eng_begin(void *ctx, wb_err *err)
 {
-    cuda_state *s = ctx;
+    dev_engine *s = ctx;
     s->started = 0;
     return set_device(s->device, err);
 }
 
 static int eng_submit(void *ctx, int buf, const void *src, void *dst, size_t len, wb_err *err)
 {
-    cuda_state *s = ctx;
+    dev_engine *s = ctx;
     cudaError_t e;
     if (!s->started) {
         if ((e = cudaEventRecord(s->ev_start, s->stream)) != cudaSuccess)
@@ -133,7 +148,8 @@ static int eng_submit(void *ctx, int buf, const void *src, void *dst, size_t len
     e = cudaMemcpyAsync(dst, src, len, cudaMemcpyHostToDevice, s->stream);
     if (e != cudaSuccess) {
         char what[96];
-        snprintf(what, sizeof what, "cudaMemcpyAsync of %zu bytes to the slab", len);
+        snprintf(what, sizeof what, "cudaMemcpyAsync of %zu bytes to the slab on device %d", len,
+                 s->device);
         return cuda_fail(err, WB_EIO, e, what);
     }
     if (buf >= 0) {
@@ -147,7 +163,7 @@ static int eng_submit(void *ctx, int buf, const void *src, void *dst, size_t len
 
 static int eng_query(void *ctx, int buf, wb_err *err)
 {
-    cuda_state *s = ctx;
+    dev_engine *s = ctx;
     if (buf < 0 || (unsigned)buf >= s->n_events)
         return wb__err_set(err, WB_EINTERNAL, "staging buffer %d of %u", buf, s->n_events);
     cudaError_t e = cudaEventQuery(s->events[buf]);
@@ -160,7 +176,7 @@ static int eng_query(void *ctx, int buf, wb_err *err)
 
 static int eng_finish(void *ctx, double *device_seconds, wb_err *err)
 {
-    cuda_state *s = ctx;
+    dev_engine *s = ctx;
     *device_seconds = -1;
     cudaError_t e;
     if (!s->started) {
@@ -181,12 +197,14 @@ static int eng_finish(void *ctx, double *device_seconds, wb_err *err)
 
 static int eng_register(void *ctx, void *addr, size_t len, wb_err *err)
 {
-    cuda_state *s = ctx;
+    dev_engine *s = ctx;
     int rc = set_device(s->device, err);
     if (rc != WB_OK)
         return rc;
     /* A file mapping is read-only: pin it without asking for write access. */
-    cudaError_t e = cudaHostRegister(addr, len, cudaHostRegisterReadOnly);
+    /* Portable: every device of a multi-device load copies from it. */
+    cudaError_t e =
+        cudaHostRegister(addr, len, cudaHostRegisterReadOnly | cudaHostRegisterPortable);
     if (e != cudaSuccess) {
         char what[96];
         snprintf(what, sizeof what, "cudaHostRegister of a %zu-byte file mapping", len);
@@ -291,22 +309,116 @@ static int ring_alloc_huge(cuda_state *s, size_t total, wb_err *err)
     return WB_OK;
 }
 
+static void dev_engine_free(dev_engine *d)
+{
+    cudaSetDevice(d->device);
+    for (unsigned i = 0; i < d->n_events; i++) {
+        if (d->events[i])
+            cudaEventDestroy(d->events[i]);
+    }
+    free(d->events);
+    if (d->ev_start)
+        cudaEventDestroy(d->ev_start);
+    if (d->ev_end)
+        cudaEventDestroy(d->ev_end);
+    if (d->stream)
+        cudaStreamDestroy(d->stream);
+    memset(d, 0, sizeof *d);
+}
+
+/* Starts a device's engine: stream, timing events, one event per staging
+ * buffer. */
+static int dev_engine_start(dev_engine *d, int device, unsigned buffers, wb_err *err)
+{
+    memset(d, 0, sizeof *d);
+    d->device = device;
+    int rc = set_device(device, err);
+    if (rc != WB_OK)
+        return rc;
+    cudaError_t e;
+    char what[64];
+    if ((e = cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        snprintf(what, sizeof what, "cudaStreamCreateWithFlags on device %d", device);
+        return cuda_fail(err, WB_ENOGPU, e, what);
+    }
+    if ((e = cudaEventCreate(&d->ev_start)) != cudaSuccess ||
+        (e = cudaEventCreate(&d->ev_end)) != cudaSuccess) {
+        snprintf(what, sizeof what, "cudaEventCreate on device %d", device);
+        return cuda_fail(err, WB_ENOGPU, e, what);
+    }
+    if (buffers) {
+        d->events = calloc(buffers, sizeof *d->events);
+        if (!d->events)
+            return wb__err_set(err, WB_ENOMEM, "out of memory for the staging ring's events");
+        d->n_events = buffers;
+        for (unsigned i = 0; i < buffers; i++) {
+            if ((e = cudaEventCreateWithFlags(&d->events[i], cudaEventDisableTiming)) !=
+                cudaSuccess) {
+                snprintf(what, sizeof what, "cudaEventCreateWithFlags on device %d", device);
+                return cuda_fail(err, WB_ENOGPU, e, what);
+            }
+        }
+    }
+    d->engine = (wb_copy_engine){
+        .ctx = d,
+        .begin = eng_begin,
+        .submit = eng_submit,
+        .query = eng_query,
+        .finish = eng_finish,
+        .host_register = eng_register,
+        .host_unregister = eng_unregister,
+    };
+    return WB_OK;
+}
+
+/* The engine of `device`: --device's, or another one's, started on first
+ * use (a context, a stream and events on that device) and kept until the
+ * backend is freed. */
+static int cuda_device_engine(const wb_backend *be, int device, wb_copy_engine **out, wb_err *err)
+{
+    cuda_state *s = be->priv;
+    *out = NULL;
+    if (device == s->device) {
+        *out = &s->main.engine;
+        return WB_OK;
+    }
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess)
+        return cuda_fail(err, WB_ENOGPU, e, "cudaGetDeviceCount");
+    if (device < 0 || device >= count || device >= WB_GPU_MAX)
+        return wb__err_set(err, WB_ENOGPU, "no CUDA device %d: the broker sees %d", device, count);
+    pthread_mutex_lock(&s->mu);
+    int rc = WB_OK;
+    if (!s->others[device]) {
+        dev_engine *d = calloc(1, sizeof *d);
+        if (!d) {
+            rc = wb__err_set(err, WB_ENOMEM, "out of memory starting device %d", device);
+        } else if ((rc = dev_engine_start(d, device, s->buffers, err)) != WB_OK) {
+            dev_engine_free(d);
+            free(d);
+        } else {
+            s->others[device] = d;
+        }
+    }
+    if (rc == WB_OK)
+        *out = &s->others[device]->engine;
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
 static void state_free(cuda_state *s)
 {
     if (!s)
         return;
-    cudaSetDevice(s->device);
-    for (unsigned i = 0; i < s->n_events; i++) {
-        if (s->events[i])
-            cudaEventDestroy(s->events[i]);
+    for (unsigned i = 0; i < WB_GPU_MAX; i++) {
+        if (s->others[i]) {
+            dev_engine_free(s->others[i]);
+            free(s->others[i]);
+        }
     }
-    free(s->events);
-    if (s->ev_start)
-        cudaEventDestroy(s->ev_start);
-    if (s->ev_end)
-        cudaEventDestroy(s->ev_end);
-    if (s->stream)
-        cudaStreamDestroy(s->stream);
+    dev_engine_free(&s->main);
+    cudaSetDevice(s->device);
     if (s->pinned && s->huge_len) {
         cudaHostUnregister(s->pinned);
         munmap(s->pinned, s->huge_len);
@@ -314,6 +426,7 @@ static void state_free(cuda_state *s)
         cudaFreeHost(s->pinned);
     }
     free(s->staging.bufs);
+    pthread_mutex_destroy(&s->mu);
     free(s);
 }
 
@@ -344,47 +457,23 @@ int wb__backend_cuda_new(const wb_cuda_options *opts, wb_backend **out, wb_err *
     cuda_state *s = calloc(1, sizeof *s);
     if (!s)
         return wb__err_set(err, WB_ENOMEM, "out of memory starting the cuda backend");
+    pthread_mutex_init(&s->mu, NULL);
     s->device = opts->device;
-    if ((rc = set_device(s->device, err)) != WB_OK)
+    s->buffers = mode == WB_STAGE_STAGED ? cfg.buffers : 0;
+    if ((rc = dev_engine_start(&s->main, s->device, s->buffers, err)) != WB_OK)
         goto fail;
-    if ((e = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking)) != cudaSuccess) {
-        rc = cuda_fail(err, WB_ENOGPU, e, "cudaStreamCreateWithFlags");
-        goto fail;
-    }
-    if ((e = cudaEventCreate(&s->ev_start)) != cudaSuccess ||
-        (e = cudaEventCreate(&s->ev_end)) != cudaSuccess) {
-        rc = cuda_fail(err, WB_ENOGPU, e, "cudaEventCreate");
-        goto fail;
-    }
-    s->engine = (wb_copy_engine){
-        .ctx = s,
-        .begin = eng_begin,
-        .submit = eng_submit,
-        .query = eng_query,
-        .finish = eng_finish,
-        .host_register = eng_register,
-        .host_unregister = eng_unregister,
-    };
     if (mode == WB_STAGE_STAGED) {
         size_t total = (size_t)cfg.chunk_bytes * cfg.buffers;
-        s->events = calloc(cfg.buffers, sizeof *s->events);
         s->staging.bufs = calloc(cfg.buffers, sizeof *s->staging.bufs);
-        if (!s->events || !s->staging.bufs) {
+        if (!s->staging.bufs) {
             rc = wb__err_set(err, WB_ENOMEM, "out of memory for the staging ring");
             goto fail;
-        }
-        s->n_events = cfg.buffers;
-        for (unsigned i = 0; i < cfg.buffers; i++) {
-            if ((e = cudaEventCreateWithFlags(&s->events[i], cudaEventDisableTiming)) !=
-                cudaSuccess) {
-                rc = cuda_fail(err, WB_ENOGPU, e, "cudaEventCreateWithFlags");
-                goto fail;
-            }
         }
         snprintf(s->staging.pages, sizeof s->staging.pages, "normal");
         if (cfg.ring_pages == WB_STAGE_PAGES_HUGE && (rc = ring_alloc_huge(s, total, err)) != WB_OK)
             goto fail;
         void *p = NULL;
+        /* Portable: the ring feeds every device's copies. */
         if (!s->pinned && (e = cudaHostAlloc(&p, total, cudaHostAllocPortable)) != cudaSuccess) {
             char what[128];
             snprintf(what, sizeof what, "cudaHostAlloc of a %u x %llu-byte staging ring",
@@ -398,7 +487,7 @@ int wb__backend_cuda_new(const wb_cuda_options *opts, wb_backend **out, wb_err *
             s->staging.bufs[i] = s->pinned + (size_t)i * cfg.chunk_bytes;
         s->staging.n = cfg.buffers;
         s->staging.size = cfg.chunk_bytes;
-        s->staging.engine = s->engine;
+        s->staging.engine = s->main.engine;
         s->be.staging = &s->staging;
     }
     s->be.name = "cuda";
@@ -423,7 +512,8 @@ int wb__backend_cuda_new(const wb_cuda_options *opts, wb_backend **out, wb_err *
     }
     s->be.load_mode = mode;
     s->be.stage = cfg;
-    s->be.engine = &s->engine;
+    s->be.engine = &s->main.engine;
+    s->be.device_engine = cuda_device_engine;
     s->be.priv = s;
     *out = &s->be;
     return WB_OK;

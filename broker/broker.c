@@ -1,6 +1,7 @@
 #include "broker.h"
 
 #include "log.h"
+#include "placement.h"
 #include "safetensors.h"
 #include "wire.h"
 
@@ -72,8 +73,16 @@ void wb__broker_free_model(wb_broker *b, wb_model *m)
     wb__model_free(&m);
 }
 
-int wb__broker_lease_ended(wb_broker *b, wb_model *m)
+/* Drops a lease from its copy's count. */
+static void copy_lease_ended(wb_model *m, unsigned copy)
 {
+    if (copy < m->data.n_copies && m->data.copies[copy].leases > 0)
+        m->data.copies[copy].leases--;
+}
+
+int wb__broker_lease_ended(wb_broker *b, wb_model *m, unsigned copy)
+{
+    copy_lease_ended(m, copy);
     if (m->leases > 0)
         m->leases--;
     if (m->state == WBPROTO__MODEL_STATE__MODEL_DRAINING && m->leases == 0) {
@@ -93,6 +102,7 @@ static void on_reclaim(wb_lease_rec *l, void *arg)
     b->stats.leases_reclaimed++;
     /* Only count here: freeing a model waits until the lease table has
      * finished walking this pid's leases. */
+    copy_lease_ended(l->model, l->copy);
     if (l->model->leases > 0)
         l->model->leases--;
 }
@@ -235,6 +245,21 @@ int wb__broker_finish_load(wb_broker *b, wb_load_job *job, wb_model **model)
             m->data.load_seconds, m->data.load_gbps, m->backend->name, m->data.open_seconds,
             m->data.alloc_seconds, m->data.read_seconds, m->data.read_threads);
     wb__load_log_stages(m->name, &m->data);
+    /* Where the copies are; a copy that failed is a warning, not a failed
+     * load: the others serve. */
+    for (uint32_t k = 0; k < m->data.n_copies; k++) {
+        const wb_model_copy *c = &m->data.copies[k];
+        if (c->state == WBPROTO__MODEL_STATE__MODEL_READY)
+            wb_info("model_copy",
+                    "model=%s device=%d uuid=%s state=ready slab_bytes=%llu "
+                    "copy_seconds=%.3f",
+                    wb__log_quote(q, sizeof q, m->name), c->device, c->uuid[0] ? c->uuid : "-",
+                    (unsigned long long)m->data.slabs[k].size, c->copy_seconds);
+        else
+            wb_warn("model_copy_failed", "model=%s device=%d uuid=%s error=%s",
+                    wb__log_quote(q, sizeof q, m->name), c->device, c->uuid[0] ? c->uuid : "-",
+                    wb__log_quote(qe, sizeof qe, c->error));
+    }
     *model = m;
     return WB_OK;
 }
@@ -330,13 +355,55 @@ void wb__broker_count_request(wb_broker *b, uint32_t op, int status)
         st->by_op[st->n_by_op++] = (wb_request_count){.op = op, .status = status, .n = 1};
 }
 
-int wb__broker_preload(wb_broker *b, const char *name, const char *path, wb_err *err)
+void wb__broker_set_devices(const wb_broker *b, wb_model *m, wb_load_job *job, const int *devices,
+                            unsigned n)
+{
+    wb__model_set_devices(m, devices, n);
+    memcpy(job->devices, devices, n * sizeof *devices);
+    job->n_devices = n;
+    job->gpus = &b->cfg.gpus;
+}
+
+int wb__broker_placement(const wb_broker *b, const char *name, const char *placement, int *devices,
+                         unsigned *n, wb_err *err)
+{
+    *n = 1;
+    devices[0] = b->cfg.device;
+    if (b->cfg.backend->proto == WBPROTO__BACKEND__BACKEND_HOST) {
+        devices[0] = -1;
+        if (placement && placement[0]) {
+            char q[300], qp[300];
+            wb_info("placement_ignored",
+                    "model=%s placement=%s reason=\"the host backend keeps "
+                    "one copy in host memory\"",
+                    wb__log_quote(q, sizeof q, name), wb__log_quote(qp, sizeof qp, placement));
+        }
+        return WB_OK;
+    }
+    if (!placement || !placement[0])
+        return WB_OK;
+    wb_placement p;
+    wb_err e;
+    int rc = wb__placement_parse(placement, strlen(placement), &p, &e);
+    if (rc == WB_OK)
+        rc = wb__placement_resolve(&p, &b->cfg.gpus, devices, n, &e);
+    if (rc != WB_OK)
+        return wb__err_set(err, rc, "model '%s': %s", name, e.msg);
+    return WB_OK;
+}
+
+int wb__broker_preload(wb_broker *b, const char *name, const char *path, const char *placement,
+                       wb_err *err)
 {
     char q[300], qp[WB_PATH_MAX + 64];
     if (wb__models_find(&b->models, name))
         return wb__err_set(err, WB_EEXIST, "a model named '%s' already exists", name);
     int rc0 = wb__broker_check_load(b, NULL, name, path, err);
     if (rc0 != WB_OK)
+        return rc0;
+    int devices[WB_GPU_MAX];
+    unsigned n_devices = 0;
+    if ((rc0 = wb__broker_placement(b, name, placement, devices, &n_devices, err)) != WB_OK)
         return rc0;
     wb_model *m = wb__model_new(name, path, b->cfg.backend, b->cfg.device);
     wb_load_job *job = wb__load_job_new(name, path, b->cfg.backend, b->cfg.device, NULL, 0, 0);
@@ -345,6 +412,7 @@ int wb__broker_preload(wb_broker *b, const char *name, const char *path, wb_err 
         wb__load_job_free(&job);
         return wb__err_set(err, WB_ENOMEM, "out of memory loading '%s'", name);
     }
+    wb__broker_set_devices(b, m, job, devices, n_devices);
     wb__models_add(&b->models, m);
     wb_info("model_load_start", "model=%s path=%s backend=%s", wb__log_quote(q, sizeof q, name),
             wb__log_quote(qp, sizeof qp, path), b->cfg.backend->name);

@@ -20,7 +20,8 @@
 
 typedef struct wb_broker_config {
     const wb_backend *backend;
-    int device; /* -1 for host */
+    int device;       /* the default device; -1 for host */
+    wb_gpu_list gpus; /* the devices the broker sees, with UUIDs (empty for host) */
     uint32_t heartbeat_ms;
     uint32_t stale_ms;
     /* Heartbeats a second asked of all connected peers together: with more
@@ -121,7 +122,7 @@ void wb__broker_destroy(wb_broker *b);
 /* Bookkeeping after a lease on m ended (release or reclaim): a draining model
  * whose last lease this was is freed and removed. Returns the model's state
  * afterwards (MODEL_FREED in that case). */
-int wb__broker_lease_ended(wb_broker *b, wb_model *m);
+int wb__broker_lease_ended(wb_broker *b, wb_model *m, unsigned copy);
 
 /* Frees a model now: logs event=model_freed, removes it from the registry. */
 void wb__broker_free_model(wb_broker *b, wb_model *m);
@@ -155,6 +156,19 @@ int wb__broker_check_load(wb_broker *b, const wb_peer_creds *peer, const char *n
 void wb__broker_count_request(wb_broker *b, uint32_t op, int status);
 
 /* Loads a model before serving (--model NAME=PATH), in the calling thread. */
-int wb__broker_preload(wb_broker *b, const char *name, const char *path, wb_err *err);
+int wb__broker_preload(wb_broker *b, const char *name, const char *path, const char *placement,
+                       wb_err *err);
+
+/* Gives a new model and its load job the devices from wb__broker_placement. */
+void wb__broker_set_devices(const wb_broker *b, wb_model *m, wb_load_job *job, const int *devices,
+                            unsigned n);
+
+/* The devices a model's copies go to: `placement` ("0,1", "all", "GPU-...";
+ * NULL or empty: the broker's --device) resolved against the devices the
+ * broker sees. The host backend keeps one copy in host memory and ignores
+ * the placement (devices = {-1}). WB_EINVAL or WB_ENOGPU with a message that
+ * names the model and the fault. `devices` has room for WB_GPU_MAX. */
+int wb__broker_placement(const wb_broker *b, const char *name, const char *placement, int *devices,
+                         unsigned *n, wb_err *err);
 
 #endif

@@ -10,9 +10,6 @@
 #include <string.h>
 #include <strings.h>
 
-/* The highest CUDA device ordinal accepted, as for --device. */
-#define DEVICE_MAX 1023
-
 /* The longest line accepted (without its newline). Debian's inih can be told
  * to grow its buffer; a stock inih splits lines longer than INI_MAX_LINE - 3,
  * so those are refused rather than misread. */
@@ -160,9 +157,14 @@ int wb__config_parse_model(const char *value, wb_model_arg *out, wb_err *err)
     out->name[0] = '\0';
     out->device = -1;
     out->path = NULL;
+    out->path_len = 0;
+    out->placement = NULL;
+    out->placement_len = 0;
+    memset(&out->where, 0, sizeof out->where);
     const char *eq = value ? strchr(value, '=') : NULL;
     if (!eq || eq == value || !eq[1])
-        return wb__err_set(err, WB_EINVAL, "'%s' is not NAME=PATH or NAME@DEVICE=PATH",
+        return wb__err_set(err, WB_EINVAL,
+                           "'%s' is not NAME=PATH, NAME=PATH@DEVICES or NAME@DEVICES=PATH",
                            value ? value : "");
     const char *at = memchr(value, '@', (size_t)(eq - value));
     size_t name_len = (size_t)((at ? at : eq) - value);
@@ -174,23 +176,32 @@ int wb__config_parse_model(const char *value, wb_model_arg *out, wb_err *err)
         return wb__err_set(err, WB_EINVAL,
                            "model name '%s' is not 1 to 255 characters of A-Z a-z 0-9 . _ -",
                            out->name);
-    if (at) {
-        long dev = 0;
-        const char *d = at + 1;
-        if (d == eq)
-            dev = -1;
-        for (; d < eq && dev >= 0; d++) {
-            if (*d < '0' || *d > '9' || dev > DEVICE_MAX)
-                dev = -1;
-            else
-                dev = dev * 10 + (*d - '0');
-        }
-        if (dev < 0 || dev > DEVICE_MAX)
-            return wb__err_set(err, WB_EINVAL, "device '%.*s' of model '%s' is not 0 to %d",
-                               (int)(eq - at - 1), at + 1, out->name, DEVICE_MAX);
-        out->device = (int)dev;
-    }
     out->path = eq + 1;
+    out->path_len = strlen(out->path);
+    /* NAME@DEVICES=PATH, or NAME=PATH@DEVICES: the last '@' of the path
+     * starts the placement (a path with an '@' of its own needs one). */
+    const char *pat = strrchr(out->path, '@');
+    if (at && pat)
+        return wb__err_set(err, WB_EINVAL, "model '%s' has two placements ('@%.*s' and '%s')",
+                           out->name, (int)(eq - at - 1), at + 1, pat);
+    if (at) {
+        out->placement = at + 1;
+        out->placement_len = (size_t)(eq - at - 1);
+    } else if (pat) {
+        out->placement = pat + 1;
+        out->placement_len = strlen(pat + 1);
+        out->path_len = (size_t)(pat - out->path);
+        if (out->path_len == 0)
+            return wb__err_set(err, WB_EINVAL, "model '%s' has no path before '%s'", out->name,
+                               pat);
+    }
+    if (out->placement) {
+        wb_err perr;
+        if (wb__placement_parse(out->placement, out->placement_len, &out->where, &perr) != WB_OK)
+            return wb__err_set(err, WB_EINVAL, "model '%s': %s", out->name, perr.msg);
+        if (!out->where.all && out->where.n == 1 && out->where.items[0].index >= 0)
+            out->device = out->where.items[0].index;
+    }
     return WB_OK;
 }
 
@@ -410,8 +421,8 @@ static void unknown_key(parser *p, const char *key, const char *section)
             }
         }
     } else {
-        static const char *const model_keys[] = {"path", "device"};
-        for (size_t i = 0; i < 2; i++) {
+        static const char *const model_keys[] = {"path", "device", "devices"};
+        for (size_t i = 0; i < 3; i++) {
             size_t d = distance(key, model_keys[i]);
             if (d < best_d) {
                 best_d = d;
@@ -495,7 +506,12 @@ static void model_key(parser *p, const char *name, const char *value)
     char **slot;
     if (strcmp(name, "path") == 0) {
         slot = &p->model_path;
-    } else if (strcmp(name, "device") == 0) {
+    } else if (strcmp(name, "device") == 0 || strcmp(name, "devices") == 0) {
+        /* One key under two spellings: "device = 0", "devices = 0,1". */
+        if (p->model_device) {
+            fail_at(p, p->lineno, "[model %s] sets its devices twice", p->model);
+            return;
+        }
         slot = &p->model_device;
         p->device_line = p->lineno;
     } else {

@@ -14,7 +14,8 @@
  * "--key=value" arguments that the program parses with the same code as its
  * command line, placed before the real arguments so that flags given on the
  * command line win. A [model NAME] section becomes "--model=NAME=PATH", or
- * "--model=NAME@DEVICE=PATH" when it names a device.
+ * "--model=NAME@DEVICES=PATH" when it names devices (`device =` or
+ * `devices =`, a placement: "0", "0,1", "all", "GPU-...").
  *
  * Errors name the file and line: "/etc/wbroker.conf:12: unknown key 'sokcet'
  * in [broker] (did you mean 'socket'?)". */
@@ -22,6 +23,7 @@
 #define WB_BROKER_CONFIG_H
 
 #include "err.h"
+#include "placement.h"
 
 #include <getopt.h>
 
@@ -46,15 +48,22 @@ int wb__config_load(const char *file, const struct option *opts, const char *con
 /* Frees what wb__config_load filled; the struct may be reused. */
 void wb__config_free(wb_config *cfg);
 
-/* A model given as "--model NAME[@DEVICE]=PATH". */
+/* A model given as "--model NAME=PATH", "NAME=PATH@DEVICES" or
+ * "NAME@DEVICES=PATH", DEVICES a placement (placement.h: "0,1", "all",
+ * "GPU-..."). */
 typedef struct wb_model_arg {
     char name[256];
-    int device; /* -1 when not given */
-    const char *path;
+    int device;       /* a placement of one ordinal: it; else -1 */
+    const char *path; /* path_len bytes (the placement after it is not part) */
+    size_t path_len;
+    const char *placement; /* NULL when not given; placement_len bytes */
+    size_t placement_len;
+    wb_placement where; /* parsed */
 } wb_model_arg;
 
-/* Splits a --model value (not modified; out->path points into it). Returns
- * WB_OK, or WB_EINVAL with a message that says what is wrong with it. */
+/* Splits a --model value (not modified; path and placement point into it).
+ * Returns WB_OK, or WB_EINVAL with a message that says what is wrong with
+ * it (a placement's names its text and position). */
 int wb__config_parse_model(const char *value, wb_model_arg *out, wb_err *err);
 
 #endif

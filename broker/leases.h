@@ -58,6 +58,7 @@ typedef struct wb_container_rec {
 typedef struct wb_lease_rec {
     uint8_t id[WB_LEASE_ID_LEN];
     struct wb_model *model; /* not owned */
+    unsigned copy;          /* which of the model's copies (wb_model_copy) */
     uint32_t pid;
     uint32_t uid;
     uint32_t gid;

@@ -1,5 +1,6 @@
 #include "loader.h"
 
+#include "copy_fanout.h"
 #include "log.h"
 #include "safetensors.h"
 
@@ -166,6 +167,55 @@ static int prepare_slab(void *ctx, uint64_t offset, uint64_t len, wb_err *err)
     return r->be->slab_prepare(r->slab, offset, len, err);
 }
 
+/* Allocates one slab per device. A device whose allocation fails gets a
+ * failed copy (the others go on); with a single device the load fails. */
+static int alloc_copies(const wb_load_opts *o, const int *devs, unsigned n, uint64_t size,
+                        wb_model_data *d, wb_err *err)
+{
+    const wb_backend *be = o->backend;
+    d->slabs = calloc(n, sizeof *d->slabs);
+    d->copies = calloc(n, sizeof *d->copies);
+    if (!d->slabs || !d->copies)
+        return wb__err_set(err, WB_ENOMEM, "out of memory for %u copies", n);
+    d->n_slabs = d->n_copies = n;
+    unsigned ok = 0;
+    for (unsigned k = 0; k < n; k++) {
+        wb_model_copy *c = &d->copies[k];
+        c->device = devs[k];
+        c->state = WBPROTO__MODEL_STATE__MODEL_READY;
+        const wb_gpu_dev *g = o->gpus ? wb__devlist_find_index(o->gpus, devs[k]) : NULL;
+        if (g)
+            snprintf(c->uuid, sizeof c->uuid, "%s", g->uuid);
+        wb_err e;
+        int rc = be->slab_alloc(&d->slabs[k], devs[k], size, &e);
+        if (rc != WB_OK) {
+            if (n == 1)
+                return wb__err_set(err, rc, "%s", e.msg);
+            memset(&d->slabs[k], 0, sizeof d->slabs[k]);
+            c->state = WBPROTO__MODEL_STATE__MODEL_FAILED;
+            snprintf(c->error, sizeof c->error, "%s", e.msg);
+            continue;
+        }
+        ok++;
+    }
+    if (ok == 0)
+        return wb__err_set(err, WB_ENOMEM, "no slab could be allocated on any of %u devices: %s", n,
+                           d->copies[0].error);
+    return WB_OK;
+}
+
+/* Ends a copy that failed during the load: its reason, and its slab freed. */
+static void fail_copy(const wb_backend *be, wb_model_data *d, unsigned k, const wb_err *why)
+{
+    wb_model_copy *c = &d->copies[k];
+    if (c->state == WBPROTO__MODEL_STATE__MODEL_FAILED)
+        return;
+    c->state = WBPROTO__MODEL_STATE__MODEL_FAILED;
+    snprintf(c->error, sizeof c->error, "%s", why->msg);
+    be->slab_free(&d->slabs[k]);
+    memset(&d->slabs[k], 0, sizeof d->slabs[k]);
+}
+
 int wb__load_ex(const char *path, const wb_load_opts *o, wb_model_data *out, wb_err *err)
 {
     const wb_backend *be = o->backend;
@@ -176,6 +226,19 @@ int wb__load_ex(const char *path, const wb_load_opts *o, wb_model_data *out, wb_
         return wb__err_set(err, WB_EINTERNAL, "backend %s has no staging ring", be->name);
     if (mode == WB_STAGE_MAPPED && (!be->engine || !be->engine->host_register))
         return wb__err_set(err, WB_EINTERNAL, "backend %s cannot register mappings", be->name);
+    /* The host backend keeps one copy in host memory, whatever the
+     * placement says: every device reaches it. */
+    int host = be->proto == WBPROTO__BACKEND__BACKEND_HOST || mode == WB_STAGE_DIRECT;
+    int one_device = o->device;
+    const int *devs = o->n_devices && !host ? o->devices : &one_device;
+    unsigned n_devs = o->n_devices && !host ? o->n_devices : 1;
+    if (host)
+        one_device = -1;
+    if (n_devs > WB_GPU_MAX)
+        return wb__err_set(err, WB_EINVAL, "%u devices: at most %d", n_devs, WB_GPU_MAX);
+    int fan = !host && be->device_engine;
+    if (n_devs > 1 && !fan)
+        return wb__err_set(err, WB_ENOSYS, "backend %s loads to one device only", be->name);
     wb_st_table *table = NULL;
     wb_st_open_opts so = {.check_file = wb__auth_check_peer_fd, .arg = (void *)o->access};
     int rc = wb__st_open_ex(path, &so, &table, err);
@@ -185,6 +248,9 @@ int wb__load_ex(const char *path, const wb_load_opts *o, wb_model_data *out, wb_
     wb_model_data d = {0};
     inputs in = {0};
     wb_stage_tensor *st = NULL;
+    wb_fanout_target targets[WB_GPU_MAX];
+    wb_fanout fanout;
+    wb_staging fan_ring;
     uint64_t size = 0;
     double t1 = mono_seconds();
     d.open_seconds = t1 - t0;
@@ -197,8 +263,7 @@ int wb__load_ex(const char *path, const wb_load_opts *o, wb_model_data *out, wb_
     if ((rc = inputs_open(&in, table, mode == WB_STAGE_MAPPED, o->access, err)) != WB_OK)
         goto done;
     st = calloc(table->n_tensors ? table->n_tensors : 1, sizeof *st);
-    d.slabs = calloc(1, sizeof *d.slabs);
-    if (!st || !d.slabs) {
+    if (!st) {
         rc = wb__err_set(err, WB_ENOMEM, "out of memory preparing the load of %s", path);
         goto done;
     }
@@ -215,19 +280,10 @@ int wb__load_ex(const char *path, const wb_load_opts *o, wb_model_data *out, wb_
                                   .slab_offset = d.tensors[i].offset,
                                   .nbytes = t->nbytes};
     }
-    if ((rc = be->slab_alloc(&d.slabs[0], o->device, size, err)) != WB_OK)
+    if ((rc = alloc_copies(o, devs, n_devs, size, &d, err)) != WB_OK)
         goto done;
-    d.n_slabs = 1;
-    d.slab_bytes = d.slabs[0].size;
     double t2 = mono_seconds();
     d.alloc_seconds = t2 - t1;
-    /* With register threads the pipeline registers the mappings itself, in
-     * pieces, while it copies. */
-    if (mode == WB_STAGE_MAPPED && be->stage.register_threads == 0) {
-        if ((rc = inputs_register(&in, be->engine, table, err)) != WB_OK)
-            goto done;
-        d.register_seconds = mono_seconds() - t2;
-    }
 
     wb_stage_job job = {
         .mode = mode,
@@ -244,6 +300,42 @@ int wb__load_ex(const char *path, const wb_load_opts *o, wb_model_data *out, wb_
         .cancel = o->cancel,
         .landed = o->progress ? &o->progress->landed : NULL,
     };
+    if (fan) {
+        /* Each device copies through its own engine; the file is read once
+         * and every chunk goes to every device. */
+        for (unsigned k = 0; k < n_devs; k++) {
+            targets[k] = (wb_fanout_target){
+                .device = devs[k], .dst = d.slabs[k].dev_ptr, .copy_seconds = -1};
+            if (d.copies[k].state != WBPROTO__MODEL_STATE__MODEL_READY) {
+                targets[k].failed = 1;
+                wb__err_set(&targets[k].err, WB_ENOMEM, "%s", d.copies[k].error);
+                continue;
+            }
+            if (be->device_engine(be, devs[k], &targets[k].engine, &targets[k].err) != WB_OK) {
+                if (n_devs == 1) {
+                    rc = wb__err_set(err, targets[k].err.code, "%s", targets[k].err.msg);
+                    goto done;
+                }
+                targets[k].failed = 1;
+                fail_copy(be, &d, k, &targets[k].err);
+            }
+        }
+        if ((rc = wb__fanout_init(&fanout, targets, n_devs, err)) != WB_OK)
+            goto done;
+        if (mode == WB_STAGE_STAGED) {
+            fan_ring = *be->staging;
+            fan_ring.engine = fanout.engine;
+            job.staging = &fan_ring;
+        }
+        job.engine = &fanout.engine;
+    }
+    /* With register threads the pipeline registers the mappings itself, in
+     * pieces, while it copies. */
+    if (mode == WB_STAGE_MAPPED && be->stage.register_threads == 0) {
+        if ((rc = inputs_register(&in, job.engine, table, err)) != WB_OK)
+            goto done;
+        d.register_seconds = mono_seconds() - t2;
+    }
     slab_ref ref = {be, &d.slabs[0]};
     if (mode == WB_STAGE_DIRECT) {
         if (be->slab_prepare) {
@@ -257,15 +349,28 @@ int wb__load_ex(const char *path, const wb_load_opts *o, wb_model_data *out, wb_
             goto done;
         }
     } else {
-        job.dst = d.slabs[0].dev_ptr;
+        job.dst = fan ? fanout.base : d.slabs[0].dev_ptr;
     }
     if ((rc = wb__stage_run(&job, &d.stage, err)) != WB_OK)
         goto done;
     for (size_t i = 0; i < table->n_tensors; i++)
         d.tensors[i].xxh3 = st[i].xxh3;
+    for (unsigned k = 0; fan && k < n_devs; k++) {
+        if (targets[k].failed)
+            fail_copy(be, &d, k, &targets[k].err);
+        else
+            d.copies[k].copy_seconds = targets[k].copy_seconds > 0 ? targets[k].copy_seconds : 0;
+    }
+    if (!fan && mode != WB_STAGE_DIRECT)
+        d.copies[0].copy_seconds = d.stage.copy_seconds;
     /* Filled and hashed: nothing may change the bytes from here on. */
-    if (be->slab_seal && (rc = be->slab_seal(&d.slabs[0], err)) != WB_OK)
-        goto done;
+    for (unsigned k = 0; k < d.n_slabs; k++) {
+        if (d.copies[k].state != WBPROTO__MODEL_STATE__MODEL_READY)
+            continue;
+        if (be->slab_seal && (rc = be->slab_seal(&d.slabs[k], err)) != WB_OK)
+            goto done;
+        d.slab_bytes += d.slabs[k].size;
+    }
     inputs_close(&in);
     d.read_seconds = mono_seconds() - t2;
     d.read_threads = d.stage.threads;
@@ -296,6 +401,9 @@ void wb__load_job_run(wb_load_job *job, const atomic_int *cancel)
     wb__err_clear(&job->err);
     wb_load_opts o = {.backend = job->backend,
                       .device = job->device,
+                      .devices = job->devices,
+                      .n_devices = job->n_devices,
+                      .gpus = job->gpus,
                       .cancel = cancel,
                       .progress = job->progress,
                       .access = &job->access};

@@ -24,6 +24,14 @@
 typedef struct wb_load_opts {
     const wb_backend *backend; /* its load_mode, stage config and staging ring are used */
     int device;
+    /* May be NULL: `device` alone. The devices the copies go to (the
+     * broker's ordinals, at most WB_GPU_MAX), one slab each; the file is read
+     * once and copied to all of them in parallel (copy_fanout.h). A device
+     * that fails gets a failed copy and the others stay ready. The host
+     * backend ignores them and makes one copy in host memory. */
+    const int *devices;
+    unsigned n_devices;
+    const wb_gpu_list *gpus;    /* may be NULL; the devices' UUIDs for the copies */
     const atomic_int *cancel;   /* may be NULL; polled, nonzero stops the load (WB_ESTATE) */
     wb_load_progress *progress; /* may be NULL; total and landed bytes, updated atomically */
     /* May be NULL; whose access every file the load opens is judged by
@@ -32,9 +40,10 @@ typedef struct wb_load_opts {
     const wb_load_access *access;
 } wb_load_opts;
 
-/* Loads `path` into a new slab. On success *out owns the slab and the tensor
- * table and carries the per-stage figures. On failure nothing is left
- * allocated and the message names the file (and tensor) at fault. */
+/* Loads `path` into a new slab per device. On success *out owns the slabs,
+ * the copies (at least one ready) and the tensor table and carries the
+ * per-stage figures. On failure nothing is left allocated and the message
+ * names the file (and tensor, or device) at fault. */
 int wb__load_ex(const char *path, const wb_load_opts *opts, wb_model_data *out, wb_err *err);
 
 /* wb__load_ex without progress reporting. */
@@ -59,6 +68,9 @@ typedef struct wb_load_job {
     char *path; /* owned */
     const wb_backend *backend;
     int device;
+    unsigned n_devices; /* 0: `device` alone */
+    int devices[WB_GPU_MAX];
+    const wb_gpu_list *gpus; /* may be NULL; not owned */
     /* Who asked, so the deferred reply can be sent: the connection's
      * identity (its serial, conn.h; owned copy) and the request id. ident
      * is NULL for preloads. */

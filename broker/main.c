@@ -6,6 +6,7 @@
  * a whole before anything starts. */
 #include "backend_pick.h"
 #include "broker.h"
+#include "gpu.h"
 #include "log.h"
 #include "loop.h"
 #include "metrics.h"
@@ -172,6 +173,17 @@ static int run(wb_options *o)
         .stale_ms = (uint32_t)o->num[WB_NUM_STALE],
         .max_heartbeat_rate = (uint32_t)o->num[WB_NUM_HEARTBEAT_RATE],
     };
+    /* The devices placements name, with their UUIDs; logged once so that an
+     * operator can match ordinals and UUIDs. */
+    if (backend->proto != WBPROTO__BACKEND__BACKEND_HOST) {
+        if (wb__gpu_list(&cfg.gpus, &err) != WB_OK) {
+            wb__fatal("%s", err.msg);
+            goto out;
+        }
+        for (unsigned i = 0; i < cfg.gpus.n; i++)
+            wb_info("device", "device=%d uuid=%s default=%s", cfg.gpus.dev[i].index,
+                    cfg.gpus.dev[i].uuid, cfg.gpus.dev[i].index == o->device ? "yes" : "no");
+    }
     wb__broker_init(&b, &cfg);
     have_broker = 1;
     /* The broker takes the access lists and limits from the options. */
@@ -199,8 +211,13 @@ static int run(wb_options *o)
             (unsigned long long)b.limits.max_tensors, (unsigned long long)b.limits.max_message,
             (unsigned long long)b.limits.max_header);
     for (size_t i = 0; i < o->n_models; i++) {
-        if (wb__broker_preload(&b, o->models[i].name, o->models[i].path, &err) != WB_OK) {
-            wb__fatal("cannot load model '%s': %s", o->models[i].name, err.msg);
+        const wb_preload *pm = &o->models[i];
+        if (wb__broker_preload(&b, pm->name, pm->path, pm->placement, &err) != WB_OK) {
+            if (pm->line > 0)
+                wb__fatal("%s:%d: cannot load model '%s': %s", o->config.file, pm->line, pm->name,
+                          err.msg);
+            else
+                wb__fatal("cannot load model '%s': %s", pm->name, err.msg);
             goto out;
         }
     }

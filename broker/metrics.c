@@ -202,15 +202,46 @@ char *wb__metrics_render(const wb_broker *b, size_t *len)
     }
 
     header(f, "wb_model_bytes", "gauge",
-           "Tensor bytes of each model that holds memory (ready or draining).");
+           "Tensor bytes of each model that holds memory (ready or draining), per device it "
+           "has a ready copy on.");
     for (const wb_model *m = b->models.head; m; m = m->next) {
         if (!holds_memory(m))
             continue;
-        fputs("wb_model_bytes{model=\"", f);
-        put_label(f, m->name);
-        fprintf(f, "\",device=\"%d\",backend=\"", m->device);
-        put_label(f, m->backend->name);
-        fprintf(f, "\"} %llu\n", (unsigned long long)m->data.bytes);
+        for (uint32_t k = 0; k < m->data.n_copies; k++) {
+            if (m->data.copies[k].state != WBPROTO__MODEL_STATE__MODEL_READY)
+                continue;
+            fputs("wb_model_bytes{model=\"", f);
+            put_label(f, m->name);
+            fprintf(f, "\",device=\"%d\",backend=\"", m->data.copies[k].device);
+            put_label(f, m->backend->name);
+            fprintf(f, "\"} %llu\n", (unsigned long long)m->data.bytes);
+        }
+    }
+
+    header(f, "wb_model_copies", "gauge",
+           "A model's copy on each device it is placed on (device -1: host memory), by state "
+           "(a copy whose load failed is failed while the others serve).");
+    for (const wb_model *m = b->models.head; m; m = m->next) {
+        for (uint32_t k = 0; holds_memory(m) && k < m->data.n_copies; k++) {
+            const wb_model_copy *c = &m->data.copies[k];
+            fputs("wb_model_copies{model=\"", f);
+            put_label(f, m->name);
+            fprintf(f, "\",device=\"%d\",uuid=\"", c->device);
+            put_label(f, c->uuid);
+            fprintf(f, "\",state=\"%s\"} 1\n", wb__model_state_name(c->state));
+        }
+    }
+
+    header(f, "wb_model_copy_leases", "gauge", "Leases held on each ready copy of a model.");
+    for (const wb_model *m = b->models.head; m; m = m->next) {
+        for (uint32_t k = 0; holds_memory(m) && k < m->data.n_copies; k++) {
+            const wb_model_copy *c = &m->data.copies[k];
+            if (c->state != WBPROTO__MODEL_STATE__MODEL_READY)
+                continue;
+            fputs("wb_model_copy_leases{model=\"", f);
+            put_label(f, m->name);
+            fprintf(f, "\",device=\"%d\"} %u\n", c->device, c->leases);
+        }
     }
 
     single(f, "wb_loads_total", "counter",

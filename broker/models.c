@@ -3,7 +3,9 @@
 #include "wire.h"
 
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 void wb__model_data_free(wb_model_data *d, const wb_backend *be)
 {
@@ -17,6 +19,7 @@ void wb__model_data_free(wb_model_data *d, const wb_backend *be)
             be->slab_free(&d->slabs[i]);
     }
     free(d->slabs);
+    free(d->copies);
     memset(d, 0, sizeof *d);
 }
 
@@ -36,28 +39,36 @@ wb_model *wb__model_new(const char *name, const char *path, const wb_backend *be
     m->state = WBPROTO__MODEL_STATE__MODEL_LOADING;
     m->backend = be;
     m->device = device;
+    m->n_devices = 1;
+    m->devices[0] = device;
     return m;
+}
+
+void wb__model_set_devices(wb_model *m, const int *devices, unsigned n)
+{
+    if (n == 0 || n > WB_GPU_MAX)
+        return;
+    memcpy(m->devices, devices, n * sizeof *devices);
+    m->n_devices = n;
+    m->device = devices[0];
 }
 
 static void wire_free(wb_model *m)
 {
-    free(m->wire_slabs);
-    free(m->wire_slab_ptrs);
     free(m->wire_tensors);
     free(m->wire_tensor_ptrs);
-    m->wire_slabs = NULL;
-    m->wire_slab_ptrs = NULL;
     m->wire_tensors = NULL;
     m->wire_tensor_ptrs = NULL;
-    free(m->wire_lease_tail);
-    m->wire_lease_tail = NULL;
-    m->wire_lease_tail_len = 0;
-    free(m->wire_table_tail);
-    m->wire_table_tail = NULL;
-    m->wire_table_tail_len = 0;
-    free(m->wire_cached_tail);
-    m->wire_cached_tail = NULL;
-    m->wire_cached_tail_len = 0;
+    if (m->wire) {
+        for (uint32_t i = 0; i < m->data.n_copies; i++) {
+            free(m->wire[i].lease_tail);
+            free(m->wire[i].table_tail);
+            free(m->wire[i].cached_tail);
+        }
+    }
+    free(m->wire);
+    m->wire = NULL;
+    m->wire_lease_size = 0;
 }
 
 void wb__model_free(wb_model **mp)
@@ -73,28 +84,78 @@ void wb__model_free(wb_model **mp)
     *mp = NULL;
 }
 
+/* Packs a Lease on copy k once (see wb_model_wire). */
+static void wire_pack_copy(wb_model *m, uint32_t k, const uint8_t *table, size_t table_len)
+{
+    wb_model_wire *w = &m->wire[k];
+    w->slab_ptr = &w->slab;
+    uint8_t id[WB_LEASE_ID_LEN] = {0};
+    Wbproto__Lease lease = WBPROTO__LEASE__INIT;
+    lease.id.data = id;
+    lease.id.len = sizeof id;
+    lease.model = m->name;
+    lease.n_slabs = 1;
+    lease.slabs = &w->slab_ptr;
+    lease.n_tensors = m->data.n_tensors;
+    lease.tensors = m->wire_tensor_ptrs;
+    w->lease_size = wbproto__lease__get_packed_size(&lease);
+    if (w->lease_size > m->wire_lease_size)
+        m->wire_lease_size = w->lease_size;
+    lease.id.data = NULL;
+    lease.id.len = 0;
+    size_t tail = wbproto__lease__get_packed_size(&lease);
+    w->lease_tail = malloc(tail ? tail : 1);
+    if (w->lease_tail)
+        w->lease_tail_len = wbproto__lease__pack(&lease, w->lease_tail);
+    if (table) {
+        lease.n_tensors = 0;
+        lease.tensors = NULL;
+        lease.tensor_table.data = (uint8_t *)table;
+        lease.tensor_table.len = table_len;
+        tail = wbproto__lease__get_packed_size(&lease);
+        w->table_tail = malloc(tail);
+        if (w->table_tail)
+            w->table_tail_len = wbproto__lease__pack(&lease, w->table_tail);
+        lease.tensor_table.data = NULL;
+        lease.tensor_table.len = 0;
+        lease.tensor_table_cached = 1;
+        tail = wbproto__lease__get_packed_size(&lease);
+        w->cached_tail = w->table_tail ? malloc(tail) : NULL;
+        if (w->cached_tail)
+            w->cached_tail_len = wbproto__lease__pack(&lease, w->cached_tail);
+    }
+}
+
 int wb__model_adopt(wb_model *m, wb_model_data *data, wb_err *err)
 {
-    size_t ns = data->n_slabs, nt = data->n_tensors;
+    /* Data built without copies (one slab per device, as before copies
+     * existed): each slab is a ready copy. */
+    if (data->n_copies == 0 && data->n_slabs) {
+        data->copies = calloc(data->n_slabs, sizeof *data->copies);
+        if (!data->copies)
+            return wb__err_set(err, WB_ENOMEM, "out of memory describing model '%s'", m->name);
+        data->n_copies = data->n_slabs;
+        for (uint32_t k = 0; k < data->n_slabs; k++) {
+            data->copies[k].device = data->slabs[k].device;
+            data->copies[k].state = WBPROTO__MODEL_STATE__MODEL_READY;
+        }
+    }
+    size_t nc = data->n_copies, nt = data->n_tensors;
+    if (nc == 0 || nc != data->n_slabs)
+        return wb__err_set(err, WB_EINTERNAL, "model '%s': %zu copies for %u slabs", m->name, nc,
+                           data->n_slabs);
     /* calloc(0) may return NULL; allocate at least one element. */
-    Wbproto__Slab *slabs = calloc(ns ? ns : 1, sizeof *slabs);
-    Wbproto__Slab **slab_ptrs = calloc(ns ? ns : 1, sizeof *slab_ptrs);
+    wb_model_wire *wire = calloc(nc, sizeof *wire);
     Wbproto__Tensor *tensors = calloc(nt ? nt : 1, sizeof *tensors);
     Wbproto__Tensor **tensor_ptrs = calloc(nt ? nt : 1, sizeof *tensor_ptrs);
-    if (!slabs || !slab_ptrs || !tensors || !tensor_ptrs) {
-        free(slabs);
-        free(slab_ptrs);
+    if (!wire || !tensors || !tensor_ptrs) {
+        free(wire);
         free(tensors);
         free(tensor_ptrs);
         return wb__err_set(err, WB_ENOMEM, "out of memory describing model '%s'", m->name);
     }
     m->data = *data;
     memset(data, 0, sizeof *data);
-    for (size_t i = 0; i < ns; i++) {
-        m->data.slabs[i].index = (uint32_t)i;
-        m->backend->slab_export(&m->data.slabs[i], &slabs[i]);
-        slab_ptrs[i] = &slabs[i];
-    }
     for (size_t i = 0; i < nt; i++) {
         const wb_model_tensor *t = &m->data.tensors[i];
         Wbproto__Tensor *w = &tensors[i];
@@ -109,52 +170,96 @@ int wb__model_adopt(wb_model *m, wb_model_data *data, wb_err *err)
         w->xxh3 = t->xxh3;
         tensor_ptrs[i] = w;
     }
-    m->wire_slabs = slabs;
-    m->wire_slab_ptrs = slab_ptrs;
     m->wire_tensors = tensors;
     m->wire_tensor_ptrs = tensor_ptrs;
+    m->wire = wire;
+    m->wire_lease_size = 0;
 
     /* The size of a lease reply is known now; an acquire checks it against
-     * the message cap before granting anything. */
-    uint8_t id[WB_LEASE_ID_LEN] = {0};
-    Wbproto__Lease lease = WBPROTO__LEASE__INIT;
-    lease.id.data = id;
-    lease.id.len = sizeof id;
-    lease.model = m->name;
-    lease.n_slabs = ns;
-    lease.slabs = slab_ptrs;
-    lease.n_tensors = nt;
-    lease.tensors = tensor_ptrs;
-    m->wire_lease_size = wbproto__lease__get_packed_size(&lease);
-    lease.id.data = NULL;
-    lease.id.len = 0;
-    size_t tail = wbproto__lease__get_packed_size(&lease);
-    m->wire_lease_tail = malloc(tail ? tail : 1);
-    if (m->wire_lease_tail)
-        m->wire_lease_tail_len = wbproto__lease__pack(&lease, m->wire_lease_tail);
+     * the message cap before granting anything. Each copy's lease has its
+     * one slab at index 0. */
     size_t table_len = 0;
     uint8_t *table = wb__tensor_table_pack(tensor_ptrs, nt, &table_len);
-    if (table) {
-        lease.n_tensors = 0;
-        lease.tensors = NULL;
-        lease.tensor_table.data = table;
-        lease.tensor_table.len = table_len;
-        tail = wbproto__lease__get_packed_size(&lease);
-        m->wire_table_tail = malloc(tail);
-        if (m->wire_table_tail)
-            m->wire_table_tail_len = wbproto__lease__pack(&lease, m->wire_table_tail);
+    if (table)
         wb__tensor_table_digest(table, table_len, m->table_digest);
-        lease.tensor_table.data = NULL;
-        lease.tensor_table.len = 0;
-        lease.tensor_table_cached = 1;
-        tail = wbproto__lease__get_packed_size(&lease);
-        m->wire_cached_tail = m->wire_table_tail ? malloc(tail) : NULL;
-        if (m->wire_cached_tail)
-            m->wire_cached_tail_len = wbproto__lease__pack(&lease, m->wire_cached_tail);
-        free(table);
+    int first_ready = -1;
+    for (uint32_t k = 0; k < nc; k++) {
+        wb_model_copy *c = &m->data.copies[k];
+        m->data.slabs[k].index = 0;
+        if (c->state != WBPROTO__MODEL_STATE__MODEL_READY) {
+            wbproto__slab__init(&wire[k].slab);
+            continue;
+        }
+        if (first_ready < 0)
+            first_ready = (int)k;
+        m->backend->slab_export(&m->data.slabs[k], &wire[k].slab);
+        wire[k].slab.device_uuid = c->uuid;
+        wire_pack_copy(m, k, table, table_len);
     }
+    free(table);
+    if (first_ready >= 0)
+        m->device = m->data.copies[first_ready].device;
     m->state = WBPROTO__MODEL_STATE__MODEL_READY;
     return WB_OK;
+}
+
+/* "0=GPU-... ready, 1=GPU-... failed" for messages. */
+static void describe_copies(const wb_model *m, char *buf, size_t size)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    for (uint32_t k = 0; k < m->data.n_copies && at < size; k++) {
+        const wb_model_copy *c = &m->data.copies[k];
+        int w = snprintf(buf + at, size - at, "%s%d=%s %s", k ? ", " : "", c->device,
+                         c->uuid[0] ? c->uuid : "host", wb__model_state_name(c->state));
+        if (w < 0)
+            break;
+        at += (size_t)w;
+    }
+}
+
+int wb__model_pick_copy(const wb_model *m, int device_set, int device, const char *uuid,
+                        int allow_peer, unsigned *copy, wb_err *err)
+{
+    *copy = 0;
+    int first_ready = -1;
+    for (uint32_t k = 0; k < m->data.n_copies; k++) {
+        if (m->data.copies[k].state == WBPROTO__MODEL_STATE__MODEL_READY) {
+            first_ready = (int)k;
+            break;
+        }
+    }
+    if (first_ready < 0)
+        return wb__err_set(err, WB_ESTATE, "model '%s' has no ready copy", m->name);
+    /* Host memory is reachable from any device: its one copy serves all. */
+    if (m->backend->proto == WBPROTO__BACKEND__BACKEND_HOST ||
+        (!(uuid && uuid[0]) && !device_set)) {
+        *copy = (unsigned)first_ready;
+        return WB_OK;
+    }
+    int has_uuid = uuid && uuid[0];
+    for (uint32_t k = 0; k < m->data.n_copies; k++) {
+        const wb_model_copy *c = &m->data.copies[k];
+        int match = has_uuid ? strcasecmp(c->uuid, uuid) == 0 : c->device == device;
+        if (match && c->state == WBPROTO__MODEL_STATE__MODEL_READY) {
+            *copy = k;
+            return WB_OK;
+        }
+    }
+    if (allow_peer) {
+        *copy = (unsigned)first_ready;
+        return WB_OK;
+    }
+    char have[1024], want[WB_GPU_UUID_SIZE + 32];
+    describe_copies(m, have, sizeof have);
+    if (has_uuid)
+        snprintf(want, sizeof want, "%s", uuid);
+    else
+        snprintf(want, sizeof want, "%d (the broker's ordinal)", device);
+    return wb__err_set(err, WB_ENOGPU,
+                       "model '%s' has no ready copy on device %s; its copies: %s (load it there, "
+                       "or ask for peer access)",
+                       m->name, want, have);
 }
 
 wb_model *wb__models_find(const wb_model_registry *r, const char *name)

@@ -4,6 +4,7 @@
 #define WB_BROKER_MODELS_H
 
 #include "backend.h"
+#include "devlist.h"
 #include "err.h"
 #include "wb.pb-c.h"
 
@@ -21,14 +22,30 @@ typedef struct wb_model_tensor {
     uint64_t xxh3;
 } wb_model_tensor;
 
+/* A model's copy on one device: one slab with the same layout as every other
+ * copy (the tensor table is shared). A load that fails on one device marks
+ * that copy failed and leaves the others ready. */
+typedef struct wb_model_copy {
+    int device;                  /* the broker's CUDA ordinal; -1 for host */
+    char uuid[WB_GPU_UUID_SIZE]; /* "" for host */
+    int state;                   /* MODEL_READY or MODEL_FAILED */
+    char error[WB_ERR_MSG_MAX];  /* why it failed */
+    double copy_seconds;         /* its copies' device time, or 0 */
+    uint32_t leases;
+} wb_model_copy;
+
 /* What a load produces. */
 typedef struct wb_model_data {
     size_t n_tensors;
     wb_model_tensor *tensors; /* owned */
+    /* One slab per copy: slabs[i] belongs to copies[i] (a failed copy's is
+     * freed and zeroed). */
     uint32_t n_slabs;
-    wb_slab *slabs;      /* owned; freed through the backend */
-    uint64_t bytes;      /* sum of tensor bytes */
-    uint64_t slab_bytes; /* sum of slab sizes */
+    wb_slab *slabs; /* owned; freed through the backend */
+    uint32_t n_copies;
+    wb_model_copy *copies; /* owned */
+    uint64_t bytes;        /* sum of tensor bytes */
+    uint64_t slab_bytes;   /* sum of the ready copies' slab sizes */
     double load_seconds;
     double load_gbps;
     /* Where the load's time went: reading and validating the headers,
@@ -46,51 +63,76 @@ typedef struct wb_model_data {
 /* Frees the slabs (through `be`) and the tensor table; zeroes *d. */
 void wb__model_data_free(wb_model_data *d, const wb_backend *be);
 
+/* The wire view of one copy: its slab, and a Lease on it packed once. */
+typedef struct wb_model_wire {
+    Wbproto__Slab slab;
+    Wbproto__Slab *slab_ptr;
+    size_t lease_size; /* packed size of a Lease on this copy */
+    /* A Lease on this copy packed once, without its id: the fields from
+     * `model` on (model, slabs, tensors). Every acquire reply carries these
+     * bytes as they are instead of packing 10^5 tensors again. NULL when
+     * memory was short (the reply is then packed field by field). */
+    uint8_t *lease_tail;
+    size_t lease_tail_len;
+    /* The same with Lease.tensor_table (the compact table, common/wire.h)
+     * in place of the tensors, for clients that ask for it. */
+    uint8_t *table_tail;
+    size_t table_tail_len;
+    /* A Lease tail that carries only the slab and tensor_table_cached: the
+     * reply to a client that already holds the model's table. */
+    uint8_t *cached_tail;
+    size_t cached_tail_len;
+} wb_model_wire;
+
 typedef struct wb_model {
     char *name; /* owned */
     char *path; /* owned */
     int state;  /* WBPROTO__MODEL_STATE__* */
     const wb_backend *backend;
-    int device; /* -1 for host */
+    int device; /* the first ready copy's (before the load: the first asked for); -1 for host */
+    /* The devices asked for (the broker's ordinals), in order; one entry,
+     * -1, for the host backend. */
+    unsigned n_devices;
+    int devices[WB_GPU_MAX];
     wb_model_data data;
     wb_load_progress progress; /* written by the loader while MODEL_LOADING */
     uint32_t leases;
-    /* The wire view of the slabs and tensors, built once when the model
-     * becomes ready; every acquire reply points at it. */
-    Wbproto__Slab *wire_slabs;
-    Wbproto__Slab **wire_slab_ptrs;
+    /* The wire view, built once when the model becomes ready; every acquire
+     * reply points at it. Tensors are shared, slabs are per copy. */
     Wbproto__Tensor *wire_tensors;
     Wbproto__Tensor **wire_tensor_ptrs;
-    size_t wire_lease_size; /* packed size of a Lease on this model */
-    /* A Lease on this model packed once, without its id: the fields from
-     * `model` on (model, slabs, tensors). Every acquire reply carries these
-     * bytes as they are instead of packing 10^5 tensors again. NULL when
-     * memory was short (the reply is then packed field by field). */
-    uint8_t *wire_lease_tail;
-    size_t wire_lease_tail_len;
-    /* The same with Lease.tensor_table (the compact table, common/wire.h)
-     * in place of the tensors, for clients that ask for it. */
-    uint8_t *wire_table_tail;
-    size_t wire_table_tail_len;
-    /* XXH3-128 of the compact table (canonical bytes), and a Lease tail
-     * that carries only the slabs and tensor_table_cached: the reply to a
-     * client that already holds this table. */
+    wb_model_wire *wire;    /* data.n_copies entries */
+    size_t wire_lease_size; /* the largest of the copies' lease sizes */
+    /* XXH3-128 of the compact table (canonical bytes; the tensors are the
+     * same on every copy): a client that names it gets a copy's cached_tail. */
     uint8_t table_digest[16];
-    uint8_t *wire_cached_tail;
-    size_t wire_cached_tail_len;
     struct wb_model *next;
 } wb_model;
 
-/* A new model in state MODEL_LOADING, or NULL when out of memory. */
+/* A new model in state MODEL_LOADING, or NULL when out of memory. `devices`
+ * (n of them, at most WB_GPU_MAX) are where its copies go; n == 0 means
+ * `device` alone. */
 wb_model *wb__model_new(const char *name, const char *path, const wb_backend *be, int device);
+/* Sets the devices the copies go to (n >= 1, at most WB_GPU_MAX). */
+void wb__model_set_devices(wb_model *m, const int *devices, unsigned n);
 /* Frees the model's memory and slabs (their names are unlinked); sets *m to
  * NULL. The model must not be in a registry. */
 void wb__model_free(wb_model **m);
 
 /* Takes the load's result (moving it out of *data), builds the wire view and
- * makes the model MODEL_READY. On failure (out of memory) nothing changes
- * and *data still owns everything. */
+ * makes the model MODEL_READY (at least one copy is ready: the loader fails
+ * a load that has none). On failure (out of memory) nothing changes and
+ * *data still owns everything. */
 int wb__model_adopt(wb_model *m, wb_model_data *data, wb_err *err);
+
+/* Which copy a lease gets. With `uuid` (non-empty) the copy on that device,
+ * else with `device_set` the copy on the broker's ordinal `device`, else the
+ * first ready copy. A device with no ready copy is refused (WB_ENOGPU naming
+ * the device and the devices that have one) unless `allow_peer`: then the
+ * first ready copy. For the host backend the one copy, whatever is asked.
+ * *copy gets the index into data.copies. */
+int wb__model_pick_copy(const wb_model *m, int device_set, int device, const char *uuid,
+                        int allow_peer, unsigned *copy, wb_err *err);
 
 typedef struct wb_model_registry {
     wb_model *head;

@@ -102,10 +102,45 @@ Wbproto__ModelInfo *wb__ops_model_info(const wb_model *m, int state, wb_arena *a
     mi->transport = (char *)wb__backend_transport(m->backend);
     mi->access = (char *)wb__backend_access(m->backend);
     wb__load_fill_model_info(m, mi);
+    /* One entry per device: while loading, the devices asked for. */
+    int loading = m->state == WBPROTO__MODEL_STATE__MODEL_LOADING || !m->data.copies;
+    size_t nc = loading ? m->n_devices : m->data.n_copies;
+    Wbproto__ModelCopy **cp = nc ? wb__arena_alloc(a, nc * sizeof *cp) : NULL;
+    Wbproto__ModelCopy *cv = nc ? wb__arena_alloc(a, nc * sizeof *cv) : NULL;
+    if (nc && (!cp || !cv))
+        return NULL;
+    for (size_t k = 0; k < nc; k++) {
+        Wbproto__ModelCopy *c = &cv[k];
+        wbproto__model_copy__init(c);
+        cp[k] = c;
+        if (loading) {
+            c->device = m->devices[k];
+            c->state = WBPROTO__MODEL_STATE__MODEL_LOADING;
+            continue;
+        }
+        const wb_model_copy *mc = &m->data.copies[k];
+        c->device = mc->device;
+        /* Copied: an unload's reply may outlive the model. */
+        c->device_uuid = wb__arena_strdup(a, mc->uuid);
+        c->error = wb__arena_strdup(a, mc->error);
+        if (!c->device_uuid || !c->error)
+            return NULL;
+        c->state = mc->state;
+        /* A draining model's copies drain with it. */
+        if (mc->state == WBPROTO__MODEL_STATE__MODEL_READY &&
+            state != WBPROTO__MODEL_STATE__MODEL_READY)
+            c->state = state;
+        c->slab_bytes = m->data.slabs[k].size;
+        c->leases = mc->leases;
+        c->copy_seconds = mc->copy_seconds;
+    }
+    mi->n_copies = nc;
+    mi->copies = cp;
     return mi;
 }
 
-int wb__ops_lease_tail(const wb_model *m, enum wb_lease_tail which, Wbproto__Lease *lw, wb_arena *a)
+int wb__ops_lease_tail(const wb_model *m, unsigned copy, enum wb_lease_tail which,
+                       Wbproto__Lease *lw, wb_arena *a)
 {
     /* The cached bytes start with the tag of `model` (field 2, length
      * delimited: 0x12). protobuf-c packs an unknown field as its tag and
@@ -113,12 +148,15 @@ int wb__ops_lease_tail(const wb_model *m, enum wb_lease_tail which, Wbproto__Lea
      * one unknown field whose tag is 2 and whose data is the rest of the
      * cached bytes therefore packs to exactly the Lease packed field by
      * field, without walking the tensors. */
-    const uint8_t *tail = which == WB_TAIL_TABLE    ? m->wire_table_tail
-                          : which == WB_TAIL_CACHED ? m->wire_cached_tail
-                                                    : m->wire_lease_tail;
-    size_t len = which == WB_TAIL_TABLE    ? m->wire_table_tail_len
-                 : which == WB_TAIL_CACHED ? m->wire_cached_tail_len
-                                           : m->wire_lease_tail_len;
+    if (!m->wire || copy >= m->data.n_copies)
+        return WB_EINVAL;
+    const wb_model_wire *w = &m->wire[copy];
+    const uint8_t *tail = which == WB_TAIL_TABLE    ? w->table_tail
+                          : which == WB_TAIL_CACHED ? w->cached_tail
+                                                    : w->lease_tail;
+    size_t len = which == WB_TAIL_TABLE    ? w->table_tail_len
+                 : which == WB_TAIL_CACHED ? w->cached_tail_len
+                                           : w->lease_tail_len;
     if (!tail || len < 2 || tail[0] != 0x12)
         return WB_EINVAL;
     ProtobufCMessageUnknownField *u = wb__arena_alloc(a, sizeof *u);
@@ -175,10 +213,17 @@ static int op_acquire(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Re
     if (m->state != WBPROTO__MODEL_STATE__MODEL_READY)
         return wb__ops_fail(rep, a, WB_ESTATE, "model '%s' is %s", name,
                             wb__model_state_name(m->state));
+    /* The copy on the client's device (by UUID, else by the broker's
+     * ordinal), or the first ready one for a client that names none. */
+    const Wbproto__AcquireRequest *aq = req->acquire;
+    unsigned copy = 0;
+    wb_err lerr;
+    if (wb__model_pick_copy(m, aq->device_set, aq->device, aq->device_uuid, aq->allow_peer, &copy,
+                            &lerr) != WB_OK)
+        return wb__ops_fail(rep, a, lerr.code, "%s", lerr.msg);
     /* Refuse before granting: a lease whose reply cannot be delivered would
      * be held by nobody. */
-    wb_err lerr;
-    if (wb__limits_check_lease_size(&b->limits, name, m->wire_lease_size, &lerr) != WB_OK)
+    if (wb__limits_check_lease_size(&b->limits, name, m->wire[copy].lease_size, &lerr) != WB_OK)
         return wb__ops_fail(rep, a, WB_ELIMIT, "%s", lerr.msg);
     const wb_peer_rec *holder = wb__leases_peer(&b->leases, peer->pid);
     if (holder && wb__limits_check_leases(&b->limits, peer->pid, holder->leases, &lerr) != WB_OK) {
@@ -197,14 +242,17 @@ static int op_acquire(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Re
     if (rc != WB_OK)
         return wb__ops_fail(rep, a, rc, "%s", err.msg);
     m->leases++;
+    l->copy = copy;
+    m->data.copies[copy].leases++;
     b->stats.leases_granted++;
     char hex[9], qc[80];
     /* Per-lease lines are debug: at thousands of leases a second, info
      * lines cost the broker more than the grant itself. */
     if (wb__log_get_level() <= WB_LOG_DEBUG)
-        wb_debug("lease_grant", "lease=%s model=%s pid=%u uid=%u gid=%u comm=%s",
-                 wb__lease_id_short(l->id, hex), wb__log_quote(q, sizeof q, m->name), l->pid,
-                 l->uid, l->gid, wb__log_quote(qc, sizeof qc, l->comm));
+        wb_debug("lease_grant", "lease=%s model=%s device=%d pid=%u uid=%u gid=%u comm=%s",
+                 wb__lease_id_short(l->id, hex), wb__log_quote(q, sizeof q, m->name),
+                 m->data.copies[copy].device, l->pid, l->uid, l->gid,
+                 wb__log_quote(qc, sizeof qc, l->comm));
 
     wbproto__acquire_reply__init(ar);
     wbproto__lease__init(lw);
@@ -213,20 +261,19 @@ static int op_acquire(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Re
     /* A client that holds this model's table gets none; one that reads
      * the compact table gets it; else (or when it could not be built) the
      * tensors as messages. */
-    const Wbproto__AcquireRequest *aq = req->acquire;
     enum wb_lease_tail which = WB_TAIL_TENSORS;
     if (aq->tensor_table)
-        which = aq->tensor_table_digest.len == sizeof m->table_digest && m->wire_cached_tail &&
+        which = aq->tensor_table_digest.len == sizeof m->table_digest &&
                         memcmp(aq->tensor_table_digest.data, m->table_digest,
                                sizeof m->table_digest) == 0
                     ? WB_TAIL_CACHED
                     : WB_TAIL_TABLE;
-    if (wb__ops_lease_tail(m, which, lw, a) != WB_OK &&
-        (which != WB_TAIL_CACHED || wb__ops_lease_tail(m, WB_TAIL_TABLE, lw, a) != WB_OK) &&
-        wb__ops_lease_tail(m, WB_TAIL_TENSORS, lw, a) != WB_OK) {
+    if (wb__ops_lease_tail(m, copy, which, lw, a) != WB_OK &&
+        (which != WB_TAIL_CACHED || wb__ops_lease_tail(m, copy, WB_TAIL_TABLE, lw, a) != WB_OK) &&
+        wb__ops_lease_tail(m, copy, WB_TAIL_TENSORS, lw, a) != WB_OK) {
         lw->model = m->name;
-        lw->n_slabs = m->data.n_slabs;
-        lw->slabs = m->wire_slab_ptrs;
+        lw->n_slabs = 1;
+        lw->slabs = &m->wire[copy].slab_ptr;
         lw->n_tensors = m->data.n_tensors;
         lw->tensors = m->wire_tensor_ptrs;
     }
@@ -244,6 +291,7 @@ static int op_release(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Re
     if (!rr)
         return wb__ops_oom(rep, a);
     wb_lease_rec *l = wb__leases_find(&b->leases, id);
+    unsigned copy = l ? l->copy : 0;
     char comm[32] = "?";
     if (l && wb__log_get_level() <= WB_LOG_DEBUG)
         snprintf(comm, sizeof comm, "%s", l->comm);
@@ -259,7 +307,7 @@ static int op_release(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Re
                  wb__log_quote(q, sizeof q, m->name), peer->pid,
                  wb__log_quote(qc, sizeof qc, comm));
     wbproto__release_reply__init(rr);
-    rr->model_state = wb__broker_lease_ended(b, m);
+    rr->model_state = wb__broker_lease_ended(b, m, copy);
     rep->body_case = WBPROTO__REPLY__BODY_RELEASE;
     rep->release = rr;
     return 0;

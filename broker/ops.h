@@ -50,17 +50,18 @@ int wb__ops_is_admin(const wb_broker *b, const wb_peer_creds *peer);
  * logged with the list it failed. */
 int wb__ops_refuse_admin(wb_broker *b, const wb_peer_creds *peer, const char *verb,
                          Wbproto__Reply *rep, wb_arena *a);
-/* Which of a model's packed Lease tails a reply carries. */
+/* Which of a copy's packed Lease tails a reply carries. */
 enum wb_lease_tail {
-    WB_TAIL_TENSORS, /* wire_lease_tail: the tensors as messages */
-    WB_TAIL_TABLE,   /* wire_table_tail: the compact table */
-    WB_TAIL_CACHED,  /* wire_cached_tail: tensor_table_cached, no table */
+    WB_TAIL_TENSORS, /* lease_tail: the tensors as messages */
+    WB_TAIL_TABLE,   /* table_tail: the compact table */
+    WB_TAIL_CACHED,  /* cached_tail: tensor_table_cached, no table */
 };
-/* Points the Lease `lw` (id already set) at one of the model's packed
- * tails: it then packs to the same bytes as a Lease with model, slabs and
- * tensors (or tensor_table, or tensor_table_cached) filled in. WB_EINVAL
- * when the model has no such tail, WB_ENOMEM; lw is untouched then. */
-int wb__ops_lease_tail(const wb_model *m, enum wb_lease_tail which, Wbproto__Lease *lw,
-                       wb_arena *a);
+/* Points the Lease `lw` (id already set) at one of the packed tails of the
+ * model's copy `copy` (wb_model.wire[copy]): it then packs to the same
+ * bytes as a Lease with model, the copy's slab and tensors (or
+ * tensor_table, or tensor_table_cached) filled in. WB_EINVAL when the model
+ * has no such tail, WB_ENOMEM; lw is untouched then. */
+int wb__ops_lease_tail(const wb_model *m, unsigned copy, enum wb_lease_tail which,
+                       Wbproto__Lease *lw, wb_arena *a);
 
 #endif

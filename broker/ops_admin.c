@@ -47,6 +47,11 @@ int wb__ops_load(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request
     int crc = wb__broker_check_load(b, peer, name, path, &cerr);
     if (crc != WB_OK)
         return wb__ops_fail(rep, a, crc, "%s", cerr.msg);
+    int devices[WB_GPU_MAX];
+    unsigned n_devices = 0;
+    crc = wb__broker_placement(b, name, req->load->placement, devices, &n_devices, &cerr);
+    if (crc != WB_OK)
+        return wb__ops_fail(rep, a, crc, "%s", cerr.msg);
     m = wb__model_new(name, path, b->cfg.backend, b->cfg.device);
     wb_load_job *job =
         wb__load_job_new(name, path, b->cfg.backend, b->cfg.device, ident, ident_len, rep->id);
@@ -55,6 +60,7 @@ int wb__ops_load(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request
         wb__load_job_free(&job);
         return wb__ops_oom(rep, a);
     }
+    wb__broker_set_devices(b, m, job, devices, n_devices);
     job->progress = &m->progress;
     job->access = wb__auth_load_access(peer);
     wb__models_add(&b->models, m);

@@ -213,7 +213,13 @@ int wb__ops_list_leases(wb_broker *b, const wb_peer_creds *peer, const Wbproto__
         li->process_name = (char *)l->comm;
         li->state = l->state;
         li->containers = l->containers;
-        li->slabs = l->model->data.n_slabs;
+        li->slabs = 1; /* the copy's one slab */
+        if (l->copy < l->model->data.n_copies) {
+            li->device = l->model->data.copies[l->copy].device;
+            li->device_uuid = l->model->data.copies[l->copy].uuid;
+        } else {
+            li->device = l->model->device;
+        }
         li->bytes = l->model->data.bytes;
         li->granted_at = l->granted_at;
         li->last_heartbeat = l->last_heartbeat;

@@ -152,10 +152,12 @@ static void usage(FILE *out)
             "  --backend auto|cuda|host\n"
             "                         where slabs live (default auto: cuda when a GPU is\n"
             "                         usable, else host)\n"
-            "  --model NAME[@DEVICE]=PATH\n"
-            "                         load a safetensors checkpoint before serving, on CUDA\n"
-            "                         device DEVICE if given, else on --device (repeatable)\n"
-            "  --device N             CUDA device for the cuda backend (default 0)\n"
+            "  --model NAME=PATH[@DEVICES]\n"
+            "                         load a safetensors checkpoint before serving, one copy\n"
+            "                         per device of DEVICES (0,1 | all | GPU-<uuid>,...; also\n"
+            "                         NAME@DEVICES=PATH), else on --device (repeatable;\n"
+            "                         the host backend keeps one copy and ignores DEVICES)\n"
+            "  --device N             default CUDA device for the cuda backend (default 0)\n"
             "  --read-threads N       loader threads reading checkpoints (default: 3/4 of\n"
             "                         the online cores, at most 16)\n"
             "  --staging-mib N        size of one pinned staging buffer, the unit of reads and\n"
@@ -226,7 +228,7 @@ static void usage(FILE *out)
             "operations:\n"
             "  --config FILE          read options from an INI file first: [broker] keys are\n"
             "                         the long options above, [model NAME] sections have\n"
-            "                         path = and device =; options on the command line win\n"
+            "                         path = and devices =; options on the command line win\n"
             "  --check-config         check the configuration file and options, print the\n"
             "                         socket and models, and exit (0 when valid, 78 when the\n"
             "                         file is wrong, 2 for a wrong option)\n"
@@ -337,10 +339,18 @@ static int add_model(wb_options *o, char *arg)
         o->models = grown;
         o->n_models++;
     }
+    /* The name, path and placement are cut out of arg in place. */
+    char *path = arg + (ma.path - arg);
+    char *placement = ma.placement ? arg + (ma.placement - arg) : NULL;
     arg[strlen(ma.name)] = '\0'; /* ends the name at its '@' or '=' */
+    if (placement && placement > path)
+        path[ma.path_len] = '\0'; /* ends the path at its placement's '@' */
+    if (placement)
+        placement[ma.placement_len] = '\0';
     o->models[k].name = arg;
-    o->models[k].path = (char *)ma.path;
+    o->models[k].path = path;
     o->models[k].device = ma.device;
+    o->models[k].placement = placement;
     o->models[k].from_file = from_file;
     o->models[k].line = origin_line();
     return WB_OPTIONS_GO_ON;
@@ -537,24 +547,9 @@ int wb__options_validate(wb_options *o)
         o->num[WB_NUM_HEARTBEAT] = WB_DEFAULT_HEARTBEAT_MS;
     if (!o->num[WB_NUM_STALE])
         o->num[WB_NUM_STALE] = WB_DEFAULT_STALE_MS;
-    /* A broker serves one CUDA device (its backend's stream and staging
-     * ring live there): a model that names another one is a mistake. */
-    for (size_t i = 0; i < o->n_models; i++) {
-        const wb_preload *m = &o->models[i];
-        if (m->device < 0 || m->device == o->device || strcmp(o->backend, "host") == 0)
-            continue;
-        char msg[600];
-        snprintf(msg, sizeof msg,
-                 "model '%s' asks for device %d, but this broker serves device %d (--device); "
-                 "run one broker per device",
-                 m->name, m->device, o->device);
-        if (m->line > 0) {
-            fprintf(stderr, "wbrokerd: %s:%d: %s\n", o->config.file, m->line, msg);
-            return WB_EXIT_CONFIG;
-        }
-        fprintf(stderr, "wbrokerd: --model: %s\nTry 'wbrokerd --help'.\n", msg);
-        return WB_EXIT_USAGE;
-    }
+    /* Placements were parsed with --model; whether their devices exist is
+     * known only once the backend has started (wbrokerd refuses then,
+     * naming the model and the devices it sees). */
     char sp[sizeof(((struct sockaddr_un *)0)->sun_path)];
     int path_ok = wb__socket_path(o->socket, sp, sizeof sp) == WB_OK;
     if (o->check_config) {
@@ -567,8 +562,8 @@ int wb__options_validate(wb_options *o)
         printf("config: %s\nsocket: %s\n", o->config_file ? o->config_file : "(none)", sp);
         for (size_t i = 0; i < o->n_models; i++) {
             printf("model: %s path=%s", o->models[i].name, o->models[i].path);
-            if (o->models[i].device >= 0)
-                printf(" device=%d", o->models[i].device);
+            if (o->models[i].placement)
+                printf(" devices=%s", o->models[i].placement);
             printf("%s\n", o->models[i].from_file ? " (file)" : " (command line)");
         }
         printf("backend: %s cuda-slab=%s host-slab=%s\n", o->backend,

@@ -46,9 +46,10 @@ typedef enum wb_num_opt {
 typedef struct wb_preload {
     char *name;
     char *path;
-    int device;    /* -1: the broker's --device */
-    int from_file; /* given by a [model NAME] section of the configuration file */
-    int line;      /* that section's line (or its device's), else 0 */
+    int device;      /* a placement of one ordinal: it; else -1 */
+    char *placement; /* NULL: the broker's --device; else "0,1", "all", ... */
+    int from_file;   /* given by a [model NAME] section of the configuration file */
+    int line;        /* that section's line (or its device's), else 0 */
 } wb_preload;
 
 /* Everything the options say, parsed and checked before anything starts. */

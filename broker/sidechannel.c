@@ -104,9 +104,10 @@ static void conn_close(wb_sidechan *s, size_t i, const char *why)
         wb_info("lease_reclaim", "reason=descriptor_channel_closed lease=%s model=%s pid=%u",
                 wb__lease_id_short(l->id, hex), wb__log_quote(q, sizeof q, l->model->name), l->pid);
         wb_model *m = l->model;
+        unsigned copy = l->copy;
         wb__leases_remove(&b->leases, l);
         b->stats.leases_reclaimed++;
-        wb__broker_lease_ended(b, m);
+        wb__broker_lease_ended(b, m, copy);
         reclaimed++;
     }
     wb_debug("fd_channel_closed", "pid=%u uid=%u reason=%s leases_reclaimed=%zu", c->creds.pid,

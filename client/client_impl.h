@@ -39,6 +39,7 @@ struct wb_client {
     char hello_name[128];
     int hello_done;
     uint64_t broker_instance;
+    int broker_backend;  /* WBPROTO__BACKEND__* from the last hello */
     uint32_t backoff_ms; /* 0 while connected */
     _Atomic int64_t next_reconnect_ms;
     atomic_uint reconnect_attempts;

@@ -69,6 +69,7 @@ static int hello_locked(wb_client *c, int *restarted, wb_err *err)
     const Wbproto__HelloReply *h = rep->hello;
     uint32_t pid = h ? h->broker_pid : 0;
     uint64_t instance = h ? h->broker_instance : 0;
+    c->broker_backend = h ? (int)h->backend : 0;
     if (c->hello_done && (pid != c->broker_pid || instance != c->broker_instance)) {
         *restarted = 1;
         if (c->on_restart)

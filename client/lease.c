@@ -2,11 +2,14 @@
 #include "lease.h"
 
 #include "client_impl.h"
+#include "devlist.h"
 #include "fdchan.h"
 #include "fdwire.h"
+#include "gpu.h"
 #include "mapcache.h"
 #include "names.h"
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +17,87 @@
 #include <unistd.h>
 
 #define MAX_DIMS 64
+
+/* The devices this process sees, with their UUIDs: read once (a process's
+ * CUDA_VISIBLE_DEVICES does not change), and only when a lease is on a cuda
+ * broker, so that host-memory clients never start the CUDA runtime. */
+static pthread_once_t gpus_once = PTHREAD_ONCE_INIT;
+static wb_gpu_list gpus;
+static int gpus_rc;
+static wb_err gpus_err;
+
+static void read_gpus(void)
+{
+    gpus_rc = wb__gpu_list(&gpus, &gpus_err);
+}
+
+static const wb_gpu_list *local_gpus(wb_err *err)
+{
+    pthread_once(&gpus_once, read_gpus);
+    if (gpus_rc != WB_OK) {
+        if (err)
+            *err = gpus_err;
+        return NULL;
+    }
+    return &gpus;
+}
+
+/* The UUID of the device a lease asks for (`uuid` left empty: ask for
+ * none). Only a cuda broker is told: host memory serves every device. */
+static int lease_device_uuid(wb_client *c, const char *model, const wb_lease_options *o,
+                             char uuid[WB_GPU_UUID_SIZE])
+{
+    uuid[0] = '\0';
+    if (o->device_uuid && o->device_uuid[0] && !wb__gpu_uuid_valid(o->device_uuid))
+        return wb__client_fail(c, WB_EINVAL,
+                               "acquire '%s': '%.100s' is not a device UUID "
+                               "(GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)",
+                               model, o->device_uuid);
+    if (c->broker_backend != WBPROTO__BACKEND__BACKEND_CUDA)
+        return WB_OK;
+    if (o->device_uuid && o->device_uuid[0]) {
+        snprintf(uuid, WB_GPU_UUID_SIZE, "%s", o->device_uuid);
+        return WB_OK;
+    }
+    if (o->device == WB_LEASE_DEVICE_ANY)
+        return WB_OK;
+    wb_err e;
+    int dev = o->device;
+    if (dev == WB_LEASE_DEVICE_CURRENT && wb__gpu_current(&dev, &e) != WB_OK)
+        return WB_OK; /* no usable CUDA here: mapping the slab will say so */
+    if (dev < 0)
+        return wb__client_fail(c, WB_EINVAL, "acquire '%s': device %d is not an ordinal", model,
+                               dev);
+    const wb_gpu_list *l = local_gpus(&e);
+    if (!l)
+        return wb__client_fail(c, e.code, "acquire '%s': device %d: %s", model, dev, e.msg);
+    const wb_gpu_dev *d = wb__devlist_find_index(l, dev);
+    if (!d) {
+        char seen[512];
+        wb__devlist_describe(l, seen, sizeof seen);
+        const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+        return wb__client_fail(c, WB_ENOGPU,
+                               "acquire '%s': this process has no CUDA device %d; it sees: %s "
+                               "(CUDA_VISIBLE_DEVICES=%s)",
+                               model, dev, seen, cvd ? cvd : "unset");
+    }
+    snprintf(uuid, WB_GPU_UUID_SIZE, "%s", d->uuid);
+    return WB_OK;
+}
+
+/* This process's ordinal of a cuda slab's device: by its UUID (the broker's
+ * ordinal means nothing under another CUDA_VISIBLE_DEVICES), or by the
+ * ordinal from a broker that sends no UUID. */
+static int slab_local_device(const Wbproto__Slab *s, int *local, wb_err *err)
+{
+    *local = s->device;
+    if (!s->device_uuid || !s->device_uuid[0])
+        return WB_OK;
+    const wb_gpu_list *l = local_gpus(err);
+    if (!l)
+        return err->code;
+    return wb__devlist_map(l, s->device, s->device_uuid, local, err);
+}
 
 static void hex_id(const uint8_t *id, char out[2 * WB_LEASE_ID_BYTES + 1])
 {
@@ -194,13 +278,22 @@ static int map_slabs(wb_client *c, const char *model, const Wbproto__Lease *pl, 
             rc = wb__mapcache_get_fd(fds[i], s->size, what, &l->maps[i], &e);
             break;
         case SLAB_CUDA_VMM:
-            snprintf(what, sizeof what, "cuda-vmm slab %zu", i);
-            rc = wb__mapcache_get_vmm(fds[i], s->device, s->size, what, &l->maps[i], &e);
+        case SLAB_CUDA_IPC: {
+            /* The broker's ordinal means nothing here: the slab's UUID says
+             * which of this process's devices holds it. */
+            int local = -1;
+            rc = slab_local_device(s, &local, &e);
+            if (rc != WB_OK)
+                break;
+            if (wb__slab_kind(s->backend, s->transport) == SLAB_CUDA_VMM) {
+                snprintf(what, sizeof what, "cuda-vmm slab %zu", i);
+                rc = wb__mapcache_get_vmm(fds[i], local, s->size, what, &l->maps[i], &e);
+            } else {
+                rc = wb__mapcache_get_cuda(s->cuda_ipc_handle.data, s->cuda_ipc_handle.len, local,
+                                           s->size, &l->maps[i], &e);
+            }
             break;
-        case SLAB_CUDA_IPC:
-            rc = wb__mapcache_get_cuda(s->cuda_ipc_handle.data, s->cuda_ipc_handle.len, s->device,
-                                       s->size, &l->maps[i], &e);
-            break;
+        }
         default:
             rc = wb__mapcache_get_host(s->shm_name, s->size, &l->maps[i], &e);
             break;
@@ -402,15 +495,35 @@ static int build_tensors(wb_client *c, const char *model, const Wbproto__Lease *
 
 WB_EXPORT int wb_lease_acquire(wb_client *client, const char *model, wb_lease **out)
 {
+    return wb_lease_acquire_ex(client, model, NULL, out);
+}
+
+WB_EXPORT int wb_lease_device(const wb_lease *lease)
+{
+    return lease && lease->n_maps ? wb__map_device(lease->maps[0]) : -1;
+}
+
+WB_EXPORT int wb_lease_acquire_ex(wb_client *client, const char *model,
+                                  const wb_lease_options *opts, wb_lease **out)
+{
     if (out)
         *out = NULL;
     if (!client)
         return WB_EINVAL;
+    static const wb_lease_options defaults = {.device = WB_LEASE_DEVICE_CURRENT};
+    const wb_lease_options *o = opts ? opts : &defaults;
     pthread_mutex_lock(&client->mu);
     int rc;
     if (!out || !model || !model[0]) {
         rc = wb__client_fail(client, WB_EINVAL, "acquire: %s",
                              !out ? "no place for the lease (out is NULL)" : "no model name");
+        pthread_mutex_unlock(&client->mu);
+        return rc;
+    }
+    /* The backend is known from the hello; reconnecting first would tell a
+     * new broker's, but a stale value only costs one refused acquire. */
+    char uuid[WB_GPU_UUID_SIZE];
+    if ((rc = lease_device_uuid(client, model, o, uuid)) != WB_OK) {
         pthread_mutex_unlock(&client->mu);
         return rc;
     }
@@ -424,6 +537,8 @@ WB_EXPORT int wb_lease_acquire(wb_client *client, const char *model, wb_lease **
         acq.tensor_table_digest.data = held->digest;
         acq.tensor_table_digest.len = sizeof held->digest;
     }
+    acq.device_uuid = uuid;
+    acq.allow_peer = o->allow_peer != 0;
     Wbproto__Request req = WBPROTO__REQUEST__INIT;
     req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
     req.acquire = &acq;

@@ -31,3 +31,44 @@ int wb__gpu_probe(int *count, wb_err *err)
                        "this build has no cuda backend (CUDA toolkit not found at build time)");
 #endif
 }
+
+int wb__gpu_list(wb_gpu_list *out, wb_err *err)
+{
+    out->n = 0;
+#ifdef WB_HAVE_CUDA
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1)
+        return WB_OK;
+    for (int i = 0; i < n && out->n < WB_GPU_MAX; i++) {
+        struct cudaDeviceProp p;
+        cudaError_t rc = cudaGetDeviceProperties(&p, i);
+        if (rc != cudaSuccess)
+            return wb__err_set(err, WB_ENOGPU, "cudaGetDeviceProperties(%d): %s (%s)", i,
+                               cudaGetErrorString(rc), cudaGetErrorName(rc));
+        wb_gpu_dev *d = &out->dev[out->n++];
+        d->index = i;
+        wb__gpu_uuid_format((const uint8_t *)p.uuid.bytes, d->uuid);
+    }
+    return WB_OK;
+#else
+    return wb__err_set(err, WB_ENOSYS,
+                       "this build has no CUDA support (CUDA toolkit not found at build time)");
+#endif
+}
+
+int wb__gpu_current(int *device, wb_err *err)
+{
+    *device = -1;
+#ifdef WB_HAVE_CUDA
+    int d = -1;
+    cudaError_t rc = cudaGetDevice(&d);
+    if (rc != cudaSuccess)
+        return wb__err_set(err, WB_ENOGPU, "cudaGetDevice: %s (%s)", cudaGetErrorString(rc),
+                           cudaGetErrorName(rc));
+    *device = d;
+    return WB_OK;
+#else
+    return wb__err_set(err, WB_ENOSYS,
+                       "this build has no CUDA support (CUDA toolkit not found at build time)");
+#endif
+}

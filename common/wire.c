@@ -1,5 +1,7 @@
 #include "wire.h"
 
+#include "devlist.h"
+#include "placement.h"
 #include "shm.h"
 
 #include <stdio.h>
@@ -167,6 +169,11 @@ static int check_request_body(const Wbproto__Request *req, wb_err *err)
     case WBPROTO__REQUEST__BODY_ACQUIRE:
         if (!req->acquire)
             return missing("acquire", err);
+        if (req->acquire->device_uuid && req->acquire->device_uuid[0] &&
+            !wb__gpu_uuid_valid(req->acquire->device_uuid))
+            return wb__err_set(err, WB_EPROTO,
+                               "acquire.device_uuid is not a device UUID (GPU-xxxxxxxx-xxxx-xxxx-"
+                               "xxxx-xxxxxxxxxxxx)");
         return check_name("acquire.model", req->acquire->model, err);
     case WBPROTO__REQUEST__BODY_RELEASE:
         if (!req->release)
@@ -203,6 +210,9 @@ static int check_request_body(const Wbproto__Request *req, wb_err *err)
          * WB_EINVAL for a name outside [A-Za-z0-9._-]{1,255}. */
         if (!req->load || !req->load->name)
             return missing("load", err);
+        if (req->load->placement && strlen(req->load->placement) > WB_PLACEMENT_TEXT_MAX)
+            return wb__err_set(err, WB_EPROTO, "load.placement has %zu bytes, at most %d",
+                               strlen(req->load->placement), WB_PLACEMENT_TEXT_MAX);
         return check_path("load.path", req->load->path, err);
     case WBPROTO__REQUEST__BODY_UNLOAD:
         if (!req->unload)
@@ -275,6 +285,8 @@ static int check_slab(const Wbproto__Slab *s, size_t i, wb_err *err)
     if (s->backend == WBPROTO__BACKEND__BACKEND_CUDA && !vmm && s->cuda_ipc_handle.len == 0)
         return wb__err_set(err, WB_EPROTO, "lease.slabs[%zu] is a cuda slab without an IPC handle",
                            i);
+    if (s->device_uuid && s->device_uuid[0] && !wb__gpu_uuid_valid(s->device_uuid))
+        return wb__err_set(err, WB_EPROTO, "lease.slabs[%zu].device_uuid is not a device UUID", i);
     /* A memfd slab has no name: the client fetches its descriptor. */
     int memfd = s->transport && strcmp(s->transport, "memfd") == 0;
     if (memfd && s->backend != WBPROTO__BACKEND__BACKEND_HOST)

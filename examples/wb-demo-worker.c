@@ -6,7 +6,10 @@
  * header is used.
  *
  *   wb-demo-worker --model NAME [--hold SECONDS] [--verify-every MS]
- *                  [--socket PATH] [--reacquire]
+ *                  [--socket PATH] [--reacquire] [--device N|GPU-UUID] [--allow-peer]
+ *
+ * --device names the device the lease is for (default: the current CUDA
+ * device, 0 unless changed); --allow-peer accepts a copy on another device.
  *
  * While holding it reports, on stdout, when the connection to the broker is
  * lost and when the library has reconnected; the mapping stays valid either
@@ -36,10 +39,14 @@
 static void usage(FILE *out)
 {
     fprintf(out, "usage: wb-demo-worker --model NAME [--hold SECONDS] [--verify-every MS]\n"
-                 "                      [--socket PATH] [--reacquire]\n\n"
+                 "                      [--socket PATH] [--reacquire] [--device N|GPU-UUID]\n"
+                 "                      [--allow-peer]\n\n"
                  "Leases model NAME, verifies every tensor, and holds the lease until\n"
                  "SIGTERM or SIGINT (or for --hold seconds). --verify-every re-verifies\n"
-                 "periodically; --reacquire takes a new lease when the broker restarts.\n");
+                 "periodically; --reacquire takes a new lease when the broker restarts.\n"
+                 "--device: the CUDA device the lease is for, by this process's ordinal or\n"
+                 "by UUID (default: the current device); --allow-peer: accept the model's\n"
+                 "copy on another device when it has none there.\n");
 }
 
 static double now_s(void)
@@ -103,6 +110,8 @@ int main(int argc, char **argv)
         {"verify-every", required_argument, NULL, 'v'},
         {"socket", required_argument, NULL, 's'},
         {"reacquire", no_argument, NULL, 'r'},
+        {"device", required_argument, NULL, 'd'},
+        {"allow-peer", no_argument, NULL, 'P'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -113,6 +122,7 @@ int main(int argc, char **argv)
     double hold = -1;
     double verify_every = 0;
     int reacquire = 0;
+    wb_lease_options lo = {.device = WB_LEASE_DEVICE_CURRENT};
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -135,6 +145,26 @@ int main(int argc, char **argv)
             break;
         case 's':
             socket_path = optarg;
+            break;
+        case 'd':
+            if (strncmp(optarg, "GPU-", 4) == 0 || strncmp(optarg, "MIG-", 4) == 0) {
+                lo.device_uuid = optarg;
+            } else {
+                char *end;
+                errno = 0;
+                long d = strtol(optarg, &end, 10);
+                if (errno || end == optarg || *end || d < 0 || d > 1023) {
+                    fprintf(stderr,
+                            "wb-demo-worker: --device: expected an ordinal or a GPU UUID, got "
+                            "'%s'\n",
+                            optarg);
+                    return EXIT_USAGE;
+                }
+                lo.device = (int)d;
+            }
+            break;
+        case 'P':
+            lo.allow_peer = 1;
             break;
         case 'r':
             reacquire = 1;
@@ -177,7 +207,7 @@ int main(int argc, char **argv)
         return EXIT_BROKER;
     }
     wb_lease *lease = NULL;
-    rc = wb_lease_acquire(client, model, &lease);
+    rc = wb_lease_acquire_ex(client, model, &lo, &lease);
     if (rc != WB_OK) {
         fprintf(stderr, "wb-demo-worker: %s\n", wb_client_errmsg(client));
         wb_client_destroy(&client);
@@ -185,7 +215,7 @@ int main(int argc, char **argv)
     }
     char id[33];
     wb_lease_id_hex(lease, id);
-    printf("lease %s model %s\n", id, model);
+    printf("lease %s model %s device %d\n", id, model, wb_lease_device(lease));
     int status = 0;
     if (verify(client, lease) != 0) {
         status = EXIT_MISMATCH;
@@ -230,7 +260,7 @@ int main(int argc, char **argv)
             /* Keep the old lease (and its mapping) until a new one is
              * granted, so the bytes stay usable while the broker is away. */
             wb_lease *fresh = NULL;
-            if (wb_lease_acquire(client, model, &fresh) == WB_OK) {
+            if (wb_lease_acquire_ex(client, model, &lo, &fresh) == WB_OK) {
                 wb_lease_release(&lease);
                 lease = fresh;
                 wb_lease_id_hex(lease, id);

@@ -96,8 +96,41 @@ WB_EXPORT int wb_client_heartbeat(wb_client *client);
 
 /* Acquires a lease on `model`. On success *out is a new lease owned by the
  * client (end it with wb_lease_release). WB_ENOTFOUND: no such model;
- * WB_ESTATE: the model is loading or draining; WB_ELIMIT: too many leases. */
+ * WB_ESTATE: the model is loading or draining; WB_ELIMIT: too many leases.
+ * On a cuda broker the lease is for the calling thread's current CUDA
+ * device, as wb_lease_acquire_ex with default options. */
 WB_EXPORT int wb_lease_acquire(wb_client *client, const char *model, wb_lease **out);
+
+/* The device a lease is for (wb_lease_options.device). */
+#define WB_LEASE_DEVICE_CURRENT (-1) /* the calling thread's current CUDA device */
+#define WB_LEASE_DEVICE_ANY     (-2) /* name none: the broker's first ready copy */
+
+typedef struct wb_lease_options {
+    /* This process's CUDA ordinal the worker runs on, or one of the
+     * WB_LEASE_DEVICE_* values. The broker is told the device's UUID (its
+     * ordinals differ from ours under another CUDA_VISIBLE_DEVICES) and
+     * grants its copy there. Ignored by a host-memory broker. */
+    int device;
+    /* May be NULL. A device UUID ("GPU-..." as nvidia-smi -L prints it):
+     * names the device instead of `device`, whether or not this process
+     * sees it (mapping then needs it visible, or reachable as a peer). */
+    const char *device_uuid;
+    /* Nonzero: when the model has no copy on that device, accept a copy on
+     * another device that this one reaches as a peer (slower: every read
+     * crosses the link). Zero: such an acquire is refused, WB_ENOGPU. */
+    int allow_peer;
+} wb_lease_options;
+
+/* wb_lease_acquire with options (NULL: the defaults, WB_LEASE_DEVICE_CURRENT
+ * and no peer access). WB_ENOGPU with a message naming the device when this
+ * process cannot see the device asked for, when the broker has no copy of
+ * the model there, or when the copy it granted is on a device this process
+ * cannot see (CUDA_VISIBLE_DEVICES). */
+WB_EXPORT int wb_lease_acquire_ex(wb_client *client, const char *model,
+                                  const wb_lease_options *opts, wb_lease **out);
+
+/* This process's CUDA ordinal of the lease's slab, or -1 for host memory. */
+WB_EXPORT int wb_lease_device(const wb_lease *lease);
 
 /* Ends a lease: tells the broker, drops this lease's reference to its slabs
  * (a slab is unmapped when no lease of this process uses it any more) and

@@ -119,6 +119,18 @@ _PP = ctypes.POINTER(ctypes.c_void_p)
 _INT = ctypes.c_int
 _STR = ctypes.c_char_p
 
+class LeaseOptions(ctypes.Structure):
+    _fields_ = [
+        ("device", ctypes.c_int),
+        ("device_uuid", ctypes.c_char_p),
+        ("allow_peer", ctypes.c_int),
+    ]
+
+
+LEASE_DEVICE_CURRENT = -1
+LEASE_DEVICE_ANY = -2
+
+
 # name: (restype, argtypes)
 _PROTOTYPES = {
     "wb_strerror": (_STR, [_INT]),
@@ -130,6 +142,8 @@ _PROTOTYPES = {
     "wb_client_connected": (_INT, [_P]),
     "wb_client_heartbeat": (_INT, [_P]),
     "wb_lease_acquire": (_INT, [_P, _STR, _PP]),
+    "wb_lease_acquire_ex": (_INT, [_P, _STR, ctypes.POINTER(LeaseOptions), _PP]),
+    "wb_lease_device": (_INT, [_P]),
     "wb_lease_release": (_INT, [_PP]),
     "wb_lease_model": (_STR, [_P]),
     "wb_lease_id_hex": (None, [_P, ctypes.c_char_p]),

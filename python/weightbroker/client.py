@@ -9,7 +9,7 @@ import sys
 import threading
 import weakref
 
-from . import _dlpack
+from . import _dlpack, _lib
 from ._lib import ClientOptions, TensorView, check, lib, s
 from .errors import BusyError
 
@@ -100,12 +100,23 @@ class Client:
         """Sends one heartbeat now (only needed with heartbeat_thread=False)."""
         self._check(lib().wb_client_heartbeat(self._handle()))
 
-    def lease(self, model):
-        """Leases `model`; returns a Lease (a context manager that releases it)."""
+    def lease(self, model, device=None, allow_peer=False):
+        """Leases `model`; returns a Lease (a context manager that releases it).
+
+        On a broker with copies on several GPUs the lease is for `device`: a
+        CUDA ordinal of this process, a GPU UUID ("GPU-..."), or None for the
+        current CUDA device. `allow_peer` accepts the model's copy on another
+        device when it has none there."""
         L = lib()
         h = ctypes.c_void_p()
+        opts = _lib.LeaseOptions(_lib.LEASE_DEVICE_CURRENT, None, 1 if allow_peer else 0)
+        if isinstance(device, str):
+            opts.device_uuid = device.encode()
+        elif device is not None:
+            opts.device = int(device)
         with self._lock:
-            self._check(L.wb_lease_acquire(self._handle(), model.encode(), ctypes.byref(h)))
+            self._check(L.wb_lease_acquire_ex(self._handle(), model.encode(), ctypes.byref(opts),
+                                              ctypes.byref(h)))
             lease = Lease(self, h)
             self._leases.append(lease)
         return lease
@@ -195,6 +206,11 @@ class Lease:
 
     def _check(self, rc):
         check(rc, lambda: lib().wb_client_errmsg(self._client._h))
+
+    @property
+    def device(self):
+        """This process's CUDA ordinal of the leased copy, or -1 (host memory)."""
+        return lib().wb_lease_device(self._handle())
 
     @property
     def orphaned(self):

@@ -27,7 +27,7 @@ check_config "$EXAMPLE"
 [ "$EXIT_RC" = 0 ] || fail "--check-config of deploy/wbroker.conf exited $EXIT_RC: $(cat "$WB_TMP/check.err")"
 grep -qx "valid" "$WB_TMP/check.out" || fail "--check-config did not say valid"
 grep -qx "socket: /run/wbroker/broker.sock" "$WB_TMP/check.out" || fail "unexpected socket: $(cat "$WB_TMP/check.out")"
-grep -qx "model: base path=/var/lib/wbroker/models/base/model.safetensors (file)" "$WB_TMP/check.out" ||
+grep -qx "model: base path=/var/lib/wbroker/models/base/model.safetensors devices=all (file)" "$WB_TMP/check.out" ||
   fail "the example's model base is not listed: $(cat "$WB_TMP/check.out")"
 grep -qx "metrics: 127.0.0.1:9464" "$WB_TMP/check.out" || fail "the example's metrics address is not listed"
 [ ! -s "$WB_TMP/check.err" ] || fail "--check-config printed on stderr: $(cat "$WB_TMP/check.err")"

@@ -69,6 +69,7 @@ grep -qi '^Content-Type: text/plain; version=0.0.4; charset=utf-8' "$WB_TMP/head
 code=$(curl -s --max-time 5 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/")
 [ "$code" = 404 ] || fail "GET / answered $code, not 404"
 metrics_check "types == {'wb_leases': 'gauge', 'wb_models': 'gauge', 'wb_model_bytes': 'gauge',
+  'wb_model_copies': 'gauge', 'wb_model_copy_leases': 'gauge',
   'wb_loads_total': 'counter', 'wb_load_failures_total': 'counter', 'wb_load_seconds': 'gauge',
   'wb_load_bytes_per_second': 'gauge', 'wb_requests_total': 'counter',
   'wb_reclaims_total': 'counter', 'wb_replies_dropped_total': 'counter',
@@ -81,6 +82,8 @@ metrics_check "types == {'wb_leases': 'gauge', 'wb_models': 'gauge', 'wb_model_b
 wait_for metrics_check "m[('wb_models', (('state', 'ready'),))] == len([x for x in d if x['state'] == 'ready']) == 1
   and m[('wb_models', (('state', 'loading'),))] == 0
   and m[('wb_model_bytes', (('backend', 'host'), ('device', '-1'), ('model', 'demo')))] == d[0]['bytes']
+  and m[('wb_model_copies', (('device', '-1'), ('model', 'demo'), ('state', 'ready'), ('uuid', '')))] == 1
+  and m[('wb_model_copy_leases', (('device', '-1'), ('model', 'demo')))] == d[0]['leases']
   and m[('wb_load_seconds', (('model', 'demo'),))] == d[0]['load_seconds']
   and abs(m[('wb_load_bytes_per_second', (('model', 'demo'),))] - d[0]['load_gbps'] * 1e9) <= 1e-6 * d[0]['load_gbps'] * 1e9 + 1" \
   models --json || fail "model metrics disagree with wbctl models: $(cat "$WB_TMP/metrics.txt")"

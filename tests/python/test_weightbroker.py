@@ -192,6 +192,7 @@ class TestLibrary(unittest.TestCase):
                 text += f.read()
         text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
         mirrors = {"wb_client_options": _lib.ClientOptions, "wb_tensor_view": _lib.TensorView,
+                   "wb_lease_options": _lib.LeaseOptions,
                    "wb_container_tensor": _lib.ContainerTensor,
                    "wb_container_options": _lib.ContainerOptions,
                    "wb_container_info": _lib.ContainerInfo, "wb_tensor_desc": _lib.TensorDesc}
@@ -358,6 +359,21 @@ class TestLeases(Base):
         with c.lease("demo") as lease:
             with self.assertRaises(wb.NotFoundError):
                 lease.find("no.such.tensor")
+
+    def test_lease_for_a_device(self):
+        # A host-memory broker serves every device; a malformed UUID is
+        # refused before anything is sent.
+        c = self.connect()
+        with c.lease("demo", device=3) as lease:
+            self.assertEqual(lease.device, -1)
+        with c.lease("demo", device="GPU-3b1e00ff-0102-0304-0506-0708090a0bab",
+                     allow_peer=True) as lease:
+            self.assertEqual(lease.device, -1)
+        with self.assertRaises(wb.BrokerError) as cm:
+            c.lease("demo", device="GPU-1")
+        self.assertEqual(cm.exception.name, "WB_EINVAL")
+        self.assertEqual(cm.exception.message, "acquire 'demo': 'GPU-1' is not a device UUID "
+                         "(GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")
 
 
 class TestLimits(Base):

@@ -91,6 +91,91 @@ static wb_model *fixture_model(wb_broker *b, const char *name)
     return m;
 }
 
+/* A device-like backend for a model with copies on two devices: slabs in
+ * host memory standing in for device memory (a fake; nothing is exported to
+ * any GPU). */
+static inline int twin_alloc(wb_slab *slab, int device, uint64_t size, wb_err *err)
+{
+    (void)err;
+    memset(slab, 0, sizeof *slab);
+    slab->dev_ptr = calloc(1, size);
+    slab->size = size;
+    slab->device = device;
+    return WB_OK;
+}
+
+static inline void twin_export(wb_slab *slab, Wbproto__Slab *out)
+{
+    wbproto__slab__init(out);
+    out->backend = WBPROTO__BACKEND__BACKEND_CUDA;
+    out->device = slab->device;
+    out->size = slab->size;
+    memset(slab->ipc_handle, slab->device + 1, sizeof slab->ipc_handle);
+    out->cuda_ipc_handle.data = slab->ipc_handle;
+    out->cuda_ipc_handle.len = sizeof slab->ipc_handle;
+    out->transport = "cuda-ipc";
+}
+
+static inline void twin_free(wb_slab *slab)
+{
+    free(slab->dev_ptr);
+    slab->dev_ptr = NULL;
+}
+
+static inline const wb_backend *fixture_twin_backend(void)
+{
+    static const wb_backend be = {.name = "twin",
+                                  .proto = WBPROTO__BACKEND__BACKEND_CUDA,
+                                  .slab_alloc = twin_alloc,
+                                  .slab_export = twin_export,
+                                  .slab_free = twin_free,
+                                  .transport = "cuda-ipc",
+                                  .access = "rw"};
+    return &be;
+}
+
+#define UUID0 "GPU-00000000-1111-2222-3333-444444444444"
+#define UUID1 "GPU-11111111-1111-2222-3333-444444444444"
+#define UUID2 "GPU-22222222-1111-2222-3333-444444444444"
+
+/* Adds model "twin": copies ready on devices 0 and 1 (256-byte slabs),
+ * failed on device 2; one 8-byte tensor "w". */
+static inline wb_model *fixture_twin_model(wb_broker *b)
+{
+    wb_err err;
+    static const int devs[] = {0, 1, 2};
+    wb_model *m = wb__model_new("twin", "/models/twin.safetensors", fixture_twin_backend(), 0);
+    ck_assert_ptr_nonnull(m);
+    wb__model_set_devices(m, devs, 3);
+    wb_model_data d;
+    memset(&d, 0, sizeof d);
+    d.n_slabs = d.n_copies = 3;
+    d.slabs = calloc(3, sizeof *d.slabs);
+    d.copies = calloc(3, sizeof *d.copies);
+    const char *uuids[3] = {UUID0, UUID1, UUID2};
+    for (int k = 0; k < 3; k++) {
+        d.copies[k].device = k;
+        strcpy(d.copies[k].uuid, uuids[k]);
+        d.copies[k].state =
+            k < 2 ? WBPROTO__MODEL_STATE__MODEL_READY : WBPROTO__MODEL_STATE__MODEL_FAILED;
+        if (k < 2)
+            twin_alloc(&d.slabs[k], k, 256, &err);
+    }
+    strcpy(d.copies[2].error, "cudaMalloc of 256 bytes on device 2: out of memory");
+    d.n_tensors = 1;
+    d.tensors = calloc(1, sizeof *d.tensors);
+    d.tensors[0].name = strdup("w");
+    strcpy(d.tensors[0].dtype, "U8");
+    d.tensors[0].ndim = 1;
+    d.tensors[0].shape = malloc(sizeof *d.tensors[0].shape);
+    d.tensors[0].shape[0] = 8;
+    d.tensors[0].nbytes = 8;
+    d.bytes = 8;
+    ck_assert_int_eq(wb__model_adopt(m, &d, &err), WB_OK);
+    wb__models_add(&b->models, m);
+    return m;
+}
+
 static int shm_name_exists(const char *name)
 {
     int fd = shm_open(name, O_RDONLY, 0);

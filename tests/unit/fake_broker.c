@@ -45,6 +45,7 @@ static void fill_lease(fake_broker *f, Wbproto__Lease *lease, Wbproto__Slab *sla
     if (atomic_load(&f->mode) == FAKE_CUDA) {
         slab->backend = WBPROTO__BACKEND__BACKEND_CUDA;
         slab->device = 0;
+        slab->device_uuid = (char *)(f->slab_uuid ? f->slab_uuid : "");
         memset(handle, 0x11, 64);
         slab->cuda_ipc_handle.data = handle;
         slab->cuda_ipc_handle.len = 64;
@@ -100,7 +101,8 @@ static void answer(fake_broker *f, zmq_msg_t *ident, const Wbproto__Request *req
         hello.broker_version = "fake";
         hello.broker_pid = (uint32_t)getpid(); /* the same pid across restarts */
         hello.broker_instance = f->instance;
-        hello.backend = WBPROTO__BACKEND__BACKEND_HOST;
+        hello.backend = atomic_load(&f->mode) == FAKE_CUDA ? WBPROTO__BACKEND__BACKEND_CUDA
+                                                           : WBPROTO__BACKEND__BACKEND_HOST;
         hello.heartbeat_interval_ms = f->heartbeat_ms;
         hello.stale_after_ms = 5 * f->heartbeat_ms;
         rep.body_case = WBPROTO__REPLY__BODY_HELLO;

@@ -47,6 +47,7 @@ typedef struct fake_broker {
 
     atomic_int mode;          /* enum fake_mode */
     const char *transport;    /* Slab.transport of the grants; NULL: none */
+    const char *slab_uuid;    /* FAKE_CUDA: the slab's device UUID (NULL: none sent) */
     atomic_int delay_next_ms; /* delay the next answer by this much, once */
     atomic_int forget;        /* heartbeats: report every lease as unknown */
     atomic_uint pace_ms;      /* heartbeat replies ask for this interval (0: say nothing) */

@@ -358,6 +358,51 @@ START_TEST(vmm_map_without_gpu)
 }
 END_TEST
 
+/* A cuda slab's device is found by its UUID, not by the broker's ordinal:
+ * one this process cannot see is refused naming it and what is visible
+ * (here no GPU at all), and the lease goes back. A device asked for that
+ * this process does not have is refused before anything is sent. */
+START_TEST(cuda_slab_on_an_invisible_device)
+{
+    fake f;
+    fake_start(&f, 10000);
+    atomic_store(&f.b.mode, FAKE_CUDA);
+    f.b.slab_uuid = "GPU-3b1e00ff-0102-0304-0506-0708090a0bab";
+    setenv("CUDA_VISIBLE_DEVICES", "7", 1);
+    wb_client *c = connect_fake(&f, 1, 2000);
+    wb_lease *l = NULL;
+#ifdef WB_HAVE_CUDA
+    ck_assert_int_eq(wb_lease_acquire(c, "demo", &l), WB_ENOGPU);
+    ck_assert_str_eq(wb_client_errmsg(c),
+                     "acquire 'demo': slab 0: device GPU-3b1e00ff-0102-0304-0506-0708090a0bab "
+                     "(the broker's device 0) is not visible in this process, which sees: none "
+                     "(CUDA_VISIBLE_DEVICES=7)");
+    ck_assert_int_eq(atomic_load(&f.b.n_release), 1);
+    wb_lease_options o = {.device = 3};
+    int before = atomic_load(&f.b.n_acquire);
+    ck_assert_int_eq(wb_lease_acquire_ex(c, "demo", &o, &l), WB_ENOGPU);
+    ck_assert_str_eq(wb_client_errmsg(c), "acquire 'demo': this process has no CUDA device 3; it "
+                                          "sees: none (CUDA_VISIBLE_DEVICES=7)");
+    ck_assert_int_eq(atomic_load(&f.b.n_acquire), before);
+#else
+    wb_lease_options o = {.device = 3};
+    ck_assert_int_eq(wb_lease_acquire_ex(c, "demo", &o, &l), WB_ENOSYS);
+#endif
+    o.device = -5;
+    ck_assert_int_eq(wb_lease_acquire_ex(c, "demo", &o, &l), WB_EINVAL);
+    ck_assert_str_eq(wb_client_errmsg(c), "acquire 'demo': device -5 is not an ordinal");
+    o.device_uuid = "GPU-12";
+    ck_assert_int_eq(wb_lease_acquire_ex(c, "demo", &o, &l), WB_EINVAL);
+    ck_assert_str_eq(wb_client_errmsg(c), "acquire 'demo': 'GPU-12' is not a device UUID "
+                                          "(GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)");
+    ck_assert_ptr_null(l);
+    ck_assert_uint_eq(wb__mapcache_count(), 0);
+    unsetenv("CUDA_VISIBLE_DEVICES");
+    wb_client_destroy(&c);
+    fake_stop(&f);
+}
+END_TEST
+
 START_TEST(cuda_slab_not_supported)
 {
     fake f;
@@ -591,6 +636,7 @@ int main(void)
     tcase_add_test(tc, acquire_maps_and_verifies);
     tcase_add_test(tc, broker_refusal_message);
     tcase_add_test(tc, cuda_slab_not_supported);
+    tcase_add_test(tc, cuda_slab_on_an_invisible_device);
     tcase_add_test(tc, release_with_containers_is_busy);
     tcase_add_test(tc, unknown_lease_becomes_orphaned);
     tcase_add_test(tc, timeout_then_recovery);

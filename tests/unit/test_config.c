@@ -236,9 +236,16 @@ START_TEST(test_model_errors)
     ck_assert_int_eq(load("[broker]\n[model last]\n"), WB_EINVAL);
     assert_error_at(2, "[model last] has no 'path'");
     ck_assert_int_eq(load("[model a]\npath = /p\ndevice = one\n"), WB_EINVAL);
-    assert_error_at(3, "device 'one' of model 'a' is not 0 to 1023");
+    assert_error_at(3, "model 'a': placement 'one': position 1: 'one' is not a device ordinal, "
+                       "'all' or a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)");
     ck_assert_int_eq(load("[model a]\ndevice = 1024\npath = /p\n"), WB_EINVAL);
-    assert_error_at(2, "device '1024' of model 'a' is not 0 to 1023");
+    assert_error_at(2, "model 'a': placement '1024': position 1: device ordinal '1024' is above "
+                       "1023");
+    ck_assert_int_eq(load("[model a]\npath = /p\ndevices = 0,,1\n"), WB_EINVAL);
+    assert_error_at(3, "model 'a': placement '0,,1': position 3: an empty item (two commas, or a "
+                       "comma at an end)");
+    ck_assert_int_eq(load("[model a]\npath = /p\ndevice = 0\ndevices = 1\n"), WB_EINVAL);
+    assert_error_at(4, "[model a] sets its devices twice");
     ck_assert_int_eq(load("[model a]\npath =\n"), WB_EINVAL);
     assert_error_at(2, "'path' of [model a] is empty");
 }
@@ -291,16 +298,47 @@ START_TEST(test_parse_model)
     ck_assert_str_eq(m.path, "/m/x");
 
     ck_assert_int_eq(wb__config_parse_model("base", &m, &err), WB_EINVAL);
-    ck_assert_str_eq(err.msg, "'base' is not NAME=PATH or NAME@DEVICE=PATH");
+    ck_assert_str_eq(err.msg, "'base' is not NAME=PATH, NAME=PATH@DEVICES or NAME@DEVICES=PATH");
     ck_assert_int_eq(wb__config_parse_model("=/p", &m, &err), WB_EINVAL);
     ck_assert_int_eq(wb__config_parse_model("base=", &m, &err), WB_EINVAL);
     ck_assert_int_eq(wb__config_parse_model("b c=/p", &m, &err), WB_EINVAL);
     ck_assert_str_eq(err.msg, "model name 'b c' is not 1 to 255 characters of A-Z a-z 0-9 . _ -");
     ck_assert_int_eq(wb__config_parse_model("b@=/p", &m, &err), WB_EINVAL);
-    ck_assert_str_eq(err.msg, "device '' of model 'b' is not 0 to 1023");
+    ck_assert_str_eq(err.msg, "model 'b': placement '': position 1: expected 'all', device "
+                              "ordinals or GPU UUIDs");
     ck_assert_int_eq(wb__config_parse_model("b@-1=/p", &m, &err), WB_EINVAL);
     ck_assert_int_eq(wb__config_parse_model("b@99999999999=/p", &m, &err), WB_EINVAL);
-    ck_assert_str_eq(err.msg, "device '99999999999' of model 'b' is not 0 to 1023");
+    ck_assert_str_eq(err.msg, "model 'b': placement '99999999999': position 1: device ordinal "
+                              "'99999999999' is above 1023");
+
+    /* NAME=PATH@DEVICES: the last '@' of the path starts the placement. */
+    ck_assert_int_eq(wb__config_parse_model("base=/m/x.safetensors@0,1", &m, &err), WB_OK);
+    ck_assert_str_eq(m.name, "base");
+    ck_assert_uint_eq(m.path_len, strlen("/m/x.safetensors"));
+    ck_assert_int_eq(strncmp(m.path, "/m/x.safetensors", m.path_len), 0);
+    ck_assert_uint_eq(m.placement_len, 3);
+    ck_assert_int_eq(strncmp(m.placement, "0,1", 3), 0);
+    ck_assert_uint_eq(m.where.n, 2);
+    ck_assert_int_eq(m.device, -1);
+    ck_assert_int_eq(wb__config_parse_model("base=/m/x@all", &m, &err), WB_OK);
+    ck_assert_int_eq(m.where.all, 1);
+    ck_assert_int_eq(wb__config_parse_model("base@all=/m/x", &m, &err), WB_OK);
+    ck_assert_int_eq(m.where.all, 1);
+    ck_assert_uint_eq(m.path_len, 4);
+    ck_assert_int_eq(wb__config_parse_model("base=/m/x@1", &m, &err), WB_OK);
+    ck_assert_int_eq(m.device, 1);
+    ck_assert_int_eq(
+        wb__config_parse_model("base=/m/x@GPU-11111111-2222-3333-4444-555555555555", &m, &err),
+        WB_OK);
+    ck_assert_str_eq(m.where.items[0].uuid, "GPU-11111111-2222-3333-4444-555555555555");
+    /* A path with an '@' of its own reads as a placement: refused clearly. */
+    ck_assert_int_eq(wb__config_parse_model("base=/m/v@2024/x", &m, &err), WB_EINVAL);
+    ck_assert_str_eq(err.msg, "model 'base': placement '2024/x': position 5: '2024/x' is not a "
+                              "device ordinal");
+    ck_assert_int_eq(wb__config_parse_model("base@0=/m/x@1", &m, &err), WB_EINVAL);
+    ck_assert_str_eq(err.msg, "model 'base' has two placements ('@0' and '@1')");
+    ck_assert_int_eq(wb__config_parse_model("base=@1", &m, &err), WB_EINVAL);
+    ck_assert_str_eq(err.msg, "model 'base' has no path before '@1'");
 }
 END_TEST
 

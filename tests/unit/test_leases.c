@@ -369,14 +369,14 @@ START_TEST(test_broker_draining_frees_at_last_release)
     uint8_t id[WB_LEASE_ID_LEN];
     memcpy(id, l1->id, sizeof id);
     ck_assert_int_eq(wb__leases_release(&b.leases, &c, id, &got, &err), WB_OK);
-    ck_assert_int_eq(wb__broker_lease_ended(&b, got), WBPROTO__MODEL_STATE__MODEL_READY);
+    ck_assert_int_eq(wb__broker_lease_ended(&b, got, 0), WBPROTO__MODEL_STATE__MODEL_READY);
     ck_assert_uint_eq(m->leases, 1);
 
     m->state = WBPROTO__MODEL_STATE__MODEL_DRAINING;
     memcpy(id, l2->id, sizeof id);
     ck_assert(shm_name_exists(name));
     ck_assert_int_eq(wb__leases_release(&b.leases, &c, id, &got, &err), WB_OK);
-    ck_assert_int_eq(wb__broker_lease_ended(&b, got), WBPROTO__MODEL_STATE__MODEL_FREED);
+    ck_assert_int_eq(wb__broker_lease_ended(&b, got, 0), WBPROTO__MODEL_STATE__MODEL_FREED);
     ck_assert_ptr_null(wb__models_find(&b.models, "demo"));
     ck_assert_uint_eq(b.models.n, 0);
     ck_assert(!shm_name_exists(name));

@@ -143,7 +143,7 @@ START_TEST(test_render_values)
     wb__broker_count_request(&B, 0, WB_EPROTO);
 
     char *text = render();
-    ck_assert_int_eq(check_structure(text), 14);
+    ck_assert_int_eq(check_structure(text), 16);
     assert_line(text, "# TYPE wb_leases gauge");
     assert_line(text, "wb_leases{state=\"active\"} 1");
     assert_line(text, "wb_leases{state=\"stale\"} 2");
@@ -154,6 +154,9 @@ START_TEST(test_render_values)
     assert_line(text, "# TYPE wb_model_bytes gauge");
     assert_line(text, "wb_model_bytes{model=\"alpha\",device=\"-1\",backend=\"host\"} 28");
     assert_line(text, "wb_model_bytes{model=\"beta\",device=\"-1\",backend=\"host\"} 28");
+    assert_line(text, "# TYPE wb_model_copies gauge");
+    assert_line(text, "wb_model_copies{model=\"alpha\",device=\"-1\",uuid=\"\",state=\"ready\"} 1");
+    assert_line(text, "# TYPE wb_model_copy_leases gauge");
     ck_assert_ptr_null(strstr(text, "gamma"));
     assert_line(text, "# TYPE wb_loads_total counter");
     assert_line(text, "wb_loads_total 4");
@@ -195,11 +198,32 @@ END_TEST
 START_TEST(test_render_empty_broker)
 {
     char *text = render();
-    ck_assert_int_eq(check_structure(text), 14);
+    ck_assert_int_eq(check_structure(text), 16);
     assert_line(text, "wb_leases{state=\"active\"} 0");
     assert_line(text, "wb_models{state=\"ready\"} 0");
     assert_line(text, "wb_loads_total 0");
     ck_assert_ptr_null(strstr(text, "wb_requests_total{"));
+    free(text);
+}
+END_TEST
+
+/* A model on devices: bytes per ready copy, every copy with its device,
+ * UUID and state, leases per copy (a fake two-device backend in host
+ * memory, broker_fixture.h). */
+START_TEST(test_device_labels)
+{
+    wb_model *m = fixture_twin_model(&B);
+    m->data.copies[1].leases = 2;
+    char *text = render();
+    assert_line(text, "wb_model_bytes{model=\"twin\",device=\"0\",backend=\"twin\"} 8");
+    assert_line(text, "wb_model_bytes{model=\"twin\",device=\"1\",backend=\"twin\"} 8");
+    ck_assert_ptr_null(strstr(text, "wb_model_bytes{model=\"twin\",device=\"2\""));
+    assert_line(text, "wb_model_copies{model=\"twin\",device=\"0\",uuid=\"" UUID0
+                      "\",state=\"ready\"} 1");
+    assert_line(text, "wb_model_copies{model=\"twin\",device=\"2\",uuid=\"" UUID2
+                      "\",state=\"failed\"} 1");
+    assert_line(text, "wb_model_copy_leases{model=\"twin\",device=\"1\"} 2");
+    ck_assert_ptr_null(strstr(text, "wb_model_copy_leases{model=\"twin\",device=\"2\""));
     free(text);
 }
 END_TEST
@@ -359,6 +383,7 @@ int main(void)
     tcase_add_test(tc, test_render_values);
     tcase_add_test(tc, test_render_empty_broker);
     tcase_add_test(tc, test_label_escaping);
+    tcase_add_test(tc, test_device_labels);
     tcase_add_test(tc, test_request_counters_bounded);
     tcase_add_test(tc, test_parse_addr);
     tcase_add_test(tc, test_http_server);

@@ -139,7 +139,7 @@ END_TEST
 START_TEST(test_lease_tail_bytes)
 {
     wb_model *m = fixture_model(&F.b, "demo");
-    ck_assert_ptr_nonnull(m->wire_lease_tail);
+    ck_assert_ptr_nonnull(m->wire[0].lease_tail);
     uint8_t id[16];
     for (int i = 0; i < 16; i++)
         id[i] = (uint8_t)(0xa0 + i);
@@ -147,8 +147,8 @@ START_TEST(test_lease_tail_bytes)
     full.id.data = id;
     full.id.len = sizeof id;
     full.model = m->name;
-    full.n_slabs = m->data.n_slabs;
-    full.slabs = m->wire_slab_ptrs;
+    full.n_slabs = 1;
+    full.slabs = &m->wire[0].slab_ptr;
     full.n_tensors = m->data.n_tensors;
     full.tensors = m->wire_tensor_ptrs;
     size_t want_len = wbproto__lease__get_packed_size(&full);
@@ -159,7 +159,7 @@ START_TEST(test_lease_tail_bytes)
     Wbproto__Lease fast = WBPROTO__LEASE__INIT;
     fast.id.data = id;
     fast.id.len = sizeof id;
-    ck_assert_int_eq(wb__ops_lease_tail(m, 0, &fast, &a), WB_OK);
+    ck_assert_int_eq(wb__ops_lease_tail(m, 0, 0, &fast, &a), WB_OK);
     ck_assert_uint_eq(wbproto__lease__get_packed_size(&fast), want_len);
     uint8_t *got = malloc(want_len);
     ck_assert_uint_eq(wbproto__lease__pack(&fast, got), want_len);
@@ -167,12 +167,14 @@ START_TEST(test_lease_tail_bytes)
     ck_assert_uint_eq(m->wire_lease_size, want_len);
 
     /* Without a tail (memory was short at load), the fields are filled. */
-    uint8_t *tail = m->wire_lease_tail;
-    m->wire_lease_tail = NULL;
+    uint8_t *tail = m->wire[0].lease_tail;
+    m->wire[0].lease_tail = NULL;
     Wbproto__Lease none = WBPROTO__LEASE__INIT;
-    ck_assert_int_eq(wb__ops_lease_tail(m, 0, &none, &a), WB_EINVAL);
+    ck_assert_int_eq(wb__ops_lease_tail(m, 0, 0, &none, &a), WB_EINVAL);
     ck_assert_uint_eq(none.base.n_unknown_fields, 0);
-    m->wire_lease_tail = tail;
+    /* A copy the model does not have. */
+    ck_assert_int_eq(wb__ops_lease_tail(m, 1, 0, &none, &a), WB_EINVAL);
+    m->wire[0].lease_tail = tail;
     wb__arena_free(&a);
     free(want);
     free(got);
@@ -291,6 +293,96 @@ END_TEST
  * process may not release the lease: the broker checks the pidfd before
  * acting for the pid, reclaims the dead process's leases, and the request
  * finds none. The event loop is not running: only that check can notice. */
+static Wbproto__Reply *acquire_on(const wb_peer_creds *p, int device_set, int device,
+                                  const char *uuid, int allow_peer)
+{
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__AcquireRequest a = WBPROTO__ACQUIRE_REQUEST__INIT;
+    a.model = "twin";
+    a.device_set = device_set;
+    a.device = device;
+    a.device_uuid = (char *)uuid;
+    a.allow_peer = allow_peer;
+    req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
+    req.acquire = &a;
+    return call(p, &req);
+}
+
+/* A lease names the device the worker runs on and gets that device's copy;
+ * a device with no ready copy is refused with the reason; old clients get
+ * the first ready copy; the listing shows every copy. */
+START_TEST(test_acquire_per_device)
+{
+    wb_model *m = fixture_twin_model(&F.b);
+    wb_peer_creds p = me();
+    Wbproto__Reply *r = acquire_on(&p, 0, 0, UUID1, 0);
+    ck_assert_msg(r->status == 0, "%s", r->error);
+    const Wbproto__Lease *l = r->acquire->lease;
+    ck_assert_uint_eq(l->n_slabs, 1);
+    ck_assert_int_eq(l->slabs[0]->device, 1);
+    ck_assert_str_eq(l->slabs[0]->device_uuid, UUID1);
+    ck_assert_uint_eq(l->slabs[0]->index, 0);
+    ck_assert_uint_eq(l->slabs[0]->cuda_ipc_handle.data[0], 2); /* device 1's slab */
+    ck_assert_uint_eq(m->data.copies[1].leases, 1);
+
+    /* By the broker's ordinal when no UUID is given. */
+    r = acquire_on(&p, 1, 0, "", 0);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_str_eq(r->acquire->lease->slabs[0]->device_uuid, UUID0);
+    uint8_t id0[16];
+    memcpy(id0, r->acquire->lease->id.data, 16);
+
+    /* An older client names no device: the first ready copy. */
+    r = fixture_acquire(&F, &p, "twin");
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->acquire->lease->slabs[0]->device, 0);
+
+    /* The failed copy and devices without a copy are refused clearly. */
+    r = acquire_on(&p, 0, 0, UUID2, 0);
+    ck_assert_int_eq(r->status, WB_ENOGPU);
+    ck_assert_str_eq(r->error, "model 'twin' has no ready copy on device " UUID2
+                               "; its copies: 0=" UUID0 " ready, 1=" UUID1 " ready, 2=" UUID2
+                               " failed (load it there, or ask for peer access)");
+    r = acquire_on(&p, 1, 5, "", 0);
+    ck_assert_int_eq(r->status, WB_ENOGPU);
+    ck_assert_ptr_nonnull(strstr(r->error, "has no ready copy on device 5 (the broker's ordinal)"));
+    r = acquire_on(&p, 0, 0, "GPU-99999999-1111-2222-3333-444444444444", 0);
+    ck_assert_int_eq(r->status, WB_ENOGPU);
+    /* With peer access: the first ready copy. */
+    r = acquire_on(&p, 1, 5, "", 1);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->acquire->lease->slabs[0]->device, 0);
+    ck_assert_uint_eq(m->leases, 4);
+    ck_assert_uint_eq(m->data.copies[0].leases, 3);
+
+    /* The listing: one entry per device with its state, bytes and leases. */
+    r = simple(&p, WBPROTO__REQUEST__BODY_LIST_MODELS);
+    ck_assert_int_eq(r->status, 0);
+    const Wbproto__ModelInfo *mi = NULL;
+    for (size_t i = 0; i < r->list_models->n_models; i++) {
+        if (strcmp(r->list_models->models[i]->name, "twin") == 0)
+            mi = r->list_models->models[i];
+    }
+    ck_assert_ptr_nonnull(mi);
+    ck_assert_uint_eq(mi->n_copies, 3);
+    ck_assert_int_eq(mi->copies[1]->device, 1);
+    ck_assert_str_eq(mi->copies[1]->device_uuid, UUID1);
+    ck_assert_int_eq(mi->copies[1]->state, WBPROTO__MODEL_STATE__MODEL_READY);
+    ck_assert_uint_eq(mi->copies[1]->slab_bytes, 256);
+    ck_assert_uint_eq(mi->copies[1]->leases, 1);
+    ck_assert_uint_eq(mi->copies[0]->leases, 3);
+    ck_assert_int_eq(mi->copies[2]->state, WBPROTO__MODEL_STATE__MODEL_FAILED);
+    ck_assert_str_eq(mi->copies[2]->error, "cudaMalloc of 256 bytes on device 2: out of memory");
+    ck_assert_uint_eq(mi->copies[2]->slab_bytes, 0);
+
+    /* A release counts down its own copy. */
+    r = fixture_release(&F, &p, id0);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_uint_eq(m->data.copies[0].leases, 2);
+    ck_assert_uint_eq(m->data.copies[1].leases, 1);
+}
+END_TEST
+
 START_TEST(test_release_after_pid_reuse)
 {
     wb_model *m = fixture_model(&F.b, "demo");
@@ -647,6 +739,7 @@ int main(void)
     tcase_add_test(tc, test_acquire_dead_peer);
     tcase_add_test(tc, test_release);
     tcase_add_test(tc, test_release_after_pid_reuse);
+    tcase_add_test(tc, test_acquire_per_device);
     tcase_add_test(tc, test_heartbeat);
     tcase_add_test(tc, test_list_leases_and_models);
     tcase_add_test(tc, test_unload_and_drain);

@@ -218,6 +218,22 @@ START_TEST(test_request_names)
     ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_EPROTO);
     ck_assert_ptr_nonnull(strstr(err.msg, "(0x7f) at byte 3"));
 
+    /* The device a lease is for: a UUID or nothing. */
+    acq.model = "m";
+    acq.device_uuid = "GPU-1";
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "acquire.device_uuid is not a device UUID "
+                              "(GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)");
+    acq.device_uuid = "GPU-3b1e00ff-0102-0304-0506-0708090a0bab";
+    acq.device_set = 1;
+    acq.device = 3;
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_OK);
+    ck_assert_str_eq(out->acquire->device_uuid, "GPU-3b1e00ff-0102-0304-0506-0708090a0bab");
+    ck_assert_int_eq(out->acquire->device_set, 1);
+    ck_assert_int_eq(out->acquire->device, 3);
+    wb__request_free(&out);
+    acq.device_uuid = "";
+
     Wbproto__UnloadRequest un = WBPROTO__UNLOAD_REQUEST__INIT;
     un.name = "";
     req.body_case = WBPROTO__REQUEST__BODY_UNLOAD;
@@ -377,6 +393,15 @@ START_TEST(test_reply_acquire_bounds)
                      "/wb-123-0123456789abcdef0123456789abcdef");
     wb__reply_free(&out);
     ck_assert_ptr_null(out);
+
+    /* A slab's device UUID, when given, must be one. */
+    f.slab[1].device_uuid = "GPU-not-a-uuid";
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "lease.slabs[1].device_uuid is not a device UUID");
+    f.slab[1].device_uuid = "GPU-3b1e00ff-0102-0304-0506-0708090a0bab";
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_OK);
+    wb__reply_free(&out);
+    f.slab[1].device_uuid = "";
 
     fixture_init(&f);
     f.t[0].nbytes = 4096 - 255;

@@ -2,6 +2,7 @@
 #include "wbctl.h"
 
 #include "wbctl_call.h"
+#include "placement.h"
 #include "wbctl_model.h"
 #include "wbctl_progress.h"
 
@@ -20,13 +21,26 @@ int wbctl_load(const wbctl_globals *g, int argc, char **argv)
     static const char *const names[] = {"NAME", "PATH"};
     int json;
     char *pos[2];
-    int rc = wbctl_parse_args(argc, argv, "load [--json] NAME PATH",
+    int rc = wbctl_parse_args(argc, argv, "load [--json] NAME PATH[@DEVICES]",
                               "Loads the safetensors checkpoint PATH (a file, a directory or an "
                               "index) as model NAME\nand waits until the broker has finished "
-                              "(up to 10 minutes unless --timeout-ms is given).",
+                              "(up to 10 minutes unless --timeout-ms is given).\n@DEVICES "
+                              "places a copy on each device: @0,1, @all or @GPU-<uuid>,... "
+                              "(default: the broker's --device).",
                               2, names, &json, pos);
     if (rc >= 0)
         return rc;
+    /* PATH@DEVICES, as wbrokerd --model: the last '@' starts the placement. */
+    char *placement = strrchr(pos[1], '@');
+    if (placement) {
+        *placement++ = '\0';
+        wb_placement where;
+        wb_err perr;
+        if (wb__placement_parse(placement, strlen(placement), &where, &perr) != WB_OK) {
+            fprintf(stderr, "wbctl load: %s\n", perr.msg);
+            return WBCTL_EXIT_USAGE;
+        }
+    }
     /* The broker resolves paths from its own working directory. */
     char abs[PATH_MAX];
     if (!realpath(pos[1], abs)) {
@@ -44,6 +58,7 @@ int wbctl_load(const wbctl_globals *g, int argc, char **argv)
     Wbproto__LoadRequest body = WBPROTO__LOAD_REQUEST__INIT;
     body.name = pos[0];
     body.path = abs;
+    body.placement = placement ? placement : "";
     Wbproto__Request req = WBPROTO__REQUEST__INIT;
     req.body_case = WBPROTO__REQUEST__BODY_LOAD;
     req.load = &body;
@@ -65,6 +80,7 @@ int wbctl_load(const wbctl_globals *g, int argc, char **argv)
         wbctl_model_header(&t);
         wbctl_model_row(&t, m);
         wbctl_table_print(&t);
+        wbctl_model_failures(m);
         wbctl_print_stages(m);
         rc = WBCTL_EXIT_OK;
     }

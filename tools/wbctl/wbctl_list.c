@@ -108,7 +108,7 @@ int wbctl_models(const wbctl_globals *g, int argc, char **argv)
     pages pg;
     int rc = list_fetch(g, argc, argv, "models", "models [--json]",
                         "Lists the broker's models: state, backend, size, leases and how fast "
-                        "each was loaded.",
+                        "each was loaded; a model on devices has one row per device.",
                         WBPROTO__REQUEST__BODY_LIST_MODELS, &json, &pg);
     if (rc >= 0)
         return rc;
@@ -123,7 +123,14 @@ int wbctl_models(const wbctl_globals *g, int argc, char **argv)
         else
             wbctl_model_row(&t, lm->models[i]);
     }
-    return list_print(&pg, json, arr, &t);
+    if (json)
+        return list_print(&pg, json, arr, &t);
+    wbctl_table_print(&t);
+    /* Why a copy failed, under the table (the others serve). */
+    for (size_t i = 0; i < lm->n_models; i++)
+        wbctl_model_failures(lm->models[i]);
+    pages_free(&pg);
+    return WBCTL_EXIT_OK;
 }
 
 /* How a container's constants were bound (ContainerRecord/ContainerInfo). */
@@ -208,6 +215,8 @@ int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
                 json_object_set_new(o, "backend", json_string(wb__backend_name(l->backend)));
                 json_object_set_new(o, "transport", wbctl_jstr(l->transport));
                 json_object_set_new(o, "access", wbctl_jstr(l->access));
+                json_object_set_new(o, "device", json_integer(l->device));
+                json_object_set_new(o, "device_uuid", wbctl_jstr(l->device_uuid));
                 json_object_set_new(o, "bytes", json_integer((json_int_t)l->bytes));
                 json_object_set_new(o, "granted_at", json_real(l->granted_at));
                 json_object_set_new(o, "last_heartbeat", json_real(l->last_heartbeat));

@@ -62,6 +62,22 @@ json_t *wbctl_model_json(const Wbproto__ModelInfo *m)
     load_json(o, m);
     if (m->error && m->error[0])
         json_object_set_new(o, "error", json_string(m->error));
+    /* One entry per device (a broker that predates copies sends none). */
+    json_t *copies = json_array();
+    for (size_t k = 0; k < m->n_copies; k++) {
+        const Wbproto__ModelCopy *c = m->copies[k];
+        json_t *one = json_object();
+        json_object_set_new(one, "device", json_integer(c->device));
+        json_object_set_new(one, "uuid", json_string(c->device_uuid ? c->device_uuid : ""));
+        json_object_set_new(one, "state", json_string(wb__model_state_name(c->state)));
+        json_object_set_new(one, "slab_bytes", json_integer((json_int_t)c->slab_bytes));
+        json_object_set_new(one, "leases", json_integer(c->leases));
+        json_object_set_new(one, "copy_seconds", json_real(c->copy_seconds));
+        if (c->error && c->error[0])
+            json_object_set_new(one, "error", json_string(c->error));
+        json_array_append_new(copies, one);
+    }
+    json_object_set_new(o, "copies", copies);
     return o;
 }
 
@@ -71,13 +87,15 @@ void wbctl_model_header(wbctl_table *t)
                     "GB/S", "SLAB", "ACCESS");
 }
 
-void wbctl_model_row(wbctl_table *t, const Wbproto__ModelInfo *m)
+/* One row: the model's, or (copy not NULL) its copy on one device. */
+static void model_row(wbctl_table *t, const Wbproto__ModelInfo *m, const Wbproto__ModelCopy *c)
 {
     char dev[16], tensors[16], bytes[32], leases[16], secs[32], gbps[32];
-    snprintf(dev, sizeof dev, "%d", m->device);
+    int state = c ? c->state : m->state;
+    snprintf(dev, sizeof dev, "%d", c ? c->device : m->device);
     snprintf(tensors, sizeof tensors, "%u", m->tensors);
     snprintf(bytes, sizeof bytes, "%llu", (unsigned long long)m->bytes);
-    snprintf(leases, sizeof leases, "%u", m->leases);
+    snprintf(leases, sizeof leases, "%u", c ? c->leases : m->leases);
     if (m->state == WBPROTO__MODEL_STATE__MODEL_LOADING) {
         /* While loading, LOAD_S shows how far it got. */
         if (m->bytes)
@@ -90,9 +108,35 @@ void wbctl_model_row(wbctl_table *t, const Wbproto__ModelInfo *m)
         snprintf(secs, sizeof secs, "%.3f", m->load_seconds);
         snprintf(gbps, sizeof gbps, "%.2f", m->load_gbps);
     }
+    if (c && state == WBPROTO__MODEL_STATE__MODEL_FAILED)
+        snprintf(bytes, sizeof bytes, "0");
     /* A broker that predates Slab.transport says nothing: "-". */
-    wbctl_table_add(t, m->name, wb__model_state_name(m->state), wb__backend_name(m->backend), dev,
+    wbctl_table_add(t, m->name, wb__model_state_name(state), wb__backend_name(m->backend), dev,
                     tensors, bytes, leases, secs, gbps,
                     m->transport && m->transport[0] ? m->transport : "-",
                     m->access && m->access[0] ? m->access : "-");
+}
+
+void wbctl_model_row(wbctl_table *t, const Wbproto__ModelInfo *m)
+{
+    /* A model on devices: one row per device, with that copy's state and
+     * leases (a copy that failed says so while the others serve). A host
+     * model, or a broker that predates copies: one row. */
+    int per_device = m->n_copies > 1 || (m->n_copies == 1 && m->copies[0]->device >= 0);
+    if (!per_device) {
+        model_row(t, m, NULL);
+        return;
+    }
+    for (size_t k = 0; k < m->n_copies; k++)
+        model_row(t, m, m->copies[k]);
+}
+
+void wbctl_model_failures(const Wbproto__ModelInfo *m)
+{
+    for (size_t k = 0; k < m->n_copies; k++) {
+        const Wbproto__ModelCopy *c = m->copies[k];
+        if (c->state == WBPROTO__MODEL_STATE__MODEL_FAILED && c->error && c->error[0])
+            printf("%s on device %d (%s) failed: %s\n", m->name, c->device,
+                   c->device_uuid && c->device_uuid[0] ? c->device_uuid : "-", c->error);
+    }
 }

@@ -1,0 +1,365 @@
+#!/usr/bin/env bash
+# Several devices per broker, on the GPU test machine: models placed on
+# devices, leases by device, per-device listing and metrics, refusals.
+#
+#   tests/gpu/multidevice.sh OUT
+#
+# On any number of GPUs (one is enough):
+#  1. compile the small fp32 family (examples/compile_models.py --family fp32)
+#     and write a 1 GiB checkpoint for load timings;
+#  2. start one cuda broker with models placed @0 (fp32_base0, big) and @all
+#     (fp32_base, fp32_head_a, fp32_head_b); check that wbctl models --json
+#     lists one ready copy per device with the broker's UUIDs, that the table
+#     has one row per device, and that the metrics carry the device label;
+#  3. run wb-aoti-worker on (fp32_base0, fp32_head_a) and on (fp32_base,
+#     fp32_head_b) and compare their outputs with eager PyTorch;
+#  4. refusals: a lease for a device this process lacks (wb-demo-worker
+#     --device N, N = the device count), for an unknown UUID, a load placed
+#     on a device the broker does not see (wbctl load ...@N);
+# and with two GPUs or more (guarded by the device count; NOT run on a
+# one-GPU machine):
+#  5. one worker per device, each under its own CUDA_VISIBLE_DEVICES (by
+#     UUID), every lease on its own device's copy, outputs checked; device
+#     memory per GPU (NVML) before the broker, after the loads, with workers;
+#  6. a worker that sees only device 1 asking for fp32_base0 (placed @0):
+#     refused by the broker, and with --allow-peer refused by the client
+#     (it cannot see device 0);
+#  7. load throughput of the 1 GiB checkpoint to one device and to two at
+#     once (the file read once), as "multi_device" in OUT/multidevice.json.
+#
+# Writes OUT/multidevice.json, logs, and prints a short table last. Budget:
+# WB_GPU_BUDGET_S (default 240 s); optional steps are skipped past it.
+# Environment as tests/gpu/run.sh: WB_GPU_BIN, WB_GPU_LIB, WB_GPU_WORK.
+set -uo pipefail
+
+OUT=${1:?usage: tests/gpu/multidevice.sh OUT}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BIN=${WB_GPU_BIN:-$ROOT/.device/ao/bin}
+LIB=${WB_GPU_LIB:-$ROOT/.device/ao/lib}
+WORK=${WB_GPU_WORK:-/tmp/wbgpu}/multidevice
+BUDGET=${WB_GPU_BUDGET_S:-240}
+SOCK=$WORK/broker.sock
+LOG=$OUT/multidevice.log
+RES=$OUT/results.jsonl
+mkdir -p "$WORK"
+: >"$LOG"
+: >"$RES"
+export PYTHONUNBUFFERED=1
+
+TORCH_LIB=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+export LD_LIBRARY_PATH=$LIB:$ROOT/.device/lib:$TORCH_LIB:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$LIB/../fallback
+WBROKERD=$BIN/wbrokerd
+WBCTL=$BIN/wbctl
+WORKER=$BIN/wb-aoti-worker
+DEMO=$BIN/wb-demo-worker
+PIDS=()
+FAILS=()
+NOT_RUN=()
+
+say() { printf '[%4ds] %s\n' "$SECONDS" "$*" | tee -a "$LOG" >&2; }
+fail() {
+  say "FAIL: $*"
+  FAILS+=("$*")
+}
+pass() { say "ok: $*"; }
+record() { printf '%s\n' "$1" >>"$RES"; }
+cleanup() {
+  local p
+  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  wait 2>/dev/null
+}
+trap cleanup EXIT
+ctl() { "$WBCTL" --socket "$SOCK" "$@"; }
+# py EXPR < JSON: evaluates EXPR with the document bound to d.
+py() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+wait_for() {
+  local until=$((SECONDS + $1))
+  shift
+  while ! "$@" >/dev/null 2>&1; do
+    [ "$SECONDS" -ge "$until" ] && return 1
+    sleep 0.1
+  done
+}
+mem_used() { python3 "$ROOT/tests/gpu/gpumem.py" "$1" | py "d['used']"; }
+over_budget() { [ "$SECONDS" -ge "$BUDGET" ]; }
+
+for b in "$WBROKERD" "$WBCTL" "$WORKER" "$DEMO"; do
+  [ -x "$b" ] || { say "missing $b"; exit 2; }
+done
+NGPU=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | grep -c '^GPU-')
+[ "$NGPU" -ge 1 ] || { say "no GPU visible"; exit 2; }
+nvidia-smi --query-gpu=index,name,uuid,memory.total --format=csv,noheader | tee -a "$LOG" >&2
+say "$NGPU GPU(s); torch $(python3 -c 'import torch; print(torch.__version__)')"
+METRICS=0
+"$WBROKERD" --version | grep -q '+metrics' && METRICS=1
+
+# ---- 1. models ----------------------------------------------------------------
+if [ ! -s "$WORK/fp32_a.pt2" ] || [ ! -s "$WORK/fp32_b.pt2" ]; then
+  say "compiling the fp32 family"
+  python3 "$ROOT/examples/compile_models.py" "$WORK" --family fp32 >"$OUT/compile.log" 2>&1 ||
+    { say "compile failed"; tail -n 30 "$OUT/compile.log" >&2; exit 1; }
+fi
+python3 - "$WORK/big.safetensors" <<'PY' || { say "cannot write the 1 GiB checkpoint"; exit 1; }
+# 8 tensors of 128 MiB, any bytes: the load's speed is what is measured.
+import json, os, struct, sys
+path, n, size = sys.argv[1], 8, 128 << 20
+if os.path.exists(path) and os.path.getsize(path) > n * size:
+    sys.exit(0)
+hdr = {f"w{i}": {"dtype": "U8", "shape": [size], "data_offsets": [i * size, (i + 1) * size]}
+       for i in range(n)}
+raw = json.dumps(hdr).encode()
+raw += b" " * (-len(raw) % 8)
+with open(path, "wb") as f:
+    f.write(struct.pack("<Q", len(raw)) + raw)
+    for i in range(n):
+        f.write(bytes((i * 37 + k) & 0xFF for k in range(256)) * (size // 256))
+PY
+say "models ready"
+
+# ---- 2. one broker, copies per device ------------------------------------------
+declare -a MEM0
+for ((i = 0; i < NGPU; i++)); do MEM0[i]=$(mem_used "$i"); done
+PORT=$((20000 + RANDOM % 20000))
+MARGS=()
+[ "$METRICS" = 1 ] && MARGS=(--metrics "127.0.0.1:$PORT")
+"$WBROKERD" --backend cuda --socket "$SOCK" --heartbeat-ms 200 --stale-ms 3000 "${MARGS[@]}" \
+  --model "fp32_base0=$WORK/fp32_base.safetensors@0" \
+  --model "fp32_base=$WORK/fp32_base.safetensors@all" \
+  --model "fp32_head_a=$WORK/fp32_head_a.safetensors@all" \
+  --model "fp32_head_b=$WORK/fp32_head_b.safetensors@all" \
+  --model "big=$WORK/big.safetensors@0" >"$OUT/broker.log" 2>&1 &
+BROKER=$!
+PIDS+=("$BROKER")
+all_ready() { [ "$(ctl models --json | py "sum(m['state'] == 'ready' for m in d)")" = 5 ]; }
+if ! wait_for 120 all_ready; then
+  say "the broker did not load the models: $(tail -n 5 "$OUT/broker.log")"
+  exit 1
+fi
+ctl models --json >"$OUT/models.json"
+ctl models >"$OUT/models.txt"
+cat "$OUT/models.txt" >>"$LOG"
+# The broker's devices, as it logged them: "device=N uuid=GPU-...".
+mapfile -t UUIDS < <(grep -o 'event=device device=[0-9]* uuid=[^ ]*' "$OUT/broker.log" |
+  sed 's/.*uuid=//')
+[ "${#UUIDS[@]}" = "$NGPU" ] || fail "the broker logged ${#UUIDS[@]} devices, nvidia-smi lists $NGPU"
+UUID_JSON=$(printf '%s\n' "${UUIDS[@]}" | python3 -c 'import json,sys; print(json.dumps(sys.stdin.read().split()))')
+record "{\"gpus\": $NGPU, \"uuids\": $UUID_JSON}"
+
+# Per-device state: @all has one ready copy per device with its UUID, @0 one.
+check=$(py "
+u = $UUID_JSON
+m = {x['name']: x for x in d}
+ok = all([(c['device'], c['uuid'], c['state']) for c in m[n]['copies']] ==
+         [(i, u[i], 'ready') for i in range(len(u))] for n in ('fp32_base', 'fp32_head_a', 'fp32_head_b'))
+ok = ok and [(c['device'], c['uuid'], c['state']) for c in m['fp32_base0']['copies']] == [(0, u[0], 'ready')]
+ok = ok and all(c['slab_bytes'] >= m[n]['bytes'] for n in m for c in m[n]['copies'])
+ok" <"$OUT/models.json")
+if [ "$check" = True ]; then
+  pass "wbctl models: one ready copy per placed device, with the broker's UUIDs"
+else
+  fail "wbctl models --json copies are wrong: $(py "[(x['name'], x['copies']) for x in d]" <"$OUT/models.json")"
+fi
+rows=$(grep -c '^fp32_head_a ' "$OUT/models.txt")
+if [ "$rows" = "$NGPU" ]; then
+  pass "wbctl models: $rows row(s) for fp32_head_a"
+else
+  fail "wbctl models shows $rows rows for fp32_head_a, not $NGPU"
+fi
+record "{\"models\": $(cat "$OUT/models.json")}"
+
+if [ "$METRICS" = 1 ]; then
+  python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' \
+    "http://127.0.0.1:$PORT/metrics" >"$OUT/metrics.txt" || fail "GET /metrics failed"
+  for ((i = 0; i < NGPU; i++)); do
+    want="wb_model_copies{model=\"fp32_head_a\",device=\"$i\",uuid=\"${UUIDS[i]}\",state=\"ready\"} 1"
+    grep -qxF "$want" "$OUT/metrics.txt" || fail "metrics lack: $want"
+    grep -q "^wb_model_bytes{model=\"fp32_head_a\",device=\"$i\",backend=\"cuda\"} " "$OUT/metrics.txt" ||
+      fail "metrics lack wb_model_bytes of fp32_head_a on device $i"
+  done
+  pass "metrics: wb_model_copies and wb_model_bytes with the device label"
+else
+  NOT_RUN+=("metrics: this wbrokerd was built without libmicrohttpd")
+fi
+declare -a MEM1
+for ((i = 0; i < NGPU; i++)); do MEM1[i]=$(mem_used "$i"); done
+
+# ---- 3. AOTI workers on the copies ------------------------------------------------
+# run_worker NAME BASE VARIANT [ENV...]: one run, 3 iterations, output checked.
+run_worker() {
+  local name=$1 base=$2 v=$3
+  shift 3
+  env "$@" "$WORKER" --socket "$SOCK" --device cuda:0 --torch-lib "$TORCH_LIB" \
+    --model "$base" --model "fp32_head_$v" --aoti "$WORK/fp32_$v.pt2" \
+    --input "$WORK/fp32_input.safetensors" --output "$WORK/out_$name.safetensors" \
+    --iterations 3 >"$OUT/$name.out" 2>"$OUT/$name.err"
+  local rc=$?
+  [ "$rc" = 0 ] || { fail "worker $name exited with $rc: $(tail -n 3 "$OUT/$name.err")"; return 1; }
+  python3 "$ROOT/tests/gpu/check_outputs.py" 1e-3 "$WORK/fp32_${v}_ref.safetensors" \
+    "$WORK/out_$name.safetensors" >"$OUT/acc_$name.json" ||
+    { fail "worker $name outputs differ from eager: $(cat "$OUT/acc_$name.json")"; return 1; }
+  local res
+  res=$(grep '^result ' "$OUT/$name.out" | tail -n 1 | cut -d' ' -f2-)
+  record "{\"acc_$name\": $(cat "$OUT/acc_$name.json"), \"result_$name\": ${res:-null}}"
+  pass "worker $name ($base + fp32_head_$v): outputs match eager ($(py "d['max_rel_err']" <"$OUT/acc_$name.json"))"
+}
+run_worker at0 fp32_base0 a
+run_worker atall fp32_base b
+
+# ---- 4. refusals ------------------------------------------------------------------
+"$DEMO" --socket "$SOCK" --model fp32_head_a --device "$NGPU" --hold 0 >"$OUT/nodev.out" 2>"$OUT/nodev.err"
+rc=$?
+if [ "$rc" = 1 ] && grep -qF "this process has no CUDA device $NGPU; it sees: 0=${UUIDS[0]}" "$OUT/nodev.err"; then
+  pass "a lease for device $NGPU is refused: $(cat "$OUT/nodev.err")"
+else
+  fail "a lease for device $NGPU: exit $rc, $(cat "$OUT/nodev.err")"
+fi
+BOGUS=GPU-00000000-1111-2222-3333-444444444444
+"$DEMO" --socket "$SOCK" --model fp32_head_a --device "$BOGUS" --hold 0 >"$OUT/bogus.out" 2>"$OUT/bogus.err"
+rc=$?
+if [ "$rc" = 1 ] && grep -qF "model 'fp32_head_a' has no ready copy on device $BOGUS; its copies: 0=${UUIDS[0]} ready" "$OUT/bogus.err"; then
+  pass "a lease for an unknown UUID is refused: $(cat "$OUT/bogus.err")"
+else
+  fail "a lease for an unknown UUID: exit $rc, $(cat "$OUT/bogus.err")"
+fi
+if "$DEMO" --socket "$SOCK" --model fp32_head_a --hold 0 >"$OUT/default.out" 2>"$OUT/default.err" &&
+  grep -q "model fp32_head_a device 0" "$OUT/default.out" && grep -q "^verified" "$OUT/default.out"; then
+  pass "a lease on the current device: $(head -n 2 "$OUT/default.out" | tr '\n' ' ')"
+else
+  fail "a lease on the current device: $(cat "$OUT/default.out" "$OUT/default.err")"
+fi
+ctl load nowhere "$WORK/fp32_head_a.safetensors@$NGPU" >"$OUT/loadnowhere.out" 2>"$OUT/loadnowhere.err"
+rc=$?
+if [ "$rc" = 1 ] && grep -qF "placement names device $NGPU, which this broker does not see (it sees: 0=${UUIDS[0]}" "$OUT/loadnowhere.err"; then
+  pass "a load placed on device $NGPU is refused: $(cat "$OUT/loadnowhere.err")"
+else
+  fail "a load placed on device $NGPU: exit $rc, $(cat "$OUT/loadnowhere.err")"
+fi
+
+# ---- 5-7. two devices or more ---------------------------------------------------------
+big_seconds() { ctl models --json | py "[m['load_seconds'] for m in d if m['name'] == '$1'][0]"; }
+BIG_BYTES=$(ctl models --json | py "[m['bytes'] for m in d if m['name'] == 'big'][0]")
+ONE_S=$(big_seconds big)
+record "{\"single_device\": {\"bytes\": $BIG_BYTES, \"seconds\": $ONE_S}}"
+say "1 GiB to device 0 through the fan-out: ${ONE_S}s"
+if [ "$NGPU" -ge 2 ]; then
+  # 5. a worker per device, each seeing only its own GPU.
+  declare -A WP
+  for ((i = 0; i < 2; i++)); do
+    CUDA_VISIBLE_DEVICES=${UUIDS[i]} "$WORKER" --socket "$SOCK" --device cuda:0 --torch-lib "$TORCH_LIB" \
+      --model fp32_base --model fp32_head_a --aoti "$WORK/fp32_a.pt2" \
+      --input "$WORK/fp32_input.safetensors" --output "$WORK/out_dev$i.safetensors" \
+      --iterations 3 --serve >"$OUT/dev$i.out" 2>"$OUT/dev$i.err" &
+    WP[$i]=$!
+    PIDS+=("$!")
+  done
+  for ((i = 0; i < 2; i++)); do
+    wait_for 120 grep -q '^ready' "$OUT/dev$i.out" || fail "worker on device $i not ready: $(tail -n 3 "$OUT/dev$i.err")"
+  done
+  ctl leases --json >"$OUT/leases_two.json"
+  for ((i = 0; i < 2; i++)); do
+    got=$(py "sorted(set((l['device'], l['device_uuid']) for l in d if l['pid'] == ${WP[$i]}))" <"$OUT/leases_two.json")
+    if [ "$got" = "[($i, '${UUIDS[i]}')]" ]; then
+      pass "the worker under CUDA_VISIBLE_DEVICES=${UUIDS[i]} leases device $i's copies"
+    else
+      fail "the worker on device $i holds leases on $got"
+    fi
+  done
+  declare -a MEM2
+  for ((i = 0; i < NGPU; i++)); do MEM2[i]=$(mem_used "$i"); done
+  for ((i = 0; i < 2; i++)); do
+    kill -TERM "${WP[$i]}"
+    wait "${WP[$i]}" || fail "worker on device $i exited with $?"
+    python3 "$ROOT/tests/gpu/check_outputs.py" 1e-3 "$WORK/fp32_a_ref.safetensors" \
+      "$WORK/out_dev$i.safetensors" >"$OUT/acc_dev$i.json" ||
+      fail "worker on device $i: outputs differ: $(cat "$OUT/acc_dev$i.json")"
+    record "{\"acc_dev$i\": $(cat "$OUT/acc_dev$i.json")}"
+  done
+  mem=$(python3 -c 'import json,sys; a=sys.argv[1:]; n=len(a)//3
+print(json.dumps([{"gpu": i, "idle": int(a[i]), "broker": int(a[n+i]), "workers": int(a[2*n+i])} for i in range(n)]))' \
+    "${MEM0[@]}" "${MEM1[@]}" "${MEM2[@]}")
+  record "{\"mem_per_gpu\": $mem}"
+  say "device memory per GPU: $mem"
+
+  # 6. a model placed on device 0 only, from a process that sees device 1.
+  CUDA_VISIBLE_DEVICES=${UUIDS[1]} "$DEMO" --socket "$SOCK" --model fp32_base0 --hold 0 \
+    >"$OUT/only1.out" 2>"$OUT/only1.err"
+  rc=$?
+  if [ "$rc" = 1 ] && grep -qF "model 'fp32_base0' has no ready copy on device ${UUIDS[1]}" "$OUT/only1.err"; then
+    pass "no copy on the worker's device: $(cat "$OUT/only1.err")"
+  else
+    fail "fp32_base0 from device 1: exit $rc, $(cat "$OUT/only1.err")"
+  fi
+  CUDA_VISIBLE_DEVICES=${UUIDS[1]} "$DEMO" --socket "$SOCK" --model fp32_base0 --allow-peer --hold 0 \
+    >"$OUT/peer.out" 2>"$OUT/peer.err"
+  rc=$?
+  if [ "$rc" = 1 ] && grep -qF "device ${UUIDS[0]} (the broker's device 0) is not visible in this process" "$OUT/peer.err"; then
+    pass "peer access to a device this process cannot see: $(cat "$OUT/peer.err")"
+  else
+    fail "fp32_base0 with --allow-peer from device 1: exit $rc, $(cat "$OUT/peer.err")"
+  fi
+  # Seeing both devices, asking for device 1 with peer access: device 0's copy.
+  if "$DEMO" --socket "$SOCK" --model fp32_base0 --device 1 --allow-peer --hold 0 \
+    >"$OUT/peer2.out" 2>"$OUT/peer2.err" && grep -q "model fp32_base0 device 0" "$OUT/peer2.out" &&
+    grep -q "^verified" "$OUT/peer2.out"; then
+    pass "device 1 with --allow-peer gets device 0's copy: $(head -n 2 "$OUT/peer2.out" | tr '\n' ' ')"
+  else
+    fail "fp32_base0 on device 1 with --allow-peer: $(cat "$OUT/peer2.out" "$OUT/peer2.err")"
+  fi
+
+  # 7. load throughput: the 1 GiB file to two devices at once.
+  if ! over_budget; then
+    ctl load big2 "$WORK/big.safetensors@0,1" >"$OUT/load_two.txt" 2>&1 || fail "wbctl load big2 @0,1: $(cat "$OUT/load_two.txt")"
+    ctl models --json >"$OUT/models_two.json"
+    two=$(py "[m for m in d if m['name'] == 'big2'][0]" <"$OUT/models_two.json")
+    TWO_S=$(py "d['load_seconds']" <<<"$two")
+    ready2=$(py "[c['state'] for c in d['copies']]" <<<"$two")
+    [ "$ready2" = "['ready', 'ready']" ] || fail "big2 copies: $ready2"
+    md=$(python3 -c 'import json,sys; b,t1,t2=int(sys.argv[1]),float(sys.argv[2]),float(sys.argv[3])
+print(json.dumps({"devices": 2, "bytes": b, "seconds_one_device": t1, "seconds_two_devices": t2,
+  "gbps_one_device": b / t1 / 1e9, "gbps_per_device_two": b / t2 / 1e9, "gbps_aggregate_two": 2 * b / t2 / 1e9,
+  "copy_seconds": [c["copy_seconds"] for c in json.loads(sys.argv[4])["copies"]]}))' "$BIG_BYTES" "$ONE_S" "$TWO_S" "$two")
+    record "{\"multi_device\": $md}"
+    say "multi_device: $md"
+  else
+    NOT_RUN+=("the two-device load timing: over the ${BUDGET}s budget")
+  fi
+else
+  NOT_RUN+=("two GPUs: workers per device under CUDA_VISIBLE_DEVICES, device memory per GPU, a model on device 0 from a process on device 1 (with and without --allow-peer), load throughput to two devices (multi_device): this machine has $NGPU GPU")
+fi
+
+kill -TERM "$BROKER"
+wait "$BROKER"
+rc=$?
+[ "$rc" = 0 ] || fail "the broker exited with $rc after SIGTERM"
+grep -E 'event=(device|backend|model_ready|placement)' "$OUT/broker.log" >>"$LOG"
+
+# ---- results ---------------------------------------------------------------------------
+python3 - "$RES" "$OUT/multidevice.json" "${#FAILS[@]}" "${NOT_RUN[@]}" <<'PY'
+import json, sys
+res, out, fails, not_run = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
+d = {}
+for line in open(res):
+    d.update(json.loads(line))
+d["failures"] = fails
+d["not_run"] = not_run
+json.dump(d, open(out, "w"), indent=1)
+print("%-28s %s" % ("GPUs", d.get("gpus")))
+for k in sorted(d):
+    if k.startswith("acc_"):
+        print("%-28s max_rel_err %.3g" % (k, d[k]["max_rel_err"]))
+s = d.get("single_device")
+if s:
+    print("%-28s %.2f GB/s (%d bytes, %.3f s)" % ("load, one device", s["bytes"] / s["seconds"] / 1e9, s["bytes"], s["seconds"]))
+m = d.get("multi_device")
+if m:
+    print("%-28s %.2f GB/s per device, %.2f aggregate" % ("load, two devices", m["gbps_per_device_two"], m["gbps_aggregate_two"]))
+for g in d.get("mem_per_gpu", []):
+    print("%-28s idle %d, broker +%d, workers +%d MiB" % ("GPU %d memory" % g["gpu"], g["idle"] >> 20, (g["broker"] - g["idle"]) >> 20, (g["workers"] - g["broker"]) >> 20))
+for n in not_run:
+    print("not run: " + n)
+print("%-28s %s" % ("result", "PASS" if fails == 0 else "FAIL (%d)" % fails))
+PY
+for f in "${FAILS[@]}"; do echo "failed: $f" | tee -a "$LOG"; done
+[ "${#FAILS[@]}" = 0 ]
