@@ -7,9 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define SHM_DIR     "/dev/shm"
@@ -112,6 +114,13 @@ static int shm_create(wb_shm *shm, uint64_t size, int lazy, int memfd, wb_err *e
         return wb__err_set(err, WB_EIO, "shm_open: four random names already existed");
 
     int rc = WB_OK;
+    /* A named slab stays open and locked while it lives, from before it
+     * has a size: the proof of life that a cleanup in another PID
+     * namespace can see (wb__shm_cleanup_stale). */
+    if (!memfd && flock(fd, LOCK_SH | LOCK_NB) != 0) {
+        rc = wb__err_errno(err, WB_EIO, errno, "flock %s", name);
+        goto fail;
+    }
     /* The umask may have removed group read; set the mode explicitly. */
     if (!memfd && fchmod(fd, SHM_MODE) != 0) {
         rc = wb__err_errno(err, WB_EIO, errno, "fchmod %s", name);
@@ -153,7 +162,8 @@ static int shm_create(wb_shm *shm, uint64_t size, int lazy, int memfd, wb_err *e
         shm->memfd = 1;
         shm->fd = fd;
     } else {
-        close(fd);
+        shm->locked = 1;
+        shm->fd = fd;
         snprintf(shm->name, sizeof shm->name, "%s", name);
     }
     shm->addr = addr;
@@ -325,7 +335,7 @@ void wb__shm_unmap(wb_shm *shm)
         return;
     if (shm->addr && shm->size)
         munmap(shm->addr, (size_t)shm->size);
-    if (shm->memfd && shm->fd >= 0)
+    if ((shm->memfd || shm->locked) && shm->fd >= 0)
         close(shm->fd);
     memset(shm, 0, sizeof *shm);
 }
@@ -358,6 +368,18 @@ static int pid_gone(long pid)
     return rp[2] == 'Z' || rp[2] == 'X';
 }
 
+/* Whether a live broker holds the object locked (wb__shm_create keeps a
+ * shared flock on it). Unreadable objects count as held. */
+static int held_by_a_broker(int dir, const char *base)
+{
+    int fd = openat(dir, base, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0)
+        return 1;
+    int held = flock(fd, LOCK_EX | LOCK_NB) != 0;
+    close(fd); /* releases the lock if it was taken */
+    return held;
+}
+
 int wb__shm_cleanup_stale(void)
 {
     DIR *dir = opendir(SHM_DIR);
@@ -375,6 +397,9 @@ int wb__shm_cleanup_stale(void)
             !S_ISREG(st.st_mode) || st.st_uid != euid)
             continue;
         if (pid == (long)getpid() || !pid_gone(pid))
+            continue;
+        if ((st.st_size == 0 && time(NULL) - st.st_mtime < 10) ||
+            held_by_a_broker(dirfd(dir), de->d_name))
             continue;
         /* parse_base() bounded the name to fewer than WB_SHM_NAME_MAX bytes. */
         char name[sizeof de->d_name + 1];

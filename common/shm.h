@@ -29,6 +29,11 @@ typedef struct wb_shm {
      * open in `fd` (its owner hands it to clients) and closed by
      * wb__shm_unmap. */
     int memfd;
+    /* Made by wb__shm_create(_lazy): `fd` stays open with a shared flock on
+     * the object for as long as the slab lives, so that another broker's
+     * wb__shm_cleanup_stale can tell it is in use even from another PID
+     * namespace; closed by wb__shm_unmap. */
+    int locked;
     int fd;
 } wb_shm;
 
@@ -95,9 +100,13 @@ void wb__shm_unmap(wb_shm *shm);
 /* Checks that a name has the form "/wb-<pid>-<32 hex>". */
 int wb__shm_name_valid(const char *name);
 
-/* Unlinks slabs left in /dev/shm by broker processes that no longer run
- * (names "wb-<pid>-..." whose pid is gone or a zombie not yet reaped, and
- * owned by our uid). Returns the number removed. */
+/* Unlinks slabs left in /dev/shm by broker processes that no longer run:
+ * names "wb-<pid>-..." owned by our uid, whose pid is gone or a zombie not
+ * yet reaped, and whose object no live broker holds locked (a broker in
+ * another PID namespace that shares /dev/shm has pids this one cannot see;
+ * its lock says it lives). An empty object modified in the last 10 s is
+ * left alone (a broker between creating and locking it: it locks before
+ * giving it a size). Returns the number removed. */
 int wb__shm_cleanup_stale(void);
 
 #endif

@@ -16,6 +16,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 #include <unistd.h>
 
 static void fill(uint8_t *p, size_t n, uint8_t seed)
@@ -282,6 +284,20 @@ START_TEST(test_name_validation)
 }
 END_TEST
 
+/* Makes a slab object look 60 s old: the cleanup leaves fresher ones to
+ * the broker that may be between creating and locking them. */
+static void backdate(const char *name)
+{
+    int fd = shm_open(name, O_RDWR, 0);
+    ck_assert_int_ge(fd, 0);
+    struct timespec ts[2];
+    clock_gettime(CLOCK_REALTIME, &ts[0]);
+    ts[0].tv_sec -= 60;
+    ts[1] = ts[0];
+    ck_assert_int_eq(futimens(fd, ts), 0);
+    close(fd);
+}
+
 START_TEST(test_cleanup_stale)
 {
     /* A pid that certainly no longer exists: a child we reaped. */
@@ -306,6 +322,11 @@ START_TEST(test_cleanup_stale)
     wb_shm mine;
     ck_assert_int_eq(wb__shm_create(&mine, 100, NULL), WB_OK);
 
+    /* Empty and fresh (a broker may be about to lock it): left alone. */
+    wb__shm_cleanup_stale();
+    ck_assert(shm_exists(stale));
+    backdate(stale);
+    backdate(mine.name);
     ck_assert_int_ge(wb__shm_cleanup_stale(), 1);
     ck_assert(!shm_exists(stale));
     ck_assert(shm_exists(mine.name));
@@ -316,6 +337,36 @@ START_TEST(test_cleanup_stale)
     shm_unlink(other);
     wb__shm_unlink(&mine);
     wb__shm_unmap(&mine);
+}
+END_TEST
+
+/* A slab whose name carries a pid this process cannot see (its broker runs
+ * in another PID namespace that shares /dev/shm) but whose object a live
+ * broker holds locked is not stale. Played here by a second name (a hard
+ * link) with a dead pid for a slab this process made and holds. */
+START_TEST(test_cleanup_spares_locked)
+{
+    pid_t dead = fork();
+    ck_assert_int_ge(dead, 0);
+    if (dead == 0)
+        _exit(0);
+    ck_assert_int_eq(waitpid(dead, NULL, 0), dead);
+    wb_shm held;
+    ck_assert_int_eq(wb__shm_create(&held, 4096, NULL), WB_OK);
+    ck_assert_int_eq(held.locked, 1);
+    char foreign[WB_SHM_NAME_MAX], from[300], to[300];
+    snprintf(foreign, sizeof foreign, "/wb-%ld-00112233445566778899aabbccddee11", (long)dead);
+    snprintf(from, sizeof from, "/dev/shm%s", held.name);
+    snprintf(to, sizeof to, "/dev/shm%s", foreign);
+    ck_assert_int_eq(link(from, to), 0);
+    backdate(foreign);
+    wb__shm_cleanup_stale();
+    ck_assert(shm_exists(foreign));
+    /* Once the slab is unmapped (its broker gone), the name is stale. */
+    wb__shm_unlink(&held);
+    wb__shm_unmap(&held);
+    ck_assert_int_ge(wb__shm_cleanup_stale(), 1);
+    ck_assert(!shm_exists(foreign));
 }
 END_TEST
 
@@ -337,6 +388,7 @@ START_TEST(test_cleanup_zombie)
     int fd = shm_open(stale, O_CREAT | O_EXCL | O_RDWR, 0600);
     ck_assert_int_ge(fd, 0);
     close(fd);
+    backdate(stale);
     ck_assert_int_ge(wb__shm_cleanup_stale(), 1);
     ck_assert(!shm_exists(stale));
     ck_assert_int_eq(waitpid(zombie, NULL, 0), zombie);
@@ -443,6 +495,7 @@ int main(void)
     tcase_add_test(tc, test_lazy_populate_fails_cleanly);
     tcase_add_test(tc, test_name_validation);
     tcase_add_test(tc, test_cleanup_stale);
+    tcase_add_test(tc, test_cleanup_spares_locked);
     tcase_add_test(tc, test_cleanup_zombie);
     tcase_add_test(tc, test_memfd_sealed);
     tcase_add_test(tc, test_memfd_unsealed_refused);
