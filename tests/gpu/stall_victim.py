@@ -3,7 +3,7 @@
 serves steadily and records every iteration.
 
   stall_victim.py --stream legacy|nonblocking --control FIFO --series OUT.json.gz
-                  [--iter-ms 1.5] [--max-seconds 600]
+                  [--iter-ms 1.5] [--max-seconds 600] [--dry-run]
 
 Each iteration runs bf16 matmuls (4096 x 4096 x 4096, as many as make about
 --iter-ms) on the chosen stream, then waits for that stream, and records its
@@ -27,6 +27,9 @@ It reads commands, one a line, from the FIFO:
                    low-priority non-blocking stream; likewise "done NAME MS"
   quit             write the series and exit
 
+--dry-run sleeps instead of using the GPU (no torch needed): it tries the
+command protocol and the series file on a machine without a GPU.
+
 It prints "ready ..." once warmed up. The series file holds, gzipped JSON:
 {"stream", "iter_ms", "reps", "labels": [names], "t": [start s], "ms":
 [wall ms], "lab": [label index]} for every iteration after the warm-up.
@@ -44,7 +47,7 @@ import sys
 import threading
 import time
 
-import torch
+torch = None  # imported in main(), not with --dry-run
 
 CHUNK = 64 << 20
 
@@ -53,8 +56,51 @@ def log(*a):
     print(*a, flush=True)
 
 
-class Victim:
+class Series:
+    """Every iteration's start, wall time and label."""
+
+    def __init__(self):
+        self.reps = 1
+        self.labels = ["-"]
+        self.label = 0
+        self.t, self.ms, self.lab = [], [], []
+        self.stop = False
+        self.lock = threading.Lock()
+
+    def set_label(self, name):
+        with self.lock:
+            if name not in self.labels:
+                self.labels.append(name)
+            self.label = self.labels.index(name)
+
+    def serve(self, t_origin):
+        """Iterates until stopped, recording each iteration (step())."""
+        while not self.stop:
+            lab = self.label
+            t0 = time.perf_counter()
+            ms = self.step()
+            self.t.append(round(t0 - t_origin, 6))
+            self.ms.append(round(ms, 4))
+            self.lab.append(lab)
+
+
+class DryVictim(Series):
+    """Sleeps instead of computing (--dry-run)."""
+
     def __init__(self, stream_mode, iter_ms):
+        super().__init__()
+        self.sleep_s = iter_ms / 1e3
+
+    def step(self):
+        t0 = time.perf_counter()
+        time.sleep(self.sleep_s)
+        return (time.perf_counter() - t0) * 1e3
+
+
+class Victim(Series):
+    """bf16 matmuls on the chosen stream, as many as make about iter_ms."""
+    def __init__(self, stream_mode, iter_ms):
+        super().__init__()
         torch.cuda.init()
         self.dev = torch.device("cuda:0")
         if stream_mode == "legacy":
@@ -71,11 +117,6 @@ class Victim:
             self.step()
         one = sorted(self.step() for _ in range(50))[25]
         self.reps = max(1, round(iter_ms / one))
-        self.labels = ["-"]
-        self.label = 0
-        self.t, self.ms, self.lab = [], [], []
-        self.stop = False
-        self.lock = threading.Lock()
 
     def step(self):
         t0 = time.perf_counter()
@@ -84,25 +125,6 @@ class Victim:
                 torch.matmul(self.a, self.b, out=self.c)
         self.stream.synchronize()
         return (time.perf_counter() - t0) * 1e3
-
-    def set_label(self, name):
-        with self.lock:
-            if name not in self.labels:
-                self.labels.append(name)
-            self.label = self.labels.index(name)
-
-    def serve(self, t_origin):
-        while not self.stop:
-            lab = self.label
-            t0 = time.perf_counter()
-            with torch.cuda.stream(self.stream):
-                for _ in range(self.reps):
-                    torch.matmul(self.a, self.b, out=self.c)
-            self.stream.synchronize()
-            t1 = time.perf_counter()
-            self.t.append(round(t0 - t_origin, 6))
-            self.ms.append(round((t1 - t0) * 1e3, 4))
-            self.lab.append(lab)
 
 
 def load_aoti(path):
@@ -144,11 +166,14 @@ def load_pinned(path):
     del dst
 
 
-def worker(v, kind, path, name):
+def worker(v, kind, path, name, dry):
     v.set_label(name)
     t0 = time.perf_counter()
     try:
-        (load_aoti if kind == "aoti" else load_pinned)(path)
+        if dry:
+            time.sleep(0.3)
+        else:
+            (load_aoti if kind == "aoti" else load_pinned)(path)
         ok = "ok"
     except Exception as e:  # reported, and the run goes on
         ok = f"error {type(e).__name__}: {e}".replace("\n", " ")
@@ -164,8 +189,15 @@ def main():
     p.add_argument("--series", required=True)
     p.add_argument("--iter-ms", type=float, default=1.5)
     p.add_argument("--max-seconds", type=float, default=600)
+    p.add_argument("--dry-run", action="store_true")
     a = p.parse_args()
-    v = Victim(a.stream, a.iter_ms)
+    if a.dry_run:
+        v = DryVictim(a.stream, a.iter_ms)
+    else:
+        global torch
+        import torch as _torch
+        torch = _torch
+        v = Victim(a.stream, a.iter_ms)
     t_origin = time.perf_counter()
     server = threading.Thread(target=v.serve, args=(t_origin,), daemon=True)
     for _ in range(200):
@@ -183,7 +215,7 @@ def main():
             if words[0] == "mark" and len(words) == 2:
                 v.set_label(words[1])
             elif words[0] in ("aoti", "pinned") and len(words) == 3:
-                th = threading.Thread(target=worker, args=(v, words[0], words[1], words[2]))
+                th = threading.Thread(target=worker, args=(v, words[0], words[1], words[2], a.dry_run))
                 th.start()
                 threads.append(th)
             elif words[0] == "quit":
@@ -199,7 +231,8 @@ def main():
     server.join()
     with gzip.open(a.series, "wt") as f:
         json.dump({"stream": a.stream, "iter_ms": iter_ms, "reps": v.reps,
-                   "gemm": [4096, 4096, 4096], "dtype": "bf16", "labels": v.labels,
+                   "gemm": None if a.dry_run else [4096, 4096, 4096],
+                   "dtype": "none (dry run)" if a.dry_run else "bf16", "dry_run": a.dry_run, "labels": v.labels,
                    "t": v.t, "ms": v.ms, "lab": v.lab}, f, separators=(",", ":"))
     log(f"wrote {len(v.ms)} iterations")
     return 0
