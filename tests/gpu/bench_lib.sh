@@ -1,4 +1,5 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034
+# (SC2034: the variables set here are for the scripts that source it.)
 # Shared by tests/gpu/stall.sh, attach.sh and memory.sh (sourced, after
 # OUT is set): paths, logging, waiting, the broker, the test models.
 #
@@ -70,15 +71,17 @@ start_broker() {
   local blog=$2 n
   shift 2
   n=$(($# / 2))
+  BROKER_MODELS=$n
   rm -f "$SOCK"
   "$WBROKERD" --backend cuda --device 0 --socket "$SOCK" --heartbeat-ms 200 --stale-ms 3000 \
     "$@" >"$blog" 2>&1 &
   BROKER=$!
   PIDS+=("$BROKER")
-  ready() {
-    [ "$(ctl models --json | python3 -c 'import json,sys; print(sum(m["state"] == "ready" for m in json.load(sys.stdin)))')" = "$n" ]
-  }
-  wait_for 180 ready || { fail "the broker did not load its $n models: $(tail -n 5 "$blog")"; return 1; }
+  wait_for 180 broker_ready || { fail "the broker did not load its $n models: $(tail -n 5 "$blog")"; return 1; }
+}
+
+broker_ready() {
+  [ "$(ctl models --json | python3 -c 'import json,sys; print(sum(m["state"] == "ready" for m in json.load(sys.stdin)))')" = "$BROKER_MODELS" ]
 }
 
 stop_broker() {
