@@ -14,6 +14,8 @@ By size, from the worker's own steps (ms):
 By tensor count, from wb_bench_attach (no model library, no inference):
   floor_ms = context; beyond_floor_ms = connect + acquire + lookup (the
   broker ways) or local (the file read and copied per tensor).
+  beyond_floor_excl_first_run_ms = beyond_floor_ms - first_run (the first
+  run's start-up, cuBLAS and lazily loaded kernels, is the same every way)
 Each figure is the median over the runs of that figure (so the parts need
 not add up to the whole). The target, for the broker ways only:
 beyond_floor_ms <= 20."""
@@ -42,6 +44,9 @@ def size_row(runs):
                                    + s["first_run"])
         s["floor_ms"] = s["cuda_init"] + s["torch_load"] + s["library_load"]
         s["beyond_floor_ms"] = s["to_first_output_ms"] - s["floor_ms"]
+        # The first run's own start-up (cuBLAS, kernels loaded lazily) is
+        # paid by every way alike: what is left is the attach itself.
+        s["beyond_floor_excl_first_run_ms"] = s["beyond_floor_ms"] - s["first_run"]
         s["wall_ms"] = r["wall_ms"]
         per.append(s)
     row = {k: med([p[k] for p in per]) for k in per[0]}
@@ -85,6 +90,9 @@ def main():
         if kind in ("broker", "acquire", "lookup"):
             row["target"] = f"beyond_floor_ms <= {TARGET_MS}"
             row["met"] = row["beyond_floor_ms"] is not None and row["beyond_floor_ms"] <= TARGET_MS
+            if "beyond_floor_excl_first_run_ms" in row:
+                x = row["beyond_floor_excl_first_run_ms"]
+                row["met_excl_first_run"] = x is not None and x <= TARGET_MS
         (by_size if what == "size" else by_count).append(row)
     res = {"by_size": by_size, "by_tensor_count": by_count,
            "sizes_reached_gib": sorted({r["gib"] for r in by_size}),
@@ -97,11 +105,14 @@ def main():
 
     def f(x):
         return f"{x:9.1f}" if isinstance(x, (int, float)) else f"{'-':>9}"
-    print(f"{'size GiB':>8} {'way':12} {'to first':>9} {'floor':>9} {'beyond':>9} {'wall':>9} target")
+    print(f"{'size GiB':>8} {'way':12} {'to first':>9} {'floor':>9} {'beyond':>9} "
+          f"{'1st run':>9} {'wall':>9} target (beyond; beyond - 1st run)")
     for r in by_size:
-        met = "" if "met" not in r else ("met" if r["met"] else "NOT MET")
+        met = "" if "met" not in r else (
+            ("met" if r["met"] else "NOT MET") + "; "
+            + ("met" if r["met_excl_first_run"] else "NOT MET"))
         print(f"{r['gib']:8} {r['kind']:12} {f(r['to_first_output_ms'])} {f(r['floor_ms'])} "
-              f"{f(r['beyond_floor_ms'])} {f(r['wall_ms'])} {met}")
+              f"{f(r['beyond_floor_ms'])} {f(r['first_run'])} {f(r['wall_ms'])} {met}")
     print(f"{'tensors':>8} {'way':12} {'context':>9} {'acquire':>9} {'lookup':>9} {'beyond':>9} target")
     for r in by_count:
         met = "" if "met" not in r else ("met" if r["met"] else "NOT MET")

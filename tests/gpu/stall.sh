@@ -64,7 +64,7 @@ PIDS+=("$ckpid")
 models "$MD" "$GIB" embedded || exit 1
 wait "$ckpid" || { say "cannot write $BIG: $(cat "$OUT/checkpoint.json")"; exit 1; }
 # Warm the page cache: the load is from memory, as in bench/RESULTS.md.
-cat "$BIG" "$MD/bf16_base.safetensors" "$MD/bf16_a_embedded.pt2" >/dev/null
+cat "$BIG" "$MD/bf16_base.safetensors" "$MD"/bf16_a*.pt2 >/dev/null
 
 start_broker "$WORK/stall.sock" "$OUT/broker.log" \
   --model "bf16_base=$MD/bf16_base.safetensors" --model "bf16_head_a=$MD/bf16_head_a.safetensors" ||
@@ -132,6 +132,7 @@ run_mode() {
   for ((r = 0; r < $(reps "$REPS"); r++)); do procs 1 floor_ctx_1 ctx_proc; sleep 0.3; done
   for ((r = 0; r < $(reps "$(((REPS + 1) / 2))"); r++)); do procs 8 floor_ctx_8 ctx_proc; sleep 0.3; done
   for ((r = 0; r < $(reps 2); r++)); do
+    [ -f "$MD/bf16_a_embedded.pt2" ] || break
     inproc aoti "$MD/bf16_a_embedded.pt2" inproc_aoti_default
     sleep 0.5
   done

@@ -130,8 +130,7 @@ class Victim(Series):
 def load_aoti(path):
     """The default way: the package's loader creates the container, which
     loads the constants embedded in its .so by itself."""
-    m = torch._inductor.aoti_load_package(path)
-    torch.cuda.synchronize()
+    m = torch._inductor.aoti_load_package(path)  # its copies are synchronous
     del m
 
 
