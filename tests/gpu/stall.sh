@@ -35,7 +35,8 @@
 #
 # Environment: as bench_lib.sh; WB_STALL_GIB (the model, 2), WB_STALL_LOAD_GIB
 # (the broker's load, 8), WB_STALL_REPS (repetitions of the single-process
-# conditions, 5; the 8-process ones run half as often), WB_STALL_BUDGET_S
+# attaches, 5; the 8-process ones half as many, the floor's twice as many
+# as the attaches of its process count), WB_STALL_BUDGET_S
 # (330: later conditions get fewer repetitions once it is spent).
 # About 4-5 minutes: compiling ~80 s, each stream mode ~70 s.
 set -uo pipefail
@@ -129,8 +130,9 @@ run_mode() {
   sleep 4
   echo "mark -" >&3
   sleep 0.3
-  for ((r = 0; r < $(reps "$REPS"); r++)); do procs 1 floor_ctx_1 ctx_proc; sleep 0.3; done
-  for ((r = 0; r < $(reps "$(((REPS + 1) / 2))"); r++)); do procs 8 floor_ctx_8 ctx_proc; sleep 0.3; done
+  # The floor's processes are short: twice the repetitions, for samples.
+  for ((r = 0; r < $(reps $((2 * REPS))); r++)); do procs 1 floor_ctx_1 ctx_proc; sleep 0.3; done
+  for ((r = 0; r < $(reps "$REPS"); r++)); do procs 8 floor_ctx_8 ctx_proc; sleep 0.3; done
   for ((r = 0; r < $(reps 2); r++)); do
     [ -f "$MD/bf16_a_embedded.pt2" ] || break
     inproc aoti "$MD/bf16_a_embedded.pt2" inproc_aoti_default

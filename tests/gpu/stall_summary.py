@@ -11,7 +11,12 @@ p99_ratio_to_floor: its p99 over the p99 of the bare-context floor with as
 many processes (floor_ctx_8 for names ending in _8 or _8_verify,
 floor_ctx_1 otherwise), same stream mode. `target` and `met` say which
 target applies: broker conditions p99_ratio <= 1.10, attach conditions
-p99_ratio_to_floor <= 1.10; the others are shown, not judged. Prints a table.
+p99_ratio_to_floor <= 1.10; the others are shown, not judged.
+excess_ms_per_window is the time the victim lost in one window of the
+condition (one repetition): the sum of its iterations' excess over the
+baseline's median. A p99 depends on the window's length (a long window of
+mostly quiet iterations dilutes it; a floor process's window is shorter than
+an attach's), this does not, so both are given. Prints a table.
 Percentiles are nearest-rank."""
 import argparse
 import gzip
@@ -35,16 +40,27 @@ def floor_of(name):
 
 
 def summarize(series):
-    by = {}
+    by, windows, prev = {}, {}, None
     for ms, lab in zip(series["ms"], series["lab"]):
         name = series["labels"][lab]
         if name != "-":
             by.setdefault(name, []).append(ms)
+            if lab != prev:
+                windows[name] = windows.get(name, 0) + 1
+        prev = lab
+    base = sorted(by.get("baseline", []))
+    base_p50 = pct(base, 50)
     stats = {}
     for name, v in by.items():
+        # The victim's lost time: how much longer its iterations took than
+        # the baseline's median, summed over a window. Unlike a percentile it
+        # does not depend on how long the window is.
+        excess = sum(max(0.0, x - base_p50) for x in v) if base_p50 is not None else None
         v.sort()
-        stats[name] = {"n": len(v), "p50_ms": pct(v, 50), "p99_ms": pct(v, 99),
-                       "max_ms": v[-1], "mean_ms": round(sum(v) / len(v), 4)}
+        stats[name] = {"n": len(v), "windows": windows[name], "p50_ms": pct(v, 50),
+                       "p99_ms": pct(v, 99), "max_ms": v[-1], "mean_ms": round(sum(v) / len(v), 4),
+                       "excess_ms_per_window": (round(excess / windows[name], 2)
+                                                if excess is not None else None)}
     return stats
 
 
@@ -93,14 +109,14 @@ def main():
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
     print(f"{'stream':12} {'condition':26} {'n':>6} {'p50':>7} {'p99':>7} {'max':>8} "
-          f"{'p99/base':>8} {'p99/floor':>9} target")
+          f"{'p99/base':>8} {'p99/floor':>9} {'lost/rep':>8} target")
     for c in conds:
         def f(x, w):
             return f"{x:{w}.3f}" if isinstance(x, (int, float)) else f"{'-':>{w}}"
         met = "" if "met" not in c else ("met" if c["met"] else "NOT MET")
         print(f"{c['stream']:12} {c['name']:26} {c['n']:6d} {f(c['p50_ms'], 7)} "
               f"{f(c['p99_ms'], 7)} {f(c['max_ms'], 8)} {f(c['p99_ratio'], 8)} "
-              f"{f(c.get('p99_ratio_to_floor'), 9)} {met}")
+              f"{f(c.get('p99_ratio_to_floor'), 9)} {f(c.get('excess_ms_per_window'), 8)} {met}")
     return 0
 
 
