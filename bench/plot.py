@@ -2,9 +2,9 @@
 """Plots of the GPU evidence benchmarks, from the files tests/gpu/stall.sh,
 memory.sh and attach.sh write.
 
-  bench/plot.py DIR [--out OUTDIR]
+  bench/plot.py DIR... [--out OUTDIR]
 
-Reads, from DIR, whichever of these are there: stall.json with
+Reads, from each DIR, whichever of these are there: stall.json with
 stall_series_{legacy,nonblocking}.json.gz, memory.json, attach.json; writes
 into OUTDIR (default: bench/) stall.png (the victim's iteration times over
 the run, coloured by condition, one panel per stream mode, and the p99
@@ -136,18 +136,19 @@ def plot_attach(d, out):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("dir")
+    ap.add_argument("dirs", nargs="+")
     ap.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
     a = ap.parse_args()
     made = []
-    for name, fn in (("stall.json", plot_stall), ("memory.json", plot_memory),
-                     ("attach.json", plot_attach)):
-        if os.path.exists(os.path.join(a.dir, name)):
-            p = fn(a.dir, a.out)
-            if p:
-                made.append(os.path.join(a.out, p))
+    for d in a.dirs:
+        for name, fn in (("stall.json", plot_stall), ("memory.json", plot_memory),
+                         ("attach.json", plot_attach)):
+            if os.path.exists(os.path.join(d, name)):
+                p = fn(d, a.out)
+                if p:
+                    made.append(os.path.join(a.out, p))
     if not made:
-        sys.exit(f"nothing to plot in {a.dir}")
+        sys.exit(f"nothing to plot in {' '.join(a.dirs)}")
     print("\n".join(made))
     return 0
 

@@ -55,7 +55,7 @@ declare -A CPID
 for g in "${GIBS[@]}"; do
   emb=
   python3 -c "import sys; sys.exit(not float('$g') <= float('$EMB_MAX'))" && emb=embedded
-  models "$WORK/attach_$g" "$g" $emb >"$OUT/models_$g.log" 2>&1 &
+  models "$WORK/models_${g}gib" "$g" $emb >"$OUT/models_$g.log" 2>&1 &
   CPID[$g]=$!
   PIDS+=("$!")
 done
@@ -90,7 +90,7 @@ run_worker() {
 
 # ---- by size ----------------------------------------------------------------
 for g in "${GIBS[@]}"; do
-  d=$WORK/attach_$g
+  d=$WORK/models_${g}gib
   [ -f "$d/.gib" ] || { say "no models of $g GiB: skipped"; continue; }
   cat "$d"/bf16_base.safetensors "$d"/bf16_head_a.safetensors >/dev/null # page cache
   start_broker "$WORK/attach.sock" "$OUT/broker_$g.log" \

@@ -26,7 +26,7 @@ OUT=${1:?usage: tests/gpu/memory.sh OUT}
 . "$(dirname "$0")/bench_lib.sh"
 GIB=${WB_MEMORY_GIB:-2}
 read -r -a NS <<<"${WB_MEMORY_NS:-1 2 4 8}"
-MD=$WORK/memory_models
+MD=$WORK/models_${GIB}gib # shared with stall.sh when the sizes agree
 RES=$OUT/points.jsonl
 : >"$RES"
 

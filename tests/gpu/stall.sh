@@ -48,7 +48,7 @@ GIB=${WB_STALL_GIB:-2}
 LOAD_GIB=${WB_STALL_LOAD_GIB:-8}
 REPS=${WB_STALL_REPS:-5}
 BUDGET=${WB_STALL_BUDGET_S:-330}
-MD=$WORK/stall_models
+MD=$WORK/models_${GIB}gib # shared with memory.sh when the sizes agree
 BIG=$WORK/stall_load.safetensors
 FIFO=$WORK/stall.ctl
 
@@ -168,6 +168,7 @@ done
 grep -h '^attach\|^verified' "$OUT"/proc_attach_1_verify_0.log >>"$LOG" 2>/dev/null
 grep -h '^event=model_ready\|model_ready' "$OUT/broker.log" | tail -n 4 >>"$LOG"
 stop_broker
+rm -f "$BIG" # 8 GiB of disk, quick to write again
 
 python3 "$ROOT/tests/gpu/stall_summary.py" "$OUT/stall.json" "$OUT"/stall_series_*.json.gz \
   --floor "$FLOOR_IMPL" --gpu "$OUT/gpu.json" | tee -a "$LOG" || fail "summary"
