@@ -27,10 +27,10 @@
  * kernel of the process, which a serving worker must never do; the low
  * priority lets the worker's own kernels go first. The stream and the
  * buffers of a device are made once and kept for the process's life:
- * allocating and freeing pinned memory (cudaHostAlloc, cudaFreeHost)
- * synchronises with the whole device, which a verification every few
- * seconds would otherwise do each time. One verification at a time uses a
- * device's verifier (its mutex). */
+ * a page-locked allocation synchronises the process's streams implicitly
+ * (CUDA programming guide) and cudaFreeHost waits for outstanding work,
+ * which a verification every few seconds would otherwise do each time. One verification at a time
+ * uses a device's verifier (its mutex). */
 typedef struct dev_verifier {
     int ready;
 #ifdef WB_HAVE_CUDA
