@@ -15,8 +15,9 @@
 #                            context (cudaSetDevice + cudaFree(NULL)) and exit
 #   inproc_aoti_default      inside the victim, a second AOTI container of the
 #                            same weights with its constants in the .so,
-#                            loaded the default way (aoti_load_package:
-#                            synchronous copies from pageable memory)
+#                            created the default way (the library's
+#                            CreateWithDevice: synchronous copies from
+#                            pageable memory)
 #   inproc_pinned_staging    inside the victim, the same weights' bytes through
 #                            pinned staging buffers, 64 MiB chunks, on a
 #                            low-priority non-blocking stream
@@ -119,7 +120,8 @@ run_mode() {
   mkfifo "$FIFO"
   exec 3<>"$FIFO"
   python3 "$ROOT/tests/gpu/stall_victim.py" --stream "$mode" --control "$FIFO" \
-    --series "$OUT/stall_series_$mode.json.gz" >"$VOUT" 2>"$OUT/victim_$mode.err" &
+    --series "$OUT/stall_series_$mode.json.gz" --scratch "$WORK/stall_unpacked" \
+    >"$VOUT" 2>"$OUT/victim_$mode.err" &
   local vpid=$!
   PIDS+=("$vpid")
   wait_for 120 has_line "$VOUT" "^ready" ||
@@ -168,7 +170,7 @@ done
 grep -h '^attach\|^verified' "$OUT"/proc_attach_1_verify_0.log >>"$LOG" 2>/dev/null
 grep -h '^event=model_ready\|model_ready' "$OUT/broker.log" | tail -n 4 >>"$LOG"
 stop_broker
-rm -f "$BIG" # 8 GiB of disk, quick to write again
+rm -rf "$BIG" "$WORK/stall_unpacked" # disk, quick to make again
 
 python3 "$ROOT/tests/gpu/stall_summary.py" "$OUT/stall.json" "$OUT"/stall_series_*.json.gz \
   --floor "$FLOOR_IMPL" --gpu "$OUT/gpu.json" | tee -a "$LOG" || fail "summary"

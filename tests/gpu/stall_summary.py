@@ -12,6 +12,9 @@ many processes (floor_ctx_8 for names ending in _8 or _8_verify,
 floor_ctx_1 otherwise), same stream mode. `target` and `met` say which
 target applies: broker conditions p99_ratio <= 1.10, attach conditions
 p99_ratio_to_floor <= 1.10; the others are shown, not judged.
+gpu_p50_ms, gpu_p99_ms, gpu_max_ms: the same of the GPU's time between
+events around each iteration's kernels (a stall on the device shows in
+both, one on the host, such as a blocked launch, only in the wall time).
 excess_ms_per_window is the time the victim lost in one window of the
 condition (one repetition): the sum of its iterations' excess over the
 baseline's median. A p99 depends on the window's length (a long window of
@@ -40,11 +43,14 @@ def floor_of(name):
 
 
 def summarize(series):
-    by, windows, prev = {}, {}, None
-    for ms, lab in zip(series["ms"], series["lab"]):
+    by, gpu, windows, prev = {}, {}, {}, None
+    gpu_ms = series.get("gpu_ms") or [None] * len(series["ms"])
+    for ms, g, lab in zip(series["ms"], gpu_ms, series["lab"]):
         name = series["labels"][lab]
         if name != "-":
             by.setdefault(name, []).append(ms)
+            if g is not None:
+                gpu.setdefault(name, []).append(g)
             if lab != prev:
                 windows[name] = windows.get(name, 0) + 1
         prev = lab
@@ -61,6 +67,11 @@ def summarize(series):
                        "p99_ms": pct(v, 99), "max_ms": v[-1], "mean_ms": round(sum(v) / len(v), 4),
                        "excess_ms_per_window": (round(excess / windows[name], 2)
                                                 if excess is not None else None)}
+        g = sorted(gpu.get(name, []))
+        if g:
+            stats[name]["gpu_p50_ms"] = pct(g, 50)
+            stats[name]["gpu_p99_ms"] = pct(g, 99)
+            stats[name]["gpu_max_ms"] = g[-1]
     return stats
 
 

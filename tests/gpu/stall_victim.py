@@ -3,7 +3,7 @@
 serves steadily and records every iteration.
 
   stall_victim.py --stream legacy|nonblocking --control FIFO --series OUT.json.gz
-                  [--iter-ms 1.5] [--max-seconds 600] [--dry-run]
+                  [--iter-ms 1.5] [--max-seconds 600] [--scratch DIR] [--dry-run]
 
 Each iteration runs bf16 matmuls (4096 x 4096 x 4096, as many as make about
 --iter-ms) on the chosen stream, then waits for that stream, and records its
@@ -15,12 +15,17 @@ It reads commands, one a line, from the FIFO:
 
   mark NAME        label the following iterations NAME ("-": between
                    conditions, left out of every statistic)
-  aoti PATH NAME   in a thread of this process: load the AOTInductor package
-                   PATH the default way (torch._inductor.aoti_load_package;
-                   a package with its constants inside the .so copies them
-                   with synchronous pageable copies), run nothing, free it;
-                   iterations meanwhile are labelled NAME; prints
-                   "done NAME MS" on stdout
+  aoti PATH NAME   in a thread of this process: a second AOTInductor
+                   container of the package PATH, created the default way:
+                   AOTInductorModelContainerCreateWithDevice of its model
+                   library (what torch's own loader calls), which copies the
+                   constants embedded in the .so with synchronous copies
+                   from pageable memory. The package is unpacked and the
+                   .so dlopen'd first, outside the window; the window
+                   (iterations labelled NAME) is the creation; the container
+                   is deleted after it. Called through ctypes, which lets go
+                   of Python's GIL, so the victim keeps launching as a C++
+                   server would. Prints "done NAME MS ok" on stdout
   pinned PATH NAME in a thread: copy the tensor bytes of the safetensors file
                    PATH into one device buffer through two 64 MiB pinned
                    buffers, chunk by chunk, with non-blocking copies on a
@@ -32,13 +37,14 @@ command protocol and the series file on a machine without a GPU.
 
 It prints "ready ..." once warmed up. The series file holds, gzipped JSON:
 {"stream", "iter_ms", "reps", "labels": [names], "t": [start s], "ms":
-[wall ms], "lab": [label index]} for every iteration after the warm-up.
-
-Python's GIL: a loading thread that holds it (a C++ call that does not
-release it) delays the victim's next launch; that shows in the victim's
-wall times as it would in any Python server that loads in-process.
+[wall ms], "gpu_ms": [the GPU's time between events recorded before and
+after the iteration's kernels], "lab": [label index]} for every iteration
+after the warm-up. Wall time is what a server sees; the GPU time tells a
+stall on the device from one on the host (a thread holding the GIL, a
+blocked launch).
 """
 import argparse
+import ctypes
 import gzip
 import json
 import os
@@ -46,6 +52,7 @@ import struct
 import sys
 import threading
 import time
+import zipfile
 
 torch = None  # imported in main(), not with --dry-run
 
@@ -63,7 +70,8 @@ class Series:
         self.reps = 1
         self.labels = ["-"]
         self.label = 0
-        self.t, self.ms, self.lab = [], [], []
+        self.t, self.ms, self.gpu_ms, self.lab = [], [], [], []
+        self.last_gpu_ms = 0.0
         self.stop = False
         self.lock = threading.Lock()
 
@@ -81,6 +89,7 @@ class Series:
             ms = self.step()
             self.t.append(round(t0 - t_origin, 6))
             self.ms.append(round(ms, 4))
+            self.gpu_ms.append(round(self.last_gpu_ms, 4))
             self.lab.append(lab)
 
 
@@ -94,7 +103,8 @@ class DryVictim(Series):
     def step(self):
         t0 = time.perf_counter()
         time.sleep(self.sleep_s)
-        return (time.perf_counter() - t0) * 1e3
+        self.last_gpu_ms = (time.perf_counter() - t0) * 1e3
+        return self.last_gpu_ms
 
 
 class Victim(Series):
@@ -112,6 +122,8 @@ class Victim(Series):
             self.a = torch.randn(n, n, device=self.dev, dtype=torch.bfloat16)
             self.b = torch.randn(n, n, device=self.dev, dtype=torch.bfloat16)
             self.c = torch.empty(n, n, device=self.dev, dtype=torch.bfloat16)
+        self.ev0 = torch.cuda.Event(enable_timing=True)
+        self.ev1 = torch.cuda.Event(enable_timing=True)
         self.reps = 1
         for _ in range(50):
             self.step()
@@ -120,18 +132,51 @@ class Victim(Series):
 
     def step(self):
         t0 = time.perf_counter()
+        self.ev0.record(self.stream)
         with torch.cuda.stream(self.stream):
             for _ in range(self.reps):
                 torch.matmul(self.a, self.b, out=self.c)
+        self.ev1.record(self.stream)
         self.stream.synchronize()
-        return (time.perf_counter() - t0) * 1e3
+        wall = (time.perf_counter() - t0) * 1e3
+        self.last_gpu_ms = self.ev0.elapsed_time(self.ev1)
+        return wall
 
 
-def load_aoti(path):
-    """The default way: the package's loader creates the container, which
-    loads the constants embedded in its .so by itself."""
-    m = torch._inductor.aoti_load_package(path)  # its copies are synchronous
-    del m
+class AotiLibrary:
+    """A model library of an AOTInductor package, unpacked into `into` and
+    dlopen'd (libtorch's libraries first, global, as a serving process has
+    them)."""
+
+    def __init__(self, path, into):
+        with zipfile.ZipFile(path) as z:
+            sos = [n for n in z.namelist() if n.endswith(".so")]
+            if len(sos) != 1:
+                raise RuntimeError(f"{path}: {len(sos)} model libraries, expected 1")
+            z.extractall(into)
+        self.so = os.path.join(into, sos[0])
+        lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
+        for n in ("libc10.so", "libc10_cuda.so", "libtorch_cpu.so", "libtorch_cuda.so",
+                  "libtorch.so"):
+            if os.path.exists(os.path.join(lib_dir, n)):
+                ctypes.CDLL(os.path.join(lib_dir, n), mode=ctypes.RTLD_GLOBAL)
+        self.lib = ctypes.CDLL(self.so)
+        self.create = self.lib.AOTInductorModelContainerCreateWithDevice
+        self.create.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t,
+                                ctypes.c_char_p, ctypes.c_char_p]
+        self.create.restype = ctypes.c_int32
+        self.delete = self.lib.AOTInductorModelContainerDelete
+        self.delete.argtypes = [ctypes.c_void_p]
+        self.delete.restype = ctypes.c_int32
+
+    def create_container(self):
+        """The container, its constants loaded by the library itself (ctypes
+        lets go of the GIL for the call)."""
+        h = ctypes.c_void_p()
+        rc = self.create(ctypes.byref(h), 1, b"cuda:0", os.path.dirname(self.so).encode())
+        if rc != 0:
+            raise RuntimeError(f"AOTInductorModelContainerCreateWithDevice returned {rc}")
+        return h
 
 
 def load_pinned(path):
@@ -165,18 +210,34 @@ def load_pinned(path):
     del dst
 
 
-def worker(v, kind, path, name, dry):
-    v.set_label(name)
-    t0 = time.perf_counter()
+LIBRARIES = {}  # package path -> AotiLibrary, unpacked and dlopen'd once
+
+
+def worker(v, kind, path, name, dry, scratch):
+    ms, ok = 0.0, "ok"
     try:
         if dry:
+            v.set_label(name)
+            t0 = time.perf_counter()
             time.sleep(0.3)
+            ms = (time.perf_counter() - t0) * 1e3
+        elif kind == "aoti":
+            if path not in LIBRARIES:
+                LIBRARIES[path] = AotiLibrary(path, os.path.join(scratch, f"aoti{len(LIBRARIES)}"))
+            lib = LIBRARIES[path]
+            v.set_label(name)
+            t0 = time.perf_counter()
+            h = lib.create_container()
+            ms = (time.perf_counter() - t0) * 1e3
+            v.set_label("-")
+            lib.delete(h)  # frees its constants: outside the window
         else:
-            (load_aoti if kind == "aoti" else load_pinned)(path)
-        ok = "ok"
+            v.set_label(name)
+            t0 = time.perf_counter()
+            load_pinned(path)
+            ms = (time.perf_counter() - t0) * 1e3
     except Exception as e:  # reported, and the run goes on
         ok = f"error {type(e).__name__}: {e}".replace("\n", " ")
-    ms = (time.perf_counter() - t0) * 1e3
     v.set_label("-")
     log(f"done {name} {ms:.1f} {ok}")
 
@@ -188,6 +249,8 @@ def main():
     p.add_argument("--series", required=True)
     p.add_argument("--iter-ms", type=float, default=1.5)
     p.add_argument("--max-seconds", type=float, default=600)
+    p.add_argument("--scratch", default="/tmp",
+                   help="where packages are unpacked (default /tmp)")
     p.add_argument("--dry-run", action="store_true")
     a = p.parse_args()
     if a.dry_run:
@@ -214,7 +277,7 @@ def main():
             if words[0] == "mark" and len(words) == 2:
                 v.set_label(words[1])
             elif words[0] in ("aoti", "pinned") and len(words) == 3:
-                th = threading.Thread(target=worker, args=(v, words[0], words[1], words[2], a.dry_run))
+                th = threading.Thread(target=worker, args=(v, words[0], words[1], words[2], a.dry_run, a.scratch))
                 th.start()
                 threads.append(th)
             elif words[0] == "quit":
@@ -232,7 +295,7 @@ def main():
         json.dump({"stream": a.stream, "iter_ms": iter_ms, "reps": v.reps,
                    "gemm": None if a.dry_run else [4096, 4096, 4096],
                    "dtype": "none (dry run)" if a.dry_run else "bf16", "dry_run": a.dry_run, "labels": v.labels,
-                   "t": v.t, "ms": v.ms, "lab": v.lab}, f, separators=(",", ":"))
+                   "t": v.t, "ms": v.ms, "gpu_ms": v.gpu_ms, "lab": v.lab}, f, separators=(",", ":"))
     log(f"wrote {len(v.ms)} iterations")
     return 0
 
