@@ -129,18 +129,30 @@ models() {
 }
 
 # A process that only makes a CUDA context, the way the workers do
-# (cudaSetDevice + cudaFree(NULL)): wb_bench_attach --context-only, or the
-# same two calls through ctypes when that binary was not shipped.
+# (cudaSetDevice + cudaFree(NULL)): wb_bench_attach --context-only, or,
+# when that binary was not shipped, the same two calls through ctypes (or
+# torch.cuda.init() where no libcudart can be loaded; it says which on
+# stdout).
 ctx_only() {
   if [ -x "$PROBE" ]; then
     "$PROBE" --context-only
   else
     python3 -c 'import ctypes, sys
+rt = None
 for n in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
     try:
-        rt = ctypes.CDLL(n); break
-    except OSError: rt = None
-sys.exit(rt is None or rt.cudaSetDevice(0) != 0 or rt.cudaFree(None) != 0)'
+        rt = ctypes.CDLL(n)
+        break
+    except OSError:
+        pass
+if rt is None:
+    import torch
+    torch.cuda.init()
+    print("torch.cuda.init()")
+    sys.exit(0)
+print("ctypes libcudart")
+sys.exit(rt.cudaSetDevice(0) != 0 or rt.cudaFree(None) != 0)'
   fi
 }
-FLOOR_IMPL=$([ -x "$PROBE" ] && echo "wb_bench_attach --context-only" || echo "python3 ctypes cudaSetDevice+cudaFree(NULL)")
+FLOOR_IMPL=$([ -x "$PROBE" ] && echo "wb_bench_attach --context-only" ||
+  echo "python3: cudaSetDevice + cudaFree(NULL) through ctypes, else torch.cuda.init() (see proc_floor_ctx_*.log)")
