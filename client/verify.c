@@ -29,8 +29,8 @@
  * buffers of a device are made once and kept for the process's life:
  * a page-locked allocation synchronises the process's streams implicitly
  * (CUDA programming guide) and cudaFreeHost waits for outstanding work,
- * which a verification every few seconds would otherwise do each time. One verification at a time
- * uses a device's verifier (its mutex). */
+ * which a verification every few seconds would otherwise do each time.
+ * Device tensors are hashed one at a time in the process (kept_mu). */
 typedef struct dev_verifier {
     int ready;
 #ifdef WB_HAVE_CUDA
@@ -41,10 +41,8 @@ typedef struct dev_verifier {
     XXH3_state_t *state;
 } dev_verifier;
 
-static struct {
-    pthread_mutex_t mu;
-    dev_verifier v;
-} kept[VERIFY_DEVICES] = {[0 ... VERIFY_DEVICES - 1] = {PTHREAD_MUTEX_INITIALIZER, {0}}};
+static pthread_mutex_t kept_mu = PTHREAD_MUTEX_INITIALIZER;
+static dev_verifier kept[VERIFY_DEVICES];
 
 static void dev_verifier_free(dev_verifier *v)
 {
@@ -159,9 +157,9 @@ static int dev_hash_kept(const wb__tensor_entry *t, uint64_t *out, char *why, si
         dev_verifier_free(&v);
         return rc;
     }
-    pthread_mutex_lock(&kept[cur].mu);
-    int rc = dev_hash(&kept[cur].v, t, out, why, why_len);
-    pthread_mutex_unlock(&kept[cur].mu);
+    pthread_mutex_lock(&kept_mu);
+    int rc = dev_hash(&kept[cur], t, out, why, why_len);
+    pthread_mutex_unlock(&kept_mu);
     return rc;
 }
 
