@@ -208,8 +208,10 @@ static int create(wb_container *c, wb_lease *const *leases, size_t n_leases, con
     if (o->torch_lib_dir && o->torch_lib_dir[0] &&
         (rc = wb__aoti_preload_torch(c, o->torch_lib_dir)))
         return rc;
+    double t_lib = wb__aoti_mono_now();
     if ((rc = wb__aoti_locate(model_path, o->work_dir, &c->so_path, &c->tmpdir, &c->err)))
         return rc;
+    c->info.library_seconds = wb__aoti_mono_now() - t_lib;
     if ((rc = set_cubin_dir(c)))
         return rc;
     if ((rc = check_proxy_executor(c)))
@@ -222,7 +224,9 @@ static int create(wb_container *c, wb_lease *const *leases, size_t n_leases, con
         (rc = wb__aoti_rules_init(&c->rules, o->aliases, o->strip_prefix, o->prefix, o->mutated,
                                   o->constants_file, root, model_path, &c->err)))
         return rc;
+    t_lib = wb__aoti_mono_now();
     c->lib = dlopen(c->so_path, RTLD_NOW | RTLD_LOCAL);
+    c->info.library_seconds += wb__aoti_mono_now() - t_lib;
     if (!c->lib) {
         const char *e = dlerror();
         return wb__aoti_fail(

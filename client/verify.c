@@ -3,6 +3,7 @@
 
 #include "client_impl.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,12 +15,22 @@
 
 /* Device tensors are checked through pinned host buffers of this size. */
 #define VERIFY_CHUNK (8u << 20)
+/* Devices whose verifier is kept for the process's life; a tensor on a
+ * higher ordinal gets one for the call. */
+#define VERIFY_DEVICES 16
 
 /* Device tensors are hashed on the host without ever touching the legacy
  * default stream: chunks are copied with cudaMemcpyAsync on a private
- * non-blocking stream into two pinned buffers, and one chunk is hashed while
- * the next is in flight. A synchronous copy would wait for (and stall) every
- * kernel of the process, which a serving worker must never do. */
+ * non-blocking stream of the lowest priority into two pinned buffers, and
+ * one chunk is hashed while the next is in flight; each wait is on the
+ * chunk's own event. A synchronous copy would wait for (and stall) every
+ * kernel of the process, which a serving worker must never do; the low
+ * priority lets the worker's own kernels go first. The stream and the
+ * buffers of a device are made once and kept for the process's life:
+ * a page-locked allocation synchronises the process's streams implicitly
+ * (CUDA programming guide) and cudaFreeHost waits for outstanding work,
+ * which a verification every few seconds would otherwise do each time.
+ * Device tensors are hashed one at a time in the process (kept_mu). */
 typedef struct dev_verifier {
     int ready;
 #ifdef WB_HAVE_CUDA
@@ -29,6 +40,9 @@ typedef struct dev_verifier {
 #endif
     XXH3_state_t *state;
 } dev_verifier;
+
+static pthread_mutex_t kept_mu = PTHREAD_MUTEX_INITIALIZER;
+static dev_verifier kept[VERIFY_DEVICES];
 
 static void dev_verifier_free(dev_verifier *v)
 {
@@ -49,6 +63,33 @@ static void dev_verifier_free(dev_verifier *v)
     memset(v, 0, sizeof *v);
 }
 
+#ifdef WB_HAVE_CUDA
+/* The stream, events and buffers, made in the current device's context.
+ * A failure leaves what was made in `v`, for dev_verifier_free. */
+static cudaError_t dev_verifier_setup(dev_verifier *v, char *why, size_t why_len)
+{
+    v->ready = 1;
+    v->state = XXH3_createState();
+    if (!v->state) {
+        snprintf(why, why_len, "out of memory");
+        return cudaErrorMemoryAllocation;
+    }
+    int least = 0, greatest = 0;
+    cudaError_t ce = cudaDeviceGetStreamPriorityRange(&least, &greatest);
+    if (ce == cudaSuccess)
+        ce = cudaStreamCreateWithPriority(&v->stream, cudaStreamNonBlocking, least);
+    for (int i = 0; i < 2 && ce == cudaSuccess; i++) {
+        ce = cudaHostAlloc(&v->buf[i], VERIFY_CHUNK, cudaHostAllocDefault);
+        if (ce == cudaSuccess)
+            ce = cudaEventCreateWithFlags(&v->ev[i], cudaEventDisableTiming);
+    }
+    if (ce != cudaSuccess)
+        snprintf(why, why_len, "cannot set up pinned buffers and a stream: %s",
+                 cudaGetErrorString(ce));
+    return ce;
+}
+#endif
+
 static int dev_hash(dev_verifier *v, const wb__tensor_entry *t, uint64_t *out, char *why,
                     size_t why_len)
 {
@@ -60,26 +101,12 @@ static int dev_hash(dev_verifier *v, const wb__tensor_entry *t, uint64_t *out, c
     return WB_ENOSYS;
 #else
     cudaError_t ce = cudaSuccess;
-    if (!v->ready) {
-        v->ready = 1;
-        v->state = XXH3_createState();
-        if (!v->state) {
-            snprintf(why, why_len, "out of memory");
-            return WB_ENOMEM;
-        }
-        ce = cudaStreamCreateWithFlags(&v->stream, cudaStreamNonBlocking);
-        for (int i = 0; i < 2 && ce == cudaSuccess; i++) {
-            ce = cudaHostAlloc(&v->buf[i], VERIFY_CHUNK, cudaHostAllocDefault);
-            if (ce == cudaSuccess)
-                ce = cudaEventCreateWithFlags(&v->ev[i], cudaEventDisableTiming);
-        }
-        if (ce != cudaSuccess) {
-            snprintf(why, why_len, "cannot set up pinned buffers and a stream: %s",
-                     cudaGetErrorString(ce));
-            return WB_ENOGPU;
-        }
+    if (!v->ready && dev_verifier_setup(v, why, why_len) != cudaSuccess) {
+        int rc = v->state ? WB_ENOGPU : WB_ENOMEM;
+        dev_verifier_free(v); /* the next call tries again */
+        return rc;
     }
-    if (!v->state || !v->stream) {
+    if (!v->state || !v->stream || !v->buf[1] || !v->ev[1]) {
         snprintf(why, why_len, "the device verifier could not be set up");
         return WB_ENOGPU;
     }
@@ -114,26 +141,45 @@ static int dev_hash(dev_verifier *v, const wb__tensor_entry *t, uint64_t *out, c
 #endif
 }
 
+/* The checksum of device tensor `t`, with the kept verifier of the current
+ * device (or one made for this tensor beyond VERIFY_DEVICES). */
+static int dev_hash_kept(const wb__tensor_entry *t, uint64_t *out, char *why, size_t why_len)
+{
+    int cur = -1;
+#ifdef WB_HAVE_CUDA
+    if (cudaGetDevice(&cur) != cudaSuccess)
+        cur = -1;
+#endif
+    if (cur < 0 || cur >= VERIFY_DEVICES) {
+        dev_verifier v;
+        memset(&v, 0, sizeof v);
+        int rc = dev_hash(&v, t, out, why, why_len);
+        dev_verifier_free(&v);
+        return rc;
+    }
+    pthread_mutex_lock(&kept_mu);
+    int rc = dev_hash(&kept[cur], t, out, why, why_len);
+    pthread_mutex_unlock(&kept_mu);
+    return rc;
+}
+
 WB_EXPORT int wb_lease_verify(const wb_lease *lease, size_t *bad_index)
 {
     if (!lease)
         return WB_EINVAL;
-    dev_verifier dv;
-    memset(&dv, 0, sizeof dv);
     for (size_t i = 0; i < lease->n_tensors; i++) {
         const wb__tensor_entry *t = &lease->tensors[i];
         int rc = WB_OK;
         uint64_t got = 0;
         char why[200] = "";
         if (t->device >= 0)
-            rc = dev_hash(&dv, t, &got, why, sizeof why);
+            rc = dev_hash_kept(t, &got, why, sizeof why);
         else
             got = XXH3_64bits(t->data, (size_t)t->nbytes);
         if (rc == WB_OK && got != t->xxh3)
             rc = WB_ECORRUPT;
         if (rc == WB_OK)
             continue;
-        dev_verifier_free(&dv);
         if (bad_index)
             *bad_index = i;
         if (lease->client) {
@@ -153,6 +199,5 @@ WB_EXPORT int wb_lease_verify(const wb_lease *lease, size_t *bad_index)
         }
         return rc;
     }
-    dev_verifier_free(&dv);
     return WB_OK;
 }

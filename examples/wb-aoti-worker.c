@@ -536,6 +536,7 @@ static void print_result(worker *w, int rc)
     json_object_set_new(t, "lease_and_open", json_real(w->t_lease));
     json_object_set_new(t, "load_local", json_real(w->t_load_local));
     json_object_set_new(t, "container", json_real(w->t_container));
+    json_object_set_new(t, "library_load", json_real(info.library_seconds * 1e3));
     json_object_set_new(t, "attach_total", json_real(w->t_total));
     json_object_set_new(t, "first_run", json_real(w->run_ms_first));
     json_object_set_new(t, "median_run", json_real(w->run_ms_median));

@@ -168,8 +168,11 @@ WB_EXPORT int wb_lease_find(const wb_lease *lease, const char *name, wb_tensor_v
  * with the broker's. Returns WB_OK, or WB_ECORRUPT with *bad_index (if not
  * NULL) set to the first mismatching tensor. Device memory (cuda leases) is
  * copied to the host in 8 MiB chunks with cudaMemcpyAsync on a private
- * non-blocking stream into pinned buffers, never with a synchronous copy on
- * the legacy stream, so kernels of the same process keep running; without
+ * non-blocking stream of the lowest priority into pinned buffers, never with
+ * a synchronous copy on the legacy stream nor a device-wide synchronisation,
+ * so kernels of the same process keep running (the stream and the two 8 MiB
+ * pinned buffers are made at the first verification on a device and kept
+ * for the process's life; device tensors are hashed one at a time); without
  * CUDA in this build that returns WB_ENOSYS, without a usable GPU WB_ENOGPU,
  * with *bad_index set likewise. */
 WB_EXPORT int wb_lease_verify(const wb_lease *lease, size_t *bad_index);

@@ -197,6 +197,9 @@ typedef struct wb_container_info {
     double created_at;            /* Unix seconds */
     double create_seconds;        /* wall time of wb_container_create */
     size_t n_inputs, n_outputs;   /* 0 when the library does not say */
+    /* Of create_seconds: finding the model library (unpacking a .pt2) and
+     * dlopen, the part any process running the model pays. */
+    double library_seconds;
 } wb_container_info;
 
 /* Fills *out; strings belong to the container. */

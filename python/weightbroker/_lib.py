@@ -97,6 +97,7 @@ class ContainerInfo(ctypes.Structure):
         ("create_seconds", ctypes.c_double),
         ("n_inputs", ctypes.c_size_t),
         ("n_outputs", ctypes.c_size_t),
+        ("library_seconds", ctypes.c_double),
     ]
 
 

@@ -328,6 +328,9 @@ START_TEST(v211_binds_by_fqn_across_leases)
     ck_assert_uint_eq(info.embedded_bytes, 0);
     ck_assert_str_eq(info.device, "cpu");
     ck_assert_ptr_null(wb_container_stream(c));
+    /* The library's part of the creation is timed, and is a part of it. */
+    ck_assert(info.library_seconds > 0.0);
+    ck_assert(info.library_seconds <= info.create_seconds);
     /* Two wrappers of leased memory; no copy: the weights seen by the fake
      * are the leased bytes themselves. */
     ck_assert_int_eq(fake_fn(so, "fake_aoti_live_tensors")(), 2);

@@ -1,0 +1,158 @@
+# shellcheck shell=bash disable=SC2034
+# (SC2034: the variables set here are for the scripts that source it.)
+# Shared by tests/gpu/stall.sh, attach.sh and memory.sh (sourced, after
+# OUT is set): paths, logging, waiting, the broker, the test models.
+#
+# Environment: WB_GPU_BIN, WB_GPU_LIB (default .device/ao/{bin,lib}),
+# WB_GPU_WORK (scratch, default /tmp/wbgpu).
+
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BIN=${WB_GPU_BIN:-$ROOT/.device/ao/bin}
+LIB=${WB_GPU_LIB:-$ROOT/.device/ao/lib}
+WORK=${WB_GPU_WORK:-/tmp/wbgpu}
+LOG=$OUT/run.log
+mkdir -p "$WORK"
+: >"$LOG"
+export PYTHONUNBUFFERED=1
+TORCH_LIB=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))') ||
+  { echo "no torch in python3" >&2; exit 2; }
+export LD_LIBRARY_PATH=$LIB:$ROOT/.device/lib:$TORCH_LIB:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$LIB/../fallback
+WBROKERD=$BIN/wbrokerd
+WBCTL=$BIN/wbctl
+WORKER=$BIN/wb-aoti-worker
+PROBE=$BIN/wb_bench_attach
+PIDS=()
+FAILS=()
+
+say() { printf '[%4ds] %s\n' "$SECONDS" "$*" | tee -a "$LOG" >&2; }
+fail() {
+  say "FAIL: $*"
+  FAILS+=("$*")
+}
+cleanup() {
+  local p
+  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  wait 2>/dev/null
+}
+trap cleanup EXIT
+# wait_for SECS CMD...: polls CMD every 0.05 s.
+wait_for() {
+  local until=$((SECONDS + $1))
+  shift
+  while ! "$@" >/dev/null 2>&1; do
+    [ "$SECONDS" -ge "$until" ] && return 1
+    sleep 0.05
+  done
+}
+has_line() { grep -q -- "$2" "$1"; }
+count_lines() { grep -c -- "$2" "$1" 2>/dev/null || true; }
+now_ms() { echo $(($(date +%s%N) / 1000000)); }
+mem_used() { python3 "$ROOT/tests/gpu/gpumem.py" | python3 -c 'import json,sys; print(json.load(sys.stdin)["used"])'; }
+ctl() { "$WBCTL" --socket "$SOCK" "$@"; }
+
+# need_bins BIN...: every one executable and its libraries found.
+need_bins() {
+  local b
+  for b in "$@"; do
+    [ -x "$b" ] || { say "missing $b"; exit 2; }
+    if ldd "$b" | grep -q "not found"; then
+      say "$(basename "$b") lacks: $(ldd "$b" | grep "not found" | tr -s ' \t\n' ' ')"
+      exit 2
+    fi
+  done
+}
+
+# start_broker SOCK LOGFILE [--model NAME=PATH ...]: a cuda broker; waits
+# until every model given is ready (up to 180 s). Sets BROKER.
+start_broker() {
+  SOCK=$1
+  local blog=$2 n
+  shift 2
+  n=$(($# / 2))
+  BROKER_MODELS=$n
+  rm -f "$SOCK"
+  "$WBROKERD" --backend cuda --device 0 --socket "$SOCK" --heartbeat-ms 200 --stale-ms 3000 \
+    "$@" >"$blog" 2>&1 &
+  BROKER=$!
+  PIDS+=("$BROKER")
+  wait_for 180 broker_ready || { fail "the broker did not load its $n models: $(tail -n 5 "$blog")"; return 1; }
+}
+
+broker_ready() {
+  [ "$(ctl models --json | python3 -c 'import json,sys; print(sum(m["state"] == "ready" for m in json.load(sys.stdin)))')" = "$BROKER_MODELS" ]
+}
+
+stop_broker() {
+  kill -TERM "$BROKER" 2>/dev/null
+  wait "$BROKER" 2>/dev/null
+}
+
+# models DIR GIB [embedded]: the bf16 family of examples/compile_models.py
+# (a backbone of GIB GiB, heads a and b) in DIR, compiled unless DIR already
+# holds it for that size; with `embedded`, also variant a with its constants
+# in the .so (bf16_a_embedded.pt2), in a second process at the same time;
+# its failure is reported (fail) but not fatal: callers check the file.
+# Logs into OUT/compile_<dir>.log.
+models() {
+  local dir=$1 gib=$2 emb=${3:-} tag pid epid=
+  tag=$(basename "$dir")
+  mkdir -p "$dir"
+  if [ -f "$dir/bf16_a.pt2" ] && [ "$(cat "$dir/.gib" 2>/dev/null)" = "$gib" ] &&
+    { [ -z "$emb" ] || [ -f "$dir/bf16_a_embedded.pt2" ]; }; then
+    say "models in $dir (${gib} GiB) already compiled"
+    return 0
+  fi
+  rm -f "$dir/.gib"
+  python3 "$ROOT/examples/compile_models.py" "$dir" --family bf16 --backbone-gib "$gib" \
+    >"$OUT/compile_$tag.log" 2>&1 &
+  pid=$!
+  PIDS+=("$pid")
+  if [ -n "$emb" ]; then
+    python3 "$ROOT/examples/compile_models.py" "$dir" --family bf16 --only-embedded \
+      --backbone-gib "$gib" >"$OUT/compile_${tag}_embedded.log" 2>&1 &
+    epid=$!
+    PIDS+=("$epid")
+  fi
+  wait "$pid" || { fail "compile of $dir failed: $(tail -n 5 "$OUT/compile_$tag.log")"; return 1; }
+  echo "$gib" >"$dir/.gib"
+  say "compiled the ${gib} GiB models in $dir"
+  if [ -n "$epid" ]; then
+    # Without it only the conditions that need it are left out.
+    if ! wait "$epid"; then
+      rm -f "$dir/bf16_a_embedded.pt2"
+      fail "embedded compile of $dir failed: $(tail -n 5 "$OUT/compile_${tag}_embedded.log")"
+    fi
+  fi
+  return 0
+}
+
+# A process that only makes a CUDA context, the way the workers do
+# (cudaSetDevice + cudaFree(NULL)): wb_bench_attach --context-only, or,
+# when that binary was not shipped, the same two calls through ctypes (or
+# torch.cuda.init() where no libcudart can be loaded; it says which on
+# stdout).
+ctx_only() {
+  if [ -x "$PROBE" ]; then
+    "$PROBE" --context-only
+  else
+    python3 -c 'import ctypes, sys
+rt = None
+for n in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
+    try:
+        rt = ctypes.CDLL(n)
+        break
+    except OSError:
+        pass
+if rt is None:
+    import torch
+    torch.cuda.init()
+    print("torch.cuda.init()")
+    sys.exit(0)
+print("ctypes libcudart")
+sys.exit(rt.cudaSetDevice(0) != 0 or rt.cudaFree(None) != 0)'
+  fi
+}
+FLOOR_IMPL=$([ -x "$PROBE" ] && echo "wb_bench_attach --context-only" ||
+  echo "python3: cudaSetDevice + cudaFree(NULL) through ctypes, else torch.cuda.init() (see proc_floor_ctx_*.log)")
