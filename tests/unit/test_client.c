@@ -292,7 +292,7 @@ START_TEST(unknown_transport_is_refused)
         int mode;
         const char *transport;
         int backend;
-    } cases[] = {{FAKE_CUDA, "cuda-bogus", 2}, {FAKE_NORMAL, "cuda-vmm", 1}};
+    } cases[] = {{FAKE_CUDA, "cuda-bogus", 2}, {FAKE_NORMAL, "rdma", 1}};
     for (size_t k = 0; k < 2; k++) {
         fake f;
         fake_start(&f, 10000);
@@ -313,6 +313,19 @@ START_TEST(unknown_transport_is_refused)
         wb_client_destroy(&c);
         fake_stop(&f);
     }
+    /* A known transport on the wrong backend is a malformed reply. */
+    fake f;
+    fake_start(&f, 10000);
+    f.b.transport = "cuda-vmm";
+    wb_client *c = connect_fake(&f, 1, 2000);
+    wb_lease *l = NULL;
+    ck_assert_int_eq(wb_lease_acquire(c, "demo", &l), WB_EPROTO);
+    ck_assert_ptr_null(l);
+    ck_assert_ptr_nonnull(
+        strstr(wb_client_errmsg(c), "lease.slabs[0] is a cuda-vmm slab of a host backend"));
+    ck_assert_uint_eq(wb__mapcache_count(), 0);
+    wb_client_destroy(&c);
+    fake_stop(&f);
 }
 END_TEST
 
