@@ -37,17 +37,16 @@
 /* Defaults, chosen by bench/load on a 16-core H200 host (bench/RESULTS.md):
  * 3/4 of the cores read (the rest is left to the copier and the kernel), in
  * 4 MiB chunks through 32 buffers (128 MiB of pinned memory). The read
- * source: there, pread's figures fit every byte crossing host memory four
- * times (page cache read, staging buffer read for ownership and written,
- * read by the copy engine) against a ceiling near 200 GB/s; non-temporal
- * copies from a mapping drop the read for ownership. auto uses them for
- * files in the page cache only: on a 2-core development VM a cold file
- * loaded from its mapping at about half pread's rate. */
+ * source: pread. Measured there in one run (8 GiB, warm page cache, median
+ * of 3): pread 47.3 GB/s, copies from a mapping 46.8, the same with
+ * non-temporal stores 41.9 (and "auto", which picks those for a cached
+ * file, 40.6): the streaming stores did not pay for the mapping's page
+ * table work. */
 #define WB_STAGE_DEFAULT_CHUNK       (4ull * 1024u * 1024u)
 #define WB_STAGE_DEFAULT_BUFFERS     32
 #define WB_STAGE_DEFAULT_MAX_THREADS 16
 #define WB_STAGE_DEFAULT_READ_BLOCK  (256u * 1024u)
-#define WB_STAGE_DEFAULT_READ        WB_STAGE_READ_AUTO
+#define WB_STAGE_DEFAULT_READ        WB_STAGE_READ_PREAD
 #define WB_STAGE_DEFAULT_RING_PAGES  WB_STAGE_PAGES_NORMAL
 /* Mapped mode, register_threads > 0: the unit of registration. */
 #define WB_STAGE_REGISTER_PIECE (64ull * 1024u * 1024u)

@@ -148,14 +148,16 @@ UUID_JSON=$(printf '%s\n' "${UUIDS[@]}" | python3 -c 'import json,sys; print(jso
 record "{\"gpus\": $NGPU, \"uuids\": $UUID_JSON}"
 
 # Per-device state: @all has one ready copy per device with its UUID, @0 one.
-check=$(py "
+check=$(python3 -c "
+import json, sys
+d = json.load(sys.stdin)
 u = $UUID_JSON
 m = {x['name']: x for x in d}
 ok = all([(c['device'], c['uuid'], c['state']) for c in m[n]['copies']] ==
          [(i, u[i], 'ready') for i in range(len(u))] for n in ('fp32_base', 'fp32_head_a', 'fp32_head_b'))
 ok = ok and [(c['device'], c['uuid'], c['state']) for c in m['fp32_base0']['copies']] == [(0, u[0], 'ready')]
 ok = ok and all(c['slab_bytes'] >= m[n]['bytes'] for n in m for c in m[n]['copies'])
-ok" <"$OUT/models.json")
+print(ok)" <"$OUT/models.json")
 if [ "$check" = True ]; then
   pass "wbctl models: one ready copy per placed device, with the broker's UUIDs"
 else
@@ -167,7 +169,8 @@ if [ "$rows" = "$NGPU" ]; then
 else
   fail "wbctl models shows $rows rows for fp32_head_a, not $NGPU"
 fi
-record "{\"models\": $(cat "$OUT/models.json")}"
+# One line per record: the listing is pretty-printed.
+record "{\"models\": $(python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)))' <"$OUT/models.json")}"
 
 if [ "$METRICS" = 1 ]; then
   python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' \

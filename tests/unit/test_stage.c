@@ -803,7 +803,7 @@ START_TEST(test_config)
     ck_assert_uint_eq(c.chunk_bytes, WB_STAGE_DEFAULT_CHUNK);
     ck_assert_uint_eq(c.buffers, WB_STAGE_DEFAULT_BUFFERS);
     ck_assert_uint_eq(c.read_block, WB_STAGE_DEFAULT_READ_BLOCK);
-    ck_assert_int_eq(c.read_source, WB_STAGE_READ_AUTO);
+    ck_assert_int_eq(c.read_source, WB_STAGE_READ_PREAD);
     ck_assert_int_eq(c.ring_pages, WB_STAGE_PAGES_NORMAL);
     ck_assert_uint_eq(c.register_threads, 0);
     ck_assert_uint_eq(c.register_piece, WB_STAGE_REGISTER_PIECE);
