@@ -9,7 +9,11 @@
  * after fork() closes its copies at once (pthread_atfork), so that the
  * parent's death still ends them, and opens its own when it fetches. The
  * connections are close-on-exec: exec ends them too (the mappings go with
- * the old image). */
+ * the old image).
+ *
+ * The same connection carries the process's session (fdwire.h): its token
+ * goes in every hello, and names the process to a broker that cannot see
+ * its pid (another pid namespace). */
 #ifndef WB_FDCHAN_H
 #define WB_FDCHAN_H
 
