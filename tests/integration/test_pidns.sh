@@ -9,7 +9,9 @@
 # broker's is not an ancestor of: hidden too).
 # * a worker in its own namespace leases, maps and verifies; a client reads
 #   every tensor through its mapping equal to the checkpoint's bytes;
-#   wbctl leases shows the holder as conn:N;
+#   wbctl leases shows the holder as conn:N; the memfd it maps refuses
+#   writing and resizing; another hidden process presenting its lease id,
+#   or an unknown id, on the channel is refused with the reason;
 # * a worker killed with SIGKILL gives its lease back on its session's EOF
 #   (reason=descriptor_channel_closed) within a bound; workers killed at
 #   every point of their start leave no lease and no connection;
@@ -119,6 +121,45 @@ if got != want:
 print("%d tensors equal" % len(want))
 PY
 [ "$(session_lease_count)" = 2 ] || fail "expected 2 session leases: $(ctl leases --json)"
+
+# Another hidden process presents that lease's id on the channel: refused,
+# naming both sessions.
+DUMPID=$(head -n1 "$WB_TMP/dump.out")
+"${POD[@]}" "${PROBE[@]}" "$FDSOCK" "$DUMPID" >"$WB_TMP/p1.out" || fail "probe failed"
+grep -qx "status=-8 fds=0 announced=0 magic=WBF1" "$WB_TMP/p1.out" || fail "another session's lease: $(cat "$WB_TMP/p1.out")"
+grep -qE "^error=lease ${DUMPID:0:8} belongs to pid conn:[0-9]+ \(uid 0\), not to this connection's pid conn:[0-9]+ \(uid 0\)$" \
+  "$WB_TMP/p1.out" || fail "another session's lease: $(cat "$WB_TMP/p1.out")"
+"${POD[@]}" "${PROBE[@]}" "$FDSOCK" 00112233445566778899aabbccddeeff >"$WB_TMP/p2.out" || fail "probe failed"
+grep -qx "error=no lease 00112233" "$WB_TMP/p2.out" || fail "unknown lease id: $(cat "$WB_TMP/p2.out")"
+
+# What the hidden worker maps is sealed: opened read-write through
+# /proc/PID/map_files (root), it refuses writing, growing, shrinking and a
+# writable shared mapping.
+"$PYTHON" - "/proc/$W1/map_files" >"$WB_TMP/seal.out" 2>&1 <<'PY' || fail "seals: $(cat "$WB_TMP/seal.out")"
+import errno, fcntl, mmap, os, sys
+d = sys.argv[1]
+names = [n for n in os.listdir(d) if "memfd:wb-slab" in os.readlink(os.path.join(d, n))]
+if not names:
+    sys.exit("the worker maps no memfd slab")
+fd = os.open(os.path.join(d, names[0]), os.O_RDWR)
+size = os.fstat(fd).st_size
+print("seals %x" % fcntl.fcntl(fd, 1034))
+def refused(what, fn):
+    try:
+        fn()
+    except OSError as e:
+        print("%s refused: %s" % (what, errno.errorcode[e.errno]))
+        return
+    sys.exit("%s was allowed" % what)
+refused("write", lambda: os.pwrite(fd, b"x", 0))
+refused("grow", lambda: os.ftruncate(fd, size + 4096))
+refused("shrink", lambda: os.ftruncate(fd, 0))
+refused("mmap write", lambda: mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE))
+PY
+for what in write grow shrink "mmap write"; do
+  grep -qx "$what refused: EPERM" "$WB_TMP/seal.out" || fail "seals: $(cat "$WB_TMP/seal.out")"
+done
+grep -qx "seals f" "$WB_TMP/seal.out" || fail "seals: $(cat "$WB_TMP/seal.out")"
 kill -TERM "$DUMP"
 wait_exit "$DUMP"
 [ "$EXIT_RC" = 0 ] || fail "the dumping client exited with $EXIT_RC: $(cat "$WB_TMP/dump.err")"
