@@ -38,10 +38,6 @@ static void connection_lost(wb_client *c)
     }
 }
 
-/* Says hello on the current socket and records what the broker said. A
- * broker run other than the one that granted our leases is reported to the
- * client's on_restart hook (which orphans the leases) and with 1 in
- * *restarted. The caller holds c->mu. */
 /* Asks for this process's session on the broker's descriptor channel when
  * the broker has one ("<socket>.fd" is a socket). Without it (no channel,
  * a broker that predates sessions) the hello carries no token and the
@@ -63,23 +59,38 @@ static void session_locked(wb_client *c, char *why, size_t size)
         snprintf(why, size, " (no descriptor channel session: %.900s)", e.msg);
 }
 
+/* Says hello on the current socket and records what the broker said. A
+ * broker run other than the one that granted our leases is reported to the
+ * client's on_restart hook (which orphans the leases) and with 1 in
+ * *restarted. The caller holds c->mu. A broker that restarted between the
+ * token and the hello knows no such session and refuses it (as it refuses a
+ * hello without one that came while its channel was away): once more, with
+ * a fresh session. */
 static int hello_locked(wb_client *c, int *restarted, wb_err *err)
 {
     *restarted = 0;
     char why[WB_ERR_MSG_MAX];
-    session_locked(c, why, sizeof why);
-    Wbproto__HelloRequest hello = WBPROTO__HELLO_REQUEST__INIT;
-    hello.client = c->hello_name;
-    if (c->has_session) {
-        hello.session.data = c->session;
-        hello.session.len = WB_SESSION_TOKEN_LEN;
-    }
-    Wbproto__Request req = WBPROTO__REQUEST__INIT;
-    req.body_case = WBPROTO__REQUEST__BODY_HELLO;
-    req.hello = &hello;
     Wbproto__Reply *rep = NULL;
     wb_err e;
-    int rc = wb__rpc_call(&c->rpc, &req, 0, &rep, &e);
+    int rc;
+    for (int attempt = 0;; attempt++) {
+        session_locked(c, why, sizeof why);
+        Wbproto__HelloRequest hello = WBPROTO__HELLO_REQUEST__INIT;
+        hello.client = c->hello_name;
+        if (c->has_session) {
+            hello.session.data = c->session;
+            hello.session.len = WB_SESSION_TOKEN_LEN;
+        }
+        Wbproto__Request req = WBPROTO__REQUEST__INIT;
+        req.body_case = WBPROTO__REQUEST__BODY_HELLO;
+        req.hello = &hello;
+        rc = wb__rpc_call(&c->rpc, &req, 0, &rep, &e);
+        int session_lost =
+            c->has_session ? !wb__fdchan_session_open(c->rpc.path, c->session) : why[0] != '\0';
+        if (rc == WB_OK || !rep || attempt > 0 || !session_lost)
+            break;
+        wb__reply_free(&rep);
+    }
     if (rc != WB_OK) {
         if (!rep)
             connection_lost(c);

@@ -22,7 +22,9 @@
 #   after its session ended, forged or of the wrong size is refused with
 #   the reason;
 # * the broker killed and restarted: a worker in its own namespace takes a
-#   new session and a new lease from the new broker;
+#   new session and a new lease from the new broker; killed at every point
+#   of a hidden worker's start, the worker ends with a lease from the new
+#   broker or exits saying why, and no lease is left behind;
 # * a broker without a descriptor channel (/dev/shm names) refuses hidden
 #   clients and says why.
 source "$(dirname "$0")/lib.sh"
@@ -167,7 +169,8 @@ wait_exit "$DUMP"
 # --- SIGKILL: the session's EOF gives the lease back, at once.
 t0=$(date +%s%N)
 kill -KILL "$W1"
-wait_for test "$(session_lease_count)" = 0 || fail "the killed worker's lease was not reclaimed"
+no_session_lease() { [ "$(session_lease_count)" = 0 ]; }
+wait_for no_session_lease || fail "the killed worker's lease was not reclaimed"
 ms=$((($(date +%s%N) - t0) / 1000000))
 log "lease of a SIGKILLed worker in its own pid namespace reclaimed in ${ms} ms"
 [ "$ms" -le "$RECLAIM_LIMIT_MS" ] || fail "the reclaim took ${ms} ms, more than ${RECLAIM_LIMIT_MS} ms"
@@ -190,7 +193,8 @@ grep -qE "^lease [0-9a-f]{32} fds=1$" "$WB_TMP/plain2.out" || fail "plain client
   fail "the visible client's lease is not held by its pid: $(ctl leases --json)"
 PLAIN2=$(child_of "$PLAIN2NS")
 kill -KILL "$PLAIN2"
-wait_for test "$(ctl leases --json | json "len(d)")" = 0 || fail "the visible client's lease stayed after SIGKILL"
+no_leases() { [ "$(ctl leases --json | json "len(d)")" = 0 ]; }
+wait_for no_leases || fail "the visible client's lease stayed after SIGKILL"
 
 # --- Tokens: a live hidden session (the probe, uid 0, own namespace).
 spawn sess "${POD[@]}" "${PROBE[@]}" "$FDSOCK" session
@@ -243,6 +247,7 @@ grep -qxF "$NOSESSION" "$WB_TMP/t5.out" || fail "token after its session ended: 
 # connection is left (the broker's descriptor count comes back).
 leases_total() { ctl leases --json | json "len(d)"; }
 fds_of_broker() { ls "/proc/$BROKER_PID/fd" | wc -l; }
+fds_back() { [ "$(fds_of_broker)" -le "$base_fds" ]; }
 base_fds=$(fds_of_broker)
 for delay in 0 0.005 0.01 0.02 0.04 0.08 0.12 0.2 0.3; do
   spawn "k$delay" "${POD[@]}" "$WORKER" --socket "$SOCK" --model demo
@@ -250,8 +255,8 @@ for delay in 0 0.005 0.01 0.02 0.04 0.08 0.12 0.2 0.3; do
   kill -KILL "$LAST_PID"
   wait "$LAST_PID" 2>/dev/null
 done
-wait_for test "$(leases_total)" = 0 || fail "killed workers left leases: $(ctl leases --json)"
-wait_for test "$(fds_of_broker)" -le "$base_fds" ||
+wait_for no_leases || fail "killed workers left leases: $(ctl leases --json)"
+wait_for fds_back ||
   fail "the broker holds $(fds_of_broker) descriptors, $base_fds before the killed workers"
 
 # --- The broker killed and started again while a worker in its own
@@ -271,7 +276,50 @@ kill -TERM "$(child_of "$W2NS")"
 wait_exit "$W2NS"
 [ "$EXIT_RC" = 0 ] || fail "worker w2 exited with $EXIT_RC: $(cat "$WB_TMP/w2.err")"
 grep -q "^verification failed" "$WB_TMP/w2.out" && fail "worker w2 saw corrupted tensors"
-wait_for test "$(leases_total)" = 0 || fail "worker w2's lease stayed after it exited"
+wait_for no_leases || fail "worker w2's lease stayed after it exited"
+
+# --- The broker killed with SIGKILL at every point of a hidden worker's
+# start (connect, session, hello, acquire, fetch, map, hold) and started
+# again: the worker either holds a verified lease from the new broker
+# (taken with a new session) or has exited saying what failed; the new
+# broker lists no other lease, and a worker that ends leaves none.
+settled() {
+  gone "$1" || { [ "$(session_lease_count)" = 1 ] && output_has "$2" "verified "; }
+}
+outcomes=()
+for delay in 0 0.005 0.01 0.02 0.04 0.08 0.15; do
+  spawn "b$delay" "${POD[@]}" "$WORKER" --socket "$SOCK" --model demo --reacquire
+  WNS=$LAST_PID
+  sleep "$delay"
+  kill -KILL "$BROKER_PID"
+  wait "$BROKER_NS" 2>/dev/null
+  start_ns_broker --host-slab memfd --model "demo=$WB_TMP/demo.safetensors"
+  wait_for model_ready demo || fail "model demo did not become ready after the restart"
+  wait_for settled "$WNS" "b$delay" ||
+    fail "after the broker was killed at ${delay}s: worker alive without a lease: $(ctl leases --json) $(cat "$WB_TMP/b$delay.out")"
+  if gone "$WNS"; then
+    wait "$WNS"
+    rc=$?
+    [ "$rc" = 1 ] || fail "worker b$delay exited with $rc: $(cat "$WB_TMP/b$delay.err")"
+    grep -q "^wb-demo-worker: " "$WB_TMP/b$delay.err" || fail "worker b$delay exited without a reason"
+    [ "$(leases_total)" = 0 ] || fail "a lease without a worker: $(ctl leases --json)"
+    outcomes+=("$delay:exited")
+    log "worker b$delay: $(head -n1 "$WB_TMP/b$delay.err")"
+  else
+    grep -q "^verification failed" "$WB_TMP/b$delay.out" && fail "worker b$delay saw corrupted tensors"
+    [ "$(leases_total)" = 1 ] || fail "the new broker lists $(leases_total) leases"
+    if output_has "b$delay" "reacquired lease"; then
+      outcomes+=("$delay:reacquired")
+    else
+      outcomes+=("$delay:leased")
+    fi
+    kill -TERM "$(child_of "$WNS")"
+    wait_exit "$WNS"
+    [ "$EXIT_RC" = 0 ] || fail "worker b$delay exited with $EXIT_RC: $(cat "$WB_TMP/b$delay.err")"
+    wait_for no_leases || fail "worker b$delay's lease stayed after it exited"
+  fi
+done
+log "broker killed during a hidden worker's start, per delay: ${outcomes[*]}"
 
 # --- A broker with /dev/shm names has no descriptor channel: a hidden
 # client is refused, and told why.
