@@ -133,8 +133,9 @@ static void close_all(int *fds, size_t n)
 
 /* One exchange on a connected channel. *broken is set when the connection
  * cannot be used any more (the caller drops it). */
-static int exchange(chan *c, const uint8_t req[WB_FDWIRE_REQUEST_LEN], int *fds, size_t max_fds,
-                    size_t *n_fds, char msg[WB_FDWIRE_MSG_MAX + 1], int *broken, wb_err *err)
+static int exchange(chan *c, const uint8_t req[WB_FDWIRE_REQUEST_LEN], const char *what, int *fds,
+                    size_t max_fds, size_t *n_fds, char msg[WB_FDWIRE_MSG_MAX + 1], int *broken,
+                    wb_err *err)
 {
     *broken = 1;
     ssize_t n;
@@ -199,7 +200,7 @@ static int exchange(chan *c, const uint8_t req[WB_FDWIRE_REQUEST_LEN], int *fds,
     *broken = 0;
     if (status != WB_OK) {
         close_all(got, n_got);
-        return wb__err_set(err, status, "the broker refused the descriptors: %s",
+        return wb__err_set(err, status, "the broker refused %s: %s", what,
                            msg[0] ? msg : wb_strerror(status));
     }
     if (n_got > max_fds) {
@@ -235,7 +236,7 @@ int wb__fdchan_fetch(const char *socket_path, const uint8_t *lease_id, int timeo
         uint8_t req[WB_FDWIRE_REQUEST_LEN];
         char msg[WB_FDWIRE_MSG_MAX + 1];
         wb__fdwire_request_pack(req, lease_id);
-        rc = exchange(c, req, fds, max_fds, n_fds, msg, &broken, err);
+        rc = exchange(c, req, "the descriptors", fds, max_fds, n_fds, msg, &broken, err);
         if (!broken)
             break;
         chan_drop(c);
@@ -268,7 +269,7 @@ int wb__fdchan_session(const char *socket_path, int timeout_ms, uint8_t *token, 
         uint8_t req[WB_FDWIRE_REQUEST_LEN];
         char msg[WB_FDWIRE_MSG_MAX + 1];
         wb__fdwire_session_request_pack(req);
-        rc = exchange(c, req, fds, WB_FDWIRE_MAX_FDS, &n_fds, msg, &broken, err);
+        rc = exchange(c, req, "a session", fds, WB_FDWIRE_MAX_FDS, &n_fds, msg, &broken, err);
         close_all(fds, n_fds);
         if (rc == WB_OK && n_fds == 0) {
             wb_err perr;
