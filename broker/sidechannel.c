@@ -458,6 +458,8 @@ int wb__side_bind(wb_sidechan *s, const wb_peer_creds *kernel, const uint8_t *to
     if (len != WB_SESSION_TOKEN_LEN)
         return wb__err_set(err, WB_EINVAL, "the session token has %zu bytes, not %d", len,
                            WB_SESSION_TOKEN_LEN);
+    if (!kernel->known && !kernel->pid_hidden)
+        return wb__err_set(err, WB_EPERM, "the broker could not read the peer's credentials");
     wb_side_conn *c = NULL;
     for (size_t i = 0; i < s->n; i++) {
         if (s->v[i]->has_token && token_eq(s->v[i]->token, token))

@@ -341,6 +341,10 @@ START_TEST(test_session)
              "pid namespace)",
              kernel.pid);
     ck_assert_str_eq(err.msg, want);
+    wb_peer_creds unread = {0};
+    ck_assert_int_eq(wb__side_bind(&s, &unread, token, sizeof token, &out, &serial, &err),
+                     WB_EPERM);
+    ck_assert_str_eq(err.msg, "the broker could not read the peer's credentials");
     ck_assert_int_eq(wb__side_bind(&s, &kernel, token, 15, &out, &serial, &err), WB_EINVAL);
     ck_assert_str_eq(err.msg, "the session token has 15 bytes, not 16");
     uint8_t forged[WB_SESSION_TOKEN_LEN];
