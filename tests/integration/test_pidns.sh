@@ -44,10 +44,12 @@ RECLAIM_LIMIT_MS=2000
 [ "${WB_SANITIZED:-0}" = 1 ] && RECLAIM_LIMIT_MS=6000
 make_model "$WB_TMP/demo.safetensors" 5 9 >/dev/null
 
-# The broker's pid as the test sees it; wbctl runs in its pid namespace.
+# The broker's pid as the test sees it; wbctl runs in its pid namespace,
+# and its mount namespace (whose /proc is that pid namespace's: the
+# sanitizers read /proc/self).
 BROKER_NS=
 ctl() {
-  nsenter --target "$BROKER_PID" --pid "$WBCTL" --socket "$SOCK" "$@"
+  nsenter --target "$BROKER_PID" --pid --mount "$WBCTL" --socket "$SOCK" "$@"
   local rc=$?
   if [ "$rc" -ge 128 ]; then
     echo "wbctl $* died with status $rc" >>"$WB_TMP/crashes"
@@ -185,7 +187,7 @@ wait_exit "$LAST_PID"
 grep -qx "error=the peer's pid is not visible from the broker (uid 0, another pid namespace): its hello must carry the session token of the descriptor channel $FDSOCK" \
   "$WB_TMP/plain.out" || fail "hidden, no session: $(cat "$WB_TMP/plain.out")"
 # ...served as before where the broker sees its pid (its pid namespace).
-spawn plain2 nsenter --target "$BROKER_PID" --pid "$TESTCLIENT" --socket "$SOCK" acquire-plain demo
+spawn plain2 nsenter --target "$BROKER_PID" --pid --mount "$TESTCLIENT" --socket "$SOCK" acquire-plain demo
 PLAIN2NS=$LAST_PID
 wait_for grep -q "^lease " "$WB_TMP/plain2.out" || fail "a visible client without a session: $(cat "$WB_TMP/plain2.out")"
 grep -qE "^lease [0-9a-f]{32} fds=1$" "$WB_TMP/plain2.out" || fail "plain client: $(cat "$WB_TMP/plain2.out")"
@@ -224,7 +226,7 @@ grep -qE "^error=the session token belongs to uid 0 \(session conn:[0-9]+\), not
 grep -q "event=peer_refused reason=credentials uid=65534" "$BROKER_LOG" || fail "the broker did not log the refusal"
 
 # A process whose pid the broker sees presents a hidden session's token.
-nsenter --target "$BROKER_PID" --pid "$TESTCLIENT" --socket "$SOCK" hello-token "$TOKEN" >"$WB_TMP/t2.out"
+nsenter --target "$BROKER_PID" --pid --mount "$TESTCLIENT" --socket "$SOCK" hello-token "$TOKEN" >"$WB_TMP/t2.out"
 grep -qE "^error=the session token belongs to pid hidden \(another pid namespace\), not to this connection's pid [0-9]+$" \
   "$WB_TMP/t2.out" || fail "token of a hidden pid from a visible one: $(cat "$WB_TMP/t2.out")"
 
