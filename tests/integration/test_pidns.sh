@@ -212,6 +212,7 @@ grep -q "$TOKEN" "$BROKER_LOG" && fail "the broker logged a session token"
 "${POD[@]}" "$TESTCLIENT" --socket "$SOCK" hello-token "$TOKEN" >"$WB_TMP/t0.out" ||
   fail "the token's uid was refused: $(cat "$WB_TMP/t0.out")"
 grep -qE "^peer_pid=2147[0-9]+$" "$WB_TMP/t0.out" || fail "bound hello: $(cat "$WB_TMP/t0.out")"
+PROBE_SESSION=conn:$(($(sed -n 's/^peer_pid=//p' "$WB_TMP/t0.out") - 0x80000000))
 
 # Another uid, in a namespace of its own, presents it.
 chmod 0711 "$WB_TMP"
@@ -239,7 +240,7 @@ grep -qx "status=-1" "$WB_TMP/t4.out" || fail "short token: $(cat "$WB_TMP/t4.ou
 grep -qx "error=the session token has 2 bytes, not 16" "$WB_TMP/t4.out" || fail "short token: $(cat "$WB_TMP/t4.out")"
 kill -KILL "$SESSNS"
 wait "$SESSNS" 2>/dev/null
-wait_for grep -q "event=fd_channel_closed pid=conn:[0-9]* uid=0 reason=eof" "$BROKER_LOG" ||
+wait_for grep -q "event=fd_channel_closed pid=$PROBE_SESSION uid=0 reason=eof" "$BROKER_LOG" ||
   fail "the broker did not see the probe's session end"
 "${POD[@]}" "$TESTCLIENT" --socket "$SOCK" hello-token "$TOKEN" >"$WB_TMP/t5.out"
 grep -qxF "$NOSESSION" "$WB_TMP/t5.out" || fail "token after its session ended: $(cat "$WB_TMP/t5.out")"
