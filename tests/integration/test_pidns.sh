@@ -38,7 +38,11 @@ need_nobody
 
 PROBE=("$PYTHON" "$(dirname "$0")/fdchan_probe.py")
 FDSOCK=$SOCK.fd
-POD=(unshare --pid --fork --mount-proc --kill-child)
+# A pod: its own pid namespace and its own /dev/shm (a pod without hostIPC
+# does not see the host's), so nothing a broker or client here does can
+# depend on, or touch, the host's /dev/shm.
+POD=(unshare --pid --fork --mount-proc --kill-child
+  sh -c 'mount -t tmpfs -o size=64m,mode=1777 tmpfs /dev/shm && exec "$@"' sh)
 export WB_TIMEOUT_MS=3000
 RECLAIM_LIMIT_MS=2000
 [ "${WB_SANITIZED:-0}" = 1 ] && RECLAIM_LIMIT_MS=6000
@@ -245,17 +249,21 @@ wait_for grep -q "event=fd_channel_closed pid=$PROBE_SESSION uid=0 reason=eof" "
 "${POD[@]}" "$TESTCLIENT" --socket "$SOCK" hello-token "$TOKEN" >"$WB_TMP/t5.out"
 grep -qxF "$NOSESSION" "$WB_TMP/t5.out" || fail "token after its session ended: $(cat "$WB_TMP/t5.out")"
 
-# --- Workers in their own namespaces killed at every point of their start
-# (the namespace goes with unshare: --kill-child): no lease and no
-# connection is left (the broker's descriptor count comes back).
+# --- Workers in their own namespaces killed at every point of their start:
+# no lease and no connection is left (the broker's descriptor count comes
+# back).
 leases_total() { ctl leases --json | json "len(d)"; }
 fds_of_broker() { ls "/proc/$BROKER_PID/fd" | wc -l; }
 fds_back() { [ "$(fds_of_broker)" -le "$base_fds" ]; }
 base_fds=$(fds_of_broker)
+# Each worker leads its own process group (setsid): killing the group
+# reaches the worker even when unshare had not yet set it to die with it.
+leads_group() { [ "$(ps -o pgid= -p "$1" | tr -d ' ')" = "$1" ]; }
 for delay in 0 0.005 0.01 0.02 0.04 0.08 0.12 0.2 0.3; do
-  spawn "k$delay" "${POD[@]}" "$WORKER" --socket "$SOCK" --model demo
+  spawn "k$delay" setsid "${POD[@]}" "$WORKER" --socket "$SOCK" --model demo
+  wait_for leads_group "$LAST_PID" || fail "worker k$delay did not start its process group"
   sleep "$delay"
-  kill -KILL "$LAST_PID"
+  kill -KILL -- -"$LAST_PID"
   wait "$LAST_PID" 2>/dev/null
 done
 wait_for no_leases || fail "killed workers left leases: $(ctl leases --json)"
