@@ -30,8 +30,9 @@
 source "$(dirname "$0")/lib.sh"
 
 [ "$(id -u)" = 0 ] || skip "new pid namespaces (unshare --pid) need root"
-command -v unshare >/dev/null && command -v nsenter >/dev/null ||
+if ! command -v unshare >/dev/null || ! command -v nsenter >/dev/null; then
   skip "unshare and nsenter (util-linux) are not installed"
+fi
 unshare --pid --fork --mount-proc true 2>/dev/null ||
   skip "this kernel or container does not allow new pid namespaces"
 need_nobody
