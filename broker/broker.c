@@ -92,13 +92,19 @@ int wb__broker_lease_ended(wb_broker *b, wb_model *m, unsigned copy)
     return m->state;
 }
 
+typedef struct reclaim_ctx {
+    wb_broker *b;
+    const char *reason;
+} reclaim_ctx;
+
 static void on_reclaim(wb_lease_rec *l, void *arg)
 {
-    wb_broker *b = arg;
-    char hex[9], q[300], qc[80];
-    wb_info("lease_reclaim", "reason=process_exit lease=%s model=%s pid=%u comm=%s",
-            wb__lease_id_short(l->id, hex), wb__log_quote(q, sizeof q, l->model->name), l->pid,
-            wb__log_quote(qc, sizeof qc, l->comm));
+    const reclaim_ctx *rc = arg;
+    wb_broker *b = rc->b;
+    char hex[9], q[300], qc[80], name[32];
+    wb_info("lease_reclaim", "reason=%s lease=%s model=%s pid=%s comm=%s", rc->reason,
+            wb__lease_id_short(l->id, hex), wb__log_quote(q, sizeof q, l->model->name),
+            wb__peer_name(l->pid, name, sizeof name), wb__log_quote(qc, sizeof qc, l->comm));
     b->stats.leases_reclaimed++;
     /* Only count here: freeing a model waits until the lease table has
      * finished walking this pid's leases. */
@@ -109,7 +115,13 @@ static void on_reclaim(wb_lease_rec *l, void *arg)
 
 size_t wb__broker_reclaim_pid(wb_broker *b, uint32_t pid)
 {
-    size_t n = wb__leases_reclaim_pid(&b->leases, pid, on_reclaim, b);
+    return wb__broker_reclaim_why(b, pid, "process_exit");
+}
+
+size_t wb__broker_reclaim_why(wb_broker *b, uint32_t pid, const char *reason)
+{
+    reclaim_ctx rc = {b, reason};
+    size_t n = wb__leases_reclaim_pid(&b->leases, pid, on_reclaim, &rc);
     wb_model *m = b->models.head;
     while (m) {
         wb_model *next = m->next;

@@ -129,6 +129,9 @@ void wb__broker_free_model(wb_broker *b, wb_model *m);
 
 /* Reclaims every lease of a process proven dead. Returns how many. */
 size_t wb__broker_reclaim_pid(wb_broker *b, uint32_t pid);
+/* The same for another proof of the end (logged as reason=`reason`): a
+ * session's descriptor channel connection closed. */
+size_t wb__broker_reclaim_why(wb_broker *b, uint32_t pid, const char *reason);
 
 /* Before acting for a request from `pid`: when the process the broker
  * knows as `pid` has exited (a zero-timeout poll of its pidfd), its leases

@@ -301,10 +301,12 @@ void wb__conns_accept(wb_conns *cs)
             return;
         }
         /* A connection whose credentials cannot be read is served, but
-         * every request of it is refused (loop.c). */
+         * every request of it is refused (loop.c); one whose pid is hidden
+         * (another pid namespace) is served once its hello names a
+         * descriptor channel session. */
         wb_peer_creds creds;
         wb_err cerr;
-        if (wb__peer_creds_from_fd(fd, &creds, &cerr) != WB_OK) {
+        if (wb__peer_creds_from_fd(fd, &creds, &cerr) != WB_OK && !creds.pid_hidden) {
             char q[WB_ERR_MSG_MAX + 64];
             wb_warn("peer_credentials", "error=%s", wb__log_quote(q, sizeof q, cerr.msg));
         }
@@ -318,7 +320,7 @@ void wb__conns_accept(wb_conns *cs)
         if (creds.known) {
             unsigned same = 0;
             for (size_t k = 0; k < cs->n; k++)
-                same += cs->v[k]->creds.known && cs->v[k]->creds.pid == creds.pid;
+                same += cs->v[k]->kernel.known && cs->v[k]->kernel.pid == creds.pid;
             if (same >= cs->opt->max_per_process) {
                 close(fd);
                 refused(cs, "max_peers_per_process", creds.pid);
@@ -344,6 +346,7 @@ void wb__conns_accept(wb_conns *cs)
         c->fd = fd;
         c->serial = ++cs->next_serial;
         c->creds = creds;
+        c->kernel = creds;
         c->accepted_ms = wb__clock_mono_ms();
         int64_t due = c->accepted_ms + (int64_t)cs->opt->handshake_ms;
         if (cs->next_expire_ms == 0 || due < cs->next_expire_ms)

@@ -43,7 +43,11 @@ typedef struct wb_conn {
     uint64_t serial; /* the connection's identity for deferred replies */
     wb_zmtp z;
     size_t held; /* wb__zmtp_buffered(&z) as counted in wb_conns.buffered */
+    /* Who the requests act as: the kernel's view (SO_PEERCRED), or the
+     * descriptor channel session that a hello named (session != 0). */
     wb_peer_creds creds;
+    wb_peer_creds kernel; /* what SO_PEERCRED said at accept */
+    uint64_t session;     /* the bound session's connection serial, 0: none */
     struct outbuf *out_head, *out_tail;
     int queued;           /* messages in the queue */
     size_t queued_bytes;  /* their unsent bytes, counted in wb_conns.queued_bytes */

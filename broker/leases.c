@@ -1,5 +1,7 @@
 #include "leases.h"
 
+#include "fdwire.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -205,7 +207,10 @@ int wb__leases_grant(wb_lease_table *t, struct wb_model *model, const wb_peer_cr
             return wb__err_set(err, WB_ENOMEM, "out of memory for a peer record");
         }
         wb_err perr;
-        int fd = t->open_pidfd ? t->open_pidfd(c->pid, &perr) : -1;
+        /* A peer known by its session has no pid to watch: its session's
+         * connection is the proof of its end (sidechannel.h). */
+        int session = WB_IS_SESSION_ID(c->pid);
+        int fd = t->open_pidfd && !session ? t->open_pidfd(c->pid, &perr) : -1;
         if (fd >= 0 && t->epfd >= 0) {
             struct epoll_event ev = {.events = EPOLLIN, .data.u32 = c->pid};
             if (epoll_ctl(t->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
@@ -216,7 +221,7 @@ int wb__leases_grant(wb_lease_table *t, struct wb_model *model, const wb_peer_cr
                 return wb__err_errno(err, WB_EIO, e, "cannot watch process %u", c->pid);
             }
         }
-        if (fd < 0 && t->open_pidfd) {
+        if (fd < 0 && t->open_pidfd && !session) {
             free(p);
             free(l);
             /* The peer is gone (or its pid was reused): nobody can prove
@@ -230,6 +235,8 @@ int wb__leases_grant(wb_lease_table *t, struct wb_model *model, const wb_peer_cr
         p->pidfd = fd;
         if (comm)
             snprintf(p->comm, sizeof p->comm, "%s", comm[0] ? comm : "?");
+        else if (session)
+            snprintf(p->comm, sizeof p->comm, "?");
         else
             wb__peer_comm(c->pid, p->comm, sizeof p->comm);
         memmove(t->peers + ppos + 1, t->peers + ppos, (t->n_peers - ppos) * sizeof *t->peers);

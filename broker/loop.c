@@ -93,6 +93,60 @@ static void send_reply(loop *L, uint32_t op, const void *ident, size_t ident_len
                  rc == WB_ENOTFOUND ? "no_connection" : "peer_gone", (unsigned long long)rep->id);
 }
 
+/* Who connection c's requests act as. A hello that carries a descriptor
+ * channel session token binds the connection to that session (the token
+ * must have been handed to a connection of the same uid, and the same pid
+ * when the pid is visible); a peer whose pid the broker cannot see is
+ * served only so bound, and only while the session's connection lasts.
+ * WB_OK, or a refusal with the reason in err. */
+static int peer_identity(loop *L, wb_conn *c, const Wbproto__Request *req, wb_err *err)
+{
+    int ended = 0;
+    if (c->session && !(L->have_side && wb__side_session_alive(&L->side, c->session))) {
+        c->creds = c->kernel;
+        c->session = 0;
+        ended = 1;
+    }
+    if (req->body_case == WBPROTO__REQUEST__BODY_HELLO && req->hello->session.len > 0) {
+        if (!L->have_side)
+            return wb__err_set(err, WB_EINVAL,
+                               "the hello carries a session token, but this broker has no "
+                               "descriptor channel (it has one with --host-slab memfd)");
+        wb_peer_creds id;
+        uint64_t serial;
+        int rc = wb__side_bind(&L->side, &c->kernel, req->hello->session.data,
+                               req->hello->session.len, &id, &serial, err);
+        if (rc != WB_OK)
+            return rc;
+        if (c->session && c->session != serial)
+            return wb__err_set(err, WB_EPERM,
+                               "this connection is bound to another descriptor channel session "
+                               "already, which is still open");
+        c->creds = id;
+        c->session = id.pid_hidden ? serial : 0;
+        return WB_OK;
+    }
+    if (c->creds.known)
+        return WB_OK;
+    if (!c->kernel.pid_hidden)
+        return wb__err_set(err, WB_EPERM, "the broker could not read the peer's credentials");
+    if (ended)
+        return wb__err_set(err, WB_EPERM,
+                           "the descriptor channel session this connection was bound to has "
+                           "ended; say hello again with a new session token");
+    if (!L->have_side)
+        return wb__err_set(err, WB_EPERM,
+                           "the peer's pid is not visible from the broker (uid %u, another pid "
+                           "namespace) and this broker has no descriptor channel to know it by "
+                           "(start it with --host-slab memfd)",
+                           c->kernel.uid);
+    return wb__err_set(err, WB_EPERM,
+                       "the peer's pid is not visible from the broker (uid %u, another pid "
+                       "namespace): its hello must carry the session token of the descriptor "
+                       "channel %s",
+                       c->kernel.uid, L->side.path);
+}
+
 /* A complete request from connection c (wb_conns' on_message): decoded,
  * handled, and answered unless the reply comes later. */
 static void handle_request(void *ctx, wb_conn *c, const wb_zmtp_msg *m)
@@ -113,10 +167,11 @@ static void handle_request(void *ctx, wb_conn *c, const wb_zmtp_msg *m)
         wb_warn("bad_message", "reason=decode pid=%u bytes=%zu id=%llu error=%s", c->creds.pid,
                 m->len, (unsigned long long)id, wb__log_quote(q, sizeof q, err.msg));
         wb__ops_error(&rep, &arena, id, rc, err.msg);
-    } else if (!c->creds.known) {
-        wb_warn("peer_refused", "reason=credentials");
-        wb__ops_error(&rep, &arena, id, WB_EPERM,
-                      "the broker could not read the peer's credentials");
+    } else if ((rc = peer_identity(L, c, req, &err)) != WB_OK) {
+        b->stats.requests_refused++;
+        wb_warn("peer_refused", "reason=credentials uid=%u error=%s", c->kernel.uid,
+                wb__log_quote(q, sizeof q, err.msg));
+        wb__ops_error(&rep, &arena, id, rc, err.msg);
     } else if (wb__ops_handle(b, &c->creds, req, &ident, sizeof ident, &arena, &rep) ==
                WB_OPS_DEFERRED) {
         /* A load: the reply goes out when the loader is done. */

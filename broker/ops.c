@@ -245,13 +245,13 @@ static int op_acquire(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Re
     l->copy = copy;
     m->data.copies[copy].leases++;
     b->stats.leases_granted++;
-    char hex[9], qc[80];
+    char hex[9], qc[80], qn[32];
     /* Per-lease lines are debug: at thousands of leases a second, info
      * lines cost the broker more than the grant itself. */
     if (wb__log_get_level() <= WB_LOG_DEBUG)
-        wb_debug("lease_grant", "lease=%s model=%s device=%d pid=%u uid=%u gid=%u comm=%s",
+        wb_debug("lease_grant", "lease=%s model=%s device=%d pid=%s uid=%u gid=%u comm=%s",
                  wb__lease_id_short(l->id, hex), wb__log_quote(q, sizeof q, m->name),
-                 m->data.copies[copy].device, l->pid, l->uid, l->gid,
+                 m->data.copies[copy].device, wb__peer_name(l->pid, qn, sizeof qn), l->uid, l->gid,
                  wb__log_quote(qc, sizeof qc, l->comm));
 
     wbproto__acquire_reply__init(ar);

@@ -1,5 +1,7 @@
 #include "peer.h"
 
+#include "fdwire.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -19,17 +21,31 @@ int wb__peer_creds_from_fd(int fd, wb_peer_creds *out, wb_err *err)
     socklen_t len = sizeof uc;
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &len) != 0)
         return wb__err_errno(err, WB_EPERM, errno, "the peer's credentials are unavailable");
-    /* A peer in another pid namespace is reported as pid 0. */
-    if (uc.pid <= 0)
+    /* A peer in another pid namespace is reported as pid 0. Its uid and
+     * gid still hold (translated into the broker's user namespace). */
+    if (uc.pid <= 0) {
+        out->uid = (uint32_t)uc.uid;
+        out->gid = (uint32_t)uc.gid;
+        out->pid_hidden = 1;
         return wb__err_set(err, WB_EPERM,
                            "the peer's pid is not visible from the broker (uid %u, another pid "
                            "namespace)",
                            (unsigned)uc.uid);
+    }
     out->known = 1;
     out->uid = (uint32_t)uc.uid;
     out->gid = (uint32_t)uc.gid;
     out->pid = (uint32_t)uc.pid;
     return WB_OK;
+}
+
+const char *wb__peer_name(uint32_t pid, char *buf, size_t size)
+{
+    if (WB_IS_SESSION_ID(pid))
+        snprintf(buf, size, "conn:%u", pid - WB_SESSION_ID_BASE);
+    else
+        snprintf(buf, size, "%u", pid);
+    return buf;
 }
 
 const char *wb__peer_comm(uint32_t pid, char *buf, size_t size)

@@ -10,18 +10,28 @@
 #include <stdint.h>
 
 typedef struct wb_peer_creds {
-    int known; /* 1 when uid/gid/pid were read */
+    int known; /* 1 when uid/gid/pid were read (or the peer's session names it) */
     uint32_t uid;
     uint32_t gid;
+    /* The process id, or for a peer known by its descriptor channel session
+     * an id at or above WB_SESSION_ID_BASE (common/fdwire.h). */
     uint32_t pid;
+    /* 1 when the kernel gave uid and gid but pid 0: the peer lives in a pid
+     * namespace the broker cannot see into (known is 0 until a session
+     * names it). */
+    int pid_hidden;
 } wb_peer_creds;
 
 /* Reads the credentials of the process at the other end of a connected
  * unix socket (SO_PEERCRED, as the kernel recorded them at connect).
  * Returns 0 and fills *out (known = 1), or WB_EPERM with a message when they
- * cannot be read or the pid is not visible (0: another pid namespace);
- * *out is then zeroed. */
+ * cannot be read (*out zeroed) or the pid is not visible (0: another pid
+ * namespace; uid and gid are filled in and pid_hidden is 1). */
 int wb__peer_creds_from_fd(int fd, wb_peer_creds *out, wb_err *err);
+
+/* A peer's pid as logs and messages show it: "1234", or "conn:N" for a
+ * session id (WB_IS_SESSION_ID). Returns buf. */
+const char *wb__peer_name(uint32_t pid, char *buf, size_t size);
 
 /* Reads /proc/<pid>/comm into buf without its trailing newline; writes "?"
  * when it cannot be read. Returns buf. */

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -30,6 +31,11 @@ struct wb_side_conn {
     int answered; /* a request was served: the handshake deadline no longer applies */
     uint8_t (*ids)[WB_LEASE_ID_LEN];
     size_t n_ids, cap_ids;
+    /* The session: a token handed out on request; creds.pid is the
+     * session's id when the kernel gave no pid (hidden). */
+    uint8_t token[WB_SESSION_TOKEN_LEN];
+    int has_token;
+    int hidden;
 };
 
 #define TAG_LISTEN UINT64_MAX
@@ -96,6 +102,13 @@ static void conn_close(wb_sidechan *s, size_t i, const char *why)
     size_t reclaimed = 0;
     if (!c->answered)
         s->n_waiting--;
+    /* A session's end is its process's end (or the process gave it up):
+     * every lease of the identity goes, whichever connection asked for it.
+     * Without a session, only what this connection fetched. */
+    if (c->has_token && c->creds.known) {
+        reclaimed = wb__broker_reclaim_why(b, c->creds.pid, "descriptor_channel_closed");
+        c->n_ids = 0;
+    }
     for (size_t k = 0; k < c->n_ids; k++) {
         wb_lease_rec *l = wb__leases_find(&b->leases, c->ids[k]);
         if (!l || !wb__lease_held_by(l, &c->creds))
@@ -110,8 +123,9 @@ static void conn_close(wb_sidechan *s, size_t i, const char *why)
         wb__broker_lease_ended(b, m, copy);
         reclaimed++;
     }
-    wb_debug("fd_channel_closed", "pid=%u uid=%u reason=%s leases_reclaimed=%zu", c->creds.pid,
-             c->creds.uid, why, reclaimed);
+    char name[32];
+    wb_debug("fd_channel_closed", "pid=%s uid=%u reason=%s leases_reclaimed=%zu",
+             wb__peer_name(c->creds.pid, name, sizeof name), c->creds.uid, why, reclaimed);
     conn_free(c);
     s->v[i] = s->v[--s->n];
 }
@@ -213,9 +227,11 @@ static int judge(wb_sidechan *s, wb_side_conn *c, const uint8_t *id, int *fds, u
         return WB_ENOTFOUND;
     }
     if (!wb__lease_held_by(l, &c->creds)) {
+        char holder[32], mine[32];
         snprintf(msg, size,
-                 "lease %s belongs to pid %u (uid %u), not to this connection's pid %u (uid %u)",
-                 wb__lease_id_short(id, hex), l->pid, l->uid, c->creds.pid, c->creds.uid);
+                 "lease %s belongs to pid %s (uid %u), not to this connection's pid %s (uid %u)",
+                 wb__lease_id_short(id, hex), wb__peer_name(l->pid, holder, sizeof holder), l->uid,
+                 wb__peer_name(c->creds.pid, mine, sizeof mine), c->creds.uid);
         return WB_EPERM;
     }
     const wb_model *m = l->model;
@@ -245,6 +261,42 @@ static int judge(wb_sidechan *s, wb_side_conn *c, const uint8_t *id, int *fds, u
     return WB_OK;
 }
 
+/* Hands out the connection's session token (made at the first request).
+ * The token goes nowhere else: not in logs, not in replies to others. */
+static int session_token(wb_sidechan *s, wb_side_conn *c, char *msg, size_t size)
+{
+    wb_err err;
+    if (!c->creds.known) {
+        snprintf(msg, size, "%.200s", c->creds_error);
+        return WB_EPERM;
+    }
+    if (wb__auth_check_client(&s->b->auth, &c->creds, &err) != WB_OK) {
+        snprintf(msg, size, "%.200s", err.msg);
+        return WB_EPERM;
+    }
+    if (!c->has_token) {
+        size_t got = 0;
+        while (got < sizeof c->token) {
+            ssize_t r = getrandom(c->token + got, sizeof c->token - got, 0);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r < 0) {
+                snprintf(msg, size, "getrandom for a session token: %s", strerror(errno));
+                return WB_EIO;
+            }
+            got += (size_t)r;
+        }
+        c->has_token = 1;
+        char id[32];
+        wb_debug("session_opened", "session=%s uid=%u gid=%u",
+                 wb__peer_name(c->creds.pid, id, sizeof id), c->creds.uid, c->creds.gid);
+    }
+    char hex[WB_SESSION_TOKEN_HEX + 1];
+    wb__session_token_hex(c->token, hex);
+    snprintf(msg, size, "%s", hex);
+    return WB_OK;
+}
+
 /* Reads and answers; returns -1 when the connection was closed. */
 static int conn_readable(wb_sidechan *s, size_t i)
 {
@@ -268,7 +320,8 @@ static int conn_readable(wb_sidechan *s, size_t i)
         char msg[WB_FDWIRE_MSG_MAX + 1];
         int fds[WB_FDWIRE_MAX_FDS];
         uint32_t n_fds = 0;
-        int rc = wb__fdwire_request_parse(c->in, sizeof c->in, id, &err);
+        int kind = 0;
+        int rc = wb__fdwire_request_parse(c->in, sizeof c->in, &kind, id, &err);
         if (rc != WB_OK) {
             s->b->stats.malformed_messages++;
             char q[WB_ERR_MSG_MAX + 64];
@@ -278,7 +331,10 @@ static int conn_readable(wb_sidechan *s, size_t i)
             conn_close(s, i, "malformed");
             return -1;
         }
-        rc = judge(s, c, id, fds, &n_fds, msg, sizeof msg);
+        if (kind == WB_FDWIRE_REQ_SESSION)
+            rc = session_token(s, c, msg, sizeof msg);
+        else
+            rc = judge(s, c, id, fds, &n_fds, msg, sizeof msg);
         if (rc == WB_EPERM) {
             s->b->stats.requests_refused++;
             char q[WB_FDWIRE_MSG_MAX + 64];
@@ -327,10 +383,19 @@ static void side_accept(wb_sidechan *s)
         c->serial = ++s->next_serial;
         c->accepted_ms = s->b->now_ms();
         wb_err err;
-        /* A peer whose pid is not visible is refused on its first request,
-         * with the reason, rather than dropped silently. */
-        if (wb__peer_creds_from_fd(fd, &c->creds, &err) != WB_OK)
-            snprintf(c->creds_error, sizeof c->creds_error, "%s", err.msg);
+        /* A peer whose pid is not visible (another pid namespace) is known
+         * by this connection: its session id stands for the pid. A peer
+         * whose credentials cannot be read at all is refused on its first
+         * request, with the reason, rather than dropped silently. */
+        if (wb__peer_creds_from_fd(fd, &c->creds, &err) != WB_OK) {
+            if (c->creds.pid_hidden) {
+                c->creds.known = 1;
+                c->creds.pid = WB_SESSION_ID_BASE | (uint32_t)(c->serial & 0x7fffffffu);
+                c->hidden = 1;
+            } else {
+                snprintf(c->creds_error, sizeof c->creds_error, "%s", err.msg);
+            }
+        }
         struct epoll_event ev = {.events = EPOLLIN, .data.u64 = c->serial};
         if (epoll_ctl(s->ep, EPOLL_CTL_ADD, fd, &ev) != 0) {
             conn_free(c);
@@ -375,6 +440,62 @@ void wb__side_expire(wb_sidechan *s)
         }
         i++;
     }
+}
+
+/* Compares tokens in constant time: how long a wrong guess took tells
+ * nothing about the right one. */
+static int token_eq(const uint8_t *a, const uint8_t *b)
+{
+    uint8_t d = 0;
+    for (size_t i = 0; i < WB_SESSION_TOKEN_LEN; i++)
+        d |= a[i] ^ b[i];
+    return d == 0;
+}
+
+int wb__side_bind(wb_sidechan *s, const wb_peer_creds *kernel, const uint8_t *token, size_t len,
+                  wb_peer_creds *out, uint64_t *serial, wb_err *err)
+{
+    *serial = 0;
+    if (len != WB_SESSION_TOKEN_LEN)
+        return wb__err_set(err, WB_EINVAL, "the session token has %zu bytes, not %d", len,
+                           WB_SESSION_TOKEN_LEN);
+    if (!kernel->known && !kernel->pid_hidden)
+        return wb__err_set(err, WB_EPERM, "the broker could not read the peer's credentials");
+    wb_side_conn *c = NULL;
+    for (size_t i = 0; i < s->n; i++) {
+        if (s->v[i]->has_token && token_eq(s->v[i]->token, token))
+            c = s->v[i];
+    }
+    if (!c)
+        return wb__err_set(err, WB_EPERM,
+                           "no session on the descriptor channel %s has this token (its "
+                           "connection ended, or the token is forged)",
+                           s->path);
+    char name[32], mine[32];
+    wb__peer_name(c->creds.pid, name, sizeof name);
+    snprintf(mine, sizeof mine, "%s", "hidden (another pid namespace)");
+    if (kernel->known)
+        wb__peer_name(kernel->pid, mine, sizeof mine);
+    /* The token is bound to the kernel's view of the connection that
+     * received it: the same uid, and the same pid when one is visible. */
+    if (kernel->uid != c->creds.uid)
+        return wb__err_set(err, WB_EPERM,
+                           "the session token belongs to uid %u (session %s), not to this "
+                           "connection's uid %u",
+                           c->creds.uid, name, kernel->uid);
+    if (kernel->known != !c->hidden || (kernel->known && kernel->pid != c->creds.pid))
+        return wb__err_set(err, WB_EPERM,
+                           "the session token belongs to pid %s, not to this connection's pid %s",
+                           c->hidden ? "hidden (another pid namespace)" : name, mine);
+    *out = c->creds;
+    out->pid_hidden = c->hidden;
+    *serial = c->serial;
+    return WB_OK;
+}
+
+int wb__side_session_alive(const wb_sidechan *s, uint64_t serial)
+{
+    return find_serial(s, serial) != SIZE_MAX;
 }
 
 void wb__side_destroy(wb_sidechan *s)

@@ -3,8 +3,8 @@
  * lease fetches the descriptors of its slabs (SCM_RIGHTS). It is bound only
  * when the backend hands slabs out as descriptors (--host-slab memfd).
  *
- * A request is a lease id (common/fdwire.h, 20 bytes); nothing else is
- * accepted. The broker answers with the lease's descriptors only when the
+ * A request is a lease id or a session token request (common/fdwire.h, 20
+ * bytes); nothing else is accepted. The broker answers with the lease's descriptors only when the
  * connection's SO_PEERCRED (read at accept) is the lease's holder, the same
  * pid and uid; otherwise a status and a reason that the client reports. A
  * request of the wrong shape is answered and the connection closed. Every
@@ -16,7 +16,18 @@
  * so the kernel closes it when the process dies. When a connection ends,
  * the leases whose descriptors it fetched and that the same process still
  * holds are reclaimed, without the broker needing the process's pid (the
- * pidfd stays the proof wherever the pid is visible). */
+ * pidfd stays the proof wherever the pid is visible).
+ *
+ * Sessions: a connection may ask for its session token (fdwire.h); the
+ * client presents it in its ZeroMQ hello, and wb__side_bind then names
+ * the ZeroMQ connection's peer by this connection. That is how a process
+ * whose pid the broker cannot see (pid 0 from SO_PEERCRED: another pid
+ * namespace, a pod without hostPID) gets an identity: the session id
+ * (WB_SESSION_ID_BASE + the connection's serial) stands for its pid, with
+ * no pidfd. When a connection that handed out its token ends, every lease
+ * of its identity is reclaimed (pid or session id). A token is random (16
+ * bytes of getrandom), one per connection, bound to the uid (and visible
+ * pid) the kernel reported for the connection, and gone with it. */
 #ifndef WB_BROKER_SIDECHANNEL_H
 #define WB_BROKER_SIDECHANNEL_H
 
@@ -51,6 +62,19 @@ void wb__side_handle(wb_sidechan *s);
 
 /* Closes connections that sent no request within handshake_ms. */
 void wb__side_expire(wb_sidechan *s);
+
+/* Binds a ZeroMQ peer (`kernel`: its SO_PEERCRED, known or pid_hidden) to
+ * the session whose token is `token` (`len` bytes). On success *out is the
+ * identity the peer's requests act as (the session's pid or session id,
+ * its uid and gid) and *serial the session's connection, for
+ * wb__side_session_alive. WB_EINVAL for a token of the wrong size;
+ * WB_EPERM "no session ... has this token", or "the session token belongs
+ * to uid U ..., not to this connection's uid V" (or pid). */
+int wb__side_bind(wb_sidechan *s, const wb_peer_creds *kernel, const uint8_t *token, size_t len,
+                  wb_peer_creds *out, uint64_t *serial, wb_err *err);
+
+/* Whether the session connection `serial` is still open. */
+int wb__side_session_alive(const wb_sidechan *s, uint64_t serial);
 
 /* Closes every connection (reclaiming nothing: the broker is stopping),
  * the listener, and unlinks the path. NULL-safe, idempotent. */

@@ -38,6 +38,11 @@ struct wb_client {
      * A broker with another instance id knows none of the leases. */
     char hello_name[128];
     int hello_done;
+    /* The descriptor channel session the last hello carried (fdchan.h):
+     * when its connection ends (the broker restarted, or closed it), the
+     * next call says hello again with a fresh token. */
+    uint8_t session[16];
+    int has_session;
     uint64_t broker_instance;
     int broker_backend;  /* WBPROTO__BACKEND__* from the last hello */
     uint32_t backoff_ms; /* 0 while connected */

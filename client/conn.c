@@ -4,11 +4,15 @@
  * client's on_restart hook. */
 #include "client_impl.h"
 
+#include "fdchan.h"
+#include "fdwire.h"
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define MIN_HEARTBEAT_MS 10
@@ -45,26 +49,64 @@ static void connection_lost(wb_client *c)
     }
 }
 
+/* Asks for this process's session on the broker's descriptor channel when
+ * the broker has one ("<socket>.fd" is a socket). Without it (no channel,
+ * a broker that predates sessions) the hello carries no token and the
+ * broker knows the process by its pid, where it can see it; the reason is
+ * kept in `why` for a hello that the broker then refuses. */
+static void session_locked(wb_client *c, char *why, size_t size)
+{
+    c->has_session = 0;
+    why[0] = '\0';
+    char path[WB_RPC_PATH_MAX + 8];
+    struct stat st;
+    if (wb__fdwire_path(c->rpc.path, path, sizeof path) != WB_OK || stat(path, &st) != 0 ||
+        !S_ISSOCK(st.st_mode))
+        return;
+    wb_err e;
+    if (wb__fdchan_session(c->rpc.path, c->rpc.timeout_ms, c->session, &e) == WB_OK)
+        c->has_session = 1;
+    else
+        snprintf(why, size, " (no descriptor channel session: %.900s)", e.msg);
+}
+
 /* Says hello on the current socket and records what the broker said. A
  * broker run other than the one that granted our leases is reported to the
  * client's on_restart hook (which orphans the leases) and with 1 in
- * *restarted. The caller holds c->mu. */
+ * *restarted. The caller holds c->mu. A broker that restarted between the
+ * token and the hello knows no such session and refuses it (as it refuses a
+ * hello without one that came while its channel was away): once more, with
+ * a fresh session. */
 static int hello_locked(wb_client *c, int *restarted, wb_err *err)
 {
     *restarted = 0;
-    Wbproto__HelloRequest hello = WBPROTO__HELLO_REQUEST__INIT;
-    hello.client = c->hello_name;
-    Wbproto__Request req = WBPROTO__REQUEST__INIT;
-    req.body_case = WBPROTO__REQUEST__BODY_HELLO;
-    req.hello = &hello;
+    char why[WB_ERR_MSG_MAX];
     Wbproto__Reply *rep = NULL;
     wb_err e;
-    int rc = wb__rpc_call(&c->rpc, &req, 0, &rep, &e);
+    int rc;
+    for (int attempt = 0;; attempt++) {
+        session_locked(c, why, sizeof why);
+        Wbproto__HelloRequest hello = WBPROTO__HELLO_REQUEST__INIT;
+        hello.client = c->hello_name;
+        if (c->has_session) {
+            hello.session.data = c->session;
+            hello.session.len = WB_SESSION_TOKEN_LEN;
+        }
+        Wbproto__Request req = WBPROTO__REQUEST__INIT;
+        req.body_case = WBPROTO__REQUEST__BODY_HELLO;
+        req.hello = &hello;
+        rc = wb__rpc_call(&c->rpc, &req, 0, &rep, &e);
+        int session_lost =
+            c->has_session ? !wb__fdchan_session_open(c->rpc.path, c->session) : why[0] != '\0';
+        if (rc == WB_OK || !rep || attempt > 0 || !session_lost)
+            break;
+        wb__reply_free(&rep);
+    }
     if (rc != WB_OK) {
         if (!rep)
             connection_lost(c);
         wb__reply_free(&rep);
-        return wb__err_set(err, rc, "hello: %s", e.msg);
+        return wb__err_set(err, rc, "hello: %.700s%.300s", e.msg, why);
     }
     const Wbproto__HelloReply *h = rep->hello;
     uint32_t pid = h ? h->broker_pid : 0;
@@ -107,6 +149,12 @@ int wb__client_call(wb_client *c, Wbproto__Request *req, int timeout_ms, Wbproto
                     wb_err *err)
 {
     *out = NULL;
+    /* The session's connection ended: the broker restarted (its new run
+     * knows neither the session nor, for a process whose pid it cannot
+     * see, this process), or it dropped the connection. Say hello again. */
+    if (c->has_session && atomic_load(&c->connected) &&
+        !wb__fdchan_session_open(c->rpc.path, c->session))
+        connection_lost(c);
     if (!atomic_load(&c->connected) && c->hello_done) {
         /* A call made while disconnected tries at once, whatever the
          * backoff: the application is waiting for this answer. */

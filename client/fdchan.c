@@ -3,6 +3,7 @@
 #include "fdwire.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -19,6 +20,9 @@ typedef struct chan {
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     int fd; /* -1: not connected */
     pid_t pid;
+    /* The connection's session token, once asked for (dropped with it). */
+    uint8_t token[WB_SESSION_TOKEN_LEN];
+    int has_token;
 } chan;
 
 static pthread_mutex_t chan_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -46,6 +50,7 @@ static void after_fork_child(void)
         if (chans[i].fd >= 0)
             close(chans[i].fd);
         chans[i].fd = -1;
+        chans[i].has_token = 0;
     }
     pthread_mutex_unlock(&chan_mu);
 }
@@ -60,6 +65,20 @@ static void chan_drop(chan *c)
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
+    c->has_token = 0;
+}
+
+/* Whether the broker has closed its end. It never writes unprompted, so
+ * between exchanges a readable connection is one at its end (a broker
+ * that stopped or restarted). */
+static int chan_ended(const chan *c)
+{
+    struct pollfd p = {.fd = c->fd, .events = POLLIN};
+    int r;
+    do {
+        r = poll(&p, 1, 0);
+    } while (r < 0 && errno == EINTR);
+    return r != 0;
 }
 
 static int chan_connect(chan *c, int timeout_ms, wb_err *err)
@@ -100,8 +119,8 @@ static int chan_get(const char *path, int timeout_ms, chan **out, wb_err *err)
         snprintf(c->path, sizeof c->path, "%s", path);
         c->fd = -1;
     }
-    if (c->fd >= 0 && c->pid != getpid())
-        chan_drop(c); /* the parent's, inherited through fork() */
+    if (c->fd >= 0 && (c->pid != getpid() || chan_ended(c)))
+        chan_drop(c); /* the parent's, inherited through fork(); or a broker gone */
     *out = c;
     return c->fd >= 0 ? WB_OK : chan_connect(c, timeout_ms, err);
 }
@@ -114,17 +133,16 @@ static void close_all(int *fds, size_t n)
 
 /* One exchange on a connected channel. *broken is set when the connection
  * cannot be used any more (the caller drops it). */
-static int exchange(chan *c, const uint8_t *id, int *fds, size_t max_fds, size_t *n_fds,
-                    int *broken, wb_err *err)
+static int exchange(chan *c, const uint8_t req[WB_FDWIRE_REQUEST_LEN], const char *what, int *fds,
+                    size_t max_fds, size_t *n_fds, char msg[WB_FDWIRE_MSG_MAX + 1], int *broken,
+                    wb_err *err)
 {
-    uint8_t req[WB_FDWIRE_REQUEST_LEN];
-    wb__fdwire_request_pack(req, id);
     *broken = 1;
     ssize_t n;
     do {
-        n = send(c->fd, req, sizeof req, MSG_NOSIGNAL);
+        n = send(c->fd, req, WB_FDWIRE_REQUEST_LEN, MSG_NOSIGNAL);
     } while (n < 0 && errno == EINTR);
-    if (n != (ssize_t)sizeof req)
+    if (n != (ssize_t)WB_FDWIRE_REQUEST_LEN)
         return wb__err_errno(err, WB_ECONN, n < 0 ? errno : EPIPE,
                              "descriptor channel %s: sending the request", c->path);
     uint8_t hdr[WB_FDWIRE_HEADER_LEN];
@@ -160,7 +178,7 @@ static int exchange(chan *c, const uint8_t *id, int *fds, size_t max_fds, size_t
     int32_t status;
     uint32_t want, msg_len;
     int rc = wb__fdwire_header_parse(hdr, &status, &want, &msg_len, err);
-    char msg[WB_FDWIRE_MSG_MAX + 1] = "";
+    msg[0] = '\0';
     if (rc == WB_OK && msg_len) {
         do {
             n = recv(c->fd, msg, msg_len, MSG_WAITALL);
@@ -182,7 +200,7 @@ static int exchange(chan *c, const uint8_t *id, int *fds, size_t max_fds, size_t
     *broken = 0;
     if (status != WB_OK) {
         close_all(got, n_got);
-        return wb__err_set(err, status, "the broker refused the descriptors: %s",
+        return wb__err_set(err, status, "the broker refused %s: %s", what,
                            msg[0] ? msg : wb_strerror(status));
     }
     if (n_got > max_fds) {
@@ -215,11 +233,83 @@ int wb__fdchan_fetch(const char *socket_path, const uint8_t *lease_id, int timeo
         if (rc != WB_OK)
             break;
         int broken = 0;
-        rc = exchange(c, lease_id, fds, max_fds, n_fds, &broken, err);
+        uint8_t req[WB_FDWIRE_REQUEST_LEN];
+        char msg[WB_FDWIRE_MSG_MAX + 1];
+        wb__fdwire_request_pack(req, lease_id);
+        rc = exchange(c, req, "the descriptors", fds, max_fds, n_fds, msg, &broken, err);
         if (!broken)
             break;
         chan_drop(c);
     }
     pthread_mutex_unlock(&chan_mu);
     return rc;
+}
+
+int wb__fdchan_session(const char *socket_path, int timeout_ms, uint8_t *token, wb_err *err)
+{
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    if (wb__fdwire_path(socket_path, path, sizeof path) != WB_OK)
+        return wb__err_set(err, WB_EINVAL,
+                           "the descriptor channel's path %s" WB_FDWIRE_SUFFIX " is too long",
+                           socket_path);
+    pthread_once(&atfork_once, register_atfork);
+    pthread_mutex_lock(&chan_mu);
+    int rc = WB_ECONN;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        chan *c = NULL;
+        rc = chan_get(path, timeout_ms > 0 ? timeout_ms : 5000, &c, err);
+        if (rc != WB_OK)
+            break;
+        if (c->has_token) {
+            memcpy(token, c->token, WB_SESSION_TOKEN_LEN);
+            break;
+        }
+        int broken = 0, fds[WB_FDWIRE_MAX_FDS];
+        size_t n_fds = 0;
+        uint8_t req[WB_FDWIRE_REQUEST_LEN];
+        char msg[WB_FDWIRE_MSG_MAX + 1];
+        wb__fdwire_session_request_pack(req);
+        rc = exchange(c, req, "a session", fds, WB_FDWIRE_MAX_FDS, &n_fds, msg, &broken, err);
+        close_all(fds, n_fds);
+        if (rc == WB_OK && n_fds == 0) {
+            wb_err perr;
+            rc = wb__session_token_parse(msg, c->token, &perr);
+            if (rc != WB_OK)
+                rc = wb__err_set(err, rc, "descriptor channel %s: %s", c->path, perr.msg);
+        } else if (rc == WB_OK) {
+            rc = wb__err_set(err, WB_EPROTO,
+                             "descriptor channel %s: a session reply carries %zu descriptors",
+                             c->path, n_fds);
+        }
+        if (rc == WB_OK) {
+            c->has_token = 1;
+            memcpy(token, c->token, WB_SESSION_TOKEN_LEN);
+            break;
+        }
+        /* A broker that predates sessions answers the request as malformed
+         * and closes the connection: the caller goes on without a token. */
+        chan_drop(c);
+        if (!broken)
+            break;
+    }
+    pthread_mutex_unlock(&chan_mu);
+    return rc;
+}
+
+int wb__fdchan_session_open(const char *socket_path, const uint8_t *token)
+{
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    if (wb__fdwire_path(socket_path, path, sizeof path) != WB_OK)
+        return 0;
+    int open = 0;
+    pthread_mutex_lock(&chan_mu);
+    for (size_t i = 0; i < n_chans; i++) {
+        chan *c = &chans[i];
+        if (strcmp(c->path, path) != 0)
+            continue;
+        open = c->fd >= 0 && c->pid == getpid() && c->has_token &&
+               memcmp(c->token, token, WB_SESSION_TOKEN_LEN) == 0 && !chan_ended(c);
+    }
+    pthread_mutex_unlock(&chan_mu);
+    return open;
 }

@@ -9,7 +9,11 @@
  * after fork() closes its copies at once (pthread_atfork), so that the
  * parent's death still ends them, and opens its own when it fetches. The
  * connections are close-on-exec: exec ends them too (the mappings go with
- * the old image). */
+ * the old image).
+ *
+ * The same connection carries the process's session (fdwire.h): its token
+ * goes in every hello, and names the process to a broker that cannot see
+ * its pid (another pid namespace). */
 #ifndef WB_FDCHAN_H
 #define WB_FDCHAN_H
 
@@ -26,5 +30,18 @@
  * the layout. `timeout_ms` bounds each exchange. */
 int wb__fdchan_fetch(const char *socket_path, const uint8_t *lease_id, int timeout_ms, int *fds,
                      size_t max_fds, size_t *n_fds, wb_err *err);
+
+/* This process's session token on the broker's descriptor channel
+ * (WB_SESSION_TOKEN_LEN bytes into `token`), asked for once per
+ * connection; a connection the broker closed (it stopped or restarted) is
+ * replaced by a fresh one first, with a new token. The broker's refusal
+ * comes back with its status and reason; a broker that predates sessions
+ * answers WB_EPROTO and the caller goes on without a token. */
+int wb__fdchan_session(const char *socket_path, int timeout_ms, uint8_t *token, wb_err *err);
+
+/* Whether the connection that handed out `token` is still open on both
+ * ends (a zero-timeout poll): 0 once the broker closed it, or after fork()
+ * in the child. */
+int wb__fdchan_session_open(const char *socket_path, const uint8_t *token);
 
 #endif

@@ -28,15 +28,72 @@ void wb__fdwire_request_pack(uint8_t out[WB_FDWIRE_REQUEST_LEN], const uint8_t *
     memcpy(out + 4, lease_id, WB_LEASE_ID_LEN);
 }
 
-int wb__fdwire_request_parse(const uint8_t *buf, size_t len, uint8_t *lease_id, wb_err *err)
+void wb__fdwire_session_request_pack(uint8_t out[WB_FDWIRE_REQUEST_LEN])
 {
+    memset(out, 0, WB_FDWIRE_REQUEST_LEN);
+    memcpy(out, WB_FDWIRE_SESSION, 4);
+}
+
+int wb__fdwire_request_parse(const uint8_t *buf, size_t len, int *kind, uint8_t *lease_id,
+                             wb_err *err)
+{
+    *kind = 0;
     if (len != WB_FDWIRE_REQUEST_LEN)
         return wb__err_set(err, WB_EPROTO, "descriptor request has %zu bytes, not %d", len,
                            WB_FDWIRE_REQUEST_LEN);
+    if (memcmp(buf, WB_FDWIRE_SESSION, 4) == 0) {
+        for (size_t i = 4; i < len; i++) {
+            if (buf[i] != 0)
+                return wb__err_set(err, WB_EPROTO,
+                                   "session request: byte %zu is 0x%02x, the 16 bytes after "
+                                   "\"" WB_FDWIRE_SESSION "\" must be zero",
+                                   i, buf[i]);
+        }
+        *kind = WB_FDWIRE_REQ_SESSION;
+        return WB_OK;
+    }
     if (memcmp(buf, WB_FDWIRE_MAGIC, 4) != 0)
         return wb__err_set(err, WB_EPROTO,
-                           "descriptor request does not start with \"" WB_FDWIRE_MAGIC "\"");
+                           "descriptor request does not start with \"" WB_FDWIRE_MAGIC
+                           "\" or \"" WB_FDWIRE_SESSION "\"");
     memcpy(lease_id, buf + 4, WB_LEASE_ID_LEN);
+    *kind = WB_FDWIRE_REQ_LEASE;
+    return WB_OK;
+}
+
+void wb__session_token_hex(const uint8_t token[WB_SESSION_TOKEN_LEN],
+                           char out[WB_SESSION_TOKEN_HEX + 1])
+{
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < WB_SESSION_TOKEN_LEN; i++) {
+        out[2 * i] = digits[token[i] >> 4];
+        out[2 * i + 1] = digits[token[i] & 15];
+    }
+    out[WB_SESSION_TOKEN_HEX] = '\0';
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    return -1;
+}
+
+int wb__session_token_parse(const char *hex, uint8_t token[WB_SESSION_TOKEN_LEN], wb_err *err)
+{
+    size_t len = strlen(hex);
+    if (len != WB_SESSION_TOKEN_HEX)
+        return wb__err_set(err, WB_EPROTO, "a session token is %d hex digits, not %zu",
+                           WB_SESSION_TOKEN_HEX, len);
+    for (size_t i = 0; i < WB_SESSION_TOKEN_LEN; i++) {
+        int hi = hexval(hex[2 * i]), lo = hexval(hex[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return wb__err_set(err, WB_EPROTO,
+                               "a session token is lowercase hex; character %zu is not", 2 * i);
+        token[i] = (uint8_t)(hi << 4 | lo);
+    }
     return WB_OK;
 }
 

@@ -5,11 +5,21 @@
  * that the broker reads a request of known size and nothing else:
  *
  *   request: "WBF1" | lease id (16 bytes)                      20 bytes
+ *            "WBS1" | 16 zero bytes (a session token request)   20 bytes
  *   reply:   "WBF1" | status (int32) | descriptors (uint32)
  *            | message length (uint32) | message (at most 240 bytes)
  *
  * The descriptors travel with the reply's first byte. A connection carries
- * any number of requests, one at a time. */
+ * any number of requests, one at a time.
+ *
+ * A session token request is answered with status 0, no descriptor, and
+ * the connection's session token as the message: 32 hex digits of 16
+ * random bytes, the same on every request of the connection. The client
+ * carries the token in its ZeroMQ hello (HelloRequest.session), which binds
+ * that ZeroMQ connection to this one: a process whose pid the broker cannot
+ * see (another pid namespace) is known by its session, and its leases end
+ * when this connection ends. A broker without sessions answers "WBS1" as a
+ * malformed request, so a client falls back to a hello without a token. */
 #ifndef WB_FDWIRE_H
 #define WB_FDWIRE_H
 
@@ -20,12 +30,22 @@
 #include <stdint.h>
 
 #define WB_FDWIRE_MAGIC       "WBF1"
+#define WB_FDWIRE_SESSION     "WBS1"
 #define WB_FDWIRE_REQUEST_LEN (4 + WB_LEASE_ID_LEN)
 #define WB_FDWIRE_HEADER_LEN  16
 #define WB_FDWIRE_MSG_MAX     240
 #define WB_FDWIRE_REPLY_MAX   (WB_FDWIRE_HEADER_LEN + WB_FDWIRE_MSG_MAX)
 /* Descriptors one reply may carry (slabs of one lease). */
 #define WB_FDWIRE_MAX_FDS 16
+/* A session token's bytes, and its length as hex in a reply. */
+#define WB_SESSION_TOKEN_LEN 16
+#define WB_SESSION_TOKEN_HEX (2 * WB_SESSION_TOKEN_LEN)
+/* Peers known by their session rather than by their pid get an id at or
+ * above this, in the fields that otherwise hold a pid (the lease's pid in
+ * LeaseInfo, HelloReply.peer_pid): a pid is never that large (Linux caps
+ * pids at 2^22). wbctl shows such an id as "conn:N", N = id - BASE. */
+#define WB_SESSION_ID_BASE    0x80000000u
+#define WB_IS_SESSION_ID(pid) ((uint32_t)(pid) >= WB_SESSION_ID_BASE)
 /* The channel's path beside the broker's socket. */
 #define WB_FDWIRE_SUFFIX ".fd"
 
@@ -33,9 +53,21 @@
  * `size` bytes. */
 int wb__fdwire_path(const char *socket_path, char *out, size_t size);
 
+/* What a request asks for. */
+enum { WB_FDWIRE_REQ_LEASE = 1, WB_FDWIRE_REQ_SESSION = 2 };
+
 void wb__fdwire_request_pack(uint8_t out[WB_FDWIRE_REQUEST_LEN], const uint8_t *lease_id);
-/* Checks a whole request; WB_EPROTO naming what is wrong. */
-int wb__fdwire_request_parse(const uint8_t *buf, size_t len, uint8_t *lease_id, wb_err *err);
+void wb__fdwire_session_request_pack(uint8_t out[WB_FDWIRE_REQUEST_LEN]);
+/* Checks a whole request and says which kind it is (*kind); a lease
+ * request's id goes to lease_id. WB_EPROTO naming what is wrong. */
+int wb__fdwire_request_parse(const uint8_t *buf, size_t len, int *kind, uint8_t *lease_id,
+                             wb_err *err);
+
+/* A token as the 32 lowercase hex digits of a session reply's message,
+ * and back: WB_EPROTO when `hex` is not exactly that. */
+void wb__session_token_hex(const uint8_t token[WB_SESSION_TOKEN_LEN],
+                           char out[WB_SESSION_TOKEN_HEX + 1]);
+int wb__session_token_parse(const char *hex, uint8_t token[WB_SESSION_TOKEN_LEN], wb_err *err);
 
 /* Packs a reply (the message cut at WB_FDWIRE_MSG_MAX bytes); returns its
  * length, at most WB_FDWIRE_REPLY_MAX. */

@@ -11,6 +11,11 @@ whoever holds the lease, and reports the broker's exact answer.
                                   broker closed the connection
   fdchan_probe.py PATH idle SECS  connects, sends nothing; prints "closed
                                   after S s" when the broker closes it
+  fdchan_probe.py PATH session    asks for the connection's session token
+                                  twice; prints the replies as above and
+                                  "token=HEX" and "same" when both were the
+                                  same, then keeps the connection open until
+                                  killed
 """
 import fcntl
 import os
@@ -61,6 +66,21 @@ def main():
                     print("closed")
             except socket.timeout:
                 print("open")
+    elif what == "session":
+        tokens = []
+        for _ in range(2):
+            s.sendall(b"WBS1" + bytes(16))
+            msg = s.recv(16)
+            _magic, status, _n, mlen = struct.unpack("<4siII", msg)
+            text = s.recv(mlen).decode() if mlen else ""
+            print("status=%d" % status)
+            tokens.append(text)
+        print("token=%s" % tokens[0])
+        if tokens[0] == tokens[1]:
+            print("same")
+        sys.stdout.flush()
+        while True:
+            time.sleep(3600)
     elif what == "idle":
         t0 = time.monotonic()
         if s.recv(1) == b"":

@@ -8,7 +8,10 @@
 # are in different pods (one shared PID namespace in the sidecar pod), the
 # same socket path everywhere (config, mounts, WB_SOCKET, probes), images,
 # commands, resources and security contexts; the ConfigMap's configuration
-# passes --check-config. There is no cluster here: nothing is applied.
+# passes --check-config. The set for pods without hostPID and hostIPC
+# (deploy/kubernetes/nohost) shares only the socket directory, mounts no
+# /dev/shm and selects descriptor transports. There is no cluster here:
+# nothing is applied.
 source "$(dirname "$0")/lib.sh"
 
 : "${WB_SOURCE_DIR:?WB_SOURCE_DIR must name the source tree}"
@@ -228,5 +231,153 @@ log "manifests checked: $(cat "$WB_TMP/k8s.out")"
 "$WBROKERD" --config "$WB_TMP/configmap.conf" --check-config >"$WB_TMP/cm.out" 2>"$WB_TMP/cm.err" ||
   fail "the ConfigMap's wbroker.conf fails --check-config: $(cat "$WB_TMP/cm.err")"
 grep -qx "socket: /run/wbroker/broker.sock" "$WB_TMP/cm.out" || fail "the ConfigMap's socket: $(cat "$WB_TMP/cm.out")"
+
+# --- Kubernetes without hostPID and hostIPC (deploy/kubernetes/nohost) ------
+# No pod asks for the host's PID or IPC namespace or mounts /dev/shm; the
+# socket directory is the only volume broker and workers share (the
+# workers mount nothing else); the broker is configured for descriptor
+# transports (memfd slabs, hence the descriptor channel and sessions). The
+# check is shown to be real: copies broken in each of those ways are refused.
+"$PYTHON" - "$K8S/nohost" "$WB_TMP/nohost.conf" >"$WB_TMP/nohost.out" 2>"$WB_TMP/nohost.err" <<'PY' ||
+import configparser, copy, glob, os, re, sys
+import yaml
+
+k8s_dir, conf_out = sys.argv[1], sys.argv[2]
+docs = []
+for path in sorted(glob.glob(os.path.join(k8s_dir, "*.yaml"))):
+    for d in yaml.safe_load_all(open(path)):
+        if d:
+            docs.append((os.path.basename(path), d))
+
+def pod_spec(d):
+    return d["spec"] if d["kind"] == "Pod" else d["spec"]["template"]["spec"]
+
+def argv(c):
+    return list(c.get("command", [])) + list(c.get("args", []))
+
+def is_broker(c):
+    return os.path.basename(argv(c)[0]) == "wbrokerd"
+
+def env(c, name):
+    return next((e["value"] for e in c.get("env", []) if e["name"] == name), None)
+
+def check(docs):
+    kinds = sorted(d["kind"] for _, d in docs)
+    assert kinds == ["ConfigMap", "DaemonSet", "Deployment"], kinds
+    cm = next(d for _, d in docs if d["kind"] == "ConfigMap")
+    conf_text = cm["data"]["wbroker.conf"]
+    conf = configparser.ConfigParser(inline_comment_prefixes=(";",))
+    conf.read_string(conf_text)
+    b = conf["broker"]
+    socket_path = b["socket"]
+    socket_dir = os.path.dirname(socket_path)
+    # Descriptor transports: memfd host slabs (cuda-vmm on a GPU).
+    backend = b.get("backend", "auto")
+    assert backend in ("host", "cuda-vmm"), "backend %r needs /dev/shm or legacy CUDA IPC" % backend
+    if backend == "host":
+        assert b.get("host-slab") == "memfd", "host-slab %r: slabs would be /dev/shm names" % b.get("host-slab")
+    shared = {}
+    pods = 0
+    for fname, d in docs:
+        if d["kind"] == "ConfigMap":
+            continue
+        pods += 1
+        spec = pod_spec(d)
+        assert not spec.get("hostPID"), "%s: hostPID" % fname
+        assert not spec.get("hostIPC"), "%s: hostIPC" % fname
+        assert not spec.get("hostNetwork"), "%s: hostNetwork" % fname
+        vols = {v["name"]: v for v in spec.get("volumes", [])}
+        for v in vols.values():
+            assert v.get("hostPath", {}).get("path", "").rstrip("/") != "/dev/shm", \
+                "%s: volume %s is the host's /dev/shm" % (fname, v["name"])
+        cs = spec.get("containers", []) + spec.get("initContainers", [])
+        for c in cs:
+            where = "%s/%s" % (fname, c["name"])
+            a = argv(c)
+            assert re.fullmatch(r"[a-z0-9.-]+(/[a-z0-9._-]+)+:[0-9][0-9A-Za-z.-]*", c["image"]), where
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and not sc.get("privileged"), where
+            assert sc["capabilities"]["drop"] == ["ALL"] and sc["readOnlyRootFilesystem"] is True, where
+            assert env(c, "WB_SOCKET") == socket_path, "%s: WB_SOCKET %r" % (where, env(c, "WB_SOCKET"))
+            mounts = c.get("volumeMounts", [])
+            for m in mounts:
+                assert m["mountPath"].rstrip("/") != "/dev/shm", "%s mounts /dev/shm" % where
+            sock = [m for m in mounts if m["mountPath"] == socket_dir]
+            assert len(sock) == 1, "%s does not mount %s" % (where, socket_dir)
+            for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+                if probe in c:
+                    cmd = c[probe]["exec"]["command"]
+                    assert cmd[cmd.index("--socket") + 1] == socket_path, "%s: %s" % (where, probe)
+            if is_broker(c):
+                assert a[a.index("--config") + 1] == "/etc/wbroker/wbroker.conf", where
+                cfg = next(m for m in mounts if m["mountPath"] == "/etc/wbroker")
+                assert vols[cfg["name"]]["configMap"]["name"] == cm["metadata"]["name"], where
+                # Nothing on the command line undoes the configuration.
+                for flag, ok in (("--backend", ("host", "cuda-vmm")), ("--host-slab", ("memfd",))):
+                    for i, x in enumerate(a):
+                        val = x.split("=", 1)[1] if x.startswith(flag + "=") else \
+                            (a[i + 1] if x == flag else None)
+                        assert val is None or val in ok, "%s: %s %s" % (where, flag, val)
+            else:
+                # A worker mounts the socket directory and nothing else.
+                assert [m["mountPath"] for m in mounts] == [socket_dir], \
+                    "%s mounts %r, only %s may be shared" % (where, [m["mountPath"] for m in mounts], socket_dir)
+                assert spec["securityContext"].get("runAsNonRoot") is True, fname
+                gid = str(spec["securityContext"]["runAsGroup"])
+                allow = [g.strip() for g in b.get("allow-gid", "").split(",")]
+                assert gid in allow, "%s: runAsGroup %s not in allow-gid" % (fname, gid)
+            for m in mounts:
+                v = vols[m["name"]]
+                if "hostPath" in v:
+                    shared.setdefault(v["hostPath"]["path"], set()).add(
+                        "broker" if is_broker(c) else "worker")
+    assert pods == 2, pods
+    both = sorted(p for p, who in shared.items() if who == {"broker", "worker"})
+    assert both == [socket_dir], "shared between broker and workers: %r" % both
+    return conf_text
+
+open(conf_out, "w").write(check(docs))
+
+def mutated(fn):
+    ds = copy.deepcopy(docs)
+    fn({d["kind"]: d for _, d in ds})
+    return ds
+
+def worker(k):
+    return pod_spec(k["Deployment"])
+
+def broker(k):
+    return pod_spec(k["DaemonSet"])
+
+def conf_set(k, old, new):
+    cm = k["ConfigMap"]
+    assert old in cm["data"]["wbroker.conf"], old
+    cm["data"]["wbroker.conf"] = cm["data"]["wbroker.conf"].replace(old, new)
+
+breakages = {
+    "hostPID": lambda k: worker(k).__setitem__("hostPID", True),
+    "hostIPC": lambda k: broker(k).__setitem__("hostIPC", True),
+    "/dev/shm": lambda k: (worker(k)["volumes"].append({"name": "shm", "emptyDir": {"medium": "Memory"}}),
+                           worker(k)["containers"][0]["volumeMounts"].append({"name": "shm", "mountPath": "/dev/shm"})),
+    "models shared": lambda k: (worker(k)["volumes"].append({"name": "models", "hostPath": {"path": "/var/lib/wbroker/models"}}),
+                                worker(k)["containers"][0]["volumeMounts"].append({"name": "models", "mountPath": "/models"})),
+    "shm slabs": lambda k: conf_set(k, "host-slab = memfd", "host-slab = shm"),
+    "cuda IPC": lambda k: conf_set(k, "backend = host", "backend = cuda"),
+    "--host-slab shm": lambda k: broker(k)["containers"][0]["args"].extend(["--host-slab", "shm"]),
+}
+for name, fn in breakages.items():
+    try:
+        check(mutated(fn))
+    except AssertionError as e:
+        print("refused %s: %s" % (name, e), file=sys.stderr)
+        continue
+    sys.exit("a copy with %s was accepted" % name)
+print(" ".join(f for f, _ in docs), "and %d broken copies refused" % len(breakages))
+PY
+  fail "nohost manifests: $(cat "$WB_TMP/nohost.err")"
+log "nohost manifests checked: $(cat "$WB_TMP/nohost.out")"
+"$WBROKERD" --config "$WB_TMP/nohost.conf" --check-config >"$WB_TMP/nohost-cm.out" 2>"$WB_TMP/nohost-cm.err" ||
+  fail "the nohost ConfigMap's wbroker.conf fails --check-config: $(cat "$WB_TMP/nohost-cm.err")"
+grep -qx "socket: /run/wbroker/broker.sock" "$WB_TMP/nohost-cm.out" || fail "nohost socket: $(cat "$WB_TMP/nohost-cm.out")"
 [ "$notify_tested" = 1 ] || log "!!! sd_notify was NOT tested (see above)"
 true

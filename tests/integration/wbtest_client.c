@@ -24,6 +24,23 @@
  *                                 CMD (same process, same pid) with every
  *                                 argument "{}" replaced by the id
  *
+ *   wbtest_client [--socket PATH] acquire-dump MODEL
+ *                                 acquire a lease (libwbclient), print its
+ *                                 id, then "NAME HEXBYTES" per tensor read
+ *                                 through the mapping, then "end"; hold it
+ *                                 until SIGTERM, then release
+ *   wbtest_client [--socket PATH] acquire-plain MODEL
+ *                                 as a client that predates sessions: a
+ *                                 hello without a session token, an
+ *                                 acquire, then the lease's descriptors
+ *                                 fetched on the descriptor channel; print
+ *                                 "lease HEX fds=N" (or "error=TEXT" and
+ *                                 exit 1) and hold until SIGTERM
+ *   wbtest_client [--socket PATH] hello-token HEX
+ *                                 one hello carrying HEX as its session
+ *                                 token; print "status=S", "error=TEXT"
+ *                                 and "peer_pid=N"
+ *
  * --comm NAME (before the command) sets the process name the broker reads
  * from /proc (prctl PR_SET_NAME), bytes as given.
  *
@@ -43,6 +60,8 @@
  * 2 misuse, 4 no reply within the wait, 69 no broker answered. */
 #include "wb/client.h"
 
+#include "fdchan.h"
+#include "fdwire.h"
 #include "paths.h"
 #include "rpc.h"
 #include "wire.h"
@@ -64,9 +83,11 @@ static int wait_ms = 2000;
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: wbtest_client [--socket PATH] [--wait MS] acquire MODEL | release HEX "
-                    "| raw HEXBYTES | acquire-n MODEL N | frames HEX... | big N [HEXBYTE] | "
-                    "file PATH | random COUNT SEED MAXLEN\n");
+    fprintf(stderr,
+            "usage: wbtest_client [--socket PATH] [--wait MS] acquire MODEL | release HEX "
+            "| raw HEXBYTES | acquire-n MODEL N | frames HEX... | big N [HEXBYTE] | "
+            "file PATH | random COUNT SEED MAXLEN | acquire-dump MODEL | acquire-plain MODEL | "
+            "hello-token HEX\n");
     return 2;
 }
 
@@ -451,6 +472,143 @@ static int cmd_acquire_exec(const char *model, char **cmd)
     return 2;
 }
 
+static void block_stop(sigset_t *stop)
+{
+    sigemptyset(stop);
+    sigaddset(stop, SIGTERM);
+    sigaddset(stop, SIGINT);
+    sigprocmask(SIG_BLOCK, stop, NULL);
+}
+
+/* Every tensor's bytes as read through the client's mapping, for the test
+ * to compare with the checkpoint file. */
+static int cmd_acquire_dump(const char *model)
+{
+    sigset_t stop;
+    block_stop(&stop);
+    wb_client_options o;
+    wb_client_options_init(&o);
+    o.socket_path = socket_path;
+    wb_client *c = NULL;
+    wb_lease *l = NULL;
+    int rc = wb_client_connect(&o, &c);
+    if (rc == WB_OK)
+        rc = wb_lease_acquire(c, model, &l);
+    if (rc != WB_OK) {
+        printf("error=%s\n", wb_client_errmsg(c));
+        wb_client_destroy(&c);
+        return rc == WB_ECONN || rc == WB_ETIMEDOUT ? 69 : 1;
+    }
+    char hex[33];
+    wb_lease_id_hex(l, hex);
+    printf("%s\n", hex);
+    for (size_t i = 0; i < wb_lease_tensor_count(l); i++) {
+        wb_tensor_view v;
+        if (wb_lease_tensor(l, i, &v) != WB_OK)
+            break;
+        printf("%s ", v.name);
+        for (uint64_t k = 0; k < v.nbytes; k++)
+            printf("%02x", ((const uint8_t *)v.data)[k]);
+        printf("\n");
+    }
+    printf("end\n");
+    fflush(stdout);
+    int sig;
+    sigwait(&stop, &sig);
+    rc = wb_lease_release(&l);
+    if (rc != WB_OK)
+        fprintf(stderr, "wbtest_client: %s\n", wb_client_errmsg(c));
+    wb_client_destroy(&c);
+    return rc == WB_OK ? 0 : 1;
+}
+
+/* A client as it was before sessions: known to the broker by its pid only. */
+static int cmd_acquire_plain(const char *model)
+{
+    sigset_t stop;
+    block_stop(&stop);
+    wb__rpc rpc;
+    wb_err err;
+    if (wb__rpc_open(&rpc, socket_path, 0, &err) != WB_OK) {
+        fprintf(stderr, "wbtest_client: %s\n", err.msg);
+        wb__rpc_close(&rpc);
+        return 69;
+    }
+    Wbproto__HelloRequest hello = WBPROTO__HELLO_REQUEST__INIT;
+    hello.client = "wbtest_client acquire-plain";
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_HELLO;
+    req.hello = &hello;
+    Wbproto__Reply *rep = NULL;
+    int rc = wb__rpc_call(&rpc, &req, 0, &rep, &err);
+    wb__reply_free(&rep);
+    uint8_t id[WB_LEASE_ID_LEN];
+    if (rc == WB_OK) {
+        Wbproto__AcquireRequest acq = WBPROTO__ACQUIRE_REQUEST__INIT;
+        acq.model = (char *)model;
+        req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
+        req.acquire = &acq;
+        rc = wb__rpc_call(&rpc, &req, 0, &rep, &err);
+        if (rc == WB_OK)
+            memcpy(id, rep->acquire->lease->id.data, WB_LEASE_ID_LEN);
+        wb__reply_free(&rep);
+    }
+    int fds[WB_FDWIRE_MAX_FDS];
+    size_t n_fds = 0;
+    if (rc == WB_OK)
+        rc = wb__fdchan_fetch(rpc.path, id, 0, fds, WB_FDWIRE_MAX_FDS, &n_fds, &err);
+    if (rc != WB_OK) {
+        printf("error=%s\n", err.msg);
+        wb__rpc_close(&rpc);
+        return 1;
+    }
+    for (size_t i = 0; i < n_fds; i++)
+        close(fds[i]);
+    printf("lease ");
+    for (int i = 0; i < WB_LEASE_ID_LEN; i++)
+        printf("%02x", id[i]);
+    printf(" fds=%zu\n", n_fds);
+    fflush(stdout);
+    int sig;
+    sigwait(&stop, &sig);
+    wb__rpc_close(&rpc);
+    return 0;
+}
+
+static int cmd_hello_token(const char *hex)
+{
+    uint8_t token[64];
+    size_t len = 0;
+    if (unhex(hex, token, sizeof token, &len) != 0)
+        return usage();
+    wb__rpc rpc;
+    wb_err err;
+    if (wb__rpc_open(&rpc, socket_path, 0, &err) != WB_OK) {
+        fprintf(stderr, "wbtest_client: %s\n", err.msg);
+        wb__rpc_close(&rpc);
+        return 69;
+    }
+    Wbproto__HelloRequest hello = WBPROTO__HELLO_REQUEST__INIT;
+    hello.client = "wbtest_client hello-token";
+    hello.session.data = token;
+    hello.session.len = len;
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_HELLO;
+    req.hello = &hello;
+    Wbproto__Reply *rep = NULL;
+    int rc = wb__rpc_call(&rpc, &req, 0, &rep, &err);
+    wb__rpc_close(&rpc);
+    if (!rep) {
+        fprintf(stderr, "wbtest_client: %s\n", err.msg);
+        return 69;
+    }
+    printf("status=%d\nerror=%s\n", (int)rep->status, rc == WB_OK ? "" : err.msg);
+    if (rc == WB_OK)
+        printf("peer_pid=%u\n", rep->hello->peer_pid);
+    wb__reply_free(&rep);
+    return rc == WB_OK ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     int i = 1;
@@ -486,6 +644,12 @@ int main(int argc, char **argv)
         return cmd_acquire_exec(arg, argv + i + 2);
     if (strcmp(cmd, "forge") == 0 && rest == 2)
         return cmd_forge(arg, argv[i + 2]);
+    if (strcmp(cmd, "acquire-dump") == 0 && rest == 1)
+        return cmd_acquire_dump(arg);
+    if (strcmp(cmd, "acquire-plain") == 0 && rest == 1)
+        return cmd_acquire_plain(arg);
+    if (strcmp(cmd, "hello-token") == 0 && rest == 1)
+        return cmd_hello_token(arg);
     if (strcmp(cmd, "acquire-n") == 0 && rest == 2)
         return cmd_acquire_n(arg, argv[i + 2]);
     if (rest != 1)

@@ -18,13 +18,53 @@ START_TEST(test_request_roundtrip)
     wb__fdwire_request_pack(req, id);
     ck_assert_mem_eq(req, "WBF1", 4);
     wb_err err;
-    ck_assert_int_eq(wb__fdwire_request_parse(req, sizeof req, back, &err), WB_OK);
+    int kind;
+    ck_assert_int_eq(wb__fdwire_request_parse(req, sizeof req, &kind, back, &err), WB_OK);
+    ck_assert_int_eq(kind, WB_FDWIRE_REQ_LEASE);
     ck_assert_mem_eq(back, id, WB_LEASE_ID_LEN);
-    ck_assert_int_eq(wb__fdwire_request_parse(req, sizeof req - 1, back, &err), WB_EPROTO);
+    ck_assert_int_eq(wb__fdwire_request_parse(req, sizeof req - 1, &kind, back, &err), WB_EPROTO);
     ck_assert_str_eq(err.msg, "descriptor request has 19 bytes, not 20");
     req[0] = 'X';
-    ck_assert_int_eq(wb__fdwire_request_parse(req, sizeof req, back, &err), WB_EPROTO);
-    ck_assert_str_eq(err.msg, "descriptor request does not start with \"WBF1\"");
+    ck_assert_int_eq(wb__fdwire_request_parse(req, sizeof req, &kind, back, &err), WB_EPROTO);
+    ck_assert_int_eq(kind, 0);
+    ck_assert_str_eq(err.msg, "descriptor request does not start with \"WBF1\" or \"WBS1\"");
+}
+END_TEST
+
+/* A session request is the magic and 16 zero bytes; anything else after
+ * the magic is refused naming the byte, so the field stays free for later. */
+START_TEST(test_session_request)
+{
+    uint8_t req[WB_FDWIRE_REQUEST_LEN], id[WB_LEASE_ID_LEN];
+    wb__fdwire_session_request_pack(req);
+    ck_assert_mem_eq(req, "WBS1", 4);
+    wb_err err;
+    int kind;
+    ck_assert_int_eq(wb__fdwire_request_parse(req, sizeof req, &kind, id, &err), WB_OK);
+    ck_assert_int_eq(kind, WB_FDWIRE_REQ_SESSION);
+    req[9] = 0x7f;
+    ck_assert_int_eq(wb__fdwire_request_parse(req, sizeof req, &kind, id, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "session request: byte 9 is 0x7f, the 16 bytes after \"WBS1\" must "
+                              "be zero");
+}
+END_TEST
+
+START_TEST(test_session_token_hex)
+{
+    uint8_t t[WB_SESSION_TOKEN_LEN], back[WB_SESSION_TOKEN_LEN];
+    for (int i = 0; i < WB_SESSION_TOKEN_LEN; i++)
+        t[i] = (uint8_t)(i * 29 + 250);
+    char hex[WB_SESSION_TOKEN_HEX + 1];
+    wb__session_token_hex(t, hex);
+    ck_assert_str_eq(hex, "fa1734516e8ba8c5e2ff1c39567390ad");
+    wb_err err;
+    ck_assert_int_eq(wb__session_token_parse(hex, back, &err), WB_OK);
+    ck_assert_mem_eq(back, t, WB_SESSION_TOKEN_LEN);
+    ck_assert_int_eq(wb__session_token_parse("abc", back, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "a session token is 32 hex digits, not 3");
+    hex[5] = 'G';
+    ck_assert_int_eq(wb__session_token_parse(hex, back, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "a session token is lowercase hex; character 4 is not");
 }
 END_TEST
 
@@ -79,6 +119,8 @@ int main(void)
     Suite *s = suite_create("fdwire");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_request_roundtrip);
+    tcase_add_test(tc, test_session_request);
+    tcase_add_test(tc, test_session_token_hex);
     tcase_add_test(tc, test_reply_header);
     tcase_add_test(tc, test_path);
     suite_add_tcase(s, tc);

@@ -5,7 +5,9 @@
  * descriptors are refused with their reasons; closing the connection
  * reclaims the leases fetched through it; bytes of the wrong shape are
  * answered and the connection closed; a connection that asks nothing is
- * closed after the handshake time; the path is bound 0660 and unlinked. */
+ * closed after the handshake time; the path is bound 0660 and unlinked; a
+ * session's token binds only its own connection's uid and pid, and its end
+ * reclaims every lease of its identity. */
 #include "broker_fixture.h"
 #include "fdwire.h"
 #include "sidechannel.h"
@@ -272,6 +274,113 @@ START_TEST(test_eof_reclaims)
 }
 END_TEST
 
+/* A session: one token per connection, the same on every request;
+ * wb__side_bind accepts it only from the kernel identity of the connection
+ * that got it (uid, and pid where visible), refuses a wrong size or an
+ * unknown token; when the connection ends the session is gone and every
+ * lease of its identity is reclaimed, fetched through it or not. */
+START_TEST(test_session)
+{
+    wb_broker b;
+    wb_sidechan s;
+    setup_side(&b, &s);
+    wb_model *m = memfd_model(&b, "m");
+    int cfd = connect_side();
+    uint8_t req[WB_FDWIRE_REQUEST_LEN];
+    wb__fdwire_session_request_pack(req);
+    answer a = ask(&s, cfd, req, sizeof req);
+    ck_assert_int_eq(a.status, WB_OK);
+    ck_assert_uint_eq(a.n_fds, 0);
+    ck_assert_uint_eq(strlen(a.msg), WB_SESSION_TOKEN_HEX);
+    uint8_t token[WB_SESSION_TOKEN_LEN];
+    wb_err err;
+    ck_assert_int_eq(wb__session_token_parse(a.msg, token, &err), WB_OK);
+    answer again = ask(&s, cfd, req, sizeof req);
+    ck_assert_str_eq(again.msg, a.msg);
+
+    /* A second connection of the same process has another token. */
+    int cfd2 = connect_side();
+    answer other = ask(&s, cfd2, req, sizeof req);
+    ck_assert_int_eq(other.status, WB_OK);
+    ck_assert_str_ne(other.msg, a.msg);
+    close(cfd2);
+    wb__side_handle(&s);
+
+    wb_peer_creds kernel = me(), out;
+    uint64_t serial = 0;
+    ck_assert_int_eq(wb__side_bind(&s, &kernel, token, sizeof token, &out, &serial, &err), WB_OK);
+    ck_assert_int_eq(out.known, 1);
+    ck_assert_uint_eq(out.pid, kernel.pid);
+    ck_assert_uint_eq(out.uid, kernel.uid);
+    ck_assert_int_eq(out.pid_hidden, 0);
+    ck_assert_uint_ne(serial, 0);
+    ck_assert_int_eq(wb__side_session_alive(&s, serial), 1);
+
+    char want[300];
+    wb_peer_creds wrong_uid = kernel;
+    wrong_uid.uid = kernel.uid + 1;
+    ck_assert_int_eq(wb__side_bind(&s, &wrong_uid, token, sizeof token, &out, &serial, &err),
+                     WB_EPERM);
+    snprintf(want, sizeof want,
+             "the session token belongs to uid %u (session %u), not to this connection's uid %u",
+             kernel.uid, kernel.pid, kernel.uid + 1);
+    ck_assert_str_eq(err.msg, want);
+    wb_peer_creds wrong_pid = kernel;
+    wrong_pid.pid = kernel.pid + 1;
+    ck_assert_int_eq(wb__side_bind(&s, &wrong_pid, token, sizeof token, &out, &serial, &err),
+                     WB_EPERM);
+    snprintf(want, sizeof want,
+             "the session token belongs to pid %u, not to this connection's pid %u", kernel.pid,
+             kernel.pid + 1);
+    ck_assert_str_eq(err.msg, want);
+    wb_peer_creds hidden = {.uid = kernel.uid, .gid = kernel.gid, .pid_hidden = 1};
+    ck_assert_int_eq(wb__side_bind(&s, &hidden, token, sizeof token, &out, &serial, &err),
+                     WB_EPERM);
+    snprintf(want, sizeof want,
+             "the session token belongs to pid %u, not to this connection's pid hidden (another "
+             "pid namespace)",
+             kernel.pid);
+    ck_assert_str_eq(err.msg, want);
+    wb_peer_creds unread = {0};
+    ck_assert_int_eq(wb__side_bind(&s, &unread, token, sizeof token, &out, &serial, &err),
+                     WB_EPERM);
+    ck_assert_str_eq(err.msg, "the broker could not read the peer's credentials");
+    ck_assert_int_eq(wb__side_bind(&s, &kernel, token, 15, &out, &serial, &err), WB_EINVAL);
+    ck_assert_str_eq(err.msg, "the session token has 15 bytes, not 16");
+    uint8_t forged[WB_SESSION_TOKEN_LEN];
+    memcpy(forged, token, sizeof forged);
+    forged[15] ^= 1;
+    ck_assert_int_eq(wb__side_bind(&s, &kernel, forged, sizeof forged, &out, &serial, &err),
+                     WB_EPERM);
+    snprintf(want, sizeof want,
+             "no session on the descriptor channel %s has this token (its connection ended, or "
+             "the token is forged)",
+             s.path);
+    ck_assert_str_eq(err.msg, want);
+
+    /* Two leases of the session's identity, neither fetched: the end of
+     * the connection reclaims both (the process's end), not only what it
+     * fetched. */
+    grant(&b, m, kernel);
+    grant(&b, m, kernel);
+    ck_assert_uint_eq(b.leases.n_leases, 2);
+    ck_assert_int_eq(wb__side_bind(&s, &kernel, token, sizeof token, &out, &serial, &err), WB_OK);
+    close(cfd);
+    for (int i = 0; i < 100 && s.n > 0; i++) {
+        wb__side_handle(&s);
+        usleep(1000);
+    }
+    ck_assert_uint_eq(s.n, 0);
+    ck_assert_uint_eq(b.leases.n_leases, 0);
+    ck_assert_uint_eq(b.stats.leases_reclaimed, 2);
+    ck_assert_uint_eq(m->leases, 0);
+    ck_assert_int_eq(wb__side_session_alive(&s, serial), 0);
+    ck_assert_int_eq(wb__side_bind(&s, &kernel, token, sizeof token, &out, &serial, &err),
+                     WB_EPERM);
+    teardown_side(&b, &s);
+}
+END_TEST
+
 START_TEST(test_hostile_input)
 {
     wb_broker b;
@@ -282,7 +391,7 @@ START_TEST(test_hostile_input)
     memset(junk, 'Z', sizeof junk);
     answer a = ask(&s, cfd, junk, sizeof junk);
     ck_assert_int_eq(a.status, WB_EPROTO);
-    ck_assert_str_eq(a.msg, "descriptor request does not start with \"WBF1\"");
+    ck_assert_str_eq(a.msg, "descriptor request does not start with \"WBF1\" or \"WBS1\"");
     ck_assert_uint_eq(b.stats.malformed_messages, 1);
     char c;
     ck_assert_int_eq(recv(cfd, &c, 1, MSG_DONTWAIT), 0); /* closed */
@@ -324,6 +433,7 @@ int main(void)
     tcase_add_test(tc, test_holder_gets_sealed_memfd);
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_eof_reclaims);
+    tcase_add_test(tc, test_session);
     tcase_add_test(tc, test_hostile_input);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);

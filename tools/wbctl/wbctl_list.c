@@ -205,7 +205,7 @@ int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
                 json_t *o = json_object();
                 json_object_set_new(o, "id", json_string(id));
                 json_object_set_new(o, "model", wbctl_jstr(l->model));
-                json_object_set_new(o, "pid", json_integer(l->pid));
+                wbctl_json_pid(o, l->pid);
                 json_object_set_new(o, "process", wbctl_jstr(l->process_name));
                 json_object_set_new(o, "uid", json_integer(l->uid));
                 json_object_set_new(o, "gid", json_integer(l->gid));
@@ -232,13 +232,13 @@ int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
                 json_array_append_new(arr, o);
                 continue;
             }
-            char pid[16], uid[16], containers[16], slabs[16], bytes[32], agebuf[32], hb[32];
+            char pid[24], uid[16], containers[16], slabs[16], bytes[32], agebuf[32], hb[32];
             char shared[64];
             /* Bound by containers, counted once per container: two containers
              * binding the same tensor share one buffer but count twice here. */
             snprintf(shared, sizeof shared, "%llu (%llu B)", (unsigned long long)shared_tensors,
                      (unsigned long long)shared_bytes);
-            snprintf(pid, sizeof pid, "%u", l->pid);
+            wbctl_fmt_pid(pid, sizeof pid, l->pid);
             snprintf(uid, sizeof uid, "%u", l->uid);
             snprintf(containers, sizeof containers, "%u", l->containers);
             snprintf(slabs, sizeof slabs, "%u", l->slabs);
@@ -284,7 +284,7 @@ int wbctl_containers(const wbctl_globals *g, int argc, char **argv)
                 shared += c->leases[k]->bound_bytes;
             if (json) {
                 json_t *o = json_object();
-                json_object_set_new(o, "pid", json_integer(c->pid));
+                wbctl_json_pid(o, c->pid);
                 json_object_set_new(o, "process", wbctl_jstr(c->process_name));
                 json_object_set_new(o, "container_id", json_integer((json_int_t)c->container_id));
                 json_object_set_new(o, "aoti_api", wbctl_jstr(c->aoti_api));
@@ -318,8 +318,8 @@ int wbctl_containers(const wbctl_globals *g, int argc, char **argv)
                 json_array_append_new(arr, o);
                 continue;
             }
-            char pid[16], id[24], leases[256] = "", shared_s[32], folded[32], agebuf[32], binds[96];
-            snprintf(pid, sizeof pid, "%u", c->pid);
+            char pid[24], id[24], leases[256] = "", shared_s[32], folded[32], agebuf[32], binds[96];
+            wbctl_fmt_pid(pid, sizeof pid, c->pid);
             snprintf(id, sizeof id, "%llu", (unsigned long long)c->container_id);
             size_t used = 0;
             for (size_t k = 0; k < c->n_leases && used < sizeof leases; k++) {

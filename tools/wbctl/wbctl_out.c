@@ -1,5 +1,7 @@
 #include "wbctl_out.h"
 
+#include "fdwire.h"
+
 #include "wbctl.h"
 
 #include <stdarg.h>
@@ -112,4 +114,22 @@ void wbctl_hex(const ProtobufCBinaryData *b, char *out, size_t size)
         out[o++] = digits[b->data[i] & 15];
     }
     out[o] = '\0';
+}
+
+const char *wbctl_fmt_pid(char *buf, size_t size, uint32_t pid)
+{
+    if (WB_IS_SESSION_ID(pid))
+        snprintf(buf, size, "conn:%u", pid - WB_SESSION_ID_BASE);
+    else
+        snprintf(buf, size, "%u", pid);
+    return buf;
+}
+
+void wbctl_json_pid(json_t *o, uint32_t pid)
+{
+    json_object_set_new(o, "pid", json_integer(pid));
+    if (WB_IS_SESSION_ID(pid)) {
+        char buf[24];
+        json_object_set_new(o, "session", json_string(wbctl_fmt_pid(buf, sizeof buf, pid)));
+    }
 }

@@ -7,6 +7,7 @@
 #include <jansson.h>
 #include <protobuf-c/protobuf-c.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* A plain table: rows of strings, columns padded to their widest cell. */
 typedef struct wbctl_table {
@@ -29,6 +30,12 @@ int wbctl_print_json(json_t *j);
 double wbctl_now(void);
 /* An age as "42s", "3m07s" or "2h05m00s". */
 void wbctl_fmt_age(char *buf, size_t size, double seconds);
+/* A holder's pid as shown: "1234", or "conn:N" for a holder the broker
+ * knows by its descriptor channel session (its pid is hidden from the
+ * broker: another pid namespace). Returns buf. */
+const char *wbctl_fmt_pid(char *buf, size_t size, uint32_t pid);
+/* Adds "pid" (the number as sent) and, for a session, "session": "conn:N". */
+void wbctl_json_pid(json_t *o, uint32_t pid);
 /* Bytes as lower-case hex, cut to fit `size`. */
 void wbctl_hex(const ProtobufCBinaryData *b, char *out, size_t size);
 
