@@ -85,6 +85,11 @@ void wb__model_free(wb_model **mp)
 }
 
 /* Packs a Lease on copy k once (see wb_model_wire). */
+static int cmp_tensor_name(const void *a, const void *b)
+{
+    return strcmp((*(Wbproto__Tensor *const *)a)->name, (*(Wbproto__Tensor *const *)b)->name);
+}
+
 static void wire_pack_copy(wb_model *m, uint32_t k, const uint8_t *table, size_t table_len)
 {
     wb_model_wire *w = &m->wire[k];
@@ -170,6 +175,9 @@ int wb__model_adopt(wb_model *m, wb_model_data *data, wb_err *err)
         w->xxh3 = t->xxh3;
         tensor_ptrs[i] = w;
     }
+    /* Leases list the tensors in name order ("the broker's order"): a
+     * client then finds names without sorting 10^5 of them first. */
+    qsort(tensor_ptrs, nt, sizeof *tensor_ptrs, cmp_tensor_name);
     m->wire_tensors = tensors;
     m->wire_tensor_ptrs = tensor_ptrs;
     m->wire = wire;

@@ -213,17 +213,27 @@ static int exchange(chan *c, const uint8_t req[WB_FDWIRE_REQUEST_LEN], const cha
     return WB_OK;
 }
 
-int wb__fdchan_fetch(const char *socket_path, const uint8_t *lease_id, int timeout_ms, int *fds,
-                     size_t max_fds, size_t *n_fds, wb_err *err)
+/* The channel's path beside `socket_path`, and the channel table locked
+ * (chan_mu; the fork handlers registered once). */
+static int lock_channels(const char *socket_path, char *path, size_t size, wb_err *err)
 {
-    *n_fds = 0;
-    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
-    if (wb__fdwire_path(socket_path, path, sizeof path) != WB_OK)
+    if (wb__fdwire_path(socket_path, path, size) != WB_OK)
         return wb__err_set(err, WB_EINVAL,
                            "the descriptor channel's path %s" WB_FDWIRE_SUFFIX " is too long",
                            socket_path);
     pthread_once(&atfork_once, register_atfork);
     pthread_mutex_lock(&chan_mu);
+    return WB_OK;
+}
+
+int wb__fdchan_fetch(const char *socket_path, const uint8_t *lease_id, int timeout_ms, int *fds,
+                     size_t max_fds, size_t *n_fds, wb_err *err)
+{
+    *n_fds = 0;
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    int lrc = lock_channels(socket_path, path, sizeof path, err);
+    if (lrc != WB_OK)
+        return lrc;
     int rc = WB_ECONN;
     /* A connection of a broker that restarted is closed: one more try on a
      * fresh one. */
@@ -248,12 +258,9 @@ int wb__fdchan_fetch(const char *socket_path, const uint8_t *lease_id, int timeo
 int wb__fdchan_session(const char *socket_path, int timeout_ms, uint8_t *token, wb_err *err)
 {
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
-    if (wb__fdwire_path(socket_path, path, sizeof path) != WB_OK)
-        return wb__err_set(err, WB_EINVAL,
-                           "the descriptor channel's path %s" WB_FDWIRE_SUFFIX " is too long",
-                           socket_path);
-    pthread_once(&atfork_once, register_atfork);
-    pthread_mutex_lock(&chan_mu);
+    int lrc = lock_channels(socket_path, path, sizeof path, err);
+    if (lrc != WB_OK)
+        return lrc;
     int rc = WB_ECONN;
     for (int attempt = 0; attempt < 2; attempt++) {
         chan *c = NULL;

@@ -23,9 +23,15 @@ static int cmp_index(const void *a, const void *b, void *arg)
 void wb__names_sort(size_t *idx, const void *records, size_t n, size_t stride, size_t name_offset)
 {
     layout l = {records, stride, name_offset};
-    for (size_t i = 0; i < n; i++)
+    int sorted = 1;
+    for (size_t i = 0; i < n; i++) {
         idx[i] = i;
-    qsort_r(idx, n, sizeof *idx, cmp_index, &l);
+        sorted = sorted && (i == 0 || strcmp(name_at(&l, i - 1), name_at(&l, i)) <= 0);
+    }
+    /* Lease tables come in name order (the broker sorts them once per
+     * model): one pass instead of n log n comparisons of long names. */
+    if (!sorted)
+        qsort_r(idx, n, sizeof *idx, cmp_index, &l);
 }
 
 const void *wb__names_find(const void *records, size_t n, size_t stride, size_t name_offset,

@@ -159,7 +159,8 @@ typedef struct wb_tensor_view {
 } wb_tensor_view;
 
 WB_EXPORT size_t wb_lease_tensor_count(const wb_lease *lease);
-/* Tensor number `index` (0-based, in the broker's order). WB_EINVAL if out of range. */
+/* Tensor number `index` (0-based, in the broker's order: by name, bytewise,
+ * from brokers of this version). WB_EINVAL if out of range. */
 WB_EXPORT int wb_lease_tensor(const wb_lease *lease, size_t index, wb_tensor_view *out);
 /* Tensor by name. WB_ENOTFOUND if absent. */
 WB_EXPORT int wb_lease_find(const wb_lease *lease, const char *name, wb_tensor_view *out);

@@ -70,8 +70,11 @@ static wb_model *fixture_model(wb_broker *b, const char *name)
     d.tensors = calloc(2, sizeof *d.tensors);
     const char *names[2] = {"a", "b"};
     const uint64_t offsets[2] = {0, 256}, nbytes[2] = {12, 16};
-    for (int i = 0; i < 2; i++) {
-        wb_model_tensor *t = &d.tensors[i];
+    /* Listed b, then a (not in name order, as a checkpoint may be):
+     * leases sort them. */
+    for (int k = 0; k < 2; k++) {
+        int i = 1 - k;
+        wb_model_tensor *t = &d.tensors[k];
         t->name = strdup(names[i]);
         strcpy(t->dtype, "F32");
         t->ndim = (uint32_t)(i + 1);
@@ -81,8 +84,8 @@ static wb_model *fixture_model(wb_broker *b, const char *name)
         t->offset = offsets[i];
         t->nbytes = nbytes[i];
         uint8_t *p = (uint8_t *)d.slabs[0].shm.addr + t->offset;
-        for (uint64_t k = 0; k < t->nbytes; k++)
-            p[k] = (uint8_t)(k + 1 + 10 * i);
+        for (uint64_t j = 0; j < t->nbytes; j++)
+            p[j] = (uint8_t)(j + 1 + 10 * i);
         t->xxh3 = XXH3_64bits(p, t->nbytes);
         d.bytes += t->nbytes;
     }

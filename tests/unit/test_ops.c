@@ -112,6 +112,19 @@ START_TEST(test_acquire_cached_table)
     ck_assert_uint_gt(l->tensor_table.len, 0);
     ck_assert_int_eq(l->tensor_table_cached, 0);
     ck_assert_uint_eq(l->n_tensors, 0);
+    /* In name order, whatever the checkpoint's order: clients then index
+     * names in one pass. */
+    const uint8_t *tb = l->tensor_table.data;
+    uint32_t nt = wb__tensor_table_count(tb);
+    ck_assert_uint_gt(nt, 1);
+    for (uint32_t i = 1; i < nt; i++) {
+        wb_table_tensor x, y;
+        wb__tensor_table_get(tb, i - 1, &x);
+        wb__tensor_table_get(tb, i, &y);
+        ck_assert_int_lt(
+            strcmp(wb__tensor_table_strings(tb) + x.name, wb__tensor_table_strings(tb) + y.name),
+            0);
+    }
     uint8_t digest[16];
     wb__tensor_table_digest(l->tensor_table.data, l->tensor_table.len, digest);
     size_t full = wbproto__lease__get_packed_size(l);
