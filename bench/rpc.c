@@ -1,8 +1,10 @@
 /* wb_bench_rpc: the control plane's speed, on the host backend.
  *
  *   wb_bench_rpc sizes  SOCK MODEL
- *       one acquire and one release over a raw DEALER; prints the four
- *       message sizes (acquire request/reply, release request/reply)
+ *       over a raw DEALER, an acquire, then one naming the first one's table
+ *       digest (what libwbclient's loop sends: the table comes once), and
+ *       a release; prints the loop's four message sizes (acquire
+ *       request/reply, release request/reply) and the first acquire's
  *   wb_bench_rpc lease  SOCK MODEL CLIENTS SECONDS BROKER_PID
  *       CLIENTS processes loop acquire + release through libwbclient
  *   wb_bench_rpc echo   CLIENTS SECONDS AREQ AREP RREQ RREP
@@ -367,19 +369,39 @@ static int mode_sizes(const char *sock, const char *model)
     Wbproto__Reply *rep = NULL;
     if (raw_call(s, &req, &areq, &arep, &rep) != 0)
         return 1;
+    /* The loop's steady state: libwbclient holds the table from its
+     * first lease and names its digest, so the broker sends none. */
+    size_t first_areq = areq, first_arep = arep;
+    uint8_t digest[16];
+    const Wbproto__Lease *fl = rep->acquire->lease;
+    wb__tensor_table_digest(fl->tensor_table.data, fl->tensor_table.len, digest);
+    acq.tensor_table_digest.data = digest;
+    acq.tensor_table_digest.len = sizeof digest;
+    req.id = 3;
+    Wbproto__Reply *rep3 = NULL;
+    if (raw_call(s, &req, &areq, &arep, &rep3) != 0)
+        return 1;
+    int cached = rep3->acquire->lease->tensor_table_cached;
     Wbproto__ReleaseRequest rel = WBPROTO__RELEASE_REQUEST__INIT;
-    rel.lease_id = rep->acquire->lease->id;
     Wbproto__Request req2 = WBPROTO__REQUEST__INIT;
-    req2.id = 2;
     req2.body_case = WBPROTO__REQUEST__BODY_RELEASE;
     req2.release = &rel;
     Wbproto__Reply *rep2 = NULL;
+    rel.lease_id = rep3->acquire->lease->id;
+    req2.id = 4;
+    if (raw_call(s, &req2, &rreq, &rrep, &rep2) != 0)
+        return 1;
+    wb__reply_free(&rep2);
+    rel.lease_id = rep->acquire->lease->id;
+    req2.id = 2;
     if (raw_call(s, &req2, &rreq, &rrep, &rep2) != 0)
         return 1;
     printf("{\"mode\":\"sizes\",\"acquire_request\":%zu,\"acquire_reply\":%zu,"
-           "\"release_request\":%zu,\"release_reply\":%zu}\n",
-           areq, arep, rreq, rrep);
+           "\"release_request\":%zu,\"release_reply\":%zu,\"table_cached\":%s,"
+           "\"first_acquire_request\":%zu,\"first_acquire_reply\":%zu}\n",
+           areq, arep, rreq, rrep, cached ? "true" : "false", first_areq, first_arep);
     wb__reply_free(&rep);
+    wb__reply_free(&rep3);
     wb__reply_free(&rep2);
     zmq_close(s);
     zmq_ctx_term(ctx);

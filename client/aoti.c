@@ -127,7 +127,7 @@ static int any_device_tensor(wb_lease *const *leases, size_t n_leases,
 {
     for (size_t i = 0; i < n_leases; i++) {
         for (size_t k = 0; k < leases[i]->n_tensors; k++) {
-            if (leases[i]->tensors[k].device >= 0)
+            if (wb__entry_device(leases[i], &leases[i]->tensors[k]) >= 0)
                 return 1;
         }
     }

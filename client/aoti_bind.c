@@ -404,10 +404,10 @@ static int find_named(wb_container *c, const wb_container_options *o, const char
         b->lease = (int)k;
         *s = (source){.kind = WB_BIND_LEASED,
                       .dtype = t->dtype,
-                      .data = t->data,
+                      .data = wb__entry_data(c->leases[k], t),
                       .ndim = t->ndim,
                       .shape = t->shape,
-                      .device = t->device,
+                      .device = wb__entry_device(c->leases[k], t),
                       .nbytes = t->nbytes};
         snprintf(s->where, sizeof s->where, "lease %.8s (model '%s', tensor '%s')",
                  c->leases[k]->id_hex, c->leases[k]->model, name);

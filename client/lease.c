@@ -113,7 +113,8 @@ static void lease_free(wb_lease *l)
 {
     if (!l)
         return;
-    free(l->tensors); /* names, dtypes and shapes: the same block or the table */
+    if (!l->table)
+        free(l->tensors); /* with their names, dtypes and shapes: one block */
     free(atomic_load(&l->by_name));
     wb__table_unref(&l->table);
     wb__lease_containers_free(l);
@@ -323,6 +324,9 @@ void wb__table_unref(wb__table **tp)
     *tp = NULL;
     if (atomic_fetch_sub(&t->refs, 1) != 1)
         return;
+    free(t->entries);
+    free(atomic_load(&t->by_name));
+    pthread_mutex_destroy(&t->mu);
     wb__reply_free(&t->rep);
     free(t->model);
     free(t);
@@ -363,6 +367,9 @@ static void table_keep(wb_client *c, wb__table *t)
 
 /* A table from a reply (checked by the decoder): it keeps the reply (*rep
  * is taken), or a copy when the bytes are not 8-byte aligned. */
+/* A table from a reply (checked by the decoder), with its entries: it keeps
+ * the reply (*rep is taken), or a copy when the bytes are not 8-byte
+ * aligned. NULL when out of memory. */
 static wb__table *table_new(const char *model, const Wbproto__Lease *pl, Wbproto__Reply **rep)
 {
     size_t len = pl->tensor_table.len;
@@ -370,62 +377,52 @@ static wb__table *table_new(const char *model, const Wbproto__Lease *pl, Wbproto
     wb__table *t = calloc(1, sizeof *t + (copy ? (len + 7) & ~(size_t)7 : 0));
     if (!t)
         return NULL;
+    t->bytes = copy ? memcpy(t->copy, pl->tensor_table.data, len) : pl->tensor_table.data;
+    t->len = len;
+    size_t n = wb__tensor_table_count(t->bytes);
     t->model = strdup(model);
-    if (!t->model) {
+    t->entries = malloc((n ? n : 1) * sizeof *t->entries);
+    if (!t->model || !t->entries) {
+        free(t->model);
+        free(t->entries);
         free(t);
         return NULL;
     }
     atomic_init(&t->refs, 1);
-    t->len = len;
-    if (copy) {
-        t->bytes = memcpy(t->copy, pl->tensor_table.data, len);
-    } else {
-        t->bytes = pl->tensor_table.data;
+    atomic_init(&t->by_name, NULL);
+    pthread_mutex_init(&t->mu, NULL);
+    if (!copy) {
         t->rep = *rep;
         *rep = NULL;
     }
     wb__tensor_table_digest(t->bytes, len, t->digest);
-    return t;
-}
-
-/* The entries from a compact table (the reply's, or the one the client
- * held): they point into it, and the lease keeps a reference. No
- * per-tensor message was decoded, one allocation made. */
-static int build_from_table(wb_client *c, const char *model, wb__table *t, wb_lease *l)
-{
-    const uint8_t *table = t->bytes;
-    size_t n = wb__tensor_table_count(table);
-    l->tensors = malloc((n ? n : 1) * sizeof *l->tensors);
-    if (!l->tensors)
-        return wb__client_fail(c, WB_ENOMEM, "acquire '%s': out of memory", model);
-    l->table = table_ref(t);
-    const char *str = wb__tensor_table_strings(table);
-    const uint64_t *dims = wb__tensor_table_dims(table);
-    const uint8_t *rec = table + WB_TABLE_HEADER;
-    /* One slab's base and device serve all its tensors. */
-    uint32_t last = UINT32_MAX;
-    const uint8_t *base = NULL;
-    int device = -1;
+    const char *str = wb__tensor_table_strings(t->bytes);
+    const uint64_t *dims = wb__tensor_table_dims(t->bytes);
+    const uint8_t *rec = t->bytes + WB_TABLE_HEADER;
     for (size_t i = 0; i < n; i++, rec += WB_TABLE_RECORD) {
         wb_table_tensor r;
         memcpy(&r, rec, sizeof r);
-        if (r.slab != last) {
-            last = r.slab;
-            base = wb__map_addr(l->maps[r.slab]);
-            device = wb__map_device(l->maps[r.slab]);
-        }
-        wb__tensor_entry *lt = &l->tensors[i];
-        lt->name = (char *)str + r.name;
-        lt->dtype = (char *)str + r.dtype;
-        lt->ndim = r.ndim;
-        lt->shape = (uint64_t *)dims + r.dim;
-        lt->data = base + r.offset;
-        lt->nbytes = r.nbytes;
-        lt->xxh3 = r.xxh3;
-        lt->device = device;
+        t->entries[i] = (wb__tensor_entry){.name = (char *)str + r.name,
+                                           .dtype = (char *)str + r.dtype,
+                                           .ndim = r.ndim,
+                                           .slab = r.slab,
+                                           .shape = (uint64_t *)dims + r.dim,
+                                           .offset = r.offset,
+                                           .nbytes = r.nbytes,
+                                           .xxh3 = r.xxh3};
     }
-    l->n_tensors = n;
-    return WB_OK;
+    t->n_entries = n;
+    return t;
+}
+
+/* A lease on a table: its entries are the table's (checked against this
+ * lease's slabs: by the decoder for a table just received, again for one
+ * held), shared, one reference more. O(1) in the tensors. */
+static void lease_on_table(wb_lease *l, wb__table *t)
+{
+    l->table = table_ref(t);
+    l->tensors = t->entries;
+    l->n_tensors = t->n_entries;
 }
 
 /* The table a reply says the client holds: checked again against this
@@ -442,7 +439,8 @@ static int build_from_cached(wb_client *c, const char *model, const Wbproto__Lea
     if (wb__tensor_table_check(held->bytes, held->len, pl->slabs, pl->n_slabs, &e) != WB_OK)
         return wb__client_fail(c, WB_EPROTO, "acquire '%s': the tensor table held: %s", model,
                                e.msg);
-    return build_from_table(c, model, held, l);
+    lease_on_table(l, held);
+    return WB_OK;
 }
 
 static int build_tensors(wb_client *c, const char *model, const Wbproto__Lease *pl, wb__table *held,
@@ -455,9 +453,9 @@ static int build_tensors(wb_client *c, const char *model, const Wbproto__Lease *
         if (!t)
             return wb__client_fail(c, WB_ENOMEM, "acquire '%s': out of memory", model);
         table_keep(c, t);
-        int rc = build_from_table(c, model, t, l);
+        lease_on_table(l, t);
         wb__table_unref(&t);
-        return rc;
+        return WB_OK;
     }
     size_t n = pl->n_tensors, dims = 0, chars = 0;
     for (size_t i = 0; i < n; i++) {
@@ -484,10 +482,10 @@ static int build_tensors(wb_client *c, const char *model, const Wbproto__Lease *
         if (t->n_shape)
             memcpy(shape, t->shape, t->n_shape * sizeof *shape);
         shape += t->n_shape;
-        lt->data = (const uint8_t *)wb__map_addr(l->maps[t->slab]) + t->offset;
+        lt->slab = t->slab;
+        lt->offset = t->offset;
         lt->nbytes = t->nbytes;
         lt->xxh3 = t->xxh3;
-        lt->device = wb__map_device(l->maps[t->slab]);
     }
     l->n_tensors = n;
     return WB_OK;
@@ -664,16 +662,16 @@ WB_EXPORT size_t wb_lease_tensor_count(const wb_lease *lease)
     return lease ? lease->n_tensors : 0;
 }
 
-static void fill_view(const wb__tensor_entry *t, wb_tensor_view *out)
+static void fill_view(const wb_lease *l, const wb__tensor_entry *t, wb_tensor_view *out)
 {
     out->name = t->name;
     out->dtype = t->dtype;
     out->ndim = t->ndim;
     out->shape = t->shape;
-    out->data = t->data;
+    out->data = wb__entry_data(l, t);
     out->nbytes = t->nbytes;
     out->xxh3 = t->xxh3;
-    out->device = t->device;
+    out->device = wb__entry_device(l, t);
 }
 
 WB_EXPORT int wb_lease_tensor(const wb_lease *lease, size_t index, wb_tensor_view *out)
@@ -691,24 +689,27 @@ WB_EXPORT int wb_lease_tensor(const wb_lease *lease, size_t index, wb_tensor_vie
         }
         return WB_EINVAL;
     }
-    fill_view(&lease->tensors[index], out);
+    fill_view(lease, &lease->tensors[index], out);
     return WB_OK;
 }
 
 const wb__tensor_entry *wb__lease_lookup(const wb_lease *lease, const char *name)
 {
-    /* The index is a cache: building it changes nothing a caller sees. */
+    /* The index is a cache: building it changes nothing a caller sees. A
+     * lease on a table uses the table's, made once for every lease on it. */
     wb_lease *l = (wb_lease *)lease;
-    size_t *idx = atomic_load_explicit(&l->by_name, memory_order_acquire);
+    _Atomic(size_t *) *slot = l->table ? &l->table->by_name : &l->by_name;
+    pthread_mutex_t *mu = l->table ? &l->table->mu : &l->mu;
+    size_t *idx = atomic_load_explicit(slot, memory_order_acquire);
     if (!idx && l->n_tensors > 0) {
-        pthread_mutex_lock(&l->mu);
-        idx = atomic_load_explicit(&l->by_name, memory_order_relaxed);
+        pthread_mutex_lock(mu);
+        idx = atomic_load_explicit(slot, memory_order_relaxed);
         if (!idx && (idx = malloc(l->n_tensors * sizeof *idx))) {
             wb__names_sort(idx, l->tensors, l->n_tensors, sizeof *l->tensors,
                            offsetof(wb__tensor_entry, name));
-            atomic_store_explicit(&l->by_name, idx, memory_order_release);
+            atomic_store_explicit(slot, idx, memory_order_release);
         }
-        pthread_mutex_unlock(&l->mu);
+        pthread_mutex_unlock(mu);
     }
     /* Without an index (out of memory) the lookup scans. */
     return wb__names_find(l->tensors, l->n_tensors, sizeof *l->tensors,
@@ -721,7 +722,7 @@ WB_EXPORT int wb_lease_find(const wb_lease *lease, const char *name, wb_tensor_v
         return WB_EINVAL;
     const wb__tensor_entry *t = wb__lease_lookup(lease, name);
     if (t) {
-        fill_view(t, out);
+        fill_view(lease, t, out);
         return WB_OK;
     }
     if (lease->client) {

@@ -14,15 +14,18 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+/* One tensor of a lease. Where its bytes are depends on the lease's
+ * mappings (wb__entry_data): entries made from a compact table are shared by
+ * every lease on that table. */
 typedef struct wb__tensor_entry {
     char *name;
     char *dtype;
     uint32_t ndim;
+    uint32_t slab; /* index into the lease's maps */
     uint64_t *shape;
-    const void *data;
+    uint64_t offset; /* in the slab */
     uint64_t nbytes;
     uint64_t xxh3;
-    int device;
 } wb__tensor_entry;
 
 /* What a container reports about itself with every heartbeat (see
@@ -59,6 +62,13 @@ typedef struct wb__table {
     atomic_int refs;
     uint8_t digest[16]; /* wb__tensor_table_digest */
     char *model;
+    /* The entries, made once with the table (names, dtypes and shapes
+     * point into `bytes`), and their name index, made by the first lookup
+     * on any lease of the table under `mu`. */
+    size_t n_entries;
+    wb__tensor_entry *entries;
+    pthread_mutex_t mu;
+    _Atomic(size_t *) by_name;
     const uint8_t *bytes; /* 8-byte aligned: the dims are read as u64 */
     size_t len;
     Wbproto__Reply *rep; /* holds `bytes`, or NULL when they were copied to `copy` */
@@ -93,11 +103,12 @@ struct wb_lease {
     size_t n_tensors;
     wb__tensor_entry *tensors;
     /* The compact tensor table when the broker sent one or the client held
-     * it: the entries' names, dtypes and shapes point into it. NULL
-     * otherwise (the entries own them). One reference. */
+     * it: `tensors` are its entries (one reference). NULL otherwise: the
+     * lease owns `tensors`, made from the reply's messages. */
     wb__table *table;
     /* Indexes of `tensors` sorted by name, built under `mu` by the first
-     * lookup (wb__lease_lookup); NULL until then. */
+     * lookup (wb__lease_lookup) of a lease without a table (one with a
+     * table uses the table's); NULL until then. */
     _Atomic(size_t *) by_name;
     atomic_int orphaned;
     /* The container state: one lock for the count, the records and the
@@ -113,6 +124,17 @@ struct wb_lease {
  * sorted by name that the first call builds (a model binds 10^5 constants
  * of a 10^5-tensor lease in O(n log n), not O(n^2)). Thread-safe. */
 const wb__tensor_entry *wb__lease_lookup(const wb_lease *lease, const char *name);
+
+/* Where a lease's tensor is: its bytes in this process, and its device (-1
+ * for host memory). */
+static inline const uint8_t *wb__entry_data(const wb_lease *l, const wb__tensor_entry *t)
+{
+    return (const uint8_t *)wb__map_addr(l->maps[t->slab]) + t->offset;
+}
+static inline int wb__entry_device(const wb_lease *l, const wb__tensor_entry *t)
+{
+    return wb__map_device(l->maps[t->slab]);
+}
 
 /* Sets up and frees the lease's lock and container state (lease_containers.c). */
 void wb__lease_containers_init(wb_lease *lease);

@@ -90,12 +90,13 @@ static cudaError_t dev_verifier_setup(dev_verifier *v, char *why, size_t why_len
 }
 #endif
 
-static int dev_hash(dev_verifier *v, const wb__tensor_entry *t, uint64_t *out, char *why,
+static int dev_hash(dev_verifier *v, const uint8_t *src, uint64_t n, uint64_t *out, char *why,
                     size_t why_len)
 {
 #ifndef WB_HAVE_CUDA
     (void)v;
-    (void)t;
+    (void)src;
+    (void)n;
     (void)out;
     snprintf(why, why_len, "this build of libwbclient has no CUDA support");
     return WB_ENOSYS;
@@ -111,8 +112,7 @@ static int dev_hash(dev_verifier *v, const wb__tensor_entry *t, uint64_t *out, c
         return WB_ENOGPU;
     }
     XXH3_64bits_reset(v->state);
-    uint64_t n = t->nbytes, chunks = (n + VERIFY_CHUNK - 1) / VERIFY_CHUNK;
-    const uint8_t *src = t->data;
+    uint64_t chunks = (n + VERIFY_CHUNK - 1) / VERIFY_CHUNK;
     for (uint64_t k = 0; k <= chunks && ce == cudaSuccess; k++) {
         /* Issue chunk k, then hash chunk k-1 while k is copied. Buffer k%2
          * last held chunk k-2, already hashed. */
@@ -141,9 +141,10 @@ static int dev_hash(dev_verifier *v, const wb__tensor_entry *t, uint64_t *out, c
 #endif
 }
 
-/* The checksum of device tensor `t`, with the kept verifier of the current
- * device (or one made for this tensor beyond VERIFY_DEVICES). */
-static int dev_hash_kept(const wb__tensor_entry *t, uint64_t *out, char *why, size_t why_len)
+/* The checksum of `n` bytes of device memory at `src`, with the kept
+ * verifier of the current device (or one made for this tensor beyond
+ * VERIFY_DEVICES). */
+static int dev_hash_kept(const uint8_t *src, uint64_t n, uint64_t *out, char *why, size_t why_len)
 {
     int cur = -1;
 #ifdef WB_HAVE_CUDA
@@ -153,12 +154,12 @@ static int dev_hash_kept(const wb__tensor_entry *t, uint64_t *out, char *why, si
     if (cur < 0 || cur >= VERIFY_DEVICES) {
         dev_verifier v;
         memset(&v, 0, sizeof v);
-        int rc = dev_hash(&v, t, out, why, why_len);
+        int rc = dev_hash(&v, src, n, out, why, why_len);
         dev_verifier_free(&v);
         return rc;
     }
     pthread_mutex_lock(&kept_mu);
-    int rc = dev_hash(&kept[cur], t, out, why, why_len);
+    int rc = dev_hash(&kept[cur], src, n, out, why, why_len);
     pthread_mutex_unlock(&kept_mu);
     return rc;
 }
@@ -172,10 +173,12 @@ WB_EXPORT int wb_lease_verify(const wb_lease *lease, size_t *bad_index)
         int rc = WB_OK;
         uint64_t got = 0;
         char why[200] = "";
-        if (t->device >= 0)
-            rc = dev_hash_kept(t, &got, why, sizeof why);
+        const uint8_t *data = wb__entry_data(lease, t);
+        int device = wb__entry_device(lease, t);
+        if (device >= 0)
+            rc = dev_hash_kept(data, t->nbytes, &got, why, sizeof why);
         else
-            got = XXH3_64bits(t->data, (size_t)t->nbytes);
+            got = XXH3_64bits(data, (size_t)t->nbytes);
         if (rc == WB_OK && got != t->xxh3)
             rc = WB_ECORRUPT;
         if (rc == WB_OK)
@@ -188,7 +191,7 @@ WB_EXPORT int wb_lease_verify(const wb_lease *lease, size_t *bad_index)
                 wb__client_fail(lease->client, rc,
                                 "verify lease %.8s: tensor '%s' on cuda device %d cannot be "
                                 "checked: %s",
-                                lease->id_hex, t->name, t->device, why);
+                                lease->id_hex, t->name, device, why);
             else
                 wb__client_fail(lease->client, rc,
                                 "verify lease %.8s: tensor '%s' has checksum %016llx, the "

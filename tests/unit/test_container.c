@@ -292,6 +292,8 @@ START_TEST(acquire_reuses_the_held_table)
     ck_assert_int_eq(wb_lease_acquire(c, "base", &b), WB_OK);
     ck_assert_ptr_eq(b->table, t);
     ck_assert_int_eq(atomic_load(&t->refs), 2);
+    /* Its entries are the table's: nothing per tensor was made again. */
+    ck_assert_ptr_eq(b->tensors, t->entries);
     ck_assert_uint_eq(b->n_tensors, n);
     ck_assert_str_eq(b->tensors[0].name, name0);
     ck_assert_uint_eq(b->tensors[0].nbytes, nbytes0);
