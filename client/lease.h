@@ -67,6 +67,11 @@ typedef struct wb__table {
      * on any lease of the table under `mu`. */
     size_t n_entries;
     wb__tensor_entry *entries;
+    /* For each slab index the table names, the bytes it needs (the largest
+     * offset + nbytes): a lease on a held table checks its slabs against
+     * these, not every tensor again. */
+    size_t n_slabs;
+    uint64_t *slab_need;
     pthread_mutex_t mu;
     _Atomic(size_t *) by_name;
     const uint8_t *bytes; /* 8-byte aligned: the dims are read as u64 */
