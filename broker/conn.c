@@ -366,8 +366,11 @@ void wb__conns_accept(wb_conns *cs)
 /* Bytes from a connection: through the codec, under the per-connection and
  * the aggregate bounds, and every complete request handled. Returns 0
  * while the connection stays, -1 once it was removed. */
-static int conn_input(wb_conns *cs, size_t i, const void *data, size_t len)
+/* *ip is the connection's index, updated when handling a message moved it
+ * (another connection closed meanwhile). */
+static int conn_input(wb_conns *cs, size_t *ip, const void *data, size_t len)
 {
+    size_t i = *ip;
     wb_conn *c = cs->v[i];
     wb_err err;
     size_t after = c->z.len + len; /* at least what the codec will hold */
@@ -415,9 +418,11 @@ static int conn_input(wb_conns *cs, size_t i, const void *data, size_t len)
             }
             uint64_t serial = c->serial;
             cs->on_message(cs->ctx, c, &m);
-            /* The reply may have ended the connection. */
+            /* The reply may have ended the connection, or another one,
+             * which moves this one down the table. */
             if (!conn_find(cs, &serial, sizeof serial, &i))
                 return -1;
+            *ip = i;
             rc = WB_OK;
         }
     }
@@ -440,7 +445,7 @@ static void conn_readable(wb_conns *cs, size_t i)
             conn_remove(cs, i);
             return;
         }
-        if (conn_input(cs, i, buf, (size_t)n) != 0)
+        if (conn_input(cs, &i, buf, (size_t)n) != 0)
             return;
     }
 }
