@@ -74,12 +74,10 @@ static int lease_device_uuid(wb_client *c, const char *model, const wb_lease_opt
     const wb_gpu_dev *d = wb__devlist_find_index(l, dev);
     if (!d) {
         char seen[512];
-        wb__devlist_describe(l, seen, sizeof seen);
-        const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+        wb__devlist_describe_visible(l, seen, sizeof seen);
         return wb__client_fail(c, WB_ENOGPU,
-                               "acquire '%s': this process has no CUDA device %d; it sees: %s "
-                               "(CUDA_VISIBLE_DEVICES=%s)",
-                               model, dev, seen, cvd ? cvd : "unset");
+                               "acquire '%s': this process has no CUDA device %d; it sees: %s",
+                               model, dev, seen);
     }
     snprintf(uuid, WB_GPU_UUID_SIZE, "%s", d->uuid);
     return WB_OK;

@@ -68,6 +68,15 @@ void wb__devlist_describe(const wb_gpu_list *l, char *buf, size_t size)
     }
 }
 
+void wb__devlist_describe_visible(const wb_gpu_list *l, char *buf, size_t size)
+{
+    wb__devlist_describe(l, buf, size);
+    size_t at = strlen(buf);
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    if (at < size)
+        snprintf(buf + at, size - at, " (CUDA_VISIBLE_DEVICES=%s)", cvd ? cvd : "unset");
+}
+
 int wb__devlist_map(const wb_gpu_list *l, int their_index, const char *uuid, int *local,
                     wb_err *err)
 {
@@ -79,12 +88,11 @@ int wb__devlist_map(const wb_gpu_list *l, int their_index, const char *uuid, int
             *local = d->index;
             return WB_OK;
         }
-        wb__devlist_describe(l, seen, sizeof seen);
-        const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+        wb__devlist_describe_visible(l, seen, sizeof seen);
         return wb__err_set(err, WB_ENOGPU,
                            "device %s (the broker's device %d) is not visible in this process, "
-                           "which sees: %s (CUDA_VISIBLE_DEVICES=%s)",
-                           uuid, their_index, seen, cvd ? cvd : "unset");
+                           "which sees: %s",
+                           uuid, their_index, seen);
     }
     if (wb__devlist_find_index(l, their_index)) {
         *local = their_index;

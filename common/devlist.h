@@ -52,5 +52,8 @@ int wb__devlist_map(const wb_gpu_list *l, int their_index, const char *uuid, int
 
 /* Writes "0=GPU-..., 1=GPU-..." (or "none") into buf, cut to its size. */
 void wb__devlist_describe(const wb_gpu_list *l, char *buf, size_t size);
+/* The same followed by " (CUDA_VISIBLE_DEVICES=...)" ("unset" when it is):
+ * what a process sees and why, for its refusals. */
+void wb__devlist_describe_visible(const wb_gpu_list *l, char *buf, size_t size);
 
 #endif
