@@ -20,9 +20,10 @@ stored in the package as <archive>/weightbroker/constants.safetensors:
 * "weightbroker.strip_prefix" / "weightbroker.prefix": how the model's FQNs
   become checkpoint names (a model exported inside a wrapper has FQNs
   "model.<name>");
-* "weightbroker.mutated": the buffers the exported program writes
-  (graph_signature.buffers_to_mutate); libwbclient refuses to bind them to
-  shared weights unless asked for a private copy.
+* "weightbroker.mutated": the buffers the exported program writes (its
+  in-place ops on buffers, and graph_signature.buffers_to_mutate before and
+  after run_decompositions); libwbclient refuses to bind them to shared
+  weights unless asked for a private copy.
 
 libwbclient finds the file by itself (wb_container_options.constants_file or
 wb-aoti-worker --constants name another one; --alias, --strip-prefix and
@@ -134,14 +135,71 @@ def _add_to_package(package_path, file_path):
     return entry
 
 
+def _written_base(node):
+    """The placeholder a view chain ends in (`self.cache[0, 1] = x` writes
+    through select/slice views of the buffer), or None."""
+    seen = 0
+    while node is not None and seen < 64:
+        if getattr(node, "op", None) == "placeholder":
+            return node
+        if getattr(node, "op", None) != "call_function" or not node.args:
+            return None
+        schema = getattr(node.target, "_schema", None)
+        # Only ops whose result aliases their first argument (views, and
+        # in-place ops that return self) lead back to the storage written.
+        if schema is None or not schema.returns or schema.returns[0].alias_info is None:
+            return None
+        node, seen = node.args[0], seen + 1
+    return None
+
+
+def mutated_buffers_by_source(ep):
+    """The constants the exported program writes, found three ways:
+
+    * "signature": graph_signature.buffers_to_mutate as export returned it;
+    * "graph": in-place and out= ops in the graph whose written argument is
+      (a view of) a buffer or parameter placeholder. torch.export.export
+      returns the training IR since torch 2.6, which keeps
+      `self.count.add_(1)` as an in-place op and does not list it in
+      buffers_to_mutate (on torch 2.11 that list came back empty for such a
+      module);
+    * "decomposed": buffers_to_mutate after ep.run_decompositions(), the
+      functional form the compiler lowers.
+    Each is a sorted list of FQNs."""
+    if ep is None:
+        return {"signature": [], "graph": [], "decomposed": []}
+    sig = ep.graph_signature
+    owners = dict(getattr(sig, "inputs_to_parameters", {}) or {})
+    owners.update(getattr(sig, "inputs_to_buffers", {}) or {})
+    graph = set()
+    for node in ep.graph.nodes:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        if schema is None:
+            continue
+        for i, arg in enumerate(schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            val = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            for v in (val if isinstance(val, (list, tuple)) else (val,)):
+                base = _written_base(v)
+                if base is not None and base.name in owners:
+                    graph.add(owners[base.name])
+    try:
+        decomposed = set(ep.run_decompositions().graph_signature.buffers_to_mutate.values())
+    except Exception as e:  # the compile that follows reports it properly
+        print(f"wb_compile: run_decompositions failed ({e}); mutated buffers from the graph only",
+              file=sys.stderr)
+        decomposed = set()
+    return {"signature": sorted(set(sig.buffers_to_mutate.values())), "graph": sorted(graph),
+            "decomposed": sorted(decomposed)}
+
+
 def mutated_buffers(ep):
-    """FQNs of the buffers the exported program writes (BatchNorm running
+    """FQNs of the constants the exported program writes (BatchNorm running
     statistics in training mode, caches, counters): the compiled graph
     writes those constants, so workers must not bind them to shared,
-    read-only weights."""
-    if ep is None:
-        return []
-    return sorted(set(ep.graph_signature.buffers_to_mutate.values()))
+    read-only weights. The union of mutated_buffers_by_source."""
+    return sorted(set().union(*mutated_buffers_by_source(ep).values()))
 
 
 def write_constants(package_path, aliases, extra, strip_prefix=None, prefix=None, mutated=()):
@@ -171,7 +229,8 @@ def compile_package(module, example_inputs, package_path, checkpoint=None, strip
                              strict=False)
     t_export = time.time() - t0
     # Read before compiling: compilation may rewrite the program it is given.
-    mutated = mutated_buffers(ep)
+    mutated_by = mutated_buffers_by_source(ep)
+    mutated = sorted(set().union(*mutated_by.values()))
     configs = {"aot_inductor.package_constants_in_so": False}
     configs.update(inductor_configs or {})
     t0 = time.time()
@@ -183,7 +242,7 @@ def compile_package(module, example_inputs, package_path, checkpoint=None, strip
     entry = write_constants(package_path, aliases, extra, strip_prefix, prefix, mutated)
     return {"package": package_path, "entry": entry, "leased": len(leased),
             "aliases": aliases, "extra": sorted(extra), "mutated": mutated,
-            "extra_bytes": sum(t.numel() * t.element_size() for t in extra.values()),
+            "mutated_by": mutated_by, "extra_bytes": sum(t.numel() * t.element_size() for t in extra.values()),
             "export_s": round(t_export, 2), "compile_s": round(t_compile, 2)}
 
 

@@ -64,13 +64,14 @@ need_bins() {
   done
 }
 
-# start_broker SOCK LOGFILE [--model NAME=PATH ...]: a cuda broker; waits
-# until every model given is ready (up to 180 s). Sets BROKER.
+# start_broker SOCK LOGFILE [--model NAME=PATH ...] [other wbrokerd options]:
+# a cuda broker; waits until every model given is ready (up to 180 s). Sets
+# BROKER and SOCK.
 start_broker() {
   SOCK=$1
-  local blog=$2 n
+  local blog=$2 n=0 a
   shift 2
-  n=$(($# / 2))
+  for a in "$@"; do [ "$a" = --model ] && n=$((n + 1)); done
   BROKER_MODELS=$n
   rm -f "$SOCK"
   "$WBROKERD" --backend cuda --device 0 --socket "$SOCK" --heartbeat-ms 200 --stale-ms 3000 \

@@ -28,6 +28,14 @@
 #                            lease, container, first inference, exit; _verify
 #                            with wb_lease_verify of every leased tensor
 #
+# With WB_STALL_SET=vmm, the run is the descriptor-lease one instead: a
+# second broker serves the same models with --cuda-slab vmm (read-only
+# cuMem mappings passed as descriptors) and the conditions are baseline, the
+# floors, attach_1 and attach_8 on the legacy broker for comparison, and
+#   attach_vmm_1, attach_vmm_1_verify, attach_vmm_8, attach_vmm_8_verify
+#                            the same attaches through the vmm broker;
+# it writes OUT/stall_vmm.json and OUT/stall_vmm_series_*.json.gz.
+#
 # Writes OUT/stall.json (tests/gpu/stall_summary.py: p50/p99/max per
 # condition and stream, p99_ratio against the baseline of the same stream,
 # p99_ratio_to_floor for the attach and broker conditions against the floor
@@ -49,6 +57,12 @@ GIB=${WB_STALL_GIB:-2}
 LOAD_GIB=${WB_STALL_LOAD_GIB:-8}
 REPS=${WB_STALL_REPS:-5}
 BUDGET=${WB_STALL_BUDGET_S:-330}
+SET=${WB_STALL_SET:-all}
+case $SET in
+  all) PREFIX=stall ;;
+  vmm) PREFIX=stall_vmm ;;
+  *) echo "WB_STALL_SET: all or vmm, not '$SET'" >&2; exit 2 ;;
+esac
 MD=$WORK/models_${GIB}gib # shared with memory.sh when the sizes agree
 BIG=$WORK/stall_load.safetensors
 FIFO=$WORK/stall.ctl
@@ -59,21 +73,28 @@ python3 "$ROOT/tests/gpu/gpumem.py" >"$OUT/gpu.json" || { say "no GPU visible"; 
 say "gpu: $(cat "$OUT/gpu.json")"
 
 # ---- models and the checkpoint the broker loads ------------------------------
-python3 "$ROOT/tests/gpu/make_checkpoint.py" "$BIG" --bytes "$((LOAD_GIB << 30))" --tensors 152 \
-  >"$OUT/checkpoint.json" 2>&1 &
-ckpid=$!
-PIDS+=("$ckpid")
-models "$MD" "$GIB" embedded || exit 1
-wait "$ckpid" || { say "cannot write $BIG: $(cat "$OUT/checkpoint.json")"; exit 1; }
-# Warm the page cache: the load is from memory, as in bench/RESULTS.md.
-cat "$BIG" "$MD/bf16_base.safetensors" "$MD"/bf16_a*.pt2 >/dev/null
+MODELS=(--model "bf16_base=$MD/bf16_base.safetensors" --model "bf16_head_a=$MD/bf16_head_a.safetensors")
+if [ "$SET" = all ]; then
+  python3 "$ROOT/tests/gpu/make_checkpoint.py" "$BIG" --bytes "$((LOAD_GIB << 30))" --tensors 152 \
+    >"$OUT/checkpoint.json" 2>&1 &
+  ckpid=$!
+  PIDS+=("$ckpid")
+  models "$MD" "$GIB" embedded || exit 1
+  wait "$ckpid" || { say "cannot write $BIG: $(cat "$OUT/checkpoint.json")"; exit 1; }
+  # Warm the page cache: the load is from memory, as in bench/RESULTS.md.
+  cat "$BIG" "$MD/bf16_base.safetensors" "$MD"/bf16_a*.pt2 >/dev/null
+else
+  models "$MD" "$GIB" || exit 1
+  cat "$MD/bf16_base.safetensors" "$MD"/bf16_a*.pt2 >/dev/null
+  start_broker "$WORK/stall_vmm.sock" "$OUT/broker_vmm.log" --cuda-slab vmm "${MODELS[@]}" || exit 1
+  VMM_SOCK=$SOCK VMM_BROKER=$BROKER
+  say "vmm broker: $(ctl models | tr -s ' \n' ' ')"
+fi
 
-start_broker "$WORK/stall.sock" "$OUT/broker.log" \
-  --model "bf16_base=$MD/bf16_base.safetensors" --model "bf16_head_a=$MD/bf16_head_a.safetensors" ||
-  exit 1
+start_broker "$WORK/stall.sock" "$OUT/broker.log" "${MODELS[@]}" || exit 1
 
 attach_one() { # attach_one OUTFILE [--verify]
-  "$WORKER" --socket "$SOCK" --device cuda:0 --torch-lib "$TORCH_LIB" \
+  "$WORKER" --socket "${ATTACH_SOCK:-$SOCK}" --device cuda:0 --torch-lib "$TORCH_LIB" \
     --model bf16_base --model bf16_head_a --aoti "$MD/bf16_a.pt2" \
     --input "$MD/bf16_input.safetensors" --iterations 1 "${@:2}" >"$1" 2>&1
 }
@@ -95,6 +116,8 @@ procs() {
 ctx_proc() { ctx_only >"$1" 2>&1; }
 attach_proc() { attach_one "$1"; }
 attach_verify_proc() { attach_one "$1" --verify; }
+vmm_proc() { ATTACH_SOCK=$VMM_SOCK attach_one "$1"; }
+vmm_verify_proc() { ATTACH_SOCK=$VMM_SOCK attach_one "$1" --verify; }
 
 # inproc KIND PATH NAME: a load inside the victim; waits for its "done".
 inproc() {
@@ -120,7 +143,7 @@ run_mode() {
   mkfifo "$FIFO"
   exec 3<>"$FIFO"
   python3 "$ROOT/tests/gpu/stall_victim.py" --stream "$mode" --control "$FIFO" \
-    --series "$OUT/stall_series_$mode.json.gz" --scratch "$WORK/stall_unpacked" \
+    --series "$OUT/${PREFIX}_series_$mode.json.gz" --scratch "$WORK/stall_unpacked" \
     >"$VOUT" 2>"$OUT/victim_$mode.err" &
   local vpid=$!
   PIDS+=("$vpid")
@@ -135,6 +158,10 @@ run_mode() {
   # The floor's processes are short: twice the repetitions, for samples.
   for ((r = 0; r < $(reps $((2 * REPS))); r++)); do procs 1 floor_ctx_1 ctx_proc; sleep 0.3; done
   for ((r = 0; r < $(reps "$REPS"); r++)); do procs 8 floor_ctx_8 ctx_proc; sleep 0.3; done
+  if [ "$SET" = vmm ]; then
+    vmm_conditions
+    return
+  fi
   for ((r = 0; r < $(reps 2); r++)); do
     [ -f "$MD/bf16_a_embedded.pt2" ] || break
     inproc aoti "$MD/bf16_a_embedded.pt2" inproc_aoti_default
@@ -156,6 +183,25 @@ run_mode() {
   for ((r = 0; r < $(reps "$REPS"); r++)); do procs 1 attach_1_verify attach_verify_proc; sleep 0.3; done
   for ((r = 0; r < $(reps "$(((REPS + 1) / 2))"); r++)); do procs 8 attach_8 attach_proc; sleep 0.3; done
   for ((r = 0; r < $(reps "$(((REPS + 1) / 2))"); r++)); do procs 8 attach_8_verify attach_verify_proc; sleep 0.3; done
+  end_mode
+}
+
+# The attaches of WB_STALL_SET=vmm, legacy ones first for comparison.
+vmm_conditions() {
+  local r
+  for ((r = 0; r < $(reps "$REPS"); r++)); do procs 1 attach_1 attach_proc; sleep 0.3; done
+  for ((r = 0; r < $(reps "$REPS"); r++)); do procs 1 attach_vmm_1 vmm_proc; sleep 0.3; done
+  for ((r = 0; r < $(reps "$REPS"); r++)); do procs 1 attach_vmm_1_verify vmm_verify_proc; sleep 0.3; done
+  for ((r = 0; r < $(reps "$(((REPS + 1) / 2))"); r++)); do procs 8 attach_8 attach_proc; sleep 0.3; done
+  for ((r = 0; r < $(reps "$(((REPS + 1) / 2))"); r++)); do procs 8 attach_vmm_8 vmm_proc; sleep 0.3; done
+  for ((r = 0; r < $(reps "$(((REPS + 1) / 2))"); r++)); do
+    procs 8 attach_vmm_8_verify vmm_verify_proc
+    sleep 0.3
+  done
+  end_mode
+}
+
+end_mode() {
   echo "quit" >&3
   wait "$vpid" || fail "victim ($mode) exited with $?: $(tail -n 3 "$OUT/victim_$mode.err")"
   exec 3>&-
@@ -170,9 +216,14 @@ done
 grep -h '^attach\|^verified' "$OUT"/proc_attach_1_verify_0.log >>"$LOG" 2>/dev/null
 grep -h '^event=model_ready\|model_ready' "$OUT/broker.log" | tail -n 4 >>"$LOG"
 stop_broker
+if [ "$SET" = vmm ]; then
+  grep -h '^attach\|^verified' "$OUT"/proc_attach_vmm_1_verify_0.log >>"$LOG" 2>/dev/null
+  kill -TERM "$VMM_BROKER" 2>/dev/null
+  wait "$VMM_BROKER" 2>/dev/null
+fi
 rm -rf "$BIG" "$WORK/stall_unpacked" # disk, quick to make again
 
-python3 "$ROOT/tests/gpu/stall_summary.py" "$OUT/stall.json" "$OUT"/stall_series_*.json.gz \
+python3 "$ROOT/tests/gpu/stall_summary.py" "$OUT/$PREFIX.json" "$OUT"/"$PREFIX"_series_*.json.gz \
   --floor "$FLOOR_IMPL" --gpu "$OUT/gpu.json" | tee -a "$LOG" || fail "summary"
 for f in "${FAILS[@]}"; do echo "failed: $f" | tee -a "$LOG"; done
 [ "${#FAILS[@]}" = 0 ]

@@ -61,7 +61,8 @@ def mutated(out):
               os.path.join(out, "mut.safetensors"))
     save_file({"input0": x.cpu()}, os.path.join(out, "mut_input.safetensors"))
     info = compile_package(m, (x,), os.path.join(out, "mut.pt2"))
-    print(json.dumps({"mutated": info.get("mutated"), "package": info["package"],
+    print(json.dumps({"mutated": info.get("mutated"), "mutated_by": info.get("mutated_by"),
+                      "package": info["package"],
                       "compile_s": info["compile_s"]}))
 
 
