@@ -724,22 +724,26 @@ const wb__tensor_entry *wb__lease_lookup(const wb_lease *lease, const char *name
     /* The index is a cache: building it changes nothing a caller sees. A
      * lease on a table uses the table's, made once for every lease on it. */
     wb_lease *l = (wb_lease *)lease;
-    _Atomic(size_t *) *slot = l->table ? &l->table->by_name : &l->by_name;
+    _Atomic(wb__names_hash *) *slot = l->table ? &l->table->by_name : &l->by_name;
     pthread_mutex_t *mu = l->table ? &l->table->mu : &l->mu;
-    size_t *idx = atomic_load_explicit(slot, memory_order_acquire);
+    wb__names_hash *idx = atomic_load_explicit(slot, memory_order_acquire);
     if (!idx && l->n_tensors > 0) {
         pthread_mutex_lock(mu);
         idx = atomic_load_explicit(slot, memory_order_relaxed);
-        if (!idx && (idx = malloc(l->n_tensors * sizeof *idx))) {
-            wb__names_sort(idx, l->tensors, l->n_tensors, sizeof *l->tensors,
-                           offsetof(wb__tensor_entry, name));
-            atomic_store_explicit(slot, idx, memory_order_release);
+        if (!idx) {
+            idx = wb__names_hash_new(l->tensors, l->n_tensors, sizeof *l->tensors,
+                                     offsetof(wb__tensor_entry, name));
+            if (idx)
+                atomic_store_explicit(slot, idx, memory_order_release);
         }
         pthread_mutex_unlock(mu);
     }
+    if (idx)
+        return wb__names_hash_find(idx, l->tensors, sizeof *l->tensors,
+                                   offsetof(wb__tensor_entry, name), name);
     /* Without an index (out of memory) the lookup scans. */
     return wb__names_find(l->tensors, l->n_tensors, sizeof *l->tensors,
-                          offsetof(wb__tensor_entry, name), idx, name);
+                          offsetof(wb__tensor_entry, name), NULL, name);
 }
 
 WB_EXPORT int wb_lease_find(const wb_lease *lease, const char *name, wb_tensor_view *out)

@@ -9,6 +9,7 @@
 
 #include "err.h"
 #include "mapcache.h"
+#include "names.h"
 #include "wire.h"
 
 #include <pthread.h>
@@ -73,7 +74,7 @@ typedef struct wb__table {
     size_t n_slabs;
     uint64_t *slab_need;
     pthread_mutex_t mu;
-    _Atomic(size_t *) by_name;
+    _Atomic(wb__names_hash *) by_name;
     const uint8_t *bytes; /* 8-byte aligned: the dims are read as u64 */
     size_t len;
     Wbproto__Reply *rep; /* holds `bytes`, or NULL when they were copied to `copy` */
@@ -111,10 +112,10 @@ struct wb_lease {
      * it: `tensors` are its entries (one reference). NULL otherwise: the
      * lease owns `tensors`, made from the reply's messages. */
     wb__table *table;
-    /* Indexes of `tensors` sorted by name, built under `mu` by the first
+    /* A hash index of `tensors` by name, built under `mu` by the first
      * lookup (wb__lease_lookup) of a lease without a table (one with a
      * table uses the table's); NULL until then. */
-    _Atomic(size_t *) by_name;
+    _Atomic(wb__names_hash *) by_name;
     atomic_int orphaned;
     /* The container state: one lock for the count, the records and the
      * `ending` flag, so that wb_lease_release decides under the same lock

@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 typedef struct layout {
     const char *base;
@@ -56,4 +57,52 @@ const void *wb__names_find(const void *records, size_t n, size_t stride, size_t 
             hi = mid;
     }
     return NULL;
+}
+
+wb__names_hash *wb__names_hash_new(const void *records, size_t n, size_t stride, size_t name_offset)
+{
+    if (n >= UINT32_MAX)
+        return NULL;
+    size_t slots = 16;
+    while (slots < 2 * n)
+        slots *= 2;
+    wb__names_hash *h = calloc(1, sizeof *h + slots * sizeof h->slot[0]);
+    if (!h)
+        return NULL;
+    h->mask = slots - 1;
+    layout l = {records, stride, name_offset};
+    for (size_t i = 0; i < n; i++) {
+        const char *name = name_at(&l, i);
+        uint64_t x = XXH3_64bits(name, strlen(name));
+        size_t at = (size_t)x & h->mask;
+        uint64_t tag = x >> 32;
+        for (;;) {
+            uint64_t s = h->slot[at];
+            if (s == 0) {
+                h->slot[at] = tag << 32 | (uint64_t)(i + 1);
+                break;
+            }
+            /* A repeated name keeps its first record, as a scan would. */
+            if (s >> 32 == tag && strcmp(name_at(&l, (size_t)(uint32_t)s - 1), name) == 0)
+                break;
+            at = (at + 1) & h->mask;
+        }
+    }
+    return h;
+}
+
+const void *wb__names_hash_find(const wb__names_hash *h, const void *records, size_t stride,
+                                size_t name_offset, const char *name)
+{
+    layout l = {records, stride, name_offset};
+    uint64_t x = XXH3_64bits(name, strlen(name));
+    uint64_t tag = x >> 32;
+    for (size_t at = (size_t)x & h->mask;; at = (at + 1) & h->mask) {
+        uint64_t s = h->slot[at];
+        if (s == 0)
+            return NULL;
+        size_t i = (size_t)(uint32_t)s - 1;
+        if (s >> 32 == tag && strcmp(name_at(&l, i), name) == 0)
+            return l.base + i * stride;
+    }
 }

@@ -5,7 +5,7 @@
 #
 #   tests/gpu/attach.sh OUT
 #
-# By size (WB_ATTACH_GIBS, "0.1 1 8": the bf16 backbone of
+# By size (WB_ATTACH_GIBS, "0.1 1 8", empty for none: the bf16 backbone of
 # examples/compile_models.py, variant a; 0.1 gives its smallest, one
 # 8192 x 8192 layer, 128 MiB): WB_ATTACH_RUNS (3) fresh wb-aoti-worker
 # processes each way, one at a time:
@@ -39,7 +39,7 @@ set -uo pipefail
 OUT=${1:?usage: tests/gpu/attach.sh OUT}
 # shellcheck source=tests/gpu/bench_lib.sh
 . "$(dirname "$0")/bench_lib.sh"
-read -r -a GIBS <<<"${WB_ATTACH_GIBS:-0.1 1 8}"
+read -r -a GIBS <<<"${WB_ATTACH_GIBS-0.1 1 8}"
 read -r -a COUNTS <<<"${WB_ATTACH_COUNTS:-100 10000 100000}"
 COUNT_BYTES=${WB_ATTACH_COUNT_BYTES:-1e8}
 RUNS=${WB_ATTACH_RUNS:-3}

@@ -1,10 +1,12 @@
-/* Looking a lease's tensors up by name: the index sorted by name that the
- * first lookup builds (client/lease.c, wb__lease_lookup), which the AOTI
- * binding uses once per constant. Every name of a large table in scrambled
- * order, names that are not there, and the first lookups racing in threads. */
+/* Looking a lease's tensors up by name: the hash index by name that the
+ * first lookup builds (client/lease.c, wb__lease_lookup; common/names.c),
+ * which the AOTI binding uses once per constant. Every name of a large table
+ * in scrambled order, names that are not there, repeated names, a crowded
+ * probe sequence, and the first lookups racing in threads. */
 #include "lease.h"
 
 #include <check.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,6 +79,69 @@ START_TEST(an_empty_table_finds_nothing)
 }
 END_TEST
 
+typedef struct rec {
+    int pad;
+    const char *name;
+} rec;
+
+/* Names that differ in one byte or only in length, an empty name, and a
+ * repeated one: each found exactly, the repeat as its first record (as a
+ * scan finds it). */
+START_TEST(near_names_and_repeats)
+{
+    rec r[] = {{0, "a.weight"}, {1, "a.weigh"},  {2, "a.weightt"}, {3, ""},
+               {4, "b.weight"}, {5, "a.weight"}, {6, "a.Weight"}};
+    size_t n = sizeof r / sizeof r[0];
+    wb__names_hash *h = wb__names_hash_new(r, n, sizeof r[0], offsetof(rec, name));
+    ck_assert_ptr_nonnull(h);
+    ck_assert_uint_ge(h->mask + 1, 2 * n);
+    ck_assert_uint_eq(h->mask & (h->mask + 1), 0); /* a power of two, less one */
+    const char *want[] = {"a.weight", "a.weigh", "a.weightt", "", "b.weight", "a.Weight"};
+    const int at[] = {0, 1, 2, 3, 4, 6};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const rec *got = wb__names_hash_find(h, r, sizeof r[0], offsetof(rec, name), want[i]);
+        ck_assert_ptr_nonnull(got);
+        ck_assert_int_eq(got->pad, at[i]);
+    }
+    ck_assert_ptr_null(wb__names_hash_find(h, r, sizeof r[0], offsetof(rec, name), "a.weights"));
+    ck_assert_ptr_null(wb__names_hash_find(h, r, sizeof r[0], offsetof(rec, name), "a"));
+    /* Occupied slots: one per distinct name. */
+    size_t used = 0;
+    for (size_t i = 0; i <= h->mask; i++)
+        used += h->slot[i] != 0;
+    ck_assert_uint_eq(used, n - 1);
+    free(h);
+
+    wb__names_hash *none = wb__names_hash_new(NULL, 0, sizeof r[0], offsetof(rec, name));
+    ck_assert_ptr_nonnull(none);
+    ck_assert_ptr_null(wb__names_hash_find(none, NULL, sizeof r[0], offsetof(rec, name), ""));
+    free(none);
+}
+END_TEST
+
+/* A full probe sequence: every slot but one taken by hand-made entries
+ * whose tags cannot match, so a lookup walks the whole table (wrapping at
+ * its end) and stops at the one empty slot. */
+START_TEST(crowded_probes_wrap)
+{
+    rec r[] = {{0, "x"}};
+    wb__names_hash *h = wb__names_hash_new(r, 1, sizeof r[0], offsetof(rec, name));
+    ck_assert_ptr_nonnull(h);
+    size_t found_at = 0;
+    for (size_t i = 0; i <= h->mask; i++)
+        if (h->slot[i])
+            found_at = i;
+    uint64_t real = h->slot[found_at];
+    for (size_t i = 0; i <= h->mask; i++)
+        h->slot[i] = ((real >> 32) ^ 1) << 32 | 1; /* record 0, another tag */
+    h->slot[(found_at + h->mask) & h->mask] = 0;   /* the slot before: empty */
+    ck_assert_ptr_null(wb__names_hash_find(h, r, sizeof r[0], offsetof(rec, name), "x"));
+    h->slot[(found_at + h->mask / 2) & h->mask] = real; /* reached after wrapping or not */
+    ck_assert_ptr_eq(wb__names_hash_find(h, r, sizeof r[0], offsetof(rec, name), "x"), &r[0]);
+    free(h);
+}
+END_TEST
+
 typedef struct racer {
     table *tb;
     size_t start;
@@ -121,6 +186,8 @@ int main(void)
     tcase_add_test(tc, every_name_is_found);
     tcase_add_test(tc, an_empty_table_finds_nothing);
     tcase_add_test(tc, first_lookups_race);
+    tcase_add_test(tc, near_names_and_repeats);
+    tcase_add_test(tc, crowded_probes_wrap);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
