@@ -1,7 +1,10 @@
 # shellcheck shell=bash disable=SC2034
 # (SC2034: the variables set here are for the scripts that source it.)
-# Shared by tests/gpu/stall.sh, attach.sh and memory.sh (sourced, after
-# OUT is set): paths, logging, waiting, the broker, the test models.
+# Shared by the GPU scripts (stall.sh, attach.sh, memory.sh, vmm.sh,
+# multidevice.sh; sourced, after OUT is set): paths, logging, waiting, the
+# broker, the test models. A script may set LOG_NAME (the log's file name in
+# OUT, default run.log) before sourcing it, and RES (a JSON-lines file that
+# record() appends to).
 #
 # Environment: WB_GPU_BIN, WB_GPU_LIB (default .device/ao/{bin,lib}),
 # WB_GPU_WORK (scratch, default /tmp/wbgpu).
@@ -12,7 +15,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BIN=${WB_GPU_BIN:-$ROOT/.device/ao/bin}
 LIB=${WB_GPU_LIB:-$ROOT/.device/ao/lib}
 WORK=${WB_GPU_WORK:-/tmp/wbgpu}
-LOG=$OUT/run.log
+LOG=$OUT/${LOG_NAME:-run.log}
 mkdir -p "$WORK"
 : >"$LOG"
 export PYTHONUNBUFFERED=1
@@ -47,9 +50,14 @@ wait_for() {
   done
 }
 has_line() { grep -q -- "$2" "$1"; }
+record() { printf '%s\n' "$1" >>"${RES:?record needs RES}"; }
+# py EXPR < JSON: evaluates EXPR with the document bound to d.
+py() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 count_lines() { grep -c -- "$2" "$1" 2>/dev/null || true; }
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
-mem_used() { python3 "$ROOT/tests/gpu/gpumem.py" | python3 -c 'import json,sys; print(json.load(sys.stdin)["used"])'; }
+# mem_used [GPU]: NVML's used bytes of a GPU (default 0).
+# shellcheck disable=SC2120
+mem_used() { python3 "$ROOT/tests/gpu/gpumem.py" ${1:+"$1"} | py "d['used']"; }
 ctl() { "$WBCTL" --socket "$SOCK" "$@"; }
 
 # need_bins BIN...: every one executable and its libraries found.

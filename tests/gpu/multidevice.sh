@@ -35,58 +35,21 @@
 set -uo pipefail
 
 OUT=${1:?usage: tests/gpu/multidevice.sh OUT}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BIN=${WB_GPU_BIN:-$ROOT/.device/ao/bin}
-LIB=${WB_GPU_LIB:-$ROOT/.device/ao/lib}
-WORK=${WB_GPU_WORK:-/tmp/wbgpu}/multidevice
+LOG_NAME=multidevice.log
+# shellcheck source=tests/gpu/bench_lib.sh
+. "$(dirname "$0")/bench_lib.sh"
+WORK=$WORK/multidevice
 BUDGET=${WB_GPU_BUDGET_S:-240}
 LOAD_GIB=${WB_MD_LOAD_GIB:-8}
 LOAD_REPS=${WB_MD_LOAD_REPS:-3}
 SOCK=$WORK/broker.sock
-LOG=$OUT/multidevice.log
 RES=$OUT/results.jsonl
 mkdir -p "$WORK"
-: >"$LOG"
 : >"$RES"
-export PYTHONUNBUFFERED=1
-
-TORCH_LIB=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
-export LD_LIBRARY_PATH=$LIB:$ROOT/.device/lib:$TORCH_LIB:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$LIB/../fallback
-WBROKERD=$BIN/wbrokerd
-WBCTL=$BIN/wbctl
-WORKER=$BIN/wb-aoti-worker
 DEMO=$BIN/wb-demo-worker
-PIDS=()
-FAILS=()
 NOT_RUN=()
 
-say() { printf '[%4ds] %s\n' "$SECONDS" "$*" | tee -a "$LOG" >&2; }
-fail() {
-  say "FAIL: $*"
-  FAILS+=("$*")
-}
 pass() { say "ok: $*"; }
-record() { printf '%s\n' "$1" >>"$RES"; }
-cleanup() {
-  local p
-  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  wait 2>/dev/null
-}
-trap cleanup EXIT
-ctl() { "$WBCTL" --socket "$SOCK" "$@"; }
-# py EXPR < JSON: evaluates EXPR with the document bound to d.
-py() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
-wait_for() {
-  local until=$((SECONDS + $1))
-  shift
-  while ! "$@" >/dev/null 2>&1; do
-    [ "$SECONDS" -ge "$until" ] && return 1
-    sleep 0.1
-  done
-}
-mem_used() { python3 "$ROOT/tests/gpu/gpumem.py" "$1" | py "d['used']"; }
 over_budget() { [ "$SECONDS" -ge "$BUDGET" ]; }
 
 for b in "$WBROKERD" "$WBCTL" "$WORKER" "$DEMO"; do

@@ -35,51 +35,17 @@
 set -uo pipefail
 
 OUT=${1:?usage: tests/gpu/vmm.sh OUT}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BIN=${WB_GPU_BIN:-$ROOT/.device/ao/bin}
-LIB=${WB_GPU_LIB:-$ROOT/.device/ao/lib}
-WORK=${WB_GPU_WORK:-/tmp/wbgpu}
+LOG_NAME=vmm.log
+# shellcheck source=tests/gpu/bench_lib.sh
+. "$(dirname "$0")/bench_lib.sh"
 ROUNDS=${WB_VMM_ROUNDS:-7}
 BUDGET=${WB_GPU_BUDGET_S:-270}
 VSOCK=$WORK/vmm.sock
 ISOCK=$WORK/ipc.sock
-LOG=$OUT/vmm.log
 RES=$OUT/vmm_results.jsonl
-mkdir -p "$WORK"
-: >"$LOG"
 : >"$RES"
-export PYTHONUNBUFFERED=1
-TORCH_LIB=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
-export LD_LIBRARY_PATH=$LIB:$ROOT/.device/lib:$TORCH_LIB:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$LIB/../fallback
-PIDS=()
-FAILS=()
 
-say() { printf '[%4ds] %s\n' "$SECONDS" "$*" | tee -a "$LOG" >&2; }
-fail() {
-  say "FAIL: $*"
-  FAILS+=("$*")
-}
-record() { printf '%s\n' "$1" >>"$RES"; }
-cleanup() {
-  local p
-  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  wait 2>/dev/null
-}
-trap cleanup EXIT
-# wait_for SECS CMD...: polls CMD every 0.1 s.
-wait_for() {
-  local until=$((SECONDS + $1))
-  shift
-  while ! "$@" >/dev/null 2>&1; do
-    [ "$SECONDS" -ge "$until" ] && return 1
-    sleep 0.1
-  done
-}
-has_line() { grep -q -- "$2" "$1"; }
-jq_py() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
-n_ready() { "$BIN/wbctl" --socket "$1" models --json | jq_py "sum(m['state'] == 'ready' for m in d)"; }
+n_ready() { "$BIN/wbctl" --socket "$1" models --json | py "sum(m['state'] == 'ready' for m in d)"; }
 all_ready() { [ "$(n_ready "$1")" = "$2" ]; }
 # ready_or_gone SOCKET N PID: the broker has N ready models, or has exited.
 ready_or_gone() { all_ready "$1" "$2" || ! kill -0 "$3" 2>/dev/null; }
@@ -172,7 +138,7 @@ start_broker vmm "$VSOCK" vmm && VMM_OK=1
 if [ "$VMM_OK" = 1 ]; then
   "$BIN/wbctl" --socket "$VSOCK" models >>"$LOG"
   "$BIN/wbctl" --socket "$VSOCK" models --json >"$OUT/models_vmm.json"
-  bad=$(jq_py "[m['name'] for m in d if m.get('transport') != 'cuda-vmm' or m.get('access') != 'ro']" <"$OUT/models_vmm.json")
+  bad=$(py "[m['name'] for m in d if m.get('transport') != 'cuda-vmm' or m.get('access') != 'ro']" <"$OUT/models_vmm.json")
   [ "$bad" = "[]" ] || fail "models not shown as cuda-vmm/ro: $bad"
   [ -S "$VSOCK.fd" ] || fail "the vmm broker has no descriptor channel $VSOCK.fd"
   if grep -q "cuda_vmm_seal_failed" "$OUT/broker_vmm.log"; then
@@ -202,7 +168,7 @@ if [ "$VMM_OK" = 1 ]; then
   done
   "$BIN/wbctl" --socket "$VSOCK" leases >>"$LOG"
   "$BIN/wbctl" --socket "$VSOCK" leases --json >"$OUT/leases_vmm.json"
-  bad=$(jq_py "[l['model'] for l in d if l.get('transport') != 'cuda-vmm' or l.get('access') != 'ro']" <"$OUT/leases_vmm.json")
+  bad=$(py "[l['model'] for l in d if l.get('transport') != 'cuda-vmm' or l.get('access') != 'ro']" <"$OUT/leases_vmm.json")
   [ "$bad" = "[]" ] || fail "leases not shown as cuda-vmm/ro: $bad"
   for how in write-kernel write-memcpy write-memset; do
     "$BIN/wb_vmm_check" "$how" "$VSOCK" fp32_base >"$OUT/$how.out" 2>&1
