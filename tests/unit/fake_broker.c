@@ -94,6 +94,7 @@ static void answer(fake_broker *f, zmq_msg_t *ident, const Wbproto__Request *req
     Wbproto__ReleaseReply rel = WBPROTO__RELEASE_REPLY__INIT;
     Wbproto__HeartbeatReply hb = WBPROTO__HEARTBEAT_REPLY__INIT;
     ProtobufCBinaryData unknown[16];
+    uint8_t *table = NULL;
 
     switch (req->body_case) {
     case WBPROTO__REQUEST__BODY_HELLO:
@@ -118,6 +119,29 @@ static void answer(fake_broker *f, zmq_msg_t *ident, const Wbproto__Request *req
             break;
         }
         fill_lease(f, &lease, &slab, slabs, t, tensors, shape, id, handle, req->acquire->model);
+        if (atomic_load(&f->compact) && req->acquire->tensor_table) {
+            size_t tlen;
+            table = wb__tensor_table_pack(lease.tensors, lease.n_tensors, &tlen);
+            ck_assert_ptr_nonnull(table);
+            uint8_t digest[16];
+            wb__tensor_table_digest(table, tlen, digest);
+            const ProtobufCBinaryData *held = &req->acquire->tensor_table_digest;
+            if (held->len == sizeof digest && memcmp(held->data, digest, sizeof digest) == 0) {
+                lease.tensor_table_cached = 1;
+                wb_shm *other = atomic_load(&f->cached_slab);
+                if (other) {
+                    slab.size = other->size;
+                    slab.shm_name = other->name;
+                }
+                atomic_fetch_add(&f->n_cached, 1);
+            } else {
+                lease.tensor_table.data = table;
+                lease.tensor_table.len = tlen;
+                atomic_fetch_add(&f->n_tables_sent, 1);
+            }
+            lease.n_tensors = 0;
+            lease.tensors = NULL;
+        }
         acq.lease = &lease;
         rep.body_case = WBPROTO__REPLY__BODY_ACQUIRE;
         rep.acquire = &acq;
@@ -158,6 +182,7 @@ static void answer(fake_broker *f, zmq_msg_t *ident, const Wbproto__Request *req
     zmq_msg_send(ident, f->router, ZMQ_SNDMORE);
     zmq_send(f->router, buf, len, 0);
     free(buf);
+    free(table);
 }
 
 static void *fake_main(void *arg)

@@ -55,6 +55,15 @@ typedef struct fake_broker {
     /* Acquires that asked for the compact table; the fake, like a broker
      * that predates it, answers with tensor messages all the same. */
     atomic_int n_asked_table;
+    /* Compact tables: when set, an acquire that asks for the table gets it
+     * packed (Lease.tensor_table), and one whose tensor_table_digest names
+     * it gets Lease.tensor_table_cached and no table, as from a broker. */
+    atomic_int compact;
+    /* Non-NULL: the slab of cached replies instead of `slab` (a held table
+     * that no longer fits its lease's slab, which a real broker does not
+     * send). */
+    _Atomic(wb_shm *) cached_slab;
+    atomic_int n_tables_sent, n_cached;
     atomic_uint last_containers; /* of the first lease in the last heartbeat */
     atomic_int last_beats;       /* leases in the last heartbeat */
     uint8_t released_id[WB_LEASE_ID_LEN];

@@ -1,0 +1,139 @@
+/* The tensor table a client holds from an earlier lease (client/lease.c):
+ * against a FAKE broker that packs compact tables and answers
+ * tensor_table_cached when the request's digest names its table. The
+ * second lease reuses the held table and sees the same tensors; a cached
+ * reply whose slab no longer holds the table's tensors is refused, naming
+ * the slab and both sizes (a real broker does not send one: this is the
+ * client's own check). */
+#include "wb/client.h"
+
+#include "fake_broker.h"
+#include "shm.h"
+
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Two tensors on a 4 KiB slab; "b" ends at byte 356. */
+static const fake_tensor tensors[2] = {
+    {"a", "F32", 0, 64, 16},
+    {"b", "U8", 256, 100, 25},
+};
+
+typedef struct fake {
+    fake_broker b;
+    char dir[64];
+    wb_shm slab;
+} fake;
+
+static void fake_start(fake *f)
+{
+    memset(f, 0, sizeof *f);
+    snprintf(f->dir, sizeof f->dir, "/tmp/wbtest-held-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(f->dir));
+    char path[160];
+    snprintf(path, sizeof path, "%s/broker.sock", f->dir);
+    fake_slab_create(&f->slab, 4096, 7, 1);
+    fake_broker_start(&f->b, path, &f->slab, 1000, 0, tensors, 2);
+    atomic_store(&f->b.compact, 1);
+}
+
+static void fake_stop(fake *f)
+{
+    fake_broker_stop(&f->b);
+    fake_slab_destroy(&f->slab);
+    rmdir(f->dir);
+}
+
+static void check_tensors(wb_lease *l, const fake *f)
+{
+    ck_assert_uint_eq(wb_lease_tensor_count(l), 2);
+    for (size_t i = 0; i < 2; i++) {
+        wb_tensor_view v, w;
+        ck_assert_int_eq(wb_lease_find(l, tensors[i].name, &v), WB_OK);
+        ck_assert_int_eq(wb_lease_tensor(l, i, &w), WB_OK);
+        ck_assert_str_eq(w.name, tensors[i].name);
+        ck_assert_str_eq(v.dtype, tensors[i].dtype);
+        ck_assert_uint_eq(v.nbytes, tensors[i].nbytes);
+        ck_assert_uint_eq(v.ndim, 1);
+        ck_assert_uint_eq(v.shape[0], tensors[i].dim);
+        ck_assert_int_eq(
+            memcmp(v.data, (const uint8_t *)f->slab.addr + tensors[i].offset, tensors[i].nbytes),
+            0);
+    }
+}
+
+START_TEST(second_lease_uses_the_held_table)
+{
+    fake f;
+    fake_start(&f);
+    wb_client *c = fake_connect(f.b.path, 1, 2000);
+    wb_lease *l = NULL;
+    ck_assert_int_eq(wb_lease_acquire(c, "demo", &l), WB_OK);
+    ck_assert_int_eq(atomic_load(&f.b.n_tables_sent), 1);
+    ck_assert_int_eq(atomic_load(&f.b.n_cached), 0);
+    check_tensors(l, &f);
+    ck_assert_int_eq(wb_lease_release(&l), WB_OK);
+
+    ck_assert_int_eq(wb_lease_acquire(c, "demo", &l), WB_OK);
+    ck_assert_int_eq(atomic_load(&f.b.n_tables_sent), 1);
+    ck_assert_int_eq(atomic_load(&f.b.n_cached), 1);
+    check_tensors(l, &f);
+    ck_assert_int_eq(wb_lease_release(&l), WB_OK);
+    wb_client_destroy(&c);
+    fake_stop(&f);
+}
+END_TEST
+
+START_TEST(held_table_outside_the_slab_is_refused)
+{
+    fake f;
+    fake_start(&f);
+    wb_client *c = fake_connect(f.b.path, 1, 2000);
+    wb_lease *l = NULL;
+    ck_assert_int_eq(wb_lease_acquire(c, "demo", &l), WB_OK);
+    ck_assert_int_eq(wb_lease_release(&l), WB_OK);
+
+    /* Tensor "b" needs bytes 256..356 of slab 0: a slab of 355 bytes (the
+     * same bytes, one short) is refused. */
+    wb_shm short_slab, exact_slab;
+    fake_slab_create(&short_slab, 355, 7, 1);
+    fake_slab_create(&exact_slab, 356, 7, 1);
+    atomic_store(&f.b.cached_slab, &short_slab);
+    ck_assert_int_eq(wb_lease_acquire(c, "demo", &l), WB_EPROTO);
+    ck_assert_ptr_null(l);
+    ck_assert_int_eq(atomic_load(&f.b.n_cached), 1);
+    const char *msg = wb_client_errmsg(c);
+    ck_assert_msg(strstr(msg, "acquire 'demo': the tensor table held needs 356 bytes of slab 0, "
+                              "the lease's has 355"),
+                  "message: %s", msg);
+
+    /* Exactly large enough: accepted, the same tensors. */
+    atomic_store(&f.b.cached_slab, &exact_slab);
+    ck_assert_int_eq(wb_lease_acquire(c, "demo", &l), WB_OK);
+    ck_assert_int_eq(atomic_load(&f.b.n_cached), 2);
+    check_tensors(l, &f);
+    ck_assert_int_eq(wb_lease_release(&l), WB_OK);
+    atomic_store(&f.b.cached_slab, NULL);
+    fake_slab_destroy(&short_slab);
+    fake_slab_destroy(&exact_slab);
+    wb_client_destroy(&c);
+    fake_stop(&f);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("held_table");
+    TCase *tc = tcase_create("held_table");
+    tcase_add_test(tc, second_lease_uses_the_held_table);
+    tcase_add_test(tc, held_table_outside_the_slab_is_refused);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
