@@ -161,17 +161,19 @@ static int conn_flush(wb_conns *cs, wb_conn *c)
     return 0;
 }
 
-/* Queues one message (hdr then body) for the connection and writes what
- * the socket takes. Returns 0; WB_ELIMIT when --max-queued-replies
- * messages are queued already, or when the message would take the peer's
- * queue over --max-queued-bytes or every peer's over
- * --max-queued-bytes-total (one message always fits an empty queue; the
- * peer does not read;
- * `why` says which); WB_ENOMEM; or WB_EIO when the peer is gone. */
-static int conn_send(wb_conns *cs, wb_conn *c, const void *hdr, size_t hl, const void *body,
-                     size_t len, char *why, size_t why_len)
+/* Queues one message (its frames' headers and bodies, `n` pieces in order)
+ * for the connection and writes what the socket takes. Returns 0;
+ * WB_ELIMIT when --max-queued-replies messages are queued already, or when
+ * the message would take the peer's queue over --max-queued-bytes or every
+ * peer's over --max-queued-bytes-total (one message always fits an empty
+ * queue; the peer does not read; `why` says which); WB_ENOMEM; or WB_EIO
+ * when the peer is gone. */
+static int conn_send(wb_conns *cs, wb_conn *c, const struct iovec *iov, int n, char *why,
+                     size_t why_len)
 {
-    size_t total = hl + len;
+    size_t total = 0;
+    for (int k = 0; k < n; k++)
+        total += iov[k].iov_len;
     if (c->queued >= cs->opt->max_queued_replies) {
         snprintf(why, why_len, "the peer left %d replies unread (--max-queued-replies)",
                  cs->opt->max_queued_replies);
@@ -199,29 +201,31 @@ static int conn_send(wb_conns *cs, wb_conn *c, const void *hdr, size_t hl, const
      * more on its way out). */
     size_t done = 0;
     if (!c->out_head) {
-        struct iovec iov[2] = {{(void *)hdr, hl}, {(void *)body, len}};
-        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
-        ssize_t n;
+        struct msghdr mh = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
+        ssize_t w;
         do {
-            n = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-        } while (n < 0 && errno == EINTR);
-        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+            w = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        } while (w < 0 && errno == EINTR);
+        if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
             return WB_EIO;
-        done = n > 0 ? (size_t)n : 0;
-        if (done == hl + len)
+        done = w > 0 ? (size_t)w : 0;
+        if (done == total)
             return WB_OK;
     }
-    outbuf *o = malloc(sizeof *o + hl + len - done);
+    outbuf *o = malloc(sizeof *o + total - done);
     if (!o)
         return WB_ENOMEM;
     o->next = NULL;
-    o->len = hl + len - done;
+    o->len = total - done;
     o->off = 0;
-    if (done < hl)
-        memcpy(o->data, (const uint8_t *)hdr + done, hl - done);
-    size_t from = done > hl ? done - hl : 0;
-    if (len > from)
-        memcpy(o->data + (done < hl ? hl - done : 0), (const uint8_t *)body + from, len - from);
+    uint8_t *to = o->data;
+    for (int k = 0; k < n; k++) {
+        size_t len = iov[k].iov_len;
+        size_t skip = done < len ? done : len;
+        done -= skip;
+        memcpy(to, (const uint8_t *)iov[k].iov_base + skip, len - skip);
+        to += len - skip;
+    }
     if (c->out_tail) {
         c->out_tail->next = o;
     } else {
@@ -254,7 +258,8 @@ static int flush_codec(wb_conns *cs, wb_conn *c, char *why, size_t why_len)
         return WB_OK;
     size_t n = c->z.out_len;
     c->z.out_len = 0;
-    return conn_send(cs, c, NULL, 0, c->z.out, n, why, why_len);
+    struct iovec iov = {c->z.out, n};
+    return conn_send(cs, c, &iov, 1, why, why_len);
 }
 
 /* Counts a refused connection; logs at most one line a second. */
@@ -482,16 +487,25 @@ int wb__conns_listen(wb_conns *cs, const char *path, wb_err *err)
     return WB_OK;
 }
 
-int wb__conns_send(wb_conns *cs, const void *ident, size_t ident_len, const void *body, size_t len)
+int wb__conns_send(wb_conns *cs, const void *ident, size_t ident_len, const void *body, size_t len,
+                   const void *frame, size_t frame_len)
 {
     size_t i;
     wb_conn *c = conn_find(cs, ident, ident_len, &i);
     if (!c)
         return WB_ENOTFOUND;
-    uint8_t hdr[9];
-    size_t hl = wb__zmtp_frame_header(hdr, len);
+    uint8_t hdr[9], hdr2[9];
+    struct iovec iov[4];
+    iov[0] = (struct iovec){hdr, wb__zmtp_frame_header(hdr, len, frame != NULL)};
+    iov[1] = (struct iovec){(void *)body, len};
+    int n = 2;
+    if (frame) {
+        iov[2] = (struct iovec){hdr2, wb__zmtp_frame_header(hdr2, frame_len, 0)};
+        iov[3] = (struct iovec){(void *)frame, frame_len};
+        n = 4;
+    }
     char why[192];
-    int rc = conn_send(cs, c, hdr, hl, body, len, why, sizeof why);
+    int rc = conn_send(cs, c, iov, n, why, sizeof why);
     if (rc == WB_ELIMIT) {
         violation(cs, i, "slow_reader", why);
     } else if (rc != WB_OK) {

@@ -106,12 +106,15 @@ void wb__conns_event(wb_conns *cs, uint64_t serial, int writable, int readable);
 long wb__conns_expire(wb_conns *cs);
 
 /* Sends one message as a ZMTP frame to the connection `ident` (its serial,
- * 8 bytes). Returns WB_OK; WB_ENOTFOUND when no such connection is open;
+ * 8 bytes), or with `frame` (not NULL) as two: body, then `frame_len` bytes
+ * of `frame`, written from where they are (what the socket does not take
+ * at once is copied). Returns WB_OK; WB_ENOTFOUND when no such connection is open;
  * WB_ELIMIT when the peer left --max-queued-replies messages unread, or
  * its queue (or every peer's) would pass --max-queued-bytes
  * (--max-queued-bytes-total), and
  * WB_EIO when it is gone (both disconnect it). */
-int wb__conns_send(wb_conns *cs, const void *ident, size_t ident_len, const void *body, size_t len);
+int wb__conns_send(wb_conns *cs, const void *ident, size_t ident_len, const void *body, size_t len,
+                   const void *frame, size_t frame_len);
 
 /* Closes every connection and the listening socket (the path stays). */
 void wb__conns_destroy(wb_conns *cs);

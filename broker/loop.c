@@ -60,10 +60,16 @@ static void send_reply(loop *L, uint32_t op, const void *ident, size_t ident_len
                        Wbproto__Reply *rep, wb_arena *a)
 {
     wb_broker *b = L->b;
+    const void *frame = b->reply_frame;
+    size_t frame_len = frame ? b->reply_frame_len : 0;
+    b->reply_frame = NULL;
+    b->reply_frame_len = 0;
     size_t len = 0;
     uint8_t *buf = wb__reply_pack(rep, &len);
-    if (buf && len > b->limits.max_message) {
+    if (buf && len + frame_len > b->limits.max_message) {
         free(buf);
+        frame = NULL;
+        len += frame_len;
         char msg[160];
         snprintf(msg, sizeof msg,
                  "the reply would take %zu bytes, over the %llu-byte message limit "
@@ -83,7 +89,7 @@ static void send_reply(loop *L, uint32_t op, const void *ident, size_t ident_len
         wb_error("reply_dropped", "reason=out_of_memory id=%llu", (unsigned long long)rep->id);
         return;
     }
-    int rc = wb__conns_send(&L->conns, ident, ident_len, buf, len);
+    int rc = wb__conns_send(&L->conns, ident, ident_len, buf, len, frame, frame_len);
     free(buf);
     if (rc == WB_OK)
         return;

@@ -64,11 +64,15 @@ static void wire_free(wb_model *m)
             free(m->wire[i].lease_tail);
             free(m->wire[i].table_tail);
             free(m->wire[i].cached_tail);
+            free(m->wire[i].frame_tail);
         }
     }
     free(m->wire);
     m->wire = NULL;
     m->wire_lease_size = 0;
+    free(m->table);
+    m->table = NULL;
+    m->table_len = 0;
 }
 
 void wb__model_free(wb_model **mp)
@@ -128,6 +132,12 @@ static void wire_pack_copy(wb_model *m, uint32_t k, const uint8_t *table, size_t
         w->cached_tail = w->table_tail ? malloc(tail) : NULL;
         if (w->cached_tail)
             w->cached_tail_len = wbproto__lease__pack(&lease, w->cached_tail);
+        lease.tensor_table_cached = 0;
+        lease.tensor_table_in_frame = 1;
+        tail = wbproto__lease__get_packed_size(&lease);
+        w->frame_tail = malloc(tail);
+        if (w->frame_tail)
+            w->frame_tail_len = wbproto__lease__pack(&lease, w->frame_tail);
     }
 }
 
@@ -204,7 +214,8 @@ int wb__model_adopt(wb_model *m, wb_model_data *data, wb_err *err)
         wire[k].slab.device_uuid = c->uuid;
         wire_pack_copy(m, k, table, table_len);
     }
-    free(table);
+    m->table = table;
+    m->table_len = table ? table_len : 0;
     if (first_ready >= 0)
         m->device = m->data.copies[first_ready].device;
     m->state = WBPROTO__MODEL_STATE__MODEL_READY;

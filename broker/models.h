@@ -82,6 +82,10 @@ typedef struct wb_model_wire {
      * reply to a client that already holds the model's table. */
     uint8_t *cached_tail;
     size_t cached_tail_len;
+    /* The same with tensor_table_in_frame: the reply to a client that reads
+     * the table (wb_model.table) from a second frame. */
+    uint8_t *frame_tail;
+    size_t frame_tail_len;
 } wb_model_wire;
 
 typedef struct wb_model {
@@ -101,7 +105,11 @@ typedef struct wb_model {
      * reply points at it. Tensors are shared, slabs are per copy. */
     Wbproto__Tensor *wire_tensors;
     Wbproto__Tensor **wire_tensor_ptrs;
-    wb_model_wire *wire;    /* data.n_copies entries */
+    wb_model_wire *wire; /* data.n_copies entries */
+    /* The compact tensor table (common/wire.h), packed once, the same for
+     * every copy; NULL when memory was short. */
+    uint8_t *table;
+    size_t table_len;
     size_t wire_lease_size; /* the largest of the copies' lease sizes */
     /* XXH3-128 of the compact table (canonical bytes; the tensors are the
      * same on every copy): a client that names it gets a copy's cached_tail. */

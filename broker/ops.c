@@ -153,9 +153,11 @@ int wb__ops_lease_tail(const wb_model *m, unsigned copy, enum wb_lease_tail whic
     const wb_model_wire *w = &m->wire[copy];
     const uint8_t *tail = which == WB_TAIL_TABLE    ? w->table_tail
                           : which == WB_TAIL_CACHED ? w->cached_tail
+                          : which == WB_TAIL_FRAME  ? (m->table ? w->frame_tail : NULL)
                                                     : w->lease_tail;
     size_t len = which == WB_TAIL_TABLE    ? w->table_tail_len
                  : which == WB_TAIL_CACHED ? w->cached_tail_len
+                 : which == WB_TAIL_FRAME  ? w->frame_tail_len
                                            : w->lease_tail_len;
     if (!tail || len < 2 || tail[0] != 0x12)
         return WB_EINVAL;
@@ -259,18 +261,23 @@ static int op_acquire(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Re
     lw->id.data = l->id;
     lw->id.len = WB_LEASE_ID_LEN;
     /* A client that holds this model's table gets none; one that reads
-     * the compact table gets it; else (or when it could not be built) the
-     * tensors as messages. */
+     * the compact table gets it, as a second frame when it asks so; else
+     * (or when it could not be built) the tensors as messages. */
     enum wb_lease_tail which = WB_TAIL_TENSORS;
     if (aq->tensor_table)
         which = aq->tensor_table_digest.len == sizeof m->table_digest &&
                         memcmp(aq->tensor_table_digest.data, m->table_digest,
                                sizeof m->table_digest) == 0
                     ? WB_TAIL_CACHED
-                    : WB_TAIL_TABLE;
-    if (wb__ops_lease_tail(m, copy, which, lw, a) != WB_OK &&
-        (which != WB_TAIL_CACHED || wb__ops_lease_tail(m, copy, WB_TAIL_TABLE, lw, a) != WB_OK) &&
-        wb__ops_lease_tail(m, copy, WB_TAIL_TENSORS, lw, a) != WB_OK) {
+                : aq->tensor_table_frame ? WB_TAIL_FRAME
+                                         : WB_TAIL_TABLE;
+    if (which == WB_TAIL_FRAME && wb__ops_lease_tail(m, copy, which, lw, a) == WB_OK) {
+        b->reply_frame = m->table;
+        b->reply_frame_len = m->table_len;
+    } else if ((which == WB_TAIL_FRAME || wb__ops_lease_tail(m, copy, which, lw, a) != WB_OK) &&
+               (which == WB_TAIL_TENSORS ||
+                wb__ops_lease_tail(m, copy, WB_TAIL_TABLE, lw, a) != WB_OK) &&
+               wb__ops_lease_tail(m, copy, WB_TAIL_TENSORS, lw, a) != WB_OK) {
         lw->model = m->name;
         lw->n_slabs = 1;
         lw->slabs = &m->wire[copy].slab_ptr;

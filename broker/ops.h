@@ -55,6 +55,7 @@ enum wb_lease_tail {
     WB_TAIL_TENSORS, /* lease_tail: the tensors as messages */
     WB_TAIL_TABLE,   /* table_tail: the compact table */
     WB_TAIL_CACHED,  /* cached_tail: tensor_table_cached, no table */
+    WB_TAIL_FRAME,   /* frame_tail: tensor_table_in_frame, the table follows */
 };
 /* Points the Lease `lw` (id already set) at one of the packed tails of the
  * model's copy `copy` (wb_model.wire[copy]): it then packs to the same

@@ -29,14 +29,15 @@ static void put_be32(uint8_t *p, uint32_t v)
     p[3] = (uint8_t)v;
 }
 
-size_t wb__zmtp_frame_header(uint8_t hdr[9], uint64_t len)
+size_t wb__zmtp_frame_header(uint8_t hdr[9], uint64_t len, int more)
 {
+    uint8_t flags = more ? F_MORE : 0;
     if (len <= 255) {
-        hdr[0] = 0;
+        hdr[0] = flags;
         hdr[1] = (uint8_t)len;
         return 2;
     }
-    hdr[0] = F_LONG;
+    hdr[0] = flags | F_LONG;
     for (int i = 0; i < 8; i++)
         hdr[1 + i] = (uint8_t)(len >> (56 - 8 * i));
     return 9;

@@ -90,8 +90,9 @@ int wb__zmtp_feed(wb_zmtp *z, const void *data, size_t len, wb_err *err);
  * hold bytes to send; the caller sends them and sets out_len to 0. */
 int wb__zmtp_next(wb_zmtp *z, wb_zmtp_msg *msg, wb_err *err);
 
-/* Writes the header of one final (no MORE) message frame of `len` bytes into
- * hdr (9 bytes of room). Returns the header's size: 1 + 1 or 1 + 8. */
-size_t wb__zmtp_frame_header(uint8_t hdr[9], uint64_t len);
+/* Writes the header of one message frame of `len` bytes into hdr (9 bytes
+ * of room): a final one, or with `more` one that another frame of the same
+ * message follows. Returns the header's size: 1 + 1 or 1 + 8. */
+size_t wb__zmtp_frame_header(uint8_t hdr[9], uint64_t len, int more);
 
 #endif

@@ -86,5 +86,8 @@ void wb__client_set_pace(wb_client *c, uint32_t heartbeat_ms, uint32_t stale_ms)
  * Same contract as wb__rpc_call. The caller holds client->mu. */
 int wb__client_call(wb_client *c, Wbproto__Request *req, int timeout_ms, Wbproto__Reply **out,
                     wb_err *err);
+/* The same for a reply that may come in two frames (wb__rpc_call_frame). */
+int wb__client_call_frame(wb_client *c, Wbproto__Request *req, int timeout_ms, Wbproto__Reply **out,
+                          wb__frame **frame, wb_err *err);
 
 #endif

@@ -148,7 +148,15 @@ int wb__client_reconnect_locked(wb_client *c, int *restarted, wb_err *err)
 int wb__client_call(wb_client *c, Wbproto__Request *req, int timeout_ms, Wbproto__Reply **out,
                     wb_err *err)
 {
+    return wb__client_call_frame(c, req, timeout_ms, out, NULL, err);
+}
+
+int wb__client_call_frame(wb_client *c, Wbproto__Request *req, int timeout_ms, Wbproto__Reply **out,
+                          wb__frame **frame, wb_err *err)
+{
     *out = NULL;
+    if (frame)
+        *frame = NULL;
     /* The session's connection ended: the broker restarted (its new run
      * knows neither the session nor, for a process whose pid it cannot
      * see, this process), or it dropped the connection. Say hello again. */
@@ -166,7 +174,7 @@ int wb__client_call(wb_client *c, Wbproto__Request *req, int timeout_ms, Wbproto
             return wb__err_set(err, WB_ECONN,
                                "the broker restarted; the lease was granted by its previous run");
     }
-    int rc = wb__rpc_call(&c->rpc, req, timeout_ms, out, err);
+    int rc = wb__rpc_call_frame(&c->rpc, req, timeout_ms, out, frame, err);
     if (*out)
         atomic_store(&c->connected, 1);
     else

@@ -327,6 +327,7 @@ void wb__table_unref(wb__table **tp)
     free(atomic_load(&t->by_name));
     pthread_mutex_destroy(&t->mu);
     wb__reply_free(&t->rep);
+    wb__frame_free(&t->frame);
     free(t->model);
     free(t);
 }
@@ -364,19 +365,19 @@ static void table_keep(wb_client *c, wb__table *t)
     c->tables[slot] = table_ref(t);
 }
 
-/* A table from a reply (checked by the decoder): it keeps the reply (*rep
- * is taken), or a copy when the bytes are not 8-byte aligned. */
-/* A table from a reply (checked by the decoder), with its entries: it keeps
- * the reply (*rep is taken), or a copy when the bytes are not 8-byte
- * aligned. NULL when out of memory. */
-static wb__table *table_new(const char *model, const Wbproto__Lease *pl, Wbproto__Reply **rep)
+/* A table (checked: by the decoder when it came inside the reply, by the
+ * caller when it came as a second frame), with its entries: it keeps what
+ * holds `bytes` (*rep or *frame, whichever is given, is taken), or a copy
+ * when the bytes are not 8-byte aligned. NULL when out of memory (nothing
+ * taken). */
+static wb__table *table_new(const char *model, const uint8_t *bytes, size_t len,
+                            Wbproto__Reply **rep, wb__frame **frame)
 {
-    size_t len = pl->tensor_table.len;
-    int copy = ((uintptr_t)pl->tensor_table.data & 7) != 0;
+    int copy = ((uintptr_t)bytes & 7) != 0;
     wb__table *t = calloc(1, sizeof *t + (copy ? (len + 7) & ~(size_t)7 : 0));
     if (!t)
         return NULL;
-    t->bytes = copy ? memcpy(t->copy, pl->tensor_table.data, len) : pl->tensor_table.data;
+    t->bytes = copy ? memcpy(t->copy, bytes, len) : bytes;
     t->len = len;
     size_t n = wb__tensor_table_count(t->bytes);
     t->model = strdup(model);
@@ -390,9 +391,12 @@ static wb__table *table_new(const char *model, const Wbproto__Lease *pl, Wbproto
     atomic_init(&t->refs, 1);
     atomic_init(&t->by_name, NULL);
     pthread_mutex_init(&t->mu, NULL);
-    if (!copy) {
+    if (!copy && rep) {
         t->rep = *rep;
         *rep = NULL;
+    } else if (!copy && frame) {
+        t->frame = *frame;
+        *frame = NULL;
     }
     wb__tensor_table_digest(t->bytes, len, t->digest);
     const char *str = wb__tensor_table_strings(t->bytes);
@@ -416,9 +420,13 @@ static wb__table *table_new(const char *model, const Wbproto__Lease *pl, Wbproto
     t->slab_need = calloc(t->n_slabs ? t->n_slabs : 1, sizeof *t->slab_need);
     if (!t->slab_need) {
         wb__table *dead = t;
-        if (!copy) {
+        if (t->rep) {
             *rep = t->rep; /* the caller still owns the reply */
             t->rep = NULL;
+        }
+        if (t->frame) {
+            *frame = t->frame; /* and the frame */
+            t->frame = NULL;
         }
         wb__table_unref(&dead);
         return NULL;
@@ -469,20 +477,39 @@ static int build_from_cached(wb_client *c, const char *model, const Wbproto__Lea
     return WB_OK;
 }
 
+/* Keeps the table t as the model's, for the lease and the next acquires. */
+static int lease_on_new_table(wb_client *c, const char *model, wb_lease *l, wb__table *t)
+{
+    if (!t)
+        return wb__client_fail(c, WB_ENOMEM, "acquire '%s': out of memory", model);
+    table_keep(c, t);
+    lease_on_table(l, t);
+    wb__table_unref(&t);
+    return WB_OK;
+}
+
 static int build_tensors(wb_client *c, const char *model, const Wbproto__Lease *pl, wb__table *held,
-                         wb_lease *l, Wbproto__Reply **rep)
+                         wb_lease *l, Wbproto__Reply **rep, wb__frame **frame)
 {
     if (pl->tensor_table_cached)
         return build_from_cached(c, model, pl, held, l);
-    if (pl->tensor_table.len) {
-        wb__table *t = table_new(model, pl, rep);
-        if (!t)
-            return wb__client_fail(c, WB_ENOMEM, "acquire '%s': out of memory", model);
-        table_keep(c, t);
-        lease_on_table(l, t);
-        wb__table_unref(&t);
-        return WB_OK;
+    if (pl->tensor_table_in_frame) {
+        if (!*frame)
+            return wb__client_fail(c, WB_EPROTO,
+                                   "acquire '%s': the reply says the tensor table follows in a "
+                                   "second frame, but none came",
+                                   model);
+        const uint8_t *bytes = wb__frame_data(*frame);
+        size_t len = wb__frame_size(*frame);
+        wb_err e;
+        if (wb__tensor_table_check(bytes, len, pl->slabs, pl->n_slabs, &e) != WB_OK)
+            return wb__client_fail(c, WB_EPROTO, "acquire '%s': the tensor table frame: %s", model,
+                                   e.msg);
+        return lease_on_new_table(c, model, l, table_new(model, bytes, len, NULL, frame));
     }
+    if (pl->tensor_table.len)
+        return lease_on_new_table(
+            c, model, l, table_new(model, pl->tensor_table.data, pl->tensor_table.len, rep, NULL));
     size_t n = pl->n_tensors, dims = 0, chars = 0;
     for (size_t i = 0; i < n; i++) {
         const Wbproto__Tensor *t = pl->tensors[i];
@@ -554,6 +581,7 @@ WB_EXPORT int wb_lease_acquire_ex(wb_client *client, const char *model,
     Wbproto__AcquireRequest acq = WBPROTO__ACQUIRE_REQUEST__INIT;
     acq.model = (char *)model;
     acq.tensor_table = 1;
+    acq.tensor_table_frame = 1;
     /* The table of an earlier lease on this model: the broker sends none
      * when it is still the model's. */
     wb__table *held = table_cached(client, model);
@@ -567,10 +595,12 @@ WB_EXPORT int wb_lease_acquire_ex(wb_client *client, const char *model,
     req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
     req.acquire = &acq;
     Wbproto__Reply *rep = NULL;
+    wb__frame *frame = NULL;
     wb_err e;
-    rc = wb__client_call(client, &req, 0, &rep, &e);
+    rc = wb__client_call_frame(client, &req, 0, &rep, &frame, &e);
     if (rc != WB_OK) {
         wb__reply_free(&rep);
+        wb__frame_free(&frame);
         rc = wb__client_fail(client, rc, "acquire '%s': %s", model, e.msg);
         pthread_mutex_unlock(&client->mu);
         return rc;
@@ -595,7 +625,7 @@ WB_EXPORT int wb_lease_acquire_ex(wb_client *client, const char *model,
         if (rc == WB_OK)
             rc = map_slabs(client, model, pl, l);
         if (rc == WB_OK)
-            rc = build_tensors(client, model, pl, held, l, &rep);
+            rc = build_tensors(client, model, pl, held, l, &rep, &frame);
     }
     if (rc != WB_OK && pl && pl->id.len == WB_LEASE_ID_BYTES) {
         /* The broker granted a lease this process cannot use: hand it back
@@ -604,6 +634,7 @@ WB_EXPORT int wb_lease_acquire_ex(wb_client *client, const char *model,
         send_release(client, pl->id.data, &ignored);
     }
     wb__reply_free(&rep);
+    wb__frame_free(&frame);
     if (rc != WB_OK) {
         lease_free(l);
         pthread_mutex_unlock(&client->mu);

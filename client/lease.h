@@ -10,6 +10,7 @@
 #include "err.h"
 #include "mapcache.h"
 #include "names.h"
+#include "rpc.h"
 #include "wire.h"
 
 #include <pthread.h>
@@ -77,7 +78,10 @@ typedef struct wb__table {
     _Atomic(wb__names_hash *) by_name;
     const uint8_t *bytes; /* 8-byte aligned: the dims are read as u64 */
     size_t len;
-    Wbproto__Reply *rep; /* holds `bytes`, or NULL when they were copied to `copy` */
+    /* What holds `bytes`: the reply (a table inside it), or the reply's
+     * second frame, or neither when they were copied to `copy`. */
+    Wbproto__Reply *rep;
+    wb__frame *frame;
     uint64_t copy[];
 } wb__table;
 

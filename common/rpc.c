@@ -172,9 +172,44 @@ static int wait_socket(wb__rpc *rpc, short events, int64_t deadline, wb_err *err
     }
 }
 
-/* Reads one message. Returns 1 with the payload in msg, 0 if it was a
- * multi-frame message (discarded), or a negative code. */
-static int recv_one(wb__rpc *rpc, zmq_msg_t *msg, wb_err *err)
+struct wb__frame {
+    zmq_msg_t msg;
+};
+
+const uint8_t *wb__frame_data(const wb__frame *f)
+{
+    return zmq_msg_data((zmq_msg_t *)&f->msg);
+}
+
+size_t wb__frame_size(const wb__frame *f)
+{
+    return zmq_msg_size((zmq_msg_t *)&f->msg);
+}
+
+void wb__frame_free(wb__frame **fp)
+{
+    wb__frame *f = fp ? *fp : NULL;
+    if (!f)
+        return;
+    *fp = NULL;
+    zmq_msg_close(&f->msg);
+    free(f);
+}
+
+/* Drops the rest of a multi-frame message whose frame `msg` was read. */
+static void drop_rest(wb__rpc *rpc, zmq_msg_t *msg)
+{
+    while (zmq_msg_more(msg)) {
+        if (zmq_msg_recv(msg, rpc->sock, ZMQ_DONTWAIT) < 0)
+            break;
+    }
+}
+
+/* Reads one message. Returns 1 with the payload in msg (and, when `frame`
+ * is not NULL and the message has two frames, the second in *frame), 0 if
+ * it was a message of more frames than that (discarded), or a negative
+ * code. */
+static int recv_one(wb__rpc *rpc, zmq_msg_t *msg, wb__frame **frame, wb_err *err)
 {
     if (zmq_msg_recv(msg, rpc->sock, 0) < 0) {
         int e = zmq_errno();
@@ -185,11 +220,22 @@ static int recv_one(wb__rpc *rpc, zmq_msg_t *msg, wb_err *err)
     }
     if (!zmq_msg_more(msg))
         return 1;
-    /* The broker always answers with one frame: drop anything else whole. */
-    while (zmq_msg_more(msg)) {
-        if (zmq_msg_recv(msg, rpc->sock, ZMQ_DONTWAIT) < 0)
-            break;
+    if (frame) {
+        /* The frames of one message arrive together: the second is there. */
+        wb__frame *f = malloc(sizeof *f);
+        if (f && zmq_msg_init(&f->msg) == 0) {
+            if (zmq_msg_recv(&f->msg, rpc->sock, ZMQ_DONTWAIT) >= 0 && !zmq_msg_more(&f->msg)) {
+                *frame = f;
+                return 1;
+            }
+            drop_rest(rpc, &f->msg);
+            zmq_msg_close(&f->msg);
+        }
+        free(f);
+        return 0;
     }
+    /* A reply of several frames nobody asked for: drop it whole. */
+    drop_rest(rpc, msg);
     return 0;
 }
 
@@ -205,7 +251,7 @@ static int timed_out(wb__rpc *rpc, int timeout_ms, wb_err *err)
 }
 
 static int exchange(wb__rpc *rpc, const uint8_t *buf, size_t len, uint64_t want_id, int any_id,
-                    int timeout_ms, Wbproto__Reply **out, wb_err *err)
+                    int timeout_ms, Wbproto__Reply **out, wb__frame **frame, wb_err *err)
 {
     int64_t deadline = wb__now_ms() + timeout_ms;
     if (!rpc->ctx)
@@ -244,7 +290,8 @@ static int exchange(wb__rpc *rpc, const uint8_t *buf, size_t len, uint64_t want_
         zmq_setsockopt(rpc->sock, ZMQ_RCVTIMEO, &wait, sizeof wait);
         zmq_msg_t msg;
         zmq_msg_init(&msg);
-        int got = recv_one(rpc, &msg, err);
+        wb__frame *second = NULL;
+        int got = recv_one(rpc, &msg, frame ? &second : NULL, err);
         if (got <= 0) {
             zmq_msg_close(&msg);
             if (got < 0)
@@ -257,15 +304,20 @@ static int exchange(wb__rpc *rpc, const uint8_t *buf, size_t len, uint64_t want_
         wb_err derr;
         int rc = wb__reply_decode(zmq_msg_data(&msg), zmq_msg_size(&msg), &rep, &derr);
         zmq_msg_close(&msg);
-        if (rc != WB_OK)
+        if (rc != WB_OK) {
+            wb__frame_free(&second);
             return wb__err_set(err, rc, "malformed reply from the broker at %s: %s", rpc->path,
                                derr.msg);
+        }
         if (!any_id && rep->id != want_id) {
             /* A late answer to an earlier request: not ours. */
             wb__reply_free(&rep);
+            wb__frame_free(&second);
             continue;
         }
         *out = rep;
+        if (frame)
+            *frame = second;
         return WB_OK;
     }
 }
@@ -295,7 +347,15 @@ static int check_reply(Wbproto__Reply **out, int want_body, wb_err *err)
 int wb__rpc_call(wb__rpc *rpc, Wbproto__Request *req, int timeout_ms, Wbproto__Reply **out,
                  wb_err *err)
 {
+    return wb__rpc_call_frame(rpc, req, timeout_ms, out, NULL, err);
+}
+
+int wb__rpc_call_frame(wb__rpc *rpc, Wbproto__Request *req, int timeout_ms, Wbproto__Reply **out,
+                       wb__frame **frame, wb_err *err)
+{
     *out = NULL;
+    if (frame)
+        *frame = NULL;
     if (timeout_ms <= 0)
         timeout_ms = rpc->timeout_ms;
     req->version = WB_PROTOCOL_VERSION;
@@ -304,11 +364,14 @@ int wb__rpc_call(wb__rpc *rpc, Wbproto__Request *req, int timeout_ms, Wbproto__R
     uint8_t *buf = wb__request_pack(req, &len);
     if (!buf)
         return wb__err_set(err, WB_ENOMEM, "out of memory encoding a request");
-    int rc = exchange(rpc, buf, len, req->id, 0, timeout_ms, out, err);
+    int rc = exchange(rpc, buf, len, req->id, 0, timeout_ms, out, frame, err);
     free(buf);
     if (rc != WB_OK)
         return rc;
-    return check_reply(out, (int)req->body_case, err);
+    rc = check_reply(out, (int)req->body_case, err);
+    if (rc != WB_OK && frame)
+        wb__frame_free(frame);
+    return rc;
 }
 
 int wb__rpc_call_raw(wb__rpc *rpc, const uint8_t *buf, size_t len, int timeout_ms,
@@ -317,7 +380,7 @@ int wb__rpc_call_raw(wb__rpc *rpc, const uint8_t *buf, size_t len, int timeout_m
     *out = NULL;
     if (timeout_ms <= 0)
         timeout_ms = rpc->timeout_ms;
-    int rc = exchange(rpc, buf, len, 0, 1, timeout_ms, out, err);
+    int rc = exchange(rpc, buf, len, 0, 1, timeout_ms, out, NULL, err);
     if (rc != WB_OK)
         return rc;
     return check_reply(out, 0, err);

@@ -61,6 +61,22 @@ void wb__rpc_close(wb__rpc *rpc);
 int wb__rpc_call(wb__rpc *rpc, Wbproto__Request *req, int timeout_ms, Wbproto__Reply **out,
                  wb_err *err);
 
+/* A second frame of a reply message (an acquire's tensor table, when the
+ * request asked for Lease.tensor_table_in_frame): its bytes stay in the
+ * ZeroMQ message they arrived in, not copied. */
+typedef struct wb__frame wb__frame;
+const uint8_t *wb__frame_data(const wb__frame *f);
+size_t wb__frame_size(const wb__frame *f);
+/* Frees the frame; NULL is fine; sets *f to NULL. */
+void wb__frame_free(wb__frame **f);
+
+/* wb__rpc_call for a request whose reply may come in two frames: *frame is
+ * the second one, or NULL when the reply had one. A reply of more than two
+ * frames is discarded whole, as wb__rpc_call discards any of more than
+ * one. */
+int wb__rpc_call_frame(wb__rpc *rpc, Wbproto__Request *req, int timeout_ms, Wbproto__Reply **out,
+                       wb__frame **frame, wb_err *err);
+
 /* Sends arbitrary bytes as one frame and returns the first reply that arrives,
  * whatever its id, decoded as by wb__rpc_call (a nonzero status is returned
  * with *out set). For tests and diagnostics of the broker's decoder. */

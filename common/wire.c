@@ -503,6 +503,13 @@ static int check_lease(const Wbproto__Lease *lease, wb_err *err)
     if (lease->tensor_table_cached && (lease->n_tensors || lease->tensor_table.len))
         return wb__err_set(err, WB_EPROTO, "lease says tensor_table_cached but carries %s",
                            lease->n_tensors ? "tensors" : "a tensor_table");
+    /* The frame itself is checked by whoever receives it (wb__rpc). */
+    if (lease->tensor_table_in_frame &&
+        (lease->n_tensors || lease->tensor_table.len || lease->tensor_table_cached))
+        return wb__err_set(err, WB_EPROTO, "lease says tensor_table_in_frame but %s",
+                           lease->n_tensors          ? "carries tensors"
+                           : lease->tensor_table.len ? "carries a tensor_table"
+                                                     : "also says tensor_table_cached");
     if (lease->tensor_table.len) {
         if (lease->n_tensors)
             return wb__err_set(err, WB_EPROTO,

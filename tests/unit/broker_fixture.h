@@ -212,6 +212,9 @@ static inline Wbproto__Reply *fixture_call(wb_broker *b, wb_arena *a, Wbproto__R
                                            const uint8_t *ident, size_t ident_len)
 {
     Wbproto__Reply rep = WBPROTO__REPLY__INIT;
+    /* As the loop does: a reply's second frame is the op's to set. */
+    b->reply_frame = NULL;
+    b->reply_frame_len = 0;
     ck_assert_int_eq(wb__ops_handle(b, peer, req, ident, ident_len, a, &rep), 0);
     ck_assert_uint_eq(rep.id, req->id);
     ck_assert_uint_eq(rep.version, WB_PROTOCOL_VERSION);

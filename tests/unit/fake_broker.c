@@ -94,7 +94,8 @@ static void answer(fake_broker *f, zmq_msg_t *ident, const Wbproto__Request *req
     Wbproto__ReleaseReply rel = WBPROTO__RELEASE_REPLY__INIT;
     Wbproto__HeartbeatReply hb = WBPROTO__HEARTBEAT_REPLY__INIT;
     ProtobufCBinaryData unknown[16];
-    uint8_t *table = NULL;
+    uint8_t *table = NULL, *frame = NULL;
+    size_t frame_len = 0;
 
     switch (req->body_case) {
     case WBPROTO__REQUEST__BODY_HELLO:
@@ -134,6 +135,16 @@ static void answer(fake_broker *f, zmq_msg_t *ident, const Wbproto__Request *req
                     slab.shm_name = other->name;
                 }
                 atomic_fetch_add(&f->n_cached, 1);
+            } else if (req->acquire->tensor_table_frame &&
+                       atomic_load(&f->frame_mode) != FAKE_FRAME_IGNORE) {
+                lease.tensor_table_in_frame = 1;
+                int fm = atomic_load(&f->frame_mode);
+                if (fm != FAKE_FRAME_NONE) {
+                    frame = table;
+                    frame_len = tlen;
+                    if (fm == FAKE_FRAME_BAD)
+                        table[0] ^= 0xff; /* the magic */
+                }
             } else {
                 lease.tensor_table.data = table;
                 lease.tensor_table.len = tlen;
@@ -179,8 +190,13 @@ static void answer(fake_broker *f, zmq_msg_t *ident, const Wbproto__Request *req
     size_t len;
     uint8_t *buf = wb__reply_pack(&rep, &len);
     ck_assert_ptr_nonnull(buf);
+    /* Counted before the client can see the reply. */
+    if (frame)
+        atomic_fetch_add(&f->n_frames_sent, 1);
     zmq_msg_send(ident, f->router, ZMQ_SNDMORE);
-    zmq_send(f->router, buf, len, 0);
+    zmq_send(f->router, buf, len, frame ? ZMQ_SNDMORE : 0);
+    if (frame)
+        zmq_send(f->router, frame, frame_len, 0);
     free(buf);
     free(table);
 }

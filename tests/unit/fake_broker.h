@@ -14,6 +14,8 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+enum fake_frame_mode { FAKE_FRAME_IGNORE, FAKE_FRAME_SEND, FAKE_FRAME_NONE, FAKE_FRAME_BAD };
+
 enum fake_mode {
     FAKE_NORMAL,
     FAKE_CUDA,   /* grant a lease on a cuda slab */
@@ -64,6 +66,13 @@ typedef struct fake_broker {
      * send). */
     _Atomic(wb_shm *) cached_slab;
     atomic_int n_tables_sent, n_cached;
+    /* With compact, for acquires that ask for the table as a second frame:
+     * FAKE_FRAME_IGNORE answers as a broker that predates it (the table
+     * inside the reply), FAKE_FRAME_SEND sends the frame, FAKE_FRAME_NONE
+     * says it follows but sends none, FAKE_FRAME_BAD sends it with a wrong
+     * magic. n_frames_sent counts the frames sent. */
+    atomic_int frame_mode;
+    atomic_int n_frames_sent;
     atomic_uint last_containers; /* of the first lease in the last heartbeat */
     atomic_int last_beats;       /* leases in the last heartbeat */
     uint8_t released_id[WB_LEASE_ID_LEN];

@@ -1,10 +1,12 @@
-/* The tensor table a client holds from an earlier lease (client/lease.c):
- * against a FAKE broker that packs compact tables and answers
- * tensor_table_cached when the request's digest names its table. The
- * second lease reuses the held table and sees the same tensors; a cached
- * reply whose slab no longer holds the table's tensors is refused, naming
- * the slab and both sizes (a real broker does not send one: this is the
- * client's own check). */
+/* The compact tensor table on the client's side (client/lease.c), against
+ * a FAKE broker that packs compact tables, sends them inside the reply or
+ * as a second frame, and answers tensor_table_cached when the request's
+ * digest names its table. The second lease reuses the held table and sees
+ * the same tensors; a cached reply whose slab no longer holds the table's
+ * tensors is refused, naming the slab and both sizes (a real broker does
+ * not send one: this is the client's own check); a reply that promises a
+ * frame and sends none, or a frame that is not a table, is refused and the
+ * lease handed back. */
 #include "wb/client.h"
 
 #include "fake_broker.h"
@@ -124,12 +126,71 @@ START_TEST(held_table_outside_the_slab_is_refused)
 }
 END_TEST
 
+START_TEST(table_as_a_second_frame)
+{
+    fake f;
+    fake_start(&f);
+    atomic_store(&f.b.frame_mode, FAKE_FRAME_SEND);
+    wb_client *c = fake_connect(f.b.path, 1, 2000);
+    wb_lease *l = NULL;
+    ck_assert_int_eq(wb_lease_acquire(c, "demo", &l), WB_OK);
+    ck_assert_int_eq(atomic_load(&f.b.n_frames_sent), 1);
+    ck_assert_int_eq(atomic_load(&f.b.n_tables_sent), 0);
+    check_tensors(l, &f);
+    ck_assert_int_eq(wb_lease_release(&l), WB_OK);
+    /* The table that came as a frame is held like any other. */
+    ck_assert_int_eq(wb_lease_acquire(c, "demo", &l), WB_OK);
+    ck_assert_int_eq(atomic_load(&f.b.n_frames_sent), 1);
+    ck_assert_int_eq(atomic_load(&f.b.n_cached), 1);
+    check_tensors(l, &f);
+    ck_assert_int_eq(wb_lease_release(&l), WB_OK);
+    wb_client_destroy(&c);
+    fake_stop(&f);
+}
+END_TEST
+
+START_TEST(promised_frame_missing_or_bad)
+{
+    fake f;
+    fake_start(&f);
+    wb_client *c = fake_connect(f.b.path, 1, 2000);
+    wb_lease *l = NULL;
+    atomic_store(&f.b.frame_mode, FAKE_FRAME_NONE);
+    ck_assert_int_eq(wb_lease_acquire(c, "demo", &l), WB_EPROTO);
+    ck_assert_ptr_null(l);
+    ck_assert_msg(strstr(wb_client_errmsg(c), "acquire 'demo': the reply says the tensor table "
+                                              "follows in a second frame, but none came"),
+                  "message: %s", wb_client_errmsg(c));
+    ck_assert_int_eq(atomic_load(&f.b.n_release), 1); /* handed back */
+
+    atomic_store(&f.b.frame_mode, FAKE_FRAME_BAD);
+    ck_assert_int_eq(wb_lease_acquire(c, "demo", &l), WB_EPROTO);
+    ck_assert_ptr_null(l);
+    ck_assert_int_eq(atomic_load(&f.b.n_frames_sent), 1);
+    ck_assert_msg(strstr(wb_client_errmsg(c), "acquire 'demo': the tensor table frame: "
+                                              "lease.tensor_table has magic"),
+                  "message: %s", wb_client_errmsg(c));
+    ck_assert_int_eq(atomic_load(&f.b.n_release), 2);
+
+    /* And nothing of either is held: the next acquire gets a whole table. */
+    atomic_store(&f.b.frame_mode, FAKE_FRAME_SEND);
+    ck_assert_int_eq(wb_lease_acquire(c, "demo", &l), WB_OK);
+    ck_assert_int_eq(atomic_load(&f.b.n_cached), 0);
+    check_tensors(l, &f);
+    ck_assert_int_eq(wb_lease_release(&l), WB_OK);
+    wb_client_destroy(&c);
+    fake_stop(&f);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("held_table");
     TCase *tc = tcase_create("held_table");
     tcase_add_test(tc, second_lease_uses_the_held_table);
     tcase_add_test(tc, held_table_outside_the_slab_is_refused);
+    tcase_add_test(tc, table_as_a_second_frame);
+    tcase_add_test(tc, promised_frame_missing_or_bad);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -60,14 +60,16 @@ static Wbproto__Reply *simple(const wb_peer_creds *peer, int body)
     return call(peer, &req);
 }
 
-/* An acquire that asks for the compact table with its digest. */
-static Wbproto__Reply *acquire_table(const wb_peer_creds *p, const char *model,
-                                     const uint8_t *digest)
+/* An acquire that asks for the compact table with its digest, inside the
+ * reply or (frame) as a second frame. */
+static Wbproto__Reply *acquire_table_ex(const wb_peer_creds *p, const char *model,
+                                        const uint8_t *digest, int frame)
 {
     Wbproto__Request req = WBPROTO__REQUEST__INIT;
     Wbproto__AcquireRequest a = WBPROTO__ACQUIRE_REQUEST__INIT;
     a.model = (char *)model;
     a.tensor_table = 1;
+    a.tensor_table_frame = frame != 0;
     if (digest) {
         a.tensor_table_digest.data = (uint8_t *)digest;
         a.tensor_table_digest.len = 16;
@@ -75,6 +77,12 @@ static Wbproto__Reply *acquire_table(const wb_peer_creds *p, const char *model,
     req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
     req.acquire = &a;
     return call(p, &req);
+}
+
+static Wbproto__Reply *acquire_table(const wb_peer_creds *p, const char *model,
+                                     const uint8_t *digest)
+{
+    return acquire_table_ex(p, model, digest, 0);
 }
 
 START_TEST(test_hello)
@@ -144,6 +152,50 @@ START_TEST(test_acquire_cached_table)
     ck_assert_int_eq(r->status, 0);
     ck_assert_int_eq(r->acquire->lease->tensor_table_cached, 0);
     ck_assert_uint_gt(r->acquire->lease->tensor_table.len, 0);
+}
+END_TEST
+
+/* Asked for it, the table goes as the reply's second frame (the model's
+ * one packed table, not copied into the reply), the same bytes as inside
+ * a reply; a client that holds it still gets none, and one that did not
+ * ask gets it inside. */
+START_TEST(test_acquire_table_frame)
+{
+    wb_model *m = fixture_model(&F.b, "demo");
+    wb_peer_creds p = me();
+    Wbproto__Reply *r = acquire_table(&p, "demo", NULL);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_ptr_null(F.b.reply_frame);
+    size_t inside_len = r->acquire->lease->tensor_table.len;
+    uint8_t *inside = malloc(inside_len);
+    ck_assert_ptr_nonnull(inside);
+    memcpy(inside, r->acquire->lease->tensor_table.data, inside_len);
+
+    r = acquire_table_ex(&p, "demo", NULL, 1);
+    ck_assert_int_eq(r->status, 0);
+    const Wbproto__Lease *l = r->acquire->lease;
+    ck_assert_int_eq(l->tensor_table_in_frame, 1);
+    ck_assert_int_eq(l->tensor_table_cached, 0);
+    ck_assert_uint_eq(l->tensor_table.len, 0);
+    ck_assert_uint_eq(l->n_tensors, 0);
+    ck_assert_str_eq(l->model, "demo");
+    ck_assert_uint_eq(l->n_slabs, 1);
+    ck_assert_ptr_eq(F.b.reply_frame, m->table);
+    ck_assert_uint_eq(F.b.reply_frame_len, inside_len);
+    ck_assert_int_eq(memcmp(F.b.reply_frame, inside, inside_len), 0);
+    wb_err err;
+    ck_assert_int_eq(
+        wb__tensor_table_check(F.b.reply_frame, F.b.reply_frame_len, l->slabs, l->n_slabs, &err),
+        WB_OK);
+
+    uint8_t digest[16];
+    wb__tensor_table_digest(inside, inside_len, digest);
+    r = acquire_table_ex(&p, "demo", digest, 1);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->acquire->lease->tensor_table_cached, 1);
+    ck_assert_int_eq(r->acquire->lease->tensor_table_in_frame, 0);
+    ck_assert_ptr_null(F.b.reply_frame);
+    free(inside);
 }
 END_TEST
 
@@ -749,6 +801,7 @@ int main(void)
     tcase_add_test(tc, test_acquire);
     tcase_add_test(tc, test_lease_tail_bytes);
     tcase_add_test(tc, test_acquire_cached_table);
+    tcase_add_test(tc, test_acquire_table_frame);
     tcase_add_test(tc, test_acquire_dead_peer);
     tcase_add_test(tc, test_release);
     tcase_add_test(tc, test_release_after_pid_reuse);

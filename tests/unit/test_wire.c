@@ -595,6 +595,33 @@ START_TEST(test_reply_tensor_table)
     ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
     ck_assert_str_eq(err.msg, "lease carries both tensors (2) and a tensor_table");
     free(t);
+
+    /* A table in a second frame: the lease says so and carries nothing
+     * else of the tensors (the frame is the receiver's to check). */
+    fixture_init(&f);
+    f.lease.n_tensors = 0;
+    f.lease.tensors = NULL;
+    f.lease.tensor_table_in_frame = 1;
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_OK);
+    ck_assert_int_eq(out->acquire->lease->tensor_table_in_frame, 1);
+    wb__reply_free(&out);
+    fixture_init(&f);
+    f.lease.tensor_table_in_frame = 1;
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "lease says tensor_table_in_frame but carries tensors");
+    fixture_init(&f);
+    t = to_table(&f, &len);
+    f.lease.tensor_table_in_frame = 1;
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "lease says tensor_table_in_frame but carries a tensor_table");
+    free(t);
+    fixture_init(&f);
+    f.lease.n_tensors = 0;
+    f.lease.tensors = NULL;
+    f.lease.tensor_table_in_frame = 1;
+    f.lease.tensor_table_cached = 1;
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "lease says tensor_table_in_frame but also says tensor_table_cached");
 }
 END_TEST
 

@@ -151,11 +151,16 @@ START_TEST(test_messages)
     wb__zmtp_free(&z);
 
     uint8_t hdr[9];
-    ck_assert_uint_eq(wb__zmtp_frame_header(hdr, 255), 2);
+    ck_assert_uint_eq(wb__zmtp_frame_header(hdr, 255, 0), 2);
     ck_assert_uint_eq(hdr[0], 0);
     ck_assert_uint_eq(hdr[1], 255);
-    ck_assert_uint_eq(wb__zmtp_frame_header(hdr, 0x0102030405ULL), 9);
+    ck_assert_uint_eq(wb__zmtp_frame_header(hdr, 0x0102030405ULL, 0), 9);
     ck_assert_int_eq(memcmp(hdr, "\x02\x00\x00\x00\x01\x02\x03\x04\x05", 9), 0);
+    /* A frame that another of the same message follows: MORE (0x01). */
+    ck_assert_uint_eq(wb__zmtp_frame_header(hdr, 7, 1), 2);
+    ck_assert_int_eq(memcmp(hdr, "\x01\x07", 2), 0);
+    ck_assert_uint_eq(wb__zmtp_frame_header(hdr, 256, 1), 9);
+    ck_assert_int_eq(memcmp(hdr, "\x03\x00\x00\x00\x00\x00\x00\x01\x00", 9), 0);
 }
 END_TEST
 
