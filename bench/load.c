@@ -22,7 +22,10 @@
  *                      [--threads N] [--staging-mib N] [--buffers N]
  *                      [--variants NAME,...] [--write-only]
  * --variants limits the variants to those named (default always runs);
- * --write-only writes the checkpoint (if missing) and exits. */
+ * --write-only writes the checkpoint (if missing) and exits; --keep-loads
+ * keeps every load's device memory until its variant ends (each load gets
+ * memory no earlier load used) and --pause-ms waits between loads: both to
+ * see why back-to-back loads run slower than the first of a series. */
 #include "backend.h"
 #include "loader.h"
 #include "ntcopy.h"
@@ -516,6 +519,9 @@ typedef struct opts {
     const char *file, *out, *only;
     double gib, cold_gib;
     int runs, device, sweep, cold, write_only;
+    /* Between a variant's loads: keep every load's device memory until the
+     * variant ends (no slab reused), and pause this long. */
+    int keep_loads, pause_ms;
     loader_cfg cfg;
 } opts;
 
@@ -535,6 +541,8 @@ static void parse(int argc, char **argv, opts *o)
                                        {"help", no_argument, NULL, 'h'},
                                        {"write-only", no_argument, NULL, 'w'},
                                        {"variants", required_argument, NULL, 'v'},
+                                       {"keep-loads", no_argument, NULL, 'k'},
+                                       {"pause-ms", required_argument, NULL, 'p'},
                                        {NULL, 0, NULL, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -578,11 +586,18 @@ static void parse(int argc, char **argv, opts *o)
         case 'w':
             o->write_only = 1;
             break;
+        case 'k':
+            o->keep_loads = 1;
+            break;
+        case 'p':
+            o->pause_ms = atoi(optarg);
+            break;
         case 'h':
             printf("usage: wb_bench_load [--file PATH] [--gib N] [--runs N] [--out JSON] "
                    "[--device N]\n                     [--sweep] [--cold] [--cold-gib N] "
                    "[--threads N] [--staging-mib N] [--buffers N]\n                     "
                    "[--variants NAME,NAME...] [--write-only]\n"
+                   "                     [--keep-loads] [--pause-ms N]\n"
                    "--threads, --staging-mib and --buffers change the default variant only.\n");
             exit(0);
         default:
@@ -679,18 +694,26 @@ static json_t *run_variant(const opts *o, variant *v, const reference *ref)
     json_object_set_new(e, "staging_pages_got", json_string(pages));
     double g[32], p[32];
     load_result keep = {0};
-    int n = 0;
+    wb_model_data held[32];
+    int n = 0, n_held = 0;
     for (int i = 0; i < o->runs; i++) {
-        load_result r = load_once(be, o->file, o->device, i == o->runs - 1);
+        if (i > 0 && o->pause_ms > 0)
+            usleep((useconds_t)o->pause_ms * 1000);
+        int last = i == o->runs - 1;
+        load_result r = load_once(be, o->file, o->device, last || o->keep_loads);
         if (r.rc != WB_OK) {
             json_object_set_new(e, "error", json_string(r.error));
             break;
         }
         g[n] = r.gbps;
         p[n++] = r.pipeline_gbps;
-        if (i == o->runs - 1)
+        if (last)
             keep = r;
+        else if (o->keep_loads)
+            held[n_held++] = r.d;
     }
+    for (int i = 0; i < n_held; i++)
+        wb__model_data_free(&held[i], be);
     if (n == o->runs) {
         v->ok = 1;
         v->gbps = median(g, n);
@@ -852,6 +875,8 @@ int main(int argc, char **argv)
     json_object_set_new(root, "nt_copy", json_string(wb__nt_copy_kind()));
     json_object_set_new(root, "file", json_string(o.file));
     json_object_set_new(root, "runs", json_integer(o.runs));
+    json_object_set_new(root, "keep_loads", json_boolean(o.keep_loads));
+    json_object_set_new(root, "pause_ms", json_integer(o.pause_ms));
     json_t *gbps = json_object(), *samples = json_object();
     json_object_set_new(root, "gbps", gbps);
     json_object_set_new(root, "samples", samples);
