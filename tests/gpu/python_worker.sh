@@ -17,47 +17,19 @@
 set -uo pipefail
 
 OUT=${1:?usage: tests/gpu/python_worker.sh OUT [BINDIR LIBDIR]}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BIN=${2:-${WB_GPU_BIN:-$ROOT/.device/lead/bin}}
-LIB=${3:-${WB_GPU_LIB:-$ROOT/.device/lead/lib}}
-WORK=${WB_GPU_WORK:-/tmp/wbpy}
+WB_GPU_BIN=${2:-${WB_GPU_BIN:-$ROOT/.device/lead/bin}}
+WB_GPU_LIB=${3:-${WB_GPU_LIB:-$ROOT/.device/lead/lib}}
+WB_GPU_WORK=${WB_GPU_WORK:-/tmp/wbpy}
+LOG_NAME=python_worker.log
+# shellcheck source=tests/gpu/bench_lib.sh
+. "$(dirname "$0")/bench_lib.sh"
 GIB=${WB_PY_BACKBONE_GIB:-2}
 SOCK=$WORK/broker.sock
-LOG=$OUT/python_worker.log
-mkdir -p "$WORK"
-: >"$LOG"
-export PYTHONUNBUFFERED=1
-TORCH_LIB=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
-export LD_LIBRARY_PATH=$LIB:$ROOT/.device/lib:$TORCH_LIB:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$LIB/../fallback
 # The package from this tree, over the staged libwbclient.
 export PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH}
-export WB_CLIENT_LIBRARY=$LIB  # the directory: libwbclient.so.0, else libwbclient.so
-FAILS=()
-PIDS=()
+export WB_CLIENT_LIBRARY=$LIB # the directory: libwbclient.so.0, else libwbclient.so
 
-say() { printf '[%4ds] %s\n' "$SECONDS" "$*" | tee -a "$LOG" >&2; }
-fail() {
-  say "FAIL: $*"
-  FAILS+=("$*")
-}
-cleanup() {
-  local p
-  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  wait 2>/dev/null
-}
-trap cleanup EXIT
-wait_for() {
-  local until=$((SECONDS + $1))
-  shift
-  while ! "$@" >/dev/null 2>&1; do
-    [ "$SECONDS" -ge "$until" ] && return 1
-    sleep 0.1
-  done
-}
-ctl() { "$BIN/wbctl" --socket "$SOCK" "$@"; }
-mem_used() { python3 "$ROOT/tests/gpu/gpumem.py" | python3 -c 'import json,sys; print(json.load(sys.stdin)["used"])'; }
 model_ready() { [ "$(ctl models --json | python3 -c "import json,sys; print(next((m['state'] for m in json.load(sys.stdin) if m['name'] == '$1'), ''))")" = ready ]; }
 has_line() { grep -q -- "$2" "$1"; }
 
