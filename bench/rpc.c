@@ -5,8 +5,10 @@
  *       digest (what libwbclient's loop sends: the table comes once), and
  *       a release; prints the loop's four message sizes (acquire
  *       request/reply, release request/reply) and the first acquire's
- *   wb_bench_rpc lease  SOCK MODEL CLIENTS SECONDS BROKER_PID
- *       CLIENTS processes loop acquire + release through libwbclient
+ *   wb_bench_rpc lease  SOCK MODEL CLIENTS SECONDS BROKER_PID [HELD_MODEL]
+ *       CLIENTS processes loop acquire + release through libwbclient; with
+ *       HELD_MODEL, each first acquires and releases that model once, so
+ *       that it holds that model's tensor table (its memory) during the loop
  *   wb_bench_rpc echo   CLIENTS SECONDS AREQ AREP RREQ RREP
  *       the baseline: a ROUTER echo server process and CLIENTS DEALER
  *       processes exchanging messages of those sizes, two round trips a pair
@@ -217,7 +219,8 @@ static wb_client *connect_to(const char *sock)
     return c;
 }
 
-static int mode_lease(const char *sock, const char *model, int n, double seconds, int broker_pid)
+static int mode_lease(const char *sock, const char *model, int n, double seconds, int broker_pid,
+                      const char *held)
 {
     shared *s = shared_new();
     pid_t *kids = calloc((size_t)n, sizeof *kids);
@@ -225,6 +228,11 @@ static int mode_lease(const char *sock, const char *model, int n, double seconds
         kids[i] = fork();
         if (kids[i] == 0) {
             lease_ctx x = {.c = connect_to(sock), .model = model};
+            lease_ctx h = {.c = x.c, .model = held};
+            if (held && (!x.c || lease_pair(&h) != 0)) {
+                atomic_fetch_add(&s->failed, 1);
+                _exit(1);
+            }
             /* One pair before the window: a process's first acquire brings
              * the model's tensor table (the attach figure times that); the
              * window measures the loop that follows. */
@@ -617,8 +625,9 @@ int main(int argc, char **argv)
     const char *m = argv[1];
     if (strcmp(m, "sizes") == 0 && argc == 4)
         return mode_sizes(argv[2], argv[3]);
-    if (strcmp(m, "lease") == 0 && argc == 7)
-        return mode_lease(argv[2], argv[3], atoi(argv[4]), atof(argv[5]), atoi(argv[6]));
+    if (strcmp(m, "lease") == 0 && (argc == 7 || argc == 8))
+        return mode_lease(argv[2], argv[3], atoi(argv[4]), atof(argv[5]), atoi(argv[6]),
+                          argc == 8 ? argv[7] : NULL);
     if (strcmp(m, "echo") == 0 && argc == 8)
         return mode_echo(atoi(argv[2]), atof(argv[3]), strtoul(argv[4], NULL, 10),
                          strtoul(argv[5], NULL, 10), strtoul(argv[6], NULL, 10),

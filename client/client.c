@@ -5,8 +5,10 @@
 #include "clog.h"
 #include "lease.h"
 #include "log.h"
+#include "mapcache.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +27,66 @@ static void orphan_all(wb_client *c)
 {
     for (wb_lease *l = c->leases; l; l = l->next)
         atomic_store(&l->orphaned, 1);
+    /* The slabs of the broker run that ended: nothing will lease them again. */
+    wb__client_linger_sweep(c, INT64_MAX);
+}
+
+void wb__client_linger_sweep(wb_client *c, int64_t now_ms)
+{
+    int64_t due = 0;
+    for (size_t i = 0; i < WB_LINGER_MAPS; i++) {
+        if (!c->linger[i])
+            continue;
+        if (c->linger_until[i] <= now_ms)
+            wb__mapcache_put(&c->linger[i]);
+        else if (!due || c->linger_until[i] < due)
+            due = c->linger_until[i];
+    }
+    atomic_store(&c->linger_due_ms, due);
+}
+
+void wb__client_linger(wb_client *c, struct wb__map **map)
+{
+    if (!*map)
+        return;
+    /* Host slabs only, and only with a thread to unmap them when due. */
+    if (!c->hb_started || wb__map_device(*map) >= 0) {
+        wb__mapcache_put(map);
+        return;
+    }
+    int64_t until = wb__now_ms() + WB_MAP_LINGER_MS;
+    size_t slot = WB_LINGER_MAPS, oldest = WB_LINGER_MAPS;
+    for (size_t i = 0; i < WB_LINGER_MAPS; i++) {
+        if (c->linger[i] == *map) {
+            /* Already kept: the lease's reference goes, the clock restarts. */
+            c->linger_until[i] = until;
+            wb__mapcache_put(map);
+            return;
+        }
+        if (!c->linger[i]) {
+            if (slot == WB_LINGER_MAPS)
+                slot = i;
+        } else if (oldest == WB_LINGER_MAPS || c->linger_until[i] < c->linger_until[oldest]) {
+            oldest = i;
+        }
+    }
+    if (slot == WB_LINGER_MAPS) {
+        slot = oldest;
+        wb__mapcache_put(&c->linger[slot]);
+    }
+    c->linger[slot] = *map;
+    c->linger_until[slot] = until;
+    *map = NULL;
+    if (atomic_load(&c->linger_due_ms) == 0) {
+        /* The thread may sleep until its next beat, seconds away: it is
+         * told once, when the first mapping starts to linger, not at every
+         * release. */
+        atomic_store(&c->linger_due_ms, until);
+        pthread_mutex_lock(&c->hb_mu);
+        c->hb_kick = 1;
+        pthread_cond_signal(&c->hb_cond);
+        pthread_mutex_unlock(&c->hb_mu);
+    }
 }
 
 /* Sends one heartbeat with every lease the broker should know, and marks the
@@ -119,35 +181,51 @@ static struct timespec deadline_after(uint32_t ms)
  * the application's own calls. While disconnected it wakes for each
  * reconnection attempt (50 ms after the loss, then doubling up to 2 s) and,
  * once reconnected, sends a heartbeat at once so that leases the broker does
- * not know are marked orphaned. */
+ * not know are marked orphaned. It also wakes when a lingering mapping is
+ * due (wb__client_linger), which sends nothing. */
 static void *heartbeat_main(void *arg)
 {
     wb_client *c = arg;
+    int64_t beat_at = wb__now_ms() + atomic_load(&c->heartbeat_ms);
     pthread_mutex_lock(&c->hb_mu);
     while (!c->hb_stop) {
-        uint32_t wait_ms = atomic_load(&c->heartbeat_ms);
+        int64_t at = beat_at;
         if (!atomic_load(&c->connected)) {
-            int64_t left = atomic_load(&c->next_reconnect_ms) - wb__now_ms();
-            wait_ms = left <= 0 ? 0 : left < (int64_t)wait_ms ? (uint32_t)left : wait_ms;
+            int64_t r = atomic_load(&c->next_reconnect_ms);
+            at = r < at ? r : at;
         }
-        struct timespec until = deadline_after(wait_ms);
-        while (!c->hb_stop) {
+        int64_t due = atomic_load(&c->linger_due_ms);
+        if (due && due < at)
+            at = due;
+        int64_t left = at - wb__now_ms();
+        struct timespec until = deadline_after(left <= 0 ? 0 : (uint32_t)left);
+        c->hb_kick = 0;
+        while (!c->hb_stop && !c->hb_kick) {
             int rc = pthread_cond_timedwait(&c->hb_cond, &c->hb_mu, &until);
             if (rc == ETIMEDOUT)
                 break;
         }
         if (c->hb_stop)
             break;
+        if (c->hb_kick)
+            continue; /* a new deadline: sleep again until it */
         pthread_mutex_unlock(&c->hb_mu);
         wb_err e;
         pthread_mutex_lock(&c->mu);
+        int64_t now = wb__now_ms();
         if (atomic_load(&c->connected)) {
-            heartbeat_locked(c, &e);
-        } else if (wb__now_ms() >= atomic_load(&c->next_reconnect_ms)) {
+            if (now >= beat_at) {
+                heartbeat_locked(c, &e);
+                beat_at = wb__now_ms() + atomic_load(&c->heartbeat_ms);
+            }
+        } else if (now >= atomic_load(&c->next_reconnect_ms)) {
             int restarted;
             if (wb__client_reconnect_locked(c, &restarted, &e) == WB_OK)
                 heartbeat_locked(c, &e);
+            beat_at = wb__now_ms() + atomic_load(&c->heartbeat_ms);
         }
+        if (atomic_load(&c->linger_due_ms))
+            wb__client_linger_sweep(c, wb__now_ms());
         pthread_mutex_unlock(&c->mu);
         pthread_mutex_lock(&c->hb_mu);
     }
@@ -207,6 +285,7 @@ WB_EXPORT int wb_client_connect(const wb_client_options *opts, wb_client **out)
     atomic_init(&c->next_reconnect_ms, 0);
     atomic_init(&c->reconnect_attempts, 0);
     atomic_init(&c->reconnects, 0);
+    atomic_init(&c->linger_due_ms, 0);
     *out = c;
 
     wb_err e;
@@ -264,6 +343,7 @@ WB_EXPORT void wb_client_destroy(wb_client **client)
     }
     for (size_t i = 0; i < sizeof c->tables / sizeof c->tables[0]; i++)
         wb__table_unref(&c->tables[i]);
+    wb__client_linger_sweep(c, INT64_MAX);
     pthread_mutex_unlock(&c->mu);
     wb__rpc_close(&c->rpc);
     pthread_mutex_destroy(&c->mu);

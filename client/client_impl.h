@@ -12,6 +12,16 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+/* How long a host slab stays mapped after the last lease on it ended, and
+ * how many such mappings a client keeps (the oldest goes first). Only a
+ * client with the heartbeat thread keeps any: the thread unmaps each when
+ * due, so memory of a model unloaded meanwhile is held at most this long
+ * after its last release. */
+#define WB_MAP_LINGER_MS 1000
+#define WB_LINGER_MAPS   8
+
+struct wb__map;
+
 struct wb_client {
     /* Held around every exchange with the broker and every change of the
      * lease list; the heartbeat thread takes it too. */
@@ -54,12 +64,24 @@ struct wb_client {
      * that granted the leases. */
     void (*on_restart)(wb_client *c);
 
-    /* The heartbeat thread sleeps on hb_cond so destroy can wake it. */
+    /* The heartbeat thread sleeps on hb_cond so destroy can wake it, and so
+     * can a lingering mapping due before its next beat (hb_kick). */
     int hb_started;
     pthread_t hb_thread;
     pthread_mutex_t hb_mu;
     pthread_cond_t hb_cond;
     int hb_stop;
+    int hb_kick;
+
+    /* Host slab mappings kept for WB_MAP_LINGER_MS after the last lease on
+     * them ended, one mapping cache reference each (wb__client_linger), so
+     * that a worker acquiring and releasing a model in a loop maps its slabs
+     * once: an acquire on a lingering slab makes no system call for it.
+     * Under mu; `linger_due_ms` (the earliest `linger_until`, 0 with none)
+     * is read by the heartbeat thread without it. */
+    struct wb__map *linger[WB_LINGER_MAPS];
+    int64_t linger_until[WB_LINGER_MAPS];
+    _Atomic int64_t linger_due_ms;
 };
 
 /* Stores a message in the client (when there is one) and returns code. The
@@ -81,6 +103,17 @@ int wb__client_reconnect_locked(wb_client *c, int *restarted, wb_err *err);
 /* Adopts the heartbeat interval and stale window a broker reply gave (0:
  * the reply did not say; the interval stays as it was, 1 s at first). */
 void wb__client_set_pace(wb_client *c, uint32_t heartbeat_ms, uint32_t stale_ms);
+
+/* Takes over the reference *map holds (*map becomes NULL) and keeps the
+ * mapping for WB_MAP_LINGER_MS, or drops it as wb__mapcache_put when this
+ * client keeps none (no heartbeat thread, or a cuda slab, whose memory the
+ * broker frees only when the last process closes it). The caller holds
+ * c->mu. */
+void wb__client_linger(wb_client *c, struct wb__map **map);
+
+/* Drops the lingering mappings due at now_ms (every one with INT64_MAX).
+ * The caller holds c->mu. */
+void wb__client_linger_sweep(wb_client *c, int64_t now_ms);
 
 /* One exchange with the broker; records whether it answered (connected).
  * Same contract as wb__rpc_call. The caller holds client->mu. */

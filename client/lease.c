@@ -172,6 +172,12 @@ int wb__lease_end(wb_lease *lease, int tell, wb_err *err)
                          "was destroyed)",
                          lease->id_hex);
     }
+    /* Its slabs stay mapped a while for the client's next lease on them
+     * (not those of a broker run that ended). */
+    if (c && !atomic_load(&lease->orphaned)) {
+        for (size_t i = 0; i < lease->n_maps; i++)
+            wb__client_linger(c, &lease->maps[i]);
+    }
     unlink_lease(lease);
     lease_free(lease);
     return rc;

@@ -35,9 +35,11 @@ struct wb__map {
 
 static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 static wb__map *cache_head;
+static uint64_t cache_made; /* under cache_mu */
 
 static void link_map(wb__map *m)
 {
+    cache_made++;
     m->refs = 1;
     m->next = cache_head;
     cache_head = m;
@@ -439,6 +441,14 @@ size_t wb__mapcache_count(void)
     pthread_mutex_lock(&cache_mu);
     for (const wb__map *m = cache_head; m; m = m->next)
         n++;
+    pthread_mutex_unlock(&cache_mu);
+    return n;
+}
+
+uint64_t wb__mapcache_made(void)
+{
+    pthread_mutex_lock(&cache_mu);
+    uint64_t n = cache_made;
     pthread_mutex_unlock(&cache_mu);
     return n;
 }

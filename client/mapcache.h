@@ -80,4 +80,9 @@ unsigned wb__map_refs(const wb__map *map);
 /* Number of slabs currently mapped through the cache. */
 size_t wb__mapcache_count(void);
 
+/* Number of mappings this process has made (mmap of a host slab, opened
+ * IPC handle, imported vmm allocation) since it started: what a reused
+ * mapping saves. */
+uint64_t wb__mapcache_made(void);
+
 #endif

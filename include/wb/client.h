@@ -133,7 +133,9 @@ WB_EXPORT int wb_lease_acquire_ex(wb_client *client, const char *model,
 WB_EXPORT int wb_lease_device(const wb_lease *lease);
 
 /* Ends a lease: tells the broker, drops this lease's reference to its slabs
- * (a slab is unmapped when no lease of this process uses it any more) and
+ * (a slab is unmapped when no lease of this process uses it any more; a
+ * host slab of a client with the heartbeat thread stays mapped one second
+ * more, for this client's next lease on it, then the thread unmaps it) and
  * sets *lease to NULL. Returns WB_EBUSY, changing nothing, while containers
  * are registered on the lease. If the broker cannot be told, the lease is
  * still ended locally, *lease is set to NULL and WB_ECONN is returned. */

@@ -4,6 +4,7 @@
  * integration tests; here every answer is under the test's control. */
 #include "wb/client.h"
 
+#include "client_impl.h"
 #include "fake_broker.h"
 #include "lease.h"
 #include "mapcache.h"
@@ -607,6 +608,58 @@ START_TEST(heartbeat_thread_runs_and_stops_promptly)
 }
 END_TEST
 
+/* A worker that acquires and releases one model in a loop maps its slab
+ * once: the mapping lingers after the release (the heartbeat thread unmaps
+ * it WB_MAP_LINGER_MS later), and the next lease reuses it without a
+ * system call. Without the heartbeat thread nothing lingers. */
+START_TEST(released_slab_lingers_for_the_next_lease)
+{
+    fake f;
+    fake_start(&f, 60000);
+    wb_client *c = connect_fake(&f, 0, 2000);
+    uint64_t made = wb__mapcache_made();
+    wb_tensor_view v;
+    for (int i = 0; i < 50; i++) {
+        wb_lease *l = NULL;
+        ck_assert_int_eq(wb_lease_acquire(c, "demo", &l), WB_OK);
+        ck_assert_int_eq(wb_lease_find(l, "b", &v), WB_OK);
+        ck_assert_int_eq(wb_lease_verify(l, NULL), WB_OK);
+        ck_assert_int_eq(wb_lease_release(&l), WB_OK);
+        ck_assert_uint_eq(wb__mapcache_count(), 1);
+    }
+    ck_assert_uint_eq(wb__mapcache_made() - made, 1);
+    /* Every release still reaches the broker. */
+    ck_assert_int_eq(atomic_load(&f.b.n_release), 50);
+
+    /* Unmapped when due, though no heartbeat is (the interval is 60 s). */
+    int64_t deadline = now_ms() + 10 * WB_MAP_LINGER_MS;
+    while (wb__mapcache_count() > 0 && now_ms() < deadline)
+        sleep_ms(10);
+    ck_assert_uint_eq(wb__mapcache_count(), 0);
+    ck_assert_int_eq(atomic_load(&f.b.n_heartbeat), 0);
+
+    /* The next lease maps again; destroy unmaps what lingers at once. */
+    wb_lease *l = NULL;
+    ck_assert_int_eq(wb_lease_acquire(c, "demo", &l), WB_OK);
+    ck_assert_uint_eq(wb__mapcache_made() - made, 2);
+    ck_assert_int_eq(wb_lease_release(&l), WB_OK);
+    ck_assert_uint_eq(wb__mapcache_count(), 1);
+    wb_client_destroy(&c);
+    ck_assert_uint_eq(wb__mapcache_count(), 0);
+
+    c = connect_fake(&f, 1, 2000);
+    made = wb__mapcache_made();
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(wb_lease_acquire(c, "demo", &l), WB_OK);
+        ck_assert_int_eq(wb_lease_release(&l), WB_OK);
+        ck_assert_uint_eq(wb__mapcache_count(), 0);
+    }
+    ck_assert_uint_eq(wb__mapcache_made() - made, 3);
+    wb_client_destroy(&c);
+    fake_stop(&f);
+}
+END_TEST
+
 /* Destroy releases what it can and keeps leases with live containers
  * mapped; such a lease can still be ended afterwards. */
 START_TEST(destroy_keeps_busy_leases_mapped)
@@ -655,6 +708,7 @@ int main(void)
     tcase_add_test(tc, timeout_then_recovery);
     tcase_add_test(tc, heartbeat_thread_runs_and_stops_promptly);
     tcase_add_test(tc, heartbeat_interval_follows_the_reply);
+    tcase_add_test(tc, released_slab_lingers_for_the_next_lease);
     tcase_add_test(tc, destroy_keeps_busy_leases_mapped);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
