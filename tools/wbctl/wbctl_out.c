@@ -4,6 +4,7 @@
 
 #include "wbctl.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,6 +86,83 @@ int wbctl_print_json(json_t *j)
     puts(s);
     free(s);
     return WBCTL_EXIT_OK;
+}
+
+/* As wbctl_print_json dumps. */
+#define JSON_FLAGS (JSON_INDENT(2) | JSON_PRESERVE_ORDER)
+
+/* Makes room for `more` bytes at the end of a->out. */
+static int out_reserve(wbctl_json_array *a, size_t more)
+{
+    if (a->cap - a->len >= more)
+        return 0;
+    size_t cap = a->cap ? a->cap : 1 << 16;
+    while (cap - a->len < more)
+        cap *= 2;
+    char *p = realloc(a->out, cap);
+    if (!p)
+        return -1;
+    a->out = p;
+    a->cap = cap;
+    return 0;
+}
+
+void wbctl_json_array_init(wbctl_json_array *a)
+{
+    *a = (wbctl_json_array){0};
+}
+
+void wbctl_json_array_add(wbctl_json_array *a, json_t *j)
+{
+    if (!j || a->failed || (!a->wrap && !(a->wrap = json_array())) || out_reserve(a, 1024) != 0) {
+        json_decref(j);
+        a->failed = 1;
+        return;
+    }
+    int rc = json_array_size(a->wrap) ? json_array_set_new(a->wrap, 0, j)
+                                      : json_array_append_new(a->wrap, j);
+    /* Dumped straight into the document: json_dumpb writes nothing past
+     * the room it is given and says how much it needed. */
+    size_t n = 0;
+    while (rc == 0) {
+        size_t room = a->cap - a->len;
+        n = json_dumpb(a->wrap, a->out + a->len, room, JSON_FLAGS);
+        if (n == 0 || n <= room || out_reserve(a, n) != 0)
+            break;
+    }
+    if (rc != 0 || n < 2 || n > a->cap - a->len) {
+        a->failed = 1;
+        return;
+    }
+    /* "[\n  {...}\n]": the element indented as it sits in the array. Its
+     * "[" opens the document (first element) or becomes the comma after
+     * the previous one; the closing "\n]" is left off. */
+    if (a->n++)
+        a->out[a->len] = ',';
+    a->len += n - 2;
+}
+
+int wbctl_json_array_print(wbctl_json_array *a)
+{
+    int rc = WBCTL_EXIT_OK;
+    if (a->failed || out_reserve(a, 4) != 0) {
+        fprintf(stderr, "wbctl: out of memory\n");
+        rc = 1;
+    } else {
+        /* As json_dumps prints the whole array, then puts's newline. */
+        const char *end = a->n ? "\n]\n" : "[]\n";
+        size_t len = strlen(end);
+        memcpy(a->out + a->len, end, len);
+        a->len += len;
+        if (fwrite(a->out, 1, a->len, stdout) != a->len || fflush(stdout) != 0) {
+            fprintf(stderr, "wbctl: writing the output: %s\n", strerror(errno));
+            rc = 1;
+        }
+    }
+    json_decref(a->wrap);
+    free(a->out);
+    *a = (wbctl_json_array){0};
+    return rc;
 }
 
 double wbctl_now(void)

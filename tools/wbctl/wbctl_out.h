@@ -26,6 +26,28 @@ json_t *wbctl_jstr(const char *s);
  * included). */
 int wbctl_print_json(json_t *j);
 
+/* A JSON array built one element at a time: the bytes wbctl_print_json
+ * prints for the whole array, without every element's tree alive at once
+ * (5,000 leases are some 150,000 jansson values, and building, dumping and
+ * freeing them as one tree was most of `wbctl leases --json`). Each element
+ * is dumped by jansson as it comes, into the document, and dropped; the
+ * document is printed at the end, whole or not at all. */
+typedef struct wbctl_json_array {
+    json_t *wrap; /* [element]: dumped, it is the element as indented in the array */
+    char *out;    /* the document so far */
+    size_t len, cap;
+    size_t n;   /* elements added */
+    int failed; /* out of memory (or an element was NULL): print nothing */
+} wbctl_json_array;
+
+/* Starts an empty array. */
+void wbctl_json_array_init(wbctl_json_array *a);
+/* Appends element j (NULL counts as out of memory) and drops it. */
+void wbctl_json_array_add(wbctl_json_array *a, json_t *j);
+/* Prints the array and frees a: 0, or 1 when out of memory or stdout
+ * could not be written (said on stderr). */
+int wbctl_json_array_print(wbctl_json_array *a);
+
 /* The time now, in seconds since the epoch. */
 double wbctl_now(void);
 /* An age as "42s", "3m07s" or "2h05m00s". */
