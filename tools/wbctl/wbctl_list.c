@@ -1,6 +1,8 @@
 /* wbctl's listings: models, leases, containers and the broker's counters. */
 #include "wbctl.h"
 
+#include "fdwire.h"
+
 #include "wbctl_call.h"
 #include "wbctl_model.h"
 #include "wbctl_out.h"
@@ -106,7 +108,7 @@ static int list_print(pages *pg, int json, wbctl_json_array *arr, wbctl_table *t
 {
     pages_free(pg);
     if (json)
-        return wbctl_json_array_print(arr);
+        return wbctl_json_array_print(arr, stdout);
     wbctl_table_print(t);
     return WBCTL_EXIT_OK;
 }
@@ -177,39 +179,47 @@ static json_t *record_json(const Wbproto__ContainerRecord *r)
     return o;
 }
 
-/* One lease as `wbctl leases --json` prints it. */
-static json_t *lease_json(const Wbproto__LeaseInfo *l, const char *id, double age,
+/* One lease as `wbctl leases --json` prints it, in row r. */
+static json_t *lease_json(wbctl_jrow *r, const Wbproto__LeaseInfo *l, const char *id, double age,
                           uint64_t shared_tensors, uint64_t shared_bytes)
 {
-    json_t *o = json_object();
-    if (!o)
-        return NULL;
-    json_object_set_new(o, "id", json_string(id));
-    json_object_set_new(o, "model", wbctl_jstr(l->model));
-    wbctl_json_pid(o, l->pid);
-    json_object_set_new(o, "process", wbctl_jstr(l->process_name));
-    json_object_set_new(o, "uid", json_integer(l->uid));
-    json_object_set_new(o, "gid", json_integer(l->gid));
-    json_object_set_new(o, "state", json_string(wb__lease_state_name(l->state)));
-    json_object_set_new(o, "containers", json_integer(l->containers));
-    json_object_set_new(o, "slabs", json_integer(l->slabs));
-    json_object_set_new(o, "backend", json_string(wb__backend_name(l->backend)));
-    json_object_set_new(o, "transport", wbctl_jstr(l->transport));
-    json_object_set_new(o, "access", wbctl_jstr(l->access));
-    json_object_set_new(o, "device", json_integer(l->device));
-    json_object_set_new(o, "device_uuid", wbctl_jstr(l->device_uuid));
-    json_object_set_new(o, "bytes", json_integer((json_int_t)l->bytes));
-    json_object_set_new(o, "granted_at", json_real(l->granted_at));
-    json_object_set_new(o, "last_heartbeat", json_real(l->last_heartbeat));
-    json_object_set_new(o, "age_seconds", json_real(age));
+    char session[24];
     json_t *recs = json_array();
-    for (size_t k = 0; k < l->n_container_records; k++)
-        json_array_append_new(recs, record_json(l->container_records[k]));
-    json_object_set_new(o, "container_records", recs);
-    json_object_set_new(o, "container_records_total", json_integer(l->container_records_total));
-    json_object_set_new(o, "shared_buffers", json_integer((json_int_t)shared_tensors));
-    json_object_set_new(o, "shared_bytes", json_integer((json_int_t)shared_bytes));
-    return o;
+    for (size_t k = 0; recs && k < l->n_container_records; k++) {
+        if (json_array_append_new(recs, record_json(l->container_records[k])) != 0) {
+            json_decref(recs);
+            recs = NULL;
+        }
+    }
+    /* A holder known by its session: "session" after "pid" (wbctl_json_pid). */
+    int is_session = WB_IS_SESSION_ID(l->pid);
+    wbctl_fmt_pid(session, sizeof session, l->pid);
+    const wbctl_jfield f[] = {
+        {"id", WBCTL_JSTR, .v.s = id},
+        {"model", WBCTL_JSTR, .v.s = l->model},
+        {"pid", WBCTL_JINT, .v.i = l->pid},
+        {"session", WBCTL_JSTR, !is_session, .v.s = session},
+        {"process", WBCTL_JSTR, .v.s = l->process_name},
+        {"uid", WBCTL_JINT, .v.i = l->uid},
+        {"gid", WBCTL_JINT, .v.i = l->gid},
+        {"state", WBCTL_JSTR, .v.s = wb__lease_state_name(l->state)},
+        {"containers", WBCTL_JINT, .v.i = l->containers},
+        {"slabs", WBCTL_JINT, .v.i = l->slabs},
+        {"backend", WBCTL_JSTR, .v.s = wb__backend_name(l->backend)},
+        {"transport", WBCTL_JSTR, .v.s = l->transport},
+        {"access", WBCTL_JSTR, .v.s = l->access},
+        {"device", WBCTL_JINT, .v.i = l->device},
+        {"device_uuid", WBCTL_JSTR, .v.s = l->device_uuid},
+        {"bytes", WBCTL_JINT, .v.i = (json_int_t)l->bytes},
+        {"granted_at", WBCTL_JREAL, .v.d = l->granted_at},
+        {"last_heartbeat", WBCTL_JREAL, .v.d = l->last_heartbeat},
+        {"age_seconds", WBCTL_JREAL, .v.d = age},
+        {"container_records", WBCTL_JNEW, .v.j = recs},
+        {"container_records_total", WBCTL_JINT, .v.i = l->container_records_total},
+        {"shared_buffers", WBCTL_JINT, .v.i = (json_int_t)shared_tensors},
+        {"shared_bytes", WBCTL_JINT, .v.i = (json_int_t)shared_bytes},
+    };
+    return wbctl_jrow_set(r, f, sizeof f / sizeof f[0]);
 }
 
 int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
@@ -226,6 +236,7 @@ int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
     double now = wbctl_now();
     wbctl_json_array arr;
     wbctl_json_array_init(&arr);
+    wbctl_jrow row = {0};
     wbctl_table t = {.ncols = 15};
     if (!json)
         wbctl_table_add(&t, "ID", "MODEL", "PID", "PROCESS", "UID", "STATE", "CONTAINERS", "SHARED",
@@ -248,7 +259,8 @@ int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
                 shared_tensors += l->container_records[k]->bound_tensors;
             }
             if (json) {
-                wbctl_json_array_add(&arr, lease_json(l, id, age, shared_tensors, shared_bytes));
+                wbctl_json_array_add(&arr,
+                                     lease_json(&row, l, id, age, shared_tensors, shared_bytes));
                 continue;
             }
             char pid[24], uid[16], containers[16], slabs[16], bytes[32], agebuf[32], hb[32];
@@ -272,6 +284,7 @@ int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
                             l->access && l->access[0] ? l->access : "-");
         }
     }
+    wbctl_jrow_free(&row);
     return list_print(&pg, json, &arr, &t);
 }
 
