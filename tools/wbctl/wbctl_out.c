@@ -180,9 +180,13 @@ int wbctl_print_json(json_t *j)
         fprintf(stderr, "wbctl: out of memory\n");
         return 1;
     }
-    puts(s);
+    int rc = WBCTL_EXIT_OK;
+    if (puts(s) == EOF || fflush(stdout) != 0) {
+        fprintf(stderr, "wbctl: writing the output: %s\n", strerror(errno));
+        rc = 1;
+    }
     free(s);
-    return WBCTL_EXIT_OK;
+    return rc;
 }
 
 /* As wbctl_print_json dumps. */

@@ -24,7 +24,7 @@ void wbctl_table_print(wbctl_table *t);
 /* A peer's string as a JSON string: exact when it is valid UTF-8. */
 json_t *wbctl_jstr(const char *s);
 /* Prints j (indented) and drops it; 0, or 1 when out of memory (j NULL
- * included). */
+ * included) or stdout could not be written (said on stderr). */
 int wbctl_print_json(json_t *j);
 
 /* A JSON array built one element at a time: the bytes wbctl_print_json
