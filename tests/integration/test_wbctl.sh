@@ -112,6 +112,16 @@ expect_rc 1 unknown "$WBCTL" --socket "$SOCK" unload nosuch
 err_has unknown "wbctl: unload: "
 err_has unknown "nosuch"
 
+# JSON that cannot be written (a full disk): exit 1 and why, not a silent 0.
+for cmd in "leases --json" "stats --json"; do
+  # shellcheck disable=SC2086 # the command's words
+  "$WBCTL" --socket "$SOCK" $cmd >/dev/full 2>"$WB_TMP/full.err"
+  rc=$?
+  [ "$rc" = 1 ] || fail "wbctl $cmd >/dev/full exited with $rc, expected 1"
+  grep -qF "wbctl: writing the output: No space left on device" "$WB_TMP/full.err" ||
+    fail "wbctl $cmd >/dev/full: $(cat "$WB_TMP/full.err")"
+done
+
 # Stats: every field, consistent with what happened.
 stats=$(ctl stats --json) || fail "wbctl stats --json failed"
 for key in uptime_seconds requests_total requests_failed malformed_messages leases_granted \

@@ -56,20 +56,23 @@ int wbctl_parse_args(int argc, char **argv, const char *synopsis, const char *ab
     return -1;
 }
 
-int wbctl_call(const wbctl_globals *g, const char *op, Wbproto__Request *req, int timeout_ms,
-               Wbproto__Reply **rep)
+int wbctl_open(const wbctl_globals *g, int timeout_ms, wb__rpc *rpc)
 {
-    wb__rpc rpc;
+    wb_err e;
+    int rc = wb__rpc_open(rpc, g->socket_path, timeout_ms, &e);
+    if (rc == WB_OK)
+        return -1;
+    wb__rpc_close(rpc);
+    fprintf(stderr, "wbctl: %s\n", e.msg);
+    return rc == WB_EINVAL ? WBCTL_EXIT_USAGE : WBCTL_EXIT_UNAVAILABLE;
+}
+
+int wbctl_exchange(wb__rpc *rpc, const char *op, Wbproto__Request *req, int timeout_ms,
+                   Wbproto__Reply **rep)
+{
     wb_err e;
     *rep = NULL;
-    int rc = wb__rpc_open(&rpc, g->socket_path, timeout_ms, &e);
-    if (rc != WB_OK) {
-        wb__rpc_close(&rpc);
-        fprintf(stderr, "wbctl: %s\n", e.msg);
-        return rc == WB_EINVAL ? WBCTL_EXIT_USAGE : WBCTL_EXIT_UNAVAILABLE;
-    }
-    rc = wb__rpc_call(&rpc, req, 0, rep, &e);
-    wb__rpc_close(&rpc);
+    int rc = wb__rpc_call(rpc, req, timeout_ms, rep, &e);
     if (rc == WB_OK)
         return -1;
     char *msg = wbctl_escape(e.msg);
@@ -80,4 +83,17 @@ int wbctl_call(const wbctl_globals *g, const char *op, Wbproto__Request *req, in
         return WBCTL_EXIT_REFUSED;
     }
     return WBCTL_EXIT_UNAVAILABLE;
+}
+
+int wbctl_call(const wbctl_globals *g, const char *op, Wbproto__Request *req, int timeout_ms,
+               Wbproto__Reply **rep)
+{
+    wb__rpc rpc;
+    *rep = NULL;
+    int rc = wbctl_open(g, timeout_ms, &rpc);
+    if (rc >= 0)
+        return rc;
+    rc = wbctl_exchange(&rpc, op, req, 0, rep);
+    wb__rpc_close(&rpc);
+    return rc;
 }

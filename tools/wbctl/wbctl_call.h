@@ -3,6 +3,7 @@
 #ifndef WBCTL_CALL_H
 #define WBCTL_CALL_H
 
+#include "rpc.h"
 #include "wbctl.h"
 #include "wire.h"
 
@@ -18,5 +19,15 @@ int wbctl_parse_args(int argc, char **argv, const char *synopsis, const char *ab
  * broker answered. */
 int wbctl_call(const wbctl_globals *g, const char *op, Wbproto__Request *req, int timeout_ms,
                Wbproto__Reply **rep);
+
+/* wbctl_call in two halves, for several exchanges on one connection (a
+ * listing's pages): wbctl_open connects (-1, else the exit code after
+ * printing why; rpc is then closed) and wbctl_exchange sends one request
+ * (-1 with *rep set, else the exit code as for wbctl_call; a timeout of 0
+ * is the one given to wbctl_open). The caller closes rpc with
+ * wb__rpc_close. */
+int wbctl_open(const wbctl_globals *g, int timeout_ms, wb__rpc *rpc);
+int wbctl_exchange(wb__rpc *rpc, const char *op, Wbproto__Request *req, int timeout_ms,
+                   Wbproto__Reply **rep);
 
 #endif

@@ -1,6 +1,8 @@
 /* wbctl's listings: models, leases, containers and the broker's counters. */
 #include "wbctl.h"
 
+#include "fdwire.h"
+
 #include "wbctl_call.h"
 #include "wbctl_model.h"
 #include "wbctl_out.h"
@@ -52,6 +54,12 @@ static int list_fetch(const wbctl_globals *g, int argc, char **argv, const char 
     int rc = wbctl_parse_args(argc, argv, synopsis, about, 0, NULL, json, NULL);
     if (rc >= 0)
         return rc;
+    /* One connection for every page: a connection is a ZeroMQ context
+     * (two threads) and a handshake. */
+    wb__rpc rpc;
+    rc = wbctl_open(g, g->timeout_ms, &rpc);
+    if (rc >= 0)
+        return rc;
     uint32_t offset = 0;
     for (size_t k = 0; k < MAX_PAGES; k++) {
         Wbproto__ListLeasesRequest ll = WBPROTO__LIST_LEASES_REQUEST__INIT;
@@ -70,14 +78,16 @@ static int list_fetch(const wbctl_globals *g, int argc, char **argv, const char 
         else
             req.stats = &sr;
         Wbproto__Reply *rep;
-        rc = wbctl_call(g, op, &req, g->timeout_ms, &rep);
+        rc = wbctl_exchange(&rpc, op, &req, 0, &rep);
         if (rc >= 0) {
+            wb__rpc_close(&rpc);
             pages_free(out);
             return rc;
         }
         Wbproto__Reply **reps = realloc(out->reps, (out->n + 1) * sizeof *reps);
         if (!reps) {
             wb__reply_free(&rep);
+            wb__rpc_close(&rpc);
             pages_free(out);
             fprintf(stderr, "wbctl: out of memory\n");
             return 1;
@@ -89,15 +99,16 @@ static int list_fetch(const wbctl_globals *g, int argc, char **argv, const char 
             break;
         offset = next;
     }
+    wb__rpc_close(&rpc);
     return -1;
 }
 
 /* Ends a listing: frees its pages and prints the JSON array or the table. */
-static int list_print(pages *pg, int json, json_t *arr, wbctl_table *t)
+static int list_print(pages *pg, int json, wbctl_json_array *arr, wbctl_table *t)
 {
     pages_free(pg);
     if (json)
-        return wbctl_print_json(arr);
+        return wbctl_json_array_print(arr, stdout);
     wbctl_table_print(t);
     return WBCTL_EXIT_OK;
 }
@@ -113,18 +124,19 @@ int wbctl_models(const wbctl_globals *g, int argc, char **argv)
     if (rc >= 0)
         return rc;
     const Wbproto__ListModelsReply *lm = pg.reps[0]->list_models;
-    json_t *arr = json ? json_array() : NULL;
+    wbctl_json_array arr;
+    wbctl_json_array_init(&arr);
     wbctl_table t = {.ncols = WBCTL_MODEL_COLUMNS};
     if (!json)
         wbctl_model_header(&t);
     for (size_t i = 0; i < lm->n_models; i++) {
         if (json)
-            json_array_append_new(arr, wbctl_model_json(lm->models[i]));
+            wbctl_json_array_add(&arr, wbctl_model_json(lm->models[i]));
         else
             wbctl_model_row(&t, lm->models[i]);
     }
     if (json)
-        return list_print(&pg, json, arr, &t);
+        return list_print(&pg, json, &arr, &t);
     wbctl_table_print(&t);
     /* Why a copy failed, under the table (the others serve). */
     for (size_t i = 0; i < lm->n_models; i++)
@@ -167,6 +179,49 @@ static json_t *record_json(const Wbproto__ContainerRecord *r)
     return o;
 }
 
+/* One lease as `wbctl leases --json` prints it, in row r. */
+static json_t *lease_json(wbctl_jrow *r, const Wbproto__LeaseInfo *l, const char *id, double age,
+                          uint64_t shared_tensors, uint64_t shared_bytes)
+{
+    char session[24];
+    json_t *recs = json_array();
+    for (size_t k = 0; recs && k < l->n_container_records; k++) {
+        if (json_array_append_new(recs, record_json(l->container_records[k])) != 0) {
+            json_decref(recs);
+            recs = NULL;
+        }
+    }
+    /* A holder known by its session: "session" after "pid" (wbctl_json_pid). */
+    int is_session = WB_IS_SESSION_ID(l->pid);
+    wbctl_fmt_pid(session, sizeof session, l->pid);
+    const wbctl_jfield f[] = {
+        {"id", WBCTL_JSTR, .v.s = id},
+        {"model", WBCTL_JSTR, .v.s = l->model},
+        {"pid", WBCTL_JINT, .v.i = l->pid},
+        {"session", WBCTL_JSTR, !is_session, .v.s = session},
+        {"process", WBCTL_JSTR, .v.s = l->process_name},
+        {"uid", WBCTL_JINT, .v.i = l->uid},
+        {"gid", WBCTL_JINT, .v.i = l->gid},
+        {"state", WBCTL_JSTR, .v.s = wb__lease_state_name(l->state)},
+        {"containers", WBCTL_JINT, .v.i = l->containers},
+        {"slabs", WBCTL_JINT, .v.i = l->slabs},
+        {"backend", WBCTL_JSTR, .v.s = wb__backend_name(l->backend)},
+        {"transport", WBCTL_JSTR, .v.s = l->transport},
+        {"access", WBCTL_JSTR, .v.s = l->access},
+        {"device", WBCTL_JINT, .v.i = l->device},
+        {"device_uuid", WBCTL_JSTR, .v.s = l->device_uuid},
+        {"bytes", WBCTL_JINT, .v.i = (json_int_t)l->bytes},
+        {"granted_at", WBCTL_JREAL, .v.d = l->granted_at},
+        {"last_heartbeat", WBCTL_JREAL, .v.d = l->last_heartbeat},
+        {"age_seconds", WBCTL_JREAL, .v.d = age},
+        {"container_records", WBCTL_JNEW, .v.j = recs},
+        {"container_records_total", WBCTL_JINT, .v.i = l->container_records_total},
+        {"shared_buffers", WBCTL_JINT, .v.i = (json_int_t)shared_tensors},
+        {"shared_bytes", WBCTL_JINT, .v.i = (json_int_t)shared_bytes},
+    };
+    return wbctl_jrow_set(r, f, sizeof f / sizeof f[0]);
+}
+
 int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
 {
     int json;
@@ -179,7 +234,9 @@ int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
     if (rc >= 0)
         return rc;
     double now = wbctl_now();
-    json_t *arr = json ? json_array() : NULL;
+    wbctl_json_array arr;
+    wbctl_json_array_init(&arr);
+    wbctl_jrow row = {0};
     wbctl_table t = {.ncols = 15};
     if (!json)
         wbctl_table_add(&t, "ID", "MODEL", "PID", "PROCESS", "UID", "STATE", "CONTAINERS", "SHARED",
@@ -202,34 +259,8 @@ int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
                 shared_tensors += l->container_records[k]->bound_tensors;
             }
             if (json) {
-                json_t *o = json_object();
-                json_object_set_new(o, "id", json_string(id));
-                json_object_set_new(o, "model", wbctl_jstr(l->model));
-                wbctl_json_pid(o, l->pid);
-                json_object_set_new(o, "process", wbctl_jstr(l->process_name));
-                json_object_set_new(o, "uid", json_integer(l->uid));
-                json_object_set_new(o, "gid", json_integer(l->gid));
-                json_object_set_new(o, "state", json_string(wb__lease_state_name(l->state)));
-                json_object_set_new(o, "containers", json_integer(l->containers));
-                json_object_set_new(o, "slabs", json_integer(l->slabs));
-                json_object_set_new(o, "backend", json_string(wb__backend_name(l->backend)));
-                json_object_set_new(o, "transport", wbctl_jstr(l->transport));
-                json_object_set_new(o, "access", wbctl_jstr(l->access));
-                json_object_set_new(o, "device", json_integer(l->device));
-                json_object_set_new(o, "device_uuid", wbctl_jstr(l->device_uuid));
-                json_object_set_new(o, "bytes", json_integer((json_int_t)l->bytes));
-                json_object_set_new(o, "granted_at", json_real(l->granted_at));
-                json_object_set_new(o, "last_heartbeat", json_real(l->last_heartbeat));
-                json_object_set_new(o, "age_seconds", json_real(age));
-                json_t *recs = json_array();
-                for (size_t k = 0; k < l->n_container_records; k++)
-                    json_array_append_new(recs, record_json(l->container_records[k]));
-                json_object_set_new(o, "container_records", recs);
-                json_object_set_new(o, "container_records_total",
-                                    json_integer(l->container_records_total));
-                json_object_set_new(o, "shared_buffers", json_integer((json_int_t)shared_tensors));
-                json_object_set_new(o, "shared_bytes", json_integer((json_int_t)shared_bytes));
-                json_array_append_new(arr, o);
+                wbctl_json_array_add(&arr,
+                                     lease_json(&row, l, id, age, shared_tensors, shared_bytes));
                 continue;
             }
             char pid[24], uid[16], containers[16], slabs[16], bytes[32], agebuf[32], hb[32];
@@ -253,7 +284,45 @@ int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
                             l->access && l->access[0] ? l->access : "-");
         }
     }
-    return list_print(&pg, json, arr, &t);
+    wbctl_jrow_free(&row);
+    return list_print(&pg, json, &arr, &t);
+}
+
+/* One container as `wbctl containers --json` prints it. */
+static json_t *container_json(const Wbproto__ContainerInfo *c, uint64_t shared)
+{
+    json_t *o = json_object();
+    if (!o)
+        return NULL;
+    wbctl_json_pid(o, c->pid);
+    json_object_set_new(o, "process", wbctl_jstr(c->process_name));
+    json_object_set_new(o, "container_id", json_integer((json_int_t)c->container_id));
+    json_object_set_new(o, "aoti_api", wbctl_jstr(c->aoti_api));
+    json_object_set_new(o, "pinned_async_copy", json_boolean(c->pinned_async_copy));
+    json_object_set_new(o, "shared_bytes", json_integer((json_int_t)shared));
+    json_object_set_new(o, "folded_bytes", json_integer((json_int_t)c->folded_bytes));
+    json_object_set_new(o, "embedded_bytes", json_integer((json_int_t)c->embedded_bytes));
+    json_object_set_new(o, "bindings",
+                        bindings_json(c->leased_constants, c->aliased_constants,
+                                      c->caller_constants, c->package_constants,
+                                      c->folded_constants, c->unbound_constants, c->package_bytes));
+    json_object_set_new(o, "created_at", json_real(c->created_at));
+    json_object_set_new(o, "model_path", wbctl_jstr(c->model_path));
+    json_t *ls = json_array();
+    for (size_t k = 0; k < c->n_leases; k++) {
+        const Wbproto__ContainerLease *cl = c->leases[k];
+        char id[2 * WB_LEASE_ID_LEN + 1];
+        wbctl_hex(&cl->lease_id, id, sizeof id);
+        json_t *lo = json_object();
+        json_object_set_new(lo, "lease_id", json_string(id));
+        json_object_set_new(lo, "model", wbctl_jstr(cl->model));
+        json_object_set_new(lo, "bound_bytes", json_integer((json_int_t)cl->bound_bytes));
+        json_object_set_new(lo, "bound_tensors", json_integer(cl->bound_tensors));
+        json_array_append_new(ls, lo);
+    }
+    json_object_set_new(o, "leases", ls);
+    json_object_set_new(o, "leases_total", json_integer(c->leases_total));
+    return o;
 }
 
 int wbctl_containers(const wbctl_globals *g, int argc, char **argv)
@@ -270,7 +339,8 @@ int wbctl_containers(const wbctl_globals *g, int argc, char **argv)
     if (rc >= 0)
         return rc;
     double now = wbctl_now();
-    json_t *arr = json ? json_array() : NULL;
+    wbctl_json_array arr;
+    wbctl_json_array_init(&arr);
     wbctl_table t = {.ncols = 11};
     if (!json)
         wbctl_table_add(&t, "PID", "PROCESS", "ID", "API", "PINNED", "LEASES", "SHARED_BYTES",
@@ -283,39 +353,7 @@ int wbctl_containers(const wbctl_globals *g, int argc, char **argv)
             for (size_t k = 0; k < c->n_leases; k++)
                 shared += c->leases[k]->bound_bytes;
             if (json) {
-                json_t *o = json_object();
-                wbctl_json_pid(o, c->pid);
-                json_object_set_new(o, "process", wbctl_jstr(c->process_name));
-                json_object_set_new(o, "container_id", json_integer((json_int_t)c->container_id));
-                json_object_set_new(o, "aoti_api", wbctl_jstr(c->aoti_api));
-                json_object_set_new(o, "pinned_async_copy", json_boolean(c->pinned_async_copy));
-                json_object_set_new(o, "shared_bytes", json_integer((json_int_t)shared));
-                json_object_set_new(o, "folded_bytes", json_integer((json_int_t)c->folded_bytes));
-                json_object_set_new(o, "embedded_bytes",
-                                    json_integer((json_int_t)c->embedded_bytes));
-                json_object_set_new(o, "bindings",
-                                    bindings_json(c->leased_constants, c->aliased_constants,
-                                                  c->caller_constants, c->package_constants,
-                                                  c->folded_constants, c->unbound_constants,
-                                                  c->package_bytes));
-                json_object_set_new(o, "created_at", json_real(c->created_at));
-                json_object_set_new(o, "model_path", wbctl_jstr(c->model_path));
-                json_t *ls = json_array();
-                for (size_t k = 0; k < c->n_leases; k++) {
-                    const Wbproto__ContainerLease *cl = c->leases[k];
-                    char id[2 * WB_LEASE_ID_LEN + 1];
-                    wbctl_hex(&cl->lease_id, id, sizeof id);
-                    json_t *lo = json_object();
-                    json_object_set_new(lo, "lease_id", json_string(id));
-                    json_object_set_new(lo, "model", wbctl_jstr(cl->model));
-                    json_object_set_new(lo, "bound_bytes",
-                                        json_integer((json_int_t)cl->bound_bytes));
-                    json_object_set_new(lo, "bound_tensors", json_integer(cl->bound_tensors));
-                    json_array_append_new(ls, lo);
-                }
-                json_object_set_new(o, "leases", ls);
-                json_object_set_new(o, "leases_total", json_integer(c->leases_total));
-                json_array_append_new(arr, o);
+                wbctl_json_array_add(&arr, container_json(c, shared));
                 continue;
             }
             char pid[24], id[24], leases[256] = "", shared_s[32], folded[32], agebuf[32], binds[96];
@@ -344,7 +382,7 @@ int wbctl_containers(const wbctl_globals *g, int argc, char **argv)
                             agebuf, c->model_path);
         }
     }
-    return list_print(&pg, json, arr, &t);
+    return list_print(&pg, json, &arr, &t);
 }
 
 /* Walks StatsReply through its descriptor, so that every field wb.proto has

@@ -4,11 +4,109 @@
 
 #include "wbctl.h"
 
+#include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+/* The length of the valid UTF-8 sequence at s (2 to 4 bytes, no overlong
+ * form, no surrogate, at most U+10FFFF), or 0; C1 controls count as
+ * invalid unless allow_c1. */
+static size_t utf8_seq(const unsigned char *s, int allow_c1)
+{
+    unsigned c = s[0];
+    size_t n;
+    unsigned cp;
+    if (c >= 0xc2 && c <= 0xdf) {
+        n = 2;
+        cp = c & 0x1f;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        n = 3;
+        cp = c & 0x0f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        n = 4;
+        cp = c & 0x07;
+    } else {
+        return 0;
+    }
+    for (size_t i = 1; i < n; i++) {
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (s[i] & 0x3f);
+    }
+    if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
+        (cp >= 0xd800 && cp <= 0xdfff))
+        return 0;
+    /* C1 controls (U+0080..U+009F): some terminals act on them. */
+    if (!allow_c1 && cp >= 0x80 && cp <= 0x9f)
+        return 0;
+    return n;
+}
+
+static size_t utf8_len(const unsigned char *s)
+{
+    return utf8_seq(s, 0);
+}
+
+char *wbctl_utf8(const char *s)
+{
+    if (!s)
+        s = "";
+    char *out = malloc(3 * strlen(s) + 1);
+    if (!out)
+        return NULL;
+    const unsigned char *p = (const unsigned char *)s;
+    size_t o = 0, n;
+    while (*p) {
+        if (*p < 0x80) {
+            out[o++] = (char)*p++;
+        } else if ((n = utf8_seq(p, 1)) > 0) {
+            memcpy(out + o, p, n);
+            o += n;
+            p += n;
+        } else {
+            memcpy(out + o, "\xef\xbf\xbd", 3);
+            o += 3;
+            p++;
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
+char *wbctl_escape(const char *s)
+{
+    if (!s)
+        s = "";
+    size_t len = strlen(s);
+    /* Every byte may become four. */
+    char *out = malloc(4 * len + 1);
+    if (!out)
+        return NULL;
+    const unsigned char *p = (const unsigned char *)s;
+    size_t o = 0;
+    while (*p) {
+        size_t n;
+        if (*p == '\\') {
+            out[o++] = '\\';
+            out[o++] = '\\';
+            p++;
+        } else if (*p >= 0x20 && *p < 0x7f) {
+            out[o++] = (char)*p++;
+        } else if (*p >= 0x80 && (n = utf8_len(p)) > 0) {
+            memcpy(out + o, p, n);
+            o += n;
+            p += n;
+        } else {
+            o += (size_t)sprintf(out + o, "\\x%02x", *p++);
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
 
 void wbctl_table_add(wbctl_table *t, ...)
 {
@@ -82,9 +180,201 @@ int wbctl_print_json(json_t *j)
         fprintf(stderr, "wbctl: out of memory\n");
         return 1;
     }
-    puts(s);
+    int rc = WBCTL_EXIT_OK;
+    if (puts(s) == EOF || fflush(stdout) != 0) {
+        fprintf(stderr, "wbctl: writing the output: %s\n", strerror(errno));
+        rc = 1;
+    }
     free(s);
-    return WBCTL_EXIT_OK;
+    return rc;
+}
+
+/* As wbctl_print_json dumps. */
+#define JSON_FLAGS (JSON_INDENT(2) | JSON_PRESERVE_ORDER)
+
+/* Makes room for `more` bytes at the end of a->out. */
+static int out_reserve(wbctl_json_array *a, size_t more)
+{
+    if (a->cap - a->len >= more)
+        return 0;
+    size_t cap = a->cap ? a->cap : 1 << 16;
+    while (cap - a->len < more)
+        cap *= 2;
+    char *p = realloc(a->out, cap);
+    if (!p)
+        return -1;
+    a->out = p;
+    a->cap = cap;
+    return 0;
+}
+
+void wbctl_json_array_init(wbctl_json_array *a)
+{
+    *a = (wbctl_json_array){0};
+}
+
+void wbctl_json_array_add(wbctl_json_array *a, json_t *j)
+{
+    if (!j || a->failed || (!a->wrap && !(a->wrap = json_array())) || out_reserve(a, 1024) != 0) {
+        json_decref(j);
+        a->failed = 1;
+        return;
+    }
+    int rc = json_array_size(a->wrap) ? json_array_set_new(a->wrap, 0, j)
+                                      : json_array_append_new(a->wrap, j);
+    /* Dumped straight into the document: json_dumpb writes nothing past
+     * the room it is given and says how much it needed. */
+    size_t n = 0;
+    while (rc == 0) {
+        size_t room = a->cap - a->len;
+        n = json_dumpb(a->wrap, a->out + a->len, room, JSON_FLAGS);
+        if (n == 0 || n <= room || out_reserve(a, n) != 0)
+            break;
+    }
+    if (rc != 0 || n < 2 || n > a->cap - a->len) {
+        a->failed = 1;
+        return;
+    }
+    /* "[\n  {...}\n]": the element indented as it sits in the array. Its
+     * "[" opens the document (first element) or becomes the comma after
+     * the previous one; the closing "\n]" is left off. */
+    if (a->n++)
+        a->out[a->len] = ',';
+    a->len += n - 2;
+}
+
+int wbctl_json_array_print(wbctl_json_array *a, FILE *f)
+{
+    int rc = WBCTL_EXIT_OK;
+    if (a->failed || out_reserve(a, 4) != 0) {
+        fprintf(stderr, "wbctl: out of memory\n");
+        rc = 1;
+    } else {
+        /* As json_dumps prints the whole array, then puts's newline. */
+        const char *end = a->n ? "\n]\n" : "[]\n";
+        size_t len = strlen(end);
+        memcpy(a->out + a->len, end, len);
+        a->len += len;
+        if (fwrite(a->out, 1, a->len, f) != a->len || fflush(f) != 0) {
+            fprintf(stderr, "wbctl: writing the output: %s\n", strerror(errno));
+            rc = 1;
+        }
+    }
+    json_decref(a->wrap);
+    free(a->out);
+    *a = (wbctl_json_array){0};
+    return rc;
+}
+
+static int field_present(const wbctl_jfield *f)
+{
+    return !f->absent && (f->type != WBCTL_JREAL || isfinite(f->v.d));
+}
+
+/* A new value for field f; NULL when out of memory. */
+static json_t *field_value(const wbctl_jfield *f)
+{
+    switch (f->type) {
+    case WBCTL_JSTR:
+        return wbctl_jstr(f->v.s);
+    case WBCTL_JINT:
+        return json_integer(f->v.i);
+    case WBCTL_JREAL:
+        return json_real(f->v.d);
+    default:
+        return f->v.j;
+    }
+}
+
+/* Sets field k of r's object in place to f's value. */
+static int field_set(wbctl_jrow *r, size_t k, const wbctl_jfield *f)
+{
+    json_t *v = r->vals[k];
+    switch (f->type) {
+    case WBCTL_JSTR: {
+        const char *s = f->v.s ? f->v.s : "";
+        if (strcmp(json_string_value(v), s) == 0)
+            return 0;
+        if (json_string_set(v, s) == 0)
+            return 0;
+        /* Not UTF-8: as wbctl_jstr shows it. */
+        char *fixed = wbctl_utf8(s);
+        int rc = fixed ? json_string_set(v, fixed) : -1;
+        free(fixed);
+        return rc;
+    }
+    case WBCTL_JINT:
+        return json_integer_set(v, f->v.i);
+    case WBCTL_JREAL:
+        return json_real_set(v, f->v.d);
+    default:
+        if (!f->v.j)
+            return -1;
+        r->vals[k] = f->v.j;
+        return json_object_set_new(r->o, f->key, f->v.j);
+    }
+}
+
+/* Builds r's object afresh for fields f. */
+static int row_build(wbctl_jrow *r, const wbctl_jfield *f, size_t n)
+{
+    wbctl_jrow_free(r);
+    r->vals = calloc(n, sizeof *r->vals);
+    r->present = calloc(n, 1);
+    r->o = json_object();
+    r->n = n;
+    int rc = r->vals && r->present && r->o ? 0 : -1;
+    for (size_t k = 0; k < n; k++) {
+        if (!field_present(&f[k])) {
+            if (f[k].type == WBCTL_JNEW)
+                json_decref(f[k].v.j);
+            continue;
+        }
+        json_t *v = field_value(&f[k]);
+        if (rc != 0 || !v) {
+            json_decref(v);
+            rc = -1;
+            continue;
+        }
+        if (json_object_set_new(r->o, f[k].key, v) != 0) {
+            rc = -1;
+            continue;
+        }
+        r->vals[k] = v;
+        r->present[k] = 1;
+    }
+    return rc;
+}
+
+json_t *wbctl_jrow_set(wbctl_jrow *r, const wbctl_jfield *f, size_t n)
+{
+    int same = r->o && r->n == n;
+    for (size_t k = 0; same && k < n; k++)
+        same = r->present[k] == field_present(&f[k]);
+    int rc = 0;
+    if (!same) {
+        rc = row_build(r, f, n);
+    } else {
+        for (size_t k = 0; k < n; k++) {
+            if (r->present[k] && field_set(r, k, &f[k]) != 0)
+                rc = -1;
+            else if (!r->present[k] && f[k].type == WBCTL_JNEW)
+                json_decref(f[k].v.j);
+        }
+    }
+    if (rc != 0) {
+        wbctl_jrow_free(r);
+        return NULL;
+    }
+    return json_incref(r->o);
+}
+
+void wbctl_jrow_free(wbctl_jrow *r)
+{
+    json_decref(r->o);
+    free(r->vals);
+    free(r->present);
+    *r = (wbctl_jrow){0};
 }
 
 double wbctl_now(void)

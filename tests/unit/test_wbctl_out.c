@@ -1,0 +1,259 @@
+/* wbctl's JSON output built row by row: an array printed element by element
+ * is byte for byte what jansson prints for the whole array as one tree, and
+ * a row object reused from row to row (wbctl_jrow) dumps exactly as a fresh
+ * object built with json_object_set_new would: hostile strings (quotes,
+ * backslashes, control bytes, invalid UTF-8), keys present in some rows only
+ * (a session, a real that is not finite), nested arrays, all in any order. */
+#include "wbctl_out.h"
+
+#include <check.h>
+#include <jansson.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FLAGS (JSON_INDENT(2) | JSON_PRESERVE_ORDER)
+
+/* What wbctl printed for a whole array before: json_dumps and puts. */
+static char *dump_whole(json_t *arr)
+{
+    char *s = json_dumps(arr, FLAGS);
+    ck_assert_ptr_nonnull(s);
+    size_t n = strlen(s);
+    char *out = malloc(n + 2);
+    ck_assert_ptr_nonnull(out);
+    memcpy(out, s, n);
+    memcpy(out + n, "\n", 2);
+    free(s);
+    return out;
+}
+
+/* Prints a (and frees it) into a string the caller frees. */
+static char *print_array(wbctl_json_array *a)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(wbctl_json_array_print(a, f), 0);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_uint_eq(strlen(buf), len);
+    return buf;
+}
+
+/* Strings a peer may choose. */
+static const char *const HOSTILE[] = {
+    "",
+    "plain",
+    "quote \" and backslash \\ and slash /",
+    "\x1b[31mX\nFORGED\x07\r\t\b\f\x7f",
+    "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80",
+    "not utf-8: \xff\xfe \xc3( \xed\xa0\x80 end",
+    "\xc2\x9b C1",
+};
+#define N_HOSTILE (sizeof HOSTILE / sizeof HOSTILE[0])
+
+START_TEST(test_array_same_bytes)
+{
+    /* Empty, one element, many: objects with nested arrays and objects,
+     * empty ones, every hostile string as a key and as a value, reals,
+     * integers, booleans, null, a bare scalar. */
+    for (size_t count = 0; count < 40; count += count < 2 ? 1 : 13) {
+        json_t *whole = json_array();
+        wbctl_json_array a;
+        wbctl_json_array_init(&a);
+        for (size_t i = 0; i < count; i++) {
+            json_t *o = json_object();
+            json_object_set_new(o, "i", json_integer((json_int_t)i - 5));
+            json_object_set_new(o, "r", json_real(1796119249.7512748 + (double)i / 3));
+            json_object_set_new(o, "s", wbctl_jstr(HOSTILE[i % N_HOSTILE]));
+            json_object_set_new(o, "empty", json_array());
+            json_object_set_new(o, "none", json_object());
+            json_t *nested = json_array();
+            for (size_t k = 0; k < i % 3; k++) {
+                json_t *n = json_object();
+                json_object_set_new(n, "k", json_integer((json_int_t)k));
+                json_object_set_new(n, "b", json_boolean(k & 1));
+                json_object_set_new(n, "z", json_null());
+                json_array_append_new(nested, n);
+            }
+            json_object_set_new(o, "nested", nested);
+            char key[64];
+            snprintf(key, sizeof key, "%s", i % N_HOSTILE == 5 ? "k" : HOSTILE[i % N_HOSTILE]);
+            json_object_set_new(o, key, json_string("v"));
+            json_t *e = i == 7 ? json_integer(42) : o;
+            if (e != o)
+                json_decref(o);
+            json_array_append(whole, e);
+            wbctl_json_array_add(&a, e);
+        }
+        char *want = dump_whole(whole);
+        char *got = print_array(&a);
+        ck_assert_msg(strcmp(got, want) == 0, "%zu elements:\n--- got\n%s\n--- want\n%s", count,
+                      got, want);
+        free(want);
+        free(got);
+        json_decref(whole);
+    }
+}
+END_TEST
+
+START_TEST(test_array_out_of_memory_prints_nothing)
+{
+    /* An element that could not be built (NULL) fails the whole document:
+     * nothing on the output, exit code 1. */
+    wbctl_json_array a;
+    wbctl_json_array_init(&a);
+    wbctl_json_array_add(&a, json_integer(1));
+    wbctl_json_array_add(&a, NULL);
+    wbctl_json_array_add(&a, json_integer(2));
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(wbctl_json_array_print(&a, f), 1);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_uint_eq(len, 0);
+    free(buf);
+}
+END_TEST
+
+/* The fields of row i: every kind, with values and presence that change
+ * from row to row in patterns of different periods. */
+enum { N_FIELDS = 9 };
+static void row_fields(size_t i, wbctl_jfield *f, char *id, size_t id_size)
+{
+    snprintf(id, id_size, "%032zx", i * 2654435761u);
+    static const double reals[] = {1.5, 1796119249.7512748, 0.0, -2.25e-300, 1e300};
+    double r = reals[i % 5];
+    if (i % 11 == 3)
+        r = NAN;
+    if (i % 13 == 4)
+        r = INFINITY;
+    json_t *recs = json_array();
+    for (size_t k = 0; k < i % 4; k++) {
+        json_t *o = json_object();
+        json_object_set_new(o, "container_id", json_integer((json_int_t)k));
+        json_object_set_new(o, "model_path", wbctl_jstr(HOSTILE[(i + k) % N_HOSTILE]));
+        json_array_append_new(recs, o);
+    }
+    wbctl_jfield fields[N_FIELDS] = {
+        {"id", WBCTL_JSTR, .v.s = id},
+        {"model", WBCTL_JSTR, .v.s = i % 6 ? "t28" : HOSTILE[i % N_HOSTILE]},
+        {"pid", WBCTL_JINT, .v.i = (json_int_t)(i * 7919) - 3},
+        {"session", WBCTL_JSTR, i % 5 != 2, .v.s = "conn:7"},
+        {"process", WBCTL_JSTR, .v.s = i % 9 == 8 ? NULL : HOSTILE[(i / 2) % N_HOSTILE]},
+        {"granted_at", WBCTL_JREAL, .v.d = r},
+        {"age_seconds", WBCTL_JREAL, .v.d = (double)i / 7},
+        {"container_records", WBCTL_JNEW, .v.j = recs},
+        {"bytes", WBCTL_JINT, .v.i = (json_int_t)(i << 20)},
+    };
+    memcpy(f, fields, sizeof fields);
+}
+
+/* Row i built from scratch as wbctl did before: a value jansson refuses
+ * (a NaN) leaves its key out. */
+static json_t *row_fresh(size_t i)
+{
+    wbctl_jfield f[N_FIELDS];
+    char id[40];
+    row_fields(i, f, id, sizeof id);
+    json_t *o = json_object();
+    for (size_t k = 0; k < N_FIELDS; k++) {
+        json_t *v;
+        switch (f[k].type) {
+        case WBCTL_JSTR:
+            v = wbctl_jstr(f[k].v.s);
+            break;
+        case WBCTL_JINT:
+            v = json_integer(f[k].v.i);
+            break;
+        case WBCTL_JREAL:
+            v = json_real(f[k].v.d);
+            break;
+        default:
+            v = f[k].v.j;
+            break;
+        }
+        if (f[k].absent) {
+            json_decref(v);
+            continue;
+        }
+        json_object_set_new(o, f[k].key, v);
+    }
+    return o;
+}
+
+START_TEST(test_row_reused_dumps_as_fresh)
+{
+    wbctl_jrow r = {0};
+    json_t *whole = json_array();
+    wbctl_json_array a;
+    wbctl_json_array_init(&a);
+    for (size_t i = 0; i < 300; i++) {
+        wbctl_jfield f[N_FIELDS];
+        char id[40];
+        row_fields(i, f, id, sizeof id);
+        json_t *row = wbctl_jrow_set(&r, f, N_FIELDS);
+        ck_assert_ptr_nonnull(row);
+        json_t *fresh = row_fresh(i);
+        char *got = json_dumps(row, FLAGS);
+        char *want = json_dumps(fresh, FLAGS);
+        ck_assert_msg(strcmp(got, want) == 0, "row %zu:\n--- got\n%s\n--- want\n%s", i, got, want);
+        free(got);
+        free(want);
+        json_array_append_new(whole, fresh);
+        wbctl_json_array_add(&a, row);
+    }
+    wbctl_jrow_free(&r);
+    ck_assert_ptr_null(r.o);
+    char *want = dump_whole(whole);
+    char *got = print_array(&a);
+    ck_assert_msg(strcmp(got, want) == 0, "the array of rows differs");
+    free(want);
+    free(got);
+    json_decref(whole);
+}
+END_TEST
+
+START_TEST(test_row_out_of_memory)
+{
+    /* A value that could not be built: no row. The next one builds again. */
+    wbctl_jrow r = {0};
+    wbctl_jfield f[2] = {
+        {"a", WBCTL_JINT, .v.i = 1},
+        {"b", WBCTL_JNEW, .v.j = NULL},
+    };
+    ck_assert_ptr_null(wbctl_jrow_set(&r, f, 2));
+    ck_assert_ptr_null(r.o);
+    f[1].v.j = json_string("x");
+    json_t *row = wbctl_jrow_set(&r, f, 2);
+    ck_assert_ptr_nonnull(row);
+    char *s = json_dumps(row, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    ck_assert_str_eq(s, "{\"a\":1,\"b\":\"x\"}");
+    free(s);
+    json_decref(row);
+    f[1].v.j = NULL;
+    ck_assert_ptr_null(wbctl_jrow_set(&r, f, 2));
+    ck_assert_ptr_null(r.o);
+    wbctl_jrow_free(&r);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("wbctl_out");
+    TCase *tc = tcase_create("wbctl_out");
+    tcase_add_test(tc, test_array_same_bytes);
+    tcase_add_test(tc, test_array_out_of_memory_prints_nothing);
+    tcase_add_test(tc, test_row_reused_dumps_as_fresh);
+    tcase_add_test(tc, test_row_out_of_memory);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
