@@ -287,3 +287,26 @@ wb_client *fake_connect(const char *path, int no_heartbeat_thread, int timeout_m
     ck_assert_msg(rc == WB_OK, "connect: %s", wb_client_errmsg(c));
     return c;
 }
+
+const fake_tensor fake_env_tensors[2] = {
+    {"a", "F32", 0, 64, 16},
+    {"b", "U8", 256, 100, 25},
+};
+
+void fake_env_start(fake_env *f, uint32_t heartbeat_ms)
+{
+    memset(f, 0, sizeof *f);
+    snprintf(f->dir, sizeof f->dir, "/tmp/wbtest-client-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(f->dir));
+    char path[160];
+    snprintf(path, sizeof path, "%s/broker.sock", f->dir);
+    fake_slab_create(&f->slab, 4096, 7, 1);
+    fake_broker_start(&f->b, path, &f->slab, heartbeat_ms, 0, fake_env_tensors, 2);
+}
+
+void fake_env_stop(fake_env *f)
+{
+    fake_broker_stop(&f->b);
+    fake_slab_destroy(&f->slab);
+    rmdir(f->dir);
+}

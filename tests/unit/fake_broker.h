@@ -93,6 +93,22 @@ void fake_broker_stop(fake_broker *f);
 void fake_slab_create(wb_shm *slab, size_t size, unsigned mul, unsigned add);
 void fake_slab_destroy(wb_shm *slab);
 
+/* The usual setting of the client tests: a fake in a scratch directory of
+ * its own under /tmp, granting leases of model "demo" on fake_env_tensors
+ * ("a": F32 [16] at 0, 64 bytes; "b": U8 [25] at 256, 100 bytes) of a
+ * 4 KiB slab whose byte i is 7i + 1. */
+typedef struct fake_env {
+    fake_broker b;
+    char dir[64];
+    wb_shm slab;
+} fake_env;
+
+extern const fake_tensor fake_env_tensors[2];
+
+void fake_env_start(fake_env *f, uint32_t heartbeat_ms);
+/* Stops the fake and removes its slab and directory. */
+void fake_env_stop(fake_env *f);
+
 /* Connects a client to the fake and asserts that it worked. */
 wb_client *fake_connect(const char *path, int no_heartbeat_thread, int timeout_ms);
 

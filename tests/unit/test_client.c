@@ -26,17 +26,9 @@
 #include <xxhash.h>
 #include <zmq.h>
 
-/* The leases of this file's fake broker: two tensors on a 4 KiB slab. */
-static const fake_tensor tensors[2] = {
-    {"a", "F32", 0, 64, 16},
-    {"b", "U8", 256, 100, 25},
-};
-
-typedef struct fake {
-    fake_broker b;
-    char dir[64];
-    wb_shm slab;
-} fake;
+/* The leases of this file's fake broker: fake_env's two tensors on a 4 KiB
+ * slab. */
+typedef fake_env fake;
 
 static int64_t now_ms(void)
 {
@@ -50,20 +42,12 @@ static void sleep_ms(int ms)
 
 static void fake_start(fake *f, uint32_t heartbeat_ms)
 {
-    memset(f, 0, sizeof *f);
-    snprintf(f->dir, sizeof f->dir, "/tmp/wbtest-client-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(f->dir));
-    char path[160];
-    snprintf(path, sizeof path, "%s/broker.sock", f->dir);
-    fake_slab_create(&f->slab, 4096, 7, 1);
-    fake_broker_start(&f->b, path, &f->slab, heartbeat_ms, 0, tensors, 2);
+    fake_env_start(f, heartbeat_ms);
 }
 
 static void fake_stop(fake *f)
 {
-    fake_broker_stop(&f->b);
-    fake_slab_destroy(&f->slab);
-    rmdir(f->dir);
+    fake_env_stop(f);
 }
 
 static wb_client *connect_fake(fake *f, int no_thread, int timeout_ms)

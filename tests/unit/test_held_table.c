@@ -18,35 +18,14 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Two tensors on a 4 KiB slab; "b" ends at byte 356. */
-static const fake_tensor tensors[2] = {
-    {"a", "F32", 0, 64, 16},
-    {"b", "U8", 256, 100, 25},
-};
-
-typedef struct fake {
-    fake_broker b;
-    char dir[64];
-    wb_shm slab;
-} fake;
+/* fake_env's two tensors on a 4 KiB slab; "b" ends at byte 356. */
+typedef fake_env fake;
+static const fake_tensor *const tensors = fake_env_tensors;
 
 static void fake_start(fake *f)
 {
-    memset(f, 0, sizeof *f);
-    snprintf(f->dir, sizeof f->dir, "/tmp/wbtest-held-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(f->dir));
-    char path[160];
-    snprintf(path, sizeof path, "%s/broker.sock", f->dir);
-    fake_slab_create(&f->slab, 4096, 7, 1);
-    fake_broker_start(&f->b, path, &f->slab, 1000, 0, tensors, 2);
+    fake_env_start(f, 1000);
     atomic_store(&f->b.compact, 1);
-}
-
-static void fake_stop(fake *f)
-{
-    fake_broker_stop(&f->b);
-    fake_slab_destroy(&f->slab);
-    rmdir(f->dir);
 }
 
 static void check_tensors(wb_lease *l, const fake *f)
@@ -86,7 +65,7 @@ static void two_leases(int frame_mode)
         ck_assert_int_eq(wb_lease_release(&l), WB_OK);
     }
     wb_client_destroy(&c);
-    fake_stop(&f);
+    fake_env_stop(&f);
 }
 
 /* The fake ignores tensor_table_frame, as a broker from before it. */
@@ -136,7 +115,7 @@ START_TEST(held_table_outside_the_slab_is_refused)
     fake_slab_destroy(&short_slab);
     fake_slab_destroy(&exact_slab);
     wb_client_destroy(&c);
-    fake_stop(&f);
+    fake_env_stop(&f);
 }
 END_TEST
 
@@ -170,7 +149,7 @@ START_TEST(promised_frame_missing_or_bad)
     check_tensors(l, &f);
     ck_assert_int_eq(wb_lease_release(&l), WB_OK);
     wb_client_destroy(&c);
-    fake_stop(&f);
+    fake_env_stop(&f);
 }
 END_TEST
 
