@@ -62,7 +62,6 @@ static void wire_free(wb_model *m)
     if (m->wire) {
         for (uint32_t i = 0; i < m->data.n_copies; i++) {
             free(m->wire[i].lease_tail);
-            free(m->wire[i].table_tail);
             free(m->wire[i].cached_tail);
             free(m->wire[i].frame_tail);
         }
@@ -117,19 +116,15 @@ static void wire_pack_copy(wb_model *m, uint32_t k, const uint8_t *table, size_t
     if (w->lease_tail)
         w->lease_tail_len = wbproto__lease__pack(&lease, w->lease_tail);
     if (table) {
+        /* A reply with the table inside points at the model's one table
+         * (wb__ops_lease_tail): packing a bytes field is one copy, there is
+         * nothing to save by packing it per copy ahead. */
+        (void)table_len;
         lease.n_tensors = 0;
         lease.tensors = NULL;
-        lease.tensor_table.data = (uint8_t *)table;
-        lease.tensor_table.len = table_len;
-        tail = wbproto__lease__get_packed_size(&lease);
-        w->table_tail = malloc(tail);
-        if (w->table_tail)
-            w->table_tail_len = wbproto__lease__pack(&lease, w->table_tail);
-        lease.tensor_table.data = NULL;
-        lease.tensor_table.len = 0;
         lease.tensor_table_cached = 1;
         tail = wbproto__lease__get_packed_size(&lease);
-        w->cached_tail = w->table_tail ? malloc(tail) : NULL;
+        w->cached_tail = malloc(tail);
         if (w->cached_tail)
             w->cached_tail_len = wbproto__lease__pack(&lease, w->cached_tail);
         lease.tensor_table_cached = 0;

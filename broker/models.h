@@ -74,10 +74,6 @@ typedef struct wb_model_wire {
      * memory was short (the reply is then packed field by field). */
     uint8_t *lease_tail;
     size_t lease_tail_len;
-    /* The same with Lease.tensor_table (the compact table, common/wire.h)
-     * in place of the tensors, for clients that ask for it. */
-    uint8_t *table_tail;
-    size_t table_tail_len;
     /* A Lease tail that carries only the slab and tensor_table_cached: the
      * reply to a client that already holds the model's table. */
     uint8_t *cached_tail;

@@ -151,14 +151,23 @@ int wb__ops_lease_tail(const wb_model *m, unsigned copy, enum wb_lease_tail whic
     if (!m->wire || copy >= m->data.n_copies)
         return WB_EINVAL;
     const wb_model_wire *w = &m->wire[copy];
-    const uint8_t *tail = which == WB_TAIL_TABLE    ? w->table_tail
-                          : which == WB_TAIL_CACHED ? w->cached_tail
-                          : which == WB_TAIL_FRAME  ? (m->table ? w->frame_tail : NULL)
-                                                    : w->lease_tail;
-    size_t len = which == WB_TAIL_TABLE    ? w->table_tail_len
-                 : which == WB_TAIL_CACHED ? w->cached_tail_len
-                 : which == WB_TAIL_FRAME  ? w->frame_tail_len
-                                           : w->lease_tail_len;
+    if (which == WB_TAIL_TABLE) {
+        /* The fields themselves: the table is one bytes field. */
+        if (!m->table)
+            return WB_EINVAL;
+        lw->model = m->name;
+        lw->n_slabs = 1;
+        lw->slabs = (Wbproto__Slab **)&w->slab_ptr;
+        lw->tensor_table.data = m->table;
+        lw->tensor_table.len = m->table_len;
+        return WB_OK;
+    }
+    const uint8_t *tail = which == WB_TAIL_CACHED  ? w->cached_tail
+                          : which == WB_TAIL_FRAME ? (m->table ? w->frame_tail : NULL)
+                                                   : w->lease_tail;
+    size_t len = which == WB_TAIL_CACHED  ? w->cached_tail_len
+                 : which == WB_TAIL_FRAME ? w->frame_tail_len
+                                          : w->lease_tail_len;
     if (!tail || len < 2 || tail[0] != 0x12)
         return WB_EINVAL;
     ProtobufCMessageUnknownField *u = wb__arena_alloc(a, sizeof *u);

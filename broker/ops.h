@@ -53,7 +53,7 @@ int wb__ops_refuse_admin(wb_broker *b, const wb_peer_creds *peer, const char *ve
 /* Which of a copy's packed Lease tails a reply carries. */
 enum wb_lease_tail {
     WB_TAIL_TENSORS, /* lease_tail: the tensors as messages */
-    WB_TAIL_TABLE,   /* table_tail: the compact table */
+    WB_TAIL_TABLE,   /* the compact table inside (wb_model.table, not a tail) */
     WB_TAIL_CACHED,  /* cached_tail: tensor_table_cached, no table */
     WB_TAIL_FRAME,   /* frame_tail: tensor_table_in_frame, the table follows */
 };

@@ -112,8 +112,9 @@ expect_rc 1 unknown "$WBCTL" --socket "$SOCK" unload nosuch
 err_has unknown "wbctl: unload: "
 err_has unknown "nosuch"
 
-# JSON that cannot be written (a full disk): exit 1 and why, not a silent 0.
-for cmd in "leases --json" "stats --json"; do
+# Output that cannot be written (a full disk), JSON or a table: exit 1 and
+# why, not a silent 0.
+for cmd in "leases --json" "stats --json" "leases" "models" "stats"; do
   # shellcheck disable=SC2086 # the command's words
   "$WBCTL" --socket "$SOCK" $cmd >/dev/full 2>"$WB_TMP/full.err"
   rc=$?

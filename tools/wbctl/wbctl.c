@@ -3,6 +3,7 @@
 
 #include "log.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,7 +92,16 @@ int main(int argc, char **argv)
             int sub_argc = argc - optind;
             char **sub_argv = argv + optind;
             optind = 0; /* reset getopt for the subcommand */
-            return commands[i].fn(&g, sub_argc, sub_argv);
+            int rc = commands[i].fn(&g, sub_argc, sub_argv);
+            /* Tables are printed as they are made: whatever did not reach
+             * stdout (a full disk, a closed pipe) fails the command here. */
+            int flushed = fflush(stdout) == 0;
+            int e = errno;
+            if (rc == WBCTL_EXIT_OK && (!flushed || ferror(stdout))) {
+                fprintf(stderr, "wbctl: writing the output: %s\n", strerror(flushed ? EIO : e));
+                return WBCTL_EXIT_REFUSED;
+            }
+            return rc;
         }
     }
     fprintf(stderr, "wbctl: unknown command '%s'\n", name);
