@@ -280,13 +280,18 @@ static int op_acquire(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Re
                     ? WB_TAIL_CACHED
                 : aq->tensor_table_frame ? WB_TAIL_FRAME
                                          : WB_TAIL_TABLE;
-    if (which == WB_TAIL_FRAME && wb__ops_lease_tail(m, copy, which, lw, a) == WB_OK) {
+    int made = wb__ops_lease_tail(m, copy, which, lw, a) == WB_OK;
+    if (made && which == WB_TAIL_FRAME) {
         b->reply_frame = m->table;
         b->reply_frame_len = m->table_len;
-    } else if ((which == WB_TAIL_FRAME || wb__ops_lease_tail(m, copy, which, lw, a) != WB_OK) &&
-               (which == WB_TAIL_TENSORS ||
-                wb__ops_lease_tail(m, copy, WB_TAIL_TABLE, lw, a) != WB_OK) &&
-               wb__ops_lease_tail(m, copy, WB_TAIL_TENSORS, lw, a) != WB_OK) {
+    }
+    /* What could not be made falls back: to the table inside the reply,
+     * then to the tensors as messages, then to packing field by field. */
+    if (!made && (which == WB_TAIL_CACHED || which == WB_TAIL_FRAME))
+        made = wb__ops_lease_tail(m, copy, WB_TAIL_TABLE, lw, a) == WB_OK;
+    if (!made && which != WB_TAIL_TENSORS)
+        made = wb__ops_lease_tail(m, copy, WB_TAIL_TENSORS, lw, a) == WB_OK;
+    if (!made) {
         lw->model = m->name;
         lw->n_slabs = 1;
         lw->slabs = &m->wire[copy].slab_ptr;
