@@ -302,17 +302,29 @@ typedef struct loader_cfg {
     unsigned reg_threads;
 } loader_cfg;
 
+/* The stage configuration a loader_cfg asks for (0: the default). */
+static wb_stage_config stage_cfg(const loader_cfg *c)
+{
+    return (wb_stage_config){.read_threads = c->threads,
+                             .chunk_bytes = c->chunk,
+                             .buffers = c->buffers,
+                             .read_block = c->block,
+                             .read_source = c->read,
+                             .ring_pages = c->pages,
+                             .register_threads = c->reg_threads};
+}
+
+/* The same with every default filled in, as the loader runs it. */
+static wb_stage_config stage_cfg_filled(const loader_cfg *c)
+{
+    wb_stage_config s = stage_cfg(c);
+    wb__stage_config_fill(&s);
+    return s;
+}
+
 static wb_backend *start_backend(int device, const loader_cfg *c, char *pages, size_t pages_len)
 {
-    wb_cuda_options o = {.device = device,
-                         .load_mode = c->mode,
-                         .stage = {.read_threads = c->threads,
-                                   .chunk_bytes = c->chunk,
-                                   .buffers = c->buffers,
-                                   .read_block = c->block,
-                                   .read_source = c->read,
-                                   .ring_pages = c->pages,
-                                   .register_threads = c->reg_threads}};
+    wb_cuda_options o = {.device = device, .load_mode = c->mode, .stage = stage_cfg(c)};
     wb_backend *be = NULL;
     wb_err err;
     if (wb__backend_cuda_new(&o, &be, &err) != WB_OK) {
@@ -612,14 +624,7 @@ static void parse(int argc, char **argv, opts *o)
 
 static json_t *cfg_json(const loader_cfg *c)
 {
-    wb_stage_config s = {.read_threads = c->threads,
-                         .chunk_bytes = c->chunk,
-                         .buffers = c->buffers,
-                         .read_block = c->block,
-                         .read_source = c->read,
-                         .ring_pages = c->pages,
-                         .register_threads = c->reg_threads};
-    wb__stage_config_fill(&s);
+    wb_stage_config s = stage_cfg_filled(c);
     json_t *o = json_object();
     json_object_set_new(o, "load_mode", json_string(wb__stage_mode_name(c->mode)));
     json_object_set_new(o, "read_threads", json_integer(s.read_threads));
@@ -640,14 +645,7 @@ static json_t *cfg_json(const loader_cfg *c)
 /* The command-line options that select a configuration in wbrokerd. */
 static void cfg_flags(const loader_cfg *c, char *buf, size_t len)
 {
-    wb_stage_config s = {.read_threads = c->threads,
-                         .chunk_bytes = c->chunk,
-                         .buffers = c->buffers,
-                         .read_block = c->block,
-                         .read_source = c->read,
-                         .ring_pages = c->pages,
-                         .register_threads = c->reg_threads};
-    wb__stage_config_fill(&s);
+    wb_stage_config s = stage_cfg_filled(c);
     if (c->mode == WB_STAGE_MAPPED)
         snprintf(buf, len, "--load-method mapped --read-threads %u%s%.0u", s.read_threads,
                  s.register_threads ? " --register-threads " : "", s.register_threads);
