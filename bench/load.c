@@ -300,7 +300,6 @@ typedef struct loader_cfg {
     uint64_t chunk;
     int read, pages;
     unsigned reg_threads;
-    unsigned share; /* staged: --mapped-share */
 } loader_cfg;
 
 /* The stage configuration a loader_cfg asks for (0: the default). */
@@ -312,8 +311,7 @@ static wb_stage_config stage_cfg(const loader_cfg *c)
                              .read_block = c->block,
                              .read_source = c->read,
                              .ring_pages = c->pages,
-                             .register_threads = c->reg_threads,
-                             .mapped_share = c->share};
+                             .register_threads = c->reg_threads};
 }
 
 /* The same with every default filled in, as the loader runs it. */
@@ -391,10 +389,6 @@ static json_t *stages_json(const wb_model_data *d)
         o, "copy_gbps",
         json_real(s->copy_seconds > 0 ? (double)s->bytes / s->copy_seconds / 1e9 : 0));
     json_object_set_new(o, "wait_seconds_summed", json_real(s->wait_busy));
-    if (s->mapped_bytes) {
-        json_object_set_new(o, "mapped_bytes", json_integer((json_int_t)s->mapped_bytes));
-        json_object_set_new(o, "mapped_seconds", json_real(s->mapped_seconds));
-    }
     return o;
 }
 
@@ -644,11 +638,6 @@ static json_t *cfg_json(const loader_cfg *c)
         json_object_set_new(o, "staging_mib", json_real((double)s.chunk_bytes / MIB));
         json_object_set_new(o, "staging_buffers", json_integer(s.buffers));
         json_object_set_new(o, "read_block_kib", json_integer(s.read_block / 1024));
-        if (s.mapped_share) {
-            json_object_set_new(o, "mapped_share_percent", json_integer(s.mapped_share));
-            json_object_set_new(o, "register_threads",
-                                json_integer(s.register_threads ? s.register_threads : 1));
-        }
     }
     return o;
 }
@@ -663,10 +652,10 @@ static void cfg_flags(const loader_cfg *c, char *buf, size_t len)
     else
         snprintf(buf, len,
                  "--read-source %s --staging-pages %s --read-threads %u --staging-mib %llu "
-                 "--staging-buffers %u%s%.0u (read block %u KiB)",
+                 "--staging-buffers %u (read block %u KiB)",
                  wb__stage_read_name(s.read_source), wb__stage_pages_name(s.ring_pages),
                  s.read_threads, (unsigned long long)(s.chunk_bytes / MIB), s.buffers,
-                 s.mapped_share ? " --mapped-share " : "", s.mapped_share, s.read_block / 1024);
+                 s.read_block / 1024);
 }
 
 static void save(json_t *root, const char *out)
@@ -956,19 +945,6 @@ int main(int argc, char **argv)
         {"mapped-reg8",
          "(e) registered in 64 MiB pieces on 8 threads while copying",
          {.mode = WB_STAGE_MAPPED, .reg_threads = 8}},
-        {"split-15",
-         "(f) the last 15 % of the bytes from the registered mapping on a second stream, "
-         "the rest through the ring",
-         {.mode = WB_STAGE_STAGED, .read = WB_STAGE_READ_PREAD, .share = 15}},
-        {"split-25", "(f) the same, 25 %", {.mode = WB_STAGE_STAGED, .share = 25}},
-        {"split-35", "(f) the same, 35 %", {.mode = WB_STAGE_STAGED, .share = 35}},
-        {"split-50", "(f) the same, 50 %", {.mode = WB_STAGE_STAGED, .share = 50}},
-        {"split-25-reg2",
-         "(f) 25 %, registered on 2 threads",
-         {.mode = WB_STAGE_STAGED, .share = 25, .reg_threads = 2}},
-        {"split-35-tuned",
-         "(f) 35 %, 14 threads and 1 MiB read blocks",
-         {.mode = WB_STAGE_STAGED, .threads = 14, .block = 1024 * 1024, .share = 35}},
     };
     size_t nv = sizeof vs / sizeof vs[0];
     json_t *vj = json_array();

@@ -74,10 +74,6 @@ typedef struct wb_backend {
     wb_stage_config stage; /* reader threads, chunk size; zero fields: defaults */
     wb_staging *staging;   /* staged: allocated once when the backend started */
     wb_copy_engine *engine;
-    /* NULL, or (staged with stage.mapped_share) a second engine on the same
-     * device with a stream of its own, for the mapped part of split loads
-     * (stage.h). */
-    wb_copy_engine *side_engine;
     /* May be NULL (host). The copy engine of `device` (its own stream and one
      * event per staging buffer) for loads to several devices at once
      * (copy_fanout.h); `engine` is --device's. Others are started on first

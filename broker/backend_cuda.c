@@ -39,9 +39,6 @@ typedef struct cuda_state {
     wb_backend be;
     int device;
     dev_engine main; /* --device's, started with the backend */
-    /* --device's second stream, for the mapped part of split loads; started
-     * with the backend when stage.mapped_share asks for it. */
-    dev_engine side;
     /* The other devices' engines, started by the loader when a model is
      * first placed there; guarded by mu. */
     pthread_mutex_t mu;
@@ -421,8 +418,6 @@ static void state_free(cuda_state *s)
         }
     }
     dev_engine_free(&s->main);
-    if (s->side.stream)
-        dev_engine_free(&s->side);
     cudaSetDevice(s->device);
     if (s->pinned && s->huge_len) {
         cudaHostUnregister(s->pinned);
@@ -494,11 +489,6 @@ int wb__backend_cuda_new(const wb_cuda_options *opts, wb_backend **out, wb_err *
         s->staging.size = cfg.chunk_bytes;
         s->staging.engine = s->main.engine;
         s->be.staging = &s->staging;
-        if (cfg.mapped_share) {
-            if ((rc = dev_engine_start(&s->side, s->device, 0, err)) != WB_OK)
-                goto fail;
-            s->be.side_engine = &s->side.engine;
-        }
     }
     s->be.name = "cuda";
     s->be.proto = WBPROTO__BACKEND__BACKEND_CUDA;

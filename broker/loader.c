@@ -260,9 +260,7 @@ int wb__load_ex(const char *path, const wb_load_opts *o, wb_model_data *out, wb_
         atomic_store(&o->progress->landed, 0);
         atomic_store(&o->progress->total, d.bytes);
     }
-    /* A split load (stage.h) to --device's one copy needs the mappings too. */
-    int split = mode == WB_STAGE_STAGED && be->stage.mapped_share && be->side_engine && n_devs == 1;
-    if ((rc = inputs_open(&in, table, mode == WB_STAGE_MAPPED || split, o->access, err)) != WB_OK)
+    if ((rc = inputs_open(&in, table, mode == WB_STAGE_MAPPED, o->access, err)) != WB_OK)
         goto done;
     st = calloc(table->n_tensors ? table->n_tensors : 1, sizeof *st);
     if (!st) {
@@ -330,12 +328,6 @@ int wb__load_ex(const char *path, const wb_load_opts *o, wb_model_data *out, wb_
             job.staging = &fan_ring;
         }
         job.engine = &fanout.engine;
-        /* The side engine is --device's: a load placed elsewhere is staged. */
-        split = split && !targets[0].failed && targets[0].engine == be->engine;
-    }
-    if (split) {
-        job.side_engine = be->side_engine;
-        job.side_dst = d.slabs[0].dev_ptr;
     }
     /* With register threads the pipeline registers the mappings itself, in
      * pieces, while it copies. */
@@ -449,13 +441,6 @@ void wb__load_log_stages(const char *model, const wb_model_data *d)
                 q, b, s->copy_seconds,
                 s->copy_seconds > 0 ? (double)s->bytes / s->copy_seconds / 1e9 : 0.0,
                 (unsigned long long)s->chunk_bytes * s->buffers, s->buffers, s->wait_busy, mode);
-    if (s->mapped_bytes)
-        wb_info("load_stage",
-                "model=%s stage=mapped bytes=%llu seconds=%.4f gbps=%.2f register_seconds=%.4f "
-                "mode=%s",
-                q, (unsigned long long)s->mapped_bytes, s->mapped_seconds,
-                s->mapped_seconds > 0 ? (double)s->mapped_bytes / s->mapped_seconds / 1e9 : 0.0,
-                s->register_seconds, mode);
     wb_info("load_stage",
             "model=%s stage=total bytes=%llu seconds=%.4f gbps=%.2f open_seconds=%.4f "
             "alloc_seconds=%.4f pipeline_seconds=%.4f mode=%s",

@@ -151,7 +151,6 @@ static int run(wb_options *o)
         .read_source = o->read_source,
         .ring_pages = o->staging_pages,
         .register_threads = (unsigned)o->num[WB_NUM_REGISTER_THREADS],
-        .mapped_share = (unsigned)o->num[WB_NUM_MAPPED_SHARE],
     };
     if (wb__backend_pick(o->backend, o->device, &stage, o->load_mode, o->host_memfd, o->cuda_slab,
                          &backend, &err) != WB_OK) {

@@ -55,8 +55,6 @@ static const num_opt num_opts[WB_NUM_OPTS] = {
                                 "a number from %ld to %ld", 40},
     [WB_NUM_REGISTER_THREADS] = {"register-threads", 1, WB_STAGE_MAX_THREADS,
                                  "a number from %ld to %ld", 40},
-    [WB_NUM_MAPPED_SHARE] = {"mapped-share", 1, WB_STAGE_MAX_MAPPED_SHARE,
-                             "a percent from %ld to %ld", 40},
     [WB_NUM_MAX_LEASES] = {"max-leases-per-client", 1, 1000000000, "a positive number", 0},
     [WB_NUM_MAX_MODELS] = {"max-models", 1, 1000000000, "a positive number", 0},
     [WB_NUM_MAX_TENSORS] = {"max-tensors", 1, 1000000000, "a positive number", 0},
@@ -92,7 +90,6 @@ static const struct option long_opts[] = {
     {"read-source", required_argument, NULL, OPT_READ_SOURCE},
     {"staging-pages", required_argument, NULL, OPT_STAGING_PAGES},
     {"register-threads", required_argument, NULL, OPT_NUM + WB_NUM_REGISTER_THREADS},
-    {"mapped-share", required_argument, NULL, OPT_NUM + WB_NUM_MAPPED_SHARE},
     {"host-slab", required_argument, NULL, OPT_HOST_SLAB},
     {"cuda-slab", required_argument, NULL, OPT_CUDA_SLAB},
     {"heartbeat-ms", required_argument, NULL, OPT_NUM + WB_NUM_HEARTBEAT},
@@ -181,10 +178,6 @@ static void usage(FILE *out)
             "  --register-threads N   cuda, mapped: register file mappings in 64 MiB pieces\n"
             "                         on N threads while copying (default: whole files\n"
             "                         first)\n"
-            "  --mapped-share PCT     cuda, staged: copy the last PCT %% of a model's bytes\n"
-            "                         straight from the registered file mapping on a second\n"
-            "                         stream, beside the ring (default 0: all through the\n"
-            "                         ring)\n"
             "  --host-slab shm|memfd  host: slabs as named POSIX shared memory that clients\n"
             "                         open by name (default), or as sealed memfds passed on\n"
             "                         the descriptor channel <socket>.fd (no /dev/shm names,\n"
@@ -557,10 +550,6 @@ int wb__options_validate(wb_options *o)
     /* Placements were parsed with --model; whether their devices exist is
      * known only once the backend has started (wbrokerd refuses then,
      * naming the model and the devices it sees). */
-    if (o->num[WB_NUM_MAPPED_SHARE] && o->load_mode == WB_STAGE_MAPPED) {
-        fprintf(stderr, "wbrokerd: --mapped-share applies to --load-method staged, not mapped\n");
-        return WB_EXIT_USAGE;
-    }
     char sp[sizeof(((struct sockaddr_un *)0)->sun_path)];
     int path_ok = wb__socket_path(o->socket, sp, sizeof sp) == WB_OK;
     if (o->check_config) {

@@ -111,9 +111,6 @@ int wb__stage_config_check(const wb_stage_config *c, wb_err *err)
         return wb__err_set(err, WB_EINVAL,
                            "register piece: %llu bytes is not a positive multiple of 65536",
                            (unsigned long long)c->register_piece);
-    if (c->mapped_share > WB_STAGE_MAX_MAPPED_SHARE)
-        return wb__err_set(err, WB_EINVAL, "mapped share: %u%% is not between 0 and %d%%",
-                           c->mapped_share, WB_STAGE_MAX_MAPPED_SHARE);
     return WB_OK;
 }
 
@@ -267,9 +264,6 @@ int wb__stage_run(wb_stage_job *job, wb_stage_stats *st, wb_err *err)
     wb__stage_config_fill(&job->cfg);
     if (job->cfg.read_threads > WB_STAGE_MAX_THREADS)
         job->cfg.read_threads = WB_STAGE_MAX_THREADS;
-    if (job->mode == WB_STAGE_STAGED && job->cfg.mapped_share && job->side_engine && job->maps &&
-        job->map_lens)
-        return wb__stage_run_split(job, st, err);
     st->mode = job->mode;
     for (size_t i = 0; i < job->n_tensors; i++)
         st->bytes += job->tensors[i].nbytes;

@@ -13,13 +13,6 @@
  * - mapped: the files are mapped and registered with the engine; the copier
  *   queues copies straight from the mapping while hasher threads checksum
  *   the tensors.
- * - split (staged with mapped_share): the slab's last tensors, about
- *   mapped_share percent of the bytes, go the mapped way on a second engine
- *   while the staging ring carries the rest. Bytes copied from a registered
- *   mapping cross host memory twice (checksum, copy engine) instead of
- *   three times (read, write into the ring, copy engine), and host memory
- *   bandwidth is what a warm staged load runs out of; registering is CPU
- *   work in the driver, which runs beside the readers.
  *
  * Work is cut into chunks of at most chunk_bytes: a tensor larger than that
  * becomes several pieces, consecutive smaller tensors share one chunk. The
@@ -36,11 +29,10 @@
 #include <stdint.h>
 
 /* Limits on the configuration (wbrokerd checks its options against them). */
-#define WB_STAGE_MAX_THREADS      64
-#define WB_STAGE_MAX_BUFFERS      1024
-#define WB_STAGE_MIN_CHUNK        (64u * 1024u)
-#define WB_STAGE_MAX_CHUNK        (1024ull * 1024u * 1024u)
-#define WB_STAGE_MAX_MAPPED_SHARE 90
+#define WB_STAGE_MAX_THREADS 64
+#define WB_STAGE_MAX_BUFFERS 1024
+#define WB_STAGE_MIN_CHUNK   (64u * 1024u)
+#define WB_STAGE_MAX_CHUNK   (1024ull * 1024u * 1024u)
 
 /* Defaults, chosen by bench/load on a 16-core H200 host (bench/RESULTS.md):
  * 3/4 of the cores read (the rest is left to the copier and the kernel), in
@@ -120,12 +112,6 @@ typedef struct wb_stage_config {
     /* Mapped, register_threads > 0: bytes per piece, a multiple of 64 KiB;
      * 0: WB_STAGE_REGISTER_PIECE. */
     uint64_t register_piece;
-    /* Staged: 0, or the percent (1 to WB_STAGE_MAX_MAPPED_SHARE) of the
-     * tensor bytes that go the mapped way beside the ring (the split mode
-     * above), registered in pieces on register_threads threads (0: one).
-     * Needs the job's maps and side_engine; without them the load is plain
-     * staged. */
-    unsigned mapped_share;
 } wb_stage_config;
 
 /* Replaces zero fields of *c by the defaults. */
@@ -200,13 +186,8 @@ typedef struct wb_stage_job {
     int (*prepare)(void *ctx, uint64_t offset, uint64_t len, wb_err *err);
     void *prepare_ctx;
     void *dst;
-    wb_staging *staging;    /* staged: the ring; mapped: only its engine */
-    wb_copy_engine *engine; /* mapped: the engine (staged uses the ring's) */
-    /* Staged with cfg.mapped_share: the engine of the mapped part (its own
-     * stream: copies beside the ring's) and, when not NULL, the slab's base
-     * address as that engine understands it (NULL: dst). */
-    wb_copy_engine *side_engine;
-    void *side_dst;
+    wb_staging *staging;      /* staged: the ring; mapped: only its engine */
+    wb_copy_engine *engine;   /* mapped: the engine (staged uses the ring's) */
     wb_stage_config cfg;      /* threads and chunk size (staged: chunk = buffer size) */
     const atomic_int *cancel; /* may be NULL; nonzero stops the load (WB_ESTATE) */
     _Atomic uint64_t *landed; /* may be NULL; tensor bytes in place so far */
@@ -229,10 +210,6 @@ typedef struct wb_stage_stats {
     double copy_seconds;     /* copy stage: first copy's start to last one's end */
     int read_source;         /* wb_stage_read the readers used (direct, staged) */
     double register_seconds; /* mapped in pieces: summed over the registering threads */
-    /* Split loads: the tensor bytes that went the mapped way, and that
-     * part's wall-clock seconds (registration, copies, unregistration). */
-    uint64_t mapped_bytes;
-    double mapped_seconds;
 } wb_stage_stats;
 
 /* Progress of one load: the loader thread writes it, the broker's event

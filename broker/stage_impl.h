@@ -1,7 +1,7 @@
 /* The insides of the loading pipeline (stage.h), shared by its files:
  * stage.c (the whole), stage_plan.c (planning), stage_read.c (the reader
- * threads), stage_ring.c (the staging buffers), stage_copy.c (the copier),
- * stage_mapped.c (the mapped mode) and stage_split.c (both at once). */
+ * threads), stage_ring.c (the staging buffers), stage_copy.c (the copier)
+ * and stage_mapped.c (the mapped mode). */
 #ifndef WB_BROKER_STAGE_IMPL_H
 #define WB_BROKER_STAGE_IMPL_H
 
@@ -150,9 +150,5 @@ void wb__stage_run_copier(ctx *c, double *copy_seconds);
 
 /* stage_mapped.c: a whole mapped load. */
 int wb__stage_run_mapped(ctx *c, wb_stage_stats *st, wb_err *err);
-
-/* stage_split.c: a staged load with cfg.mapped_share, side_engine and maps:
- * the head of the slab staged, its tail mapped, at once. */
-int wb__stage_run_split(wb_stage_job *job, wb_stage_stats *st, wb_err *err);
 
 #endif

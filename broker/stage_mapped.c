@@ -4,7 +4,6 @@
 
 #include <pthread.h>
 #include <stdlib.h>
-#include <unistd.h>
 
 typedef struct hasher {
     ctx *c;
@@ -139,55 +138,30 @@ static int piece_ready(registrar *r, size_t k)
     return atomic_load(&r->pieces[k].state) == 1;
 }
 
-/* Cuts into pieces the part of each mapping that the job's tensors cover,
- * from the page of its first tensor byte to the end of its last one (a
- * split load's tail registers its own part only); first_piece[f] is file
- * f's first piece, base[f] the file offset where it starts. */
-static int make_pieces(registrar *r, const wb_stage_job *j, size_t *first_piece, uint64_t *base)
+/* Cuts the mappings into pieces; first_piece[f] is file f's first. */
+static int make_pieces(registrar *r, const wb_stage_job *j, size_t *first_piece)
 {
     uint64_t piece_bytes = j->cfg.register_piece;
-    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-    uint64_t *end = calloc(j->n_files ? j->n_files : 1, sizeof *end);
-    if (!end)
-        return -1;
-    for (uint32_t f = 0; f < j->n_files; f++)
-        base[f] = UINT64_MAX;
-    for (size_t i = 0; i < j->n_tensors; i++) {
-        const wb_stage_tensor *t = &j->tensors[i];
-        if (t->nbytes == 0 || !j->maps[t->file])
-            continue;
-        if (t->file_offset < base[t->file])
-            base[t->file] = t->file_offset;
-        if (t->file_offset + t->nbytes > end[t->file])
-            end[t->file] = t->file_offset + t->nbytes;
-    }
     size_t n = 0;
     for (uint32_t f = 0; f < j->n_files; f++) {
-        if (base[f] == UINT64_MAX) {
-            base[f] = 0;
-            continue;
-        }
-        base[f] -= base[f] % page;
-        if (end[f] > j->map_lens[f])
-            end[f] = j->map_lens[f];
-        n += (size_t)((end[f] - base[f] + piece_bytes - 1) / piece_bytes);
+        if (j->maps[f])
+            n += (size_t)((j->map_lens[f] + piece_bytes - 1) / piece_bytes);
     }
     r->pieces = calloc(n ? n : 1, sizeof *r->pieces);
-    if (!r->pieces) {
-        free(end);
+    if (!r->pieces)
         return -1;
-    }
     for (uint32_t f = 0; f < j->n_files; f++) {
         first_piece[f] = r->n;
-        for (uint64_t off = base[f]; off < end[f]; off += piece_bytes) {
+        if (!j->maps[f])
+            continue;
+        for (uint64_t off = 0; off < j->map_lens[f]; off += piece_bytes) {
             piece *p = &r->pieces[r->n++];
             p->file = f;
             p->off = off;
-            p->len = end[f] - off < piece_bytes ? end[f] - off : piece_bytes;
+            p->len = j->map_lens[f] - off < piece_bytes ? j->map_lens[f] - off : piece_bytes;
             atomic_init(&p->state, 0);
         }
     }
-    free(end);
     return 0;
 }
 
@@ -230,7 +204,6 @@ int wb__stage_run_mapped(ctx *c, wb_stage_stats *st, wb_err *err)
     reg_thread *rts = NULL;
     unsigned reg_started = 0;
     size_t *first_piece = NULL;
-    uint64_t *base = NULL;
     if (nreg) {
         pthread_mutex_init(&reg.mu, NULL);
         pthread_cond_init(&reg.cv, NULL);
@@ -238,9 +211,8 @@ int wb__stage_run_mapped(ctx *c, wb_stage_stats *st, wb_err *err)
         atomic_init(&reg.next_un, 0);
         atomic_init(&reg.copies_done, 0);
         first_piece = calloc(j->n_files ? j->n_files : 1, sizeof *first_piece);
-        base = calloc(j->n_files ? j->n_files : 1, sizeof *base);
         rts = calloc(nreg, sizeof *rts);
-        if (!first_piece || !base || !rts || make_pieces(&reg, j, first_piece, base) != 0) {
+        if (!first_piece || !rts || make_pieces(&reg, j, first_piece) != 0) {
             rc = wb__err_set(err, WB_ENOMEM, "out of memory planning the registration");
             goto join;
         }
@@ -264,7 +236,7 @@ int wb__stage_run_mapped(ctx *c, wb_stage_stats *st, wb_err *err)
             if (nreg) {
                 /* Within one piece, once it is registered. */
                 uint64_t piece_bytes = j->cfg.register_piece;
-                uint64_t at = t->file_offset + off - base[t->file];
+                uint64_t at = t->file_offset + off;
                 size_t k = first_piece[t->file] + (size_t)(at / piece_bytes);
                 uint64_t room = (k + 1 - first_piece[t->file]) * piece_bytes - at;
                 if (len > room)
@@ -314,7 +286,6 @@ join:
         free(reg.pieces);
         free(rts);
         free(first_piece);
-        free(base);
     }
     for (unsigned i = 0; i < started; i++) {
         pthread_join(hs[i].tid, NULL);

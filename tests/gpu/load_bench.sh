@@ -86,7 +86,6 @@ broker_check default
 say "default broker checked"
 broker_check mmapnt --read-source mmap-nt --staging-pages huge
 broker_check mapped --load-method mapped --register-threads 4
-broker_check split --mapped-share 35
 say "broker variants checked"
 
 # 2. The benchmark.

@@ -131,8 +131,7 @@ typedef struct fake_engine {
     /* Registered ranges (mapped in pieces), and copies that spanned two. */
     const uint8_t *reg_lo[256], *reg_hi[256];
     unsigned spanning;
-    uint64_t bytes; /* submitted */
-    int delay;      /* the most queries a copy stays pending */
+    int delay; /* the most queries a copy stays pending */
 } fake_engine;
 
 /* Guards the fake engine's registration records: registering threads and
@@ -158,7 +157,6 @@ static int fe_submit(void *ctx, int buf, const void *src, void *dst, size_t len,
 {
     fake_engine *f = ctx;
     f->submits++;
-    f->bytes += len;
     if (f->fail_submit_at && f->submits == f->fail_submit_at)
         return wb__err_set(err, WB_EIO, "injected copy failure at copy %u", f->submits);
     if (buf < 0) {
@@ -480,158 +478,6 @@ START_TEST(test_mapped)
     munmap(map, m.file_len);
     free(dst);
     ring_free(&r);
-    model_free(&m);
-}
-END_TEST
-
-/* Split loads: the tail, about mapped_share percent of the bytes, goes
- * through the side engine from registered pieces of the mapping, into
- * side_dst; the head through the ring into dst. _i: the share. */
-static const unsigned shares[] = {25, 50, 75, 90};
-
-START_TEST(test_split)
-{
-    unsigned share = shares[_i];
-    model m;
-    model_make(&m, mixed, N_MIXED, 3);
-    uint8_t *map = mmap(NULL, m.file_len, PROT_READ, MAP_SHARED, m.fd, 0);
-    ck_assert_ptr_ne(map, MAP_FAILED);
-    const uint8_t *const maps[] = {map};
-    const uint64_t lens[] = {m.file_len};
-    ring r, side;
-    ring_make(&r, 3, 65536, 2);
-    ring_make(&side, 1, 65536, 0);
-    uint8_t *dst = malloc(m.slab_len), *side_dst = malloc(m.slab_len);
-    ck_assert_ptr_nonnull(dst);
-    ck_assert_ptr_nonnull(side_dst);
-    memset(dst, 0x5A, m.slab_len);
-    memset(side_dst, 0x5A, m.slab_len);
-    _Atomic uint64_t landed = 0;
-    wb_stage_job j = job_for(&m, WB_STAGE_STAGED, 4, 0);
-    j.staging = &r.s;
-    j.dst = dst;
-    j.maps = maps;
-    j.map_lens = lens;
-    j.side_engine = &side.s.engine;
-    j.side_dst = side_dst;
-    j.landed = &landed;
-    j.cfg.mapped_share = share;
-    j.cfg.register_piece = 65536;
-    wb_stage_stats st;
-    wb_err err = {0};
-    ck_assert_msg(wb__stage_run(&j, &st, &err) == WB_OK, "%s", err.msg);
-    ck_assert_int_eq(st.mode, WB_STAGE_STAGED);
-    ck_assert_uint_eq(atomic_load(&landed), st.bytes);
-
-    /* The tail: the last tensors, their bytes st.mapped_bytes, as near the
-     * share as whole tensors allow. */
-    uint64_t total = 0, biggest = 0, tail = 0;
-    for (size_t i = 0; i < m.n; i++) {
-        total += m.t[i].nbytes;
-        biggest = m.t[i].nbytes > biggest ? m.t[i].nbytes : biggest;
-    }
-    ck_assert_uint_eq(st.bytes, total);
-    ck_assert_uint_gt(st.mapped_bytes, 0);
-    ck_assert_uint_lt(st.mapped_bytes, total);
-    uint64_t want = total * share / 100;
-    ck_assert_msg(st.mapped_bytes + biggest >= want && st.mapped_bytes <= want + biggest,
-                  "%llu bytes mapped for a share of %llu", (unsigned long long)st.mapped_bytes,
-                  (unsigned long long)want);
-    size_t k = m.n;
-    while (k > 0 && tail < st.mapped_bytes)
-        tail += m.t[--k].nbytes;
-    ck_assert_uint_eq(tail, st.mapped_bytes);
-    while (k < m.n && m.t[k].nbytes == 0)
-        k++;
-
-    /* Each part in its own destination, every checksum right. */
-    uint8_t *whole = malloc(m.slab_len);
-    ck_assert_ptr_nonnull(whole);
-    memcpy(whole, dst, m.slab_len);
-    for (size_t i = k; i < m.n; i++) {
-        const wb_stage_tensor *t = &m.t[i];
-        for (uint64_t b = 0; b < t->nbytes; b++)
-            ck_assert_msg(dst[t->slab_offset + b] == 0x5A || dst[t->slab_offset + b] == 0,
-                          "tail tensor %zu written through the ring", i);
-        memcpy(whole + t->slab_offset, side_dst + t->slab_offset, t->nbytes);
-    }
-    model_check(&m, whole);
-
-    /* The side copied the tail only, from registered pieces that start no
-     * earlier than the tail's first page, and unregistered every one; the
-     * ring registered nothing. */
-    ck_assert_uint_eq(side.fe.bytes, st.mapped_bytes);
-    ck_assert_uint_eq(side.fe.spanning, 0);
-    ck_assert_uint_eq(side.fe.registered, 0);
-    ck_assert_uint_gt(side.fe.register_calls, 0);
-    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-    for (unsigned i = 0; i < side.fe.register_calls && i < 256; i++)
-        ck_assert_msg(side.fe.reg_lo[i] >= map + m.t[k].file_offset / page * page,
-                      "piece %u registered before the tail", i);
-    ck_assert_uint_eq(r.fe.register_calls, 0);
-    ck_assert_uint_eq(r.fe.in_flight, 0);
-    free(whole);
-    munmap(map, m.file_len);
-    free(dst);
-    free(side_dst);
-    ring_free(&r);
-    ring_free(&side);
-    model_free(&m);
-}
-END_TEST
-
-/* A split load whose side cannot register fails with the engine's message
- * once both parts have stopped, every piece unregistered; a share without
- * a side engine is a plain staged load. */
-START_TEST(test_split_failures)
-{
-    model m;
-    model_make(&m, mixed, N_MIXED, 0);
-    uint8_t *map = mmap(NULL, m.file_len, PROT_READ, MAP_SHARED, m.fd, 0);
-    ck_assert_ptr_ne(map, MAP_FAILED);
-    const uint8_t *const maps[] = {map};
-    const uint64_t lens[] = {m.file_len};
-    ring r, side;
-    ring_make(&r, 2, 65536, 1);
-    ring_make(&side, 1, 65536, 0);
-    uint8_t *dst = malloc(m.slab_len);
-    ck_assert_ptr_nonnull(dst);
-    wb_stage_job j = job_for(&m, WB_STAGE_STAGED, 3, 0);
-    j.staging = &r.s;
-    j.dst = dst;
-    j.maps = maps;
-    j.map_lens = lens;
-    j.side_engine = &side.s.engine;
-    j.cfg.mapped_share = 40;
-    j.cfg.register_piece = 65536;
-    side.fe.fail_register_at = 2;
-    wb_stage_stats st;
-    wb_err err = {0};
-    ck_assert_int_eq(wb__stage_run(&j, &st, &err), WB_EIO);
-    ck_assert_msg(strstr(err.msg, "injected register failure at call 2") != NULL, "%s", err.msg);
-    ck_assert_msg(strstr(err.msg, data_file) != NULL, "%s", err.msg);
-    ck_assert_uint_eq(side.fe.registered, 0);
-    ck_assert_uint_eq(r.fe.in_flight, 0);
-
-    ring_free(&side);
-    ring_make(&side, 1, 65536, 0);
-    ring_free(&r);
-    ring_make(&r, 2, 65536, 1);
-    j = job_for(&m, WB_STAGE_STAGED, 3, 0);
-    j.staging = &r.s;
-    j.dst = dst;
-    j.maps = maps;
-    j.map_lens = lens;
-    j.cfg.mapped_share = 40; /* no side engine */
-    ck_assert_msg(wb__stage_run(&j, &st, &err) == WB_OK, "%s", err.msg);
-    model_check(&m, dst);
-    ck_assert_uint_eq(st.mapped_bytes, 0);
-    ck_assert_uint_eq(side.fe.submits + side.fe.register_calls, 0);
-
-    munmap(map, m.file_len);
-    free(dst);
-    ring_free(&r);
-    ring_free(&side);
     model_free(&m);
 }
 END_TEST
@@ -995,10 +841,6 @@ START_TEST(test_config)
     bad.register_piece = 65536 + 4096;
     ck_assert_int_eq(wb__stage_config_check(&bad, &err), WB_EINVAL);
     ck_assert_str_eq(err.msg, "register piece: 69632 bytes is not a positive multiple of 65536");
-    bad = c;
-    bad.mapped_share = WB_STAGE_MAX_MAPPED_SHARE + 1;
-    ck_assert_int_eq(wb__stage_config_check(&bad, &err), WB_EINVAL);
-    ck_assert_str_eq(err.msg, "mapped share: 91% is not between 0 and 90%");
     for (int r = WB_STAGE_READ_PREAD; r <= WB_STAGE_READ_AUTO; r++)
         ck_assert_int_eq(wb__stage_read_parse(wb__stage_read_name(r)), r);
     ck_assert_int_eq(wb__stage_read_parse("mmap-t"), 0);
@@ -1025,7 +867,6 @@ static Suite *suite(void)
                         WB_STAGE_READ_AUTO + 1);
     tcase_add_loop_test(tc, test_mapped, 0, 4);
     tcase_add_test(tc, test_mapped_register_fails);
-    tcase_add_loop_test(tc, test_split, 0, 4);
     tcase_add_loop_test(tc, test_short_file, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
     tcase_add_loop_test(tc, test_read_error, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
     tcase_add_loop_test(tc, test_copy_failures, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
@@ -1035,7 +876,6 @@ static Suite *suite(void)
     tcase_add_test(tc, test_bad_jobs);
     tcase_add_test(tc, test_empty_tensors);
     tcase_add_test(tc, test_config);
-    tcase_add_test(tc, test_split_failures);
     suite_add_tcase(s, tc);
     return s;
 }
