@@ -112,14 +112,14 @@ static void usage(FILE *out)
             "                      [--constants FILE] [--mutated FQN,...] [--copy-mutated]\n"
             "       wb-aoti-worker --local-weights FILE [...] --aoti PATH [...]\n"
             "       wb-aoti-worker --uninit-weights FILE [...] --aoti PATH [...]\n"
+            "       wb-aoti-worker --own-constants --aoti PATH [...]\n"
             "\n"
             "  --local-weights FILE  load the file's tensors into this process's own memory\n"
             "                        instead of leasing them (the unshared baseline)\n"
             "  --uninit-weights FILE bind the file's tensors (read from its header only) to\n"
             "                        memory of this process left uninitialised: the floor\n"
             "                        of the first output, meaningless outputs\n"
-            "  --own-constants       the model library loads its own embedded constants\n"
-            "       wb-aoti-worker --own-constants --aoti PATH [...]\n");
+            "  --own-constants       the model library loads its own embedded constants\n");
 }
 
 static int dtype_bytes(const char *dt)
