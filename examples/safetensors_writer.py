@@ -20,8 +20,10 @@ import json
 import os
 import struct
 
-ELEMENT_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2,
-                 "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+# Bits per element (F4: two to a byte).
+ELEMENT_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "F4": 4,
+                "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
+                "I64": 64, "U64": 64, "F64": 64, "C64": 64}
 
 
 def header(entries, metadata=None):
@@ -33,14 +35,14 @@ def header(entries, metadata=None):
     for name, dtype, shape, nbytes in entries:
         if name in h:
             raise ValueError(f"tensor {name!r} given twice")
-        if dtype not in ELEMENT_BYTES:
+        if dtype not in ELEMENT_BITS:
             raise ValueError(f"tensor {name!r}: dtype {dtype!r} is not a safetensors dtype")
         elems = 1
         for d in shape:
             elems *= int(d)
-        if elems * ELEMENT_BYTES[dtype] != nbytes:
+        if elems * ELEMENT_BITS[dtype] != nbytes * 8:
             raise ValueError(f"tensor {name!r}: {nbytes} bytes, but shape {list(shape)} of "
-                             f"{dtype} needs {elems * ELEMENT_BYTES[dtype]}")
+                             f"{dtype} needs {elems * ELEMENT_BITS[dtype] / 8:g}")
         h[name] = {"dtype": dtype, "shape": [int(d) for d in shape],
                    "data_offsets": [off, off + nbytes]}
         off += nbytes
