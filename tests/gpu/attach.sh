@@ -46,8 +46,8 @@
 # one worker's.
 #
 # By tensor count (WB_ATTACH_COUNTS, "100 10000 100000", empty for none;
-# WB_ATTACH_COUNT_BYTES, 1e8 bytes in all): no AOTI model is compiled with that many constants
-# (compiling takes far too long); bench/attach.c measures the part of the
+# WB_ATTACH_COUNT_BYTES, 1e8 bytes in all): no AOTI model is compiled with
+# that many constants (compiling takes far too long); bench/attach.c measures the part of the
 # attach that grows with the tensors: context, connect, acquire (the lease
 # and its table, the slab opened) and every tensor looked up by name
 # (--lookup), against --local (the same file read and copied per tensor).
@@ -193,7 +193,9 @@ for g in "${GIBS[@]}"; do
 done
 
 # ---- by tensor count ----------------------------------------------------------
-if [ -x "$PROBE" ]; then
+if [ "${#COUNTS[@]}" = 0 ]; then
+  say "WB_ATTACH_COUNTS is empty: the tensor-count part is not measured"
+elif [ -x "$PROBE" ]; then
   MODELS=()
   for k in "${COUNTS[@]}"; do
     [ -f "$WORK/attach_n$k.safetensors" ] && MODELS+=(--model "n$k=$WORK/attach_n$k.safetensors")
