@@ -10,7 +10,10 @@ Two families, each a shared base and two variants that differ in their heads:
 
 For every family it writes, into OUT:
 
-  <fam>_base.safetensors          the base weights (state-dict names = FQNs)
+  <fam>_base.safetensors          the base weights (state-dict names = FQNs;
+                                  bf16: written one tensor at a time through
+                                  a pinned buffer, so host memory never
+                                  holds the backbone: it may be larger)
   <fam>_head_<v>.safetensors      each variant's head weights
   <fam>_<v>.pt2                   the variant, constants packaged OUTSIDE the
                                   .so (aot_inductor.package_constants_in_so
@@ -22,8 +25,10 @@ For every family it writes, into OUT:
 With --embedded, also bf16_a_embedded.pt2: variant a with its constants
 inside the .so, the baseline that loads its own copy.
 
+--variants a compiles (and writes the head of) bf16 variant a only.
+
 Usage: compile_models.py OUT [--family bf16|fp32|all] [--backbone-gib G]
-                             [--dim D] [--embedded]
+                             [--dim D] [--embedded] [--variants ab|a|b]
 """
 import argparse
 import json
@@ -35,12 +40,20 @@ import zipfile
 import torch
 from safetensors.torch import save_file
 
+import safetensors_writer
+
+ST_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32",
+             torch.float64: "F64", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
+             torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
+
 
 class Backbone(torch.nn.Module):
-    def __init__(self, dim, layers):
+    def __init__(self, dim, layers, dtype=None):
         super().__init__()
+        # Made in `dtype` directly: a bf16 backbone first made in fp32
+        # would need twice its size in device memory.
         self.layers = torch.nn.ModuleList(
-            torch.nn.Linear(dim, dim, bias=False) for _ in range(layers))
+            torch.nn.Linear(dim, dim, bias=False, dtype=dtype) for _ in range(layers))
 
     def forward(self, x):
         for layer in self.layers:
@@ -49,10 +62,10 @@ class Backbone(torch.nn.Module):
 
 
 class Bf16Variant(torch.nn.Module):
-    def __init__(self, dim, layers, head_out, squash):
+    def __init__(self, dim, layers, head_out, squash, dtype=None):
         super().__init__()
-        self.backbone = Backbone(dim, layers)
-        self.head = torch.nn.Linear(dim, head_out)
+        self.backbone = Backbone(dim, layers, dtype)
+        self.head = torch.nn.Linear(dim, head_out, dtype=dtype)
         self.squash = squash
 
     def forward(self, x):
@@ -81,6 +94,28 @@ def split(sd, prefix):
     return {k: v.detach().cpu().contiguous() for k, v in sd.items() if k.startswith(prefix)}
 
 
+def save_streaming(tensors, path, chunk_bytes=256 << 20):
+    """Writes {name: tensor} (on any device) as safetensors, copying at most
+    chunk_bytes at a time into one reused host buffer (pinned when a tensor
+    is on the GPU): host memory holds one chunk, never the checkpoint."""
+    entries, flats = [], []
+    for name, t in tensors.items():
+        t = t.detach().contiguous()
+        entries.append((name, ST_DTYPES[t.dtype], list(t.shape), t.numel() * t.element_size()))
+        flats.append(t.reshape(-1).view(torch.uint8))
+    size = min(chunk_bytes, max([e[3] for e in entries] + [1]))
+    buf = torch.empty(size, dtype=torch.uint8,
+                      pin_memory=any(f.is_cuda for f in flats))
+
+    def chunks(i):
+        flat = flats[i]
+        for off in range(0, flat.numel(), size):
+            n = min(size, flat.numel() - off)
+            buf[:n].copy_(flat[off:off + n])  # synchronous: buf is free after the write
+            yield buf[:n].numpy()
+    return safetensors_writer.write(path, entries, chunks)
+
+
 def compile_variant(model, example, path, in_so, fold=False):
     t = time.time()
     ep = torch.export.export(model, (example,))
@@ -95,7 +130,7 @@ def compile_variant(model, example, path, in_so, fold=False):
             "entries": sorted(entries.items(), key=lambda e: -e[1])[:40]}
 
 
-def bf16(out, gib, dim, shared, embedded, manifest):
+def bf16(out, gib, dim, shared, embedded, manifest, names="ab"):
     layer_bytes = dim * dim * 2
     layers = max(1, int(round(gib * (1 << 30) / layer_bytes)))
     torch.manual_seed(0)
@@ -104,12 +139,14 @@ def bf16(out, gib, dim, shared, embedded, manifest):
     # vanish nor explode through the ReLU stack.
     variants = {}
     with torch.device("cuda"):
-        base = Backbone(dim, layers).to(torch.bfloat16)
+        base = Backbone(dim, layers, torch.bfloat16)
         with torch.no_grad():
             for layer in base.layers:
                 layer.weight.normal_(0.0, (2.0 / dim) ** 0.5)
         for name, head_out, squash in (("a", 1024, False), ("b", 512, True)):
-            v = Bf16Variant(dim, 1, head_out, squash).to(torch.bfloat16)
+            # Both made whichever are written, so that the seeded weights
+            # are the same for every --variants (and --only-embedded).
+            v = Bf16Variant(dim, 0, head_out, squash, torch.bfloat16)
             v.backbone = base
             with torch.no_grad():
                 v.head.weight.normal_(0.0, dim ** -0.5)
@@ -122,8 +159,14 @@ def bf16(out, gib, dim, shared, embedded, manifest):
                         "weights_seconds": round(time.time() - t, 1), "variants": {}}
     if shared:
         save_file({"input0": x.cpu()}, os.path.join(out, "bf16_input.safetensors"))
-        save_file(split(sd, "backbone."), os.path.join(out, "bf16_base.safetensors"))
+        t1 = time.time()
+        size = save_streaming({k: v for k, v in sd.items() if k.startswith("backbone.")},
+                              os.path.join(out, "bf16_base.safetensors"))
+        manifest["bf16"]["base_write_seconds"] = round(time.time() - t1, 1)
+        print(f"wrote bf16_base.safetensors: {size} bytes in {time.time() - t1:.1f} s", flush=True)
     for name, v in variants.items() if shared else ():
+        if name not in names:
+            continue
         save_file(split(v.state_dict(), "head."), os.path.join(out, f"bf16_head_{name}.safetensors"))
         with torch.no_grad():
             ref = v(x)
@@ -168,6 +211,8 @@ def main():
                    help="also compile bf16 variant a with its constants inside the .so")
     p.add_argument("--only-embedded", action="store_true",
                    help="compile only that (same seeded weights), e.g. in a second process")
+    p.add_argument("--variants", default="ab", choices=("ab", "a", "b"),
+                   help="the bf16 variants to write and compile (default both)")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     manifest = {"torch": torch.__version__}
@@ -175,7 +220,7 @@ def main():
         fp32(a.out, manifest)
     if a.family in ("bf16", "all"):
         bf16(a.out, a.backbone_gib, a.dim, not a.only_embedded, a.embedded or a.only_embedded,
-             manifest)
+             manifest, a.variants)
     name = "manifest.json" if a.family == "all" else f"manifest_{a.family}.json"
     if a.only_embedded:
         name = "manifest_embedded.json"

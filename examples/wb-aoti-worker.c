@@ -9,6 +9,7 @@
  *                  [--input FILE] [--output FILE] [--iterations N] [--serve]
  *                  [--socket PATH] [--torch-lib DIR] [--device DEV] [--verify]
  *   wb-aoti-worker --local-weights FILE [--local-weights FILE ...] --aoti PATH ...
+ *   wb-aoti-worker --uninit-weights FILE [--uninit-weights FILE ...] --aoti PATH ...
  *   wb-aoti-worker --own-constants --aoti PATH.so ...
  *
  * --mutated FQN,... names constants the compiled graph writes (besides the
@@ -20,9 +21,18 @@
  * on a private stream).
  *
  * --local-weights loads the safetensors files into this process's own memory
- * instead of leasing them, and --own-constants lets a model library built
- * with its constants inside load them itself: both are the unshared
- * baselines the sharing is measured against.
+ * instead of leasing them (one allocation for all their tensors, device
+ * memory on CUDA, filled through two pinned chunks so that host memory never
+ * holds the weights), and --own-constants lets a model library built with
+ * its constants inside load them itself: both are the unshared baselines the
+ * sharing is measured against.
+ *
+ * --uninit-weights reads only the files' headers and binds every tensor to
+ * the same kind of allocation left uninitialised: no weights read, copied or
+ * leased. Its outputs are meaningless; its timings are the floor of getting
+ * to a first output, the first inference's own start-up included, that no
+ * way of obtaining the weights can beat (the allocation is its own step,
+ * alloc_local).
  *
  * Inputs and outputs are safetensors files whose tensors are named input0,
  * input1, ... and output0, output1, ... With --serve the worker keeps running
@@ -67,8 +77,9 @@ typedef struct host_tensor {
     uint64_t shape[8];
     int64_t shape64[8];
     size_t nbytes;
-    void *data; /* host (pinned on CUDA) */
-    void *dev;  /* device copy, CUDA only */
+    uint64_t file_off; /* where its bytes start in the file */
+    void *data;        /* host (pinned on CUDA) */
+    void *dev;         /* device copy, CUDA only */
 } host_tensor;
 
 typedef struct st_file {
@@ -100,7 +111,15 @@ static void usage(FILE *out)
             "                      [--alias NAME=TARGET ...] [--strip-prefix P] [--prefix P]\n"
             "                      [--constants FILE] [--mutated FQN,...] [--copy-mutated]\n"
             "       wb-aoti-worker --local-weights FILE [...] --aoti PATH [...]\n"
-            "       wb-aoti-worker --own-constants --aoti PATH [...]\n");
+            "       wb-aoti-worker --uninit-weights FILE [...] --aoti PATH [...]\n"
+            "       wb-aoti-worker --own-constants --aoti PATH [...]\n"
+            "\n"
+            "  --local-weights FILE  load the file's tensors into this process's own memory\n"
+            "                        instead of leasing them (the unshared baseline)\n"
+            "  --uninit-weights FILE bind the file's tensors (read from its header only) to\n"
+            "                        memory of this process left uninitialised: the floor\n"
+            "                        of the first output, meaningless outputs\n"
+            "  --own-constants       the model library loads its own embedded constants\n");
 }
 
 static int dtype_bytes(const char *dt)
@@ -131,23 +150,12 @@ static void *host_alloc(size_t n, int cuda)
     return malloc(n ? n : 1);
 }
 
-static void host_free(void *p, int cuda)
-{
-#ifdef WB_HAVE_CUDA
-    if (cuda) {
-        cudaFreeHost(p);
-        return;
-    }
-#else
-    (void)cuda;
-#endif
-    free(p);
-}
-
-/* Reads a safetensors file (every tensor) into host memory. */
-static int read_st(const char *path, int cuda, st_file *out)
+/* Reads a safetensors file's header: every tensor's name, dtype, shape, size
+ * and place in the file, no data. On success *fp is the open file. */
+static int st_open(const char *path, st_file *out, FILE **fp)
 {
     memset(out, 0, sizeof *out);
+    *fp = NULL;
     FILE *f = fopen(path, "rb");
     if (!f) {
         fprintf(stderr, "wb-aoti-worker: %s: %s\n", path, strerror(errno));
@@ -179,14 +187,15 @@ static int read_st(const char *path, int cuda, st_file *out)
     out->t = calloc(json_object_size(j) + 1, sizeof *out->t);
     const char *key;
     json_t *v;
-    int rc = 0;
+    int rc = out->t ? 0 : -1;
     json_object_foreach(j, key, v)
     {
-        if (strcmp(key, "__metadata__") == 0)
+        if (rc != 0 || strcmp(key, "__metadata__") == 0)
             continue;
         host_tensor *t = &out->t[out->n];
         snprintf(t->name, sizeof t->name, "%s", key);
-        snprintf(t->dtype, sizeof t->dtype, "%s", json_string_value(json_object_get(v, "dtype")));
+        const char *dt = json_string_value(json_object_get(v, "dtype"));
+        snprintf(t->dtype, sizeof t->dtype, "%s", dt ? dt : "");
         json_t *shape = json_object_get(v, "shape"), *off = json_object_get(v, "data_offsets");
         t->ndim = (uint32_t)json_array_size(shape);
         uint64_t elems = 1;
@@ -198,24 +207,42 @@ static int read_st(const char *path, int cuda, st_file *out)
         uint64_t a = (uint64_t)json_integer_value(json_array_get(off, 0));
         uint64_t b = (uint64_t)json_integer_value(json_array_get(off, 1));
         t->nbytes = (size_t)(b - a);
-        if (t->ndim > 8 || elems * (uint64_t)dtype_bytes(t->dtype) != t->nbytes) {
+        t->file_off = 8 + hlen + a;
+        if (t->ndim > 8 || b < a || elems * (uint64_t)dtype_bytes(t->dtype) != t->nbytes) {
             fprintf(stderr, "wb-aoti-worker: %s: tensor %s: unsupported dtype or bad size\n", path,
                     key);
             rc = -1;
-            break;
-        }
-        t->data = host_alloc(t->nbytes, cuda);
-        if (!t->data || fseeko(f, (off_t)(8 + hlen + a), SEEK_SET) != 0 ||
-            fread(t->data, 1, t->nbytes, f) != t->nbytes) {
-            fprintf(stderr, "wb-aoti-worker: %s: cannot read tensor %s\n", path, key);
-            rc = -1;
-            break;
+            continue;
         }
         out->n++;
     }
     json_decref(j);
+    if (rc != 0) {
+        fclose(f);
+        return -1;
+    }
+    *fp = f;
+    return 0;
+}
+
+/* Reads a safetensors file (every tensor) into host memory. */
+static int read_st(const char *path, int cuda, st_file *out)
+{
+    FILE *f;
+    if (st_open(path, out, &f) != 0)
+        return -1;
+    for (size_t i = 0; i < out->n; i++) {
+        host_tensor *t = &out->t[i];
+        t->data = host_alloc(t->nbytes, cuda);
+        if (!t->data || fseeko(f, (off_t)t->file_off, SEEK_SET) != 0 ||
+            fread(t->data, 1, t->nbytes, f) != t->nbytes) {
+            fprintf(stderr, "wb-aoti-worker: %s: cannot read tensor %s\n", path, t->name);
+            fclose(f);
+            return -1;
+        }
+    }
     fclose(f);
-    return rc;
+    return 0;
 }
 
 static host_tensor *st_find(st_file *s, const char *name)
@@ -300,6 +327,8 @@ typedef struct worker {
     size_t n_models;
     const char *local[MAX_MODELS];
     size_t n_local;
+    const char *uninit[MAX_MODELS]; /* --uninit-weights */
+    size_t n_uninit;
     int own_constants;
     char aliases[4096]; /* --alias, joined with commas */
     const char *strip_prefix, *prefix, *constants_file;
@@ -314,15 +343,19 @@ typedef struct worker {
     int dev_index;
     wb_client *client;
     wb_lease *leases[MAX_MODELS];
-    st_file local_files[MAX_MODELS];
+    st_file local_files[MAX_MODELS]; /* the headers of the files loaded by load_local */
+    size_t n_files;
     wb_container_tensor *local_tensors;
     size_t n_local_tensors;
+    void *weights; /* one allocation for every local tensor (device memory on CUDA) */
+    size_t weights_bytes;
     wb_container *c;
     void *stream;
     st_file in;
     host_tensor out[MAX_IO];
     size_t n_out;
-    double t_cuda_init, t_torch, t_connect, t_lease, t_load_local, t_container, t_total;
+    double t_cuda_init, t_torch, t_connect, t_lease, t_load_local, t_alloc_local, t_container;
+    double t_total;
     double run_ms_first, run_ms_median;
     long served, mismatches;
 } worker;
@@ -409,41 +442,167 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* The unshared baseline: each safetensors file is read into this process's
- * own memory (device memory on CUDA) and bound as caller tensors. */
-static int load_local(worker *w)
+#define WEIGHT_ALIGN 256u        /* each tensor's start in the allocation, as cudaMalloc's */
+#define STAGE_BYTES  (64u << 20) /* each of the two pinned chunks of a CUDA load */
+
+/* Fills the device memory of the tensors from their files through two pinned
+ * chunks: one is read into while the other is copied, and host memory never
+ * holds more than the two. */
+static int fill_device(worker *w, FILE **files, const char *const *paths)
 {
-    size_t total = 0;
-    for (size_t i = 0; i < w->n_local; i++) {
-        if (read_st(w->local[i], w->cuda, &w->local_files[i]) != 0)
-            return -1;
-        total += w->local_files[i].n;
+#ifdef WB_HAVE_CUDA
+    void *stage[2] = {NULL, NULL};
+    cudaEvent_t done[2] = {NULL, NULL};
+    int rc = 0, k = 0;
+    for (int i = 0; i < 2 && rc == 0; i++) {
+        if (cudaHostAlloc(&stage[i], STAGE_BYTES, cudaHostAllocDefault) != cudaSuccess ||
+            cudaEventCreateWithFlags(&done[i], cudaEventDisableTiming) != cudaSuccess) {
+            fprintf(stderr, "wb-aoti-worker: cannot allocate the pinned load buffers\n");
+            rc = -1;
+        }
     }
-    w->local_tensors = calloc(total + 1, sizeof *w->local_tensors);
-    for (size_t i = 0; i < w->n_local; i++) {
+    for (size_t i = 0; i < w->n_files && rc == 0; i++) {
+        for (size_t j = 0; j < w->local_files[i].n && rc == 0; j++) {
+            host_tensor *t = &w->local_files[i].t[j];
+            char *dst = t->dev;
+            size_t left = t->nbytes;
+            if (fseeko(files[i], (off_t)t->file_off, SEEK_SET) != 0)
+                rc = -1;
+            while (rc == 0 && left) {
+                size_t n = left < STAGE_BYTES ? left : STAGE_BYTES;
+                /* The copy that last used this chunk must be done first. */
+                if (cudaEventSynchronize(done[k]) != cudaSuccess ||
+                    fread(stage[k], 1, n, files[i]) != n) {
+                    rc = -1;
+                    break;
+                }
+                if (cudaMemcpyAsync(dst, stage[k], n, cudaMemcpyHostToDevice,
+                                    (cudaStream_t)w->stream) != cudaSuccess ||
+                    cudaEventRecord(done[k], (cudaStream_t)w->stream) != cudaSuccess) {
+                    fprintf(stderr, "wb-aoti-worker: %s: cannot copy tensor %s to the device\n",
+                            paths[i], t->name);
+                    rc = -2;
+                    break;
+                }
+                dst += n;
+                left -= n;
+                k ^= 1;
+            }
+            if (rc == -1)
+                fprintf(stderr, "wb-aoti-worker: %s: cannot read tensor %s\n", paths[i], t->name);
+        }
+    }
+    if (sync_stream(w->stream) != 0 && rc == 0) {
+        fprintf(stderr, "wb-aoti-worker: the copies to the device failed\n");
+        rc = -1;
+    }
+    for (int i = 0; i < 2; i++) {
+        if (done[i])
+            cudaEventDestroy(done[i]);
+        if (stage[i])
+            cudaFreeHost(stage[i]);
+    }
+    return rc == 0 ? 0 : -1;
+#else
+    (void)w;
+    (void)files;
+    (void)paths;
+    fprintf(stderr, "wb-aoti-worker: this build has no CUDA support\n");
+    return -1;
+#endif
+}
+
+/* The unshared baseline (fill: --local-weights) and the floor (no fill:
+ * --uninit-weights): every tensor of the safetensors files gets its place
+ * in one allocation of this process (device memory on CUDA) and is bound as
+ * a caller tensor; with fill its bytes are read from the file into it. */
+static int load_local(worker *w, const char *const *paths, size_t n_paths, int fill)
+{
+    FILE *files[MAX_MODELS] = {NULL};
+    int rc = 0;
+    size_t total = 0, bytes = 0;
+    w->n_files = n_paths;
+    for (size_t i = 0; i < n_paths && rc == 0; i++) {
+        if (st_open(paths[i], &w->local_files[i], &files[i]) != 0) {
+            rc = -1;
+            break;
+        }
+        total += w->local_files[i].n;
         for (size_t k = 0; k < w->local_files[i].n; k++) {
+            size_t n = w->local_files[i].t[k].nbytes;
+            bytes += (n + WEIGHT_ALIGN - 1) / WEIGHT_ALIGN * WEIGHT_ALIGN;
+        }
+    }
+    if (rc == 0) {
+        w->local_tensors = calloc(total + 1, sizeof *w->local_tensors);
+        w->weights_bytes = bytes;
+#ifdef WB_HAVE_CUDA
+        if (w->cuda) {
+            cudaError_t e = cudaMalloc(&w->weights, bytes ? bytes : 1);
+            if (e != cudaSuccess) {
+                fprintf(stderr, "wb-aoti-worker: cannot allocate %zu bytes of device memory: %s\n",
+                        bytes, cudaGetErrorString(e));
+                w->weights = NULL;
+            }
+        } else
+#endif
+            w->weights = malloc(bytes ? bytes : 1);
+        if (!w->local_tensors || !w->weights) {
+            if (!w->cuda || w->weights)
+                fprintf(stderr, "wb-aoti-worker: cannot allocate %zu bytes\n", bytes);
+            rc = -1;
+        }
+    }
+    size_t off = 0;
+    for (size_t i = 0; i < n_paths && rc == 0; i++) {
+        for (size_t k = 0; k < w->local_files[i].n && rc == 0; k++) {
             host_tensor *t = &w->local_files[i].t[k];
-            if (w->cuda && to_device(t, w->dev_index, w->stream) != 0)
-                return -1;
+            void *p = (char *)w->weights + off;
+            off += (t->nbytes + WEIGHT_ALIGN - 1) / WEIGHT_ALIGN * WEIGHT_ALIGN;
+            if (w->cuda)
+                t->dev = p;
+            else
+                t->data = p;
+            if (fill && !w->cuda &&
+                (fseeko(files[i], (off_t)t->file_off, SEEK_SET) != 0 ||
+                 fread(p, 1, t->nbytes, files[i]) != t->nbytes)) {
+                fprintf(stderr, "wb-aoti-worker: %s: cannot read tensor %s\n", paths[i], t->name);
+                rc = -1;
+                break;
+            }
             wb_container_tensor *ct = &w->local_tensors[w->n_local_tensors++];
             ct->fqn = t->name;
-            ct->data = w->cuda ? t->dev : t->data;
+            ct->data = p;
             ct->dtype = t->dtype;
             ct->ndim = t->ndim;
             ct->shape = t->shape;
             ct->device = w->cuda ? w->dev_index : -1;
         }
     }
-    if (sync_stream(w->stream) != 0)
-        return -1;
-    /* The host copies are not needed once on the device. */
-    for (size_t i = 0; w->cuda && i < w->n_local; i++) {
-        for (size_t k = 0; k < w->local_files[i].n; k++) {
-            host_free(w->local_files[i].t[k].data, 1);
-            w->local_files[i].t[k].data = NULL;
-        }
+    if (rc == 0 && fill && w->cuda)
+        rc = fill_device(w, files, paths);
+    for (size_t i = 0; i < n_paths; i++) {
+        if (files[i])
+            fclose(files[i]);
     }
-    return 0;
+    return rc;
+}
+
+static void free_local(worker *w)
+{
+#ifdef WB_HAVE_CUDA
+    if (w->cuda && w->weights)
+        cudaFree(w->weights);
+    else
+#endif
+        free(w->weights);
+    w->weights = NULL;
+    for (size_t i = 0; i < w->n_files; i++) {
+        free(w->local_files[i].t);
+        w->local_files[i].t = NULL;
+    }
+    free(w->local_tensors);
+    w->local_tensors = NULL;
 }
 
 static int attach(worker *w)
@@ -470,9 +629,15 @@ static int attach(worker *w)
     }
     if (w->n_local) {
         double t1 = now_ms();
-        if (load_local(w) != 0)
+        if (load_local(w, w->local, w->n_local, 1) != 0)
             return -1;
         w->t_load_local = now_ms() - t1;
+    }
+    if (w->n_uninit) {
+        double t1 = now_ms();
+        if (load_local(w, w->uninit, w->n_uninit, 0) != 0)
+            return -1;
+        w->t_alloc_local = now_ms() - t1;
     }
     double t2 = now_ms();
     wb_container_options o;
@@ -509,9 +674,10 @@ static void print_result(worker *w, int rc)
     json_object_set_new(o, "ok", json_boolean(rc == 0));
     json_object_set_new(o, "pid", json_integer(getpid()));
     json_object_set_new(o, "mode",
-                        json_string(w->n_models  ? "leased"
-                                    : w->n_local ? "local_weights"
-                                                 : "own_constants"));
+                        json_string(w->n_models   ? "leased"
+                                    : w->n_local  ? "local_weights"
+                                    : w->n_uninit ? "uninit_weights"
+                                                  : "own_constants"));
     json_object_set_new(o, "aoti_api", json_string(info.aoti_api ? info.aoti_api : ""));
     json_object_set_new(o, "device", json_string(info.device ? info.device : ""));
     json_object_set_new(o, "pinned_async_copy", json_boolean(info.pinned_async_copy));
@@ -529,12 +695,15 @@ static void print_result(worker *w, int rc)
     json_object_set_new(o, "package_constants", json_integer((json_int_t)info.package_constants));
     json_object_set_new(o, "unbound_constants", json_integer((json_int_t)info.unbound_constants));
     json_object_set_new(o, "package_bytes", json_integer((json_int_t)info.package_bytes));
+    /* The one allocation of --local-weights or --uninit-weights. */
+    json_object_set_new(o, "local_bytes", json_integer((json_int_t)w->weights_bytes));
     json_t *t = json_object();
     json_object_set_new(t, "cuda_init", json_real(w->t_cuda_init));
     json_object_set_new(t, "torch_load", json_real(w->t_torch));
     json_object_set_new(t, "connect", json_real(w->t_connect));
     json_object_set_new(t, "lease_and_open", json_real(w->t_lease));
     json_object_set_new(t, "load_local", json_real(w->t_load_local));
+    json_object_set_new(t, "alloc_local", json_real(w->t_alloc_local));
     json_object_set_new(t, "container", json_real(w->t_container));
     json_object_set_new(t, "library_load", json_real(info.library_seconds * 1e3));
     json_object_set_new(t, "attach_total", json_real(w->t_total));
@@ -556,6 +725,7 @@ static int parse(worker *w, int argc, char **argv)
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},
         {"local-weights", required_argument, NULL, 'L'},
+        {"uninit-weights", required_argument, NULL, 'U'},
         {"own-constants", no_argument, NULL, 'E'},
         {"aoti", required_argument, NULL, 'a'},
         {"input", required_argument, NULL, 'i'},
@@ -588,6 +758,11 @@ static int parse(worker *w, int argc, char **argv)
             if (w->n_local == MAX_MODELS)
                 return EXIT_USAGE;
             w->local[w->n_local++] = optarg;
+            break;
+        case 'U':
+            if (w->n_uninit == MAX_MODELS)
+                return EXIT_USAGE;
+            w->uninit[w->n_uninit++] = optarg;
             break;
         case 'E':
             w->own_constants = 1;
@@ -657,10 +832,10 @@ static int parse(worker *w, int argc, char **argv)
             return EXIT_USAGE;
         }
     }
-    int modes = (w->n_models > 0) + (w->n_local > 0) + w->own_constants;
+    int modes = (w->n_models > 0) + (w->n_local > 0) + (w->n_uninit > 0) + w->own_constants;
     if (!w->aoti || modes != 1 || optind != argc) {
         fprintf(stderr, "wb-aoti-worker: give --aoti and exactly one of --model, "
-                        "--local-weights, --own-constants\n");
+                        "--local-weights, --uninit-weights, --own-constants\n");
         usage(stderr);
         return EXIT_USAGE;
     }
@@ -795,6 +970,7 @@ int main(int argc, char **argv)
     }
     print_result(&w, rc);
     wb_container_destroy(&w.c);
+    free_local(&w);
     for (size_t i = 0; i < w.n_models; i++) {
         if (w.leases[i] && wb_lease_release(&w.leases[i]) != WB_OK)
             fprintf(stderr, "wb-aoti-worker: release: %s\n", wb_client_errmsg(w.client));

@@ -98,34 +98,39 @@ stop_broker() {
   wait "$BROKER" 2>/dev/null
 }
 
-# models DIR GIB [embedded]: the bf16 family of examples/compile_models.py
-# (a backbone of GIB GiB, heads a and b) in DIR, compiled unless DIR already
-# holds it for that size; with `embedded`, also variant a with its constants
-# in the .so (bf16_a_embedded.pt2), in a second process at the same time;
-# its failure is reported (fail) but not fatal: callers check the file.
-# Logs into OUT/compile_<dir>.log.
+# models DIR GIB [embedded|""] [ARGS...]: the bf16 family of
+# examples/compile_models.py (a backbone of GIB GiB, heads a and b) in DIR,
+# compiled unless DIR already holds it for that size and ARGS; with
+# `embedded`, also variant a with its constants in the .so
+# (bf16_a_embedded.pt2), in a second process at the same time; its failure
+# is reported (fail) but not fatal: callers check the file. ARGS go to
+# compile_models.py (e.g. --dim 32768 --variants a). Logs into
+# OUT/compile_<dir>.log.
 models() {
-  local dir=$1 gib=$2 emb=${3:-} tag pid epid=
+  local dir=$1 gib=$2 emb=${3:-} tag pid epid='' key
+  shift 2
+  [ $# -gt 0 ] && shift
+  key="$gib${*:+ $*}"
   tag=$(basename "$dir")
   mkdir -p "$dir"
-  if [ -f "$dir/bf16_a.pt2" ] && [ "$(cat "$dir/.gib" 2>/dev/null)" = "$gib" ] &&
+  if [ -f "$dir/bf16_a.pt2" ] && [ "$(cat "$dir/.gib" 2>/dev/null)" = "$key" ] &&
     { [ -z "$emb" ] || [ -f "$dir/bf16_a_embedded.pt2" ]; }; then
     say "models in $dir (${gib} GiB) already compiled"
     return 0
   fi
   rm -f "$dir/.gib"
-  python3 "$ROOT/examples/compile_models.py" "$dir" --family bf16 --backbone-gib "$gib" \
+  python3 "$ROOT/examples/compile_models.py" "$dir" --family bf16 --backbone-gib "$gib" "$@" \
     >"$OUT/compile_$tag.log" 2>&1 &
   pid=$!
   PIDS+=("$pid")
   if [ -n "$emb" ]; then
     python3 "$ROOT/examples/compile_models.py" "$dir" --family bf16 --only-embedded \
-      --backbone-gib "$gib" >"$OUT/compile_${tag}_embedded.log" 2>&1 &
+      --backbone-gib "$gib" "$@" >"$OUT/compile_${tag}_embedded.log" 2>&1 &
     epid=$!
     PIDS+=("$epid")
   fi
   wait "$pid" || { fail "compile of $dir failed: $(tail -n 5 "$OUT/compile_$tag.log")"; return 1; }
-  echo "$gib" >"$dir/.gib"
+  echo "$key" >"$dir/.gib"
   say "compiled the ${gib} GiB models in $dir"
   if [ -n "$epid" ]; then
     # Without it only the conditions that need it are left out.

@@ -15,22 +15,22 @@ import struct
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
+import safetensors_writer  # noqa: E402 (examples/safetensors_writer.py)
+
 BLOCK = 64 << 20
 
 
-def header(nbytes, count):
+def entries(nbytes, count):
     per = (nbytes // count) & ~1  # bf16: an even number of bytes
     if per == 0:
         raise SystemExit(f"{nbytes} bytes cannot hold {count} bf16 tensors")
-    h, off = {}, 0
+    out = []
     for i in range(count):
         n = per if i + 1 < count else nbytes - per * (count - 1)
         n &= ~1
-        h[f"t{i}"] = {"dtype": "BF16", "shape": [n // 2], "data_offsets": [off, off + n]}
-        off += n
-    raw = json.dumps(h, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    return raw, off
+        out.append((f"t{i}", "BF16", [n // 2], n))
+    return out
 
 
 def main():
@@ -40,7 +40,8 @@ def main():
     p.add_argument("--tensors", type=int, required=True)
     a = p.parse_args()
     t0 = time.time()
-    raw, total = header(int(a.bytes), a.tensors)
+    ents = entries(int(a.bytes), a.tensors)
+    raw, total = safetensors_writer.header(ents)
     want = 8 + len(raw) + total
     if os.path.exists(a.out) and os.path.getsize(a.out) == want:
         with open(a.out, "rb") as f:
@@ -48,21 +49,17 @@ def main():
                 print(json.dumps({"path": a.out, "bytes": total, "tensors": a.tensors,
                                   "seconds": 0.0, "reused": True}))
                 return 0
-    block = os.urandom(BLOCK)
-    per = (total // a.tensors) if a.tensors else 0
-    tmp = a.out + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
-        done, i = 0, 0
-        while done < total:
-            # A tensor-dependent start in the block: equal-sized tensors differ.
-            start = ((done // per) * 4099 if per else i) % (BLOCK // 2)
-            n = min(BLOCK - start, total - done)
-            f.write(block[start:start + n])
-            done += n
-            i += 1
-    os.replace(tmp, a.out)
+    block = memoryview(os.urandom(BLOCK))
+    def chunks(i):
+        # A tensor-dependent start in the block: equal-sized tensors differ.
+        start = (i * 4099) % (BLOCK // 2)
+        left = ents[i][3]
+        while left:
+            n = min(BLOCK - start, left)
+            yield block[start:start + n]
+            left -= n
+            start = 0
+    safetensors_writer.write(a.out, ents, chunks)
     print(json.dumps({"path": a.out, "bytes": total, "tensors": a.tensors,
                       "seconds": round(time.time() - t0, 2)}))
     return 0

@@ -133,3 +133,51 @@ grep -q '"ok":true' "$WB_TMP/wb.out" || fail "worker b did not report success"
 wait_for no_lease "$wb" || fail "worker b's leases should be released"
 [ "$(ctl containers --json | json 'len(d)')" = 0 ] || fail "no container should remain"
 stop_broker
+
+# Without a broker: --local-weights reads the same files into one allocation
+# of the worker's own, --uninit-weights binds the same tensors (from the
+# files' headers only) to such an allocation left uninitialised.
+# run_worker NAME ARGS...: one worker to its end; its status in EXIT_RC.
+run_worker() {
+  local name=$1
+  shift
+  spawn "$name" "$AOTI_WORKER" --input "$WB_TMP/input.safetensors" "$@"
+  wait_exit "$LAST_PID"
+}
+result() {
+  grep '^result ' "$WB_TMP/$1.out" | cut -d' ' -f2- | json "$2"
+}
+run_worker local --local-weights "$WB_TMP/base.safetensors" \
+  --local-weights "$WB_TMP/head_a.safetensors" --aoti "$WB_TMP/variant_v214.pt2" \
+  --output "$WB_TMP/local.safetensors"
+[ "$EXIT_RC" = 0 ] || fail "the --local-weights worker exited with $EXIT_RC: $(cat "$WB_TMP/local.err")"
+check_output "$WB_TMP/local.safetensors" "[11, 22, 36, 48]" ||
+  fail "the --local-weights worker computed wrong outputs"
+# Two tensors of 16 bytes, each at a 256-byte boundary of one allocation.
+[ "$(result local "(d['mode'], d['caller_constants'], d['caller_bytes'], d['local_bytes'], d['ms']['alloc_local'])")" = \
+  "('local_weights', 2, 32, 512, 0.0)" ] || fail "the --local-weights result: $(cat "$WB_TMP/local.out")"
+
+run_worker uninit --uninit-weights "$WB_TMP/base.safetensors" \
+  --uninit-weights "$WB_TMP/head_a.safetensors" --aoti "$WB_TMP/variant_v214.pt2" \
+  --iterations 3 --output "$WB_TMP/uninit.safetensors"
+[ "$EXIT_RC" = 0 ] || fail "the --uninit-weights worker exited with $EXIT_RC: $(cat "$WB_TMP/uninit.err")"
+[ "$(result uninit "(d['ok'], d['mode'], d['caller_constants'], d['caller_bytes'], d['local_bytes'], d['ms']['load_local'], d['ms']['alloc_local'] > 0, d['ms']['median_run'] > 0)")" = \
+  "(True, 'uninit_weights', 2, 32, 512, 0.0, True, True)" ] ||
+  fail "the --uninit-weights result: $(cat "$WB_TMP/uninit.out")"
+"$PYTHON" -c 'import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+h = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+sys.exit(0 if h["output0"]["shape"] == [4] else "output0: %s" % h["output0"])' "$WB_TMP/uninit.safetensors" ||
+  fail "the --uninit-weights worker wrote no 4-element output"
+
+run_worker both --local-weights "$WB_TMP/base.safetensors" \
+  --uninit-weights "$WB_TMP/head_a.safetensors" --aoti "$WB_TMP/variant_v214.pt2"
+[ "$EXIT_RC" = 2 ] || fail "--local-weights with --uninit-weights should exit 2, not $EXIT_RC"
+grep -q "exactly one of --model, --local-weights, --uninit-weights, --own-constants" "$WB_TMP/both.err" ||
+  fail "--local-weights with --uninit-weights: $(cat "$WB_TMP/both.err")"
+
+printf 'not a checkpoint' >"$WB_TMP/bad.safetensors"
+run_worker bad --uninit-weights "$WB_TMP/bad.safetensors" --aoti "$WB_TMP/variant_v214.pt2"
+[ "$EXIT_RC" = 1 ] || fail "--uninit-weights of a bad file should exit 1, not $EXIT_RC"
+grep -q "^wb-aoti-worker: $WB_TMP/bad.safetensors: " "$WB_TMP/bad.err" ||
+  fail "--uninit-weights of a bad file: $(cat "$WB_TMP/bad.err")"

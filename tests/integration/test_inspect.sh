@@ -105,6 +105,46 @@ if expect_exit 0 "$bin" inspect --help; then
   [ ! -s "$tmp/err" ] || fail "--help writes nothing on stderr"
 fi
 
+# examples/safetensors_writer.py (the streaming writer of the GPU scripts'
+# checkpoints) writes the file safetensors wrote again, byte for byte, from
+# its tensors given in pieces; a tensor whose pieces fall short fails and
+# leaves no file behind.
+if ! python3 - "$data/../../examples" "$official/all_dtypes.safetensors" "$tmp" >"$tmp/writer.out" 2>&1 <<'PY'; then
+import json, os, struct, sys
+sys.path.insert(0, sys.argv[1])
+import safetensors_writer as w
+raw = open(sys.argv[2], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n])
+meta = h.pop("__metadata__", None)
+names = sorted(h, key=lambda k: h[k]["data_offsets"])
+ents = [(k, h[k]["dtype"], h[k]["shape"], h[k]["data_offsets"][1] - h[k]["data_offsets"][0])
+        for k in names]
+def chunks(i):
+    a, b = h[names[i]]["data_offsets"]
+    mid = (a + b) // 2
+    return [raw[8 + n + a:8 + n + mid], memoryview(raw)[8 + n + mid:8 + n + b]]
+out = os.path.join(sys.argv[3], "rewritten.safetensors")
+size = w.write(out, ents, chunks, meta)
+assert size == len(raw), (size, len(raw))
+assert open(out, "rb").read() == raw, "not the same bytes"
+short = os.path.join(sys.argv[3], "short_write.safetensors")
+try:
+    w.write(short, ents, lambda i: [b"x"])
+    sys.exit("a short tensor was accepted")
+except ValueError as e:
+    assert "t_uint64" in str(e) and "1 bytes written, 48 declared" in str(e), e
+assert not os.path.exists(short) and not os.path.exists(short + ".tmp"), "a file was left"
+try:
+    w.header([("x", "F32", [3], 8)])
+    sys.exit("a wrong size was accepted")
+except ValueError as e:
+    assert "needs 12" in str(e), e
+print("rewritten", len(ents), "tensors,", size, "bytes")
+PY
+  fail "safetensors_writer: $(cat "$tmp/writer.out")"
+fi
+
 if [ "$failures" -ne 0 ]; then
   echo "test_inspect: $failures failure(s)"
   exit 1
