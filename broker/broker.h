@@ -108,10 +108,6 @@ typedef struct wb_broker {
      * send (what the socket does not take at once is copied). */
     const void *reply_frame;
     size_t reply_frame_len;
-    /* Nonzero: a shorter prefix of reply_frame that still makes a whole
-     * reply (the table without its name index), sent when the whole frame
-     * would take the reply over the message limit. */
-    size_t reply_frame_min_len;
 } wb_broker;
 
 int64_t wb__clock_mono_ms(void);

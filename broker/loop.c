@@ -62,15 +62,10 @@ static void send_reply(loop *L, uint32_t op, const void *ident, size_t ident_len
     wb_broker *b = L->b;
     const void *frame = b->reply_frame;
     size_t frame_len = frame ? b->reply_frame_len : 0;
-    size_t frame_min = frame ? b->reply_frame_min_len : 0;
     b->reply_frame = NULL;
     b->reply_frame_len = 0;
-    b->reply_frame_min_len = 0;
     size_t len = 0;
     uint8_t *buf = wb__reply_pack(rep, &len);
-    if (buf && len + frame_len > b->limits.max_message && frame_min &&
-        len + frame_min <= b->limits.max_message)
-        frame_len = frame_min;
     if (buf && len + frame_len > b->limits.max_message) {
         free(buf);
         frame = NULL;

@@ -72,7 +72,6 @@ static void wire_free(wb_model *m)
     free(m->table);
     m->table = NULL;
     m->table_len = 0;
-    m->table_indexed_len = 0;
 }
 
 void wb__model_free(wb_model **mp)
@@ -210,17 +209,8 @@ int wb__model_adopt(wb_model *m, wb_model_data *data, wb_err *err)
         wire[k].slab.device_uuid = c->uuid;
         wire_pack_copy(m, k, table, table_len);
     }
-    /* The name index travels after the table, in the same buffer, to the
-     * clients that ask for it; the others get the table, its prefix. */
-    size_t indexed_len = 0;
-    uint8_t *indexed = table ? wb__tensor_table_with_index(table, table_len, &indexed_len) : NULL;
-    if (indexed) {
-        free(table);
-        table = indexed;
-    }
     m->table = table;
     m->table_len = table ? table_len : 0;
-    m->table_indexed_len = indexed ? indexed_len : m->table_len;
     if (first_ready >= 0)
         m->device = m->data.copies[first_ready].device;
     m->state = WBPROTO__MODEL_STATE__MODEL_READY;

@@ -106,9 +106,6 @@ typedef struct wb_model {
      * every copy; NULL when memory was short. */
     uint8_t *table;
     size_t table_len;
-    /* table_len, or more when the name index (common/wire.h) follows the
-     * table in the same buffer: what a client that asks for it gets. */
-    size_t table_indexed_len;
     size_t wire_lease_size; /* the largest of the copies' lease sizes */
     /* XXH3-128 of the compact table (canonical bytes; the tensors are the
      * same on every copy): a client that names it gets a copy's cached_tail. */

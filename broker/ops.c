@@ -283,8 +283,7 @@ static int op_acquire(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Re
     int made = wb__ops_lease_tail(m, copy, which, lw, a) == WB_OK;
     if (made && which == WB_TAIL_FRAME) {
         b->reply_frame = m->table;
-        b->reply_frame_len = aq->tensor_table_index ? m->table_indexed_len : m->table_len;
-        b->reply_frame_min_len = m->table_len;
+        b->reply_frame_len = m->table_len;
     }
     /* What could not be made falls back: to the table inside the reply,
      * then to the tensors as messages, then to packing field by field. */

@@ -442,13 +442,6 @@ static wb__table *table_new(const char *model, const uint8_t *bytes, size_t len,
         if (e->offset + e->nbytes > t->slab_need[e->slab])
             t->slab_need[e->slab] = e->offset + e->nbytes;
     }
-    /* The broker's name index, when it sent one (checked with the table):
-     * lookups use it where it lies instead of hashing every name first.
-     * Out of memory, the first lookup builds one as without it. */
-    size_t slots = 0;
-    const uint64_t *index = wb__tensor_table_index(t->bytes, len, &slots);
-    if (index)
-        atomic_init(&t->by_name, wb__names_hash_over(index, slots));
     return t;
 }
 
@@ -595,7 +588,6 @@ WB_EXPORT int wb_lease_acquire_ex(wb_client *client, const char *model,
     acq.model = (char *)model;
     acq.tensor_table = 1;
     acq.tensor_table_frame = 1;
-    acq.tensor_table_index = 1;
     /* The table of an earlier lease on this model: the broker sends none
      * when it is still the model's. */
     wb__table *held = table_cached(client, model);
