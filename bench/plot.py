@@ -5,7 +5,8 @@ memory.sh and attach.sh write.
   bench/plot.py DIR... [--out OUTDIR]
 
 Reads, from each DIR, whichever of these are there: stall.json with
-stall_series_{legacy,nonblocking}.json.gz, memory.json, attach.json; writes
+stall_series_{legacy,nonblocking}.json.gz, memory.json, attach.json (and
+attach_60gib.json when there); writes
 into OUTDIR (default: bench/) stall.png (the victim's iteration times over
 the run, coloured by condition, one panel per stream mode, and the p99
 ratios), memory.png (device memory against the number of workers, with and
@@ -113,7 +114,11 @@ def plot_memory(d, out):
 
 def plot_attach(d, out):
     a = load(os.path.join(d, "attach.json"))
-    rows = a["by_size"]
+    rows = list(a["by_size"])
+    # The largest size is measured by its own run (attach_60gib.json).
+    big = os.path.join(d, "attach_60gib.json")
+    if os.path.exists(big):
+        rows += load(big)["by_size"]
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
