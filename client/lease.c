@@ -333,6 +333,7 @@ void wb__table_unref(wb__table **tp)
     pthread_mutex_destroy(&t->mu);
     wb__reply_free(&t->rep);
     wb__frame_free(&t->frame);
+    wb__mapcache_put(&t->map);
     free(t->model);
     free(t);
 }
@@ -371,13 +372,14 @@ static void table_keep(wb_client *c, wb__table *t)
 }
 
 /* A table (checked: by the decoder when it came inside the reply, by the
- * caller when it came as a second frame): it keeps what holds `bytes`
- * (*rep or *frame, whichever is given, is taken), or a copy when the bytes
+ * caller when it came as a second frame or shared): it keeps what holds
+ * `bytes` (*rep, *frame or *map, whichever is given, is taken), or a copy
+ * when the bytes
  * are not 8-byte aligned. Its entries are made on first use
  * (table_entries); what a lease on it needs now is each slab's extent, one
  * pass over the records. NULL when out of memory (nothing taken). */
 static wb__table *table_new(const char *model, const uint8_t *bytes, size_t len,
-                            Wbproto__Reply **rep, wb__frame **frame)
+                            Wbproto__Reply **rep, wb__frame **frame, wb__map **map)
 {
     int copy = ((uintptr_t)bytes & 7) != 0;
     wb__table *t = calloc(1, sizeof *t + (copy ? (len + 7) & ~(size_t)7 : 0));
@@ -421,6 +423,9 @@ static wb__table *table_new(const char *model, const uint8_t *bytes, size_t len,
     } else if (!copy && frame) {
         t->frame = *frame;
         *frame = NULL;
+    } else if (!copy && map) {
+        t->map = *map;
+        *map = NULL;
     }
     wb__tensor_table_digest(t->bytes, len, t->digest);
     return t;
@@ -511,11 +516,41 @@ static int lease_on_new_table(wb_client *c, const char *model, wb_lease *l, wb__
     return WB_OK;
 }
 
+/* The table the broker published in shared memory: mapped read-only
+ * through the map cache (every lease and client of this process on the
+ * model share the mapping) and checked as a received table is; its bytes
+ * are never copied. A mapping that fails sets *unmappable: the caller asks
+ * again for the table another way. */
+static int build_from_shared(wb_client *c, const char *model, const Wbproto__Lease *pl, wb_lease *l,
+                             int *unmappable)
+{
+    const Wbproto__Slab *s = pl->tensor_table_slab;
+    wb__map *map = NULL;
+    wb_err e;
+    int rc = wb__mapcache_get_host(s->shm_name, s->size, &map, &e);
+    if (rc != WB_OK) {
+        *unmappable = 1;
+        return wb__client_fail(c, rc, "acquire '%s': the shared tensor table: %s", model, e.msg);
+    }
+    const uint8_t *bytes = wb__map_addr(map);
+    size_t len = (size_t)s->size;
+    if (wb__tensor_table_check(bytes, len, pl->slabs, pl->n_slabs, &e) != WB_OK) {
+        wb__mapcache_put(&map);
+        return wb__client_fail(c, WB_EPROTO, "acquire '%s': the shared tensor table %s: %s", model,
+                               s->shm_name, e.msg);
+    }
+    wb__table *t = table_new(model, bytes, len, NULL, NULL, &map);
+    wb__mapcache_put(&map); /* still ours when table_new failed */
+    return lease_on_new_table(c, model, l, t);
+}
+
 static int build_tensors(wb_client *c, const char *model, const Wbproto__Lease *pl, wb__table *held,
-                         wb_lease *l, Wbproto__Reply **rep, wb__frame **frame)
+                         wb_lease *l, Wbproto__Reply **rep, wb__frame **frame, int *unmappable)
 {
     if (pl->tensor_table_cached)
         return build_from_cached(c, model, pl, held, l);
+    if (pl->tensor_table_slab)
+        return build_from_shared(c, model, pl, l, unmappable);
     if (pl->tensor_table_in_frame) {
         if (!*frame)
             return wb__client_fail(c, WB_EPROTO,
@@ -528,11 +563,12 @@ static int build_tensors(wb_client *c, const char *model, const Wbproto__Lease *
         if (wb__tensor_table_check(bytes, len, pl->slabs, pl->n_slabs, &e) != WB_OK)
             return wb__client_fail(c, WB_EPROTO, "acquire '%s': the tensor table frame: %s", model,
                                    e.msg);
-        return lease_on_new_table(c, model, l, table_new(model, bytes, len, NULL, frame));
+        return lease_on_new_table(c, model, l, table_new(model, bytes, len, NULL, frame, NULL));
     }
     if (pl->tensor_table.len)
         return lease_on_new_table(
-            c, model, l, table_new(model, pl->tensor_table.data, pl->tensor_table.len, rep, NULL));
+            c, model, l,
+            table_new(model, pl->tensor_table.data, pl->tensor_table.len, rep, NULL, NULL));
     size_t n = pl->n_tensors, dims = 0, chars = 0;
     for (size_t i = 0; i < n; i++) {
         const Wbproto__Tensor *t = pl->tensors[i];
@@ -577,6 +613,83 @@ WB_EXPORT int wb_lease_device(const wb_lease *lease)
     return lease && lease->n_maps ? wb__map_device(lease->maps[0]) : -1;
 }
 
+/* One acquire request and what follows it, under client->mu: *out gets
+ * the lease. With `shared` the broker is asked for its shared table; when
+ * that table cannot be mapped here the lease is handed back and
+ * *unmappable set. */
+static int acquire_once(wb_client *client, const char *model, const char *uuid,
+                        const wb_lease_options *o, int shared, wb_lease **out, int *unmappable)
+{
+    int rc;
+    Wbproto__AcquireRequest acq = WBPROTO__ACQUIRE_REQUEST__INIT;
+    acq.model = (char *)model;
+    acq.tensor_table = 1;
+    acq.tensor_table_frame = 1;
+    acq.tensor_table_shared = shared != 0;
+    /* The table of an earlier lease on this model: the broker sends none
+     * when it is still the model's. */
+    wb__table *held = table_cached(client, model);
+    if (held) {
+        acq.tensor_table_digest.data = held->digest;
+        acq.tensor_table_digest.len = sizeof held->digest;
+    }
+    acq.device_uuid = (char *)uuid;
+    acq.allow_peer = o->allow_peer != 0;
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
+    req.acquire = &acq;
+    Wbproto__Reply *rep = NULL;
+    wb__frame *frame = NULL;
+    wb_err e;
+    rc = wb__client_call_frame(client, &req, 0, &rep, &frame, &e);
+    if (rc != WB_OK) {
+        wb__reply_free(&rep);
+        wb__frame_free(&frame);
+        return wb__client_fail(client, rc, "acquire '%s': %s", model, e.msg);
+    }
+    const Wbproto__Lease *pl = rep->acquire ? rep->acquire->lease : NULL;
+    wb_lease *l = NULL;
+    if (!pl) {
+        rc = wb__client_fail(client, WB_EPROTO, "acquire '%s': the reply carries no lease", model);
+    } else if ((rc = validate_lease(client, model, pl)) == WB_OK) {
+        l = calloc(1, sizeof *l);
+        if (!l)
+            rc = wb__client_fail(client, WB_ENOMEM, "acquire '%s': out of memory", model);
+    }
+    if (l) {
+        memcpy(l->id, pl->id.data, WB_LEASE_ID_BYTES);
+        hex_id(l->id, l->id_hex);
+        wb__lease_containers_init(l);
+        atomic_init(&l->orphaned, 0);
+        l->model = strdup(model);
+        if (!l->model)
+            rc = wb__client_fail(client, WB_ENOMEM, "acquire '%s': out of memory", model);
+        if (rc == WB_OK)
+            rc = map_slabs(client, model, pl, l);
+        if (rc == WB_OK)
+            rc = build_tensors(client, model, pl, held, l, &rep, &frame, unmappable);
+    }
+    if (rc != WB_OK && pl && pl->id.len == WB_LEASE_ID_BYTES) {
+        /* The broker granted a lease this process cannot use: hand it back
+         * now rather than leave it to process exit. */
+        wb_err ignored;
+        send_release(client, pl->id.data, &ignored);
+    }
+    wb__reply_free(&rep);
+    wb__frame_free(&frame);
+    if (rc != WB_OK) {
+        lease_free(l);
+        return rc;
+    }
+    l->client = client;
+    l->next = client->leases;
+    if (client->leases)
+        client->leases->prev = l;
+    client->leases = l;
+    *out = l;
+    return WB_OK;
+}
+
 WB_EXPORT int wb_lease_acquire_ex(wb_client *client, const char *model,
                                   const wb_lease_options *opts, wb_lease **out)
 {
@@ -601,76 +714,16 @@ WB_EXPORT int wb_lease_acquire_ex(wb_client *client, const char *model,
         pthread_mutex_unlock(&client->mu);
         return rc;
     }
-    Wbproto__AcquireRequest acq = WBPROTO__ACQUIRE_REQUEST__INIT;
-    acq.model = (char *)model;
-    acq.tensor_table = 1;
-    acq.tensor_table_frame = 1;
-    /* The table of an earlier lease on this model: the broker sends none
-     * when it is still the model's. */
-    wb__table *held = table_cached(client, model);
-    if (held) {
-        acq.tensor_table_digest.data = held->digest;
-        acq.tensor_table_digest.len = sizeof held->digest;
+    /* The shared table first; where it cannot be mapped (no /dev/shm
+     * shared with the broker), the table as a frame from then on. */
+    int unmappable = 0;
+    rc = acquire_once(client, model, uuid, o, !client->table_shared_off, out, &unmappable);
+    if (rc != WB_OK && unmappable) {
+        client->table_shared_off = 1;
+        rc = acquire_once(client, model, uuid, o, 0, out, &unmappable);
     }
-    acq.device_uuid = uuid;
-    acq.allow_peer = o->allow_peer != 0;
-    Wbproto__Request req = WBPROTO__REQUEST__INIT;
-    req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
-    req.acquire = &acq;
-    Wbproto__Reply *rep = NULL;
-    wb__frame *frame = NULL;
-    wb_err e;
-    rc = wb__client_call_frame(client, &req, 0, &rep, &frame, &e);
-    if (rc != WB_OK) {
-        wb__reply_free(&rep);
-        wb__frame_free(&frame);
-        rc = wb__client_fail(client, rc, "acquire '%s': %s", model, e.msg);
-        pthread_mutex_unlock(&client->mu);
-        return rc;
-    }
-    const Wbproto__Lease *pl = rep->acquire ? rep->acquire->lease : NULL;
-    wb_lease *l = NULL;
-    if (!pl) {
-        rc = wb__client_fail(client, WB_EPROTO, "acquire '%s': the reply carries no lease", model);
-    } else if ((rc = validate_lease(client, model, pl)) == WB_OK) {
-        l = calloc(1, sizeof *l);
-        if (!l)
-            rc = wb__client_fail(client, WB_ENOMEM, "acquire '%s': out of memory", model);
-    }
-    if (l) {
-        memcpy(l->id, pl->id.data, WB_LEASE_ID_BYTES);
-        hex_id(l->id, l->id_hex);
-        wb__lease_containers_init(l);
-        atomic_init(&l->orphaned, 0);
-        l->model = strdup(model);
-        if (!l->model)
-            rc = wb__client_fail(client, WB_ENOMEM, "acquire '%s': out of memory", model);
-        if (rc == WB_OK)
-            rc = map_slabs(client, model, pl, l);
-        if (rc == WB_OK)
-            rc = build_tensors(client, model, pl, held, l, &rep, &frame);
-    }
-    if (rc != WB_OK && pl && pl->id.len == WB_LEASE_ID_BYTES) {
-        /* The broker granted a lease this process cannot use: hand it back
-         * now rather than leave it to process exit. */
-        wb_err ignored;
-        send_release(client, pl->id.data, &ignored);
-    }
-    wb__reply_free(&rep);
-    wb__frame_free(&frame);
-    if (rc != WB_OK) {
-        lease_free(l);
-        pthread_mutex_unlock(&client->mu);
-        return rc;
-    }
-    l->client = client;
-    l->next = client->leases;
-    if (client->leases)
-        client->leases->prev = l;
-    client->leases = l;
-    *out = l;
     pthread_mutex_unlock(&client->mu);
-    return WB_OK;
+    return rc;
 }
 
 WB_EXPORT int wb_lease_release(wb_lease **lease)

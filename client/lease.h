@@ -80,9 +80,11 @@ typedef struct wb__table {
     const uint8_t *bytes; /* 8-byte aligned: the dims are read as u64 */
     size_t len;
     /* What holds `bytes`: the reply (a table inside it), or the reply's
-     * second frame, or neither when they were copied to `copy`. */
+     * second frame, or the read-only mapping of the broker's shared table
+     * (Lease.tensor_table_slab), or none when they were copied to `copy`. */
     Wbproto__Reply *rep;
     wb__frame *frame;
+    wb__map *map;
     uint64_t copy[];
 } wb__table;
 
