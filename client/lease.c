@@ -374,10 +374,9 @@ static void table_keep(wb_client *c, wb__table *t)
 /* A table (checked: by the decoder when it came inside the reply, by the
  * caller when it came as a second frame or shared): it keeps what holds
  * `bytes` (*rep, *frame or *map, whichever is given, is taken), or a copy
- * when the bytes
- * are not 8-byte aligned. Its entries are made on first use
- * (table_entries); what a lease on it needs now is each slab's extent, one
- * pass over the records. NULL when out of memory (nothing taken). */
+ * when the bytes are not 8-byte aligned. Its entries are made on first use
+ * (table_entries); what a lease on it needs now is each slab's extent, read
+ * from the records. NULL when out of memory (nothing taken). */
 static wb__table *table_new(const char *model, const uint8_t *bytes, size_t len,
                             Wbproto__Reply **rep, wb__frame **frame, wb__map **map)
 {
@@ -388,8 +387,7 @@ static wb__table *table_new(const char *model, const uint8_t *bytes, size_t len,
     t->bytes = copy ? memcpy(t->copy, bytes, len) : bytes;
     t->len = len;
     size_t n = wb__tensor_table_count(t->bytes);
-    /* Slab indices are 16 bits: the extents fit a fixed array's worth, but
-     * most tables name one slab, so count them first. */
+    /* The slabs named (most tables name one), then each one's extent. */
     const uint8_t *rec = t->bytes + WB_TABLE_HEADER;
     for (size_t i = 0; i < n; i++, rec += WB_TABLE_RECORD) {
         wb_table_tensor r;
