@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 
 void wb__model_data_free(wb_model_data *d, const wb_backend *be)
 {
@@ -171,6 +172,10 @@ static void table_publish(wb_model *m, const uint8_t *table, size_t len)
         return;
     }
     memcpy(m->table_shm.addr, table, len);
+    /* Never written again: a stray write of the broker's faults instead of
+     * changing what clients read. */
+    if (len)
+        mprotect(m->table_shm.addr, len, PROT_READ);
     m->table_slab.backend = WBPROTO__BACKEND__BACKEND_HOST;
     m->table_slab.device = -1;
     m->table_slab.size = len;
