@@ -196,14 +196,15 @@ size_t wb__broker_scan_stale(wb_broker *b)
     return wb__leases_mark_stale(&b->leases, now, window, on_stale, b);
 }
 
-/* Gives the model's host slabs to the socket's group, so that peers who may
- * connect may also map them. A failure leaves the broker's group and is
- * logged: clients in that group still work. */
+/* Gives the model's host slabs and its shared tensor table to the socket's
+ * group, so that peers who may connect may also map them. A failure leaves
+ * the broker's group and is logged: clients in that group still work (and
+ * others fall back to receiving the table). */
 static void share_slabs(wb_broker *b, wb_model *m)
 {
     char q[300], qe[WB_ERR_MSG_MAX + 64];
-    for (uint32_t i = 0; i < m->data.n_slabs; i++) {
-        const char *name = m->data.slabs[i].shm.name;
+    for (uint32_t i = 0; i <= m->data.n_slabs; i++) {
+        const char *name = i < m->data.n_slabs ? m->data.slabs[i].shm.name : m->table_shm.name;
         if (!name[0])
             continue;
         wb_err err;

@@ -1,11 +1,13 @@
 #include "models.h"
 
+#include "log.h"
 #include "wire.h"
 
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 
 void wb__model_data_free(wb_model_data *d, const wb_backend *be)
 {
@@ -64,6 +66,7 @@ static void wire_free(wb_model *m)
             free(m->wire[i].lease_tail);
             free(m->wire[i].cached_tail);
             free(m->wire[i].frame_tail);
+            free(m->wire[i].shared_tail);
         }
     }
     free(m->wire);
@@ -72,6 +75,10 @@ static void wire_free(wb_model *m)
     free(m->table);
     m->table = NULL;
     m->table_len = 0;
+    if (m->table_shm.addr) {
+        wb__shm_unlink(&m->table_shm);
+        wb__shm_unmap(&m->table_shm);
+    }
 }
 
 void wb__model_free(wb_model **mp)
@@ -134,6 +141,46 @@ static void wire_pack_copy(wb_model *m, uint32_t k, const uint8_t *table, size_t
         if (w->frame_tail)
             w->frame_tail_len = wbproto__lease__pack(&lease, w->frame_tail);
     }
+    if (table && m->table_shm.addr) {
+        lease.tensor_table_in_frame = 0;
+        lease.tensor_table_slab = &m->table_slab;
+        tail = wbproto__lease__get_packed_size(&lease);
+        w->shared_tail = malloc(tail);
+        if (w->shared_tail)
+            w->shared_tail_len = wbproto__lease__pack(&lease, w->shared_tail);
+    }
+}
+
+/* Publishes the table in a read-only shared memory object when the model's
+ * slabs are named shm objects (the clients reach /dev/shm): made like a
+ * slab (unguessable name, mode 0640, opened read-only by clients). Without
+ * it (another transport, or no memory) clients get the table as before. */
+static void table_publish(wb_model *m, const uint8_t *table, size_t len)
+{
+    memset(&m->table_shm, 0, sizeof m->table_shm);
+    wbproto__slab__init(&m->table_slab);
+    const char *tr = wb__backend_transport(m->backend);
+    if (!table || m->backend->proto != WBPROTO__BACKEND__BACKEND_HOST ||
+        (tr[0] && strcmp(tr, "shm") != 0))
+        return;
+    wb_err e;
+    if (wb__shm_create(&m->table_shm, len, &e) != WB_OK) {
+        char q[300];
+        wb_warn("table_shared", "model=%s error=%s: clients get the table in their replies",
+                wb__log_quote(q, sizeof q, m->name), e.msg);
+        memset(&m->table_shm, 0, sizeof m->table_shm);
+        return;
+    }
+    memcpy(m->table_shm.addr, table, len);
+    /* Never written again: a stray write of the broker's faults instead of
+     * changing what clients read. */
+    if (len)
+        mprotect(m->table_shm.addr, len, PROT_READ);
+    m->table_slab.backend = WBPROTO__BACKEND__BACKEND_HOST;
+    m->table_slab.device = -1;
+    m->table_slab.size = len;
+    m->table_slab.shm_name = m->table_shm.name;
+    m->table_slab.transport = "shm";
 }
 
 int wb__model_adopt(wb_model *m, wb_model_data *data, wb_err *err)
@@ -195,6 +242,7 @@ int wb__model_adopt(wb_model *m, wb_model_data *data, wb_err *err)
     uint8_t *table = wb__tensor_table_pack(tensor_ptrs, nt, &table_len);
     if (table)
         wb__tensor_table_digest(table, table_len, m->table_digest);
+    table_publish(m, table, table_len);
     int first_ready = -1;
     for (uint32_t k = 0; k < nc; k++) {
         wb_model_copy *c = &m->data.copies[k];

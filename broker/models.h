@@ -6,6 +6,7 @@
 #include "backend.h"
 #include "devlist.h"
 #include "err.h"
+#include "shm.h"
 #include "wb.pb-c.h"
 
 #include <stddef.h>
@@ -82,6 +83,10 @@ typedef struct wb_model_wire {
      * the table (wb_model.table) from a second frame. */
     uint8_t *frame_tail;
     size_t frame_tail_len;
+    /* The same with tensor_table_slab (wb_model.table_shm): the reply to a
+     * client that maps the shared table. NULL when there is none. */
+    uint8_t *shared_tail;
+    size_t shared_tail_len;
 } wb_model_wire;
 
 typedef struct wb_model {
@@ -106,6 +111,13 @@ typedef struct wb_model {
      * every copy; NULL when memory was short. */
     uint8_t *table;
     size_t table_len;
+    /* The same bytes published once in a read-only shared memory object
+     * for every client (AcquireRequest.tensor_table_shared), by a broker
+     * whose slabs are named shm objects; table_shm.addr is NULL when there
+     * is none (another transport, or it could not be made). Unlinked and
+     * unmapped with the model; clients' mappings outlive the name. */
+    wb_shm table_shm;
+    Wbproto__Slab table_slab;
     size_t wire_lease_size; /* the largest of the copies' lease sizes */
     /* XXH3-128 of the compact table (canonical bytes; the tensors are the
      * same on every copy): a client that names it gets a copy's cached_tail. */

@@ -162,12 +162,14 @@ int wb__ops_lease_tail(const wb_model *m, unsigned copy, enum wb_lease_tail whic
         lw->tensor_table.len = m->table_len;
         return WB_OK;
     }
-    const uint8_t *tail = which == WB_TAIL_CACHED  ? w->cached_tail
-                          : which == WB_TAIL_FRAME ? (m->table ? w->frame_tail : NULL)
-                                                   : w->lease_tail;
-    size_t len = which == WB_TAIL_CACHED  ? w->cached_tail_len
-                 : which == WB_TAIL_FRAME ? w->frame_tail_len
-                                          : w->lease_tail_len;
+    const uint8_t *tail = which == WB_TAIL_CACHED   ? w->cached_tail
+                          : which == WB_TAIL_FRAME  ? (m->table ? w->frame_tail : NULL)
+                          : which == WB_TAIL_SHARED ? (m->table ? w->shared_tail : NULL)
+                                                    : w->lease_tail;
+    size_t len = which == WB_TAIL_CACHED   ? w->cached_tail_len
+                 : which == WB_TAIL_FRAME  ? w->frame_tail_len
+                 : which == WB_TAIL_SHARED ? w->shared_tail_len
+                                           : w->lease_tail_len;
     if (!tail || len < 2 || tail[0] != 0x12)
         return WB_EINVAL;
     ProtobufCMessageUnknownField *u = wb__arena_alloc(a, sizeof *u);
@@ -270,24 +272,30 @@ static int op_acquire(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Re
     lw->id.data = l->id;
     lw->id.len = WB_LEASE_ID_LEN;
     /* A client that holds this model's table gets none; one that reads
-     * the compact table gets it, as a second frame when it asks so; else
-     * (or when it could not be built) the tensors as messages. */
+     * the compact table gets where it lies in shared memory when it asks
+     * so and the model has it there, else the table as a second frame
+     * when it asks so, else inside the reply; else (or when it could not
+     * be built) the tensors as messages. */
     enum wb_lease_tail which = WB_TAIL_TENSORS;
     if (aq->tensor_table)
         which = aq->tensor_table_digest.len == sizeof m->table_digest &&
                         memcmp(aq->tensor_table_digest.data, m->table_digest,
                                sizeof m->table_digest) == 0
                     ? WB_TAIL_CACHED
-                : aq->tensor_table_frame ? WB_TAIL_FRAME
-                                         : WB_TAIL_TABLE;
+                : aq->tensor_table_shared && m->table_shm.addr ? WB_TAIL_SHARED
+                : aq->tensor_table_frame                       ? WB_TAIL_FRAME
+                                                               : WB_TAIL_TABLE;
     int made = wb__ops_lease_tail(m, copy, which, lw, a) == WB_OK;
+    /* What could not be made falls back: to the frame when asked, to the
+     * table inside the reply, then to the tensors as messages, then to
+     * packing field by field. */
+    if (!made && which == WB_TAIL_SHARED && aq->tensor_table_frame)
+        made = wb__ops_lease_tail(m, copy, which = WB_TAIL_FRAME, lw, a) == WB_OK;
     if (made && which == WB_TAIL_FRAME) {
         b->reply_frame = m->table;
         b->reply_frame_len = m->table_len;
     }
-    /* What could not be made falls back: to the table inside the reply,
-     * then to the tensors as messages, then to packing field by field. */
-    if (!made && (which == WB_TAIL_CACHED || which == WB_TAIL_FRAME))
+    if (!made && (which == WB_TAIL_CACHED || which == WB_TAIL_FRAME || which == WB_TAIL_SHARED))
         made = wb__ops_lease_tail(m, copy, WB_TAIL_TABLE, lw, a) == WB_OK;
     if (!made && which != WB_TAIL_TENSORS)
         made = wb__ops_lease_tail(m, copy, WB_TAIL_TENSORS, lw, a) == WB_OK;

@@ -56,6 +56,7 @@ enum wb_lease_tail {
     WB_TAIL_TABLE,   /* the compact table inside (wb_model.table, not a tail) */
     WB_TAIL_CACHED,  /* cached_tail: tensor_table_cached, no table */
     WB_TAIL_FRAME,   /* frame_tail: tensor_table_in_frame, the table follows */
+    WB_TAIL_SHARED,  /* shared_tail: tensor_table_slab, the table in shared memory */
 };
 /* Points the Lease `lw` (id already set) at one of the packed tails of the
  * model's copy `copy` (wb_model.wire[copy]): it then packs to the same

@@ -125,9 +125,11 @@ static int check_args(wb_container *c, wb_lease *const *leases, size_t n_leases,
 static int any_device_tensor(wb_lease *const *leases, size_t n_leases,
                              const wb_container_options *o)
 {
+    /* A lease's tensors are on its slabs' devices: asking the slabs makes
+     * no entries (O(slabs), not O(tensors)). */
     for (size_t i = 0; i < n_leases; i++) {
-        for (size_t k = 0; k < leases[i]->n_tensors; k++) {
-            if (wb__entry_device(leases[i], &leases[i]->tensors[k]) >= 0)
+        for (size_t k = 0; leases[i]->n_tensors && k < leases[i]->n_maps; k++) {
+            if (wb__map_device(leases[i]->maps[k]) >= 0)
                 return 1;
         }
     }

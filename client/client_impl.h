@@ -34,6 +34,10 @@ struct wb_client {
      * holds a reference (wb__table). Slot `tables_next` is replaced next. */
     struct wb__table *tables[8];
     unsigned tables_next;
+    /* A shared tensor table (Lease.tensor_table_slab) could not be mapped
+     * here (e.g. no /dev/shm shared with the broker): the next acquires
+     * ask for the table as a frame instead. Under mu. */
+    int table_shared_off;
 
     uint32_t broker_pid;
     /* What the broker asked for, at hello and in every heartbeat reply (it

@@ -111,8 +111,7 @@ static void lease_free(wb_lease *l)
 {
     if (!l)
         return;
-    if (!l->table)
-        free(l->tensors); /* with their names, dtypes and shapes: one block */
+    free(l->own_tensors); /* with their names, dtypes and shapes: one block */
     free(atomic_load(&l->by_name));
     wb__table_unref(&l->table);
     wb__lease_containers_free(l);
@@ -328,12 +327,13 @@ void wb__table_unref(wb__table **tp)
     *tp = NULL;
     if (atomic_fetch_sub(&t->refs, 1) != 1)
         return;
-    free(t->entries);
+    free(atomic_load(&t->entries));
     free(t->slab_need);
     free(atomic_load(&t->by_name));
     pthread_mutex_destroy(&t->mu);
     wb__reply_free(&t->rep);
     wb__frame_free(&t->frame);
+    wb__mapcache_put(&t->map);
     free(t->model);
     free(t);
 }
@@ -372,12 +372,13 @@ static void table_keep(wb_client *c, wb__table *t)
 }
 
 /* A table (checked: by the decoder when it came inside the reply, by the
- * caller when it came as a second frame), with its entries: it keeps what
- * holds `bytes` (*rep or *frame, whichever is given, is taken), or a copy
- * when the bytes are not 8-byte aligned. NULL when out of memory (nothing
- * taken). */
+ * caller when it came as a second frame or shared): it keeps what holds
+ * `bytes` (*rep, *frame or *map, whichever is given, is taken), or a copy
+ * when the bytes are not 8-byte aligned. Its entries are made on first use
+ * (table_entries); what a lease on it needs now is each slab's extent, read
+ * from the records. NULL when out of memory (nothing taken). */
 static wb__table *table_new(const char *model, const uint8_t *bytes, size_t len,
-                            Wbproto__Reply **rep, wb__frame **frame)
+                            Wbproto__Reply **rep, wb__frame **frame, wb__map **map)
 {
     int copy = ((uintptr_t)bytes & 7) != 0;
     wb__table *t = calloc(1, sizeof *t + (copy ? (len + 7) & ~(size_t)7 : 0));
@@ -386,15 +387,32 @@ static wb__table *table_new(const char *model, const uint8_t *bytes, size_t len,
     t->bytes = copy ? memcpy(t->copy, bytes, len) : bytes;
     t->len = len;
     size_t n = wb__tensor_table_count(t->bytes);
+    /* The slabs named (most tables name one), then each one's extent. */
+    const uint8_t *rec = t->bytes + WB_TABLE_HEADER;
+    for (size_t i = 0; i < n; i++, rec += WB_TABLE_RECORD) {
+        wb_table_tensor r;
+        memcpy(&r, rec, sizeof r);
+        if (r.slab >= t->n_slabs)
+            t->n_slabs = (size_t)r.slab + 1;
+    }
     t->model = strdup(model);
-    t->entries = malloc((n ? n : 1) * sizeof *t->entries);
-    if (!t->model || !t->entries) {
+    t->slab_need = calloc(t->n_slabs ? t->n_slabs : 1, sizeof *t->slab_need);
+    if (!t->model || !t->slab_need) {
         free(t->model);
-        free(t->entries);
+        free(t->slab_need);
         free(t);
         return NULL;
     }
+    rec = t->bytes + WB_TABLE_HEADER;
+    for (size_t i = 0; i < n; i++, rec += WB_TABLE_RECORD) {
+        wb_table_tensor r;
+        memcpy(&r, rec, sizeof r);
+        if (r.offset + r.nbytes > t->slab_need[r.slab])
+            t->slab_need[r.slab] = r.offset + r.nbytes;
+    }
+    t->n_entries = n;
     atomic_init(&t->refs, 1);
+    atomic_init(&t->entries, NULL);
     atomic_init(&t->by_name, NULL);
     pthread_mutex_init(&t->mu, NULL);
     if (!copy && rep) {
@@ -403,46 +421,49 @@ static wb__table *table_new(const char *model, const uint8_t *bytes, size_t len,
     } else if (!copy && frame) {
         t->frame = *frame;
         *frame = NULL;
+    } else if (!copy && map) {
+        t->map = *map;
+        *map = NULL;
     }
     wb__tensor_table_digest(t->bytes, len, t->digest);
-    const char *str = wb__tensor_table_strings(t->bytes);
-    const uint64_t *dims = wb__tensor_table_dims(t->bytes);
-    const uint8_t *rec = t->bytes + WB_TABLE_HEADER;
-    for (size_t i = 0; i < n; i++, rec += WB_TABLE_RECORD) {
-        wb_table_tensor r;
-        memcpy(&r, rec, sizeof r);
-        t->entries[i] = (wb__tensor_entry){.name = (char *)str + r.name,
-                                           .dtype = (char *)str + r.dtype,
-                                           .ndim = r.ndim,
-                                           .slab = r.slab,
-                                           .shape = (uint64_t *)dims + r.dim,
-                                           .offset = r.offset,
-                                           .nbytes = r.nbytes,
-                                           .xxh3 = r.xxh3};
-        if (r.slab >= t->n_slabs)
-            t->n_slabs = (size_t)r.slab + 1;
-    }
-    t->n_entries = n;
-    t->slab_need = calloc(t->n_slabs ? t->n_slabs : 1, sizeof *t->slab_need);
-    if (!t->slab_need) {
-        wb__table *dead = t;
-        if (t->rep) {
-            *rep = t->rep; /* the caller still owns the reply */
-            t->rep = NULL;
-        }
-        if (t->frame) {
-            *frame = t->frame; /* and the frame */
-            t->frame = NULL;
-        }
-        wb__table_unref(&dead);
-        return NULL;
-    }
-    for (size_t i = 0; i < n; i++) {
-        const wb__tensor_entry *e = &t->entries[i];
-        if (e->offset + e->nbytes > t->slab_need[e->slab])
-            t->slab_need[e->slab] = e->offset + e->nbytes;
-    }
     return t;
+}
+
+/* The table's entries, made by the first caller under the table's lock and
+ * published for every lease on it; NULL when out of memory. */
+static const wb__tensor_entry *table_entries(wb__table *t)
+{
+    wb__tensor_entry *e = atomic_load_explicit(&t->entries, memory_order_acquire);
+    if (e)
+        return e;
+    pthread_mutex_lock(&t->mu);
+    e = atomic_load_explicit(&t->entries, memory_order_relaxed);
+    size_t n = t->n_entries;
+    if (!e && (e = malloc((n ? n : 1) * sizeof *e)) != NULL) {
+        const char *str = wb__tensor_table_strings(t->bytes);
+        const uint64_t *dims = wb__tensor_table_dims(t->bytes);
+        const uint8_t *rec = t->bytes + WB_TABLE_HEADER;
+        for (size_t i = 0; i < n; i++, rec += WB_TABLE_RECORD) {
+            wb_table_tensor r;
+            memcpy(&r, rec, sizeof r);
+            e[i] = (wb__tensor_entry){.name = (char *)str + r.name,
+                                      .dtype = (char *)str + r.dtype,
+                                      .ndim = r.ndim,
+                                      .slab = r.slab,
+                                      .shape = (uint64_t *)dims + r.dim,
+                                      .offset = r.offset,
+                                      .nbytes = r.nbytes,
+                                      .xxh3 = r.xxh3};
+        }
+        atomic_store_explicit(&t->entries, e, memory_order_release);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return e;
+}
+
+const wb__tensor_entry *wb__lease_tensors(const wb_lease *lease)
+{
+    return lease->table ? table_entries(lease->table) : lease->own_tensors;
 }
 
 /* A lease on a table: its entries are the table's (checked against this
@@ -451,7 +472,6 @@ static wb__table *table_new(const char *model, const uint8_t *bytes, size_t len,
 static void lease_on_table(wb_lease *l, wb__table *t)
 {
     l->table = table_ref(t);
-    l->tensors = t->entries;
     l->n_tensors = t->n_entries;
 }
 
@@ -494,11 +514,41 @@ static int lease_on_new_table(wb_client *c, const char *model, wb_lease *l, wb__
     return WB_OK;
 }
 
+/* The table the broker published in shared memory: mapped read-only
+ * through the map cache (every lease and client of this process on the
+ * model share the mapping) and checked as a received table is; its bytes
+ * are never copied. A mapping that fails sets *unmappable: the caller asks
+ * again for the table another way. */
+static int build_from_shared(wb_client *c, const char *model, const Wbproto__Lease *pl, wb_lease *l,
+                             int *unmappable)
+{
+    const Wbproto__Slab *s = pl->tensor_table_slab;
+    wb__map *map = NULL;
+    wb_err e;
+    int rc = wb__mapcache_get_host(s->shm_name, s->size, &map, &e);
+    if (rc != WB_OK) {
+        *unmappable = 1;
+        return wb__client_fail(c, rc, "acquire '%s': the shared tensor table: %s", model, e.msg);
+    }
+    const uint8_t *bytes = wb__map_addr(map);
+    size_t len = (size_t)s->size;
+    if (wb__tensor_table_check(bytes, len, pl->slabs, pl->n_slabs, &e) != WB_OK) {
+        wb__mapcache_put(&map);
+        return wb__client_fail(c, WB_EPROTO, "acquire '%s': the shared tensor table %s: %s", model,
+                               s->shm_name, e.msg);
+    }
+    wb__table *t = table_new(model, bytes, len, NULL, NULL, &map);
+    wb__mapcache_put(&map); /* still ours when table_new failed */
+    return lease_on_new_table(c, model, l, t);
+}
+
 static int build_tensors(wb_client *c, const char *model, const Wbproto__Lease *pl, wb__table *held,
-                         wb_lease *l, Wbproto__Reply **rep, wb__frame **frame)
+                         wb_lease *l, Wbproto__Reply **rep, wb__frame **frame, int *unmappable)
 {
     if (pl->tensor_table_cached)
         return build_from_cached(c, model, pl, held, l);
+    if (pl->tensor_table_slab)
+        return build_from_shared(c, model, pl, l, unmappable);
     if (pl->tensor_table_in_frame) {
         if (!*frame)
             return wb__client_fail(c, WB_EPROTO,
@@ -511,26 +561,27 @@ static int build_tensors(wb_client *c, const char *model, const Wbproto__Lease *
         if (wb__tensor_table_check(bytes, len, pl->slabs, pl->n_slabs, &e) != WB_OK)
             return wb__client_fail(c, WB_EPROTO, "acquire '%s': the tensor table frame: %s", model,
                                    e.msg);
-        return lease_on_new_table(c, model, l, table_new(model, bytes, len, NULL, frame));
+        return lease_on_new_table(c, model, l, table_new(model, bytes, len, NULL, frame, NULL));
     }
     if (pl->tensor_table.len)
         return lease_on_new_table(
-            c, model, l, table_new(model, pl->tensor_table.data, pl->tensor_table.len, rep, NULL));
+            c, model, l,
+            table_new(model, pl->tensor_table.data, pl->tensor_table.len, rep, NULL, NULL));
     size_t n = pl->n_tensors, dims = 0, chars = 0;
     for (size_t i = 0; i < n; i++) {
         const Wbproto__Tensor *t = pl->tensors[i];
         dims += t->n_shape;
         chars += strlen(t->name) + strlen(t->dtype) + 2;
     }
-    size_t size = (n ? n : 1) * sizeof *l->tensors + dims * sizeof(uint64_t) + chars;
-    l->tensors = malloc(size);
-    if (!l->tensors)
+    size_t size = (n ? n : 1) * sizeof *l->own_tensors + dims * sizeof(uint64_t) + chars;
+    l->own_tensors = malloc(size);
+    if (!l->own_tensors)
         return wb__client_fail(c, WB_ENOMEM, "acquire '%s': out of memory", model);
-    uint64_t *shape = (uint64_t *)(l->tensors + (n ? n : 1));
+    uint64_t *shape = (uint64_t *)(l->own_tensors + (n ? n : 1));
     char *str = (char *)(shape + dims);
     for (size_t i = 0; i < n; i++) {
         const Wbproto__Tensor *t = pl->tensors[i];
-        wb__tensor_entry *lt = &l->tensors[i];
+        wb__tensor_entry *lt = &l->own_tensors[i];
         size_t ln = strlen(t->name) + 1, ld = strlen(t->dtype) + 1;
         lt->name = memcpy(str, t->name, ln);
         str += ln;
@@ -560,6 +611,83 @@ WB_EXPORT int wb_lease_device(const wb_lease *lease)
     return lease && lease->n_maps ? wb__map_device(lease->maps[0]) : -1;
 }
 
+/* One acquire request and what follows it, under client->mu: *out gets
+ * the lease. With `shared` the broker is asked for its shared table; when
+ * that table cannot be mapped here the lease is handed back and
+ * *unmappable set. */
+static int acquire_once(wb_client *client, const char *model, const char *uuid,
+                        const wb_lease_options *o, int shared, wb_lease **out, int *unmappable)
+{
+    int rc;
+    Wbproto__AcquireRequest acq = WBPROTO__ACQUIRE_REQUEST__INIT;
+    acq.model = (char *)model;
+    acq.tensor_table = 1;
+    acq.tensor_table_frame = 1;
+    acq.tensor_table_shared = shared != 0;
+    /* The table of an earlier lease on this model: the broker sends none
+     * when it is still the model's. */
+    wb__table *held = table_cached(client, model);
+    if (held) {
+        acq.tensor_table_digest.data = held->digest;
+        acq.tensor_table_digest.len = sizeof held->digest;
+    }
+    acq.device_uuid = (char *)uuid;
+    acq.allow_peer = o->allow_peer != 0;
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
+    req.acquire = &acq;
+    Wbproto__Reply *rep = NULL;
+    wb__frame *frame = NULL;
+    wb_err e;
+    rc = wb__client_call_frame(client, &req, 0, &rep, &frame, &e);
+    if (rc != WB_OK) {
+        wb__reply_free(&rep);
+        wb__frame_free(&frame);
+        return wb__client_fail(client, rc, "acquire '%s': %s", model, e.msg);
+    }
+    const Wbproto__Lease *pl = rep->acquire ? rep->acquire->lease : NULL;
+    wb_lease *l = NULL;
+    if (!pl) {
+        rc = wb__client_fail(client, WB_EPROTO, "acquire '%s': the reply carries no lease", model);
+    } else if ((rc = validate_lease(client, model, pl)) == WB_OK) {
+        l = calloc(1, sizeof *l);
+        if (!l)
+            rc = wb__client_fail(client, WB_ENOMEM, "acquire '%s': out of memory", model);
+    }
+    if (l) {
+        memcpy(l->id, pl->id.data, WB_LEASE_ID_BYTES);
+        hex_id(l->id, l->id_hex);
+        wb__lease_containers_init(l);
+        atomic_init(&l->orphaned, 0);
+        l->model = strdup(model);
+        if (!l->model)
+            rc = wb__client_fail(client, WB_ENOMEM, "acquire '%s': out of memory", model);
+        if (rc == WB_OK)
+            rc = map_slabs(client, model, pl, l);
+        if (rc == WB_OK)
+            rc = build_tensors(client, model, pl, held, l, &rep, &frame, unmappable);
+    }
+    if (rc != WB_OK && pl && pl->id.len == WB_LEASE_ID_BYTES) {
+        /* The broker granted a lease this process cannot use: hand it back
+         * now rather than leave it to process exit. */
+        wb_err ignored;
+        send_release(client, pl->id.data, &ignored);
+    }
+    wb__reply_free(&rep);
+    wb__frame_free(&frame);
+    if (rc != WB_OK) {
+        lease_free(l);
+        return rc;
+    }
+    l->client = client;
+    l->next = client->leases;
+    if (client->leases)
+        client->leases->prev = l;
+    client->leases = l;
+    *out = l;
+    return WB_OK;
+}
+
 WB_EXPORT int wb_lease_acquire_ex(wb_client *client, const char *model,
                                   const wb_lease_options *opts, wb_lease **out)
 {
@@ -584,76 +712,16 @@ WB_EXPORT int wb_lease_acquire_ex(wb_client *client, const char *model,
         pthread_mutex_unlock(&client->mu);
         return rc;
     }
-    Wbproto__AcquireRequest acq = WBPROTO__ACQUIRE_REQUEST__INIT;
-    acq.model = (char *)model;
-    acq.tensor_table = 1;
-    acq.tensor_table_frame = 1;
-    /* The table of an earlier lease on this model: the broker sends none
-     * when it is still the model's. */
-    wb__table *held = table_cached(client, model);
-    if (held) {
-        acq.tensor_table_digest.data = held->digest;
-        acq.tensor_table_digest.len = sizeof held->digest;
+    /* The shared table first; where it cannot be mapped (no /dev/shm
+     * shared with the broker), the table as a frame from then on. */
+    int unmappable = 0;
+    rc = acquire_once(client, model, uuid, o, !client->table_shared_off, out, &unmappable);
+    if (rc != WB_OK && unmappable) {
+        client->table_shared_off = 1;
+        rc = acquire_once(client, model, uuid, o, 0, out, &unmappable);
     }
-    acq.device_uuid = uuid;
-    acq.allow_peer = o->allow_peer != 0;
-    Wbproto__Request req = WBPROTO__REQUEST__INIT;
-    req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
-    req.acquire = &acq;
-    Wbproto__Reply *rep = NULL;
-    wb__frame *frame = NULL;
-    wb_err e;
-    rc = wb__client_call_frame(client, &req, 0, &rep, &frame, &e);
-    if (rc != WB_OK) {
-        wb__reply_free(&rep);
-        wb__frame_free(&frame);
-        rc = wb__client_fail(client, rc, "acquire '%s': %s", model, e.msg);
-        pthread_mutex_unlock(&client->mu);
-        return rc;
-    }
-    const Wbproto__Lease *pl = rep->acquire ? rep->acquire->lease : NULL;
-    wb_lease *l = NULL;
-    if (!pl) {
-        rc = wb__client_fail(client, WB_EPROTO, "acquire '%s': the reply carries no lease", model);
-    } else if ((rc = validate_lease(client, model, pl)) == WB_OK) {
-        l = calloc(1, sizeof *l);
-        if (!l)
-            rc = wb__client_fail(client, WB_ENOMEM, "acquire '%s': out of memory", model);
-    }
-    if (l) {
-        memcpy(l->id, pl->id.data, WB_LEASE_ID_BYTES);
-        hex_id(l->id, l->id_hex);
-        wb__lease_containers_init(l);
-        atomic_init(&l->orphaned, 0);
-        l->model = strdup(model);
-        if (!l->model)
-            rc = wb__client_fail(client, WB_ENOMEM, "acquire '%s': out of memory", model);
-        if (rc == WB_OK)
-            rc = map_slabs(client, model, pl, l);
-        if (rc == WB_OK)
-            rc = build_tensors(client, model, pl, held, l, &rep, &frame);
-    }
-    if (rc != WB_OK && pl && pl->id.len == WB_LEASE_ID_BYTES) {
-        /* The broker granted a lease this process cannot use: hand it back
-         * now rather than leave it to process exit. */
-        wb_err ignored;
-        send_release(client, pl->id.data, &ignored);
-    }
-    wb__reply_free(&rep);
-    wb__frame_free(&frame);
-    if (rc != WB_OK) {
-        lease_free(l);
-        pthread_mutex_unlock(&client->mu);
-        return rc;
-    }
-    l->client = client;
-    l->next = client->leases;
-    if (client->leases)
-        client->leases->prev = l;
-    client->leases = l;
-    *out = l;
     pthread_mutex_unlock(&client->mu);
-    return WB_OK;
+    return rc;
 }
 
 WB_EXPORT int wb_lease_release(wb_lease **lease)
@@ -737,6 +805,19 @@ static void fill_view(const wb_lease *l, const wb__tensor_entry *t, wb_tensor_vi
     out->device = wb__entry_device(l, t);
 }
 
+/* The lease's tensors could not be made. */
+static int lease_enomem(const wb_lease *lease)
+{
+    if (lease->client) {
+        pthread_mutex_lock(&lease->client->mu);
+        wb__client_fail(lease->client, WB_ENOMEM,
+                        "lease %.8s (model '%s'): out of memory making its %zu tensor entries",
+                        lease->id_hex, lease->model, lease->n_tensors);
+        pthread_mutex_unlock(&lease->client->mu);
+    }
+    return WB_ENOMEM;
+}
+
 WB_EXPORT int wb_lease_tensor(const wb_lease *lease, size_t index, wb_tensor_view *out)
 {
     if (!lease || !out)
@@ -752,7 +833,10 @@ WB_EXPORT int wb_lease_tensor(const wb_lease *lease, size_t index, wb_tensor_vie
         }
         return WB_EINVAL;
     }
-    fill_view(lease, &lease->tensors[index], out);
+    const wb__tensor_entry *e = wb__lease_tensors(lease);
+    if (!e)
+        return lease_enomem(lease);
+    fill_view(lease, &e[index], out);
     return WB_OK;
 }
 
@@ -761,6 +845,9 @@ const wb__tensor_entry *wb__lease_lookup(const wb_lease *lease, const char *name
     /* The index is a cache: building it changes nothing a caller sees. A
      * lease on a table uses the table's, made once for every lease on it. */
     wb_lease *l = (wb_lease *)lease;
+    const wb__tensor_entry *ents = wb__lease_tensors(l);
+    if (!ents)
+        return NULL;
     _Atomic(wb__names_hash *) *slot = l->table ? &l->table->by_name : &l->by_name;
     pthread_mutex_t *mu = l->table ? &l->table->mu : &l->mu;
     wb__names_hash *idx = atomic_load_explicit(slot, memory_order_acquire);
@@ -768,7 +855,7 @@ const wb__tensor_entry *wb__lease_lookup(const wb_lease *lease, const char *name
         pthread_mutex_lock(mu);
         idx = atomic_load_explicit(slot, memory_order_relaxed);
         if (!idx) {
-            idx = wb__names_hash_new(l->tensors, l->n_tensors, sizeof *l->tensors,
+            idx = wb__names_hash_new(ents, l->n_tensors, sizeof *ents,
                                      offsetof(wb__tensor_entry, name));
             if (idx)
                 atomic_store_explicit(slot, idx, memory_order_release);
@@ -776,17 +863,18 @@ const wb__tensor_entry *wb__lease_lookup(const wb_lease *lease, const char *name
         pthread_mutex_unlock(mu);
     }
     if (idx)
-        return wb__names_hash_find(idx, l->tensors, sizeof *l->tensors,
-                                   offsetof(wb__tensor_entry, name), name);
+        return wb__names_hash_find(idx, ents, sizeof *ents, offsetof(wb__tensor_entry, name), name);
     /* Without an index (out of memory) the lookup scans. */
-    return wb__names_find(l->tensors, l->n_tensors, sizeof *l->tensors,
-                          offsetof(wb__tensor_entry, name), NULL, name);
+    return wb__names_find(ents, l->n_tensors, sizeof *ents, offsetof(wb__tensor_entry, name), NULL,
+                          name);
 }
 
 WB_EXPORT int wb_lease_find(const wb_lease *lease, const char *name, wb_tensor_view *out)
 {
     if (!lease || !name || !out)
         return WB_EINVAL;
+    if (lease->n_tensors && !wb__lease_tensors(lease))
+        return lease_enomem(lease);
     const wb__tensor_entry *t = wb__lease_lookup(lease, name);
     if (t) {
         fill_view(lease, t, out);

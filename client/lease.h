@@ -64,11 +64,12 @@ typedef struct wb__table {
     atomic_int refs;
     uint8_t digest[16]; /* wb__tensor_table_digest */
     char *model;
-    /* The entries, made once with the table (names, dtypes and shapes
-     * point into `bytes`), and their name index, made by the first lookup
-     * on any lease of the table under `mu`. */
+    /* The entries (names, dtypes and shapes point into `bytes`), made by
+     * the first reader of any lease on the table (wb__lease_tensors), and
+     * their name index, made by the first lookup, both under `mu`: a
+     * process that only acquires and releases never writes 10^5 entries. */
     size_t n_entries;
-    wb__tensor_entry *entries;
+    _Atomic(wb__tensor_entry *) entries;
     /* For each slab index the table names, the bytes it needs (the largest
      * offset + nbytes): a lease on a held table checks its slabs against
      * these, not every tensor again. */
@@ -79,9 +80,11 @@ typedef struct wb__table {
     const uint8_t *bytes; /* 8-byte aligned: the dims are read as u64 */
     size_t len;
     /* What holds `bytes`: the reply (a table inside it), or the reply's
-     * second frame, or neither when they were copied to `copy`. */
+     * second frame, or the read-only mapping of the broker's shared table
+     * (Lease.tensor_table_slab), or none when they were copied to `copy`. */
     Wbproto__Reply *rep;
     wb__frame *frame;
+    wb__map *map;
     uint64_t copy[];
 } wb__table;
 
@@ -111,12 +114,13 @@ struct wb_lease {
     size_t n_maps;
     wb__map **maps; /* one reference per slab, in the broker's slab order */
     size_t n_tensors;
-    wb__tensor_entry *tensors;
     /* The compact tensor table when the broker sent one or the client held
-     * it: `tensors` are its entries (one reference). NULL otherwise: the
-     * lease owns `tensors`, made from the reply's messages. */
+     * it (one reference): the lease's tensors are its entries. NULL
+     * otherwise: the lease owns `own_tensors`, made from the reply's
+     * messages. Read the tensors through wb__lease_tensors, never these. */
     wb__table *table;
-    /* A hash index of `tensors` by name, built under `mu` by the first
+    wb__tensor_entry *own_tensors;
+    /* A hash index of the tensors by name, built under `mu` by the first
      * lookup (wb__lease_lookup) of a lease without a table (one with a
      * table uses the table's); NULL until then. */
     _Atomic(wb__names_hash *) by_name;
@@ -130,9 +134,15 @@ struct wb_lease {
     int ending;          /* release has begun: no new registration */
 };
 
-/* The lease's tensor called `name`, or NULL: a binary search over an index
- * sorted by name that the first call builds (a model binds 10^5 constants
- * of a 10^5-tensor lease in O(n log n), not O(n^2)). Thread-safe. */
+/* The lease's n_tensors tensors, in the broker's order. Those of a table
+ * are made by the first call on any lease of the table (thread-safe, O(n)
+ * once, O(1) after). NULL when they could not be made (out of memory) and
+ * the lease has tensors. */
+const wb__tensor_entry *wb__lease_tensors(const wb_lease *lease);
+
+/* The lease's tensor called `name`, or NULL (also when out of memory): a binary search over an
+ * index sorted by name that the first call builds (a model binds 10^5 constants of a 10^5-tensor
+ * lease in O(n log n), not O(n^2)). Thread-safe. */
 const wb__tensor_entry *wb__lease_lookup(const wb_lease *lease, const char *name);
 
 /* Where a lease's tensor is: its bytes in this process, and its device (-1

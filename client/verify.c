@@ -168,8 +168,19 @@ WB_EXPORT int wb_lease_verify(const wb_lease *lease, size_t *bad_index)
 {
     if (!lease)
         return WB_EINVAL;
+    const wb__tensor_entry *ents = wb__lease_tensors(lease);
+    if (!ents && lease->n_tensors) {
+        if (lease->client) {
+            pthread_mutex_lock(&lease->client->mu);
+            wb__client_fail(lease->client, WB_ENOMEM,
+                            "verify lease %.8s: out of memory making its %zu tensor entries",
+                            lease->id_hex, lease->n_tensors);
+            pthread_mutex_unlock(&lease->client->mu);
+        }
+        return WB_ENOMEM;
+    }
     for (size_t i = 0; i < lease->n_tensors; i++) {
-        const wb__tensor_entry *t = &lease->tensors[i];
+        const wb__tensor_entry *t = &ents[i];
         int rc = WB_OK;
         uint64_t got = 0;
         char why[200] = "";

@@ -510,6 +510,32 @@ static int check_lease(const Wbproto__Lease *lease, wb_err *err)
                            lease->n_tensors          ? "carries tensors"
                            : lease->tensor_table.len ? "carries a tensor_table"
                                                      : "also says tensor_table_cached");
+    /* The shared table is mapped and checked by the client (lease.c). */
+    const Wbproto__Slab *ts = lease->tensor_table_slab;
+    if (ts) {
+        if (lease->n_tensors || lease->tensor_table.len || lease->tensor_table_cached ||
+            lease->tensor_table_in_frame)
+            return wb__err_set(err, WB_EPROTO, "lease has a tensor_table_slab but %s",
+                               lease->n_tensors             ? "carries tensors"
+                               : lease->tensor_table.len    ? "carries a tensor_table"
+                               : lease->tensor_table_cached ? "also says tensor_table_cached"
+                                                            : "also says tensor_table_in_frame");
+        if (ts->backend != WBPROTO__BACKEND__BACKEND_HOST ||
+            (ts->transport && ts->transport[0] && strcmp(ts->transport, "shm") != 0))
+            return wb__err_set(err, WB_EPROTO,
+                               "lease.tensor_table_slab is not a host shm object (backend %d, "
+                               "transport '%.40s')",
+                               (int)ts->backend, ts->transport ? ts->transport : "");
+        if (!wb__shm_name_valid(ts->shm_name))
+            return wb__err_set(err, WB_EPROTO,
+                               "lease.tensor_table_slab.shm_name is not of the form "
+                               "/wb-<pid>-<32 hex>");
+        if (ts->size < WB_TABLE_HEADER || ts->size > WB_TABLE_MAX_SHARED)
+            return wb__err_set(err, WB_EPROTO,
+                               "lease.tensor_table_slab has %llu bytes (a table has %u to %llu)",
+                               (unsigned long long)ts->size, WB_TABLE_HEADER,
+                               (unsigned long long)WB_TABLE_MAX_SHARED);
+    }
     if (lease->tensor_table.len) {
         if (lease->n_tensors)
             return wb__err_set(err, WB_EPROTO,

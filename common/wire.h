@@ -63,6 +63,10 @@ uint8_t *wb__reply_pack(const Wbproto__Reply *rep, size_t *len);
 #define WB_TABLE_HEADER 16u
 #define WB_TABLE_RECORD 40u
 
+/* The most bytes a table published in shared memory may have
+ * (Lease.tensor_table_slab): what a client maps before checking it. */
+#define WB_TABLE_MAX_SHARED (4ull << 30)
+
 typedef struct wb_table_tensor {
     uint64_t offset, nbytes, xxh3;
     uint32_t name, dtype, dim;

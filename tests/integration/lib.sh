@@ -229,6 +229,12 @@ output_has() {
   grep -qF -- "$2" "$WB_TMP/$1.out"
 }
 
+# shm_mapped PID BROKER_PID: how many distinct shm objects of the broker
+# process PID maps read-only (the slabs and the shared tensor tables).
+shm_mapped() {
+  grep " r--s " "/proc/$1/maps" 2>/dev/null | grep -o "/dev/shm/wb-$2-[0-9a-f]*" | sort -u | wc -l
+}
+
 shm_count() {
   local n=0 f
   for f in /dev/shm/wb-"$1"-*; do

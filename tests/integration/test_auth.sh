@@ -71,12 +71,16 @@ stop_broker
 broker_with_demo --allow-uid nobody
 grep -q 'event=access clients="uid 0, 65534" admins="uid 0" slab_group=65534' "$BROKER_LOG" ||
   fail "the broker did not log its access lists: $(grep event=access "$BROKER_LOG")"
-slab=$(ls /dev/shm/wb-"$BROKER_PID"-* | head -n 1)
-[ "$(stat -c %G:%a "$slab")" = nogroup:640 ] || fail "slab is $(stat -c %G:%a "$slab"), expected nogroup:640"
+# The slab and the model's shared tensor table alike.
+[ "$(shm_count "$BROKER_PID")" = 2 ] || fail "expected the slab and the table: $(ls /dev/shm/wb-"$BROKER_PID"-*)"
+for slab in /dev/shm/wb-"$BROKER_PID"-*; do
+  [ "$(stat -c %G:%a "$slab")" = nogroup:640 ] || fail "$slab is $(stat -c %G:%a "$slab"), expected nogroup:640"
+done
 "${NOBODY[@]}" "$WORKER" --socket "$SOCK" --model demo --verify-every 50 >"$WB_TMP/nb.out" 2>"$WB_TMP/nb.err" &
 nb=$!
 STARTED_PIDS+=("$nb")
 wait_for output_has nb "verified 4 tensors" || fail "nobody's worker did not verify its lease"
+[ "$(shm_mapped "$nb" "$BROKER_PID")" = 2 ] || fail "nobody's worker does not map the slab and the shared table"
 [ "$(lease_field "$nb" uid)" = 65534 ] || fail "the lease is not listed with uid 65534"
 start_worker rootw --model demo
 rootw=$LAST_PID

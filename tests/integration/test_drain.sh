@@ -10,6 +10,9 @@ start_broker_with_demo "$WB_TMP/demo.safetensors"
 
 start_worker holder --model demo
 holder=$LAST_PID
+# The model's slab and its shared tensor table, both mapped by the holder.
+[ "$(shm_count "$BROKER_PID")" = 2 ] || fail "expected the slab and the table in /dev/shm: $(ls /dev/shm/wb-"$BROKER_PID"-*)"
+[ "$(shm_mapped "$holder" "$BROKER_PID")" = 2 ] || fail "the holder does not map the slab and the shared table"
 
 out=$(ctl unload demo) || fail "wbctl unload demo failed"
 [ "$out" = "draining (1 lease)" ] || fail "unload printed '$out'"
@@ -36,7 +39,7 @@ wait_exit "$holder"
 [ "$EXIT_RC" = 0 ] || fail "the holder exited with $EXIT_RC"
 wait_for model_absent demo || fail "model demo is still listed after its last lease ended"
 grep -q "event=model_freed" "$BROKER_LOG" || fail "no event=model_freed in the log"
-[ "$(shm_count "$BROKER_PID")" = 0 ] || fail "the drained model's slab is still in /dev/shm"
+[ "$(shm_count "$BROKER_PID")" = 0 ] || fail "the drained model's slab or table is still in /dev/shm"
 
 # An idle model is freed at once.
 ctl load idle "$WB_TMP/idle.safetensors" >/dev/null || fail "wbctl load idle failed"

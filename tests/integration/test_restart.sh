@@ -17,6 +17,8 @@ start_worker w --model demo --reacquire --verify-every 100
 w=$LAST_PID
 first_id=$(lease_field "$w" id)
 [ "${#first_id}" = 32 ] || fail "the worker holds no lease"
+# The worker maps the slab and the model's shared tensor table.
+[ "$(shm_mapped "$w" "$old")" = 2 ] || fail "the worker does not map the slab and the shared table"
 
 kill -KILL "$old"
 wait "$old" 2>/dev/null
@@ -58,7 +60,9 @@ kill -TERM "$BROKER_PID"
 wait_exit "$BROKER_PID"
 [ "$EXIT_RC" = 0 ] || fail "the broker exited with $EXIT_RC after SIGTERM with a lease held"
 grep -q "event=stop.*leases_held=1" "$BROKER_LOG" || fail "the broker did not log event=stop leases_held=1"
-[ "$(shm_count "$BROKER_PID")" = 0 ] || fail "the stopped broker left its slab"
+[ "$(shm_count "$BROKER_PID")" = 0 ] || fail "the stopped broker left its slab or table"
+# Unlinked, the table stays mapped in the worker, which goes on verifying.
+[ "$(shm_mapped "$w2" "$BROKER_PID")" = 2 ] || fail "the worker lost a mapping when the broker stopped"
 [ ! -e "$SOCK" ] || fail "the stopped broker left its socket"
 sleep 0.5
 alive "$w2" || fail "the worker died when the broker stopped"

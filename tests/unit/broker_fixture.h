@@ -55,16 +55,16 @@ static void fixture_broker(wb_broker *b, uint32_t heartbeat_ms, uint32_t stale_m
 
 /* Adds a ready model with two F32 tensors ("a": 3 floats, "b": 2x2 floats)
  * in one host slab. Returns the model (owned by the registry). */
-static wb_model *fixture_model(wb_broker *b, const char *name)
+static wb_model *fixture_model_on(wb_broker *b, const char *name, const wb_backend *be)
 {
     wb_err err;
-    wb_model *m = wb__model_new(name, "/models/fixture.safetensors", &wb__backend_host, -1);
+    wb_model *m = wb__model_new(name, "/models/fixture.safetensors", be, -1);
     ck_assert_ptr_nonnull(m);
     wb_model_data d;
     memset(&d, 0, sizeof d);
     d.n_slabs = 1;
     d.slabs = calloc(1, sizeof *d.slabs);
-    ck_assert_int_eq(wb__backend_host.slab_alloc(&d.slabs[0], -1, 256 + 16, &err), WB_OK);
+    ck_assert_int_eq(be->slab_alloc(&d.slabs[0], -1, 256 + 16, &err), WB_OK);
     d.slab_bytes = d.slabs[0].size;
     d.n_tensors = 2;
     d.tensors = calloc(2, sizeof *d.tensors);
@@ -89,9 +89,16 @@ static wb_model *fixture_model(wb_broker *b, const char *name)
         t->xxh3 = XXH3_64bits(p, t->nbytes);
         d.bytes += t->nbytes;
     }
+    if (be->slab_seal)
+        ck_assert_int_eq(be->slab_seal(&d.slabs[0], &err), WB_OK);
     ck_assert_int_eq(wb__model_adopt(m, &d, &err), WB_OK);
     wb__models_add(&b->models, m);
     return m;
+}
+
+static wb_model *fixture_model(wb_broker *b, const char *name)
+{
+    return fixture_model_on(b, name, &wb__backend_host);
 }
 
 /* A device-like backend for a model with copies on two devices: slabs in

@@ -96,6 +96,7 @@ static void answer(fake_broker *f, zmq_msg_t *ident, const Wbproto__Request *req
     ProtobufCBinaryData unknown[16];
     uint8_t *table = NULL, *frame = NULL;
     size_t frame_len = 0;
+    Wbproto__Slab shared_slab;
 
     switch (req->body_case) {
     case WBPROTO__REQUEST__BODY_HELLO:
@@ -114,6 +115,8 @@ static void answer(fake_broker *f, zmq_msg_t *ident, const Wbproto__Request *req
         atomic_fetch_add(&f->n_acquire, 1);
         if (req->acquire->tensor_table)
             atomic_fetch_add(&f->n_asked_table, 1);
+        if (req->acquire->tensor_table_shared)
+            atomic_fetch_add(&f->n_asked_shared, 1);
         if (strcmp(req->acquire->model, "demo") != 0) {
             rep.status = WB_ENOTFOUND;
             rep.error = "no model named 'nosuch'";
@@ -135,6 +138,26 @@ static void answer(fake_broker *f, zmq_msg_t *ident, const Wbproto__Request *req
                     slab.shm_name = other->name;
                 }
                 atomic_fetch_add(&f->n_cached, 1);
+            } else if (req->acquire->tensor_table_shared &&
+                       atomic_load(&f->shared_mode) != FAKE_SHARED_IGNORE) {
+                int sm = atomic_load(&f->shared_mode);
+                if (!f->shared_table.addr) {
+                    wb_err e;
+                    ck_assert_int_eq(wb__shm_create(&f->shared_table, tlen, &e), WB_OK);
+                    memcpy(f->shared_table.addr, table, tlen);
+                    if (sm == FAKE_SHARED_BAD)
+                        ((uint8_t *)f->shared_table.addr)[0] ^= 0xff; /* the magic */
+                }
+                wbproto__slab__init(&shared_slab);
+                shared_slab.backend = WBPROTO__BACKEND__BACKEND_HOST;
+                shared_slab.device = -1;
+                shared_slab.transport = "shm";
+                shared_slab.size = tlen;
+                shared_slab.shm_name = sm == FAKE_SHARED_MISSING
+                                           ? "/wb-1-00000000000000000000000000000000"
+                                           : f->shared_table.name;
+                lease.tensor_table_slab = &shared_slab;
+                atomic_fetch_add(&f->n_shared_sent, 1);
             } else if (req->acquire->tensor_table_frame &&
                        atomic_load(&f->frame_mode) != FAKE_FRAME_IGNORE) {
                 lease.tensor_table_in_frame = 1;
@@ -259,6 +282,10 @@ void fake_broker_stop(fake_broker *f)
     zmq_close(f->router);
     zmq_ctx_term(f->ctx);
     unlink(f->path);
+    if (f->shared_table.addr) {
+        wb__shm_unlink(&f->shared_table);
+        wb__shm_unmap(&f->shared_table);
+    }
 }
 
 void fake_slab_create(wb_shm *slab, size_t size, unsigned mul, unsigned add)

@@ -16,6 +16,14 @@
 
 enum fake_frame_mode { FAKE_FRAME_IGNORE, FAKE_FRAME_SEND, FAKE_FRAME_NONE, FAKE_FRAME_BAD };
 
+/* How the fake answers AcquireRequest.tensor_table_shared (with compact). */
+enum fake_shared_mode {
+    FAKE_SHARED_IGNORE,  /* as a broker that predates it: frame_mode decides */
+    FAKE_SHARED_SEND,    /* the table in a shm object of its own (shared_table) */
+    FAKE_SHARED_MISSING, /* names a shm object that does not exist */
+    FAKE_SHARED_BAD,     /* the object holds a table with a wrong magic */
+};
+
 enum fake_mode {
     FAKE_NORMAL,
     FAKE_CUDA,   /* grant a lease on a cuda slab */
@@ -73,6 +81,12 @@ typedef struct fake_broker {
      * magic. n_frames_sent counts the frames sent. */
     atomic_int frame_mode;
     atomic_int n_frames_sent;
+    /* enum fake_shared_mode; requests that asked for the shared table, and
+     * replies that named one (Lease.tensor_table_slab). The object is made
+     * at the first such reply and removed by fake_broker_stop. */
+    atomic_int shared_mode;
+    atomic_int n_asked_shared, n_shared_sent;
+    wb_shm shared_table;
     atomic_uint last_containers; /* of the first lease in the last heartbeat */
     atomic_int last_beats;       /* leases in the last heartbeat */
     uint8_t released_id[WB_LEASE_ID_LEN];

@@ -270,6 +270,26 @@ static long fake_long(const char *so, const char *name)
 
 static const float WANT_BASIC[4] = {1 * 1 + 10, 1 * 2 + 20, 2 * 3 + 30, 2 * 4 + 40};
 
+/* True when `p` lies in a read-only shared mapping of a broker's shm object
+ * (/proc/self/maps). */
+static int in_shm_mapping(const void *p)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    ck_assert_ptr_nonnull(f);
+    char line[512];
+    int found = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        char perms[8];
+        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3)
+            continue;
+        if ((uintptr_t)p >= lo && (uintptr_t)p < hi)
+            found = strcmp(perms, "r--s") == 0 && strstr(line, "/dev/shm/wb-") != NULL;
+    }
+    fclose(f);
+    return found;
+}
+
 /* The second acquire of a model names the digest of the table the client
  * holds, and the broker sends none: the new lease's entries point into the
  * same table (one reference more), with the same names, shapes and bytes. */
@@ -283,9 +303,20 @@ START_TEST(acquire_reuses_the_held_table)
     ck_assert_int_eq(atomic_load(&t->refs), 2); /* the lease and the cache */
     size_t n = a->n_tensors;
     ck_assert_uint_gt(n, 0);
+    /* Nothing per tensor is made until a tensor is read. */
+    ck_assert_ptr_null(atomic_load(&t->entries));
+    /* The broker published the table in shared memory: no frame and no
+     * table in the reply came; the bytes are the read-only mapping's. */
+    ck_assert_ptr_nonnull(t->map);
+    ck_assert_ptr_null(t->frame);
+    ck_assert_ptr_null(t->rep);
+    ck_assert(in_shm_mapping(t->bytes));
+    ck_assert(in_shm_mapping(t->bytes + t->len - 1));
     char name0[128];
-    snprintf(name0, sizeof name0, "%s", a->tensors[0].name);
-    uint64_t nbytes0 = a->tensors[0].nbytes, xxh0 = a->tensors[0].xxh3;
+    const wb__tensor_entry *ae = wb__lease_tensors(a);
+    ck_assert_ptr_nonnull(ae);
+    snprintf(name0, sizeof name0, "%s", ae[0].name);
+    uint64_t nbytes0 = ae[0].nbytes, xxh0 = ae[0].xxh3;
     ck_assert_int_eq(wb_lease_release(&a), WB_OK);
     ck_assert_int_eq(atomic_load(&t->refs), 1); /* kept for the next acquire */
 
@@ -293,11 +324,12 @@ START_TEST(acquire_reuses_the_held_table)
     ck_assert_ptr_eq(b->table, t);
     ck_assert_int_eq(atomic_load(&t->refs), 2);
     /* Its entries are the table's: nothing per tensor was made again. */
-    ck_assert_ptr_eq(b->tensors, t->entries);
+    const wb__tensor_entry *be = wb__lease_tensors(b);
+    ck_assert_ptr_eq(be, atomic_load(&t->entries));
     ck_assert_uint_eq(b->n_tensors, n);
-    ck_assert_str_eq(b->tensors[0].name, name0);
-    ck_assert_uint_eq(b->tensors[0].nbytes, nbytes0);
-    ck_assert_uint_eq(b->tensors[0].xxh3, xxh0);
+    ck_assert_str_eq(be[0].name, name0);
+    ck_assert_uint_eq(be[0].nbytes, nbytes0);
+    ck_assert_uint_eq(be[0].xxh3, xxh0);
     ck_assert_int_eq(wb_lease_verify(b, NULL), WB_OK);
     /* Another model gets its own table. */
     wb_lease *h = NULL;

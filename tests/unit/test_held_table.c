@@ -10,6 +10,7 @@
 #include "wb/client.h"
 
 #include "fake_broker.h"
+#include "lease.h"
 #include "shm.h"
 
 #include <check.h>
@@ -153,6 +154,144 @@ START_TEST(promised_frame_missing_or_bad)
 }
 END_TEST
 
+/* True when this process maps shm object `name` (read-only, shared). */
+static int mapped_ro(const char *name)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    ck_assert_ptr_nonnull(f);
+    char line[512], want[128];
+    snprintf(want, sizeof want, "/dev/shm%s", name);
+    int found = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (strstr(line, want) && strstr(line, " r--s "))
+            found = 1;
+    }
+    fclose(f);
+    return found;
+}
+
+/* The broker publishes the table in shared memory: the client maps it
+ * (read-only, shared) and uses its bytes where they lie; no frame and no
+ * table in the reply came, and the next lease names the digest as for any
+ * held table. */
+START_TEST(shared_table_is_mapped)
+{
+    fake f;
+    fake_start(&f);
+    atomic_store(&f.b.frame_mode, FAKE_FRAME_SEND);
+    atomic_store(&f.b.shared_mode, FAKE_SHARED_SEND);
+    wb_client *c = fake_connect(f.b.path, 1, 2000);
+    wb_lease *l = NULL;
+    ck_assert_int_eq(wb_lease_acquire(c, "demo", &l), WB_OK);
+    ck_assert_int_eq(atomic_load(&f.b.n_asked_shared), 1);
+    ck_assert_int_eq(atomic_load(&f.b.n_shared_sent), 1);
+    ck_assert_int_eq(atomic_load(&f.b.n_frames_sent), 0);
+    ck_assert_int_eq(atomic_load(&f.b.n_tables_sent), 0);
+    wb__table *t = l->table;
+    ck_assert_ptr_nonnull(t);
+    ck_assert_ptr_nonnull(t->map);
+    ck_assert_ptr_null(t->frame);
+    ck_assert_ptr_null(t->rep);
+    ck_assert_ptr_eq(t->bytes, wb__map_addr(t->map));
+    ck_assert_int_eq(memcmp(t->bytes, f.b.shared_table.addr, t->len), 0);
+    ck_assert(mapped_ro(f.b.shared_table.name));
+    check_tensors(l, &f);
+    ck_assert_int_eq(wb_lease_release(&l), WB_OK);
+
+    ck_assert_int_eq(wb_lease_acquire(c, "demo", &l), WB_OK);
+    ck_assert_int_eq(atomic_load(&f.b.n_cached), 1);
+    ck_assert_int_eq(atomic_load(&f.b.n_shared_sent), 1);
+    ck_assert_ptr_eq(l->table, t);
+    check_tensors(l, &f);
+    ck_assert_int_eq(wb_lease_release(&l), WB_OK);
+    /* The table (and its mapping) goes with the client's last reference. */
+    wb_client_destroy(&c);
+    ck_assert(!mapped_ro(f.b.shared_table.name));
+    fake_env_stop(&f);
+}
+END_TEST
+
+/* A broker that predates tensor_table_shared ignores it: the table comes as
+ * a frame, as it did. */
+START_TEST(shared_table_old_broker_sends_the_frame)
+{
+    fake f;
+    fake_start(&f);
+    atomic_store(&f.b.frame_mode, FAKE_FRAME_SEND);
+    atomic_store(&f.b.shared_mode, FAKE_SHARED_IGNORE);
+    wb_client *c = fake_connect(f.b.path, 1, 2000);
+    wb_lease *l = NULL;
+    ck_assert_int_eq(wb_lease_acquire(c, "demo", &l), WB_OK);
+    ck_assert_int_eq(atomic_load(&f.b.n_asked_shared), 1);
+    ck_assert_int_eq(atomic_load(&f.b.n_shared_sent), 0);
+    ck_assert_int_eq(atomic_load(&f.b.n_frames_sent), 1);
+    ck_assert_ptr_null(l->table->map);
+    check_tensors(l, &f);
+    ck_assert_int_eq(wb_lease_release(&l), WB_OK);
+    wb_client_destroy(&c);
+    fake_env_stop(&f);
+}
+END_TEST
+
+/* A shared table that cannot be mapped here: the lease is handed back and
+ * the acquire asked again without the flag, which this client then no
+ * longer sets; the caller sees one lease. */
+START_TEST(shared_table_unmappable_falls_back)
+{
+    fake f;
+    fake_start(&f);
+    atomic_store(&f.b.frame_mode, FAKE_FRAME_SEND);
+    atomic_store(&f.b.shared_mode, FAKE_SHARED_MISSING);
+    wb_client *c = fake_connect(f.b.path, 1, 2000);
+    wb_lease *l = NULL;
+    ck_assert_int_eq(wb_lease_acquire(c, "demo", &l), WB_OK);
+    ck_assert_int_eq(atomic_load(&f.b.n_acquire), 2);
+    ck_assert_int_eq(atomic_load(&f.b.n_release), 1); /* the first lease */
+    ck_assert_int_eq(atomic_load(&f.b.n_asked_shared), 1);
+    ck_assert_int_eq(atomic_load(&f.b.n_frames_sent), 1);
+    ck_assert_int_eq(memcmp(l->id, f.b.released_id, WB_LEASE_ID_LEN) != 0, 1);
+    check_tensors(l, &f);
+    ck_assert_int_eq(wb_lease_release(&l), WB_OK);
+    /* Another client starts asking again. */
+    wb_client *c2 = fake_connect(f.b.path, 1, 2000);
+    ck_assert_int_eq(wb_lease_acquire(c2, "demo", &l), WB_OK);
+    ck_assert_int_eq(atomic_load(&f.b.n_asked_shared), 2);
+    ck_assert_int_eq(wb_lease_release(&l), WB_OK);
+    wb_client_destroy(&c2);
+    /* This one no longer asks. */
+    ck_assert_int_eq(wb_lease_acquire(c, "demo", &l), WB_OK);
+    ck_assert_int_eq(atomic_load(&f.b.n_asked_shared), 2);
+    ck_assert_int_eq(wb_lease_release(&l), WB_OK);
+    wb_client_destroy(&c);
+    fake_env_stop(&f);
+}
+END_TEST
+
+/* A shared table that is not a table is refused like a bad frame (its
+ * content is the broker's word, checked), the lease handed back. */
+START_TEST(shared_table_bad_is_refused)
+{
+    fake f;
+    fake_start(&f);
+    atomic_store(&f.b.frame_mode, FAKE_FRAME_SEND);
+    atomic_store(&f.b.shared_mode, FAKE_SHARED_BAD);
+    wb_client *c = fake_connect(f.b.path, 1, 2000);
+    wb_lease *l = NULL;
+    ck_assert_int_eq(wb_lease_acquire(c, "demo", &l), WB_EPROTO);
+    ck_assert_ptr_null(l);
+    char want[160];
+    snprintf(want, sizeof want,
+             "acquire 'demo': the shared tensor table %s: lease.tensor_table has magic",
+             f.b.shared_table.name);
+    ck_assert_msg(strstr(wb_client_errmsg(c), want), "message: %s", wb_client_errmsg(c));
+    ck_assert_int_eq(atomic_load(&f.b.n_release), 1);
+    ck_assert_int_eq(atomic_load(&f.b.n_acquire), 1); /* not asked again */
+    ck_assert(!mapped_ro(f.b.shared_table.name));
+    wb_client_destroy(&c);
+    fake_env_stop(&f);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("held_table");
@@ -161,6 +300,10 @@ int main(void)
     tcase_add_test(tc, held_table_outside_the_slab_is_refused);
     tcase_add_test(tc, table_as_a_second_frame);
     tcase_add_test(tc, promised_frame_missing_or_bad);
+    tcase_add_test(tc, shared_table_is_mapped);
+    tcase_add_test(tc, shared_table_old_broker_sends_the_frame);
+    tcase_add_test(tc, shared_table_unmappable_falls_back);
+    tcase_add_test(tc, shared_table_bad_is_refused);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -37,7 +37,7 @@ static void table_make(table *tb)
         tb->t[i].nbytes = i;
     }
     tb->lease.n_tensors = N_TENSORS;
-    tb->lease.tensors = tb->t;
+    tb->lease.own_tensors = tb->t;
     wb__lease_containers_init(&tb->lease);
 }
 

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -62,14 +63,15 @@ static Wbproto__Reply *simple(const wb_peer_creds *peer, int body)
 
 /* An acquire that asks for the compact table with its digest, inside the
  * reply or (frame) as a second frame. */
-static Wbproto__Reply *acquire_table_ex(const wb_peer_creds *p, const char *model,
-                                        const uint8_t *digest, int frame)
+static Wbproto__Reply *acquire_table_sh(const wb_peer_creds *p, const char *model,
+                                        const uint8_t *digest, int frame, int shared)
 {
     Wbproto__Request req = WBPROTO__REQUEST__INIT;
     Wbproto__AcquireRequest a = WBPROTO__ACQUIRE_REQUEST__INIT;
     a.model = (char *)model;
     a.tensor_table = 1;
     a.tensor_table_frame = frame != 0;
+    a.tensor_table_shared = shared != 0;
     if (digest) {
         a.tensor_table_digest.data = (uint8_t *)digest;
         a.tensor_table_digest.len = 16;
@@ -77,6 +79,12 @@ static Wbproto__Reply *acquire_table_ex(const wb_peer_creds *p, const char *mode
     req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
     req.acquire = &a;
     return call(p, &req);
+}
+
+static Wbproto__Reply *acquire_table_ex(const wb_peer_creds *p, const char *model,
+                                        const uint8_t *digest, int frame)
+{
+    return acquire_table_sh(p, model, digest, frame, 0);
 }
 
 static Wbproto__Reply *acquire_table(const wb_peer_creds *p, const char *model,
@@ -196,6 +204,101 @@ START_TEST(test_acquire_table_frame)
     ck_assert_int_eq(r->acquire->lease->tensor_table_in_frame, 0);
     ck_assert_ptr_null(F.b.reply_frame);
     free(inside);
+}
+END_TEST
+
+/* Asked for it, the table's place in shared memory goes instead of its
+ * bytes: a host shm object made once per model, of exactly the table's
+ * bytes, with the slab's mode; no frame. A client holding the table still
+ * gets none; a model without a shared table (another transport, or it
+ * could not be made) sends the frame when asked, else the table inside. */
+START_TEST(test_acquire_shared_table)
+{
+    wb_model *m = fixture_model(&F.b, "demo");
+    ck_assert_ptr_nonnull(m->table_shm.addr);
+    wb_peer_creds p = me();
+    Wbproto__Reply *r = acquire_table_sh(&p, "demo", NULL, 1, 1);
+    ck_assert_int_eq(r->status, 0);
+    const Wbproto__Lease *l = r->acquire->lease;
+    ck_assert_ptr_null(F.b.reply_frame);
+    ck_assert_int_eq(l->tensor_table_in_frame, 0);
+    ck_assert_int_eq(l->tensor_table_cached, 0);
+    ck_assert_uint_eq(l->tensor_table.len, 0);
+    ck_assert_uint_eq(l->n_tensors, 0);
+    ck_assert_str_eq(l->model, "demo");
+    ck_assert_uint_eq(l->n_slabs, 1);
+    const Wbproto__Slab *ts = l->tensor_table_slab;
+    ck_assert_ptr_nonnull(ts);
+    ck_assert_int_eq(ts->backend, WBPROTO__BACKEND__BACKEND_HOST);
+    ck_assert_str_eq(ts->transport, "shm");
+    ck_assert_int_eq(wb__shm_name_valid(ts->shm_name), 1);
+    ck_assert_str_ne(ts->shm_name, l->slabs[0]->shm_name);
+    ck_assert_uint_eq(ts->size, m->table_len);
+    char name[WB_SHM_NAME_MAX];
+    snprintf(name, sizeof name, "%s", ts->shm_name);
+
+    /* What a client maps: the model's table, byte for byte, a valid table
+     * for the lease's slabs, with the mode the slab has. */
+    wb_shm ro;
+    wb_err err;
+    ck_assert_int_eq(wb__shm_map_ro(&ro, name, ts->size, &err), WB_OK);
+    ck_assert_int_eq(memcmp(ro.addr, m->table, m->table_len), 0);
+    ck_assert_int_eq(wb__tensor_table_check(ro.addr, ts->size, l->slabs, l->n_slabs, &err), WB_OK);
+    wb__shm_unmap(&ro);
+    char path[128], slab_path[128];
+    struct stat st, slab_st;
+    snprintf(path, sizeof path, "/dev/shm%s", name);
+    snprintf(slab_path, sizeof slab_path, "/dev/shm%s", l->slabs[0]->shm_name);
+    ck_assert_int_eq(stat(path, &st), 0);
+    ck_assert_int_eq(stat(slab_path, &slab_st), 0);
+    ck_assert_uint_eq(st.st_mode & 07777, slab_st.st_mode & 07777);
+    ck_assert_uint_eq(st.st_mode & 0022, 0);
+
+    /* The same object for the next lease, and none with the digest. */
+    r = acquire_table_sh(&p, "demo", NULL, 0, 1);
+    ck_assert_str_eq(r->acquire->lease->tensor_table_slab->shm_name, name);
+    uint8_t digest[16];
+    memcpy(digest, m->table_digest, 16);
+    r = acquire_table_sh(&p, "demo", digest, 1, 1);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->acquire->lease->tensor_table_cached, 1);
+    ck_assert_ptr_null(r->acquire->lease->tensor_table_slab);
+    ck_assert_ptr_null(F.b.reply_frame);
+
+    /* Without the flag: as before. */
+    r = acquire_table_ex(&p, "demo", NULL, 1);
+    ck_assert_ptr_null(r->acquire->lease->tensor_table_slab);
+    ck_assert_int_eq(r->acquire->lease->tensor_table_in_frame, 1);
+
+    /* No shared tail: the frame when asked, else the table inside. */
+    uint8_t *tail = m->wire[0].shared_tail;
+    m->wire[0].shared_tail = NULL;
+    r = acquire_table_sh(&p, "demo", NULL, 1, 1);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_ptr_null(r->acquire->lease->tensor_table_slab);
+    ck_assert_int_eq(r->acquire->lease->tensor_table_in_frame, 1);
+    ck_assert_ptr_eq(F.b.reply_frame, m->table);
+    r = acquire_table_sh(&p, "demo", NULL, 0, 1);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_ptr_null(r->acquire->lease->tensor_table_slab);
+    ck_assert_uint_eq(r->acquire->lease->tensor_table.len, m->table_len);
+    ck_assert_ptr_null(F.b.reply_frame);
+    m->wire[0].shared_tail = tail;
+}
+END_TEST
+
+/* A broker whose slabs are memfds makes no shared table (nothing of a
+ * model may be left in /dev/shm): a client asking for it gets the frame. */
+START_TEST(test_shared_table_not_for_memfd)
+{
+    wb_model *m = fixture_model_on(&F.b, "demo", &wb__backend_host_memfd);
+    ck_assert_ptr_null(m->table_shm.addr);
+    wb_peer_creds p = me();
+    Wbproto__Reply *r = acquire_table_sh(&p, "demo", NULL, 1, 1);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_ptr_null(r->acquire->lease->tensor_table_slab);
+    ck_assert_int_eq(r->acquire->lease->tensor_table_in_frame, 1);
+    ck_assert_ptr_eq(F.b.reply_frame, m->table);
 }
 END_TEST
 
@@ -602,8 +705,14 @@ START_TEST(test_unload_and_drain)
     wb_model *m = fixture_model(&F.b, "demo");
     wb_model *idle = fixture_model(&F.b, "idle");
     char idle_shm[WB_SHM_NAME_MAX], demo_shm[WB_SHM_NAME_MAX];
+    char idle_table[WB_SHM_NAME_MAX], demo_table[WB_SHM_NAME_MAX];
     strcpy(idle_shm, idle->data.slabs[0].shm.name);
     strcpy(demo_shm, m->data.slabs[0].shm.name);
+    /* The shared tensor tables live and go with their models. */
+    strcpy(idle_table, idle->table_shm.name);
+    strcpy(demo_table, m->table_shm.name);
+    ck_assert(shm_name_exists(idle_table));
+    ck_assert(shm_name_exists(demo_table));
     wb_peer_creds p = me();
     wb_peer_creds stranger = creds(p.uid + 1, p.gid, p.pid);
     if (p.uid == 0)
@@ -626,6 +735,7 @@ START_TEST(test_unload_and_drain)
     ck_assert_int_eq(r->unload->model->state, WBPROTO__MODEL_STATE__MODEL_FREED);
     ck_assert_ptr_null(wb__models_find(&F.b.models, "idle"));
     ck_assert(!shm_name_exists(idle_shm));
+    ck_assert(!shm_name_exists(idle_table));
 
     /* With leases: draining; new leases refused; freed at the last release. */
     uint8_t id1[16], id2[16];
@@ -652,10 +762,12 @@ START_TEST(test_unload_and_drain)
     ck_assert_int_eq(r->status, 0);
     ck_assert_int_eq(r->release->model_state, WBPROTO__MODEL_STATE__MODEL_DRAINING);
     ck_assert(shm_name_exists(demo_shm));
+    ck_assert(shm_name_exists(demo_table));
     r = fixture_release(&F, &p, id2);
     ck_assert_int_eq(r->status, 0);
     ck_assert_int_eq(r->release->model_state, WBPROTO__MODEL_STATE__MODEL_FREED);
     ck_assert(!shm_name_exists(demo_shm));
+    ck_assert(!shm_name_exists(demo_table));
     r = simple(&p, WBPROTO__REQUEST__BODY_LIST_MODELS);
     ck_assert_uint_eq(r->list_models->n_models, 0);
 
@@ -802,6 +914,8 @@ int main(void)
     tcase_add_test(tc, test_lease_tail_bytes);
     tcase_add_test(tc, test_acquire_cached_table);
     tcase_add_test(tc, test_acquire_table_frame);
+    tcase_add_test(tc, test_acquire_shared_table);
+    tcase_add_test(tc, test_shared_table_not_for_memfd);
     tcase_add_test(tc, test_acquire_dead_peer);
     tcase_add_test(tc, test_release);
     tcase_add_test(tc, test_release_after_pid_reuse);

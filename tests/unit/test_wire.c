@@ -622,6 +622,49 @@ START_TEST(test_reply_tensor_table)
     f.lease.tensor_table_cached = 1;
     ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
     ck_assert_str_eq(err.msg, "lease says tensor_table_in_frame but also says tensor_table_cached");
+
+    /* A table in shared memory: a host shm object of a table's size, and
+     * nothing else of the tensors (its bytes are the receiver's to map and
+     * check). */
+    Wbproto__Slab ts = WBPROTO__SLAB__INIT;
+    ts.backend = WBPROTO__BACKEND__BACKEND_HOST;
+    ts.transport = "shm";
+    ts.shm_name = "/wb-12-0123456789abcdef0123456789abcdef";
+    ts.size = 4096;
+    fixture_init(&f);
+    f.lease.n_tensors = 0;
+    f.lease.tensors = NULL;
+    f.lease.tensor_table_slab = &ts;
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_OK);
+    ck_assert_str_eq(out->acquire->lease->tensor_table_slab->shm_name, ts.shm_name);
+    ck_assert_uint_eq(out->acquire->lease->tensor_table_slab->size, 4096);
+    wb__reply_free(&out);
+    f.lease.tensor_table_cached = 1;
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "lease has a tensor_table_slab but also says tensor_table_cached");
+    f.lease.tensor_table_cached = 0;
+    fixture_init(&f);
+    f.lease.tensor_table_slab = &ts;
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "lease has a tensor_table_slab but carries tensors");
+    fixture_init(&f);
+    f.lease.n_tensors = 0;
+    f.lease.tensors = NULL;
+    f.lease.tensor_table_slab = &ts;
+    ts.transport = "memfd";
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "lease.tensor_table_slab is not a host shm object (backend 1, "
+                              "transport 'memfd')");
+    ts.transport = "shm";
+    ts.shm_name = "/etc/passwd";
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg,
+                     "lease.tensor_table_slab.shm_name is not of the form /wb-<pid>-<32 hex>");
+    ts.shm_name = "/wb-12-0123456789abcdef0123456789abcdef";
+    ts.size = 15;
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg,
+                     "lease.tensor_table_slab has 15 bytes (a table has 16 to 4294967296)");
 }
 END_TEST
 
