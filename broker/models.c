@@ -152,16 +152,21 @@ static void wire_pack_copy(wb_model *m, uint32_t k, const uint8_t *table, size_t
 }
 
 /* Publishes the table in a read-only shared memory object when the model's
- * slabs are named shm objects (the clients reach /dev/shm): made like a
- * slab (unguessable name, mode 0640, opened read-only by clients). Without
- * it (another transport, or no memory) clients get the table as before. */
+ * clients are expected to reach /dev/shm: its slabs are named shm objects,
+ * or CUDA IPC handles (legacy CUDA IPC needs the host's IPC namespace
+ * anyway). Made like a slab (unguessable name, mode 0640, opened read-only
+ * by clients). Without it (descriptor transports, or no memory) clients get
+ * the table as before, and so does a client that cannot map it. */
 static void table_publish(wb_model *m, const uint8_t *table, size_t len)
 {
     memset(&m->table_shm, 0, sizeof m->table_shm);
     wbproto__slab__init(&m->table_slab);
     const char *tr = wb__backend_transport(m->backend);
-    if (!table || m->backend->proto != WBPROTO__BACKEND__BACKEND_HOST ||
-        (tr[0] && strcmp(tr, "shm") != 0))
+    int shm_slabs =
+        m->backend->proto == WBPROTO__BACKEND__BACKEND_HOST && (!tr[0] || strcmp(tr, "shm") == 0);
+    int ipc_slabs =
+        m->backend->proto == WBPROTO__BACKEND__BACKEND_CUDA && strcmp(tr, "cuda-ipc") == 0;
+    if (!table || (!shm_slabs && !ipc_slabs))
         return;
     wb_err e;
     if (wb__shm_create(&m->table_shm, len, &e) != WB_OK) {

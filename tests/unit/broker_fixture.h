@@ -148,13 +148,13 @@ static inline const wb_backend *fixture_twin_backend(void)
 #define UUID1 "GPU-11111111-1111-2222-3333-444444444444"
 #define UUID2 "GPU-22222222-1111-2222-3333-444444444444"
 
-/* Adds model "twin": copies ready on devices 0 and 1 (256-byte slabs),
- * failed on device 2; one 8-byte tensor "w". */
-static inline wb_model *fixture_twin_model(wb_broker *b)
+/* Adds model `name` on backend `be` (twin-like): copies ready on devices 0
+ * and 1 (256-byte slabs), failed on device 2; one 8-byte tensor "w". */
+static inline wb_model *fixture_twin_model_on(wb_broker *b, const char *name, const wb_backend *be)
 {
     wb_err err;
     static const int devs[] = {0, 1, 2};
-    wb_model *m = wb__model_new("twin", "/models/twin.safetensors", fixture_twin_backend(), 0);
+    wb_model *m = wb__model_new(name, "/models/twin.safetensors", be, 0);
     ck_assert_ptr_nonnull(m);
     wb__model_set_devices(m, devs, 3);
     wb_model_data d;
@@ -184,6 +184,12 @@ static inline wb_model *fixture_twin_model(wb_broker *b)
     ck_assert_int_eq(wb__model_adopt(m, &d, &err), WB_OK);
     wb__models_add(&b->models, m);
     return m;
+}
+
+/* Model "twin" on the twin backend. */
+static inline wb_model *fixture_twin_model(wb_broker *b)
+{
+    return fixture_twin_model_on(b, "twin", fixture_twin_backend());
 }
 
 static int shm_name_exists(const char *name)

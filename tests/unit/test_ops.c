@@ -302,6 +302,34 @@ START_TEST(test_shared_table_not_for_memfd)
 }
 END_TEST
 
+/* A model on CUDA IPC slabs publishes its table too (a client of legacy
+ * CUDA IPC shares the host's /dev/shm); one on descriptor slabs (cuda-vmm,
+ * for clients that need not) does not. */
+START_TEST(test_shared_table_for_cuda_ipc)
+{
+    wb_model *m = fixture_twin_model(&F.b);
+    ck_assert_ptr_nonnull(m->table_shm.addr);
+    ck_assert_str_eq(m->table_slab.transport, "shm");
+    wb_peer_creds p = me();
+    Wbproto__Reply *r = acquire_table_sh(&p, "twin", NULL, 1, 1);
+    ck_assert_int_eq(r->status, 0);
+    const Wbproto__Lease *l = r->acquire->lease;
+    ck_assert_ptr_nonnull(l->tensor_table_slab);
+    ck_assert_str_eq(l->tensor_table_slab->shm_name, m->table_shm.name);
+    ck_assert_int_eq(l->slabs[0]->backend, WBPROTO__BACKEND__BACKEND_CUDA);
+    ck_assert_int_eq(memcmp(m->table_shm.addr, m->table, m->table_len), 0);
+
+    static wb_backend vmm;
+    vmm = *fixture_twin_backend();
+    vmm.transport = "cuda-vmm";
+    wb_model *v = fixture_twin_model_on(&F.b, "vmm", &vmm);
+    ck_assert_ptr_null(v->table_shm.addr);
+    r = acquire_table_sh(&p, "vmm", NULL, 1, 1);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_ptr_null(r->acquire->lease->tensor_table_slab);
+}
+END_TEST
+
 /* An acquire reply carries the model's tensor table packed once: the Lease
  * it packs must be byte for byte the Lease packed field by field. */
 START_TEST(test_lease_tail_bytes)
@@ -916,6 +944,7 @@ int main(void)
     tcase_add_test(tc, test_acquire_table_frame);
     tcase_add_test(tc, test_acquire_shared_table);
     tcase_add_test(tc, test_shared_table_not_for_memfd);
+    tcase_add_test(tc, test_shared_table_for_cuda_ipc);
     tcase_add_test(tc, test_acquire_dead_peer);
     tcase_add_test(tc, test_release);
     tcase_add_test(tc, test_release_after_pid_reuse);
