@@ -20,7 +20,7 @@
  * usage: wb_bench_load [--file PATH] [--gib N] [--runs N] [--out JSON]
  *                      [--device N] [--sweep] [--cold] [--cold-gib N]
  *                      [--threads N] [--staging-mib N] [--buffers N]
- *                      [--variants NAME,...] [--write-only]
+ *                      [--read-block-kib N] [--variants NAME,...] [--write-only]
  * --variants limits the variants to those named (default always runs);
  * --write-only writes the checkpoint (if missing) and exits; --keep-loads
  * keeps every load's device memory until its variant ends (each load gets
@@ -550,6 +550,7 @@ static void parse(int argc, char **argv, opts *o)
                                        {"threads", required_argument, NULL, 't'},
                                        {"staging-mib", required_argument, NULL, 'm'},
                                        {"buffers", required_argument, NULL, 'b'},
+                                       {"read-block-kib", required_argument, NULL, 'B'},
                                        {"help", no_argument, NULL, 'h'},
                                        {"write-only", no_argument, NULL, 'w'},
                                        {"variants", required_argument, NULL, 'v'},
@@ -592,6 +593,9 @@ static void parse(int argc, char **argv, opts *o)
         case 'b':
             o->cfg.buffers = (unsigned)atoi(optarg);
             break;
+        case 'B':
+            o->cfg.block = (unsigned)atoi(optarg) * 1024u;
+            break;
         case 'v':
             o->only = optarg;
             break;
@@ -608,9 +612,10 @@ static void parse(int argc, char **argv, opts *o)
             printf("usage: wb_bench_load [--file PATH] [--gib N] [--runs N] [--out JSON] "
                    "[--device N]\n                     [--sweep] [--cold] [--cold-gib N] "
                    "[--threads N] [--staging-mib N] [--buffers N]\n                     "
-                   "[--variants NAME,NAME...] [--write-only]\n"
+                   "[--read-block-kib N] [--variants NAME,NAME...] [--write-only]\n"
                    "                     [--keep-loads] [--pause-ms N]\n"
-                   "--threads, --staging-mib and --buffers change the default variant only.\n");
+                   "--threads, --staging-mib, --buffers and --read-block-kib change the default "
+                   "variant only.\n");
             exit(0);
         default:
             exit(2);
