@@ -247,12 +247,7 @@ int wb__model_adopt(wb_model *m, wb_model_data *data, wb_err *err)
     uint8_t *table = wb__tensor_table_pack(tensor_ptrs, nt, &table_len);
     if (table)
         wb__tensor_table_digest(table, table_len, m->table_digest);
-    /* The published table carries its name index (common/wire.h): every
-     * client maps it where it lies instead of hashing every name. */
-    size_t indexed_len = 0;
-    uint8_t *indexed = table ? wb__tensor_table_with_index(table, table_len, &indexed_len) : NULL;
-    table_publish(m, indexed ? indexed : table, indexed ? indexed_len : table_len);
-    free(indexed);
+    table_publish(m, table, table_len);
     int first_ready = -1;
     for (uint32_t k = 0; k < nc; k++) {
         wb_model_copy *c = &m->data.copies[k];

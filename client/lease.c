@@ -426,13 +426,6 @@ static wb__table *table_new(const char *model, const uint8_t *bytes, size_t len,
         *map = NULL;
     }
     wb__tensor_table_digest(t->bytes, len, t->digest);
-    /* A published table's name index (checked with the table): lookups use
-     * it where it lies instead of hashing every name first. Out of memory,
-     * the first lookup builds one as without it. */
-    size_t slots = 0;
-    const uint64_t *index = wb__tensor_table_index(t->bytes, len, &slots);
-    if (index)
-        atomic_store(&t->by_name, wb__names_hash_over(index, slots));
     return t;
 }
 

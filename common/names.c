@@ -59,65 +59,35 @@ const void *wb__names_find(const void *records, size_t n, size_t stride, size_t 
     return NULL;
 }
 
-size_t wb__names_hash_slots(size_t n)
+wb__names_hash *wb__names_hash_new(const void *records, size_t n, size_t stride, size_t name_offset)
 {
     if (n >= UINT32_MAX)
-        return 0;
+        return NULL;
     size_t slots = 16;
     while (slots < 2 * n)
         slots *= 2;
-    return slots;
-}
-
-void wb__names_hash_fill(uint64_t *slot, size_t slots, size_t n,
-                         const char *(*name)(const void *ctx, size_t i), const void *ctx)
-{
-    size_t mask = slots - 1;
+    wb__names_hash *h = calloc(1, sizeof *h + slots * sizeof h->slot[0]);
+    if (!h)
+        return NULL;
+    h->mask = slots - 1;
+    layout l = {records, stride, name_offset};
     for (size_t i = 0; i < n; i++) {
-        const char *nm = name(ctx, i);
-        uint64_t x = XXH3_64bits(nm, strlen(nm));
-        size_t at = (size_t)x & mask;
+        const char *name = name_at(&l, i);
+        uint64_t x = XXH3_64bits(name, strlen(name));
+        size_t at = (size_t)x & h->mask;
         uint64_t tag = x >> 32;
         for (;;) {
-            uint64_t s = slot[at];
+            uint64_t s = h->slot[at];
             if (s == 0) {
-                slot[at] = tag << 32 | (uint64_t)(i + 1);
+                h->slot[at] = tag << 32 | (uint64_t)(i + 1);
                 break;
             }
-            if (s >> 32 == tag && strcmp(name(ctx, (size_t)(uint32_t)s - 1), nm) == 0)
+            /* A repeated name keeps its first record, as a scan would. */
+            if (s >> 32 == tag && strcmp(name_at(&l, (size_t)(uint32_t)s - 1), name) == 0)
                 break;
-            at = (at + 1) & mask;
+            at = (at + 1) & h->mask;
         }
     }
-}
-
-static const char *layout_name(const void *ctx, size_t i)
-{
-    return name_at(ctx, i);
-}
-
-wb__names_hash *wb__names_hash_new(const void *records, size_t n, size_t stride, size_t name_offset)
-{
-    size_t slots = wb__names_hash_slots(n);
-    if (!slots)
-        return NULL;
-    wb__names_hash *h = calloc(1, sizeof *h + slots * sizeof h->own[0]);
-    if (!h)
-        return NULL;
-    h->mask = slots - 1;
-    h->slot = h->own;
-    layout l = {records, stride, name_offset};
-    wb__names_hash_fill(h->slot, slots, n, layout_name, &l);
-    return h;
-}
-
-wb__names_hash *wb__names_hash_over(const uint64_t *slot, size_t slots)
-{
-    wb__names_hash *h = malloc(sizeof *h);
-    if (!h)
-        return NULL;
-    h->mask = slots - 1;
-    h->slot = (uint64_t *)slot; /* read only: find never writes */
     return h;
 }
 

@@ -1,7 +1,5 @@
 #include "wire.h"
 
-#include "names.h"
-
 #include "devlist.h"
 #include "placement.h"
 #include "shm.h"
@@ -400,105 +398,6 @@ uint8_t *wb__tensor_table_pack(Wbproto__Tensor *const *tensors, size_t n, size_t
     return buf;
 }
 
-static size_t index_start(size_t base)
-{
-    return (base + 7) & ~(size_t)7;
-}
-
-size_t wb__tensor_table_base_len(const uint8_t *table)
-{
-    table_header h;
-    memcpy(&h, table, sizeof h);
-    return WB_TABLE_HEADER + (size_t)h.n * WB_TABLE_RECORD + (size_t)h.dims * 8 + h.strings;
-}
-
-/* The name index after a table of `base` bytes and n records, up to len. */
-static int check_index(const uint8_t *table, size_t base, size_t len, uint32_t n, wb_err *err)
-{
-    size_t at = index_start(base), slots = wb__names_hash_slots(n);
-    uint32_t head[2];
-    if (len < at + sizeof head)
-        return wb__err_set(err, WB_EPROTO,
-                           "lease.tensor_table has %zu bytes after its %zu, too few for a name "
-                           "index",
-                           len - base, base);
-    for (size_t i = base; i < at; i++) {
-        if (table[i])
-            return wb__err_set(err, WB_EPROTO,
-                               "lease.tensor_table: byte %zu before the name index is not zero", i);
-    }
-    memcpy(head, table + at, sizeof head);
-    if (head[0] != WB_INDEX_MAGIC)
-        return wb__err_set(err, WB_EPROTO,
-                           "lease.tensor_table: name index magic 0x%08x, not 0x%08x", head[0],
-                           WB_INDEX_MAGIC);
-    if (head[1] >= 8 * sizeof(size_t) || ((size_t)1 << head[1]) != slots)
-        return wb__err_set(err, WB_EPROTO,
-                           "lease.tensor_table: a name index of 2^%u slots for %u tensors, not %zu",
-                           head[1], n, slots);
-    if ((len - at - sizeof head) / 8 != slots || (len - at - sizeof head) % 8)
-        return wb__err_set(err, WB_EPROTO,
-                           "lease.tensor_table: the name index has %zu bytes, not %zu slots of 8",
-                           len - at - sizeof head, slots);
-    size_t taken = 0;
-    for (size_t i = 0; i < slots; i++) {
-        uint64_t s;
-        memcpy(&s, table + at + sizeof head + i * 8, 8);
-        if (!s)
-            continue;
-        if ((uint32_t)s == 0 || (uint32_t)s > n)
-            return wb__err_set(err, WB_EPROTO,
-                               "lease.tensor_table: name index slot %zu names tensor %u of %u", i,
-                               (uint32_t)s, n);
-        taken++;
-    }
-    if (taken > n)
-        return wb__err_set(err, WB_EPROTO,
-                           "lease.tensor_table: the name index has %zu slots taken for %u tensors",
-                           taken, n);
-    return WB_OK;
-}
-
-const uint64_t *wb__tensor_table_index(const uint8_t *table, size_t len, size_t *slots)
-{
-    size_t base = wb__tensor_table_base_len(table);
-    if (len <= base)
-        return NULL;
-    size_t at = index_start(base) + 8;
-    *slots = (len - at) / 8;
-    return (const uint64_t *)(const void *)(table + at);
-}
-
-static const char *record_name(const void *ctx, size_t i)
-{
-    const uint8_t *table = ctx;
-    wb_table_tensor r;
-    memcpy(&r, table + WB_TABLE_HEADER + i * WB_TABLE_RECORD, sizeof r);
-    return wb__tensor_table_strings(table) + r.name;
-}
-
-uint8_t *wb__tensor_table_with_index(const uint8_t *table, size_t len, size_t *out_len)
-{
-    uint32_t n = wb__tensor_table_count(table);
-    size_t slots = wb__names_hash_slots(n), at = index_start(len);
-    if (!slots || slots > (SIZE_MAX - at - 8) / 8)
-        return NULL;
-    size_t total = at + 8 + slots * 8;
-    uint8_t *buf = calloc(1, total);
-    if (!buf)
-        return NULL;
-    memcpy(buf, table, len);
-    uint32_t head[2] = {WB_INDEX_MAGIC, 0};
-    while (((size_t)1 << head[1]) < slots)
-        head[1]++;
-    memcpy(buf + at, head, sizeof head);
-    /* The slots are filled where they lie: the buffer is 8-byte aligned
-     * (malloc) and so is their start. */
-    wb__names_hash_fill((uint64_t *)(void *)(buf + at + 8), slots, n, record_name, table);
-    *out_len = total;
-    return buf;
-}
-
 int wb__tensor_table_check(const uint8_t *table, size_t len, Wbproto__Slab *const *slabs,
                            size_t n_slabs, wb_err *err)
 {
@@ -512,15 +411,12 @@ int wb__tensor_table_check(const uint8_t *table, size_t len, Wbproto__Slab *cons
                            h.magic, WB_TABLE_MAGIC);
     uint64_t want = WB_TABLE_HEADER + (uint64_t)h.n * WB_TABLE_RECORD + (uint64_t)h.dims * 8 +
                     (uint64_t)h.strings;
-    if (want > len)
+    if (want != len)
         return wb__err_set(err, WB_EPROTO,
                            "lease.tensor_table has %zu bytes but its header (%u tensors, %u dims, "
                            "%u string bytes) needs %llu",
                            len, h.n, h.dims, h.strings, (unsigned long long)want);
-    int rc = want < len ? check_index(table, (size_t)want, len, h.n, err) : WB_OK;
-    if (rc != WB_OK)
-        return rc;
-    const char *str = (const char *)table + (want - h.strings);
+    const char *str = (const char *)table + (len - h.strings);
     /* With a NUL last, every offset inside the strings starts a string that
      * ends inside them. */
     if (h.strings == 0 || str[h.strings - 1] != '\0')
@@ -554,8 +450,6 @@ int wb__tensor_table_check(const uint8_t *table, size_t len, Wbproto__Slab *cons
 
 void wb__tensor_table_digest(const uint8_t *table, size_t len, uint8_t out[16])
 {
-    if (len >= WB_TABLE_HEADER && wb__tensor_table_base_len(table) < len)
-        len = wb__tensor_table_base_len(table); /* without the index */
     XXH128_canonical_t c;
     XXH128_canonicalFromHash(&c, XXH3_128bits(table, len));
     memcpy(out, c.digest, 16);

@@ -67,19 +67,6 @@ uint8_t *wb__reply_pack(const Wbproto__Reply *rep, size_t *len);
  * (Lease.tensor_table_slab): what a client maps before checking it. */
 #define WB_TABLE_MAX_SHARED (4ull << 30)
 
-/* A name index may follow the strings in a table published in shared
- * memory (Lease.tensor_table_slab), so that no client hashes 10^5 names to
- * look them up (a table sent in a reply has none: receiving it would cost
- * what it saves):
- *   zero bytes up to the next multiple of 8 from the table's start;
- *   u32 magic WB_INDEX_MAGIC, u32 log2 of the slot count, which is
- *     wb__names_hash_slots(tensors) (common/names.h);
- *   the slots, u64 each, laid out as wb__names_hash lays them out for the
- *     records' names in order.
- * The table proper is the first wb__tensor_table_base_len bytes; its
- * digest is theirs. */
-#define WB_INDEX_MAGIC 0x31494257u /* "WBI1" */
-
 typedef struct wb_table_tensor {
     uint64_t offset, nbytes, xxh3;
     uint32_t name, dtype, dim;
@@ -91,33 +78,17 @@ typedef struct wb_table_tensor {
  * a dimension count does not fit 16 bits. */
 uint8_t *wb__tensor_table_pack(Wbproto__Tensor *const *tensors, size_t n, size_t *len);
 
-/* The same table of `len` bytes with a name index after it, in a new
- * malloc'd buffer of *out_len bytes; NULL when out of memory or too large.
- * The table must be one wb__tensor_table_pack made. */
-uint8_t *wb__tensor_table_with_index(const uint8_t *table, size_t len, size_t *out_len);
-
-/* The length of the table proper from its header (the index, if any,
- * follows). The table must be at least a header long. */
-size_t wb__tensor_table_base_len(const uint8_t *table);
-
-/* The slots of a checked table's name index and their count, or NULL when
- * it has none. */
-const uint64_t *wb__tensor_table_index(const uint8_t *table, size_t len, size_t *slots);
-
 /* Checks a table against the lease's slabs: layout, every name non-empty,
- * dtype present, at most 64 dims, every tensor inside its slab; and a name
- * index after it: its length, magic and slot count, every slot empty or
- * naming a record, no more taken than records (a wrong slot can then only
- * make a lookup miss, never loop or reach past the records). Called by
+ * dtype present, at most 64 dims, every tensor inside its slab. Called by
  * wb__reply_decode for an acquire reply; WB_EPROTO naming the tensor. */
 int wb__tensor_table_check(const uint8_t *table, size_t len, Wbproto__Slab *const *slabs,
                            size_t n_slabs, wb_err *err);
 
 /* Tensors in a checked table. */
 uint32_t wb__tensor_table_count(const uint8_t *table);
-/* XXH3-128 of a table's bytes (the table proper: without its index), in
- * canonical (big-endian) order: how broker and client tell whether the
- * client already holds a model's table (AcquireRequest.tensor_table_digest). */
+/* XXH3-128 of a table's bytes, in canonical (big-endian) order: how broker
+ * and client tell whether the client already holds a model's table
+ * (AcquireRequest.tensor_table_digest). */
 void wb__tensor_table_digest(const uint8_t *table, size_t len, uint8_t out[16]);
 /* Record i of a checked table, and where its strings and dims start. */
 void wb__tensor_table_get(const uint8_t *table, uint32_t i, wb_table_tensor *out);

@@ -312,19 +312,6 @@ START_TEST(acquire_reuses_the_held_table)
     ck_assert_ptr_null(t->rep);
     ck_assert(in_shm_mapping(t->bytes));
     ck_assert(in_shm_mapping(t->bytes + t->len - 1));
-    /* Its name index came with it, in the same mapping: no lookup builds
-     * one, and it finds every tensor. */
-    wb__names_hash *idx = atomic_load(&t->by_name);
-    ck_assert_ptr_nonnull(idx);
-    ck_assert_ptr_ne(idx->slot, idx->own);
-    ck_assert(in_shm_mapping(idx->slot));
-    for (size_t i = 0; i < n; i++) {
-        wb_tensor_view v, w;
-        ck_assert_int_eq(wb_lease_tensor(a, i, &v), WB_OK);
-        ck_assert_int_eq(wb_lease_find(a, v.name, &w), WB_OK);
-        ck_assert_ptr_eq(w.data, v.data);
-    }
-    ck_assert_ptr_eq(atomic_load(&t->by_name), idx);
     char name0[128];
     const wb__tensor_entry *ae = wb__lease_tensors(a);
     ck_assert_ptr_nonnull(ae);

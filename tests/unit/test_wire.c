@@ -1,7 +1,6 @@
 /* The wire codec: requests and replies round-trip, and every kind of
  * malformed or out-of-bounds message is refused with the right status and a
  * message that names the field. */
-#include "names.h"
 #include "wire.h"
 
 #include <check.h>
@@ -669,106 +668,6 @@ START_TEST(test_reply_tensor_table)
 }
 END_TEST
 
-/* A table with the broker's name index after it: checked with the table,
- * found by wb__tensor_table_index, laid out as wb__names_hash lays out the
- * names (a lookup through it finds every record); the digest is the
- * table's alone; every corruption is refused, naming what is wrong. */
-START_TEST(test_table_index)
-{
-    fixture f;
-    wb_err err;
-    size_t len, ilen, slots = 0;
-    fixture_init(&f);
-    uint8_t *t = to_table(&f, &len);
-    uint8_t *x = wb__tensor_table_with_index(t, len, &ilen);
-    ck_assert_ptr_nonnull(x);
-    size_t at = (len + 7) & ~(size_t)7;
-    ck_assert_uint_eq(len, 125);              /* the messages below name these offsets */
-    ck_assert_uint_eq(ilen, at + 8 + 16 * 8); /* 16 slots: the fewest */
-    ck_assert_mem_eq(x, t, len);
-    ck_assert_uint_eq(wb__tensor_table_base_len(x), len);
-    ck_assert_ptr_null(wb__tensor_table_index(t, len, &slots));
-    const uint64_t *idx = wb__tensor_table_index(x, ilen, &slots);
-    ck_assert_ptr_eq(idx, (const uint64_t *)(const void *)(x + at + 8));
-    ck_assert_uint_eq(slots, 16);
-    ck_assert_int_eq(wb__tensor_table_check(x, ilen, f.lease.slabs, f.lease.n_slabs, &err), WB_OK);
-    uint8_t d1[16], d2[16];
-    wb__tensor_table_digest(t, len, d1);
-    wb__tensor_table_digest(x, ilen, d2);
-    ck_assert_mem_eq(d1, d2, 16);
-
-    /* The index finds the records by name, as one built here would. */
-    wb__names_hash *h = wb__names_hash_over(idx, slots);
-    ck_assert_ptr_nonnull(h);
-    typedef struct named {
-        const char *name;
-    } named;
-    const char *str = wb__tensor_table_strings(x);
-    named recs[2];
-    for (uint32_t i = 0; i < 2; i++) {
-        wb_table_tensor r;
-        wb__tensor_table_get(x, i, &r);
-        recs[i].name = str + r.name;
-    }
-    ck_assert_ptr_eq(wb__names_hash_find(h, recs, sizeof recs[0], 0, "w"), &recs[0]);
-    ck_assert_ptr_eq(wb__names_hash_find(h, recs, sizeof recs[0], 0, "b"), &recs[1]);
-    ck_assert_ptr_null(wb__names_hash_find(h, recs, sizeof recs[0], 0, "c"));
-    wb__names_hash *own = wb__names_hash_new(recs, 2, sizeof recs[0], 0);
-    ck_assert_mem_eq(own->slot, idx, 16 * 8);
-    free(own);
-    free(h);
-
-    /* Corruptions. */
-    uint8_t *y = malloc(ilen);
-    ck_assert_ptr_nonnull(y);
-    struct {
-        size_t at, cut;
-        uint64_t v;
-        const char *msg;
-    } bad[] = {
-        {at, 0, 0x31494258, "lease.tensor_table: name index magic 0x31494258, not 0x31494257"},
-        {at + 4, 0, 5, "lease.tensor_table: a name index of 2^5 slots for 2 tensors, not 16"},
-        {at + 4, 0, 200, "lease.tensor_table: a name index of 2^200 slots for 2 tensors, not 16"},
-        {at + 8 + 3 * 8, 0, (uint64_t)7 << 32 | 3,
-         "lease.tensor_table: name index slot 3 names tensor 3 of 2"},
-        {at + 8, 8, 0, "lease.tensor_table: the name index has 120 bytes, not 16 slots of 8"},
-        {at + 8, ilen - at - 4, 0,
-         "lease.tensor_table has 7 bytes after its 125, too few for a name index"},
-    };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        memcpy(y, x, ilen);
-        if (bad[i].v > UINT32_MAX || bad[i].at >= at + 8)
-            memcpy(y + bad[i].at, &bad[i].v, 8);
-        else
-            memcpy(y + bad[i].at, &(uint32_t){(uint32_t)bad[i].v}, 4);
-        ck_assert_int_eq(
-            wb__tensor_table_check(y, ilen - bad[i].cut, f.lease.slabs, f.lease.n_slabs, &err),
-            WB_EPROTO);
-        ck_assert_str_eq(err.msg, bad[i].msg);
-    }
-    /* More slots taken than records: a lookup could then find no empty
-     * slot to stop at. */
-    memcpy(y, x, ilen);
-    for (size_t i = 0; i < 16; i++)
-        memcpy(y + at + 8 + i * 8, &(uint64_t){(uint64_t)i << 32 | 1}, 8);
-    ck_assert_int_eq(wb__tensor_table_check(y, ilen, f.lease.slabs, f.lease.n_slabs, &err),
-                     WB_EPROTO);
-    ck_assert_str_eq(err.msg,
-                     "lease.tensor_table: the name index has 16 slots taken for 2 tensors");
-    /* The padding before the index is zero. */
-    {
-        memcpy(y, x, ilen);
-        y[len] = 1;
-        ck_assert_int_eq(wb__tensor_table_check(y, ilen, f.lease.slabs, f.lease.n_slabs, &err),
-                         WB_EPROTO);
-        ck_assert_str_eq(err.msg, "lease.tensor_table: byte 125 before the name index is not zero");
-    }
-    free(y);
-    free(x);
-    free(t);
-}
-END_TEST
-
 START_TEST(test_reply_header)
 {
     Wbproto__Reply rep = WBPROTO__REPLY__INIT, *out;
@@ -901,7 +800,6 @@ int main(void)
     tcase_add_test(tc, test_request_lease_ids);
     tcase_add_test(tc, test_reply_acquire_bounds);
     tcase_add_test(tc, test_reply_tensor_table);
-    tcase_add_test(tc, test_table_index);
     tcase_add_test(tc, test_reply_header);
     tcase_add_test(tc, test_reply_lists);
     tcase_add_test(tc, test_enum_names);
