@@ -5,11 +5,12 @@
  *       creates a CUDA context the way the workers do (cudaSetDevice, then
  *       cudaFree(NULL)) and exits: the floor of the stall and attach
  *       benchmarks, a process that costs the GPU nothing but its context.
- *   wb_bench_attach --socket PATH --model NAME [--device N] [--lookup]
- *                   [--verify]
+ *   wb_bench_attach --socket PATH --model NAME [--device N]
+ *                   [--lookup | --lookup-many] [--verify]
  *       the same context (none with --device -1), then connect, acquire a lease (the slab's IPC
  *       handle opened), and with --lookup every tensor found by its name
- *       (wb_lease_find), with --verify every tensor checksummed
+ *       (wb_lease_find, one name at a time; --lookup-many: all the names in
+ *       one wb_lease_find_many), with --verify every tensor checksummed
  *       (wb_lease_verify). That is the part of an attach that grows with the
  *       number of tensors and bytes, measured where no model of that many
  *       constants can be compiled.
@@ -96,22 +97,19 @@ static int load_local(const char *path, size_t *n, unsigned long long *bytes)
 static void usage(FILE *out)
 {
     fprintf(out, "usage: wb_bench_attach --context-only [--device N]\n"
-                 "       wb_bench_attach --socket PATH --model NAME [--device N] [--lookup] "
-                 "[--verify]\n"
+                 "       wb_bench_attach --socket PATH --model NAME [--device N]\n"
+                 "                       [--lookup | --lookup-many] [--verify]\n"
                  "       wb_bench_attach --local FILE [--device N]\n");
 }
 
 int main(int argc, char **argv)
 {
-    static const struct option opts[] = {{"context-only", no_argument, NULL, 'c'},
-                                         {"socket", required_argument, NULL, 's'},
-                                         {"model", required_argument, NULL, 'm'},
-                                         {"device", required_argument, NULL, 'd'},
-                                         {"lookup", no_argument, NULL, 'l'},
-                                         {"verify", no_argument, NULL, 'v'},
-                                         {"local", required_argument, NULL, 'L'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {
+        {"context-only", no_argument, NULL, 'c'}, {"socket", required_argument, NULL, 's'},
+        {"model", required_argument, NULL, 'm'},  {"device", required_argument, NULL, 'd'},
+        {"lookup", no_argument, NULL, 'l'},       {"lookup-many", no_argument, NULL, 'M'},
+        {"verify", no_argument, NULL, 'v'},       {"local", required_argument, NULL, 'L'},
+        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0}};
     int context_only = 0, lookup = 0, verify = 0, device = 0, c;
     const char *socket = NULL, *model = NULL, *local = NULL;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -130,6 +128,9 @@ int main(int argc, char **argv)
             break;
         case 'l':
             lookup = 1;
+            break;
+        case 'M':
+            lookup = 2;
             break;
         case 'v':
             verify = 1;
@@ -186,12 +187,34 @@ int main(int argc, char **argv)
         if (rc == WB_OK)
             n = wb_lease_tensor_count(lease);
         t = now_ms();
+        /* --lookup-many: the names gathered and found a block at a time
+         * (one wb_lease_find_many per block, the buffers reused), as a
+         * binder of many constants would call it. */
+        enum { BLOCK = 1024 };
+        const char *names[BLOCK];
+        const void *want[BLOCK];
+        wb_tensor_view views[BLOCK];
         for (size_t i = 0; rc == WB_OK && i < n; i++) {
             wb_tensor_view v, w;
             rc = wb_lease_tensor(lease, i, &v);
             if (rc == WB_OK)
                 bytes += v.nbytes;
-            if (rc == WB_OK && lookup) {
+            if (rc == WB_OK && lookup == 2) {
+                names[i % BLOCK] = v.name;
+                want[i % BLOCK] = v.data;
+                if (i % BLOCK == BLOCK - 1 || i == n - 1) {
+                    size_t m = i % BLOCK + 1;
+                    rc = wb_lease_find_many(lease, names, m, views);
+                    for (size_t j = 0; rc == WB_OK && j < m; j++) {
+                        if (views[j].data != want[j]) {
+                            fprintf(stderr,
+                                    "wb_bench_attach: tensor '%s' found at another address\n",
+                                    names[j]);
+                            rc = WB_EINTERNAL;
+                        }
+                    }
+                }
+            } else if (rc == WB_OK && lookup) {
                 rc = wb_lease_find(lease, v.name, &w);
                 if (rc == WB_OK && w.data != v.data) {
                     fprintf(stderr, "wb_bench_attach: tensor '%s' found at another address\n",

@@ -840,14 +840,12 @@ WB_EXPORT int wb_lease_tensor(const wb_lease *lease, size_t index, wb_tensor_vie
     return WB_OK;
 }
 
-const wb__tensor_entry *wb__lease_lookup(const wb_lease *lease, const char *name)
+/* The lease's name index over its entries, made by the first caller; NULL
+ * when memory is short (callers then scan). */
+static const wb__names_hash *lease_index(wb_lease *l, const wb__tensor_entry *ents)
 {
     /* The index is a cache: building it changes nothing a caller sees. A
      * lease on a table uses the table's, made once for every lease on it. */
-    wb_lease *l = (wb_lease *)lease;
-    const wb__tensor_entry *ents = wb__lease_tensors(l);
-    if (!ents)
-        return NULL;
     _Atomic(wb__names_hash *) *slot = l->table ? &l->table->by_name : &l->by_name;
     pthread_mutex_t *mu = l->table ? &l->table->mu : &l->mu;
     wb__names_hash *idx = atomic_load_explicit(slot, memory_order_acquire);
@@ -862,6 +860,16 @@ const wb__tensor_entry *wb__lease_lookup(const wb_lease *lease, const char *name
         }
         pthread_mutex_unlock(mu);
     }
+    return idx;
+}
+
+const wb__tensor_entry *wb__lease_lookup(const wb_lease *lease, const char *name)
+{
+    wb_lease *l = (wb_lease *)lease;
+    const wb__tensor_entry *ents = wb__lease_tensors(l);
+    if (!ents)
+        return NULL;
+    const wb__names_hash *idx = lease_index(l, ents);
     if (idx)
         return wb__names_hash_find(idx, ents, sizeof *ents, offsetof(wb__tensor_entry, name), name);
     /* Without an index (out of memory) the lookup scans. */
@@ -884,6 +892,57 @@ WB_EXPORT int wb_lease_find(const wb_lease *lease, const char *name, wb_tensor_v
         pthread_mutex_lock(&lease->client->mu);
         wb__client_fail(lease->client, WB_ENOTFOUND, "lease %.8s (model '%s'): no tensor '%s'",
                         lease->id_hex, lease->model, name);
+        pthread_mutex_unlock(&lease->client->mu);
+    }
+    return WB_ENOTFOUND;
+}
+
+WB_EXPORT int wb_lease_find_many(const wb_lease *lease, const char *const *names, size_t n,
+                                 wb_tensor_view *out)
+{
+    if (!lease || (n && (!names || !out)))
+        return WB_EINVAL;
+    for (size_t i = 0; i < n; i++) {
+        if (!names[i])
+            return WB_EINVAL;
+    }
+    if (n == 0)
+        return WB_OK;
+    wb_lease *l = (wb_lease *)lease;
+    const wb__tensor_entry *ents = l->n_tensors ? wb__lease_tensors(l) : NULL;
+    if (l->n_tensors && !ents)
+        return lease_enomem(lease);
+    const wb__names_hash *idx = ents ? lease_index(l, ents) : NULL;
+    size_t missing = 0, first_missing = 0;
+    size_t found[1024];
+    for (size_t i = 0; i < n; i += 1024) {
+        size_t m = n - i < 1024 ? n - i : 1024;
+        if (idx)
+            wb__names_hash_find_many(idx, ents, sizeof *ents, offsetof(wb__tensor_entry, name),
+                                     names + i, m, found);
+        for (size_t j = 0; j < m; j++) {
+            const wb__tensor_entry *t = NULL;
+            if (idx)
+                t = found[j] == SIZE_MAX ? NULL : &ents[found[j]];
+            else if (ents) /* no index (out of memory): a scan */
+                t = wb__names_find(ents, l->n_tensors, sizeof *ents,
+                                   offsetof(wb__tensor_entry, name), NULL, names[i + j]);
+            memset(&out[i + j], 0, sizeof out[i + j]);
+            if (t)
+                fill_view(lease, t, &out[i + j]);
+            else if (missing++ == 0)
+                first_missing = i + j;
+        }
+    }
+    if (!missing)
+        return WB_OK;
+    if (lease->client) {
+        pthread_mutex_lock(&lease->client->mu);
+        wb__client_fail(lease->client, WB_ENOTFOUND,
+                        "lease %.8s (model '%s'): no tensor '%s' (names[%zu]; %zu of %zu names "
+                        "not found)",
+                        lease->id_hex, lease->model, names[first_missing], first_missing, missing,
+                        n);
         pthread_mutex_unlock(&lease->client->mu);
     }
     return WB_ENOTFOUND;

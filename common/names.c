@@ -1,8 +1,16 @@
 #include "names.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
+
+/* How many records or lookups apart the pipelines' stages are (the index's
+ * building and wb__names_hash_find_many): far enough that a
+ * prefetch has landed by the time its stage reads (a memory latency is a
+ * few hundred cycles; one stage's work is tens), near enough that what was
+ * fetched is still in the cache. */
+#define AHEAD 8u
 
 typedef struct layout {
     const char *base;
@@ -71,9 +79,22 @@ wb__names_hash *wb__names_hash_new(const void *records, size_t n, size_t stride,
         return NULL;
     h->mask = slots - 1;
     layout l = {records, stride, name_offset};
-    for (size_t i = 0; i < n; i++) {
+    /* Record i's name is hashed and its slot asked for (a prefetch) AHEAD
+     * records before it is placed: the slots are written in random order,
+     * and the waits for them overlap. */
+    uint64_t hash[2 * AHEAD];
+    for (size_t step = 0; step < n + AHEAD; step++) {
+        if (step < n) {
+            const char *nm = name_at(&l, step);
+            uint64_t x = XXH3_64bits(nm, strlen(nm));
+            hash[step % (2 * AHEAD)] = x;
+            __builtin_prefetch(&h->slot[(size_t)x & h->mask], 1);
+        }
+        if (step < AHEAD)
+            continue;
+        size_t i = step - AHEAD;
         const char *name = name_at(&l, i);
-        uint64_t x = XXH3_64bits(name, strlen(name));
+        uint64_t x = hash[i % (2 * AHEAD)];
         size_t at = (size_t)x & h->mask;
         uint64_t tag = x >> 32;
         for (;;) {
@@ -104,5 +125,51 @@ const void *wb__names_hash_find(const wb__names_hash *h, const void *records, si
         size_t i = (size_t)(uint32_t)s - 1;
         if (s >> 32 == tag && strcmp(name_at(&l, i), name) == 0)
             return l.base + i * stride;
+    }
+}
+
+void wb__names_hash_find_many(const wb__names_hash *h, const void *records, size_t stride,
+                              size_t name_offset, const char *const *names, size_t n, size_t *out)
+{
+    layout l = {records, stride, name_offset};
+    uint64_t hash[4 * AHEAD];
+    /* Lookup i: at step i its name is hashed and its first slot asked for;
+     * at i + AHEAD that slot is read and its record asked for; at
+     * i + 2 AHEAD the record's name is asked for; at i + 3 AHEAD it is
+     * compared, and probed on as a single lookup would when the first slot
+     * was not it. */
+    for (size_t step = 0; step < n + 3 * AHEAD; step++) {
+        if (step < n) {
+            uint64_t x = XXH3_64bits(names[step], strlen(names[step]));
+            hash[step % (4 * AHEAD)] = x;
+            __builtin_prefetch(&h->slot[(size_t)x & h->mask]);
+        }
+        if (step >= AHEAD && step - AHEAD < n) {
+            size_t j = step - AHEAD;
+            uint64_t s = h->slot[(size_t)hash[j % (4 * AHEAD)] & h->mask];
+            if (s)
+                __builtin_prefetch(l.base + ((size_t)(uint32_t)s - 1) * stride + name_offset);
+        }
+        if (step >= 2 * AHEAD && step - 2 * AHEAD < n) {
+            size_t j = step - 2 * AHEAD;
+            uint64_t s = h->slot[(size_t)hash[j % (4 * AHEAD)] & h->mask];
+            if (s)
+                __builtin_prefetch(name_at(&l, (size_t)(uint32_t)s - 1));
+        }
+        if (step >= 3 * AHEAD) {
+            size_t j = step - 3 * AHEAD;
+            uint64_t x = hash[j % (4 * AHEAD)], tag = x >> 32;
+            out[j] = SIZE_MAX;
+            for (size_t at = (size_t)x & h->mask;; at = (at + 1) & h->mask) {
+                uint64_t s = h->slot[at];
+                if (s == 0)
+                    break;
+                size_t i = (size_t)(uint32_t)s - 1;
+                if (s >> 32 == tag && strcmp(name_at(&l, i), names[j]) == 0) {
+                    out[j] = i;
+                    break;
+                }
+            }
+        }
     }
 }

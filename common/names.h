@@ -36,4 +36,12 @@ wb__names_hash *wb__names_hash_new(const void *records, size_t n, size_t stride,
 const void *wb__names_hash_find(const wb__names_hash *h, const void *records, size_t stride,
                                 size_t name_offset, const char *name);
 
+/* The same for n names at once: out[i] is the index of the record called
+ * names[i], or SIZE_MAX. Each lookup waits for memory three times (its
+ * slot, its record, the record's name) when the index and the records are
+ * not in the cache; here the lookups run as a pipeline that asks for each
+ * of those a few lookups ahead (prefetches), so that the waits overlap. */
+void wb__names_hash_find_many(const wb__names_hash *h, const void *records, size_t stride,
+                              size_t name_offset, const char *const *names, size_t n, size_t *out);
+
 #endif

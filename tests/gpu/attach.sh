@@ -50,7 +50,9 @@
 # that many constants (compiling takes far too long); bench/attach.c measures the part of the
 # attach that grows with the tensors: context, connect, acquire (the lease
 # and its table, the slab opened) and every tensor looked up by name
-# (--lookup), against --local (the same file read and copied per tensor).
+# (--lookup: one wb_lease_find per name; lookup_many: --lookup-many, every
+# name in one wb_lease_find_many), against --local (the same file read and
+# copied per tensor).
 #
 # Writes OUT/attach.json and logs; prints a table last. About 4-5 minutes
 # with the defaults (compiling ~2-3 of them, the 8 GiB model the longest);
@@ -203,9 +205,10 @@ elif [ -x "$PROBE" ]; then
   if start_broker "$WORK/attach.sock" "$OUT/broker_counts.log" "${MODELS[@]}"; then
     for k in "${COUNTS[@]}"; do
       for ((r = 1; r <= RUNS; r++)); do
-        for mode in acquire lookup local; do
+        for mode in acquire lookup lookup_many local; do
           args=(--socket "$SOCK" --model "n$k")
           [ "$mode" = lookup ] && args+=(--lookup)
+          [ "$mode" = lookup_many ] && args+=(--lookup-many)
           [ "$mode" = local ] && args=(--local "$WORK/attach_n$k.safetensors")
           t0=$(date +%s%N)
           if j=$("$PROBE" "${args[@]}" 2>>"$OUT/probe.err"); then

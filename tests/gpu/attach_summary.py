@@ -115,7 +115,7 @@ def main():
     for (what, kind, x), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][1])):
         row = {"kind": kind, **(size_row(runs) if what == "size" else count_row(runs))}
         row["gib" if what == "size" else "tensors"] = x
-        if kind in ("broker", "acquire", "lookup"):
+        if kind in ("broker", "acquire", "lookup", "lookup_many"):
             row["target"] = f"beyond_floor_ms <= {TARGET_MS}"
             row["met"] = row["beyond_floor_ms"] is not None and row["beyond_floor_ms"] <= TARGET_MS
             if "beyond_floor_excl_first_run_ms" in row:

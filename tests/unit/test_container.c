@@ -312,6 +312,41 @@ START_TEST(acquire_reuses_the_held_table)
     ck_assert_ptr_null(t->rep);
     ck_assert(in_shm_mapping(t->bytes));
     ck_assert(in_shm_mapping(t->bytes + t->len - 1));
+    /* Every name at once finds what each one alone finds; an absent name
+     * is WB_ENOTFOUND, named, its view zeroed, the others filled. */
+    {
+        const char **names = calloc(n + 1, sizeof *names);
+        wb_tensor_view *many = calloc(n + 1, sizeof *many);
+        ck_assert_ptr_nonnull(names);
+        ck_assert_ptr_nonnull(many);
+        wb_tensor_view one;
+        for (size_t i = 0; i < n; i++) {
+            ck_assert_int_eq(wb_lease_tensor(a, n - 1 - i, &one), WB_OK);
+            names[i] = one.name;
+        }
+        ck_assert_int_eq(wb_lease_find_many(a, names, n, many), WB_OK);
+        for (size_t i = 0; i < n; i++) {
+            ck_assert_int_eq(wb_lease_find(a, names[i], &one), WB_OK);
+            ck_assert_ptr_eq(many[i].name, one.name);
+            ck_assert_ptr_eq(many[i].data, one.data);
+            ck_assert_uint_eq(many[i].nbytes, one.nbytes);
+        }
+        names[n] = names[0];
+        names[0] = "no.such.tensor";
+        ck_assert_int_eq(wb_lease_find_many(a, names, n + 1, many), WB_ENOTFOUND);
+        ck_assert_ptr_null(many[0].name);
+        ck_assert_ptr_null(many[0].data);
+        ck_assert_ptr_nonnull(many[n].data);
+        ck_assert_msg(strstr(wb_client_errmsg(c), "no tensor 'no.such.tensor' (names[0]; 1 of") !=
+                          NULL,
+                      "%s", wb_client_errmsg(c));
+        ck_assert_int_eq(wb_lease_find_many(a, names, 0, NULL), WB_OK);
+        ck_assert_int_eq(wb_lease_find_many(a, NULL, 1, many), WB_EINVAL);
+        names[1] = NULL;
+        ck_assert_int_eq(wb_lease_find_many(a, names, 2, many), WB_EINVAL);
+        free(names);
+        free(many);
+    }
     char name0[128];
     const wb__tensor_entry *ae = wb__lease_tensors(a);
     ck_assert_ptr_nonnull(ae);

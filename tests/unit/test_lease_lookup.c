@@ -8,6 +8,7 @@
 #include <check.h>
 #include <stddef.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,6 +143,77 @@ START_TEST(crowded_probes_wrap)
 }
 END_TEST
 
+/* Many names at once (the pipelined lookup) find exactly what one at a time
+ * finds: every name of a large table in an order of its own, names that are
+ * not there mixed in, repeats, a batch shorter than the pipeline, none;
+ * and through a crowded probe sequence. */
+START_TEST(many_at_once_as_one_at_a_time)
+{
+    table tb;
+    table_make(&tb);
+    const wb__tensor_entry *ents = tb.t;
+    wb__names_hash *h =
+        wb__names_hash_new(ents, N_TENSORS, sizeof *ents, offsetof(wb__tensor_entry, name));
+    ck_assert_ptr_nonnull(h);
+    size_t n = N_TENSORS + N_TENSORS / 10;
+    const char **names = calloc(n, sizeof *names);
+    char(*absent)[48] = calloc(N_TENSORS / 10, sizeof *absent);
+    size_t *out = calloc(n, sizeof *out);
+    ck_assert_ptr_nonnull(names);
+    ck_assert_ptr_nonnull(absent);
+    ck_assert_ptr_nonnull(out);
+    for (size_t i = 0, a = 0; i < n; i++) {
+        if (i % 11 == 5 && a < N_TENSORS / 10) {
+            snprintf(absent[a], sizeof absent[a], "model.layers.%zu.experts.x", i);
+            names[i] = absent[a++];
+        } else {
+            names[i] = tb.names[(i * 104729u) % N_TENSORS]; /* repeats some */
+        }
+    }
+    for (size_t len = 0; len <= n; len = len ? len * 7 : 1) {
+        memset(out, 0xAB, n * sizeof *out);
+        wb__names_hash_find_many(h, ents, sizeof *ents, offsetof(wb__tensor_entry, name), names,
+                                 len, out);
+        for (size_t i = 0; i < len; i++) {
+            const wb__tensor_entry *one = wb__names_hash_find(
+                h, ents, sizeof *ents, offsetof(wb__tensor_entry, name), names[i]);
+            if (one)
+                ck_assert_uint_eq(out[i], (size_t)(one - ents));
+            else
+                ck_assert_uint_eq(out[i], SIZE_MAX);
+        }
+        if (len < n)
+            ck_assert_uint_eq(out[len], (size_t)0xABABABABABABABABull); /* nothing past n */
+    }
+    free(h);
+    free(names);
+    free(absent);
+    free(out);
+    table_free(&tb);
+
+    /* A probe that walks past other names' slots, and wraps. */
+    rec r[] = {{0, "x"}};
+    h = wb__names_hash_new(r, 1, sizeof r[0], offsetof(rec, name));
+    ck_assert_ptr_nonnull(h);
+    size_t found_at = 0;
+    for (size_t i = 0; i <= h->mask; i++)
+        if (h->slot[i])
+            found_at = i;
+    uint64_t real = h->slot[found_at];
+    for (size_t i = 0; i <= h->mask; i++)
+        h->slot[i] = ((real >> 32) ^ 1) << 32 | 1;
+    h->slot[(found_at + h->mask) & h->mask] = 0;
+    h->slot[(found_at + h->mask / 2) & h->mask] = real;
+    const char *xs[] = {"x", "y", "x"};
+    size_t got[3];
+    wb__names_hash_find_many(h, r, sizeof r[0], offsetof(rec, name), xs, 3, got);
+    ck_assert_uint_eq(got[0], 0);
+    ck_assert_uint_eq(got[1], SIZE_MAX);
+    ck_assert_uint_eq(got[2], 0);
+    free(h);
+}
+END_TEST
+
 typedef struct racer {
     table *tb;
     size_t start;
@@ -188,6 +260,7 @@ int main(void)
     tcase_add_test(tc, first_lookups_race);
     tcase_add_test(tc, near_names_and_repeats);
     tcase_add_test(tc, crowded_probes_wrap);
+    tcase_add_test(tc, many_at_once_as_one_at_a_time);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
