@@ -152,6 +152,8 @@ _PROTOTYPES = {
     "wb_lease_tensor_count": (ctypes.c_size_t, [_P]),
     "wb_lease_tensor": (_INT, [_P, ctypes.c_size_t, ctypes.POINTER(TensorView)]),
     "wb_lease_find": (_INT, [_P, _STR, ctypes.POINTER(TensorView)]),
+    "wb_lease_find_many": (_INT, [_P, ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t,
+                                  ctypes.POINTER(TensorView)]),
     "wb_lease_verify": (_INT, [_P, ctypes.POINTER(ctypes.c_size_t)]),
     "wb_lease_containers": (ctypes.c_uint, [_P]),
     "wb_container_options_init": (None, [ctypes.POINTER(ContainerOptions)]),

@@ -247,13 +247,25 @@ class Lease:
         self._check(lib().wb_lease_find(self._handle(), name.encode(), ctypes.byref(v)))
         return TensorInfo(v)
 
+    def find_many(self, names):
+        """[TensorInfo] of the tensors called `names`, in that order, looked
+        up in one call (wb_lease_find_many: faster than find() per name for
+        many names); NotFoundError, naming the first, if any is absent."""
+        names = [n.encode() for n in names]
+        if not names:
+            return []
+        arr = (ctypes.c_char_p * len(names))(*names)
+        views = (TensorView * len(names))()
+        self._check(lib().wb_lease_find_many(self._handle(), arr, len(names), views))
+        return [TensorInfo(v) for v in views]
+
     def tensors(self, names=None):
         """{name: torch.Tensor}: views of the leased memory, no copy (CUDA IPC
         memory for cuda leases, the read-only mapping for host leases; there
         torch cannot mark a tensor read-only: an in-place write kills the
         process with SIGSEGV, use numpy() where a write must raise). Each view
         keeps the lease from being released while it lives."""
-        infos = self.info() if names is None else [self.find(n) for n in names]
+        infos = self.info() if names is None else self.find_many(names)
         self._handle()
         return {t.name: _dlpack.wrap(t.data, t.dtype, t.shape, t.device, _Pin(self), t.name)
                 for t in infos}
@@ -264,7 +276,7 @@ class Lease:
         whose dtype numpy lacks (BF16, FP8) raise TypeError."""
         import numpy as np
 
-        infos = self.info() if names is None else [self.find(n) for n in names]
+        infos = self.info() if names is None else self.find_many(names)
         out = {}
         for t in infos:
             if t.device >= 0:

@@ -359,6 +359,16 @@ class TestLeases(Base):
         with c.lease("demo") as lease:
             with self.assertRaises(wb.NotFoundError):
                 lease.find("no.such.tensor")
+            # Many names at once: the same as one at a time; an absent one
+            # is named in the error.
+            names = [t.name for t in lease.info()][::-1]
+            many = lease.find_many(names)
+            self.assertEqual([t.name for t in many], names)
+            self.assertEqual([t.data for t in many], [lease.find(n).data for n in names])
+            self.assertEqual(lease.find_many([]), [])
+            with self.assertRaises(wb.NotFoundError) as cm:
+                lease.find_many(names[:1] + ["no.such.tensor"])
+            self.assertIn("no tensor 'no.such.tensor' (names[1]; 1 of 2", cm.exception.message)
 
     def test_lease_for_a_device(self):
         # A host-memory broker serves every device; a malformed UUID is
