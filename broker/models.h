@@ -113,8 +113,9 @@ typedef struct wb_model {
     size_t table_len;
     /* The same bytes published once in a read-only shared memory object
      * for every client (AcquireRequest.tensor_table_shared), by a broker
-     * whose slabs are named shm objects; table_shm.addr is NULL when there
-     * is none (another transport, or it could not be made). Unlinked and
+     * whose slabs are named shm objects or CUDA IPC handles; table_shm.addr
+     * is NULL when there is none (another transport, or it could not be
+     * made). Unlinked and
      * unmapped with the model; clients' mappings outlive the name. */
     wb_shm table_shm;
     Wbproto__Slab table_slab;
