@@ -8,6 +8,10 @@
  *                            the mapping into one while the other goes to the
  *                            device (AOTInductor 2.14's pinned path)
  *   pinned_peak              one large cudaMemcpyAsync from pinned memory
+ *   ring_copies              the copy stage alone: the default ring's
+ *                            buffer-sized copies, back to back from the ring
+ *   ring_copies_with_host_traffic  the same while as many threads as the
+ *                            default reads with copy host memory (memcpy)
  * The variants: wbrokerd's compiled-in default (gbps.wbrokerd), then each
  * change to the staged loader alone (read source pread / mmap / mmap-nt,
  * a ring in huge pages, reader threads and read block from a sweep), all of
@@ -40,6 +44,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -518,6 +523,85 @@ static double pinned_peak(uint8_t *pin, uint8_t *slab, uint64_t n, cudaStream_t 
     cuda_check(cudaMemcpyAsync(slab, pin, n, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
     cudaEventRecord(b, s);
     cuda_check(cudaEventSynchronize(b), "cudaEventSynchronize");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return (double)n / (ms / 1e3) / 1e9;
+}
+
+/* The copy stage without the readers: n bytes copied in `chunk`-sized
+ * copies cycling through a ring of `bufs` pinned buffers, queued back to
+ * back on one stream, as the copier queues them (the ring's contents do not
+ * matter here). With `hogs` threads each copying 64 MiB between buffers of
+ * its own in a loop meanwhile (host memory traffic like the readers',
+ * without the page cache), the same copies show what that traffic costs
+ * the copy engine. */
+typedef struct hog {
+    pthread_t tid;
+    const atomic_int *stop;
+    uint8_t *a, *b;
+    atomic_ullong chunks; /* 64 MiB copies done */
+} hog;
+
+static void *hog_main(void *arg)
+{
+    hog *h = arg;
+    while (!atomic_load(h->stop)) {
+        memcpy(h->b, h->a, 64 * MIB);
+        atomic_fetch_add(&h->chunks, 1);
+    }
+    return NULL;
+}
+
+static double ring_copies(uint8_t *ring, unsigned bufs, uint64_t chunk, uint8_t *slab, uint64_t n,
+                          cudaStream_t s, int hogs, double *hog_gbps)
+{
+    atomic_int stop = 0;
+    hog hs[64];
+    int started = 0;
+    for (int i = 0; i < hogs && i < 64; i++) {
+        hs[i] = (hog){.stop = &stop, .a = malloc(64 * MIB), .b = malloc(64 * MIB)};
+        atomic_init(&hs[i].chunks, 0);
+        if (!hs[i].a || !hs[i].b)
+            die("ring_copies", "out of memory");
+        memset(hs[i].a, i, 64 * MIB);
+        memset(hs[i].b, i, 64 * MIB);
+    }
+    for (int i = 0; i < hogs && i < 64; i++, started++)
+        pthread_create(&hs[i].tid, NULL, hog_main, &hs[i]);
+    if (hogs)
+        usleep(50000); /* the traffic running before the first copy */
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    unsigned long long before = 0;
+    for (int i = 0; i < started; i++)
+        before += atomic_load(&hs[i].chunks);
+    double t0 = now_s();
+    cudaEventRecord(a, s);
+    for (uint64_t off = 0, k = 0; off < n; off += chunk, k++) {
+        uint64_t len = n - off < chunk ? n - off : chunk;
+        cuda_check(
+            cudaMemcpyAsync(slab + off, ring + (k % bufs) * chunk, len, cudaMemcpyHostToDevice, s),
+            "cudaMemcpyAsync");
+    }
+    cudaEventRecord(b, s);
+    cuda_check(cudaEventSynchronize(b), "cudaEventSynchronize");
+    double wall = now_s() - t0;
+    unsigned long long after = 0;
+    for (int i = 0; i < started; i++)
+        after += atomic_load(&hs[i].chunks);
+    atomic_store(&stop, 1);
+    for (int i = 0; i < started; i++)
+        pthread_join(hs[i].tid, NULL);
+    double hog_bytes = (double)(after - before) * 64.0 * MIB;
+    for (int i = 0; i < hogs && i < 64; i++) {
+        free(hs[i].a);
+        free(hs[i].b);
+    }
+    if (hog_gbps)
+        *hog_gbps = wall > 0 ? hog_bytes / wall / 1e9 : 0;
     float ms = 0;
     cudaEventElapsedTime(&ms, a, b);
     cudaEventDestroy(a);
@@ -1018,6 +1102,36 @@ int main(int argc, char **argv)
     json_object_set_new(samples, "pinned_peak", samples_json(v, o.runs));
     json_object_set_new(root, "pinned_peak_bytes", json_integer((json_int_t)peak_n));
     printf("pinned_peak (%.0f GiB): median %.2f GB/s\n", (double)peak_n / GIB, peak);
+
+    /* The copy stage alone, from a ring like the loader's, then with host
+     * memory traffic from as many threads as the default variant reads
+     * with (hog_gbps: what those threads copied meanwhile). */
+    wb_stage_config rc = stage_cfg_filled(&vs[0].cfg);
+    uint8_t *ring;
+    cuda_check(cudaHostAlloc((void **)&ring, rc.chunk_bytes * rc.buffers, 0), "cudaHostAlloc");
+    memset(ring, 2, rc.chunk_bytes * rc.buffers);
+    double hog_gbps[32] = {0};
+    for (int i = 0; i < o.runs; i++)
+        v[i] = ring_copies(ring, rc.buffers, rc.chunk_bytes, slab, peak_n, s, 0, NULL);
+    double ring_alone = median(v, o.runs);
+    json_object_set_new(gbps, "ring_copies", json_real(ring_alone));
+    json_object_set_new(samples, "ring_copies", samples_json(v, o.runs));
+    for (int i = 0; i < o.runs; i++)
+        v[i] = ring_copies(ring, rc.buffers, rc.chunk_bytes, slab, peak_n, s, (int)rc.read_threads,
+                           &hog_gbps[i]);
+    double ring_hogged = median(v, o.runs);
+    json_object_set_new(gbps, "ring_copies_with_host_traffic", json_real(ring_hogged));
+    json_object_set_new(samples, "ring_copies_with_host_traffic", samples_json(v, o.runs));
+    json_object_set_new(gbps, "host_traffic_memcpy", json_real(median(hog_gbps, o.runs)));
+    json_object_set_new(root, "ring_copies_config",
+                        json_pack("{s:I, s:I, s:I}", "chunk_bytes", (json_int_t)rc.chunk_bytes,
+                                  "buffers", (json_int_t)rc.buffers, "host_traffic_threads",
+                                  (json_int_t)rc.read_threads));
+    printf("ring_copies (%llu MiB x %u): median %.2f GB/s alone, %.2f GB/s with %u threads "
+           "copying host memory (%.1f GB/s of memcpy)\n",
+           (unsigned long long)(rc.chunk_bytes / MIB), rc.buffers, ring_alone, ring_hogged,
+           rc.read_threads, median(hog_gbps, o.runs));
+    cudaFreeHost(ring);
     cudaStreamDestroy(s);
     cudaFree(slab);
 
