@@ -112,20 +112,27 @@ wb__names_hash *wb__names_hash_new(const void *records, size_t n, size_t stride,
     return h;
 }
 
-const void *wb__names_hash_find(const wb__names_hash *h, const void *records, size_t stride,
-                                size_t name_offset, const char *name)
+/* The index of the record called `name`, whose XXH3-64 is x, or SIZE_MAX:
+ * the probe from its first slot on to an empty one. */
+static size_t probe(const wb__names_hash *h, const layout *l, uint64_t x, const char *name)
 {
-    layout l = {records, stride, name_offset};
-    uint64_t x = XXH3_64bits(name, strlen(name));
     uint64_t tag = x >> 32;
     for (size_t at = (size_t)x & h->mask;; at = (at + 1) & h->mask) {
         uint64_t s = h->slot[at];
         if (s == 0)
-            return NULL;
+            return SIZE_MAX;
         size_t i = (size_t)(uint32_t)s - 1;
-        if (s >> 32 == tag && strcmp(name_at(&l, i), name) == 0)
-            return l.base + i * stride;
+        if (s >> 32 == tag && strcmp(name_at(l, i), name) == 0)
+            return i;
     }
+}
+
+const void *wb__names_hash_find(const wb__names_hash *h, const void *records, size_t stride,
+                                size_t name_offset, const char *name)
+{
+    layout l = {records, stride, name_offset};
+    size_t i = probe(h, &l, XXH3_64bits(name, strlen(name)), name);
+    return i == SIZE_MAX ? NULL : l.base + i * stride;
 }
 
 void wb__names_hash_find_many(const wb__names_hash *h, const void *records, size_t stride,
@@ -158,18 +165,7 @@ void wb__names_hash_find_many(const wb__names_hash *h, const void *records, size
         }
         if (step >= 3 * AHEAD) {
             size_t j = step - 3 * AHEAD;
-            uint64_t x = hash[j % (4 * AHEAD)], tag = x >> 32;
-            out[j] = SIZE_MAX;
-            for (size_t at = (size_t)x & h->mask;; at = (at + 1) & h->mask) {
-                uint64_t s = h->slot[at];
-                if (s == 0)
-                    break;
-                size_t i = (size_t)(uint32_t)s - 1;
-                if (s >> 32 == tag && strcmp(name_at(&l, i), names[j]) == 0) {
-                    out[j] = i;
-                    break;
-                }
-            }
+            out[j] = probe(h, &l, hash[j % (4 * AHEAD)], names[j]);
         }
     }
 }
