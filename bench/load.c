@@ -25,11 +25,15 @@
  *                      [--device N] [--sweep] [--cold] [--cold-gib N]
  *                      [--threads N] [--staging-mib N] [--buffers N]
  *                      [--read-block-kib N] [--variants NAME,...] [--write-only]
+ *                      [--keep-loads] [--pause-ms N] [--copy-batch N] [--ring-sweep]
  * --variants limits the variants to those named (default always runs);
  * --write-only writes the checkpoint (if missing) and exits; --keep-loads
  * keeps every load's device memory until its variant ends (each load gets
  * memory no earlier load used) and --pause-ms waits between loads: both to
- * see why back-to-back loads run slower than the first of a series. */
+ * see why back-to-back loads run slower than the first of a series;
+ * --ring-sweep times the copy stage's ways one against another (copies of
+ * one buffer or several adjacent ones, several streams, batches of
+ * cudaMemcpyBatchAsync) on the default ring, nothing else running. */
 #include "backend.h"
 #include "loader.h"
 #include "ntcopy.h"
@@ -305,6 +309,7 @@ typedef struct loader_cfg {
     uint64_t chunk;
     int read, pages;
     unsigned reg_threads;
+    unsigned batch;
 } loader_cfg;
 
 /* The stage configuration a loader_cfg asks for (0: the default). */
@@ -316,7 +321,8 @@ static wb_stage_config stage_cfg(const loader_cfg *c)
                              .read_block = c->block,
                              .read_source = c->read,
                              .ring_pages = c->pages,
-                             .register_threads = c->reg_threads};
+                             .register_threads = c->reg_threads,
+                             .copy_batch = c->batch};
 }
 
 /* The same with every default filled in, as the loader runs it. */
@@ -390,6 +396,7 @@ static json_t *stages_json(const wb_model_data *d)
     json_object_set_new(o, "hash_gbps",
                         json_real(wb__stage_gbps(s->bytes, s->hash_busy, s->threads)));
     json_object_set_new(o, "copy_seconds", json_real(s->copy_seconds));
+    json_object_set_new(o, "copy_calls", json_integer((json_int_t)s->copy_calls));
     json_object_set_new(
         o, "copy_gbps",
         json_real(s->copy_seconds > 0 ? (double)s->bytes / s->copy_seconds / 1e9 : 0));
@@ -609,6 +616,120 @@ static double ring_copies(uint8_t *ring, unsigned bufs, uint64_t chunk, uint8_t 
     return (double)n / (ms / 1e3) / 1e9;
 }
 
+/* One way of moving a ring's bytes to the device, for --ring-sweep: copies
+ * of `join` consecutive buffers each (one buffer: what the loader does),
+ * spread over `streams` streams in turn, an event recorded after each copy
+ * (as the loader does, to tell when a buffer may be refilled) or not, or
+ * `batch` buffers at a time in one cudaMemcpyBatchAsync. */
+typedef struct ring_way {
+    const char *name;
+    unsigned join, streams, batch;
+    int events;
+} ring_way;
+
+static double ring_way_copies(const ring_way *w, uint8_t *ring, unsigned bufs, uint64_t chunk,
+                              uint8_t *slab, uint64_t n, cudaStream_t *st, cudaEvent_t *evs)
+{
+    cudaEvent_t a, b;
+    cuda_check(cudaEventCreate(&a), "cudaEventCreate");
+    cuda_check(cudaEventCreate(&b), "cudaEventCreate");
+    cuda_check(cudaEventRecord(a, st[0]), "cudaEventRecord");
+    for (unsigned i = 1; i < w->streams; i++)
+        cuda_check(cudaStreamWaitEvent(st[i], a, 0), "cudaStreamWaitEvent");
+    uint64_t step = chunk * w->join;
+    unsigned k = 0, per = w->batch ? w->batch : 1;
+    for (uint64_t off = 0; off < n; k++) {
+        cudaStream_t s = st[k % w->streams];
+        void *dsts[64];
+        const void *srcs[64];
+        size_t lens[64];
+        unsigned m = 0;
+        for (; m < per && off < n; m++) {
+            uint64_t len = n - off < step ? n - off : step;
+            dsts[m] = slab + off;
+            srcs[m] = ring + ((off / chunk) % bufs) * chunk;
+            lens[m] = (size_t)len;
+            off += len;
+        }
+        if (w->batch) {
+            struct cudaMemcpyAttributes at;
+            memset(&at, 0, sizeof at);
+            at.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+            size_t idx = 0;
+            cuda_check(cudaMemcpyBatchAsync(dsts, srcs, lens, m, &at, &idx, 1, s),
+                       "cudaMemcpyBatchAsync");
+        } else {
+            cuda_check(cudaMemcpyAsync(dsts[0], srcs[0], lens[0], cudaMemcpyHostToDevice, s),
+                       "cudaMemcpyAsync");
+        }
+        if (w->events)
+            cuda_check(cudaEventRecord(evs[k % bufs], s), "cudaEventRecord");
+    }
+    for (unsigned i = 1; i < w->streams; i++) {
+        cuda_check(cudaEventRecord(evs[i], st[i]), "cudaEventRecord");
+        cuda_check(cudaStreamWaitEvent(st[0], evs[i], 0), "cudaStreamWaitEvent");
+    }
+    cuda_check(cudaEventRecord(b, st[0]), "cudaEventRecord");
+    cuda_check(cudaEventSynchronize(b), "cudaEventSynchronize");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return (double)n / (ms / 1e3) / 1e9;
+}
+
+/* --ring-sweep: each way `runs` times over n bytes, median GB/s and its
+ * ratio to the pinned peak of the same run. */
+static json_t *ring_sweep(int runs, uint8_t *ring, unsigned bufs, uint64_t chunk, uint8_t *slab,
+                          uint64_t n, double peak)
+{
+    static const ring_way ways[] = {
+        {"one buffer a copy, no events", 1, 1, 0, 0},
+        {"one buffer a copy, an event each (the loader)", 1, 1, 0, 1},
+        {"one buffer a copy, an event each, 2 streams", 1, 2, 0, 1},
+        {"one buffer a copy, an event each, 4 streams", 1, 4, 0, 1},
+        {"2 buffers a copy, an event each", 2, 1, 0, 1},
+        {"4 buffers a copy, an event each", 4, 1, 0, 1},
+        {"8 buffers a copy, an event each", 8, 1, 0, 1},
+        {"4 buffers a batch (cudaMemcpyBatchAsync), an event each", 1, 1, 4, 1},
+        {"16 buffers a batch (cudaMemcpyBatchAsync), an event each", 1, 1, 16, 1},
+    };
+    cudaStream_t st[4];
+    for (int i = 0; i < 4; i++)
+        cuda_check(cudaStreamCreateWithFlags(&st[i], cudaStreamNonBlocking), "cudaStreamCreate");
+    cudaEvent_t *evs = calloc(bufs, sizeof *evs);
+    if (!evs)
+        die("ring_sweep", "out of memory");
+    for (unsigned i = 0; i < bufs; i++)
+        cuda_check(cudaEventCreateWithFlags(&evs[i], cudaEventDisableTiming), "cudaEventCreate");
+    json_t *arr = json_array();
+    double v[32];
+    for (size_t w = 0; w < sizeof ways / sizeof ways[0]; w++) {
+        if (bufs % ways[w].join)
+            continue;
+        for (int r = 0; r < runs; r++)
+            v[r] = ring_way_copies(&ways[w], ring, bufs, chunk, slab, n, st, evs);
+        double m = median(v, runs);
+        json_t *o = json_object();
+        json_object_set_new(o, "way", json_string(ways[w].name));
+        json_object_set_new(o, "copy_bytes", json_integer((json_int_t)(chunk * ways[w].join)));
+        json_object_set_new(o, "streams", json_integer(ways[w].streams));
+        json_object_set_new(o, "batch", json_integer(ways[w].batch));
+        json_object_set_new(o, "events", json_boolean(ways[w].events));
+        json_object_set_new(o, "gbps", json_real(m));
+        json_object_set_new(o, "over_pinned_peak", json_real(m / peak));
+        json_object_set_new(o, "samples", samples_json(v, runs));
+        json_array_append_new(arr, o);
+        printf("ring way: %-58s %.2f GB/s (%.3f of the peak)\n", ways[w].name, m, m / peak);
+    }
+    for (unsigned i = 0; i < bufs; i++)
+        cudaEventDestroy(evs[i]);
+    free(evs);
+    for (int i = 0; i < 4; i++)
+        cudaStreamDestroy(st[i]);
+    return arr;
+}
+
 /* ---- main ---- */
 
 typedef struct opts {
@@ -618,6 +739,8 @@ typedef struct opts {
     /* Between a variant's loads: keep every load's device memory until the
      * variant ends (no slab reused), and pause this long. */
     int keep_loads, pause_ms;
+    /* The copy stage's ways measured one against another (ring_sweep). */
+    int ring_sweep;
     loader_cfg cfg;
 } opts;
 
@@ -640,6 +763,8 @@ static void parse(int argc, char **argv, opts *o)
                                        {"variants", required_argument, NULL, 'v'},
                                        {"keep-loads", no_argument, NULL, 'k'},
                                        {"pause-ms", required_argument, NULL, 'p'},
+                                       {"ring-sweep", no_argument, NULL, 'R'},
+                                       {"copy-batch", required_argument, NULL, 'X'},
                                        {NULL, 0, NULL, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -692,14 +817,21 @@ static void parse(int argc, char **argv, opts *o)
         case 'p':
             o->pause_ms = atoi(optarg);
             break;
+        case 'R':
+            o->ring_sweep = 1;
+            break;
+        case 'X':
+            o->cfg.batch = (unsigned)atoi(optarg);
+            break;
         case 'h':
             printf("usage: wb_bench_load [--file PATH] [--gib N] [--runs N] [--out JSON] "
                    "[--device N]\n                     [--sweep] [--cold] [--cold-gib N] "
                    "[--threads N] [--staging-mib N] [--buffers N]\n                     "
                    "[--read-block-kib N] [--variants NAME,NAME...] [--write-only]\n"
-                   "                     [--keep-loads] [--pause-ms N]\n"
-                   "--threads, --staging-mib, --buffers and --read-block-kib change the default "
-                   "variant only.\n");
+                   "                     [--keep-loads] [--pause-ms N] [--ring-sweep] "
+                   "[--copy-batch N]\n"
+                   "--threads, --staging-mib, --buffers, --read-block-kib and --copy-batch "
+                   "change the default variant only.\n");
             exit(0);
         default:
             exit(2);
@@ -727,6 +859,7 @@ static json_t *cfg_json(const loader_cfg *c)
         json_object_set_new(o, "staging_mib", json_real((double)s.chunk_bytes / MIB));
         json_object_set_new(o, "staging_buffers", json_integer(s.buffers));
         json_object_set_new(o, "read_block_kib", json_integer(s.read_block / 1024));
+        json_object_set_new(o, "copy_batch", json_integer(s.copy_batch));
     }
     return o;
 }
@@ -741,9 +874,9 @@ static void cfg_flags(const loader_cfg *c, char *buf, size_t len)
     else
         snprintf(buf, len,
                  "--read-source %s --staging-pages %s --read-threads %u --staging-mib %llu "
-                 "--staging-buffers %u (read block %u KiB)",
+                 "--staging-buffers %u --copy-batch %u (read block %u KiB)",
                  wb__stage_read_name(s.read_source), wb__stage_pages_name(s.ring_pages),
-                 s.read_threads, (unsigned long long)(s.chunk_bytes / MIB), s.buffers,
+                 s.read_threads, (unsigned long long)(s.chunk_bytes / MIB), s.buffers, s.copy_batch,
                  s.read_block / 1024);
 }
 
@@ -1131,6 +1264,12 @@ int main(int argc, char **argv)
            "copying host memory (%.1f GB/s of memcpy)\n",
            (unsigned long long)(rc.chunk_bytes / MIB), rc.buffers, ring_alone, ring_hogged,
            rc.read_threads, median(hog_gbps, o.runs));
+    if (o.ring_sweep) {
+        json_object_set_new(
+            root, "ring_sweep",
+            ring_sweep(o.runs, ring, rc.buffers, rc.chunk_bytes, slab, peak_n, peak));
+        save(root, o.out);
+    }
     cudaFreeHost(ring);
     cudaStreamDestroy(s);
     cudaFree(slab);

@@ -32,6 +32,7 @@ typedef struct dev_engine {
     unsigned n_events;
     cudaEvent_t ev_start, ev_end;
     int started;
+    int no_batch; /* the runtime or driver has no cudaMemcpyBatchAsync */
     wb_copy_engine engine;
 } dev_engine;
 
@@ -136,16 +137,25 @@ static int eng_begin(void *ctx, wb_err *err)
     return set_device(s->device, err);
 }
 
+/* The load's start, recorded before its first copy. */
+static int eng_start(dev_engine *s, wb_err *err)
+{
+    if (s->started)
+        return WB_OK;
+    cudaError_t e = cudaEventRecord(s->ev_start, s->stream);
+    if (e != cudaSuccess)
+        return cuda_fail(err, WB_EIO, e, "cudaEventRecord");
+    s->started = 1;
+    return WB_OK;
+}
+
 static int eng_submit(void *ctx, int buf, const void *src, void *dst, size_t len, wb_err *err)
 {
     dev_engine *s = ctx;
-    cudaError_t e;
-    if (!s->started) {
-        if ((e = cudaEventRecord(s->ev_start, s->stream)) != cudaSuccess)
-            return cuda_fail(err, WB_EIO, e, "cudaEventRecord");
-        s->started = 1;
-    }
-    e = cudaMemcpyAsync(dst, src, len, cudaMemcpyHostToDevice, s->stream);
+    int rc = eng_start(s, err);
+    if (rc != WB_OK)
+        return rc;
+    cudaError_t e = cudaMemcpyAsync(dst, src, len, cudaMemcpyHostToDevice, s->stream);
     if (e != cudaSuccess) {
         char what[96];
         snprintf(what, sizeof what, "cudaMemcpyAsync of %zu bytes to the slab on device %d", len,
@@ -156,6 +166,82 @@ static int eng_submit(void *ctx, int buf, const void *src, void *dst, size_t len
         if ((unsigned)buf >= s->n_events)
             return wb__err_set(err, WB_EINTERNAL, "staging buffer %d of %u", buf, s->n_events);
         if ((e = cudaEventRecord(s->events[buf], s->stream)) != cudaSuccess)
+            return cuda_fail(err, WB_EIO, e, "cudaEventRecord");
+    }
+    return WB_OK;
+}
+
+/* cudaMemcpyBatchAsync: CUDA 12.8 added it with a failIdx argument, 13.0
+ * dropped that argument. */
+static cudaError_t batch_copy(void **dsts, const void **srcs, size_t *lens, size_t n,
+                              cudaStream_t st)
+{
+#if CUDART_VERSION >= 12080
+    struct cudaMemcpyAttributes at;
+    memset(&at, 0, sizeof at);
+    at.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    size_t at_idx = 0;
+#if CUDART_VERSION >= 13000
+    return cudaMemcpyBatchAsync(dsts, srcs, lens, n, &at, &at_idx, 1, st);
+#else
+    size_t fail_idx = 0;
+    return cudaMemcpyBatchAsync(dsts, srcs, lens, n, &at, &at_idx, 1, &fail_idx, st);
+#endif
+#else
+    (void)dsts;
+    (void)srcs;
+    (void)lens;
+    (void)n;
+    (void)st;
+    return cudaErrorNotSupported;
+#endif
+}
+
+/* A batch of the ring's copies in one call, then each buffer's event. A
+ * runtime or driver without batches gets the copies one at a time. */
+static int eng_submit_many(void *ctx, const wb_copy *cp, unsigned n, wb_err *err)
+{
+    dev_engine *s = ctx;
+    if (n == 0 || n > WB_STAGE_MAX_BATCH)
+        return wb__err_set(err, WB_EINTERNAL, "a batch of %u copies", n);
+    for (unsigned i = 0; i < n; i++) {
+        if (cp[i].buf < 0 || (unsigned)cp[i].buf >= s->n_events)
+            return wb__err_set(err, WB_EINTERNAL, "staging buffer %d of %u", cp[i].buf,
+                               s->n_events);
+    }
+    if (n == 1 || s->no_batch) {
+        for (unsigned i = 0; i < n; i++) {
+            int rc = eng_submit(s, cp[i].buf, cp[i].src, cp[i].dst, cp[i].len, err);
+            if (rc != WB_OK)
+                return rc;
+        }
+        return WB_OK;
+    }
+    int rc = eng_start(s, err);
+    if (rc != WB_OK)
+        return rc;
+    void *dsts[WB_STAGE_MAX_BATCH];
+    const void *srcs[WB_STAGE_MAX_BATCH];
+    size_t lens[WB_STAGE_MAX_BATCH];
+    for (unsigned i = 0; i < n; i++) {
+        dsts[i] = cp[i].dst;
+        srcs[i] = cp[i].src;
+        lens[i] = cp[i].len;
+    }
+    cudaError_t e = batch_copy(dsts, srcs, lens, n, s->stream);
+    if (e == cudaErrorNotSupported || e == cudaErrorCallRequiresNewerDriver) {
+        cudaGetLastError(); /* not sticky: clear it */
+        s->no_batch = 1;
+        return eng_submit_many(s, cp, n, err);
+    }
+    if (e != cudaSuccess) {
+        char what[96];
+        snprintf(what, sizeof what, "cudaMemcpyBatchAsync of %u copies to the slab on device %d", n,
+                 s->device);
+        return cuda_fail(err, WB_EIO, e, what);
+    }
+    for (unsigned i = 0; i < n; i++) {
+        if ((e = cudaEventRecord(s->events[cp[i].buf], s->stream)) != cudaSuccess)
             return cuda_fail(err, WB_EIO, e, "cudaEventRecord");
     }
     return WB_OK;
@@ -363,6 +449,7 @@ static int dev_engine_start(dev_engine *d, int device, unsigned buffers, wb_err 
         .ctx = d,
         .begin = eng_begin,
         .submit = eng_submit,
+        .submit_many = eng_submit_many,
         .query = eng_query,
         .finish = eng_finish,
         .host_register = eng_register,

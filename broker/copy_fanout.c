@@ -66,6 +66,36 @@ static int fan_submit(void *ctx, int buf, const void *src, void *dst, size_t len
     return wb__fanout_live(f) ? WB_OK : all_failed(f, err);
 }
 
+/* One batch to every device still in the load, each at its own slab. */
+static int fan_submit_many(void *ctx, const wb_copy *cp, unsigned n, wb_err *err)
+{
+    wb_fanout *f = ctx;
+    if (n == 0 || n > WB_STAGE_MAX_BATCH)
+        return wb__err_set(err, WB_EINTERNAL, "a batch of %u copies", n);
+    wb_copy mine[WB_STAGE_MAX_BATCH];
+    for (unsigned i = 0; i < f->n; i++) {
+        wb_fanout_target *t = &f->t[i];
+        if (t->failed)
+            continue;
+        for (unsigned k = 0; k < n; k++) {
+            mine[k] = cp[k];
+            mine[k].dst = t->dst + ((uint8_t *)cp[k].dst - f->base);
+        }
+        wb_err e;
+        int rc = WB_OK;
+        if (t->engine->submit_many) {
+            rc = t->engine->submit_many(t->engine->ctx, mine, n, &e);
+        } else {
+            for (unsigned k = 0; k < n && rc == WB_OK; k++)
+                rc = t->engine->submit(t->engine->ctx, mine[k].buf, mine[k].src, mine[k].dst,
+                                       mine[k].len, &e);
+        }
+        if (rc != WB_OK)
+            wb__fanout_fail(f, i, &e);
+    }
+    return wb__fanout_live(f) ? WB_OK : all_failed(f, err);
+}
+
 /* Done when every device still in the load is done with the buffer. */
 static int fan_query(void *ctx, int buf, wb_err *err)
 {
@@ -158,6 +188,7 @@ int wb__fanout_init(wb_fanout *f, wb_fanout_target *targets, unsigned n, wb_err 
         .ctx = f,
         .begin = fan_begin,
         .submit = fan_submit,
+        .submit_many = fan_submit_many,
         .query = fan_query,
         .finish = fan_finish,
         .host_register = reg ? fan_register : NULL,

@@ -151,6 +151,7 @@ static int run(wb_options *o)
         .read_source = o->read_source,
         .ring_pages = o->staging_pages,
         .register_threads = (unsigned)o->num[WB_NUM_REGISTER_THREADS],
+        .copy_batch = (unsigned)o->num[WB_NUM_COPY_BATCH],
     };
     if (wb__backend_pick(o->backend, o->device, &stage, o->load_mode, o->host_memfd, o->cuda_slab,
                          &backend, &err) != WB_OK) {

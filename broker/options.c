@@ -55,6 +55,7 @@ static const num_opt num_opts[WB_NUM_OPTS] = {
                                 "a number from %ld to %ld", 40},
     [WB_NUM_REGISTER_THREADS] = {"register-threads", 1, WB_STAGE_MAX_THREADS,
                                  "a number from %ld to %ld", 40},
+    [WB_NUM_COPY_BATCH] = {"copy-batch", 1, WB_STAGE_MAX_BATCH, "a number from %ld to %ld", 40},
     [WB_NUM_MAX_LEASES] = {"max-leases-per-client", 1, 1000000000, "a positive number", 0},
     [WB_NUM_MAX_MODELS] = {"max-models", 1, 1000000000, "a positive number", 0},
     [WB_NUM_MAX_TENSORS] = {"max-tensors", 1, 1000000000, "a positive number", 0},
@@ -90,6 +91,7 @@ static const struct option long_opts[] = {
     {"read-source", required_argument, NULL, OPT_READ_SOURCE},
     {"staging-pages", required_argument, NULL, OPT_STAGING_PAGES},
     {"register-threads", required_argument, NULL, OPT_NUM + WB_NUM_REGISTER_THREADS},
+    {"copy-batch", required_argument, NULL, OPT_NUM + WB_NUM_COPY_BATCH},
     {"host-slab", required_argument, NULL, OPT_HOST_SLAB},
     {"cuda-slab", required_argument, NULL, OPT_CUDA_SLAB},
     {"heartbeat-ms", required_argument, NULL, OPT_NUM + WB_NUM_HEARTBEAT},
@@ -161,9 +163,12 @@ static void usage(FILE *out)
             "  --read-threads N       loader threads reading checkpoints (default: 3/4 of\n"
             "                         the online cores, at most 16)\n"
             "  --staging-mib N        size of one pinned staging buffer, the unit of reads and\n"
-            "                         copies, in MiB (cuda; default 4)\n"
+            "                         copies, in MiB (cuda; default 2)\n"
             "  --staging-buffers N    pinned staging buffers, allocated once at start (cuda;\n"
-            "                         default 32)\n"
+            "                         default 64)\n"
+            "  --copy-batch N         cuda, staged: filled buffers wait until N can go to\n"
+            "                         the copy engine in one call, unless it is about to\n"
+            "                         run dry (1 to 16, default 8)\n"
             "  --load-method staged|mapped\n"
             "                         cuda: copy through the pinned staging ring (default), or\n"
             "                         register each file mapping with cudaHostRegister\n"

@@ -80,6 +80,8 @@ void wb__stage_config_fill(wb_stage_config *c)
         c->ring_pages = WB_STAGE_DEFAULT_RING_PAGES;
     if (c->register_piece == 0)
         c->register_piece = WB_STAGE_REGISTER_PIECE;
+    if (c->copy_batch == 0)
+        c->copy_batch = WB_STAGE_DEFAULT_COPY_BATCH;
 }
 
 int wb__stage_config_check(const wb_stage_config *c, wb_err *err)
@@ -107,6 +109,9 @@ int wb__stage_config_check(const wb_stage_config *c, wb_err *err)
     if (c->register_threads > WB_STAGE_MAX_THREADS)
         return wb__err_set(err, WB_EINVAL, "register threads: %u is not between 0 and %d",
                            c->register_threads, WB_STAGE_MAX_THREADS);
+    if (c->copy_batch < 1 || c->copy_batch > WB_STAGE_MAX_BATCH)
+        return wb__err_set(err, WB_EINVAL, "copy batch: %u is not between 1 and %d", c->copy_batch,
+                           WB_STAGE_MAX_BATCH);
     if (c->register_piece == 0 || c->register_piece % (64u * 1024u) != 0)
         return wb__err_set(err, WB_EINVAL,
                            "register piece: %llu bytes is not a positive multiple of 65536",
@@ -362,7 +367,7 @@ int wb__stage_run(wb_stage_job *job, wb_stage_stats *st, wb_err *err)
         wb__stage_fail(&c, WB_ENOMEM, &e);
     }
     if (job->mode == WB_STAGE_STAGED && c.n_chunks)
-        wb__stage_run_copier(&c, &st->copy_seconds);
+        wb__stage_run_copier(&c, &st->copy_seconds, &st->copy_calls);
     for (unsigned i = 0; i < started; i++) {
         pthread_join(rs[i].tid, NULL);
         st->read_busy += rs[i].st.read;

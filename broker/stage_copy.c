@@ -23,13 +23,18 @@ static void nap(ctx *c)
     pthread_cond_timedwait(&c->copier_cv, &c->mu, &ts);
 }
 
-void wb__stage_run_copier(ctx *c, double *copy_seconds)
+void wb__stage_run_copier(ctx *c, double *copy_seconds, uint64_t *calls)
 {
     wb_staging *sg = c->job->staging;
     wb_copy_engine *e = &sg->engine;
     unsigned n = sg->n;
     unsigned *inflight = malloc(n * sizeof *inflight);
     unsigned *batch = malloc(n * sizeof *batch);
+    wb_copy cps[WB_STAGE_MAX_BATCH];
+    unsigned hold = c->job->cfg.copy_batch;
+    if (hold < 1 || hold > WB_STAGE_MAX_BATCH)
+        hold = hold ? WB_STAGE_MAX_BATCH : 1;
+    *calls = 0;
     unsigned in_head = 0, in_count = 0;
     int started = 0;
     double first = 0, last = 0;
@@ -47,40 +52,62 @@ void wb__stage_run_copier(ctx *c, double *copy_seconds)
 
     pthread_mutex_lock(&c->mu);
     for (;;) {
+        /* Filled buffers wait for a batch's worth unless the engine is about
+         * to run dry or no more are coming. */
         unsigned m = 0;
-        while (c->fill_count && batch) {
-            batch[m++] = c->fill_q[c->fill_head];
-            c->fill_head = (c->fill_head + 1) % n;
-            c->fill_count--;
+        int all_read = c->readers_done == c->n_readers;
+        if (c->fill_count &&
+            (c->fill_count >= hold || in_count < 2 * hold || all_read || stopped(c))) {
+            while (c->fill_count && batch) {
+                batch[m++] = c->fill_q[c->fill_head];
+                c->fill_head = (c->fill_head + 1) % n;
+                c->fill_count--;
+            }
         }
-        if (m == 0 && in_count == 0) {
-            if (c->readers_done == c->n_readers)
+        if (m == 0 && in_count == 0 && (c->fill_count == 0 || !batch)) {
+            if (all_read)
                 break;
             pthread_cond_wait(&c->copier_cv, &c->mu);
             continue;
         }
         pthread_mutex_unlock(&c->mu);
 
-        for (unsigned i = 0; i < m; i++) {
-            unsigned b = batch[i];
-            const chunk *ch = c->buf_chunk[b];
+        for (unsigned i = 0; i < m;) {
             if (stopped(c)) {
-                wb__stage_release_buffer(c, b);
+                wb__stage_release_buffer(c, batch[i++]);
                 continue;
             }
             if (!started) {
                 started = 1;
                 first = now_s();
             }
-            int rc = e->submit(e->ctx, (int)b, sg->bufs[b], (uint8_t *)c->job->dst + ch->slab_off,
-                               (size_t)ch->span, &err);
-            if (rc != WB_OK) {
-                wb__stage_fail(c, rc, &err);
-                wb__stage_release_buffer(c, b);
-                continue;
+            unsigned k = 0;
+            int rc;
+            for (; k < WB_STAGE_MAX_BATCH && i + k < m; k++) {
+                unsigned b = batch[i + k];
+                const chunk *ch = c->buf_chunk[b];
+                cps[k] = (wb_copy){.buf = (int)b,
+                                   .src = sg->bufs[b],
+                                   .dst = (uint8_t *)c->job->dst + ch->slab_off,
+                                   .len = (size_t)ch->span};
             }
-            inflight[(in_head + in_count) % n] = b;
-            in_count++;
+            ++*calls;
+            if (e->submit_many) {
+                rc = e->submit_many(e->ctx, cps, k, &err);
+            } else {
+                rc = WB_OK;
+                for (unsigned q = 0; q < k && rc == WB_OK; q++)
+                    rc = e->submit(e->ctx, cps[q].buf, cps[q].src, cps[q].dst, cps[q].len, &err);
+            }
+            if (rc != WB_OK)
+                wb__stage_fail(c, rc, &err);
+            /* A failed batch's buffers go in flight too: the failure stops
+             * the load, and they are freed after the engine's finish. */
+            for (unsigned q = 0; q < k; q++) {
+                inflight[(in_head + in_count) % n] = (unsigned)cps[q].buf;
+                in_count++;
+            }
+            i += k;
         }
         /* Copies on one stream end in the order they were queued. */
         int progressed = 0;
@@ -111,7 +138,9 @@ void wb__stage_run_copier(ctx *c, double *copy_seconds)
             }
         }
         pthread_mutex_lock(&c->mu);
-        if (!progressed && in_count && c->fill_count == 0)
+        if (!progressed && in_count &&
+            (c->fill_count == 0 ||
+             (c->fill_count < hold && in_count >= 2 * hold && c->readers_done < c->n_readers)))
             nap(c);
     }
     pthread_mutex_unlock(&c->mu);

@@ -145,8 +145,9 @@ void wb__stage_release_buffer(ctx *c, unsigned b);
 void wb__stage_hand_to_copier(ctx *c, unsigned b, chunk *ch);
 
 /* stage_copy.c: the copier of a staged load, in the calling thread, until
- * every reader has ended and every copy has finished. */
-void wb__stage_run_copier(ctx *c, double *copy_seconds);
+ * every reader has ended and every copy has finished; *calls: the calls
+ * to the engine. */
+void wb__stage_run_copier(ctx *c, double *copy_seconds, uint64_t *calls);
 
 /* stage_mapped.c: a whole mapped load. */
 int wb__stage_run_mapped(ctx *c, wb_stage_stats *st, wb_err *err);

@@ -7,7 +7,7 @@ source "$(dirname "$0")/lib.sh"
 
 # Misuse of the loader options: exit 2, naming the option.
 for bad in "--read-threads 0" "--read-threads 65" "--staging-mib 0" "--staging-mib 2000" \
-  "--staging-buffers 1" "--load-method fast"; do
+  "--staging-buffers 1" "--load-method fast" "--copy-batch 0" "--copy-batch 17"; do
   # shellcheck disable=SC2086
   "$WBROKERD" --socket "$SOCK" $bad >"$WB_TMP/bad.out" 2>"$WB_TMP/bad.err"
   rc=$?

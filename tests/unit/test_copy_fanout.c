@@ -38,6 +38,7 @@ typedef struct fake_gpu {
     int fail_alloc;     /* slab_alloc on this device fails */
     int fail_engine;    /* device_engine for this device fails */
     int fail_finish;
+    unsigned batches; /* submit_many calls */
 } fake_gpu;
 
 static fake_gpu gpus[NDEV];
@@ -73,6 +74,19 @@ static int g_submit(void *ctx, int buf, const void *src, void *dst, size_t len, 
     g->dst[buf] = dst;
     g->len[buf] = len;
     g->lag_left[buf] = g->lag;
+    return WB_OK;
+}
+
+/* A device that takes batches (set in a test): each copy as g_submit. */
+static int g_submit_many(void *ctx, const wb_copy *cp, unsigned n, wb_err *err)
+{
+    fake_gpu *g = ctx;
+    g->batches++;
+    for (unsigned i = 0; i < n; i++) {
+        int rc = g_submit(ctx, cp[i].buf, cp[i].src, cp[i].dst, cp[i].len, err);
+        if (rc != WB_OK)
+            return rc;
+    }
     return WB_OK;
 }
 
@@ -391,6 +405,52 @@ START_TEST(the_fanout_engine_alone)
 }
 END_TEST
 
+START_TEST(a_batch_reaches_every_device_at_its_own_offset)
+{
+    /* Device 0 takes batches, device 1 only single copies (the fan-out
+     * submits them one by one), device 2 refuses the batch's second copy
+     * and leaves the load; the others go on. */
+    uint8_t a[64] = {0}, b[64] = {0}, c[64] = {0}, src[3][8];
+    for (int i = 0; i < 3; i++)
+        memset(src[i], 0x10 * (i + 1), sizeof src[i]);
+    gpus[0].engine.submit_many = g_submit_many;
+    gpus[2].fail_submit_at = 2;
+    wb_fanout_target t[3] = {{.device = 0, .engine = &gpus[0].engine, .dst = a},
+                             {.device = 1, .engine = &gpus[1].engine, .dst = b},
+                             {.device = 2, .engine = &gpus[2].engine, .dst = c}};
+    wb_fanout f;
+    wb_err err;
+    ck_assert_int_eq(wb__fanout_init(&f, t, 3, &err), WB_OK);
+    ck_assert_ptr_nonnull(f.engine.submit_many);
+    wb_copy cp[3] = {{.buf = 0, .src = src[0], .dst = f.base + 0, .len = 8},
+                     {.buf = 2, .src = src[1], .dst = f.base + 40, .len = 8},
+                     {.buf = 3, .src = src[2], .dst = f.base + 16, .len = 8}};
+    ck_assert_int_eq(f.engine.submit_many(f.engine.ctx, cp, 3, &err), WB_OK);
+    ck_assert_uint_eq(gpus[0].batches, 1);
+    ck_assert_uint_eq(gpus[0].submits, 3);
+    ck_assert_uint_eq(gpus[1].submits, 3);
+    ck_assert_uint_eq(wb__fanout_live(&f), 2);
+    ck_assert_int_eq(t[2].failed, 1);
+    ck_assert_str_eq(t[2].err.msg, "fake device 2: copy 2 refused");
+    for (int k = 0; k < 3; k++)
+        ck_assert_int_eq(f.engine.query(f.engine.ctx, cp[k].buf, &err), 1);
+    ck_assert_mem_eq(a + 0, src[0], 8);
+    ck_assert_mem_eq(a + 40, src[1], 8);
+    ck_assert_mem_eq(a + 16, src[2], 8);
+    ck_assert_mem_eq(b + 0, src[0], 8);
+    ck_assert_mem_eq(b + 40, src[1], 8);
+    ck_assert_mem_eq(b + 16, src[2], 8);
+    /* A batch out of bounds is refused before any device sees it. */
+    ck_assert_int_eq(f.engine.submit_many(f.engine.ctx, cp, 0, &err), WB_EINTERNAL);
+    ck_assert_uint_eq(gpus[0].batches, 1);
+    /* The last device refusing ends the load. */
+    gpus[0].fail_submit_at = 4;
+    gpus[1].fail_submit_at = 4;
+    ck_assert_int_eq(f.engine.submit_many(f.engine.ctx, cp, 1, &err), WB_EIO);
+    ck_assert_ptr_nonnull(strstr(err.msg, "the load failed on every device"));
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("copy_fanout");
@@ -398,6 +458,7 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, every_device_gets_the_bytes_from_one_read);
+    tcase_add_test(tc, a_batch_reaches_every_device_at_its_own_offset);
     tcase_add_test(tc, a_failing_device_leaves_the_others_ready);
     tcase_add_test(tc, the_load_fails_only_when_no_device_is_left);
     tcase_add_test(tc, the_fanout_engine_alone);

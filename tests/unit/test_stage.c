@@ -132,6 +132,9 @@ typedef struct fake_engine {
     const uint8_t *reg_lo[256], *reg_hi[256];
     unsigned spanning;
     int delay; /* the most queries a copy stays pending */
+    /* submit_many: batches, the copies in them, the largest one. */
+    unsigned batches, batch_copies, max_batch;
+    unsigned fail_batch_at; /* 1-based; 0 never */
 } fake_engine;
 
 /* Guards the fake engine's registration records: registering threads and
@@ -184,6 +187,31 @@ static int fe_submit(void *ctx, int buf, const void *src, void *dst, size_t len,
     f->in_flight++;
     if (f->in_flight > f->max_in_flight)
         f->max_in_flight = f->in_flight;
+    return WB_OK;
+}
+
+/* A batch: nothing is queued when it fails; a buffer appears in it once. */
+static int fe_submit_many(void *ctx, const wb_copy *cp, unsigned n, wb_err *err)
+{
+    fake_engine *f = ctx;
+    f->batches++;
+    ck_assert_uint_ge(n, 1);
+    ck_assert_uint_le(n, WB_STAGE_MAX_BATCH);
+    if (f->fail_batch_at && f->batches == f->fail_batch_at)
+        return wb__err_set(err, WB_EIO, "injected batch failure at batch %u", f->batches);
+    for (unsigned i = 0; i < n; i++) {
+        ck_assert_int_ge(cp[i].buf, 0);
+        for (unsigned k = 0; k < i; k++)
+            ck_assert_int_ne(cp[i].buf, cp[k].buf);
+    }
+    for (unsigned i = 0; i < n; i++) {
+        int rc = fe_submit(ctx, cp[i].buf, cp[i].src, cp[i].dst, cp[i].len, err);
+        if (rc != WB_OK)
+            return rc;
+    }
+    f->batch_copies += n;
+    if (n > f->max_batch)
+        f->max_batch = n;
     return WB_OK;
 }
 
@@ -275,6 +303,13 @@ static void ring_make(ring *r, unsigned n, uint64_t size, int delay)
                                    .finish = fe_finish,
                                    .host_register = fe_register,
                                    .host_unregister = fe_unregister};
+}
+
+/* The same ring with an engine that takes batches. */
+static void ring_make_batched(ring *r, unsigned n, uint64_t size, int delay)
+{
+    ring_make(r, n, size, delay);
+    r->s.engine.submit_many = fe_submit_many;
 }
 
 static void ring_free(ring *r)
@@ -369,7 +404,11 @@ START_TEST(test_staged_matrix)
     for (size_t c = 0; c < 3; c++) {
         for (size_t t = 0; t < 4; t++) {
             ring r;
-            ring_make(&r, nbufs[(c + t) % 3], sizes[c], 3);
+            int batched = (c + t) % 2;
+            if (batched)
+                ring_make_batched(&r, nbufs[(c + t) % 3], sizes[c], 3);
+            else
+                ring_make(&r, nbufs[(c + t) % 3], sizes[c], 3);
             uint8_t *dst = malloc(m.slab_len);
             ck_assert_ptr_nonnull(dst);
             memset(dst, 0x5A, m.slab_len);
@@ -398,6 +437,8 @@ START_TEST(test_staged_matrix)
             ck_assert_uint_eq(atomic_load(&landed), st.bytes);
             ck_assert_uint_eq(r.fe.in_flight, 0);
             ck_assert_uint_eq(r.fe.submits, st.chunks);
+            ck_assert_uint_eq(r.fe.batch_copies, batched ? st.chunks : 0);
+            ck_assert_uint_le(r.fe.max_batch, r.s.n);
             ck_assert_uint_eq(r.fe.begins, 1);
             ck_assert_uint_ge(r.fe.finishes, 1);
             ck_assert_uint_le(r.fe.max_in_flight, r.s.n);
@@ -431,6 +472,39 @@ START_TEST(test_one_big_tensor_many_threads)
     ck_assert_msg(wb__stage_run(&j, &st, &err) == WB_OK, "%s", err.msg);
     model_check(&m, dst);
     ck_assert_uint_eq(st.chunks, ((7u << 20) + 3 + 65535) / 65536);
+    free(dst);
+    ring_free(&r);
+    model_free(&m);
+}
+END_TEST
+
+/* While the engine is busy, filled buffers wait to go as one batch: a slow
+ * engine and a ring of 16 small buffers make batches of several copies,
+ * none over WB_STAGE_MAX_BATCH, and every byte lands once. */
+START_TEST(test_batches)
+{
+    READ_LOOP();
+    uint64_t sizes[200];
+    for (size_t i = 0; i < 200; i++)
+        sizes[i] = 4096 - (i % 7);
+    model m;
+    model_make(&m, sizes, 200, 0);
+    ring r;
+    ring_make_batched(&r, 16, 4096, 40);
+    uint8_t *dst = malloc(m.slab_len);
+    ck_assert_ptr_nonnull(dst);
+    wb_stage_job j = job_for(&m, WB_STAGE_STAGED, 8, 0);
+    j.staging = &r.s;
+    j.dst = dst;
+    wb_stage_stats st;
+    wb_err err = {0};
+    ck_assert_msg(wb__stage_run(&j, &st, &err) == WB_OK, "%s", err.msg);
+    model_check(&m, dst);
+    ck_assert_uint_eq(r.fe.batch_copies, st.chunks);
+    ck_assert_uint_eq(r.fe.submits, st.chunks);
+    ck_assert_uint_ge(r.fe.max_batch, 2);
+    ck_assert_uint_lt(r.fe.batches, st.chunks);
+    ck_assert_uint_eq(r.fe.in_flight, 0);
     free(dst);
     ring_free(&r);
     model_free(&m);
@@ -693,13 +767,21 @@ START_TEST(test_copy_failures)
     READ_LOOP();
     model m;
     model_make(&m, mixed, N_MIXED, 0);
-    for (int which = 0; which < 2; which++) {
+    static const char *const why[] = {"injected copy failure at copy 5",
+                                      "injected copy error seen at query 7",
+                                      "injected batch failure at batch 2"};
+    for (int which = 0; which < 3; which++) {
         ring r;
-        ring_make(&r, 4, 65536, 3);
+        if (which == 2)
+            ring_make_batched(&r, 4, 65536, 3);
+        else
+            ring_make(&r, 4, 65536, 3);
         if (which == 0)
             r.fe.fail_submit_at = 5;
-        else
+        else if (which == 1)
             r.fe.fail_query_at = 7;
+        else
+            r.fe.fail_batch_at = 2;
         uint8_t *dst = malloc(m.slab_len);
         ck_assert_ptr_nonnull(dst);
         wb_stage_job j = job_for(&m, WB_STAGE_STAGED, 4, 0);
@@ -708,10 +790,9 @@ START_TEST(test_copy_failures)
         wb_stage_stats st;
         wb_err err = {0};
         ck_assert_int_eq(wb__stage_run(&j, &st, &err), WB_EIO);
-        ck_assert_ptr_nonnull(strstr(err.msg, which == 0 ? "injected copy failure at copy 5"
-                                                         : "injected copy error seen at query 7"));
+        ck_assert_msg(strstr(err.msg, why[which]) != NULL, "%s", err.msg);
         ck_assert_uint_eq(r.fe.in_flight, 0);
-        r.fe.fail_submit_at = r.fe.fail_query_at = 0;
+        r.fe.fail_submit_at = r.fe.fail_query_at = r.fe.fail_batch_at = 0;
         ck_assert_msg(wb__stage_run(&j, &st, &err) == WB_OK, "%s", err.msg);
         model_check(&m, dst);
         free(dst);
@@ -807,6 +888,7 @@ START_TEST(test_config)
     ck_assert_int_eq(c.ring_pages, WB_STAGE_PAGES_NORMAL);
     ck_assert_uint_eq(c.register_threads, 0);
     ck_assert_uint_eq(c.register_piece, WB_STAGE_REGISTER_PIECE);
+    ck_assert_uint_eq(c.copy_batch, WB_STAGE_DEFAULT_COPY_BATCH);
     wb_err err;
     ck_assert_int_eq(wb__stage_config_check(&c, &err), WB_OK);
     wb_stage_config bad = c;
@@ -838,6 +920,12 @@ START_TEST(test_config)
     ck_assert_int_eq(wb__stage_config_check(&bad, &err), WB_EINVAL);
     ck_assert_ptr_nonnull(strstr(err.msg, "register threads: 65"));
     bad = c;
+    bad.copy_batch = WB_STAGE_MAX_BATCH + 1;
+    ck_assert_int_eq(wb__stage_config_check(&bad, &err), WB_EINVAL);
+    ck_assert_str_eq(err.msg, "copy batch: 17 is not between 1 and 16");
+    bad.copy_batch = 0;
+    ck_assert_int_eq(wb__stage_config_check(&bad, &err), WB_EINVAL);
+    bad = c;
     bad.register_piece = 65536 + 4096;
     ck_assert_int_eq(wb__stage_config_check(&bad, &err), WB_EINVAL);
     ck_assert_str_eq(err.msg, "register piece: 69632 bytes is not a positive multiple of 65536");
@@ -865,6 +953,7 @@ static Suite *suite(void)
     tcase_add_loop_test(tc, test_staged_matrix, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
     tcase_add_loop_test(tc, test_one_big_tensor_many_threads, WB_STAGE_READ_PREAD,
                         WB_STAGE_READ_AUTO + 1);
+    tcase_add_loop_test(tc, test_batches, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
     tcase_add_loop_test(tc, test_mapped, 0, 4);
     tcase_add_test(tc, test_mapped_register_fails);
     tcase_add_loop_test(tc, test_short_file, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
