@@ -640,9 +640,9 @@ static double ring_way_copies(const ring_way *w, uint8_t *ring, unsigned bufs, u
     unsigned k = 0, per = w->batch ? w->batch : 1;
     for (uint64_t off = 0; off < n; k++) {
         cudaStream_t s = st[k % w->streams];
-        void *dsts[64];
-        const void *srcs[64];
-        size_t lens[64];
+        void *dsts[64] = {0};
+        const void *srcs[64] = {0};
+        size_t lens[64] = {0};
         unsigned m = 0;
         for (; m < per && off < n; m++) {
             uint64_t len = n - off < step ? n - off : step;
