@@ -520,6 +520,18 @@ static double pinned_pingpong(const mapped_file *m, uint8_t *slab, uint8_t *cons
     return (double)m->bytes / (now_s() - t0) / 1e9;
 }
 
+/* The rate of n bytes moved between events a and b (b recorded last):
+ * waits for b, then frees both. */
+static double events_rate(cudaEvent_t a, cudaEvent_t b, uint64_t n)
+{
+    cuda_check(cudaEventSynchronize(b), "cudaEventSynchronize");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return (double)n / (ms / 1e3) / 1e9;
+}
+
 /* The link's peak: one large copy from pinned memory, timed on the device. */
 static double pinned_peak(uint8_t *pin, uint8_t *slab, uint64_t n, cudaStream_t s)
 {
@@ -529,12 +541,7 @@ static double pinned_peak(uint8_t *pin, uint8_t *slab, uint64_t n, cudaStream_t 
     cudaEventRecord(a, s);
     cuda_check(cudaMemcpyAsync(slab, pin, n, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
     cudaEventRecord(b, s);
-    cuda_check(cudaEventSynchronize(b), "cudaEventSynchronize");
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    return (double)n / (ms / 1e3) / 1e9;
+    return events_rate(a, b, n);
 }
 
 /* The copy stage without the readers: n bytes copied in `chunk`-sized
@@ -609,11 +616,7 @@ static double ring_copies(uint8_t *ring, unsigned bufs, uint64_t chunk, uint8_t 
     }
     if (hog_gbps)
         *hog_gbps = wall > 0 ? hog_bytes / wall / 1e9 : 0;
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    return (double)n / (ms / 1e3) / 1e9;
+    return events_rate(a, b, n);
 }
 
 /* One way of moving a ring's bytes to the device, for --ring-sweep: copies
@@ -670,12 +673,7 @@ static double ring_way_copies(const ring_way *w, uint8_t *ring, unsigned bufs, u
         cuda_check(cudaStreamWaitEvent(st[0], evs[i], 0), "cudaStreamWaitEvent");
     }
     cuda_check(cudaEventRecord(b, st[0]), "cudaEventRecord");
-    cuda_check(cudaEventSynchronize(b), "cudaEventSynchronize");
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    return (double)n / (ms / 1e3) / 1e9;
+    return events_rate(a, b, n);
 }
 
 /* --ring-sweep: each way `runs` times over n bytes, median GB/s and its

@@ -452,6 +452,21 @@ START_TEST(test_staged_matrix)
 }
 END_TEST
 
+/* A staged load of m through r with `threads` readers that must succeed
+ * and land every tensor's bytes and checksum; *st gets its figures. */
+static void staged_ok(model *m, ring *r, unsigned threads, wb_stage_stats *st)
+{
+    uint8_t *dst = malloc(m->slab_len);
+    ck_assert_ptr_nonnull(dst);
+    wb_stage_job j = job_for(m, WB_STAGE_STAGED, threads, 0);
+    j.staging = &r->s;
+    j.dst = dst;
+    wb_err err = {0};
+    ck_assert_msg(wb__stage_run(&j, st, &err) == WB_OK, "%s", err.msg);
+    model_check(m, dst);
+    free(dst);
+}
+
 /* One large tensor cut into many pieces that many threads read at once: its
  * checksum must still be over the bytes in order. */
 START_TEST(test_one_big_tensor_many_threads)
@@ -462,17 +477,9 @@ START_TEST(test_one_big_tensor_many_threads)
     model_make(&m, sizes, 1, 100);
     ring r;
     ring_make(&r, 4, 65536, 5);
-    uint8_t *dst = malloc(m.slab_len);
-    ck_assert_ptr_nonnull(dst);
-    wb_stage_job j = job_for(&m, WB_STAGE_STAGED, 8, 0);
-    j.staging = &r.s;
-    j.dst = dst;
     wb_stage_stats st;
-    wb_err err = {0};
-    ck_assert_msg(wb__stage_run(&j, &st, &err) == WB_OK, "%s", err.msg);
-    model_check(&m, dst);
+    staged_ok(&m, &r, 8, &st);
     ck_assert_uint_eq(st.chunks, ((7u << 20) + 3 + 65535) / 65536);
-    free(dst);
     ring_free(&r);
     model_free(&m);
 }
@@ -491,21 +498,13 @@ START_TEST(test_batches)
     model_make(&m, sizes, 200, 0);
     ring r;
     ring_make_batched(&r, 16, 4096, 40);
-    uint8_t *dst = malloc(m.slab_len);
-    ck_assert_ptr_nonnull(dst);
-    wb_stage_job j = job_for(&m, WB_STAGE_STAGED, 8, 0);
-    j.staging = &r.s;
-    j.dst = dst;
     wb_stage_stats st;
-    wb_err err = {0};
-    ck_assert_msg(wb__stage_run(&j, &st, &err) == WB_OK, "%s", err.msg);
-    model_check(&m, dst);
+    staged_ok(&m, &r, 8, &st);
     ck_assert_uint_eq(r.fe.batch_copies, st.chunks);
     ck_assert_uint_eq(r.fe.submits, st.chunks);
     ck_assert_uint_ge(r.fe.max_batch, 2);
     ck_assert_uint_lt(r.fe.batches, st.chunks);
     ck_assert_uint_eq(r.fe.in_flight, 0);
-    free(dst);
     ring_free(&r);
     model_free(&m);
 }
