@@ -82,15 +82,7 @@ static int fan_submit_many(void *ctx, const wb_copy *cp, unsigned n, wb_err *err
             mine[k].dst = t->dst + ((uint8_t *)cp[k].dst - f->base);
         }
         wb_err e;
-        int rc = WB_OK;
-        if (t->engine->submit_many) {
-            rc = t->engine->submit_many(t->engine->ctx, mine, n, &e);
-        } else {
-            for (unsigned k = 0; k < n && rc == WB_OK; k++)
-                rc = t->engine->submit(t->engine->ctx, mine[k].buf, mine[k].src, mine[k].dst,
-                                       mine[k].len, &e);
-        }
-        if (rc != WB_OK)
+        if (wb__copy_submit_many(t->engine, mine, n, &e) != WB_OK)
             wb__fanout_fail(f, i, &e);
     }
     return wb__fanout_live(f) ? WB_OK : all_failed(f, err);

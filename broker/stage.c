@@ -84,6 +84,16 @@ void wb__stage_config_fill(wb_stage_config *c)
         c->copy_batch = WB_STAGE_DEFAULT_COPY_BATCH;
 }
 
+int wb__copy_submit_many(wb_copy_engine *e, const wb_copy *cp, unsigned n, wb_err *err)
+{
+    if (e->submit_many)
+        return e->submit_many(e->ctx, cp, n, err);
+    int rc = WB_OK;
+    for (unsigned i = 0; i < n && rc == WB_OK; i++)
+        rc = e->submit(e->ctx, cp[i].buf, cp[i].src, cp[i].dst, cp[i].len, err);
+    return rc;
+}
+
 int wb__stage_config_check(const wb_stage_config *c, wb_err *err)
 {
     if (c->read_threads < 1 || c->read_threads > WB_STAGE_MAX_THREADS)

@@ -176,6 +176,10 @@ typedef struct wb_copy_engine {
     void (*host_unregister)(void *ctx, void *addr);
 } wb_copy_engine;
 
+/* Queues n copies through e: one submit_many, or one submit each where the
+ * engine has no batches (stopping at the first failure). */
+int wb__copy_submit_many(wb_copy_engine *e, const wb_copy *copies, unsigned n, wb_err *err);
+
 /* A ring of staging buffers, allocated once by its owner (the backend) and
  * reused by every load; one load at a time. */
 typedef struct wb_staging {

@@ -82,7 +82,6 @@ void wb__stage_run_copier(ctx *c, double *copy_seconds, uint64_t *calls)
                 first = now_s();
             }
             unsigned k = 0;
-            int rc;
             for (; k < WB_STAGE_MAX_BATCH && i + k < m; k++) {
                 unsigned b = batch[i + k];
                 const chunk *ch = c->buf_chunk[b];
@@ -92,13 +91,7 @@ void wb__stage_run_copier(ctx *c, double *copy_seconds, uint64_t *calls)
                                    .len = (size_t)ch->span};
             }
             ++*calls;
-            if (e->submit_many) {
-                rc = e->submit_many(e->ctx, cps, k, &err);
-            } else {
-                rc = WB_OK;
-                for (unsigned q = 0; q < k && rc == WB_OK; q++)
-                    rc = e->submit(e->ctx, cps[q].buf, cps[q].src, cps[q].dst, cps[q].len, &err);
-            }
+            int rc = wb__copy_submit_many(e, cps, k, &err);
             if (rc != WB_OK)
                 wb__stage_fail(c, rc, &err);
             /* A failed batch's buffers go in flight too: the failure stops
