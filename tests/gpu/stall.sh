@@ -35,6 +35,10 @@
 #   attach_vmm_1, attach_vmm_1_verify, attach_vmm_8, attach_vmm_8_verify
 #                            the same attaches through the vmm broker;
 # it writes OUT/stall_vmm.json and OUT/stall_vmm_series_*.json.gz.
+# With WB_STALL_SET=load, only the broker's load: baseline, the floors and
+# broker_load_8gib (no model is compiled; a broker without models loads the
+# checkpoint), to check the loader's effect on a victim after a change to it;
+# it writes OUT/stall_load.json and OUT/stall_load_series_*.json.gz.
 #
 # Writes OUT/stall.json (tests/gpu/stall_summary.py: p50/p99/max per
 # condition and stream, p99_ratio against the baseline of the same stream,
@@ -61,7 +65,8 @@ SET=${WB_STALL_SET:-all}
 case $SET in
   all) PREFIX=stall ;;
   vmm) PREFIX=stall_vmm ;;
-  *) echo "WB_STALL_SET: all or vmm, not '$SET'" >&2; exit 2 ;;
+  load) PREFIX=stall_load ;;
+  *) echo "WB_STALL_SET: all, vmm or load, not '$SET'" >&2; exit 2 ;;
 esac
 MD=$WORK/models_${GIB}gib # shared with memory.sh when the sizes agree
 BIG=$WORK/stall_load.safetensors
@@ -74,7 +79,12 @@ say "gpu: $(cat "$OUT/gpu.json")"
 
 # ---- models and the checkpoint the broker loads ------------------------------
 MODELS=(--model "bf16_base=$MD/bf16_base.safetensors" --model "bf16_head_a=$MD/bf16_head_a.safetensors")
-if [ "$SET" = all ]; then
+if [ "$SET" = load ]; then
+  MODELS=()
+  python3 "$ROOT/tests/gpu/make_checkpoint.py" "$BIG" --bytes "$((LOAD_GIB << 30))" --tensors 152 \
+    >"$OUT/checkpoint.json" 2>&1 || { say "cannot write $BIG: $(cat "$OUT/checkpoint.json")"; exit 1; }
+  cat "$BIG" >/dev/null
+elif [ "$SET" = all ]; then
   python3 "$ROOT/tests/gpu/make_checkpoint.py" "$BIG" --bytes "$((LOAD_GIB << 30))" --tensors 152 \
     >"$OUT/checkpoint.json" 2>&1 &
   ckpid=$!
@@ -162,6 +172,11 @@ run_mode() {
     vmm_conditions
     return
   fi
+  if [ "$SET" = load ]; then
+    broker_loads
+    end_mode
+    return
+  fi
   for ((r = 0; r < $(reps 2); r++)); do
     [ -f "$MD/bf16_a_embedded.pt2" ] || break
     inproc aoti "$MD/bf16_a_embedded.pt2" inproc_aoti_default
@@ -171,6 +186,17 @@ run_mode() {
     inproc pinned "$MD/bf16_base.safetensors" inproc_pinned_staging
     sleep 0.5
   done
+  broker_loads
+  for ((r = 0; r < $(reps "$REPS"); r++)); do procs 1 attach_1 attach_proc; sleep 0.3; done
+  for ((r = 0; r < $(reps "$REPS"); r++)); do procs 1 attach_1_verify attach_verify_proc; sleep 0.3; done
+  for ((r = 0; r < $(reps "$(((REPS + 1) / 2))"); r++)); do procs 8 attach_8 attach_proc; sleep 0.3; done
+  for ((r = 0; r < $(reps "$(((REPS + 1) / 2))"); r++)); do procs 8 attach_8_verify attach_verify_proc; sleep 0.3; done
+  end_mode
+}
+
+# The broker (another process) loads the checkpoint, then unloads it.
+broker_loads() {
+  local r
   for ((r = 0; r < $(reps 2); r++)); do
     echo "mark broker_load_${LOAD_GIB}gib" >&3
     ctl load big "$BIG" >>"$OUT/load_$mode.log" 2>&1 || fail "wbctl load big: $(tail -n 2 "$OUT/load_$mode.log")"
@@ -179,11 +205,6 @@ run_mode() {
     wait_for 30 no_model big || fail "model big still there 30 s after its unload"
     sleep 0.5
   done
-  for ((r = 0; r < $(reps "$REPS"); r++)); do procs 1 attach_1 attach_proc; sleep 0.3; done
-  for ((r = 0; r < $(reps "$REPS"); r++)); do procs 1 attach_1_verify attach_verify_proc; sleep 0.3; done
-  for ((r = 0; r < $(reps "$(((REPS + 1) / 2))"); r++)); do procs 8 attach_8 attach_proc; sleep 0.3; done
-  for ((r = 0; r < $(reps "$(((REPS + 1) / 2))"); r++)); do procs 8 attach_8_verify attach_verify_proc; sleep 0.3; done
-  end_mode
 }
 
 # The attaches of WB_STALL_SET=vmm, legacy ones first for comparison.
