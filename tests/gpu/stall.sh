@@ -79,14 +79,16 @@ say "gpu: $(cat "$OUT/gpu.json")"
 
 # ---- models and the checkpoint the broker loads ------------------------------
 MODELS=(--model "bf16_base=$MD/bf16_base.safetensors" --model "bf16_head_a=$MD/bf16_head_a.safetensors")
+write_big() {
+  python3 "$ROOT/tests/gpu/make_checkpoint.py" "$BIG" --bytes "$((LOAD_GIB << 30))" --tensors 152 \
+    >"$OUT/checkpoint.json" 2>&1
+}
 if [ "$SET" = load ]; then
   MODELS=()
-  python3 "$ROOT/tests/gpu/make_checkpoint.py" "$BIG" --bytes "$((LOAD_GIB << 30))" --tensors 152 \
-    >"$OUT/checkpoint.json" 2>&1 || { say "cannot write $BIG: $(cat "$OUT/checkpoint.json")"; exit 1; }
+  write_big || { say "cannot write $BIG: $(cat "$OUT/checkpoint.json")"; exit 1; }
   cat "$BIG" >/dev/null
 elif [ "$SET" = all ]; then
-  python3 "$ROOT/tests/gpu/make_checkpoint.py" "$BIG" --bytes "$((LOAD_GIB << 30))" --tensors 152 \
-    >"$OUT/checkpoint.json" 2>&1 &
+  write_big &
   ckpid=$!
   PIDS+=("$ckpid")
   models "$MD" "$GIB" embedded || exit 1
