@@ -2,6 +2,7 @@
 
 #include "log.h"
 #include "paths.h"
+#include "ratelog.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -121,6 +122,8 @@ static void conn_remove(wb_conns *cs, size_t i)
     cs->buffered -= c->held;
     cs->queued_bytes -= c->queued_bytes;
     wb__zmtp_free(&c->z);
+    if (c->pidfd >= 0)
+        close(c->pidfd);
     while (c->out_head) {
         outbuf *o = c->out_head;
         c->out_head = o->next;
@@ -158,7 +161,25 @@ static int conn_flush(wb_conns *cs, wb_conn *c)
         c->queued--;
         free(o);
     }
-    return 0;
+    /* A connection being closed goes once its last reply is out. */
+    return c->closing ? -1 : 0;
+}
+
+/* Tells a peer why it is being disconnected, with a ZMTP ERROR command
+ * written straight to the socket (libzmq reports it to its user; without
+ * it a DEALER reconnects forever, saying nothing). Best effort: skipped
+ * when part of a message is still queued, since the command would land
+ * inside it. */
+static void send_error(wb_conn *c, const char *reason)
+{
+    if (c->out_head)
+        return;
+    uint8_t buf[9 + 3 + WB_ZMTP_MAX_REASON];
+    size_t n = wb__zmtp_error_command(buf, reason);
+    ssize_t w;
+    do {
+        w = send(c->fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    } while (w < 0 && errno == EINTR);
 }
 
 /* Queues one message (its frames' headers and bodies, `n` pieces in order)
@@ -246,8 +267,9 @@ static void violation(wb_conns *cs, size_t i, const char *reason, const char *ms
     wb_conn *c = cs->v[i];
     char q[WB_ERR_MSG_MAX + 64];
     cs->stats->peers_disconnected++;
-    wb_warn("peer_disconnected", "reason=%s pid=%u uid=%u error=%s", reason, c->creds.pid,
-            c->creds.uid, wb__log_quote(q, sizeof q, msg));
+    wb_warn_peer("peer_disconnected", c->kernel.uid, "reason=%s pid=%u uid=%u error=%s", reason,
+                 c->creds.pid, c->creds.uid, wb__log_quote(q, sizeof q, msg));
+    send_error(c, msg);
     conn_remove(cs, i);
 }
 
@@ -275,6 +297,24 @@ static void refused(wb_conns *cs, const char *reason, uint32_t pid)
             (unsigned long long)cs->refused_since_log);
     cs->refused_logged_ms = now;
     cs->refused_since_log = 0;
+}
+
+/* Closes a connection refused before it was served, after our greeting
+ * and a ZMTP ERROR with the reason (one write, best effort). */
+static void close_refused(int fd, const char *reason)
+{
+    wb_zmtp z;
+    wb_zmtp_limits lim = {.max_message = 1, .max_frames = 1};
+    wb__zmtp_init(&z, &lim);
+    uint8_t buf[WB_ZMTP_GREETING_SIZE + 9 + 3 + WB_ZMTP_MAX_REASON];
+    memcpy(buf, z.out, z.out_len);
+    size_t n = z.out_len + wb__zmtp_error_command(buf + z.out_len, reason);
+    wb__zmtp_free(&z);
+    ssize_t w;
+    do {
+        w = send(fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    } while (w < 0 && errno == EINTR);
+    close(fd);
 }
 
 /* Accepts pending connections. Above --max-peers a connection is
@@ -320,6 +360,42 @@ void wb__conns_accept(wb_conns *cs)
             refused(cs, "max_peers", creds.pid);
             continue;
         }
+        /* Judged by its uid before anything is read from it: a refused
+         * peer is answered once and closed, and only a few of one uid are
+         * kept at once. */
+        char refusal[WB_REFUSE_MAX] = "";
+        int refuse = 0;
+        if ((creds.known || creds.pid_hidden) && cs->admit &&
+            cs->admit(cs->ctx, &creds, refusal, sizeof refusal) != 0)
+            refuse = 1;
+        if (!creds.known && !creds.pid_hidden) {
+            snprintf(refusal, sizeof refusal, "%.190s", cerr.msg);
+            refuse = 1;
+        }
+        unsigned same_uid = 0, refused_uid = 0;
+        for (size_t k = 0; k < cs->n; k++) {
+            const wb_conn *o = cs->v[k];
+            if (o->kernel.uid == creds.uid && (o->kernel.known || o->kernel.pid_hidden)) {
+                same_uid++;
+                refused_uid += o->refused;
+            }
+        }
+        if (refuse && refused_uid >= WB_REFUSED_PER_UID) {
+            close_refused(fd, refusal);
+            refused(cs, "refused_uid", creds.pid);
+            continue;
+        }
+        if (!refuse && creds.uid != 0 && creds.uid != cs->exempt_uid &&
+            same_uid >= cs->opt->max_per_uid) {
+            char why[WB_REFUSE_MAX];
+            snprintf(why, sizeof why,
+                     "uid %u holds %u connections already, the most one uid may "
+                     "(--max-peers-per-uid)",
+                     creds.uid, same_uid);
+            close_refused(fd, why);
+            refused(cs, "max_peers_per_uid", creds.pid);
+            continue;
+        }
         /* One process cannot take the whole table: libwbclient holds one
          * connection per client object, far fewer than this. */
         if (creds.known) {
@@ -327,9 +403,19 @@ void wb__conns_accept(wb_conns *cs)
             for (size_t k = 0; k < cs->n; k++)
                 same += cs->v[k]->kernel.known && cs->v[k]->kernel.pid == creds.pid;
             if (same >= cs->opt->max_per_process) {
-                close(fd);
+                close_refused(fd, "this process holds --max-peers-per-process connections already");
                 refused(cs, "max_peers_per_process", creds.pid);
                 continue;
+            }
+        }
+        /* The process that connected, proven by a pidfd from here on. */
+        int pidfd = -1;
+        if (!refuse && creds.known) {
+            wb_err perr;
+            pidfd = wb__peer_pidfd(fd, &creds, &perr);
+            if (pidfd < 0) {
+                snprintf(refusal, sizeof refusal, "%.190s", perr.msg);
+                refuse = 1;
             }
         }
         wb_conn *c = NULL;
@@ -345,10 +431,16 @@ void wb__conns_accept(wb_conns *cs)
             c = calloc(1, sizeof *c);
         if (!c) {
             close(fd);
+            if (pidfd >= 0)
+                close(pidfd);
             refused(cs, "out_of_memory", creds.pid);
             continue;
         }
         c->fd = fd;
+        c->pidfd = pidfd;
+        c->refused = refuse;
+        if (refuse)
+            snprintf(c->refusal, sizeof c->refusal, "%s", refusal);
         c->serial = ++cs->next_serial;
         c->creds = creds;
         c->kernel = creds;
@@ -378,7 +470,8 @@ static int conn_input(wb_conns *cs, size_t *ip, const void *data, size_t len)
     size_t i = *ip;
     wb_conn *c = cs->v[i];
     wb_err err;
-    size_t after = c->z.len + len; /* at least what the codec will hold */
+    /* At least what the codec will hold once these bytes are in. */
+    size_t after = wb__zmtp_pending(&c->z) + len;
     if (after > c->held && cs->buffered - c->held + after > cs->opt->max_buffered) {
         char msg[192];
         snprintf(msg, sizeof msg,
@@ -389,7 +482,10 @@ static int conn_input(wb_conns *cs, size_t *ip, const void *data, size_t len)
         return -1;
     }
     int rc = wb__zmtp_feed(&c->z, data, len, &err);
+    int more = 1; /* the codec may have more to give */
     for (;;) {
+        /* Charged what the codec really holds, after every step: a
+         * consumed message is given back at once, not at the next read. */
         cs->buffered = cs->buffered - c->held + wb__zmtp_buffered(&c->z);
         c->held = wb__zmtp_buffered(&c->z);
         if (rc < 0) {
@@ -398,8 +494,11 @@ static int conn_input(wb_conns *cs, size_t *ip, const void *data, size_t len)
             violation(cs, i, rc == WB_ELIMIT ? "limit" : "protocol", err.msg);
             return -1;
         }
+        if (!more)
+            return 0;
         wb_zmtp_msg m;
         rc = wb__zmtp_next(&c->z, &m, &err);
+        more = rc != 0;
         if (c->z.out_len > 0) {
             char why[160];
             int src = flush_codec(cs, c, why, sizeof why);
@@ -412,13 +511,13 @@ static int conn_input(wb_conns *cs, size_t *ip, const void *data, size_t len)
                 return -1;
             }
         }
-        if (rc == 0)
-            return 0;
+        if (rc == 0 || rc == WB_ZMTP_FLUSH)
+            continue; /* re-synced above; 0 then returns */
         if (rc == 1) {
             if (m.frames != 1) {
                 cs->stats->malformed_messages++;
-                wb_warn("bad_message", "reason=frame_count frames=%zu pid=%u", m.frames,
-                        c->creds.pid);
+                wb_warn_peer("bad_message", c->kernel.uid, "reason=frame_count frames=%zu pid=%u",
+                             m.frames, c->creds.pid);
                 continue;
             }
             uint64_t serial = c->serial;
@@ -428,6 +527,9 @@ static int conn_input(wb_conns *cs, size_t *ip, const void *data, size_t len)
             if (!conn_find(cs, &serial, sizeof serial, &i))
                 return -1;
             *ip = i;
+            c = cs->v[i];
+            if (c->closing)
+                return 0; /* nothing more is read from it */
             rc = WB_OK;
         }
     }
@@ -440,6 +542,8 @@ static void conn_readable(wb_conns *cs, size_t i)
     uint8_t buf[WB_ZMTP_READ_CHUNK];
     for (int round = 0; round < 4; round++) {
         wb_conn *c = cs->v[i];
+        if (c->closing)
+            return;
         ssize_t n = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
         if (n < 0 && errno == EINTR)
             continue;
@@ -541,7 +645,9 @@ long wb__conns_expire(wb_conns *cs)
     long next = -1;
     for (size_t i = 0; i < cs->n;) {
         wb_conn *c = cs->v[i];
-        if (c->z.state == WB_ZMTP_READY) {
+        /* A refused connection has until its deadline for its one request,
+         * whatever state its handshake is in. */
+        if (c->z.state == WB_ZMTP_READY && !c->refused) {
             i++;
             continue;
         }
@@ -565,10 +671,24 @@ long wb__conns_expire(wb_conns *cs)
             cs->timeout_logged_ms = now;
             cs->timeouts_since_log = 0;
         }
+        send_error(c, c->refused ? c->refusal : "the ZMTP handshake did not complete in time");
         conn_remove(cs, i); /* the next one moved to i */
     }
     cs->next_expire_ms = next < 0 ? 0 : now + next;
     return next;
+}
+
+void wb__conns_close(wb_conns *cs, uint64_t serial, const char *reason)
+{
+    size_t i;
+    wb_conn *c = conn_find(cs, &serial, sizeof serial, &i);
+    if (!c)
+        return;
+    if (reason)
+        send_error(c, reason);
+    c->closing = 1;
+    if (!c->out_head)
+        conn_remove(cs, i);
 }
 
 void wb__conns_destroy(wb_conns *cs)

@@ -23,18 +23,27 @@ int wb__socket_prepare(const char *path, wb_err *err);
 
 /* Transport bounds: what peers can make the broker hold. */
 typedef struct wb_loop_options {
-    unsigned max_peers;       /* connections at once; more are closed at once */
-    size_t max_request;       /* payload bytes of one incoming message */
-    unsigned max_frames;      /* frames of one incoming message */
-    size_t max_buffered;      /* bytes of unfinished messages over all connections */
-    int max_queued_replies;   /* replies queued for one peer (send high-water mark) */
-    size_t max_queued_bytes;  /* bytes queued for one peer (one message always fits) */
-    size_t max_queued_total;  /* bytes queued for every peer together */
-    unsigned max_per_process; /* connections of one process (SO_PEERCRED pid) */
-    unsigned handshake_ms;    /* time a connection has for greeting and READY */
+    unsigned max_peers;            /* connections at once; more are closed at once */
+    size_t max_request;            /* payload bytes of one incoming message */
+    unsigned max_frames;           /* frames of one incoming message */
+    size_t max_buffered;           /* bytes of unfinished messages over all connections */
+    int max_queued_replies;        /* replies queued for one peer (send high-water mark) */
+    size_t max_queued_bytes;       /* bytes queued for one peer (one message always fits) */
+    size_t max_queued_total;       /* bytes queued for every peer together */
+    unsigned max_per_process;      /* connections of one process (SO_PEERCRED pid) */
+    unsigned max_per_uid;          /* connections of one uid (root and the broker's uid aside) */
+    unsigned max_sessions_per_uid; /* descriptor channel sessions of one hidden-pid uid */
+    unsigned handshake_ms;         /* time a connection has for greeting and READY */
 } wb_loop_options;
 
 struct outbuf;
+
+/* The most connections of one refused uid kept at once on each socket:
+ * each lives until its first request is answered or its handshake
+ * deadline, whichever comes first. */
+#define WB_REFUSED_PER_UID 4
+/* The longest reason kept for a connection refused at accept. */
+#define WB_REFUSE_MAX 200
 
 /* One client connection: its socket, the ZMTP codec, its credentials
  * (SO_PEERCRED) and the messages waiting to be written. */
@@ -47,7 +56,17 @@ typedef struct wb_conn {
      * descriptor channel session that a hello named (session != 0). */
     wb_peer_creds creds;
     wb_peer_creds kernel; /* what SO_PEERCRED said at accept */
-    uint64_t session;     /* the bound session's connection serial, 0: none */
+    /* The process that connected (SO_PEERPIDFD, or pidfd_open checked at
+     * accept), -1 when its pid is hidden: the connection acts as its pid
+     * only while this says the process lives (wb__pidfd_exited). */
+    int pidfd;
+    uint64_t session; /* the bound session's connection serial, 0: none */
+    /* Refused at accept (a uid on no allow list, a process already gone):
+     * the first request is answered with `refusal`, undecoded, and the
+     * connection closed; until then the handshake deadline holds. */
+    int refused;
+    char refusal[WB_REFUSE_MAX];
+    int closing; /* closed once its queue is written; nothing more is read */
     struct outbuf *out_head, *out_tail;
     int queued;           /* messages in the queue */
     size_t queued_bytes;  /* their unsent bytes, counted in wb_conns.queued_bytes */
@@ -61,14 +80,20 @@ typedef struct wb_conns wb_conns;
  * gone when it returns (a reply to a slow reader). */
 typedef void (*wb_conn_message_fn)(void *ctx, wb_conn *c, const wb_zmtp_msg *m);
 
+/* Judges a new connection by its kernel credentials before it is served:
+ * 0 to serve it, else a refusal with the reason in `why`. */
+typedef int (*wb_conn_admit_fn)(void *ctx, const wb_peer_creds *kernel, char *why, size_t size);
+
 /* Every connection, the listening socket and what they hold in all. */
 struct wb_conns {
     const wb_loop_options *opt;
     wb_broker_stats *stats; /* peers_refused, peers_disconnected, malformed_messages */
     wb_conn_message_fn on_message;
+    wb_conn_admit_fn admit; /* NULL: every connection is served */
     void *ctx;
-    int lfd;   /* the listening socket, -1 before wb__conns_listen */
-    int spare; /* a descriptor kept to be freed when accept meets EMFILE */
+    uint32_t exempt_uid; /* besides root, not bound by --max-peers-per-uid */
+    int lfd;             /* the listening socket, -1 before wb__conns_listen */
+    int spare;           /* a descriptor kept to be freed when accept meets EMFILE */
     wb_conn **v;
     size_t n, cap;
     uint64_t next_serial;
@@ -98,6 +123,11 @@ void wb__conns_accept(wb_conns *cs);
 /* Handles poll events of the connection with this serial, if it is still
  * there: writes what is queued, reads and handles what came. */
 void wb__conns_event(wb_conns *cs, uint64_t serial, int writable, int readable);
+
+/* Closes connection `serial` once what is queued for it is written (at
+ * once when nothing is), after a ZMTP ERROR command with `reason` when it
+ * is not NULL; nothing more is read from it. */
+void wb__conns_close(wb_conns *cs, uint64_t serial, const char *reason);
 
 /* Closes the connections that have not completed the ZMTP handshake
  * within --handshake-timeout-ms (counted in peers_disconnected, logged at

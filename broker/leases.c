@@ -3,6 +3,7 @@
 #include "fdwire.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@ void wb__leases_init(wb_lease_table *t)
     memset(t, 0, sizeof *t);
     t->open_pidfd = wb__pidfd_open;
     t->epfd = -1;
+    t->hint_pidfd = -1;
 }
 
 static void lease_rec_free(wb_lease_rec *l)
@@ -41,6 +43,7 @@ void wb__leases_destroy(wb_lease_table *t)
     memset(t, 0, sizeof *t);
     t->open_pidfd = open_pidfd;
     t->epfd = epfd;
+    t->hint_pidfd = -1;
 }
 
 const char *wb__lease_id_short(const uint8_t *id, char out[9])
@@ -210,7 +213,14 @@ int wb__leases_grant(wb_lease_table *t, struct wb_model *model, const wb_peer_cr
         /* A peer known by its session has no pid to watch: its session's
          * connection is the proof of its end (sidechannel.h). */
         int session = WB_IS_SESSION_ID(c->pid);
-        int fd = t->open_pidfd && !session ? t->open_pidfd(c->pid, &perr) : -1;
+        int fd = -1;
+        if (!session && t->hint_pidfd >= 0 && t->hint_pid == c->pid) {
+            fd = fcntl(t->hint_pidfd, F_DUPFD_CLOEXEC, 3);
+            if (fd < 0)
+                fd = wb__err_errno(&perr, WB_EIO, errno, "dup of the pidfd of process %u", c->pid);
+        } else if (t->open_pidfd && !session) {
+            fd = t->open_pidfd(c->pid, &perr);
+        }
         if (fd >= 0 && t->epfd >= 0) {
             struct epoll_event ev = {.events = EPOLLIN, .data.u32 = c->pid};
             if (epoll_ctl(t->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
@@ -221,7 +231,7 @@ int wb__leases_grant(wb_lease_table *t, struct wb_model *model, const wb_peer_cr
                 return wb__err_errno(err, WB_EIO, e, "cannot watch process %u", c->pid);
             }
         }
-        if (fd < 0 && t->open_pidfd && !session) {
+        if (fd < 0 && (t->open_pidfd || t->hint_pidfd >= 0) && !session) {
             free(p);
             free(l);
             /* The peer is gone (or its pid was reused): nobody can prove
@@ -232,6 +242,7 @@ int wb__leases_grant(wb_lease_table *t, struct wb_model *model, const wb_peer_cr
             return wb__err_set(err, fd, "cannot watch process %u: %s", c->pid, perr.msg);
         }
         p->pid = c->pid;
+        p->uid = c->uid;
         p->pidfd = fd;
         if (comm)
             snprintf(p->comm, sizeof p->comm, "%s", comm[0] ? comm : "?");
@@ -383,4 +394,28 @@ size_t wb__leases_count_state(const wb_lease_table *t, int state)
     for (size_t i = 0; i < t->n_leases; i++)
         n += t->leases[i]->state == state;
     return n;
+}
+
+void wb__leases_quota_use(const wb_lease_table *t, const wb_peer_creds *c, uint32_t *leases,
+                          uint64_t *record_bytes)
+{
+    *leases = 0;
+    *record_bytes = 0;
+    if (!WB_IS_SESSION_ID(c->pid)) {
+        const wb_peer_rec *p = wb__leases_peer(t, c->pid);
+        if (p) {
+            *leases = p->leases;
+            *record_bytes = p->record_bytes;
+        }
+        return;
+    }
+    /* Session ids sort above every pid: the walk starts at the first. */
+    int found;
+    for (size_t i = peer_pos(t, WB_SESSION_ID_BASE, &found); i < t->n_peers; i++) {
+        const wb_peer_rec *p = t->peers[i];
+        if (WB_IS_SESSION_ID(p->pid) && p->uid == c->uid) {
+            *leases += p->leases;
+            *record_bytes += p->record_bytes;
+        }
+    }
 }

@@ -34,6 +34,7 @@ struct wb_model;
 
 typedef struct wb_peer_rec {
     uint32_t pid;
+    uint32_t uid; /* of the first grant (a session's uid for a session id) */
     int pidfd;
     uint32_t leases;
     char comm[32];         /* /proc/<pid>/comm when the record was made */
@@ -94,6 +95,13 @@ typedef struct wb_lease_table {
      * as its data (closing the pidfd removes it): the event loop waits on
      * one descriptor instead of a poll array of every peer. */
     int epfd;
+    /* Set by the caller for the request being handled: the pidfd of the
+     * process that sent it (its connection's, -1: none) and its pid. A new
+     * peer record of that pid watches a duplicate of it rather than a
+     * pidfd_open of the number, which could name a process that reused
+     * the pid. */
+    uint32_t hint_pid;
+    int hint_pidfd;
 } wb_lease_table;
 
 void wb__leases_init(wb_lease_table *t);
@@ -152,6 +160,13 @@ size_t wb__leases_reclaim_pid(wb_lease_table *t, uint32_t pid, wb_lease_cb cb, v
 /* The peer record of a pid (binary search); NULL if the table has none (a
  * record may hold no lease). */
 wb_peer_rec *wb__leases_peer(const wb_lease_table *t, uint32_t pid);
+
+/* What the peer `c` holds for its quotas: its own record's leases and
+ * container record bytes, or, for a peer known by a session id (its pid
+ * hidden), those of every session of its uid together, so that opening
+ * more sessions buys no more. */
+void wb__leases_quota_use(const wb_lease_table *t, const wb_peer_creds *c, uint32_t *leases,
+                          uint64_t *record_bytes);
 
 /* Number of leases in a state (WBPROTO__LEASE_STATE__*). */
 size_t wb__leases_count_state(const wb_lease_table *t, int state);

@@ -5,6 +5,7 @@
 #include "ops.h"
 #include "ops_admin.h"
 #include "paths.h"
+#include "ratelog.h"
 #include "sidechannel.h"
 #include "wire.h"
 
@@ -99,6 +100,99 @@ static void send_reply(loop *L, uint32_t op, const void *ident, size_t ident_len
                  rc == WB_ENOTFOUND ? "no_connection" : "peer_gone", (unsigned long long)rep->id);
 }
 
+/* The request id of an undecoded request: field 2 (a varint) at its top
+ * level, found by skipping the others without decoding them. 0 when there
+ * is none or the bytes end early. Refusals of peers that may not send
+ * requests at all are answered with it, so that the client matches the
+ * reply to its request, without decoding what it sent. */
+static uint64_t peek_request_id(const uint8_t *p, size_t n)
+{
+    size_t i = 0;
+    uint64_t id = 0;
+    while (i < n) {
+        uint64_t key = 0;
+        for (int shift = 0;; shift += 7) {
+            if (i >= n || shift > 63)
+                return id;
+            key |= (uint64_t)(p[i] & 0x7f) << shift;
+            if (!(p[i++] & 0x80))
+                break;
+        }
+        uint64_t v = 0, len;
+        switch (key & 7) {
+        case 0:
+            for (int shift = 0;; shift += 7) {
+                if (i >= n || shift > 63)
+                    return id;
+                v |= (uint64_t)(p[i] & 0x7f) << shift;
+                if (!(p[i++] & 0x80))
+                    break;
+            }
+            if (key >> 3 == 2)
+                id = v;
+            break;
+        case 1:
+            if (n - i < 8)
+                return id;
+            i += 8;
+            break;
+        case 2:
+            len = 0;
+            for (int shift = 0;; shift += 7) {
+                if (i >= n || shift > 63)
+                    return id;
+                len |= (uint64_t)(p[i] & 0x7f) << shift;
+                if (!(p[i++] & 0x80))
+                    break;
+            }
+            if (len > n - i)
+                return id;
+            i += (size_t)len;
+            break;
+        case 5:
+            if (n - i < 4)
+                return id;
+            i += 4;
+            break;
+        default:
+            return id;
+        }
+    }
+    return id;
+}
+
+/* Admits a new connection by the kernel's credentials: a uid on no allow
+ * list is refused before any of its requests is decoded (wb_conns.admit). */
+static int admit_peer(void *ctx, const wb_peer_creds *kernel, char *why, size_t size)
+{
+    loop *L = ctx;
+    if (wb__auth_client_ok(&L->b->auth, kernel->uid, kernel->gid))
+        return 0;
+    char who[160];
+    snprintf(why, size, "uid %u is not allowed to lease models (allowed: %s)", kernel->uid,
+             wb__auth_describe_clients(&L->b->auth, who, sizeof who));
+    return -1;
+}
+
+/* Answers a request of a connection that may not be served with `msg`,
+ * undecoded, and closes the connection once the reply is out. */
+static void refuse_and_close(loop *L, wb_conn *c, const wb_zmtp_msg *m, const char *reason,
+                             int code, const char *msg)
+{
+    wb_broker *b = L->b;
+    wb_arena arena = {0};
+    Wbproto__Reply rep = WBPROTO__REPLY__INIT;
+    uint64_t ident = c->serial;
+    char q[WB_ERR_MSG_MAX + 64];
+    b->stats.requests_refused++;
+    wb_warn_peer("peer_refused", c->kernel.uid, "reason=%s uid=%u pid=%u error=%s", reason,
+                 c->kernel.uid, c->kernel.pid, wb__log_quote(q, sizeof q, msg));
+    wb__ops_error(&rep, &arena, peek_request_id(m->data, m->len), code, msg);
+    send_reply(L, 0, &ident, sizeof ident, &rep, &arena);
+    wb__arena_free(&arena);
+    wb__conns_close(&L->conns, ident, msg);
+}
+
 /* Who connection c's requests act as. A hello that carries a descriptor
  * channel session token binds the connection to that session (the token
  * must have been handed to a connection of the same uid, and the same pid
@@ -167,27 +261,58 @@ static void handle_request(void *ctx, wb_conn *c, const wb_zmtp_msg *m)
     char q[WB_ERR_MSG_MAX + 64];
     uint64_t ident = c->serial;
 
+    /* Peers that may not send requests are refused before anything of
+     * theirs is decoded: a uid on no allow list, credentials that could
+     * not be read, and a connection whose process has exited (it was
+     * passed on to another process: its pid may name someone else now). */
+    if (c->refused) {
+        refuse_and_close(L, c, m, "not_allowed", WB_EPERM, c->refusal);
+        return;
+    }
+    if (wb__pidfd_exited(c->pidfd)) {
+        char msg[200];
+        snprintf(msg, sizeof msg,
+                 "the process that opened this connection (pid %u) has exited; a connection "
+                 "passed on to another process is not served",
+                 c->kernel.pid);
+        refuse_and_close(L, c, m, "process_exited", WB_EPERM, msg);
+        return;
+    }
     int rc = wb__request_decode(m->data, m->len, &req, &id, &err);
+    int close_after = 0;
     if (rc != WB_OK) {
         b->stats.malformed_messages++;
-        wb_warn("bad_message", "reason=decode pid=%u bytes=%zu id=%llu error=%s", c->creds.pid,
-                m->len, (unsigned long long)id, wb__log_quote(q, sizeof q, err.msg));
+        wb_warn_peer("bad_message", c->kernel.uid,
+                     "reason=decode pid=%u bytes=%zu id=%llu error=%s", c->creds.pid, m->len,
+                     (unsigned long long)id, wb__log_quote(q, sizeof q, err.msg));
         wb__ops_error(&rep, &arena, id, rc, err.msg);
     } else if ((rc = peer_identity(L, c, req, &err)) != WB_OK) {
         b->stats.requests_refused++;
-        wb_warn("peer_refused", "reason=credentials uid=%u error=%s", c->kernel.uid,
-                wb__log_quote(q, sizeof q, err.msg));
+        wb_warn_peer("peer_refused", c->kernel.uid, "reason=credentials uid=%u error=%s",
+                     c->kernel.uid, wb__log_quote(q, sizeof q, err.msg));
         wb__ops_error(&rep, &arena, id, rc, err.msg);
-    } else if (wb__ops_handle(b, &c->creds, req, &ident, sizeof ident, &arena, &rep) ==
-               WB_OPS_DEFERRED) {
-        /* A load: the reply goes out when the loader is done. */
-        wb__request_free(&req);
-        wb__arena_free(&arena);
-        return;
+        /* A peer without a usable identity is told why and closed; one
+         * whose session ended may say hello again with a new token. */
+        close_after = !c->creds.known && !c->kernel.pid_hidden;
+    } else {
+        /* A lease granted now watches this connection's own process. */
+        b->leases.hint_pid = c->creds.pid;
+        b->leases.hint_pidfd = c->session ? -1 : c->pidfd;
+        int deferred = wb__ops_handle(b, &c->creds, req, &ident, sizeof ident, &arena, &rep) ==
+                       WB_OPS_DEFERRED;
+        b->leases.hint_pidfd = -1;
+        if (deferred) {
+            /* A load: the reply goes out when the loader is done. */
+            wb__request_free(&req);
+            wb__arena_free(&arena);
+            return;
+        }
     }
     send_reply(L, req ? (uint32_t)req->body_case : 0, &ident, sizeof ident, &rep, &arena);
     wb__request_free(&req);
     wb__arena_free(&arena);
+    if (close_after)
+        wb__conns_close(&L->conns, ident, err.msg);
 }
 
 static void handle_loads(loop *L)
@@ -325,7 +450,9 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
     L.conns = (wb_conns){.opt = opt,
                          .stats = &b->stats,
                          .on_message = handle_request,
+                         .admit = admit_peer,
                          .ctx = &L,
+                         .exempt_uid = b->euid,
                          .lfd = -1,
                          .spare = -1};
     int rc = WB_OK, bound = 0;
@@ -370,8 +497,7 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
     }
     if (b->cfg.backend->slab_fd) {
         L.have_side = 1;
-        if ((rc = wb__side_listen(&L.side, b, socket_path, opt->max_peers, opt->handshake_ms,
-                                  err)) != WB_OK)
+        if ((rc = wb__side_listen(&L.side, b, socket_path, opt, err)) != WB_OK)
             goto out_unlink;
         if (add_fixed(L.ep, L.side.ep, EV_SIDE) != 0) {
             rc = wb__err_errno(err, WB_EIO, errno, "setting up the epoll set");
@@ -385,11 +511,12 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
             "socket=%s backend=%s heartbeat_ms=%u stale_ms=%u pid=%u max_peers=%u "
             "max_request_bytes=%zu max_frames=%u max_buffered_bytes=%zu max_queued_replies=%d "
             "max_queued_bytes=%zu max_queued_bytes_total=%zu max_peers_per_process=%u "
-            "handshake_timeout_ms=%u",
+            "max_peers_per_uid=%u max_sessions_per_uid=%u handshake_timeout_ms=%u",
             wb__log_quote(q, sizeof q, socket_path), b->cfg.backend->name, b->cfg.heartbeat_ms,
             b->cfg.stale_ms, b->pid, opt->max_peers, opt->max_request, opt->max_frames,
             opt->max_buffered, opt->max_queued_replies, opt->max_queued_bytes,
-            opt->max_queued_total, opt->max_per_process, opt->handshake_ms);
+            opt->max_queued_total, opt->max_per_process, opt->max_per_uid,
+            opt->max_sessions_per_uid, opt->handshake_ms);
     /* Preloads are done and the socket is bound: clients may come. */
     notify_systemd("READY=1\nSTATUS=serving");
     wb__metrics_tick(b->metrics, b, 1);

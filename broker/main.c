@@ -31,9 +31,10 @@
 #define DEFAULT_MAX_QUEUED_TOTAL (256L << 20)
 /* libwbclient holds one connection per client object (a new one after a
  * timeout, the old one closed): no honest process comes near. */
-#define DEFAULT_MAX_PER_PROCESS 16
-#define DEFAULT_HANDSHAKE_MS    2000
-#define MAX_FRAMES              4
+#define DEFAULT_MAX_PER_PROCESS  16
+#define DEFAULT_HANDSHAKE_MS     2000
+#define DEFAULT_SESSIONS_PER_UID 64
+#define MAX_FRAMES               4
 /* Descriptors kept for everything but peers: the listener and its spare,
  * the loader's files and eventfd, slabs being created, the metrics server,
  * the signalfd, logs. */
@@ -107,7 +108,14 @@ static void transport_from(const wb_options *o, const wb_limits *l, long nofile,
                                                           : DEFAULT_MAX_PER_PROCESS,
         .handshake_ms =
             o->num[WB_NUM_HANDSHAKE] ? (unsigned)o->num[WB_NUM_HANDSHAKE] : DEFAULT_HANDSHAKE_MS,
+        .max_sessions_per_uid = o->num[WB_NUM_MAX_SESSIONS_PER_UID]
+                                    ? (unsigned)o->num[WB_NUM_MAX_SESSIONS_PER_UID]
+                                    : DEFAULT_SESSIONS_PER_UID,
     };
+    /* One uid never takes every connection: half of them by default. */
+    t->max_per_uid = o->num[WB_NUM_MAX_PER_UID] ? (unsigned)o->num[WB_NUM_MAX_PER_UID]
+                     : t->max_peers > 1         ? t->max_peers / 2
+                                                : 1;
     /* A request is never larger than a message may be. */
     if (t->max_request > l->max_message)
         t->max_request = (size_t)l->max_message;

@@ -1,8 +1,10 @@
 #include "ops.h"
 
+#include "fdwire.h"
 #include "log.h"
 #include "ops_admin.h"
 #include "ops_list.h"
+#include "ratelog.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -238,9 +240,18 @@ static int op_acquire(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Re
      * be held by nobody. */
     if (wb__limits_check_lease_size(&b->limits, name, m->wire[copy].lease_size, &lerr) != WB_OK)
         return wb__ops_fail(rep, a, WB_ELIMIT, "%s", lerr.msg);
-    const wb_peer_rec *holder = wb__leases_peer(&b->leases, peer->pid);
-    if (holder && wb__limits_check_leases(&b->limits, peer->pid, holder->leases, &lerr) != WB_OK) {
-        wb_warn("limit", "limit=max_leases_per_client pid=%u leases=%u", peer->pid, holder->leases);
+    /* Peers whose pid is hidden count together, by uid. */
+    uint32_t held;
+    uint64_t held_bytes;
+    wb__leases_quota_use(&b->leases, peer, &held, &held_bytes);
+    if (wb__limits_check_leases(&b->limits, peer->pid, held, &lerr) != WB_OK) {
+        wb_warn_peer("limit", peer->uid, "limit=max_leases_per_client pid=%u uid=%u leases=%u",
+                     peer->pid, peer->uid, held);
+        if (WB_IS_SESSION_ID(peer->pid))
+            return wb__ops_fail(rep, a, WB_ELIMIT,
+                                "the sessions of uid %u (pid hidden) already hold %u leases "
+                                "together, the limit (--max-leases-per-client %u)",
+                                peer->uid, held, b->limits.max_leases_per_client);
         return wb__ops_fail(rep, a, WB_ELIMIT, "%s", lerr.msg);
     }
 
@@ -459,8 +470,8 @@ static int op_heartbeat(wb_broker *b, const wb_peer_creds *peer, const Wbproto__
         if (!wb__lease_held_by(l, peer))
             continue;
         if (check_beat_records(beat, i, l, &err) != WB_OK) {
-            wb_warn("bad_heartbeat", "pid=%u uid=%u lease=%s error=\"%s\"", peer->pid, peer->uid,
-                    wb__lease_id_short(l->id, hex), err.msg);
+            wb_warn_peer("bad_heartbeat", peer->uid, "pid=%u uid=%u lease=%s error=\"%s\"",
+                         peer->pid, peer->uid, wb__lease_id_short(l->id, hex), err.msg);
             return wb__ops_fail(rep, a, WB_EPROTO, "%s", err.msg);
         }
         plan[i].lease = l;
@@ -477,15 +488,16 @@ static int op_heartbeat(wb_broker *b, const wb_peer_creds *peer, const Wbproto__
                 i > j ? i : j, i > j ? j : i, wb__lease_id_short(known[k]->lease->id, hex));
         }
     }
-    const wb_peer_rec *holder = wb__leases_peer(&b->leases, peer->pid);
-    uint64_t total = holder ? holder->record_bytes : 0;
+    uint32_t held_leases;
+    uint64_t total;
+    wb__leases_quota_use(&b->leases, peer, &held_leases, &total);
     for (size_t k = 0; k < n_known; k++) {
         total -= known[k]->lease->record_bytes < total ? known[k]->lease->record_bytes : total;
         total += known[k]->size;
     }
     if (wb__limits_check_records(&b->limits, peer->pid, total, &err) != WB_OK) {
-        wb_warn("limit", "limit=max_record_bytes pid=%u bytes=%llu", peer->pid,
-                (unsigned long long)total);
+        wb_warn_peer("limit", peer->uid, "limit=max_record_bytes pid=%u uid=%u bytes=%llu",
+                     peer->pid, peer->uid, (unsigned long long)total);
         return wb__ops_fail(rep, a, WB_ELIMIT, "%s", err.msg);
     }
 
@@ -538,9 +550,10 @@ int wb__ops_handle(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Reque
     if (wb__auth_check_client(&b->auth, peer, &aerr) != WB_OK) {
         char who[200];
         b->stats.requests_refused++;
-        wb_warn("peer_refused", "reason=not_allowed op=%s uid=%u gid=%u pid=%u allowed=\"%s\"",
-                op_name(req->body_case), peer->uid, peer->gid, peer->pid,
-                wb__auth_describe_clients(&b->auth, who, sizeof who));
+        wb_warn_peer("peer_refused", peer->uid,
+                     "reason=not_allowed op=%s uid=%u gid=%u pid=%u allowed=\"%s\"",
+                     op_name(req->body_case), peer->uid, peer->gid, peer->pid,
+                     wb__auth_describe_clients(&b->auth, who, sizeof who));
         return wb__ops_fail(rep, a, WB_EPERM, "%s", aerr.msg);
     }
     /* The process the broker knows as this pid may have exited and the pid

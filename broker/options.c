@@ -78,6 +78,10 @@ static const num_opt num_opts[WB_NUM_OPTS] = {
                                 "a number of connections from %ld to %ld", 200},
     [WB_NUM_HANDSHAKE] = {"handshake-timeout-ms", 10, 3600000,
                           "a number of milliseconds from %ld to %ld", 200},
+    [WB_NUM_MAX_PER_UID] = {"max-peers-per-uid", 1, 1000000,
+                            "a number of connections from %ld to %ld", 200},
+    [WB_NUM_MAX_SESSIONS_PER_UID] = {"max-sessions-per-uid", 1, 1000000,
+                                     "a number of sessions from %ld to %ld", 200},
 };
 static const struct option long_opts[] = {
     {"socket", required_argument, NULL, 's'},
@@ -115,6 +119,8 @@ static const struct option long_opts[] = {
     {"max-queued-bytes-total", required_argument, NULL, OPT_NUM + WB_NUM_MAX_QUEUED_TOTAL},
     {"max-peers-per-process", required_argument, NULL, OPT_NUM + WB_NUM_MAX_PER_PROCESS},
     {"handshake-timeout-ms", required_argument, NULL, OPT_NUM + WB_NUM_HANDSHAKE},
+    {"max-peers-per-uid", required_argument, NULL, OPT_NUM + WB_NUM_MAX_PER_UID},
+    {"max-sessions-per-uid", required_argument, NULL, OPT_NUM + WB_NUM_MAX_SESSIONS_PER_UID},
     {"config", required_argument, NULL, OPT_CONFIG},
     {"check-config", no_argument, NULL, OPT_CHECK_CONFIG},
     {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
@@ -227,6 +233,11 @@ static void usage(FILE *out)
             "                         first reply (default 268435456)\n"
             "  --max-peers-per-process N\n"
             "                         connections of one process (default 16)\n"
+            "  --max-peers-per-uid N  connections of one uid on each socket, root and the\n"
+            "                         broker's own uid aside (default half of --max-peers)\n"
+            "  --max-sessions-per-uid N\n"
+            "                         descriptor channel sessions of one uid whose pid is\n"
+            "                         hidden (default 64)\n"
             "  --handshake-timeout-ms N\n"
             "                         time a connection has to complete the ZMTP\n"
             "                         handshake (default 2000)\n\n"

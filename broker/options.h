@@ -41,6 +41,8 @@ typedef enum wb_num_opt {
     WB_NUM_MAX_QUEUED_TOTAL,
     WB_NUM_MAX_PER_PROCESS,
     WB_NUM_HANDSHAKE,
+    WB_NUM_MAX_PER_UID,
+    WB_NUM_MAX_SESSIONS_PER_UID,
     WB_NUM_OPTS
 } wb_num_opt;
 

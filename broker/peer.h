@@ -29,6 +29,25 @@ typedef struct wb_peer_creds {
  * namespace; uid and gid are filled in and pid_hidden is 1). */
 int wb__peer_creds_from_fd(int fd, wb_peer_creds *out, wb_err *err);
 
+/* Opens a pidfd for the process at the other end of connected unix socket
+ * `sockfd`, whose credentials `c` were just read (known, pid visible): the
+ * kernel's own (SO_PEERPIDFD, Linux 6.5) where it has one, which names the
+ * process that connected even if its pid was reused since; else
+ * pidfd_open of the pid, kept only when that process lives and has the
+ * uid SO_PEERCRED gave (so a pid reused by another user's process before
+ * the accept is not taken for the peer; a reuse within the same uid is not
+ * told apart there, see README "Security and limits"). Returns the
+ * descriptor, or a negative WB_E* code with err saying why (WB_EPERM: the
+ * process that connected is gone). */
+int wb__peer_pidfd(int sockfd, const wb_peer_creds *c, wb_err *err);
+
+/* 1 when the process a pidfd names has exited (the pidfd is readable);
+ * 0 while it lives, or for a negative pidfd. A connection acts as its pid
+ * only while its pidfd says 0: a pid is not reused before its process has
+ * exited and been reaped, so a live pidfd and a pid number name one
+ * process. */
+int wb__pidfd_exited(int pidfd);
+
 /* A peer's pid as logs and messages show it: "1234", or "conn:N" for a
  * session id (WB_IS_SESSION_ID). Returns buf. */
 const char *wb__peer_name(uint32_t pid, char *buf, size_t size);

@@ -4,6 +4,7 @@
 #include "fdwire.h"
 #include "log.h"
 #include "peer.h"
+#include "ratelog.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -36,18 +37,26 @@ struct wb_side_conn {
     uint8_t token[WB_SESSION_TOKEN_LEN];
     int has_token;
     int hidden;
+    /* The process that connected, where its pid is visible (-1 else); see
+     * sidechannel.h. */
+    int pidfd;
+    /* Refused at accept (a uid on no allow list, a process already gone):
+     * its first request gets this, then the connection is closed. */
+    int refused;
 };
 
 #define TAG_LISTEN UINT64_MAX
 
-int wb__side_listen(wb_sidechan *s, wb_broker *b, const char *socket_path, unsigned max_conns,
-                    unsigned handshake_ms, wb_err *err)
+int wb__side_listen(wb_sidechan *s, wb_broker *b, const char *socket_path,
+                    const wb_loop_options *opt, wb_err *err)
 {
     memset(s, 0, sizeof *s);
     s->b = b;
     s->lfd = -1;
-    s->max_conns = max_conns;
-    s->handshake_ms = handshake_ms;
+    s->max_conns = opt->max_peers;
+    s->max_per_uid = opt->max_per_uid ? opt->max_per_uid : opt->max_peers;
+    s->max_sessions_per_uid = opt->max_sessions_per_uid ? opt->max_sessions_per_uid : 1;
+    s->handshake_ms = opt->handshake_ms;
     struct sockaddr_un sun = {.sun_family = AF_UNIX};
     if (wb__fdwire_path(socket_path, s->path, sizeof s->path) != WB_OK ||
         strlen(s->path) >= sizeof sun.sun_path)
@@ -88,6 +97,8 @@ static void conn_free(wb_side_conn *c)
 {
     if (c->fd >= 0)
         close(c->fd);
+    if (c->pidfd >= 0)
+        close(c->pidfd);
     free(c->ids);
     free(c);
 }
@@ -102,10 +113,15 @@ static void conn_close(wb_sidechan *s, size_t i, const char *why)
     size_t reclaimed = 0;
     if (!c->answered)
         s->n_waiting--;
+    /* A connection whose process has exited reclaims nothing: its pid may
+     * name another process now, and the exited one's leases end with its
+     * own pidfd. (A refused connection fetched nothing.) */
+    if (!c->hidden && (c->pidfd < 0 || wb__pidfd_exited(c->pidfd)))
+        c->n_ids = 0;
     /* A session's end is its process's end (or the process gave it up):
      * every lease of the identity goes, whichever connection asked for it.
      * Without a session, only what this connection fetched. */
-    if (c->has_token && c->creds.known) {
+    else if (c->has_token && c->creds.known) {
         reclaimed = wb__broker_reclaim_why(b, c->creds.pid, "descriptor_channel_closed");
         c->n_ids = 0;
     }
@@ -274,6 +290,20 @@ static int session_token(wb_sidechan *s, wb_side_conn *c, char *msg, size_t size
         snprintf(msg, size, "%.200s", err.msg);
         return WB_EPERM;
     }
+    if (!c->has_token && c->hidden) {
+        /* A uid whose pids are hidden is known by its sessions alone: it
+         * may hold only so many at once. */
+        unsigned same = 0;
+        for (size_t i = 0; i < s->n; i++)
+            same += s->v[i]->has_token && s->v[i]->hidden && s->v[i]->creds.uid == c->creds.uid;
+        if (same >= s->max_sessions_per_uid) {
+            snprintf(msg, size,
+                     "uid %u holds %u sessions already, the most one uid whose pid is hidden "
+                     "may (--max-sessions-per-uid)",
+                     c->creds.uid, same);
+            return WB_ELIMIT;
+        }
+    }
     if (!c->has_token) {
         size_t got = 0;
         while (got < sizeof c->token) {
@@ -297,11 +327,12 @@ static int session_token(wb_sidechan *s, wb_side_conn *c, char *msg, size_t size
     return WB_OK;
 }
 
-/* Reads and answers; returns -1 when the connection was closed. */
+/* Reads and answers at most WB_SIDE_REQUESTS_PER_TURN requests; returns
+ * -1 when the connection was closed. */
 static int conn_readable(wb_sidechan *s, size_t i)
 {
     wb_side_conn *c = s->v[i];
-    for (;;) {
+    for (int answered = 0; answered < WB_SIDE_REQUESTS_PER_TURN;) {
         ssize_t n = recv(c->fd, c->in + c->in_len, sizeof c->in - c->in_len, MSG_DONTWAIT);
         if (n < 0 && errno == EINTR)
             continue;
@@ -325,42 +356,109 @@ static int conn_readable(wb_sidechan *s, size_t i)
         if (rc != WB_OK) {
             s->b->stats.malformed_messages++;
             char q[WB_ERR_MSG_MAX + 64];
-            wb_warn("bad_message", "reason=fd_channel pid=%u uid=%u error=%s", c->creds.pid,
-                    c->creds.uid, wb__log_quote(q, sizeof q, err.msg));
+            wb_warn_peer("bad_message", c->creds.uid, "reason=fd_channel pid=%u uid=%u error=%s",
+                         c->creds.pid, c->creds.uid, wb__log_quote(q, sizeof q, err.msg));
             send_reply(c, rc, NULL, 0, err.msg);
             conn_close(s, i, "malformed");
             return -1;
         }
-        if (kind == WB_FDWIRE_REQ_SESSION)
+        /* A connection that may not be served (refused at accept, or whose
+         * process has exited since) gets one answer and is closed. */
+        int refuse = c->refused || (!c->hidden && wb__pidfd_exited(c->pidfd));
+        if (refuse && !c->refused)
+            snprintf(c->creds_error, sizeof c->creds_error,
+                     "the process that opened this connection (pid %u) has exited; a connection "
+                     "passed on to another process is not served",
+                     c->creds.pid);
+        if (refuse) {
+            rc = WB_EPERM;
+            snprintf(msg, sizeof msg, "%.200s", c->creds_error);
+        } else if (kind == WB_FDWIRE_REQ_SESSION) {
             rc = session_token(s, c, msg, sizeof msg);
-        else
+        } else {
             rc = judge(s, c, id, fds, &n_fds, msg, sizeof msg);
+        }
         if (rc == WB_EPERM) {
             s->b->stats.requests_refused++;
             char q[WB_FDWIRE_MSG_MAX + 64];
-            wb_warn("peer_refused", "reason=fd_channel pid=%u uid=%u error=%s", c->creds.pid,
-                    c->creds.uid, wb__log_quote(q, sizeof q, msg));
+            wb_warn_peer("peer_refused", c->creds.uid, "reason=fd_channel pid=%u uid=%u error=%s",
+                         c->creds.pid, c->creds.uid, wb__log_quote(q, sizeof q, msg));
         }
         if (send_reply(c, rc, fds, n_fds, msg) != 0) {
             s->b->stats.peers_disconnected++;
             conn_close(s, i, "slow_reader");
             return -1;
         }
+        if (refuse) {
+            conn_close(s, i, "refused");
+            return -1;
+        }
         if (!c->answered)
             s->n_waiting--;
         c->answered = 1;
+        answered++;
     }
+    return 0; /* more may wait: the descriptor stays readable */
+}
+
+/* Judges a new connection by its kernel credentials. A uid on no allow
+ * list is kept refused (one answer, then closed) while fewer than
+ * WB_REFUSED_PER_UID connections of its uid are; a uid at
+ * --max-peers-per-uid (root and the broker's own uid aside) is closed at
+ * once; a visible pid gets the pidfd of the process that connected.
+ * Returns 0 when the connection is to be closed now. */
+static int admit(wb_sidechan *s, wb_side_conn *c)
+{
+    wb_broker *b = s->b;
+    if (c->creds.known && !c->refused &&
+        !wb__auth_client_ok(&b->auth, c->creds.uid, c->creds.gid)) {
+        char who[160];
+        snprintf(c->creds_error, sizeof c->creds_error,
+                 "uid %u is not allowed to lease models (allowed: %s)", c->creds.uid,
+                 wb__auth_describe_clients(&b->auth, who, sizeof who));
+        c->refused = 1;
+    }
+    unsigned same = 0, refused = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        const wb_side_conn *o = s->v[i];
+        if (o->creds.known == c->creds.known && o->creds.uid == c->creds.uid) {
+            same++;
+            refused += o->refused != 0;
+        }
+    }
+    if (c->refused && refused >= WB_REFUSED_PER_UID) {
+        b->stats.peers_refused++;
+        wb_warn_peer("peer_refused", c->creds.uid,
+                     "reason=refused_uid channel=fd uid=%u connections=%u", c->creds.uid, refused);
+        return 0;
+    }
+    if (!c->refused && c->creds.uid != 0 && c->creds.uid != b->euid && same >= s->max_per_uid) {
+        b->stats.peers_refused++;
+        wb_warn_peer("limit", c->creds.uid,
+                     "limit=max_peers_per_uid channel=fd uid=%u connections=%u", c->creds.uid,
+                     same);
+        return 0;
+    }
+    if (!c->refused && !c->hidden && c->creds.known) {
+        wb_err perr;
+        c->pidfd = wb__peer_pidfd(c->fd, &c->creds, &perr);
+        if (c->pidfd < 0) {
+            snprintf(c->creds_error, sizeof c->creds_error, "%s", perr.msg);
+            c->refused = 1;
+        }
+    }
+    return 1;
 }
 
 static void side_accept(wb_sidechan *s)
 {
-    for (;;) {
+    for (int round = 0; round < WB_SIDE_EVENTS_PER_TURN; round++) {
         int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0)
             return; /* EAGAIN, or EMFILE: the next round tries again */
         if (s->n >= s->max_conns) {
             s->b->stats.peers_refused++;
-            wb_warn("limit", "limit=max_peers channel=fd peers=%zu", s->n);
+            wb_warn_peer("limit", 0, "limit=max_peers channel=fd peers=%zu", s->n);
             close(fd);
             continue;
         }
@@ -380,6 +478,7 @@ static void side_accept(wb_sidechan *s)
             continue;
         }
         c->fd = fd;
+        c->pidfd = -1;
         c->serial = ++s->next_serial;
         c->accepted_ms = s->b->now_ms();
         wb_err err;
@@ -394,7 +493,12 @@ static void side_accept(wb_sidechan *s)
                 c->hidden = 1;
             } else {
                 snprintf(c->creds_error, sizeof c->creds_error, "%s", err.msg);
+                c->refused = 1;
             }
+        }
+        if (!admit(s, c)) {
+            conn_free(c);
+            continue;
         }
         struct epoll_event ev = {.events = EPOLLIN, .data.u64 = c->serial};
         if (epoll_ctl(s->ep, EPOLL_CTL_ADD, fd, &ev) != 0) {
@@ -408,20 +512,20 @@ static void side_accept(wb_sidechan *s)
 
 void wb__side_handle(wb_sidechan *s)
 {
-    struct epoll_event ev[64];
-    int n;
-    do {
-        n = epoll_wait(s->ep, ev, 64, 0);
-        for (int k = 0; k < n; k++) {
-            if (ev[k].data.u64 == TAG_LISTEN) {
-                side_accept(s);
-                continue;
-            }
-            size_t i = find_serial(s, ev[k].data.u64);
-            if (i != SIZE_MAX)
-                conn_readable(s, i);
+    /* One round a turn of the loop: level-triggered, the channel's
+     * descriptor stays readable while anything is left, and the main
+     * socket's connections are served in between. */
+    struct epoll_event ev[WB_SIDE_EVENTS_PER_TURN];
+    int n = epoll_wait(s->ep, ev, WB_SIDE_EVENTS_PER_TURN, 0);
+    for (int k = 0; k < n; k++) {
+        if (ev[k].data.u64 == TAG_LISTEN) {
+            side_accept(s);
+            continue;
         }
-    } while (n == 64);
+        size_t i = find_serial(s, ev[k].data.u64);
+        if (i != SIZE_MAX)
+            conn_readable(s, i);
+    }
 }
 
 void wb__side_expire(wb_sidechan *s)

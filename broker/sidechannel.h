@@ -16,7 +16,11 @@
  * so the kernel closes it when the process dies. When a connection ends,
  * the leases whose descriptors it fetched and that the same process still
  * holds are reclaimed, without the broker needing the process's pid (the
- * pidfd stays the proof wherever the pid is visible).
+ * pidfd stays the proof wherever the pid is visible). A connection whose
+ * pid is visible is bound to its process by a pidfd taken at accept: once
+ * that process has exited, the connection (passed on to another process)
+ * acts as nobody, and its end reclaims nothing, since its pid may name
+ * another process by then; that process's leases end with its own pidfd.
  *
  * Sessions: a connection may ask for its session token (fdwire.h); the
  * client presents it in its ZeroMQ hello, and wb__side_bind then names
@@ -32,6 +36,7 @@
 #define WB_BROKER_SIDECHANNEL_H
 
 #include "broker.h"
+#include "conn.h"
 #include "err.h"
 
 #include <stddef.h>
@@ -48,16 +53,32 @@ typedef struct wb_sidechan {
     size_t n, cap;
     size_t n_waiting; /* connections that have not sent a request yet */
     unsigned max_conns;
+    unsigned max_per_uid;          /* connections of one uid (root and the broker's aside) */
+    unsigned max_sessions_per_uid; /* sessions of one uid whose pid is hidden */
     unsigned handshake_ms;
     uint64_t next_serial;
 } wb_sidechan;
 
-/* Binds "<socket_path>.fd" (mode 0660; a stale socket there is replaced, a
- * live one or another file is WB_EEXIST). */
-int wb__side_listen(wb_sidechan *s, wb_broker *b, const char *socket_path, unsigned max_conns,
-                    unsigned handshake_ms, wb_err *err);
+/* Requests one connection has answered per turn of the event loop, and
+ * connections served per turn: the channel never holds the loop from the
+ * main socket for longer than that much work. */
+#define WB_SIDE_REQUESTS_PER_TURN 8
+#define WB_SIDE_EVENTS_PER_TURN   64
 
-/* Accepts, reads and answers whatever is ready (never blocks). */
+/* Binds "<socket_path>.fd" (mode 0660; a stale socket there is replaced, a
+ * live one or another file is WB_EEXIST), with the bounds of `opt`
+ * (--max-peers, --max-peers-per-uid, --max-sessions-per-uid,
+ * --handshake-timeout-ms). */
+int wb__side_listen(wb_sidechan *s, wb_broker *b, const char *socket_path,
+                    const wb_loop_options *opt, wb_err *err);
+
+/* Accepts, reads and answers what is ready, at most
+ * WB_SIDE_EVENTS_PER_TURN connections with at most
+ * WB_SIDE_REQUESTS_PER_TURN requests each (never blocks; what is left is
+ * served on the next turn, the channel's descriptor staying readable). A
+ * connection of a uid on no allow list, or whose process has exited (it
+ * was passed on), gets one refusal and is closed; at most
+ * WB_REFUSED_PER_UID such connections of one uid are kept at once. */
 void wb__side_handle(wb_sidechan *s);
 
 /* Closes connections that sent no request within handshake_ms. */

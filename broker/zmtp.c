@@ -104,12 +104,41 @@ void wb__zmtp_free(wb_zmtp *z)
 {
     free(z->buf);
     z->buf = NULL;
-    z->len = z->cap = 0;
+    z->off = z->len = z->cap = 0;
 }
 
 size_t wb__zmtp_buffered(const wb_zmtp *z)
 {
     return z->cap;
+}
+
+size_t wb__zmtp_pending(const wb_zmtp *z)
+{
+    return z->len - z->off;
+}
+
+size_t wb__zmtp_error_command(uint8_t *buf, const char *reason)
+{
+    size_t rl = strlen(reason);
+    if (rl > WB_ZMTP_MAX_REASON)
+        rl = WB_ZMTP_MAX_REASON;
+    /* flags, size, name-size, "ERROR", reason-size, reason: the size byte
+     * counts 1 + 5 + 1 + rl, at most 262, so a long frame when over 255. */
+    size_t body = 1 + 5 + 1 + rl, k = 0;
+    if (body <= 255) {
+        buf[k++] = F_COMMAND;
+        buf[k++] = (uint8_t)body;
+    } else {
+        buf[k++] = F_COMMAND | F_LONG;
+        for (int i = 0; i < 8; i++)
+            buf[k++] = (uint8_t)((uint64_t)body >> (56 - 8 * i));
+    }
+    buf[k++] = 5;
+    memcpy(buf + k, "ERROR", 5);
+    k += 5;
+    buf[k++] = (uint8_t)rl;
+    memcpy(buf + k, reason, rl);
+    return k + rl;
 }
 
 /* Fails the connection with a message saying what the peer did wrong. */
@@ -124,23 +153,26 @@ static size_t hold_limit(const wb_zmtp *z)
            WB_ZMTP_READ_CHUNK;
 }
 
+/* Consumes what the last message or command used: the read offset moves,
+ * nothing is copied. Once everything received is consumed the offsets
+ * start again at 0 and a buffer larger than 4 KiB is given back, so that
+ * an idle connection holds (and is charged for) at most 4 KiB. */
 static void drop_consumed(wb_zmtp *z)
 {
     if (z->consumed == 0)
         return;
-    memmove(z->buf, z->buf + z->consumed, z->len - z->consumed);
-    z->len -= z->consumed;
+    z->off += z->consumed;
     z->consumed = 0;
     z->scan = 0;
     z->frames = 0;
     z->payload = 0;
-    /* Give back a large buffer once the message that needed it is gone. */
-    if (z->cap > 65536 && z->len <= 4096) {
-        uint8_t *p = realloc(z->buf, 4096);
-        if (p) {
-            z->buf = p;
-            z->cap = 4096;
-        }
+    if (z->off < z->len)
+        return;
+    z->off = z->len = 0;
+    if (z->cap > 4096) {
+        free(z->buf);
+        z->buf = NULL;
+        z->cap = 0;
     }
 }
 
@@ -149,11 +181,19 @@ int wb__zmtp_feed(wb_zmtp *z, const void *data, size_t len, wb_err *err)
     if (z->state == WB_ZMTP_FAILED)
         return wb__err_set(err, WB_EPROTO, "the connection already failed");
     drop_consumed(z);
-    if (len > hold_limit(z) - z->len)
+    size_t pending = z->len - z->off;
+    if (len > hold_limit(z) - pending)
         return fail(z, err, WB_ELIMIT,
                     "the peer sent %llu bytes that do not make a complete message, over the "
                     "%llu bytes one connection may hold",
-                    (unsigned long long)(z->len + len), (unsigned long long)hold_limit(z));
+                    (unsigned long long)(pending + len), (unsigned long long)hold_limit(z));
+    /* The unconsumed rest moves down only when the new bytes would not fit
+     * after it: at most once per read, never once per message. */
+    if (z->len + len > z->cap && z->off > 0) {
+        memmove(z->buf, z->buf + z->off, pending);
+        z->len = pending;
+        z->off = 0;
+    }
     if (z->len + len > z->cap) {
         size_t cap = z->cap ? z->cap : 512;
         while (cap < z->len + len)
@@ -173,7 +213,7 @@ int wb__zmtp_feed(wb_zmtp *z, const void *data, size_t len, wb_err *err)
 
 static int check_greeting(wb_zmtp *z, wb_err *err)
 {
-    const uint8_t *g = z->buf;
+    const uint8_t *g = z->buf + z->off;
     if (g[0] != 0xff || (g[9] & 1) != 1)
         return fail(z, err, WB_EPROTO,
                     "the peer's greeting has no ZMTP 3 signature (bytes 0x%02x ... 0x%02x)", g[0],
@@ -184,35 +224,36 @@ static int check_greeting(wb_zmtp *z, wb_err *err)
     static const uint8_t null_mech[20] = {'N', 'U', 'L', 'L'};
     if (memcmp(g + 12, null_mech, sizeof null_mech) != 0)
         return fail(z, err, WB_EPROTO, "the peer asks for a security mechanism other than NULL");
-    z->peer_minor = g[11];
     z->consumed = WB_ZMTP_GREETING_SIZE;
     z->state = WB_ZMTP_HANDSHAKE;
     put_ready(z);
     return WB_OK;
 }
 
-/* Reads a frame header at buf[off]: returns 1 and fills flags, header size
- * and body size, 0 when incomplete. */
-static int frame_at(const wb_zmtp *z, size_t off, uint8_t *flags, size_t *hl, uint64_t *size)
+/* Reads a frame header `at` bytes past the read offset: returns 1 and
+ * fills flags, header size and body size, 0 when incomplete. */
+static int frame_at(const wb_zmtp *z, size_t at, uint8_t *flags, size_t *hl, uint64_t *size)
 {
-    if (z->len - off < 2)
+    const uint8_t *p = z->buf + z->off + at;
+    size_t avail = z->len - z->off - at;
+    if (avail < 2)
         return 0;
-    *flags = z->buf[off];
+    *flags = p[0];
     if (*flags & F_LONG) {
-        if (z->len - off < 9)
+        if (avail < 9)
             return 0;
         *hl = 9;
-        *size = get_be64(z->buf + off + 1);
+        *size = get_be64(p + 1);
     } else {
         *hl = 2;
-        *size = z->buf[off + 1];
+        *size = p[1];
     }
     return 1;
 }
 
 static int handle_ready(wb_zmtp *z, const uint8_t *p, size_t n, wb_err *err)
 {
-    int have_type = 0;
+    int have_type = 0, have_identity = 0;
     while (n > 0) {
         size_t kl = p[0];
         if (kl == 0 || n < 1 + kl + 4)
@@ -227,16 +268,20 @@ static int handle_ready(wb_zmtp *z, const uint8_t *p, size_t n, wb_err *err)
                         (unsigned long long)vl, (unsigned long long)(n - 1 - kl - 4));
         const uint8_t *val = p + 1 + kl + 4;
         if (kl == 11 && strncasecmp((const char *)key, "Socket-Type", 11) == 0) {
+            if (have_type)
+                return fail(z, err, WB_EPROTO, "the peer's READY names Socket-Type twice");
             if (!(vl == 6 && memcmp(val, "DEALER", 6) == 0))
                 return fail(z, err, WB_EPROTO, "the peer's socket type is not DEALER (%u bytes)",
                             vl);
             have_type = 1;
         } else if (kl == 8 && strncasecmp((const char *)key, "Identity", 8) == 0) {
+            /* Checked, not kept: replies go by connection. */
+            if (have_identity)
+                return fail(z, err, WB_EPROTO, "the peer's READY names Identity twice");
             if (vl > WB_ZMTP_MAX_IDENTITY)
                 return fail(z, err, WB_EPROTO, "the peer's Identity has %u bytes, at most %d", vl,
                             WB_ZMTP_MAX_IDENTITY);
-            memcpy(z->identity, val, vl);
-            z->identity_len = vl;
+            have_identity = 1;
         }
         n -= 1 + kl + 4 + vl;
         p = val + vl;
@@ -275,12 +320,26 @@ static int handle_command(wb_zmtp *z, const uint8_t *p, size_t n, wb_err *err)
         put_command(z, "PONG", data + 2, dl - 2);
         return WB_OK;
     }
+    if (nl == 4 && memcmp(name, "PONG", 4) == 0) {
+        /* PONG: the context of a PING, at most 16 bytes. The broker sends
+         * no PING, but a peer may answer one it never got. */
+        if (dl > 16)
+            return fail(z, err, WB_EPROTO, "a PONG of %llu bytes (at most 16)",
+                        (unsigned long long)dl);
+        return WB_OK;
+    }
     if (nl == 5 && memcmp(name, "ERROR", 5) == 0)
         return fail(z, err, WB_EPROTO, "the peer sent ERROR");
     if (nl == 5 && memcmp(name, "READY", 5) == 0)
         return fail(z, err, WB_EPROTO, "the peer sent READY twice");
-    /* PONG and anything newer: nothing to do. */
-    return WB_OK;
+    /* A DEALER peer sends no other command (SUBSCRIBE and CANCEL are a SUB
+     * socket's); the name is shown as printable ASCII only. */
+    char shown[32];
+    size_t k = 0;
+    for (size_t i = 0; i < nl && k + 1 < sizeof shown; i++)
+        shown[k++] = name[i] >= 0x21 && name[i] <= 0x7e ? name[i] : '?';
+    shown[k] = '\0';
+    return fail(z, err, WB_EPROTO, "the peer sent the command '%s' after the handshake", shown);
 }
 
 int wb__zmtp_next(wb_zmtp *z, wb_zmtp_msg *msg, wb_err *err)
@@ -289,12 +348,12 @@ int wb__zmtp_next(wb_zmtp *z, wb_zmtp_msg *msg, wb_err *err)
         return wb__err_set(err, WB_EPROTO, "the connection already failed");
     drop_consumed(z);
     if (z->state == WB_ZMTP_GREETING) {
-        if (z->len < WB_ZMTP_GREETING_SIZE) {
+        if (z->len - z->off < WB_ZMTP_GREETING_SIZE) {
             /* Refuse a wrong signature as soon as it shows. */
-            if (z->len >= 1 && z->buf[0] != 0xff)
+            if (z->len > z->off && z->buf[z->off] != 0xff)
                 return fail(z, err, WB_EPROTO,
                             "the peer's greeting has no ZMTP 3 signature (first byte 0x%02x)",
-                            z->buf[0]);
+                            z->buf[z->off]);
             return 0;
         }
         int rc = check_greeting(z, err);
@@ -320,15 +379,18 @@ int wb__zmtp_next(wb_zmtp *z, wb_zmtp_msg *msg, wb_err *err)
             if (size > WB_ZMTP_MAX_COMMAND)
                 return fail(z, err, WB_ELIMIT, "a command frame of %llu bytes, over %d",
                             (unsigned long long)size, WB_ZMTP_MAX_COMMAND);
-            if (z->len - z->scan - hl < size)
+            if (z->len - z->off - z->scan - hl < size)
                 return 0;
             z->consumed = z->scan + hl + (size_t)size;
-            int rc = handle_command(z, z->buf + z->scan + hl, (size_t)size, err);
+            int rc = handle_command(z, z->buf + z->off + z->scan + hl, (size_t)size, err);
             if (rc != WB_OK)
                 return rc;
             drop_consumed(z);
-            if (z->out_len > 0)
-                return 0; /* let the caller send the answer before going on */
+            /* Go on parsing what follows the command (a request in the
+             * same write must not wait for more bytes); stop only when
+             * another answer might not fit. */
+            if (sizeof z->out - z->out_len < 64)
+                return WB_ZMTP_FLUSH;
             continue;
         }
         if (z->state != WB_ZMTP_READY)
@@ -341,13 +403,13 @@ int wb__zmtp_next(wb_zmtp *z, wb_zmtp_msg *msg, wb_err *err)
                         "a message of at least %llu bytes, over the %llu-byte request limit",
                         (unsigned long long)(z->payload + size),
                         (unsigned long long)z->lim.max_message);
-        if (z->len - z->scan - hl < size)
+        if (z->len - z->off - z->scan - hl < size)
             return 0;
         z->frames++;
         z->payload += (size_t)size;
         size_t next = z->scan + hl + (size_t)size;
         if (z->frames == 1) {
-            msg->data = z->buf + z->scan + hl;
+            msg->data = z->buf + z->off + z->scan + hl;
             msg->len = (size_t)size;
         }
         z->scan = next;
@@ -357,7 +419,7 @@ int wb__zmtp_next(wb_zmtp *z, wb_zmtp_msg *msg, wb_err *err)
             size_t hl0 = 0;
             uint64_t s0 = 0;
             frame_at(z, 0, &f0, &hl0, &s0);
-            msg->data = z->buf + hl0;
+            msg->data = z->buf + z->off + hl0;
             msg->len = (size_t)s0;
             msg->frames = z->frames;
             msg->total = z->payload;

@@ -39,6 +39,10 @@ static int feed(wb_zmtp *z, const wb_zmtp_limits *lim, const uint8_t *p, size_t 
         }
         if (rc == 0)
             return 0;
+        if (rc == WB_ZMTP_FLUSH)
+            continue;
+        if (rc != 1 || wb__zmtp_pending(z) > z->len)
+            __builtin_trap();
         if (m.frames == 0 || m.frames > lim->max_frames || m.total > lim->max_message ||
             m.len > m.total)
             __builtin_trap();

@@ -58,7 +58,7 @@ as_nobody refused "$WORKER" --model demo --hold 0
 [ "$EXIT_RC" = 1 ] || fail "nobody's worker exited with $EXIT_RC, expected 1 (refused)"
 err_has refused "uid 65534 is not allowed to lease models (allowed: uid 0)" ||
   fail "unclear refusal: $(cat "$WB_TMP/refused.err")"
-grep -q "event=peer_refused reason=not_allowed op=hello uid=65534 gid=65534" "$BROKER_LOG" ||
+grep -q "event=peer_refused reason=not_allowed uid=65534 " "$BROKER_LOG" ||
   fail "the broker did not log the refusal"
 as_nobody ctlrefused "$WBCTL" --socket "$SOCK" models
 [ "$EXIT_RC" = 1 ] || fail "nobody's wbctl models exited with $EXIT_RC, expected 1"

@@ -88,7 +88,7 @@ session_lease_count() {
   ctl leases --json | json "len([l for l in d if 'session' in l])"
 }
 
-start_ns_broker --host-slab memfd --model "demo=$WB_TMP/demo.safetensors"
+start_ns_broker --host-slab memfd --model "demo=$WB_TMP/demo.safetensors" --allow-uid 65534
 wait_for model_ready demo || fail "model demo did not become ready"
 
 # --- A worker in a pid namespace of its own.
@@ -332,6 +332,36 @@ for delay in 0 0.005 0.01 0.02 0.04 0.08 0.15; do
   fi
 done
 log "broker killed during a hidden worker's start, per delay: ${outcomes[*]}"
+
+# --- Peers whose pid is hidden are known by their sessions alone: one uid
+# holds at most --max-sessions-per-uid of them, and its sessions share one
+# quota of leases (a process opening more sessions gets no more).
+kill -TERM "$BROKER_PID"
+wait "$BROKER_NS" 2>/dev/null
+start_ns_broker --host-slab memfd --model "demo=$WB_TMP/demo.safetensors" \
+  --max-sessions-per-uid 6 --max-leases-per-client 3
+wait_for model_ready demo || fail "model demo did not become ready"
+holders=()
+for k in 1 2 3; do
+  spawn q$k "${POD[@]}" "$TESTCLIENT" --socket "$SOCK" acquire demo
+  holders+=("$LAST_PID")
+  wait_for grep -qE '^[0-9a-f]{32}$' "$WB_TMP/q$k.out" || fail "hidden holder $k got no lease: $(cat "$WB_TMP/q$k.err")"
+done
+"${POD[@]}" "$TESTCLIENT" --socket "$SOCK" acquire demo >"$WB_TMP/q4.out" 2>"$WB_TMP/q4.err" &
+q4=$!
+wait_for gone "$q4" || fail "the fourth hidden holder did not end"
+wait "$q4"
+[ $? = 1 ] || fail "a fourth lease across hidden sessions was granted: $(cat "$WB_TMP/q4.out" "$WB_TMP/q4.err")"
+grep -qF "the sessions of uid 0 (pid hidden) already hold 3 leases together, the limit (--max-leases-per-client 3)" \
+  "$WB_TMP/q4.err" || fail "unclear quota refusal: $(cat "$WB_TMP/q4.err")"
+[ "$(ctl leases --json | json 'len(d)')" = 3 ] || fail "leases: $(ctl leases --json)"
+# Three sessions are the holders'; three more may be opened, no more.
+"${POD[@]}" "${PROBE[@]}" "$FDSOCK" sessions 8 >"$WB_TMP/s8.out" || fail "session probe failed"
+grep -qx "granted=3 refused=5" "$WB_TMP/s8.out" || fail "sessions per uid: $(cat "$WB_TMP/s8.out")"
+grep -qF "uid 0 holds 6 sessions already, the most one uid whose pid is hidden may (--max-sessions-per-uid)" \
+  "$WB_TMP/s8.out" || fail "unclear session refusal: $(cat "$WB_TMP/s8.out")"
+kill -KILL "${holders[@]}" 2>/dev/null
+wait_for all_active 0 || fail "the hidden holders' leases stayed: $(ctl leases --json)"
 
 # --- A broker with /dev/shm names has no descriptor channel: a hidden
 # client is refused, and told why.

@@ -183,7 +183,7 @@ stop_broker
 # finish the handshake are closed after its deadline (defaults: 16
 # connections a process, 2000 ms); a normal client is served throughout.
 start_broker --max-peers 64
-grep -q "max_peers_per_process=16 handshake_timeout_ms=2000" "$BROKER_LOG" ||
+grep -q "max_peers_per_process=16 max_peers_per_uid=32 max_sessions_per_uid=64 handshake_timeout_ms=2000" "$BROKER_LOG" ||
   fail "the defaults are not logged: $(grep event=listen "$BROKER_LOG")"
 fd_before=$(fds "$BROKER_PID")
 rss_before=$(rss_kib "$BROKER_PID")

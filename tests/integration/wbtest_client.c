@@ -42,7 +42,14 @@
  *                                 and "peer_pid=N"
  *
  * --comm NAME (before the command) sets the process name the broker reads
- * from /proc (prctl PR_SET_NAME), bytes as given.
+ * from /proc (prctl PR_SET_NAME), bytes as given. --zmq-heartbeat-ms N sets
+ * ZMQ_HEARTBEAT_IVL (and a timeout of 3 N) on the bare sockets below: libzmq
+ * then sends PINGs and drops a connection whose PONGs do not come.
+ *
+ *   wbtest_client stats-loop COUNT GAP_MS
+ *                                     COUNT stats requests GAP_MS apart on one
+ *                                     bare socket, each waiting for its reply;
+ *                                     prints "sent=N replies=M max_ms=X"
  *
  * On a socket of its own, waiting at most --wait MS (default 2000) for an
  * answer, printing "status=S id=I" and "error=TEXT" or "no reply":
@@ -113,6 +120,8 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+static int zmq_heartbeat_ms; /* --zmq-heartbeat-ms, 0: libzmq's default (none) */
+
 /* A bare DEALER on the broker's socket, for messages the library would
  * never send. */
 typedef struct bare {
@@ -127,8 +136,11 @@ static int bare_open(bare *b)
         return -1;
     b->ctx = zmq_ctx_new();
     b->sock = b->ctx ? zmq_socket(b->ctx, ZMQ_DEALER) : NULL;
-    int linger = 0;
+    int linger = 0, hb_timeout = zmq_heartbeat_ms * 3;
     if (!b->sock || zmq_setsockopt(b->sock, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+        (zmq_heartbeat_ms > 0 &&
+         (zmq_setsockopt(b->sock, ZMQ_HEARTBEAT_IVL, &zmq_heartbeat_ms, sizeof(int)) != 0 ||
+          zmq_setsockopt(b->sock, ZMQ_HEARTBEAT_TIMEOUT, &hb_timeout, sizeof(int)) != 0)) ||
         zmq_connect(b->sock, ep) != 0) {
         fprintf(stderr, "wbtest_client: cannot connect to %s: %s\n", ep, zmq_strerror(zmq_errno()));
         return -1;
@@ -197,6 +209,41 @@ static int bare_reply(bare *b, int quiet)
         wb__reply_free(&rep);
         return st == 0 ? 0 : 1;
     }
+}
+
+/* Stats requests one at a time, each answered before the next goes. */
+static int cmd_stats_loop(const char *count, const char *gap)
+{
+    int n = atoi(count), gap_ms = atoi(gap);
+    if (n <= 0 || gap_ms < 0)
+        return usage();
+    bare b = {0};
+    if (bare_open(&b) != 0) {
+        bare_close(&b);
+        return 69;
+    }
+    int replies = 0;
+    int64_t worst = 0;
+    for (int i = 0; i < n; i++) {
+        /* version 1, id i + 1, an empty StatsRequest (field 18). */
+        uint8_t req[16] = {0x08, 0x01, 0x10, (uint8_t)(1 + i % 100), 0x92, 0x01, 0x00};
+        uint8_t *frames[1] = {req};
+        size_t lens[1] = {7};
+        int64_t t0 = now_ms();
+        if (bare_send(&b, frames, lens, 1) != 0)
+            break;
+        if (bare_reply(&b, 1) != 0)
+            break;
+        int64_t took = now_ms() - t0;
+        if (took > worst)
+            worst = took;
+        replies++;
+        struct timespec ts = {gap_ms / 1000, (long)(gap_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    printf("sent=%d replies=%d max_ms=%lld\n", n, replies, (long long)worst);
+    bare_close(&b);
+    return replies == n ? 0 : 1;
 }
 
 static int cmd_frames(int argc, char **argv)
@@ -619,6 +666,11 @@ int main(int argc, char **argv)
         } else if (i + 1 < argc && strcmp(argv[i], "--comm") == 0) {
             prctl(PR_SET_NAME, argv[i + 1], 0, 0, 0);
             i += 2;
+        } else if (i + 1 < argc && strcmp(argv[i], "--zmq-heartbeat-ms") == 0) {
+            zmq_heartbeat_ms = atoi(argv[i + 1]);
+            if (zmq_heartbeat_ms <= 0)
+                return usage();
+            i += 2;
         } else if (i + 1 < argc && strcmp(argv[i], "--wait") == 0) {
             wait_ms = atoi(argv[i + 1]);
             if (wait_ms <= 0)
@@ -634,6 +686,8 @@ int main(int argc, char **argv)
     int rest = argc - i - 1;
     if (strcmp(cmd, "frames") == 0)
         return cmd_frames(rest, argv + i + 1);
+    if (strcmp(cmd, "stats-loop") == 0 && rest == 2)
+        return cmd_stats_loop(arg, argv[i + 2]);
     if (strcmp(cmd, "big") == 0 && rest <= 2)
         return cmd_big(arg, rest == 2 ? argv[i + 2] : NULL);
     if (strcmp(cmd, "file") == 0 && rest == 1)

@@ -19,6 +19,23 @@ would: never end a message, never read replies, open connections and idle.
   zmtp_peer.py noread SOCK MODEL COUNT SECONDS
       handshake, COUNT acquire requests for MODEL, reads nothing for
       SECONDS; prints "sent=N"
+  zmtp_peer.py pingreq SOCK
+      handshake, then a PING and a stats request in one write; prints
+      "reply=1" when the reply comes within 2 s with no more bytes sent,
+      else "reply=0"
+  zmtp_peer.py allin SOCK
+      greeting, READY and a stats request in one write; prints as pingreq
+  zmtp_peer.py complete SOCK CONNS BYTES SECONDS
+      CONNS connections, each sends one complete message of BYTES bytes
+      (not a request: the broker answers with an error) and idles; after
+      SECONDS prints "sent=N closed=M"
+  zmtp_peer.py error SOCK
+      greeting and READY; then waits up to 5 s for the broker to close the
+      connection and prints "error=REASON" for the ZMTP ERROR command it
+      sent before, or "error=" when none came
+  zmtp_peer.py malformed SOCK COUNT
+      handshake, then COUNT one-byte messages that are no request, reading
+      the replies; prints "sent=N"
 """
 import os
 import select
@@ -60,11 +77,15 @@ def handshake(path):
     s.sendall(greeting() + ready())
     s.settimeout(5)
     got = b""
-    while len(got) < 64 + 2:  # the broker's greeting and READY
+    # The broker's greeting and its first command: READY, or ERROR when it
+    # refuses the connection (then it closes it).
+    while len(got) < 64 + 2 or len(got) < 64 + 2 + got[65]:
         chunk = s.recv(4096)
         if not chunk:
             raise Refused()
         got += chunk
+    if got[66:72] != b"\x05READY":
+        raise Refused()
     s.settimeout(None)
     return s
 
@@ -170,6 +191,100 @@ def noread(path, model, count, seconds):
     time.sleep(seconds)
 
 
+STATS = b"\x08\x01\x10\x07\x92\x01\x00"  # version 1, id 7, an empty StatsRequest
+
+
+def wait_message(s, seconds):
+    """True when a message frame (not a command) arrives within seconds."""
+    s.settimeout(seconds)
+    buf = b""
+    end = time.time() + seconds
+    try:
+        while time.time() < end:
+            chunk = s.recv(65536)
+            if not chunk:
+                return False
+            buf += chunk
+            while len(buf) >= 2:
+                flags = buf[0]
+                hl, size = (9, struct.unpack(">Q", buf[1:9])[0]) if flags & 2 else (2, buf[1])
+                if len(buf) < hl + size:
+                    break
+                if not flags & 4:
+                    return True
+                buf = buf[hl + size :]
+    except socket.timeout:
+        return False
+    return False
+
+
+def pingreq(path):
+    s = handshake(path)
+    s.sendall(frame(b"\x04PING\x00\x0a", command=True) + frame(STATS))
+    print("reply=%d" % wait_message(s, 2.0), flush=True)
+
+
+def allin(path):
+    s = connect(path)
+    s.sendall(greeting() + ready() + frame(STATS))
+    s.settimeout(2.0)
+    got = b""
+    while len(got) < 64:  # the broker's greeting comes before any frame
+        chunk = s.recv(64 - len(got))
+        if not chunk:
+            print("reply=0", flush=True)
+            return
+        got += chunk
+    print("reply=%d" % wait_message(s, 2.0), flush=True)
+
+
+def complete(path, conns, nbytes, seconds):
+    socks = []
+    for _ in range(conns):
+        try:
+            s = handshake(path)
+            s.sendall(frame(b"\xff" * nbytes))
+            socks.append(s)
+        except (Refused, BrokenPipeError, ConnectionResetError):
+            pass
+    time.sleep(seconds)
+    print("sent=%d closed=%d" % (len(socks), sum(1 for s in socks if closed(s, 0.01))), flush=True)
+
+
+def error(path):
+    s = connect(path)
+    s.sendall(greeting() + ready())
+    s.settimeout(5)
+    buf = b""
+    try:
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    except (socket.timeout, ConnectionResetError):
+        pass
+    i = buf.find(b"\x05ERROR")
+    reason = b""
+    if i > 0:
+        n = buf[i + 6]
+        reason = buf[i + 7 : i + 7 + n]
+    print("error=%s" % reason.decode(errors="replace"), flush=True)
+
+
+def malformed(path, count):
+    s = handshake(path)
+    sent = 0
+    for _ in range(count):
+        try:
+            s.sendall(frame(b"\xff"))
+            sent += 1
+            wait_message(s, 2.0)
+        except (BrokenPipeError, ConnectionResetError):
+            break
+    print("sent=%d" % sent, flush=True)
+
+
 def main():
     mode, path = sys.argv[1], sys.argv[2]
     a = sys.argv[3:]
@@ -183,6 +298,16 @@ def main():
         hold(path, int(a[0]), int(a[1]), float(a[2]))
     elif mode == "noread":
         noread(path, a[0], int(a[1]), float(a[2]))
+    elif mode == "pingreq":
+        pingreq(path)
+    elif mode == "allin":
+        allin(path)
+    elif mode == "complete":
+        complete(path, int(a[0]), int(a[1]), float(a[2]))
+    elif mode == "error":
+        error(path)
+    elif mode == "malformed":
+        malformed(path, int(a[0]))
     else:
         sys.exit(__doc__)
 

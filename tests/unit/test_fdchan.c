@@ -78,7 +78,13 @@ START_TEST(test_session_per_connection)
     ck_assert_ptr_nonnull(mkdtemp(dir));
     snprintf(sock_path, sizeof sock_path, "%s/broker.sock", dir);
     wb_err err;
-    ck_assert_int_eq(wb__side_listen(&s, &b, sock_path, 8, 1000, &err), WB_OK);
+    ck_assert_int_eq(wb__side_listen(&s, &b, sock_path,
+                                     &(wb_loop_options){.max_peers = 8,
+                                                        .max_per_uid = 8,
+                                                        .max_sessions_per_uid = 8,
+                                                        .handshake_ms = 1000},
+                                     &err),
+                     WB_OK);
     pump p;
     pump_start(&p, &s);
     uint8_t t1[WB_SESSION_TOKEN_LEN], again[WB_SESSION_TOKEN_LEN];
@@ -102,7 +108,13 @@ START_TEST(test_session_per_connection)
      * over, the next ask gets a new one. */
     wb__side_destroy(&s);
     ck_assert_int_eq(wb__fdchan_session_open(sock_path, t1), 0);
-    ck_assert_int_eq(wb__side_listen(&s, &b, sock_path, 8, 1000, &err), WB_OK);
+    ck_assert_int_eq(wb__side_listen(&s, &b, sock_path,
+                                     &(wb_loop_options){.max_peers = 8,
+                                                        .max_per_uid = 8,
+                                                        .max_sessions_per_uid = 8,
+                                                        .handshake_ms = 1000},
+                                     &err),
+                     WB_OK);
     pump_start(&p, &s);
     uint8_t t2[WB_SESSION_TOKEN_LEN];
     ck_assert_int_eq(wb__fdchan_session(sock_path, 2000, t2, &err), WB_OK);

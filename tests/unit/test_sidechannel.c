@@ -63,7 +63,13 @@ static void setup_side(wb_broker *b, wb_sidechan *s)
     ck_assert_ptr_nonnull(mkdtemp(dir));
     snprintf(sock_path, sizeof sock_path, "%s/broker.sock", dir);
     wb_err err;
-    ck_assert_int_eq(wb__side_listen(s, b, sock_path, 8, 300, &err), WB_OK);
+    ck_assert_int_eq(wb__side_listen(s, b, sock_path,
+                                     &(wb_loop_options){.max_peers = 8,
+                                                        .max_per_uid = 8,
+                                                        .max_sessions_per_uid = 8,
+                                                        .handshake_ms = 300},
+                                     &err),
+                     WB_OK);
 }
 
 static void teardown_side(wb_broker *b, wb_sidechan *s)

@@ -99,9 +99,6 @@ START_TEST(test_handshake)
         }
     }
     ck_assert_int_eq(z.state, WB_ZMTP_READY);
-    ck_assert_int_eq(z.peer_minor, 0);
-    ck_assert_uint_eq(z.identity_len, 8);
-    ck_assert_int_eq(memcmp(z.identity, "worker-7", 8), 0);
     wb__zmtp_free(&z);
 }
 END_TEST
@@ -268,6 +265,169 @@ START_TEST(test_protocol_errors)
 }
 END_TEST
 
+/* Commands answered in the middle of the input do not hold back what
+ * follows them: a request written with a PING, or with the greeting and
+ * READY, is complete at once. */
+START_TEST(test_keeps_parsing)
+{
+    wb_zmtp z;
+    wb_err err;
+    wb_zmtp_msg m;
+    ready_codec(&z);
+    uint8_t ping_req[] = {0x04, 7, 4, 'P', 'I', 'N', 'G', 0, 10, 0, 3, 'r', 'e', 'q'};
+    ck_assert_int_eq(wb__zmtp_feed(&z, ping_req, sizeof ping_req, &err), WB_OK);
+    ck_assert_int_eq(wb__zmtp_next(&z, &m, &err), 1);
+    ck_assert_uint_eq(m.len, 3);
+    ck_assert_int_eq(memcmp(m.data, "req", 3), 0);
+    ck_assert_uint_eq(z.out_len, 2 + 5);
+    ck_assert_int_eq(memcmp(z.out, "\x04\x05\x04PONG", 7), 0);
+    z.out_len = 0;
+    ck_assert_int_eq(wb__zmtp_next(&z, &m, &err), 0);
+    wb__zmtp_free(&z);
+
+    /* Greeting, READY and a request in one write. */
+    wb__zmtp_init(&z, &LIM);
+    z.out_len = 0;
+    uint8_t buf[256];
+    size_t n = peer_greeting(buf, 3, 1, "NULL");
+    n += peer_ready(buf + n, "DEALER", NULL);
+    buf[n++] = 0, buf[n++] = 2, buf[n++] = 'h', buf[n++] = 'i';
+    ck_assert_int_eq(wb__zmtp_feed(&z, buf, n, &err), WB_OK);
+    ck_assert_int_eq(wb__zmtp_next(&z, &m, &err), 1);
+    ck_assert_int_eq(z.state, WB_ZMTP_READY);
+    ck_assert_uint_eq(m.len, 2);
+    ck_assert_int_eq(memcmp(m.data, "hi", 2), 0);
+    ck_assert_uint_eq(z.out[0], 0x04); /* our READY is there to send */
+    wb__zmtp_free(&z);
+
+    /* 100 PINGs at once: answered in batches that fit, none lost. */
+    ready_codec(&z);
+    uint8_t pings[100 * 9];
+    for (int i = 0; i < 100; i++)
+        memcpy(pings + 9 * i, "\x04\x07\x04PING\0\x0a", 9);
+    ck_assert_int_eq(wb__zmtp_feed(&z, pings, sizeof pings, &err), WB_OK);
+    size_t pongs = 0;
+    int rc, flushes = 0;
+    while ((rc = wb__zmtp_next(&z, &m, &err)) == WB_ZMTP_FLUSH) {
+        pongs += z.out_len / 7;
+        z.out_len = 0;
+        flushes++;
+    }
+    ck_assert_int_eq(rc, 0);
+    pongs += z.out_len / 7;
+    ck_assert_uint_eq(pongs, 100);
+    ck_assert_int_gt(flushes, 0);
+    wb__zmtp_free(&z);
+}
+END_TEST
+
+/* After the handshake a DEALER peer sends PING, PONG and ERROR only. */
+START_TEST(test_commands_after_ready)
+{
+    uint8_t sub[] = {0x04, 11, 9, 'S', 'U', 'B', 'S', 'C', 'R', 'I', 'B', 'E', 'x'};
+    refused(sub, sizeof sub, WB_EPROTO,
+            "the peer sent the command 'SUBSCRIBE' after the handshake");
+    uint8_t odd[] = {0x04, 4, 3, 'a', '\n', 'b'};
+    refused(odd, sizeof odd, WB_EPROTO, "the command 'a?b'");
+    uint8_t pong[2 + 5 + 17] = {0x04, 5 + 17, 4, 'P', 'O', 'N', 'G'};
+    refused(pong, sizeof pong, WB_EPROTO, "a PONG of 17 bytes (at most 16)");
+    uint8_t err_cmd[] = {0x04, 8, 5, 'E', 'R', 'R', 'O', 'R', 1, 'x'};
+    refused(err_cmd, sizeof err_cmd, WB_EPROTO, "the peer sent ERROR");
+    /* A READY naming its type twice. */
+    wb_zmtp z;
+    wb_err err;
+    wb_zmtp_msg m;
+    wb__zmtp_init(&z, &LIM);
+    uint8_t buf[256];
+    size_t n = peer_greeting(buf, 3, 1, "NULL");
+    size_t r = peer_ready(buf + n, "DEALER", NULL);
+    /* Append a second Socket-Type property and fix the frame size. */
+    static const char prop[] = "\x0bSocket-Type\0\0\0\x06"
+                               "DEALER";
+    memcpy(buf + n + r, prop, sizeof prop - 1);
+    buf[n + 1] = (uint8_t)(buf[n + 1] + sizeof prop - 1);
+    ck_assert_int_eq(wb__zmtp_feed(&z, buf, n + r + sizeof prop - 1, &err), WB_OK);
+    ck_assert_int_eq(wb__zmtp_next(&z, &m, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "the peer's READY names Socket-Type twice");
+    wb__zmtp_free(&z);
+}
+END_TEST
+
+/* What a connection is charged for is what it holds: nothing once every
+ * message was consumed, and consuming moves an offset, not the bytes. */
+START_TEST(test_buffer_held)
+{
+    wb_zmtp z;
+    wb_err err;
+    wb_zmtp_msg m;
+    wb_zmtp_limits lim = {.max_message = 1 << 20, .max_frames = 4};
+    wb__zmtp_init(&z, &lim);
+    z.out_len = 0;
+    uint8_t hs[256];
+    size_t n = peer_greeting(hs, 3, 1, "NULL");
+    n += peer_ready(hs + n, "DEALER", NULL);
+    ck_assert_int_eq(wb__zmtp_feed(&z, hs, n, &err), WB_OK);
+    ck_assert_int_eq(wb__zmtp_next(&z, &m, &err), 0);
+    ck_assert_uint_le(wb__zmtp_buffered(&z), 4096);
+
+    /* One complete 512 KiB request, then silence: once it is consumed the
+     * codec holds nothing. */
+    size_t big = 512 * 1024;
+    uint8_t *req = calloc(1, 9 + big);
+    ck_assert_ptr_nonnull(req);
+    wb__zmtp_frame_header(req, big, 0);
+    ck_assert_int_eq(wb__zmtp_feed(&z, req, 9 + big, &err), WB_OK);
+    ck_assert_uint_ge(wb__zmtp_buffered(&z), big);
+    ck_assert_int_eq(wb__zmtp_next(&z, &m, &err), 1);
+    ck_assert_uint_eq(m.len, big);
+    ck_assert_int_eq(wb__zmtp_next(&z, &m, &err), 0);
+    ck_assert_uint_eq(wb__zmtp_buffered(&z), 0);
+    ck_assert_uint_eq(wb__zmtp_pending(&z), 0);
+    free(req);
+
+    /* Many small messages in one feed: each one's data follows the last
+     * one's in place. */
+    uint8_t many[64 * 3];
+    for (int i = 0; i < 64; i++)
+        many[3 * i] = 0, many[3 * i + 1] = 1, many[3 * i + 2] = (uint8_t)i;
+    ck_assert_int_eq(wb__zmtp_feed(&z, many, sizeof many, &err), WB_OK);
+    const uint8_t *first = NULL;
+    for (int i = 0; i < 64; i++) {
+        ck_assert_int_eq(wb__zmtp_next(&z, &m, &err), 1);
+        ck_assert_uint_eq(m.data[0], (uint8_t)i);
+        if (!first)
+            first = m.data;
+        ck_assert_ptr_eq(m.data, first + 3 * i);
+    }
+    ck_assert_int_eq(wb__zmtp_next(&z, &m, &err), 0);
+    ck_assert_uint_eq(wb__zmtp_pending(&z), 0);
+    wb__zmtp_free(&z);
+}
+END_TEST
+
+START_TEST(test_error_command)
+{
+    uint8_t buf[3 + 9 + WB_ZMTP_MAX_REASON + 8];
+    size_t n = wb__zmtp_error_command(buf, "uid 5 is not allowed");
+    ck_assert_uint_eq(n, 2 + 1 + 5 + 1 + 20);
+    ck_assert_int_eq(memcmp(buf,
+                            "\x04\x1b\x05"
+                            "ERROR\x14"
+                            "uid 5 is not allowed",
+                            n),
+                     0);
+    char longr[400];
+    memset(longr, 'r', sizeof longr - 1);
+    longr[sizeof longr - 1] = '\0';
+    n = wb__zmtp_error_command(buf, longr);
+    ck_assert_uint_eq(n, 9 + 1 + 5 + 1 + WB_ZMTP_MAX_REASON);
+    ck_assert_uint_eq(buf[0], 0x06); /* a long command frame */
+    ck_assert_uint_eq(buf[7], 1);    /* 262 = 0x0106 */
+    ck_assert_uint_eq(buf[8], 6);
+    ck_assert_uint_eq(buf[15], WB_ZMTP_MAX_REASON);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("zmtp");
@@ -276,6 +436,10 @@ int main(void)
     tcase_add_test(tc, test_messages);
     tcase_add_test(tc, test_bounds);
     tcase_add_test(tc, test_protocol_errors);
+    tcase_add_test(tc, test_keeps_parsing);
+    tcase_add_test(tc, test_commands_after_ready);
+    tcase_add_test(tc, test_buffer_held);
+    tcase_add_test(tc, test_error_command);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
