@@ -1,6 +1,6 @@
 # shellcheck shell=bash disable=SC2034
 # (SC2034: the variables set here are for the scripts that source it.)
-# Shared by the GPU scripts (stall.sh, attach.sh, memory.sh, vmm.sh,
+# Shared by the GPU scripts (stall.sh, attach.sh, memory.sh, vmm.sh, soak.sh,
 # multidevice.sh; sourced, after OUT is set): paths, logging, waiting, the
 # broker, the test models. A script may set LOG_NAME (the log's file name in
 # OUT, default run.log) before sourcing it, and RES (a JSON-lines file that
@@ -28,6 +28,11 @@ WORKER=$BIN/wb-aoti-worker
 PROBE=$BIN/wb_bench_attach
 PIDS=()
 FAILS=()
+# A prefix for long-lived children: with it the kernel SIGKILLs them when
+# this script dies, even of a SIGKILL that runs no trap (setpriv, where it
+# has --pdeathsig).
+ORPHAN_KILL=()
+setpriv --help 2>/dev/null | grep -q -- --pdeathsig && ORPHAN_KILL=(setpriv --pdeathsig KILL --)
 
 say() { printf '[%4ds] %s\n' "$SECONDS" "$*" | tee -a "$LOG" >&2; }
 fail() {
@@ -82,20 +87,40 @@ start_broker() {
   for a in "$@"; do [ "$a" = --model ] && n=$((n + 1)); done
   BROKER_MODELS=$n
   rm -f "$SOCK"
-  "$WBROKERD" --backend cuda --device 0 --socket "$SOCK" --heartbeat-ms 200 --stale-ms 3000 \
-    "$@" >"$blog" 2>&1 &
+  "${ORPHAN_KILL[@]}" "$WBROKERD" --backend cuda --device 0 --socket "$SOCK" --heartbeat-ms 200 \
+    --stale-ms 3000 "$@" >"$blog" 2>&1 &
   BROKER=$!
   PIDS+=("$BROKER")
-  wait_for 180 broker_ready || { fail "the broker did not load its $n models: $(tail -n 5 "$blog")"; return 1; }
+  wait_for 180 broker_ready_or_gone
+  broker_ready || { fail "the broker did not load its $n models: $(tail -n 5 "$blog")"; return 1; }
 }
 
 broker_ready() {
   [ "$(ctl models --json | python3 -c 'import json,sys; print(sum(m["state"] == "ready" for m in json.load(sys.stdin)))')" = "$BROKER_MODELS" ]
 }
+# A broker that exited will never be ready: no need to wait out the limit.
+broker_ready_or_gone() { broker_ready || ! kill -0 "$BROKER" 2>/dev/null; }
 
+# wait_exit SECS PID: waits for PID, a child of this shell, to exit and
+# returns its status; after SECS it is killed (SIGKILL) and 124 returned.
+wait_exit() {
+  local until=$((SECONDS + $1))
+  while kill -0 "$2" 2>/dev/null; do
+    if [ "$SECONDS" -ge "$until" ]; then
+      kill -KILL "$2" 2>/dev/null
+      wait "$2" 2>/dev/null
+      return 124
+    fi
+    sleep 0.05
+  done
+  wait "$2" 2>/dev/null
+}
+
+# stop_broker: SIGTERM, then SIGKILL if it has not exited within 60 s; the
+# broker's exit status (124 when it had to be killed).
 stop_broker() {
   kill -TERM "$BROKER" 2>/dev/null
-  wait "$BROKER" 2>/dev/null
+  wait_exit 60 "$BROKER"
 }
 
 # models DIR GIB [embedded|""] [ARGS...]: the bf16 family of
