@@ -143,19 +143,24 @@ fi
 
 # --- The log stays small.
 lines0=$(wc -l <"$BROKER_LOG")
+t0=$SECONDS
 "${ZPEER[@]}" malformed "$SOCK" 3000 >"$WB_TMP/malformed.out"
 grep -qx "sent=3000" "$WB_TMP/malformed.out" || fail "malformed sender: $(cat "$WB_TMP/malformed.out")"
+allowed=$((10 * ((SECONDS - t0) / 5 + 2)))
 bad=$(sed -n "$((lines0 + 1)),\$p" "$BROKER_LOG" | grep -c "event=bad_message")
-[ "$bad" -ge 1 ] && [ "$bad" -le 20 ] || fail "3000 malformed messages wrote $bad bad_message lines"
+[ "$bad" -ge 1 ] && [ "$bad" -le "$allowed" ] || fail "3000 malformed messages wrote $bad bad_message lines (at most $allowed)"
 sleep 5.2 # the next window: its first line says how many were held back
 "${ZPEER[@]}" malformed "$SOCK" 1 >/dev/null
 grep -qE "event=bad_message .* suppressed=[0-9]+" "$BROKER_LOG" || fail "no suppressed=N count in the log"
 lines0=$(wc -l <"$BROKER_LOG")
+t0=$SECONDS
 for k in $(seq 1 300); do
   "${NOBODY[@]}" "$TESTCLIENT" --socket "$SOCK" --wait 500 big 10000 >/dev/null 2>&1
 done
+# 10 lines per 5 s window of the uid (a slow build spans more windows).
+allowed=$((10 * ((SECONDS - t0) / 5 + 2)))
 refusals=$(sed -n "$((lines0 + 1)),\$p" "$BROKER_LOG" | grep -c "event=peer_refused")
-[ "$refusals" -le 20 ] || fail "300 refused requests wrote $refusals peer_refused lines"
+[ "$refusals" -le "$allowed" ] || fail "300 refused requests in $((SECONDS - t0)) s wrote $refusals peer_refused lines (at most $allowed)"
 
 # --- ZMTP: input after a command is parsed at once; libzmq heartbeats.
 "${ZPEER[@]}" pingreq "$SOCK" >"$WB_TMP/pingreq.out"
