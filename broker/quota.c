@@ -1,5 +1,6 @@
 #include "quota.h"
 
+#include "peer.h"
 #include "safetensors.h"
 #include "wire.h"
 
@@ -23,19 +24,22 @@ int wb__limits_check_records(const wb_limits *l, uint32_t pid, uint64_t bytes, w
 {
     if (bytes <= l->max_record_bytes)
         return WB_OK;
+    char name[32];
     return wb__err_set(err, WB_ELIMIT,
-                       "pid %u would keep %llu bytes of container records, over the limit of "
+                       "pid %s would keep %llu bytes of container records, over the limit of "
                        "%llu bytes per client",
-                       pid, (unsigned long long)bytes, (unsigned long long)l->max_record_bytes);
+                       wb__peer_name(pid, name, sizeof name), (unsigned long long)bytes,
+                       (unsigned long long)l->max_record_bytes);
 }
 
 int wb__limits_check_leases(const wb_limits *l, uint32_t pid, uint32_t held, wb_err *err)
 {
     if (held < l->max_leases_per_client)
         return WB_OK;
+    char name[32];
     return wb__err_set(err, WB_ELIMIT,
-                       "pid %u already holds %u leases, the limit (--max-leases-per-client %u)",
-                       pid, held, l->max_leases_per_client);
+                       "pid %s already holds %u leases, the limit (--max-leases-per-client %u)",
+                       wb__peer_name(pid, name, sizeof name), held, l->max_leases_per_client);
 }
 
 int wb__limits_check_models(const wb_limits *l, size_t models, wb_err *err)
