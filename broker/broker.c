@@ -2,7 +2,6 @@
 
 #include "log.h"
 #include "placement.h"
-#include "safetensors.h"
 #include "wire.h"
 
 #include <errno.h>
@@ -227,6 +226,13 @@ int wb__broker_finish_load(wb_broker *b, wb_load_job *job, wb_model **model)
                                   "model '%s' left the registry while it was loading", job->name);
         return job->rc;
     }
+    if (job->refused) {
+        /* Refused by its checks, before anything was read: not counted as
+         * a load, and the name it reserved is free again. */
+        wb__models_remove(&b->models, m);
+        wb__model_free(&m);
+        return job->rc;
+    }
     b->stats.loads_total++;
     if (job->rc == WB_OK) {
         job->rc = wb__model_adopt(m, &job->data, &job->err);
@@ -277,80 +283,11 @@ int wb__broker_finish_load(wb_broker *b, wb_load_job *job, wb_model **model)
     return WB_OK;
 }
 
-/* What the pre-load walk judges each file by: the peer's access, then the
- * limits, all on the descriptor the walk opened. */
-typedef struct load_check {
-    wb_load_access access;
-    const wb_limits *limits;
-    const char *model;
-} load_check;
-
-static int check_file_access(void *arg, int fd, const char *path, wb_err *err)
+void wb__broker_check_job(const wb_broker *b, const wb_peer_creds *peer, wb_load_job *job)
 {
-    return wb__auth_check_peer_fd(&((load_check *)arg)->access, fd, path, err);
-}
-
-static int check_header_len(void *arg, const char *path, uint64_t header_len, wb_err *err)
-{
-    return wb__limits_check_header_len(((load_check *)arg)->limits, path, header_len, err);
-}
-
-static int check_tensor_count(void *arg, const char *index_path, uint64_t tensors, wb_err *err)
-{
-    (void)index_path;
-    const load_check *lc = arg;
-    return wb__limits_check_tensors(lc->limits, lc->model, tensors, err);
-}
-
-int wb__broker_check_load(wb_broker *b, const wb_peer_creds *peer, const char *name,
-                          const char *path, wb_err *err)
-{
-    int rc = wb__limits_check_models(&b->limits, b->models.n, err);
-    if (rc != WB_OK)
-        return rc;
-    char resolved[WB_PATH_MAX + 1], q[300], qp[WB_PATH_MAX + 64], qr[WB_PATH_MAX + 64];
-    int is_dir = 0;
-    rc = wb__auth_check_load_path(path, resolved, sizeof resolved, &is_dir, err);
-    /* A missing path is the loader's to report: it fails like any other
-     * load (counted, with the reader's message). */
-    if (rc == WB_ENOTFOUND)
-        return WB_OK;
-    /* The peer's own access, to the resolved path and then to every file the
-     * load will open (index and shards), and only then the limits that need
-     * a file's bytes (header length, an index's tensor count), each on the
-     * descriptor whose access was judged: a file is never opened twice by
-     * path, so a link swapped during the check cannot make the limit message
-     * echo bytes of a file the peer may not read. The reader opens the path
-     * as given (an index names its shards relative to its own directory,
-     * which for a linked index is not the target's). The loader judges each
-     * file again on the descriptor it reads. Other errors of the reader are
-     * the loader's to report. */
-    load_check lc = {.access = wb__auth_load_access(peer), .limits = &b->limits, .model = name};
-    if (rc == WB_OK)
-        rc = wb__auth_check_peer_path(&lc.access, resolved, err);
-    if (rc == WB_OK) {
-        wb_st_open_opts so = {.check_file = check_file_access,
-                              .arg = &lc,
-                              .check_header = check_header_len,
-                              .check_count = check_tensor_count};
-        wb_err ferr;
-        wb__err_clear(&ferr);
-        int frc = wb__st_check_files(path, &so, &ferr);
-        if (frc == WB_EPERM || frc == WB_ELIMIT)
-            rc = wb__err_set(err, frc, "%s", ferr.msg);
-    }
-    if (rc == WB_ELIMIT)
-        return rc;
-    if (rc != WB_OK) {
-        wb_warn("load_path_refused", "model=%s path=%s status=%s error=%s",
-                wb__log_quote(q, sizeof q, name), wb__log_quote(qp, sizeof qp, path),
-                wb_status_name(rc), wb__log_quote(qr, sizeof qr, err->msg));
-        return rc;
-    }
-    wb_info("load_path", "model=%s path=%s resolved=%s kind=%s", wb__log_quote(q, sizeof q, name),
-            wb__log_quote(qp, sizeof qp, path), wb__log_quote(qr, sizeof qr, resolved),
-            is_dir ? "directory" : "file");
-    return WB_OK;
+    job->check = 1;
+    job->limits = b->limits;
+    job->access = wb__auth_load_access(peer);
 }
 
 void wb__broker_count_request(wb_broker *b, uint32_t op, int status)
@@ -411,7 +348,7 @@ int wb__broker_preload(wb_broker *b, const char *name, const char *path, const c
     char q[300], qp[WB_PATH_MAX + 64];
     if (wb__models_find(&b->models, name))
         return wb__err_set(err, WB_EEXIST, "a model named '%s' already exists", name);
-    int rc0 = wb__broker_check_load(b, NULL, name, path, err);
+    int rc0 = wb__limits_check_models(&b->limits, b->models.n, err);
     if (rc0 != WB_OK)
         return rc0;
     int devices[WB_GPU_MAX];
@@ -426,6 +363,7 @@ int wb__broker_preload(wb_broker *b, const char *name, const char *path, const c
         return wb__err_set(err, WB_ENOMEM, "out of memory loading '%s'", name);
     }
     wb__broker_set_devices(b, m, job, devices, n_devices);
+    wb__broker_check_job(b, NULL, job);
     wb__models_add(&b->models, m);
     wb_info("model_load_start", "model=%s path=%s backend=%s", wb__log_quote(q, sizeof q, name),
             wb__log_quote(qp, sizeof qp, path), b->cfg.backend->name);

@@ -150,16 +150,19 @@ size_t wb__broker_scan_stale(wb_broker *b);
 
 /* Finishes a load (inline or from the loader thread): on success the model
  * named by the job becomes ready; on failure it is removed. Counts the load
- * and logs it. Returns the job's status; *model is the ready model or NULL. */
+ * (unless its checks refused it) and logs it. Returns the job's status;
+ * *model is the ready model or NULL. */
 int wb__broker_finish_load(wb_broker *b, wb_load_job *job, wb_model **model);
 
-/* Checks a load request before anything is loaded: the model limit, the
- * path (wb__auth_check_load_path, logged with its resolved target), the
+/* Arms a load's checks (wb_load_job.check): the path
+ * (wb__auth_check_load_path, logged with its resolved target), the
  * requesting peer's own access to every file of the checkpoint (`peer` NULL
- * for the operator's --model preloads: not judged) and what
- * the configured limits can judge from the headers. */
-int wb__broker_check_load(wb_broker *b, const wb_peer_creds *peer, const char *name,
-                          const char *path, wb_err *err);
+ * for the operator's --model preloads: not judged) and what the configured
+ * limits can judge from the files' bytes before they are parsed. They run
+ * with the load, on the loader's thread: a big index is parsed, and every
+ * shard opened, off the event loop. A refusal is the load's reply, the
+ * model removed and the load not counted (wb__broker_finish_load). */
+void wb__broker_check_job(const wb_broker *b, const wb_peer_creds *peer, wb_load_job *job);
 
 /* Counts one reply for the metrics (wb_requests_total{op,status}). */
 void wb__broker_count_request(wb_broker *b, uint32_t op, int status);

@@ -3,9 +3,11 @@
 #include "copy_fanout.h"
 #include "log.h"
 #include "safetensors.h"
+#include "wire.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <sys/stat.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -216,7 +218,21 @@ static void fail_copy(const wb_backend *be, wb_model_data *d, unsigned k, const 
     memset(&d->slabs[k], 0, sizeof d->slabs[k]);
 }
 
-int wb__load_ex(const char *path, const wb_load_opts *o, wb_model_data *out, wb_err *err)
+/* How a load opens its checkpoint's table: wb__load_ex's way (the peer's
+ * access to each file), or a job's checks. */
+typedef int (*table_open)(void *ctx, const char *path, const wb_load_opts *o, wb_st_table **table,
+                          wb_err *err);
+
+static int open_judged(void *ctx, const char *path, const wb_load_opts *o, wb_st_table **table,
+                       wb_err *err)
+{
+    (void)ctx;
+    wb_st_open_opts so = {.check_file = wb__auth_check_peer_fd, .arg = (void *)o->access};
+    return wb__st_open_ex(path, &so, table, err);
+}
+
+static int load(const char *path, const wb_load_opts *o, table_open open_table, void *open_ctx,
+                wb_model_data *out, wb_err *err)
 {
     const wb_backend *be = o->backend;
     memset(out, 0, sizeof *out);
@@ -240,8 +256,7 @@ int wb__load_ex(const char *path, const wb_load_opts *o, wb_model_data *out, wb_
     if (n_devs > 1 && !fan)
         return wb__err_set(err, WB_ENOSYS, "backend %s loads to one device only", be->name);
     wb_st_table *table = NULL;
-    wb_st_open_opts so = {.check_file = wb__auth_check_peer_fd, .arg = (void *)o->access};
-    int rc = wb__st_open_ex(path, &so, &table, err);
+    int rc = open_table(open_ctx, path, o, &table, err);
     if (rc != WB_OK)
         return rc;
 
@@ -389,6 +404,11 @@ done:
     return rc;
 }
 
+int wb__load_ex(const char *path, const wb_load_opts *o, wb_model_data *out, wb_err *err)
+{
+    return load(path, o, open_judged, NULL, out, err);
+}
+
 int wb__load(const char *path, const wb_backend *be, int device, const atomic_int *cancel,
              wb_model_data *out, wb_err *err)
 {
@@ -396,9 +416,109 @@ int wb__load(const char *path, const wb_backend *be, int device, const atomic_in
     return wb__load_ex(path, &o, out, err);
 }
 
+/* A job's checks, as the reader asks them about each file: the peer's
+ * access, then the limits, all on the descriptor the reader opened. A
+ * cancel (the broker stopping) ends the walk at the next file. */
+typedef struct load_check {
+    wb_load_job *job;
+    const atomic_int *cancel;
+} load_check;
+
+static int check_file(void *arg, int fd, const char *path, wb_err *err)
+{
+    const load_check *lc = arg;
+    if (lc->cancel && atomic_load(lc->cancel))
+        return wb__err_set(err, WB_ESTATE, "the load was cancelled (the broker is stopping)");
+    return wb__auth_check_peer_fd(&lc->job->access, fd, path, err);
+}
+
+static int check_header_len(void *arg, const char *path, uint64_t header_len, wb_err *err)
+{
+    return wb__limits_check_header_len(&((load_check *)arg)->job->limits, path, header_len, err);
+}
+
+static int check_tensor_count(void *arg, const char *index_path, uint64_t tensors, wb_err *err)
+{
+    (void)index_path;
+    const wb_load_job *job = ((load_check *)arg)->job;
+    return wb__limits_check_tensors(&job->limits, job->name, tensors, err);
+}
+
+static int check_shard_count(void *arg, const char *index_path, uint64_t shards, wb_err *err)
+{
+    return wb__limits_check_shards(&((load_check *)arg)->job->limits, index_path, shards, err);
+}
+
+static void log_refused(const wb_load_job *job, int rc)
+{
+    char q[300], qp[WB_PATH_MAX + 64], qr[WB_PATH_MAX + 64];
+    wb_warn("load_path_refused", "model=%s path=%s status=%s error=%s",
+            wb__log_quote(q, sizeof q, job->name), wb__log_quote(qp, sizeof qp, job->path),
+            wb_status_name(rc), wb__log_quote(qr, sizeof qr, job->err.msg));
+}
+
+/* Opens a job's table after judging the request: the path (what it resolves
+ * to, and the peer's access to that), then every file the reader opens, each
+ * judged before a byte of it is read and all of them before any header is
+ * parsed, so that nothing read from a file reaches the peer before that file
+ * has passed. Each file is judged on the descriptor it is read through: a
+ * link swapped meanwhile cannot make a message echo bytes of a file the peer
+ * may not read. A missing path is the reader's to report, as for any load.
+ * A refusal sets job->refused and is logged (limits, WB_ELIMIT, are counted
+ * by the broker instead). */
+static int open_checked(void *ctx, const char *path, const wb_load_opts *o, wb_st_table **table,
+                        wb_err *err)
+{
+    (void)o;
+    load_check *lc = ctx;
+    wb_load_job *job = lc->job;
+    char resolved[WB_PATH_MAX + 1];
+    int is_dir = 0;
+    int rc = wb__auth_check_load_path(path, resolved, sizeof resolved, &is_dir, err);
+    int found = rc != WB_ENOTFOUND;
+    if (!found)
+        rc = WB_OK;
+    else if (rc == WB_OK)
+        rc = wb__auth_check_peer_path(&job->access, resolved, err);
+    if (rc == WB_OK) {
+        wb_st_open_opts so = {.check_file = check_file,
+                              .arg = lc,
+                              .check_header = check_header_len,
+                              .check_count = check_tensor_count,
+                              .check_shards = check_shard_count,
+                              .precheck = 1};
+        rc = wb__st_open_ex(path, &so, table, err);
+        if (rc != WB_EPERM && rc != WB_ELIMIT) {
+            if (found && rc == WB_OK) {
+                char q[300], qp[WB_PATH_MAX + 64], qr[WB_PATH_MAX + 64];
+                wb_info("load_path", "model=%s path=%s resolved=%s kind=%s",
+                        wb__log_quote(q, sizeof q, job->name), wb__log_quote(qp, sizeof qp, path),
+                        wb__log_quote(qr, sizeof qr, resolved), is_dir ? "directory" : "file");
+            }
+            /* Failures of the reader are failed loads. */
+            return rc;
+        }
+    }
+    job->refused = 1;
+    if (rc != WB_ELIMIT)
+        log_refused(job, rc);
+    return rc;
+}
+
+/* glibc keeps what the load freed (the parsed index, the tables' copies)
+ * in its arenas, fragmented: a failed load of a big index left hundreds of
+ * megabytes resident. Given back here, on the loader's thread. */
+static void give_back_memory(void)
+{
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
+}
+
 void wb__load_job_run(wb_load_job *job, const atomic_int *cancel)
 {
     wb__err_clear(&job->err);
+    job->refused = 0;
     wb_load_opts o = {.backend = job->backend,
                       .device = job->device,
                       .devices = job->devices,
@@ -407,7 +527,10 @@ void wb__load_job_run(wb_load_job *job, const atomic_int *cancel)
                       .cancel = cancel,
                       .progress = job->progress,
                       .access = &job->access};
-    job->rc = wb__load_ex(job->path, &o, &job->data, &job->err);
+    load_check lc = {.job = job, .cancel = cancel};
+    job->rc =
+        load(job->path, &o, job->check ? open_checked : open_judged, &lc, &job->data, &job->err);
+    give_back_memory();
 }
 
 void wb__load_log_stages(const char *model, const wb_model_data *d)

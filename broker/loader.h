@@ -1,12 +1,15 @@
-/* Loading a checkpoint into a slab: validate it with the safetensors reader,
- * lay its tensors out at WB_SLAB_ALIGN-aligned offsets in one slab, and move
- * them there through the pipeline of stage.h, which checksums each tensor
- * (XXH3-64) on the way: directly for the host backend, through the pinned
- * staging ring or registered file mappings for the cuda backend.
+/* Loading a checkpoint into a slab: judge the request (the path, the peer's
+ * access to every file, the limits a file's bytes show), validate it with
+ * the safetensors reader, lay its tensors out at WB_SLAB_ALIGN-aligned
+ * offsets in one slab, and move them there through the pipeline of stage.h,
+ * which checksums each tensor (XXH3-64) on the way: directly for the host
+ * backend, through the pinned staging ring or registered file mappings for
+ * the cuda backend.
  *
  * wb__load() does one load in the calling thread. wb_loader runs loads one
  * after another in a background thread and signals each completion through
- * an eventfd, so the broker's event loop keeps serving meanwhile. */
+ * an eventfd, so the broker's event loop keeps serving meanwhile: nothing of
+ * a load, its checks included, touches a file on the loop's thread. */
 #ifndef WB_BROKER_LOADER_H
 #define WB_BROKER_LOADER_H
 
@@ -14,6 +17,7 @@
 #include "backend.h"
 #include "err.h"
 #include "models.h"
+#include "quota.h"
 #include "stage.h"
 
 #include <pthread.h>
@@ -81,8 +85,17 @@ typedef struct wb_load_job {
     wb_load_progress *progress;
     /* Whose access the load's files are judged by (zeroed: nobody's). */
     wb_load_access access;
-    /* The outcome, set by the loader thread. */
+    /* 1: the request is judged before anything is read (the broker's loads
+     * and preloads): the path (wb__auth_check_load_path), the peer's access
+     * to it and then to every file the reader opens, each on the descriptor
+     * it reads, and the limits that a file's bytes show (header lengths, an
+     * index's entries and shards), all before any header is parsed. */
+    int check;
+    wb_limits limits; /* what the checks judge by (a copy of the broker's) */
+    /* The outcome, set by the loader thread. `refused`: the checks refused
+     * the load (rc and err say why); nothing of it was read. */
     int rc;
+    int refused;
     wb_err err;
     wb_model_data data;
     struct wb_load_job *next;
@@ -91,8 +104,12 @@ typedef struct wb_load_job {
 /* A new job with copies of name, path and ident; NULL when out of memory. */
 wb_load_job *wb__load_job_new(const char *name, const char *path, const wb_backend *be, int device,
                               const void *ident, size_t ident_len, uint64_t request_id);
-/* Runs the job's load in the calling thread (the loader thread, or the
- * broker's when it has none) and sets job->rc, job->err and job->data. */
+/* Runs the job's checks (job->check) and load in the calling thread (the
+ * loader thread, or the broker's when it has none) and sets job->rc,
+ * job->refused, job->err and job->data. Logs the checked path
+ * (event=load_path) or its refusal (event=load_path_refused). Memory the
+ * load freed (an index's parse takes hundreds of megabytes) is given back
+ * to the system before it returns. */
 void wb__load_job_run(wb_load_job *job, const atomic_int *cancel);
 /* Frees the job and whatever result it still owns; sets *job to NULL. */
 void wb__load_job_free(wb_load_job **job);

@@ -79,6 +79,8 @@ static void limits_from(const wb_options *o, wb_limits *l)
         l->max_models = (uint32_t)o->num[WB_NUM_MAX_MODELS];
     if (o->num[WB_NUM_MAX_TENSORS])
         l->max_tensors = (uint64_t)o->num[WB_NUM_MAX_TENSORS];
+    if (o->num[WB_NUM_MAX_SHARDS])
+        l->max_shards = (uint64_t)o->num[WB_NUM_MAX_SHARDS];
     if (o->num[WB_NUM_MAX_MESSAGE])
         l->max_message = (uint64_t)o->num[WB_NUM_MAX_MESSAGE];
     if (o->num[WB_NUM_MAX_HEADER])
@@ -215,10 +217,10 @@ static int run(wb_options *o)
             wb__auth_describe_admins(&b.auth, admins, sizeof admins), (long long)b.slab_gid);
     wb_info("limits",
             "max_leases_per_client=%u max_models=%u max_tensors=%llu max_message_bytes=%llu "
-            "max_header_bytes=%llu",
+            "max_header_bytes=%llu max_shards=%llu",
             b.limits.max_leases_per_client, b.limits.max_models,
             (unsigned long long)b.limits.max_tensors, (unsigned long long)b.limits.max_message,
-            (unsigned long long)b.limits.max_header);
+            (unsigned long long)b.limits.max_header, (unsigned long long)b.limits.max_shards);
     for (size_t i = 0; i < o->n_models; i++) {
         const wb_preload *pm = &o->models[i];
         if (wb__broker_preload(&b, pm->name, pm->path, pm->placement, &err) != WB_OK) {

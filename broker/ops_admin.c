@@ -43,8 +43,11 @@ int wb__ops_load(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request
     if (m)
         return wb__ops_fail(rep, a, WB_EEXIST, "a model named '%s' already exists (%s)", name,
                             wb__model_state_name(m->state));
+    /* The path and the files are judged by the loader (wb__broker_check_job):
+     * nothing here touches the file system, and the name is reserved by the
+     * loading model meanwhile. */
     wb_err cerr;
-    int crc = wb__broker_check_load(b, peer, name, path, &cerr);
+    int crc = wb__limits_check_models(&b->limits, b->models.n, &cerr);
     if (crc != WB_OK)
         return wb__ops_fail(rep, a, crc, "%s", cerr.msg);
     int devices[WB_GPU_MAX];
@@ -62,7 +65,7 @@ int wb__ops_load(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request
     }
     wb__broker_set_devices(b, m, job, devices, n_devices);
     job->progress = &m->progress;
-    job->access = wb__auth_load_access(peer);
+    wb__broker_check_job(b, peer, job);
     wb__models_add(&b->models, m);
     wb_info("model_load_start", "model=%s path=%s backend=%s pid=%u uid=%u",
             wb__log_quote(q, sizeof q, name), wb__log_quote(qp, sizeof qp, path),

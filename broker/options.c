@@ -59,6 +59,7 @@ static const num_opt num_opts[WB_NUM_OPTS] = {
     [WB_NUM_MAX_LEASES] = {"max-leases-per-client", 1, 1000000000, "a positive number", 0},
     [WB_NUM_MAX_MODELS] = {"max-models", 1, 1000000000, "a positive number", 0},
     [WB_NUM_MAX_TENSORS] = {"max-tensors", 1, 1000000000, "a positive number", 0},
+    [WB_NUM_MAX_SHARDS] = {"max-shards", 1, 1000000, "a number from %ld to %ld", 40},
     [WB_NUM_MAX_MESSAGE] = {"max-message-bytes", WB_MIN_MESSAGE, WB_MAX_MESSAGE,
                             "a number of bytes from %ld to %ld (clients accept no more)", 0},
     [WB_NUM_MAX_HEADER] = {"max-header-bytes", 1, (long)WB_ST_MAX_HEADER,
@@ -109,6 +110,7 @@ static const struct option long_opts[] = {
     {"max-leases-per-client", required_argument, NULL, OPT_NUM + WB_NUM_MAX_LEASES},
     {"max-models", required_argument, NULL, OPT_NUM + WB_NUM_MAX_MODELS},
     {"max-tensors", required_argument, NULL, OPT_NUM + WB_NUM_MAX_TENSORS},
+    {"max-shards", required_argument, NULL, OPT_NUM + WB_NUM_MAX_SHARDS},
     {"max-message-bytes", required_argument, NULL, OPT_NUM + WB_NUM_MAX_MESSAGE},
     {"max-header-bytes", required_argument, NULL, OPT_NUM + WB_NUM_MAX_HEADER},
     {"max-peers", required_argument, NULL, OPT_NUM + WB_NUM_MAX_PEERS},
@@ -214,7 +216,9 @@ static void usage(FILE *out)
             "  --max-leases-per-client N  leases one process may hold (default %d)\n"
             "  --max-models N         models held at once, loading and draining included\n"
             "                         (default %d)\n"
-            "  --max-tensors N        tensors in one model (default %d)\n"
+            "  --max-tensors N        tensors in one model, also entries of a shard index\n"
+            "                         (default %d)\n"
+            "  --max-shards N         shard files one index may name (default %d)\n"
             "  --max-message-bytes N  largest message either way (default and most %u,\n"
             "                         least %d)\n"
             "  --max-header-bytes N   largest safetensors header (default and most %llu)\n\n"
@@ -257,7 +261,7 @@ static void usage(FILE *out)
             "clients keep the memory they have mapped.\n",
             WB_DEFAULT_HEARTBEAT_MS, WB_DEFAULT_STALE_MS, WB_DEFAULT_HEARTBEAT_RATE,
             WB_DEFAULT_MAX_LEASES_PER_CLIENT, WB_DEFAULT_MAX_MODELS, WB_DEFAULT_MAX_TENSORS,
-            WB_MAX_MESSAGE, WB_MIN_MESSAGE, WB_ST_MAX_HEADER);
+            WB_DEFAULT_MAX_SHARDS, WB_MAX_MESSAGE, WB_MIN_MESSAGE, WB_ST_MAX_HEADER);
 }
 
 static int misuse(const char *fmt, const char *a, const char *b)

@@ -31,6 +31,7 @@ typedef enum wb_num_opt {
     WB_NUM_MAX_LEASES,
     WB_NUM_MAX_MODELS,
     WB_NUM_MAX_TENSORS,
+    WB_NUM_MAX_SHARDS,
     WB_NUM_MAX_MESSAGE,
     WB_NUM_MAX_HEADER,
     WB_NUM_MAX_PEERS,

@@ -15,6 +15,7 @@ void wb__limits_default(wb_limits *l)
     l->max_leases_per_client = WB_DEFAULT_MAX_LEASES_PER_CLIENT;
     l->max_models = WB_DEFAULT_MAX_MODELS;
     l->max_tensors = WB_DEFAULT_MAX_TENSORS;
+    l->max_shards = WB_DEFAULT_MAX_SHARDS;
     l->max_message = WB_MAX_MESSAGE;
     l->max_header = WB_ST_MAX_HEADER;
     l->max_record_bytes = WB_DEFAULT_MAX_RECORD_BYTES_PER_CLIENT;
@@ -59,6 +60,17 @@ int wb__limits_check_tensors(const wb_limits *l, const char *model, uint64_t ten
     return wb__err_set(err, WB_ELIMIT,
                        "model '%s' has %llu tensors, over the limit of %llu (--max-tensors)", model,
                        (unsigned long long)tensors, (unsigned long long)l->max_tensors);
+}
+
+int wb__limits_check_shards(const wb_limits *l, const char *index_path, uint64_t shards,
+                            wb_err *err)
+{
+    if (shards <= l->max_shards)
+        return WB_OK;
+    return wb__err_set(err, WB_ELIMIT,
+                       "%s: the index names %llu shard files, over the limit of %llu "
+                       "(--max-shards)",
+                       index_path, (unsigned long long)shards, (unsigned long long)l->max_shards);
 }
 
 int wb__limits_check_lease_size(const wb_limits *l, const char *model, uint64_t lease_bytes,

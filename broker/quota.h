@@ -1,6 +1,6 @@
 /* Configured limits on what peers may make the broker hold: leases per
- * client process, models, tensors per model, message size and safetensors
- * header size. Each refusal is WB_ELIMIT with a message that names the limit,
+ * client process, models, tensors per model, shard files per index, message
+ * size and safetensors header size. Each refusal is WB_ELIMIT with a message that names the limit,
  * its value and the wbrokerd option that sets it. */
 #ifndef WB_BROKER_QUOTA_H
 #define WB_BROKER_QUOTA_H
@@ -13,6 +13,10 @@
 #define WB_DEFAULT_MAX_LEASES_PER_CLIENT 1024
 #define WB_DEFAULT_MAX_MODELS            64
 #define WB_DEFAULT_MAX_TENSORS           1000000
+/* Shard files one index may name: the largest public checkpoints have a few
+ * hundred; each is opened, judged and read, and all stay open while the
+ * load reads them. */
+#define WB_DEFAULT_MAX_SHARDS 4096
 /* Container record bytes one client process may make the broker keep, over
  * all its leases: 1 MiB holds a container on each of 1024 leases with
  * paths of several hundred bytes (a record costs 64 bytes plus its
@@ -26,13 +30,14 @@ typedef struct wb_limits {
     uint32_t max_leases_per_client; /* leases one pid may hold at once */
     uint32_t max_models;            /* models in the registry, whatever their state */
     uint64_t max_tensors;           /* tensors in one model */
+    uint64_t max_shards;            /* shard files one index names */
     uint64_t max_message;           /* bytes of one message, both directions */
     uint64_t max_header;            /* bytes of one safetensors header */
     uint64_t max_record_bytes;      /* container record bytes one pid may keep */
 } wb_limits;
 
 /* The defaults: 1024 leases per client, 64 models, 1,000,000 tensors,
- * WB_MAX_MESSAGE, WB_ST_MAX_HEADER, 1 MiB of container records per
+ * 4096 shard files, WB_MAX_MESSAGE, WB_ST_MAX_HEADER, 1 MiB of container records per
  * client. */
 void wb__limits_default(wb_limits *l);
 
@@ -43,6 +48,9 @@ int wb__limits_check_leases(const wb_limits *l, uint32_t pid, uint32_t held, wb_
 int wb__limits_check_records(const wb_limits *l, uint32_t pid, uint64_t bytes, wb_err *err);
 int wb__limits_check_models(const wb_limits *l, size_t models, wb_err *err);
 int wb__limits_check_tensors(const wb_limits *l, const char *model, uint64_t tensors, wb_err *err);
+/* The index at `index_path` names `shards` distinct shard files. */
+int wb__limits_check_shards(const wb_limits *l, const char *index_path, uint64_t shards,
+                            wb_err *err);
 /* A lease on `model` would be a `lease_bytes` message (plus framing). */
 int wb__limits_check_lease_size(const wb_limits *l, const char *model, uint64_t lease_bytes,
                                 wb_err *err);

@@ -3,6 +3,8 @@
  * the parser (safetensors_parse.c). Only headers are ever read here. */
 #include "safetensors.h"
 
+#include "safetensors_index.h"
+
 #include <jansson.h>
 
 #include <errno.h>
@@ -251,8 +253,15 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-static int read_index_json(const reader *r, const char *path, json_t **out, wb_err *err)
+/* Reads and parses the index, after judging what its bytes hold: its
+ * entries by check_count and the other values against WB_ST_INDEX_MAX_OTHER,
+ * so that an index over a limit is never made into a tree (some 170 bytes an
+ * entry). *counted tells whether check_count was asked: bytes whose
+ * structure the count cannot follow are the parser's to refuse. */
+static int read_index_json(const reader *r, const char *path, json_t **out, int *counted,
+                           wb_err *err)
 {
+    *counted = 0;
     int fd = -1;
     struct stat st;
     int rc = open_regular(r, path, &fd, &st, err);
@@ -273,6 +282,20 @@ static int read_index_json(const reader *r, const char *path, json_t **out, wb_e
     rc = pread_full(fd, buf, size, 0, path, err);
     if (rc)
         goto out;
+    wb_st_index_count n;
+    if (wb__st_index_count(buf, size, &n) == 0) {
+        if (n.other_values > WB_ST_INDEX_MAX_OTHER) {
+            rc = wb__st_fail(err, WB_ELIMIT, path,
+                             "the index holds %" PRIu64 " JSON values besides its weight_map's "
+                             "entries, over the limit of %d",
+                             n.other_values, WB_ST_INDEX_MAX_OTHER);
+            goto out;
+        }
+        *counted = 1;
+        if (r->o && r->o->check_count &&
+            (rc = r->o->check_count(r->o->arg, path, n.map_entries, err)) != 0)
+            goto out;
+    }
     json_error_t je;
     *out = json_loadb(buf, size, JSON_REJECT_DUPLICATES, &je);
     if (!*out)
@@ -336,12 +359,65 @@ static int add_index_metadata(wb_st_table *table, const char *path, json_t *meta
     return 0;
 }
 
+/* An index's shards, as open_index walks them. */
+typedef struct shard_walk {
+    const char *path; /* the index */
+    size_t prefix_len;
+    int dirfd; /* the index's directory */
+    const char *index_dir;
+    const char **shards; /* distinct, sorted */
+    size_t n_shards;
+    json_t *wm;
+} shard_walk;
+
+/* Opens every shard in name order, each judged by the caller's checks; with
+ * `check_only` closes it again, else reads its header into `table`. A missing
+ * shard is reported with a tensor it holds. */
+static int walk_shards(const reader *r, const shard_walk *w, int check_only, wb_st_table *table,
+                       wb_err *err)
+{
+    for (size_t i = 0; i < w->n_shards; i++) {
+        char *shard_path = path_join(w->path, w->prefix_len, w->shards[i]);
+        if (!shard_path)
+            return wb__st_fail(err, WB_ENOMEM, w->path, "out of memory");
+        int fd = -1;
+        struct stat st;
+        int rc = open_shard(r, w->dirfd, w->index_dir, w->shards[i], shard_path, &fd, &st, err);
+        if (rc == 0 && (rc = check_header_len(r, fd, &st, shard_path, err)) != 0)
+            close(fd);
+        else if (rc == 0 && check_only)
+            close(fd);
+        else if (rc == 0)
+            rc = read_header(table, (uint32_t)i, fd, &st, shard_path, err);
+        if (rc == WB_ENOTFOUND) {
+            const char *holder = "", *name;
+            json_t *value;
+            json_object_foreach(w->wm, name, value)
+            {
+                if (strcmp(json_string_value(value), w->shards[i]) == 0) {
+                    holder = name;
+                    break;
+                }
+            }
+            rc = wb__st_fail(err, WB_ENOTFOUND, w->path,
+                             "shard '%.200s' (holding tensor " NAMEF
+                             ") is missing: no such file: " FILEF,
+                             w->shards[i], holder, shard_path);
+        }
+        free(shard_path);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 /* Opens a sharded checkpoint: every shard the weight_map names, in name order,
  * then checks that the map and the shards agree tensor by tensor. */
 static int open_index(const reader *r, const char *path, wb_st_table **out, wb_err *err)
 {
     json_t *root = NULL;
-    int rc = read_index_json(r, path, &root, err);
+    int counted = 0;
+    int rc = read_index_json(r, path, &root, &counted, err);
     if (rc)
         return rc;
     wb_st_table *table = NULL;
@@ -394,7 +470,10 @@ static int open_index(const reader *r, const char *path, wb_st_table **out, wb_e
         }
         shards[n_shards++] = json_string_value(value);
     }
-    if (r->o && r->o->check_count && (rc = r->o->check_count(r->o->arg, path, n_map, err)) != 0)
+    /* Counted before the parse unless the count could not follow the
+     * bytes (and the parser still took them). */
+    if (!counted && r->o && r->o->check_count &&
+        (rc = r->o->check_count(r->o->arg, path, n_map, err)) != 0)
         goto out;
     qsort(shards, n_shards, sizeof *shards, cmp_str);
     size_t u = 0;
@@ -402,6 +481,9 @@ static int open_index(const reader *r, const char *path, wb_st_table **out, wb_e
         if (u == 0 || strcmp(shards[u - 1], shards[i]) != 0)
             shards[u++] = shards[i];
     n_shards = u;
+    if (r->o && r->o->check_shards &&
+        (rc = r->o->check_shards(r->o->arg, path, n_shards, err)) != 0)
+        goto out;
     if (n_shards > UINT32_MAX) {
         rc = wb__st_fail(err, WB_EFORMAT, path, "too many shards");
         goto out;
@@ -428,39 +510,17 @@ static int open_index(const reader *r, const char *path, wb_st_table **out, wb_e
         rc = open_error(err, errno, "open the directory of", path);
         goto out;
     }
-    for (size_t i = 0; i < n_shards; i++) {
-        char *shard_path = path_join(path, prefix_len, shards[i]);
-        if (!shard_path) {
-            rc = wb__st_fail(err, WB_ENOMEM, path, "out of memory");
-            goto out;
-        }
-        int fd = -1;
-        struct stat st;
-        rc = open_shard(r, dirfd, index_dir, shards[i], shard_path, &fd, &st, err);
-        if (rc == 0 && (rc = check_header_len(r, fd, &st, shard_path, err)) != 0)
-            close(fd);
-        else if (rc == 0 && r->check_only)
-            close(fd);
-        else if (rc == 0)
-            rc = read_header(table, (uint32_t)i, fd, &st, shard_path, err);
-        if (rc == WB_ENOTFOUND) {
-            const char *holder = "";
-            json_object_foreach(wm, name, value)
-            {
-                if (strcmp(json_string_value(value), shards[i]) == 0) {
-                    holder = name;
-                    break;
-                }
-            }
-            rc = wb__st_fail(err, WB_ENOTFOUND, path,
-                             "shard '%.200s' (holding tensor " NAMEF
-                             ") is missing: no such file: " FILEF,
-                             shards[i], holder, shard_path);
-        }
-        free(shard_path);
-        if (rc)
-            goto out;
-    }
+    shard_walk w = {.path = path,
+                    .prefix_len = prefix_len,
+                    .dirfd = dirfd,
+                    .index_dir = index_dir,
+                    .shards = shards,
+                    .n_shards = n_shards,
+                    .wm = wm};
+    if (!r->check_only && r->o && r->o->precheck && (rc = walk_shards(r, &w, 1, NULL, err)) != 0)
+        goto out;
+    if ((rc = walk_shards(r, &w, r->check_only, table, err)) != 0)
+        goto out;
 
     if (r->check_only)
         goto out;

@@ -29,16 +29,34 @@ typedef int (*wb_st_file_check)(void *arg, int fd, const char *path, wb_err *err
  * 8 bytes (the parser reports it). Nonzero stops the open, as check_file. */
 typedef int (*wb_st_header_check)(void *arg, const char *path, uint64_t header_len, wb_err *err);
 
-/* Asked about an index once its weight_map is known to be an object of
- * shard names, with the number of tensors it maps, before any shard is
- * opened. Nonzero stops the open, as check_file. */
+/* Asked about an index with the number of tensors its weight_map maps,
+ * counted from its bytes before they are parsed (safetensors_index.h), so
+ * that an index over a limit costs no more memory than its bytes (bytes the
+ * count cannot follow and the parser still takes are asked about once
+ * parsed). Nonzero stops the open, as check_file. */
 typedef int (*wb_st_count_check)(void *arg, const char *index_path, uint64_t tensors, wb_err *err);
+
+/* Asked about an index once it is parsed, with the number of distinct shard
+ * files its weight_map names, before any of them is opened. Nonzero stops
+ * the open, as check_file. */
+typedef int (*wb_st_shards_check)(void *arg, const char *index_path, uint64_t shards, wb_err *err);
+
+/* Values an index may hold besides its weight_map's entries: the root, the
+ * map itself, the metadata (a few keys in any real index). More is refused
+ * with WB_ELIMIT before the index is parsed. */
+#define WB_ST_INDEX_MAX_OTHER 65536
 
 typedef struct wb_st_open_opts {
     wb_st_file_check check_file;     /* may be NULL */
     void *arg;                       /* passed to each check */
     wb_st_header_check check_header; /* may be NULL */
     wb_st_count_check check_count;   /* may be NULL */
+    wb_st_shards_check check_shards; /* may be NULL */
+    /* 1: every shard of an index is opened and passed to check_file and
+     * check_header (as wb__st_check_files does) before any header is read,
+     * so that a refusal of any file comes before what reading the others
+     * could report; each shard is then opened and judged again to be read. */
+    int precheck;
 } wb_st_open_opts;
 
 /* wb__st_open with options (NULL: none). A shard whose directories lead out
@@ -49,9 +67,10 @@ int wb__st_open_ex(const char *path, const wb_st_open_opts *opts, wb_st_table **
 
 /* Opens every file wb__st_open_ex would (resolving the directory and the
  * index, refusing the same shard names) and passes each to opts->check_file
- * (and its header length, its index's tensor count, to check_header and
- * check_count), but parses no safetensors header. Each file is opened once
- * and judged on that descriptor. Errors as wb__st_open_ex. */
+ * (and its header length, its index's tensor and shard counts, to
+ * check_header, check_count and check_shards), but parses no safetensors
+ * header. Each file is opened once and judged on that descriptor. Errors as
+ * wb__st_open_ex. */
 int wb__st_check_files(const char *path, const wb_st_open_opts *opts, wb_err *err);
 
 #endif

@@ -103,7 +103,8 @@ stop_broker
 
 # Bad values are usage errors that name the option.
 for bad in "--max-message-bytes 100" "--max-message-bytes 67108865" "--max-models 0" \
-  "--max-tensors -1" "--max-leases-per-client x" "--max-header-bytes 100000001"; do
+  "--max-tensors -1" "--max-leases-per-client x" "--max-header-bytes 100000001" \
+  "--max-shards 0" "--max-shards 1000001"; do
   # shellcheck disable=SC2086
   "$WBROKERD" --socket "$WB_TMP/unused.sock" $bad >"$WB_TMP/bad.out" 2>"$WB_TMP/bad.err"
   rc=$?

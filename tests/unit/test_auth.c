@@ -6,6 +6,7 @@
 #include "broker_fixture.h"
 #include "loader.h"
 #include "ops.h"
+#include "ops_admin.h"
 #include "wire.h"
 
 #include <check.h>
@@ -13,6 +14,7 @@
 #include <errno.h>
 #include <grp.h>
 #include <limits.h>
+#include <poll.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -438,6 +440,90 @@ START_TEST(loader_judges_each_file)
 }
 END_TEST
 
+/* With a loader, the load handler judges nothing itself: the load is
+ * deferred at once with its name reserved (a second load of it is refused
+ * as for any loading model), the checks run on the loader's thread, and
+ * their refusal is the deferred reply, leaving no model and no load
+ * counted. */
+START_TEST(checks_run_on_the_loader)
+{
+    wb_err err;
+    wb_peer_creds admin = creds(stranger_uid(), 4321, (uint32_t)getpid());
+    char uid[16];
+    snprintf(uid, sizeof uid, "%u", admin.uid);
+    ck_assert_int_eq(wb__auth_add(&F.b.auth, WB_AUTH_ADMIN_UIDS, uid, "--admin-uid", &err), WB_OK);
+    char real[PATH_MAX], path[PATH_MAX + 64], want[2 * PATH_MAX];
+    ck_assert_ptr_nonnull(realpath(F.dir, real));
+    ck_assert_int_eq(chmod(real, 0755), 0);
+    snprintf(path, sizeof path, "%s/m.safetensors", real);
+    write_model(path);
+    ck_assert_int_eq(chmod(path, 0600), 0);
+
+    wb_loader l;
+    ck_assert_int_eq(wb__loader_start(&l, &err), WB_OK);
+    F.b.loader = &l;
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__LoadRequest lr = WBPROTO__LOAD_REQUEST__INIT;
+    lr.name = "x";
+    lr.path = path;
+    req.version = WB_PROTOCOL_VERSION;
+    req.id = 77;
+    req.body_case = WBPROTO__REQUEST__BODY_LOAD;
+    req.load = &lr;
+    Wbproto__Reply rep = WBPROTO__REPLY__INIT;
+    ck_assert_int_eq(wb__ops_handle(&F.b, &admin, &req, F.ident, sizeof F.ident, &F.a, &rep),
+                     WB_OPS_DEFERRED);
+    wb__arena_free(&F.a);
+    const wb_model *m = wb__models_find(&F.b.models, "x");
+    ck_assert_ptr_nonnull(m);
+    ck_assert_int_eq(m->state, WBPROTO__MODEL_STATE__MODEL_LOADING);
+    Wbproto__Reply *r = load(&admin, "x", path);
+    ck_assert_int_eq(r->status, WB_EEXIST);
+    ck_assert_str_eq(r->error, "a model named 'x' already exists (loading)");
+
+    struct pollfd pfd = {.fd = l.efd, .events = POLLIN};
+    ck_assert_int_eq(poll(&pfd, 1, 30000), 1);
+    wb_load_job *job = wb__loader_take_done(&l);
+    ck_assert_ptr_nonnull(job);
+    ck_assert_ptr_null(job->next);
+    wb_model *ready = NULL;
+    ck_assert_int_eq(wb__broker_finish_load(&F.b, job, &ready), WB_EPERM);
+    ck_assert_int_eq(job->refused, 1);
+    ck_assert_ptr_null(ready);
+    Wbproto__Reply done = WBPROTO__REPLY__INIT;
+    wb__ops_load_done(&F.b, job, ready, &F.a, &done);
+    ck_assert_uint_eq(done.id, 77);
+    ck_assert_int_eq(done.status, WB_EPERM);
+    snprintf(want, sizeof want,
+             "uid %u (gid 4321) may not read %s (mode 0600, owner uid %u, gid %u); the broker "
+             "loads only what the requesting user can read",
+             admin.uid, path, (unsigned)geteuid(), (unsigned)getegid());
+    ck_assert_str_eq(done.error, want);
+    wb__arena_free(&F.a);
+    wb__load_job_free(&job);
+    ck_assert_ptr_null(wb__models_find(&F.b.models, "x"));
+    ck_assert_uint_eq(F.b.stats.loads_total, 0);
+
+    /* Readable, it loads through the same path. */
+    ck_assert_int_eq(chmod(path, 0644), 0);
+    req.id = 78;
+    ck_assert_int_eq(wb__ops_handle(&F.b, &admin, &req, F.ident, sizeof F.ident, &F.a, &rep),
+                     WB_OPS_DEFERRED);
+    wb__arena_free(&F.a);
+    ck_assert_int_eq(poll(&pfd, 1, 30000), 1);
+    job = wb__loader_take_done(&l);
+    ck_assert_ptr_nonnull(job);
+    ck_assert_msg(wb__broker_finish_load(&F.b, job, &ready) == WB_OK, "%s", job->err.msg);
+    ck_assert_int_eq(job->refused, 0);
+    ck_assert_ptr_nonnull(ready);
+    ck_assert_int_eq(ready->state, WBPROTO__MODEL_STATE__MODEL_READY);
+    ck_assert_uint_eq(F.b.stats.loads_total, 1);
+    wb__load_job_free(&job);
+    ck_assert_ptr_null(wb__loader_stop(&l));
+    F.b.loader = NULL;
+}
+END_TEST
+
 START_TEST(load_paths)
 {
     char file[128], link1[128], link2[128], fifo[128], fifolink[128], sub[128], missing[128];
@@ -588,6 +674,7 @@ int main(void)
     tcase_add_test(tc, handlers_refuse_strangers);
     tcase_add_test(tc, load_needs_the_peers_own_access);
     tcase_add_test(tc, loader_judges_each_file);
+    tcase_add_test(tc, checks_run_on_the_loader);
     tcase_add_test(tc, load_paths);
     tcase_add_test(tc, load_handler_checks_paths);
     tcase_add_test(tc, slab_group);

@@ -1,6 +1,7 @@
-/* Configured limits: leases per client, models, tensors per model, message
- * size and safetensors header size. Each refusal is WB_ELIMIT with a message
- * that names the limit and its value, and leaves nothing behind. */
+/* Configured limits: leases per client, models, tensors per model, shard
+ * files per index, message size and safetensors header size. Each refusal
+ * is WB_ELIMIT with a message that names the limit and its value, and leaves
+ * nothing behind. */
 /* The test defines open() itself (below); glibc's fortified inline one
  * would clash with it. */
 #undef _FORTIFY_SOURCE
@@ -134,6 +135,7 @@ START_TEST(messages_name_the_limit)
     ck_assert_uint_eq(l.max_leases_per_client, 1024);
     ck_assert_uint_eq(l.max_models, 64);
     ck_assert_uint_eq(l.max_tensors, 1000000);
+    ck_assert_uint_eq(l.max_shards, 4096);
     ck_assert_uint_eq(l.max_message, WB_MAX_MESSAGE);
     ck_assert_uint_eq(l.max_header, 100000000);
     wb_err err;
@@ -149,6 +151,10 @@ START_TEST(messages_name_the_limit)
     ck_assert_int_eq(wb__limits_check_tensors(&l, "m", 1000001, &err), WB_ELIMIT);
     ck_assert_str_eq(err.msg,
                      "model 'm' has 1000001 tensors, over the limit of 1000000 (--max-tensors)");
+    ck_assert_int_eq(wb__limits_check_shards(&l, "/m/i.json", 4096, &err), WB_OK);
+    ck_assert_int_eq(wb__limits_check_shards(&l, "/m/i.json", 4097, &err), WB_ELIMIT);
+    ck_assert_str_eq(err.msg, "/m/i.json: the index names 4097 shard files, over the limit of "
+                              "4096 (--max-shards)");
     l.max_message = 4096;
     ck_assert_int_eq(wb__limits_check_lease_size(&l, "m", 3072, &err), WB_OK);
     ck_assert_int_eq(wb__limits_check_lease_size(&l, "m", 3073, &err), WB_ELIMIT);
@@ -251,6 +257,42 @@ START_TEST(tensors)
 }
 END_TEST
 
+/* Shard files one index names: refused once the index is read, before any
+ * shard is opened (the third is not even there), and not counted as a
+ * load. */
+START_TEST(shards)
+{
+    F.b.limits.max_shards = 2;
+    char sub[128], shard[160], index[160], want[400];
+    snprintf(sub, sizeof sub, "%s/three", F.dir);
+    ck_assert_int_eq(mkdir(sub, 0700), 0);
+    for (int k = 0; k < 2; k++) {
+        snprintf(shard, sizeof shard, "%s/s%d.safetensors", sub, k);
+        write_model(shard, 1, k + 1, 0); /* "t0", "tt0" */
+    }
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", sub);
+    FILE *f = fopen(index, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "{\"weight_map\":{\"t0\":\"s0.safetensors\",\"tt0\":\"s1.safetensors\","
+               "\"ttt0\":\"s2.safetensors\"}}");
+    fclose(f);
+    Wbproto__Reply *r = load("three", sub);
+    ck_assert_int_eq(r->status, WB_ELIMIT);
+    snprintf(want, sizeof want,
+             "%s: the index names 3 shard files, over the limit of 2 (--max-shards)", index);
+    ck_assert_str_eq(r->error, want);
+    ck_assert_ptr_null(wb__models_find(&F.b.models, "three"));
+    ck_assert_uint_eq(F.b.stats.loads_total, 0);
+    /* Within the limit, the missing third shard is what fails. */
+    F.b.limits.max_shards = 3;
+    r = load("three", sub);
+    ck_assert_int_eq(r->status, WB_ENOTFOUND);
+    ck_assert_ptr_nonnull(
+        strstr(r->error, "shard 's2.safetensors' (holding tensor 'ttt0') is missing"));
+    ck_assert_uint_eq(F.b.stats.loads_failed, 1);
+}
+END_TEST
+
 START_TEST(message_size)
 {
     F.b.limits.max_message = 4096;
@@ -313,9 +355,10 @@ START_TEST(header_size)
 END_TEST
 
 /* The header and tensor-count limits are judged on the descriptors whose
- * access was judged: a link swapped after the access check opened its file
- * is never followed again, and the limit message cannot echo the 8-byte
- * length field of the file it now names. */
+ * access was judged, by the loader's checks: a link swapped after the check
+ * opened its file is not followed by the checks or the header read, and the
+ * limit message cannot echo the 8-byte length field of the file it now
+ * names; the data reader, which opens the path again, finds the change. */
 START_TEST(limits_on_the_judged_descriptor)
 {
     char good[160], secret[160], link_path[160];
@@ -330,30 +373,34 @@ START_TEST(limits_on_the_judged_descriptor)
     ck_assert_int_eq(symlink(good, link_path), 0);
     F.b.limits.max_header = 1000;
 
-    wb_peer_creds p = me();
-    wb_err err;
-    wb__err_clear(&err);
     watch_path = link_path;
     swap_to = secret;
     watch_opens = 0;
-    int rc = wb__broker_check_load(&F.b, &p, "raced", link_path, &err);
+    Wbproto__Reply *r = load("raced", link_path);
     watch_path = swap_to = NULL;
-    ck_assert_msg(rc == WB_OK, "status %d: %s", rc, err.msg);
-    ck_assert_ptr_null(strstr(err.msg, "4702111234474983745"));
-    ck_assert_int_eq(watch_opens, 1); /* opened once, judged once */
+    ck_assert_int_eq(r->status, WB_EFORMAT);
+    ck_assert_msg(strstr(r->error, "changed while loading") != NULL, "got: %s", r->error);
+    ck_assert_ptr_null(strstr(r->error, "4702111234474983745"));
+    /* Judged, limited and its header read through one open; the data
+     * reader's is the second. */
+    ck_assert_int_eq(watch_opens, 2);
+    ck_assert_ptr_null(wb__models_find(&F.b.models, "raced"));
+    ck_assert_uint_eq(F.b.stats.loads_failed, 1);
 
-    /* The same walk still refuses what is over the limits, with the
-     * messages of before. */
+    /* The same checks still refuse what is over the limits, with the
+     * messages of before, and that refusal is not a load. */
     ck_assert_int_eq(unlink(link_path), 0);
     ck_assert_int_eq(symlink(secret, link_path), 0);
-    rc = wb__broker_check_load(&F.b, &p, "secret", link_path, &err);
-    ck_assert_int_eq(rc, WB_ELIMIT);
+    r = load("secret", link_path);
+    ck_assert_int_eq(r->status, WB_ELIMIT);
     char want[300];
     snprintf(want, sizeof want,
              "%s: the safetensors header is 4702111234474983745 bytes, over the limit of 1000 "
              "(--max-header-bytes)",
              link_path);
-    ck_assert_str_eq(err.msg, want);
+    ck_assert_str_eq(r->error, want);
+    ck_assert_ptr_null(wb__models_find(&F.b.models, "secret"));
+    ck_assert_uint_eq(F.b.stats.loads_total, 1);
 }
 END_TEST
 
@@ -367,6 +414,7 @@ int main(void)
     tcase_add_test(tc, record_bytes);
     tcase_add_test(tc, models);
     tcase_add_test(tc, tensors);
+    tcase_add_test(tc, shards);
     tcase_add_test(tc, message_size);
     tcase_add_test(tc, header_size);
     tcase_add_test(tc, limits_on_the_judged_descriptor);

@@ -831,6 +831,151 @@ START_TEST(file_check_hook)
 }
 END_TEST
 
+/* What the index checks were asked, and what they refuse. */
+typedef struct counts {
+    int count_calls, shard_calls, file_calls;
+    uint64_t tensors, shards;
+    uint64_t max_tensors; /* refused over it */
+    const char *refuse;   /* a file check refuses the path ending in this */
+} counts;
+
+static int note_count(void *arg, const char *index_path, uint64_t tensors, wb_err *err)
+{
+    counts *c = arg;
+    c->count_calls++;
+    c->tensors = tensors;
+    if (tensors > c->max_tensors)
+        return wb__err_set(err, WB_ELIMIT, "%s: %llu tensors", index_path,
+                           (unsigned long long)tensors);
+    return 0;
+}
+
+static int note_shards(void *arg, const char *index_path, uint64_t shards, wb_err *err)
+{
+    (void)index_path;
+    (void)err;
+    counts *c = arg;
+    c->shard_calls++;
+    c->shards = shards;
+    return 0;
+}
+
+static int note_file(void *arg, int fd, const char *path, wb_err *err)
+{
+    (void)fd;
+    counts *c = arg;
+    c->file_calls++;
+    size_t n = strlen(path), k = c->refuse ? strlen(c->refuse) : 0;
+    if (c->refuse && n >= k && strcmp(path + n - k, c->refuse) == 0)
+        return wb__err_set(err, WB_EPERM, "refused %s", path);
+    return 0;
+}
+
+static int open_counted(const char *path, counts *c, int precheck, wb_err *err)
+{
+    wb_st_open_opts o = {.check_file = note_file,
+                         .arg = c,
+                         .check_count = note_count,
+                         .check_shards = note_shards,
+                         .precheck = precheck};
+    wb_st_table *t = NULL;
+    int rc = wb__st_open_ex(path, &o, &t, err);
+    ck_assert(rc == WB_OK ? t != NULL : t == NULL);
+    wb__st_table_free(&t);
+    return rc;
+}
+
+/* An index's tensors are counted from its bytes and judged before it is
+ * parsed (a refusal comes even where the parse would fail: a repeated key),
+ * its shards once it is parsed and before any is opened; the values besides
+ * the map are bounded. */
+START_TEST(index_counts)
+{
+    write_two_shards("c");
+    write_index("c", "{\"metadata\":{\"total_size\":5},\"weight_map\":{\"a\":\"s1.safetensors\","
+                     "\"b\":\"s2.safetensors\"}}");
+    counts c = {.max_tensors = 2};
+    wb_err err = {0};
+    ck_assert_msg(open_counted(tpath("c"), &c, 0, &err) == WB_OK, "%s", err.msg);
+    ck_assert_int_eq(c.count_calls, 1);
+    ck_assert_uint_eq(c.tensors, 2);
+    ck_assert_int_eq(c.shard_calls, 1);
+    ck_assert_uint_eq(c.shards, 2);
+    ck_assert_int_eq(c.file_calls, 3); /* the index and two shards */
+
+    /* Counted before the parse: the repeated key that would fail it. */
+    write_index("c", "{\"weight_map\":{\"a\":\"s1.safetensors\",\"b\":\"s2.safetensors\","
+                     "\"a\":\"s1.safetensors\"}}");
+    c = (counts){.max_tensors = 2};
+    ck_assert_int_eq(open_counted(tpath("c"), &c, 0, &err), WB_ELIMIT);
+    char want[1200];
+    snprintf(want, sizeof want, "%s: 3 tensors", tpath("c/model.safetensors.index.json"));
+    ck_assert_str_eq(err.msg, want);
+    ck_assert_uint_eq(c.tensors, 3);
+    ck_assert_int_eq(c.shard_calls, 0);
+    c = (counts){.max_tensors = 3};
+    ck_assert_int_eq(open_counted(tpath("c"), &c, 0, &err), WB_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "malformed JSON index"));
+
+    /* Bytes the count cannot follow: the parser's message, and no count. */
+    write_index("c", "{\"weight_map\":{\"a\":\"s1.safetensors\"");
+    c = (counts){.max_tensors = 0};
+    ck_assert_int_eq(open_counted(tpath("c"), &c, 0, &err), WB_EFORMAT);
+    ck_assert_int_eq(c.count_calls, 0);
+
+    /* Values besides the map: a few are fine, past the limit refused. */
+    size_t n = WB_ST_INDEX_MAX_OTHER, cap = 2 * n + 128, used = 0;
+    char *text = malloc(cap);
+    ck_assert_ptr_nonnull(text);
+    used += (size_t)snprintf(text, cap, "{\"metadata\":{\"k\":[0");
+    for (size_t i = 1; i < n; i++) {
+        text[used++] = ',';
+        text[used++] = '0';
+    }
+    used +=
+        (size_t)snprintf(text + used, cap - used, "]},\"weight_map\":{\"a\":\"s1.safetensors\"}}");
+    write_raw(tpath("c/model.safetensors.index.json"), text, used);
+    c = (counts){.max_tensors = 10};
+    ck_assert_int_eq(open_counted(tpath("c"), &c, 0, &err), WB_ELIMIT);
+    snprintf(want, sizeof want,
+             "%s: the index holds %zu JSON values besides its weight_map's entries, over the "
+             "limit of %d",
+             tpath("c/model.safetensors.index.json"), n + 4, WB_ST_INDEX_MAX_OTHER);
+    ck_assert_str_eq(err.msg, want);
+    ck_assert_int_eq(c.count_calls, 0);
+    free(text);
+}
+END_TEST
+
+/* With precheck, every shard is judged before any header is read: a
+ * refused second shard is reported rather than the first one's malformed
+ * header; without it, the first shard's header is read first. */
+START_TEST(index_precheck)
+{
+    ck_assert_int_eq(mkdir(tpath("p"), 0755), 0);
+    write_shard(tpath("p/s1.safetensors"), "{\"a\":{\"dtype\":\"U8\",\"shape\":[2]}}", 2);
+    write_shard(tpath("p/s2.safetensors"),
+                "{\"b\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3]}}", 3);
+    write_index("p", "{\"weight_map\":{\"a\":\"s1.safetensors\",\"b\":\"s2.safetensors\"}}");
+    counts c = {.max_tensors = 10, .refuse = "/s2.safetensors"};
+    wb_err err = {0};
+    ck_assert_int_eq(open_counted(tpath("p"), &c, 0, &err), WB_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "s1.safetensors"));
+    c = (counts){.max_tensors = 10, .refuse = "/s2.safetensors"};
+    ck_assert_int_eq(open_counted(tpath("p"), &c, 1, &err), WB_EPERM);
+    char want[1200];
+    snprintf(want, sizeof want, "refused %s", tpath("p/s2.safetensors"));
+    ck_assert_str_eq(err.msg, want);
+    ck_assert_int_eq(c.file_calls, 3); /* index, s1, s2: nothing read yet */
+    /* All passing: each shard is judged twice, once to read it. */
+    c = (counts){.max_tensors = 10};
+    write_shard(tpath("p/s1.safetensors"),
+                "{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2);
+    ck_assert_msg(open_counted(tpath("p"), &c, 1, &err) == WB_OK, "%s", err.msg);
+    ck_assert_int_eq(c.file_calls, 5);
+}
+END_TEST
+
 /* The in-memory parser: failures leave the table as it was; names stay unique
  * across files; the order and the name index stay right when files arrive out
  * of order. */
@@ -1090,6 +1235,8 @@ static Suite *suite(void)
     tcase_add_test(tc, index_shard_errors);
     tcase_add_test(tc, shard_links);
     tcase_add_test(tc, file_check_hook);
+    tcase_add_test(tc, index_counts);
+    tcase_add_test(tc, index_precheck);
     tcase_add_test(tc, parse_header_in_memory);
     tcase_add_test(tc, find_without_index);
     tcase_add_test(tc, many_tensors);
