@@ -99,8 +99,10 @@ extern const wb_backend wb__backend_host;
 /* The same in sealed memfds handed out as descriptors (--host-slab memfd). */
 extern const wb_backend wb__backend_host_memfd;
 
-/* How the cuda backend exports its slabs (--cuda-slab). */
-enum { WB_CUDA_SLAB_IPC = 0, WB_CUDA_SLAB_VMM = 1 };
+/* How the cuda backend exports its slabs (--cuda-slab). AUTO, the default,
+ * is VMM where the device supports it (wb__backend_pick falls back to IPC,
+ * saying why); wb__backend_cuda_new takes IPC or VMM only. */
+enum { WB_CUDA_SLAB_IPC = 0, WB_CUDA_SLAB_VMM = 1, WB_CUDA_SLAB_AUTO = 2 };
 
 typedef struct wb_cuda_options {
     int device;

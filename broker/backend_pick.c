@@ -76,12 +76,21 @@ int wb__backend_pick(const char *requested, int device, const wb_stage_config *s
         log_choice(*out, requested, device, probe.msg, 0);
         return WB_OK;
     }
-    wb_cuda_options o = {
-        .device = device, .slab = cuda_slab, .load_mode = load_mode, .stage = *stage};
+    int slab = cuda_slab == WB_CUDA_SLAB_AUTO ? WB_CUDA_SLAB_VMM : cuda_slab;
+    wb_cuda_options o = {.device = device, .slab = slab, .load_mode = load_mode, .stage = *stage};
     wb_backend *cuda = NULL;
     wb_err cerr;
     double t0 = mono_seconds();
     rc = wb__backend_cuda_new(&o, &cuda, &cerr);
+    if (rc == WB_ENOSYS && cuda_slab == WB_CUDA_SLAB_AUTO) {
+        /* The default asks for read-only slabs where the device has them;
+         * without VMM descriptor export, legacy IPC, and one line why. */
+        char q[WB_ERR_MSG_MAX + 64];
+        wb_warn("cuda_slab", "cuda_slab=ipc access=rw requested=default reason=%s",
+                wb__log_quote(q, sizeof q, cerr.msg));
+        o.slab = WB_CUDA_SLAB_IPC;
+        rc = wb__backend_cuda_new(&o, &cuda, &cerr);
+    }
     if (rc != WB_OK) {
         if (strcmp(requested, "cuda") == 0)
             return wb__err_set(err, rc, "cannot start the cuda backend: %s", cerr.msg);

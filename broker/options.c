@@ -587,7 +587,13 @@ int wb__options_validate(wb_options *o)
             printf("%s\n", o->models[i].from_file ? " (file)" : " (command line)");
         }
         printf("backend: %s cuda-slab=%s host-slab=%s\n", o->backend,
-               o->cuda_slab == WB_CUDA_SLAB_VMM ? "vmm" : "ipc", o->host_memfd ? "memfd" : "shm");
+               o->cuda_slab == WB_CUDA_SLAB_IPC ? "ipc" : "vmm", o->host_memfd ? "memfd" : "shm");
+        printf("access: cuda %s, host %s\n",
+               o->cuda_slab == WB_CUDA_SLAB_AUTO  ? "ro (cuda-vmm; cuda-ipc, rw, where the device "
+                                                    "lacks VMM descriptors)"
+               : o->cuda_slab == WB_CUDA_SLAB_VMM ? "ro (cuda-vmm)"
+                                                  : "rw (cuda-ipc)",
+               o->host_memfd ? "ro (sealed memfd)" : "ro mappings of named /dev/shm objects");
         printf("metrics: %s\nvalid\n", o->metrics ? o->metrics : "off");
         return 0;
     }
@@ -605,6 +611,8 @@ int wb__options_validate(wb_options *o)
 
 void wb__options_init(wb_options *o)
 {
-    *o = (wb_options){.backend = "auto"};
+    /* Read-only sharing unless asked otherwise: sealed memfds on the host,
+     * cuda-vmm descriptors on GPUs that support them. */
+    *o = (wb_options){.backend = "auto", .host_memfd = 1, .cuda_slab = WB_CUDA_SLAB_AUTO};
     wb__auth_init_default(&o->auth, (uint32_t)geteuid());
 }

@@ -103,7 +103,12 @@ else
   say "vmm broker: $(ctl models | tr -s ' \n' ' ')"
 fi
 
-start_broker "$WORK/stall.sock" "$OUT/broker.log" "${MODELS[@]}" || exit 1
+# The main broker uses the default transport (cuda-vmm where the device has
+# it); the vmm set compares its vmm broker with a legacy IPC one.
+LEGACY=()
+[ "$SET" = vmm ] && LEGACY=(--cuda-slab ipc)
+start_broker "$WORK/stall.sock" "$OUT/broker.log" "${LEGACY[@]}" "${MODELS[@]}" || exit 1
+say "broker transport: $(grep -o 'cuda_slab=[a-z-]* access=[a-z]*' "$OUT/broker.log" | head -n 1)"
 
 attach_one() { # attach_one OUTFILE [--verify]
   "$WORKER" --socket "${ATTACH_SOCK:-$SOCK}" --device cuda:0 --torch-lib "$TORCH_LIB" \

@@ -244,11 +244,13 @@ shm_count() {
 }
 
 # start_broker ARGS...: starts wbrokerd on $SOCK with the test timings plus
-# ARGS, and waits until it answers.
+# ARGS, and waits until it answers. A test about named /dev/shm slabs sets
+# HOST_SLAB=shm first (the broker's default is sealed memfds).
 start_broker() {
   BROKER_RUNS=$((BROKER_RUNS + 1))
   BROKER_LOG=$WB_TMP/broker$BROKER_RUNS.log
-  "$WBROKERD" --backend host --socket "$SOCK" --heartbeat-ms 100 --stale-ms 600 "$@" \
+  "$WBROKERD" --backend host --socket "$SOCK" --heartbeat-ms 100 --stale-ms 600 \
+    ${HOST_SLAB:+--host-slab "$HOST_SLAB"} "$@" \
     >"$BROKER_LOG" 2>&1 &
   BROKER_PID=$!
   STARTED_PIDS+=("$BROKER_PID")

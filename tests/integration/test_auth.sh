@@ -14,6 +14,8 @@
 #   at once;
 # * a socket directory the broker creates is 0750, the socket 0660.
 source "$(dirname "$0")/lib.sh"
+# Named slabs in /dev/shm: what this test looks at.
+HOST_SLAB=shm
 
 need_nobody
 "${NOBODY[@]}" "$WORKER" --help >/dev/null 2>&1 ||

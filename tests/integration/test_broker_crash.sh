@@ -14,6 +14,8 @@
 #   "verify failed: TENSOR" and exit 3.
 # (The same under the cuda backend needs a GPU: tests/gpu covers it.)
 source "$(dirname "$0")/lib.sh"
+# Named slabs in /dev/shm: what this test looks at.
+HOST_SLAB=shm
 
 # Short request timeouts so that a lost broker is noticed quickly.
 export WB_TIMEOUT_MS=1000

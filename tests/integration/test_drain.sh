@@ -3,6 +3,8 @@
 # new leases are refused, and it is freed when its last lease ends. An idle
 # model is freed at once.
 source "$(dirname "$0")/lib.sh"
+# Named slabs in /dev/shm: what this test looks at.
+HOST_SLAB=shm
 
 make_model "$WB_TMP/demo.safetensors" 3 5 >/dev/null
 make_model "$WB_TMP/idle.safetensors" 2 6 >/dev/null

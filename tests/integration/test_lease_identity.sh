@@ -9,6 +9,8 @@
 #   release it: the dead process's lease is reclaimed, never released;
 # * non-administrators see other processes' lease ids as 8 hex digits.
 source "$(dirname "$0")/lib.sh"
+# Named slabs in /dev/shm: what this test looks at.
+HOST_SLAB=shm
 
 need_nobody
 [ -w /proc/sys/kernel/ns_last_pid ] || skip "/proc/sys/kernel/ns_last_pid is not writable"

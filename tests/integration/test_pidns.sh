@@ -368,7 +368,7 @@ wait_for all_active 0 || fail "the hidden holders' leases stayed: $(ctl leases -
 kill -TERM "$BROKER_PID"
 wait "$BROKER_NS" 2>/dev/null
 [ ! -e "$FDSOCK" ] || fail "the broker left $FDSOCK behind"
-start_ns_broker --model "demo=$WB_TMP/demo.safetensors"
+start_ns_broker --host-slab shm --model "demo=$WB_TMP/demo.safetensors"
 wait_for model_ready demo || fail "model demo did not become ready"
 [ ! -e "$FDSOCK" ] || fail "a broker with /dev/shm names bound $FDSOCK"
 spawn w3 "${POD[@]}" "$WORKER" --socket "$SOCK" --model demo

@@ -5,6 +5,8 @@
 # acquires a new one. A broker stopped with SIGTERM while a lease is held
 # exits 0 and the worker ends cleanly without it.
 source "$(dirname "$0")/lib.sh"
+# Named slabs in /dev/shm: what this test looks at.
+HOST_SLAB=shm
 
 # Short request timeouts so a worker notices the dead broker quickly.
 export WB_TIMEOUT_MS=1000

@@ -5,9 +5,11 @@
 # The parent here is a shell that starts the broker in the background and then
 # execs sleep, which never waits for it.
 source "$(dirname "$0")/lib.sh"
+# Named slabs in /dev/shm: what this test looks at.
+HOST_SLAB=shm
 
 make_model "$WB_TMP/demo.safetensors" 4 9 >/dev/null
-sh -c '"$1" --backend host --socket "$2" --heartbeat-ms 100 --stale-ms 600 \
+sh -c '"$1" --backend host --host-slab shm --socket "$2" --heartbeat-ms 100 --stale-ms 600 \
          --model "demo=$3" >"$4" 2>&1 &
        echo $! >"$5"
        exec sleep 600' sh "$WBROKERD" "$SOCK" "$WB_TMP/demo.safetensors" \

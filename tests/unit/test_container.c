@@ -143,8 +143,11 @@ static void start_broker(void)
     snprintf(wbrokerd, sizeof wbrokerd, "%s/broker/wbrokerd", bin_dir());
     snprintf(m1, sizeof m1, "base=%s", base);
     snprintf(m2, sizeof m2, "head=%s", head);
-    char *argv[] = {wbrokerd, "--backend", "host", "--socket",       sock,  "--model",
-                    m1,       "--model",   m2,     "--heartbeat-ms", "100", NULL};
+    /* Named slabs: these tests look at the tables the broker publishes in
+     * /dev/shm (a memfd broker, the default, sends them in the frame). */
+    char *argv[] = {wbrokerd, "--backend", "host", "--host-slab", "shm", "--socket",
+                    sock,     "--model",   m1,     "--model",     m2,    "--heartbeat-ms",
+                    "100",    NULL};
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
