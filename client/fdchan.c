@@ -12,8 +12,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-/* Brokers one process talks to at once; a further one reuses the oldest
- * slot's connection for nothing: its fetches fail with WB_ELIMIT. */
+/* Brokers one process talks to at once; a further one takes the slot of a
+ * broker that is gone, else its fetches fail with WB_ELIMIT. */
 #define FDCHAN_SLOTS 8
 
 typedef struct chan {
@@ -109,6 +109,16 @@ static int chan_get(const char *path, int timeout_ms, chan **out, wb_err *err)
     for (size_t i = 0; i < n_chans; i++) {
         if (strcmp(chans[i].path, path) == 0)
             c = &chans[i];
+    }
+    /* A full table gives up a slot whose broker is gone (stopped, or never
+     * reconnected to): a process that outlives brokers is not locked out. */
+    for (size_t i = 0; !c && n_chans == FDCHAN_SLOTS && i < n_chans; i++) {
+        chan *o = &chans[i];
+        if (o->fd < 0 || o->pid != getpid() || chan_ended(o)) {
+            chan_drop(o);
+            c = o;
+            snprintf(c->path, sizeof c->path, "%s", path);
+        }
     }
     if (!c) {
         if (n_chans == FDCHAN_SLOTS)

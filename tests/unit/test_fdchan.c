@@ -175,12 +175,48 @@ START_TEST(test_broker_without_sessions)
 }
 END_TEST
 
+/* A process that outlives brokers (a test runner, a long-lived worker
+ * that followed several) is not locked out once it has talked to more
+ * brokers than the channel table holds: a gone broker's slot is reused. */
+START_TEST(test_brokers_come_and_go)
+{
+    wb_broker b;
+    wb_sidechan s;
+    broker_init(&b);
+    snprintf(dir, sizeof dir, "/tmp/wbfdc.XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    wb_err err;
+    for (int k = 0; k < 12; k++) {
+        snprintf(sock_path, sizeof sock_path, "%s/broker%d.sock", dir, k);
+        ck_assert_int_eq(wb__side_listen(&s, &b, sock_path,
+                                         &(wb_loop_options){.max_peers = 8,
+                                                            .max_per_uid = 8,
+                                                            .max_sessions_per_uid = 8,
+                                                            .handshake_ms = 1000},
+                                         &err),
+                         WB_OK);
+        pump p;
+        pump_start(&p, &s);
+        uint8_t t[WB_SESSION_TOKEN_LEN];
+        int rc = wb__fdchan_session(sock_path, 2000, t, &err);
+        ck_assert_msg(rc == WB_OK, "broker %d: %s", k, err.msg);
+        pump_stop(&p);
+        wb__side_destroy(&s);
+    }
+    wb__broker_destroy(&b);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("fdchan");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_session_per_connection);
     tcase_add_test(tc, test_broker_without_sessions);
+    tcase_add_test(tc, test_brokers_come_and_go);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
