@@ -78,6 +78,156 @@ static uint64_t scan_request_id(const uint8_t *buf, size_t len)
     return id;
 }
 
+/* The length of the valid UTF-8 sequence at p (n bytes left), or 0: no
+ * overlong form, no surrogate, nothing above U+10FFFF, as Python's and
+ * protobuf's strict decoders require. */
+static size_t utf8_seq(const unsigned char *p, size_t n)
+{
+    unsigned c = p[0];
+    if (c < 0x80)
+        return 1;
+    size_t len;
+    unsigned lo = 0x80, hi = 0xbf; /* the second byte's range */
+    if (c >= 0xc2 && c <= 0xdf) {
+        len = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        len = 3;
+        if (c == 0xe0)
+            lo = 0xa0; /* overlong */
+        else if (c == 0xed)
+            hi = 0x9f; /* surrogates */
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        len = 4;
+        if (c == 0xf0)
+            lo = 0x90; /* overlong */
+        else if (c == 0xf4)
+            hi = 0x8f; /* above U+10FFFF */
+    } else {
+        return 0;
+    }
+    if (n < len || p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t i = 2; i < len; i++) {
+        if ((p[i] & 0xc0) != 0x80)
+            return 0;
+    }
+    return len;
+}
+
+size_t wb__utf8_invalid_at(const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        /* ASCII a word at a time: names and paths are mostly ASCII. */
+        while (n - i >= 8) {
+            uint64_t w;
+            memcpy(&w, p + i, 8);
+            if (w & 0x8080808080808080ull)
+                break;
+            i += 8;
+        }
+        if (i == n)
+            break;
+        size_t k = utf8_seq(p + i, n - i);
+        if (k == 0)
+            return i;
+        i += k;
+    }
+    return n;
+}
+
+char *wb__utf8_repair(char *out, const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t n = strlen(s), o = 0;
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_seq(p + i, n - i);
+        if (k) {
+            memcpy(out + o, p + i, k);
+            o += k;
+            i += k;
+        } else {
+            memcpy(out + o, "\xef\xbf\xbd", 3);
+            o += 3;
+            i++;
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
+/* Appends "name" or "name[k]" (k != SIZE_MAX) to the path of len bytes;
+ * returns the new length (the path is cut short rather than overflowed). */
+static size_t path_push(char *path, size_t cap, size_t len, const char *name, size_t k)
+{
+    int w = k == SIZE_MAX ? snprintf(path + len, cap - len, "%s%s", len ? "." : "", name)
+                          : snprintf(path + len, cap - len, "%s%s[%zu]", len ? "." : "", name, k);
+    if (w < 0)
+        return len;
+    return (size_t)w < cap - len ? len + (size_t)w : cap - 1;
+}
+
+/* Every string field of a decoded message, sub-messages included, is valid
+ * UTF-8 (proto3 requires it of `string`): a peer's invalid bytes kept and
+ * sent back out would make every listing that carries them undecodable for
+ * strict decoders. Walks the descriptors, so a field added to wb.proto is
+ * checked without a change here. `root` names the top-level message's own
+ * strings ("reply.error"); sub-messages are named by their fields, as the
+ * other checks name them ("heartbeat.leases[0].container_records[2]"). */
+static int check_utf8(const ProtobufCMessage *m, const char *root, char *path, size_t cap,
+                      size_t len, wb_err *err)
+{
+    const ProtobufCMessageDescriptor *d = m->descriptor;
+    const char *base = (const char *)m;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        if (f->type != PROTOBUF_C_TYPE_STRING && f->type != PROTOBUF_C_TYPE_MESSAGE)
+            continue;
+        size_t n = 1;
+        void *const *elems = (void *const *)(const void *)(base + f->offset);
+        if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+            memcpy(&n, base + f->quantifier_offset, sizeof n);
+            memcpy(&elems, base + f->offset, sizeof elems);
+        } else if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) {
+            uint32_t which;
+            memcpy(&which, base + f->quantifier_offset, sizeof which);
+            if (which != f->id)
+                continue;
+        }
+        for (size_t k = 0; k < n; k++) {
+            const void *e;
+            memcpy(&e, &elems[k], sizeof e);
+            if (!e)
+                continue;
+            size_t at = len;
+            if (len == 0 && f->type == PROTOBUF_C_TYPE_STRING && root)
+                at = path_push(path, cap, 0, root, SIZE_MAX);
+            at = path_push(path, cap, at, f->name,
+                           f->label == PROTOBUF_C_LABEL_REPEATED ? k : SIZE_MAX);
+            int rc = WB_OK;
+            if (f->type == PROTOBUF_C_TYPE_STRING) {
+                size_t sl = strlen(e), bad = wb__utf8_invalid_at(e, sl);
+                if (bad < sl)
+                    rc = wb__err_set(err, WB_EPROTO, "%s is not valid UTF-8 (byte %zu)", path, bad);
+            } else {
+                rc = check_utf8(e, root, path, cap, at, err);
+            }
+            path[len] = '\0';
+            if (rc != WB_OK)
+                return rc;
+        }
+    }
+    return WB_OK;
+}
+
+/* check_utf8 over a whole message. */
+static int check_strings(const ProtobufCMessage *m, const char *root, wb_err *err)
+{
+    char path[256] = "";
+    return check_utf8(m, root, path, sizeof path, 0, err);
+}
+
 /* Model names travel in logs and error messages: 1..WB_NAME_MAX bytes and no
  * control characters. (The stricter character set for new models is checked
  * by the broker's load operation.) */
@@ -249,7 +399,7 @@ int wb__request_decode(const uint8_t *buf, size_t len, Wbproto__Request **out, u
     if (req->version != WB_PROTOCOL_VERSION)
         rc = wb__err_set(err, WB_EVERSION, "protocol version %u, this broker speaks %d",
                          req->version, WB_PROTOCOL_VERSION);
-    else
+    else if ((rc = check_strings(&req->base, NULL, err)) == WB_OK)
         rc = check_request_body(req, err);
     if (rc != WB_OK) {
         wbproto__request__free_unpacked(req, NULL);
@@ -398,6 +548,25 @@ uint8_t *wb__tensor_table_pack(Wbproto__Tensor *const *tensors, size_t n, size_t
     return buf;
 }
 
+/* Names the tensor whose string holds byte `bad` of the strings. */
+static int table_bad_string(const uint8_t *table, const table_header *h, const char *str,
+                            size_t bad, wb_err *err)
+{
+    size_t start = bad;
+    while (start > 0 && str[start - 1] != '\0')
+        start--;
+    for (uint32_t i = 0; i < h->n; i++) {
+        wb_table_tensor r;
+        memcpy(&r, table + WB_TABLE_HEADER + (size_t)i * WB_TABLE_RECORD, sizeof r);
+        if (r.name == start || r.dtype == start)
+            return wb__err_set(err, WB_EPROTO,
+                               "lease.tensor_table[%u].%s is not valid UTF-8 (byte %zu)", i,
+                               r.name == start ? "name" : "dtype", bad - start);
+    }
+    return wb__err_set(err, WB_EPROTO,
+                       "lease.tensor_table's strings are not valid UTF-8 (byte %zu of them)", bad);
+}
+
 int wb__tensor_table_check(const uint8_t *table, size_t len, Wbproto__Slab *const *slabs,
                            size_t n_slabs, wb_err *err)
 {
@@ -421,6 +590,12 @@ int wb__tensor_table_check(const uint8_t *table, size_t len, Wbproto__Slab *cons
      * ends inside them. */
     if (h.strings == 0 || str[h.strings - 1] != '\0')
         return wb__err_set(err, WB_EPROTO, "lease.tensor_table's strings do not end with a NUL");
+    /* Names and dtypes reach the caller as strings (and Python's str):
+     * UTF-8, as the Tensor messages' strings are. The strings are the
+     * names one after the other, so one pass checks them all. */
+    size_t bad = wb__utf8_invalid_at(str, h.strings);
+    if (bad < h.strings)
+        return table_bad_string(table, &h, str, bad, err);
     for (uint32_t i = 0; i < h.n; i++) {
         wb_table_tensor r;
         memcpy(&r, table + WB_TABLE_HEADER + (size_t)i * WB_TABLE_RECORD, sizeof r);
@@ -659,7 +834,7 @@ int wb__reply_decode(const uint8_t *buf, size_t len, Wbproto__Reply **out, wb_er
     else if (rep->status > 0)
         rc = wb__err_set(err, WB_EPROTO, "reply has status %d; statuses are 0 or negative",
                          (int)rep->status);
-    else
+    else if ((rc = check_strings(&rep->base, "reply", err)) == WB_OK)
         rc = check_reply_body(rep, err);
     if (rc != WB_OK) {
         wbproto__reply__free_unpacked(rep, NULL);

@@ -34,12 +34,16 @@
 /* Decodes and validates a request. On success *out is owned by the caller
  * (free with wb__request_free). On failure returns WB_EPROTO or WB_EVERSION
  * with a message; *id is set to the request id when it could be read (so the
- * error reply can echo it), else 0. */
+ * error reply can echo it), else 0. Every string field must be valid
+ * UTF-8 ("heartbeat.leases[0].container_records[2].model_path is not valid
+ * UTF-8 (byte 17)"). */
 int wb__request_decode(const uint8_t *buf, size_t len, Wbproto__Request **out, uint64_t *id,
                        wb_err *err);
 void wb__request_free(Wbproto__Request **req);
 
-/* Same for replies, as a client receives them. */
+/* Same for replies, as a client receives them (every string field valid
+ * UTF-8 too, "list_models.models[0].copies[1].error is not valid UTF-8
+ * (byte 3)"). */
 int wb__reply_decode(const uint8_t *buf, size_t len, Wbproto__Reply **out, wb_err *err);
 void wb__reply_free(Wbproto__Reply **rep);
 
@@ -94,6 +98,16 @@ void wb__tensor_table_digest(const uint8_t *table, size_t len, uint8_t out[16]);
 void wb__tensor_table_get(const uint8_t *table, uint32_t i, wb_table_tensor *out);
 const char *wb__tensor_table_strings(const uint8_t *table);
 const uint64_t *wb__tensor_table_dims(const uint8_t *table);
+
+/* The offset of the first byte of s[0..n) that does not start a valid
+ * UTF-8 sequence (no overlong form, no surrogate, nothing above U+10FFFF),
+ * or n when all of it is valid. */
+size_t wb__utf8_invalid_at(const char *s, size_t n);
+/* Copies s into out (3 * strlen(s) + 1 bytes), each byte that is not valid
+ * UTF-8 replaced by U+FFFD; returns out. For strings the broker sends that
+ * no peer checked (process names from /proc, paths from its command
+ * line). */
+char *wb__utf8_repair(char *out, const char *s);
 
 /* Human names for enums: "active", "stale"; "loading", "ready", "draining",
  * "freed", "failed"; "host", "cuda". "unknown" for anything else. */

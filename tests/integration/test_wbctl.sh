@@ -101,6 +101,11 @@ if LC_ALL=C grep -q $'[\x01-\x09\x0b-\x1f\x7f]\|\xe2\x80[\x8b-\x8f\xa8-\xae]\|\x
   fail "hostile: control or format characters printed: $(od -c "$WB_TMP/hostile.err" | head -n 5)"
 fi
 err_has hostile "tensor 'w\x1b[2K\x1b[1A\x0dFORGED\x0a\u{202e}exe.txt\u{200b}\u{2066}x\u{2069}\u{feff}\u{2028}': unknown dtype 'XX'"
+# A path that is not UTF-8 cannot travel in a LoadRequest (its strings are
+# UTF-8): refused by the broker's decoder, naming the byte.
+cp "$WB_TMP/demo.safetensors" "$WB_TMP/"$'odd\xff.safetensors'
+expect_rc 1 oddpath "$WBCTL" --socket "$SOCK" load odd "$WB_TMP/"$'odd\xff.safetensors'
+err_has oddpath "load.path is not valid UTF-8 (byte $((${#WB_TMP} + 4)))"
 
 # A relative path is made absolute before it is sent.
 (cd "$WB_TMP" && "$WBCTL" --socket "$SOCK" load second second.safetensors) \

@@ -5,6 +5,8 @@
 
 #include <check.h>
 
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -788,6 +790,234 @@ START_TEST(test_enum_names)
 }
 END_TEST
 
+/* wb.proto's strings are UTF-8 (proto3): the strict decoders of other
+ * languages refuse a message with invalid bytes in one. */
+START_TEST(test_utf8_validity)
+{
+    static const struct {
+        const char *s;
+        size_t bad; /* SIZE_MAX: valid */
+    } cases[] = {
+        {"", SIZE_MAX},
+        {"plain ascii, long enough for the word loop", SIZE_MAX},
+        {"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \xe6\xa8\xa1\xe5\x9e\x8b", SIZE_MAX},
+        {"\xc2\x80 \xdf\xbf \xe0\xa0\x80 \xef\xbf\xbf \xf0\x90\x80\x80 \xf4\x8f\xbf\xbf", SIZE_MAX},
+        {"\x7f\x01 controls are valid UTF-8", SIZE_MAX},
+        {"\x80", 0},                    /* a lone continuation byte */
+        {"ab\xc0\xaf", 2},              /* overlong '/' */
+        {"\xc1\xbf", 0},                /* overlong */
+        {"x\xe0\x80\xaf", 1},           /* overlong, 3 bytes */
+        {"xy\xf0\x80\x80\xaf", 2},      /* overlong, 4 bytes */
+        {"surrogate \xed\xa0\x80", 10}, /* U+D800 */
+        {"\xed\xbf\xbf", 0},            /* U+DFFF */
+        {"\xf4\x90\x80\x80", 0},        /* U+110000 */
+        {"\xf5\x80\x80\x80", 0},
+        {"\xff", 0},
+        {"\xfe", 0},
+        {"cut \xe2\x82", 4}, /* truncated */
+        {"cut \xf0\x9f\x98", 4},
+        {"\xc3(", 0}, /* a continuation that is not one */
+        {"\xe2\x28\xa1", 0},
+        {"0123456789abcdef\xff", 16}, /* after two ASCII words */
+        {"01234567\xc3\xa9\x80", 10},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t n = strlen(cases[i].s);
+        size_t want = cases[i].bad == SIZE_MAX ? n : cases[i].bad;
+        ck_assert_msg(wb__utf8_invalid_at(cases[i].s, n) == want, "case %zu: %zu, want %zu", i,
+                      wb__utf8_invalid_at(cases[i].s, n), want);
+    }
+    /* An invalid byte found at every position of the word loop. */
+    for (size_t at = 0; at < 24; at++) {
+        char s[32];
+        memset(s, 'a', sizeof s);
+        s[at] = (char)0xff;
+        ck_assert_uint_eq(wb__utf8_invalid_at(s, sizeof s), at);
+    }
+    char out[64];
+    ck_assert_str_eq(wb__utf8_repair(out, "ok \xff\xc3( \xe2\x82\xac"),
+                     "ok \xef\xbf\xbd\xef\xbf\xbd( \xe2\x82\xac");
+    ck_assert_str_eq(wb__utf8_repair(out, "caf\xc3\xa9"), "caf\xc3\xa9");
+}
+END_TEST
+
+/* Every string field of a request, however deep. */
+START_TEST(test_request_utf8)
+{
+    Wbproto__Request req, *out;
+    uint64_t id;
+    wb_err err;
+    Wbproto__ContainerRecord rec[3];
+    Wbproto__ContainerRecord *recs[3];
+    for (int i = 0; i < 3; i++) {
+        wbproto__container_record__init(&rec[i]);
+        rec[i].container_id = (uint64_t)i + 1;
+        rec[i].aoti_api = "CreateWithDevice";
+        rec[i].model_path = "/mod\xc3\xa8les/\xe6\xa8\xa1\xe5\x9e\x8b/\xf0\x9f\x98\x80.pt2";
+        recs[i] = &rec[i];
+    }
+    Wbproto__LeaseBeat beat[2] = {WBPROTO__LEASE_BEAT__INIT, WBPROTO__LEASE_BEAT__INIT};
+    Wbproto__LeaseBeat *beats[2] = {&beat[0], &beat[1]};
+    for (int i = 0; i < 2; i++) {
+        beat[i].lease_id.data = (uint8_t *)lease_id;
+        beat[i].lease_id.len = WB_LEASE_ID_LEN;
+        beat[i].containers = 3;
+        beat[i].n_container_records = 3;
+        beat[i].container_records = recs;
+    }
+    Wbproto__HeartbeatRequest hb = WBPROTO__HEARTBEAT_REQUEST__INIT;
+    hb.n_leases = 2;
+    hb.leases = beats;
+    init_req(&req, 21);
+    req.body_case = WBPROTO__REQUEST__BODY_HEARTBEAT;
+    req.heartbeat = &hb;
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_OK);
+    ck_assert_str_eq(out->heartbeat->leases[1]->container_records[2]->model_path,
+                     rec[2].model_path);
+    wb__request_free(&out);
+
+    /* Byte 15 of the path is not UTF-8: refused, nothing kept. */
+    rec[2].model_path = "/models/\xe6\xa8\xa1\xe5\x9e\x8b/\xff.pt2";
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_EPROTO);
+    ck_assert_ptr_null(out);
+    ck_assert_uint_eq(id, 21);
+    ck_assert_str_eq(err.msg,
+                     "heartbeat.leases[0].container_records[2].model_path is not valid UTF-8 "
+                     "(byte 15)");
+    hb.leases = (Wbproto__LeaseBeat *[]){&beat[0], &beat[0]};
+    beat[0].container_records = (Wbproto__ContainerRecord *[]){&rec[0], &rec[1], &rec[0]};
+    rec[0].aoti_api = "Create\xc0\xaf";
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg,
+                     "heartbeat.leases[0].container_records[0].aoti_api is not valid UTF-8 "
+                     "(byte 6)");
+
+    Wbproto__AcquireRequest acq = WBPROTO__ACQUIRE_REQUEST__INIT;
+    acq.model = "demo\xed\xa0\x80";
+    init_req(&req, 22);
+    req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
+    req.acquire = &acq;
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "acquire.model is not valid UTF-8 (byte 4)");
+    acq.model = "demo";
+    acq.device_uuid = "GPU-\xff";
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "acquire.device_uuid is not valid UTF-8 (byte 4)");
+
+    Wbproto__HelloRequest h = WBPROTO__HELLO_REQUEST__INIT;
+    h.client = "w\xf4\x90\x80\x80";
+    req.body_case = WBPROTO__REQUEST__BODY_HELLO;
+    req.hello = &h;
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "hello.client is not valid UTF-8 (byte 1)");
+    /* bytes fields (the session token) are not strings. */
+    h.client = "worker";
+    uint8_t token[16] = {0xff, 0xfe, 0x80};
+    h.session.data = token;
+    h.session.len = sizeof token;
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_OK);
+    wb__request_free(&out);
+
+    Wbproto__LoadRequest ld = WBPROTO__LOAD_REQUEST__INIT;
+    ld.name = "m";
+    ld.path = "/x/\xe2\x82";
+    req.body_case = WBPROTO__REQUEST__BODY_LOAD;
+    req.load = &ld;
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "load.path is not valid UTF-8 (byte 3)");
+    ld.path = "/x";
+    ld.placement = "0,\x80";
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "load.placement is not valid UTF-8 (byte 2)");
+    ld.placement = "";
+    ld.name = "\xc3";
+    ck_assert_int_eq(req_roundtrip(&req, &out, &id, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "load.name is not valid UTF-8 (byte 0)");
+}
+END_TEST
+
+/* A client checks the strings of the replies it exposes the same way. */
+START_TEST(test_reply_utf8)
+{
+    Wbproto__Reply rep = WBPROTO__REPLY__INIT, *out;
+    wb_err err;
+    rep.version = WB_PROTOCOL_VERSION;
+
+    Wbproto__ModelCopy mc[2] = {WBPROTO__MODEL_COPY__INIT, WBPROTO__MODEL_COPY__INIT};
+    Wbproto__ModelCopy *mcs[] = {&mc[0], &mc[1]};
+    mc[1].state = WBPROTO__MODEL_STATE__MODEL_FAILED;
+    mc[1].error = "cuda error: out of memory";
+    Wbproto__ModelInfo mi = WBPROTO__MODEL_INFO__INIT;
+    mi.name = "demo";
+    mi.path = "/models/\xe6\xa8\xa1\xe5\x9e\x8b.safetensors";
+    mi.n_copies = 2;
+    mi.copies = mcs;
+    Wbproto__ModelInfo *mis[] = {&mi};
+    Wbproto__ListModelsReply lm = WBPROTO__LIST_MODELS_REPLY__INIT;
+    lm.n_models = 1;
+    lm.models = mis;
+    rep.body_case = WBPROTO__REPLY__BODY_LIST_MODELS;
+    rep.list_models = &lm;
+    ck_assert_int_eq(rep_roundtrip(&rep, &out, &err), WB_OK);
+    wb__reply_free(&out);
+    mc[1].error = "cud\xff error";
+    ck_assert_int_eq(rep_roundtrip(&rep, &out, &err), WB_EPROTO);
+    ck_assert_ptr_null(out);
+    ck_assert_str_eq(err.msg, "list_models.models[0].copies[1].error is not valid UTF-8 (byte 3)");
+    mc[1].error = "";
+    mi.load_mode = "staged\xc3";
+    ck_assert_int_eq(rep_roundtrip(&rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "list_models.models[0].load_mode is not valid UTF-8 (byte 6)");
+    mi.load_mode = "";
+
+    Wbproto__LeaseInfo li = WBPROTO__LEASE_INFO__INIT;
+    li.id.data = (uint8_t *)lease_id;
+    li.id.len = WB_LEASE_ID_LEN;
+    li.process_name = "py\xfe";
+    Wbproto__LeaseInfo *lis[] = {&li};
+    Wbproto__ListLeasesReply ll = WBPROTO__LIST_LEASES_REPLY__INIT;
+    ll.n_leases = 1;
+    ll.leases = lis;
+    rep.body_case = WBPROTO__REPLY__BODY_LIST_LEASES;
+    rep.list_leases = &ll;
+    ck_assert_int_eq(rep_roundtrip(&rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "list_leases.leases[0].process_name is not valid UTF-8 (byte 2)");
+
+    /* The reply's own message, as an error reply carries it. */
+    Wbproto__Reply bad = WBPROTO__REPLY__INIT;
+    bad.version = WB_PROTOCOL_VERSION;
+    bad.status = WB_ENOTFOUND;
+    bad.error = "\x80no such model";
+    ck_assert_int_eq(rep_roundtrip(&bad, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "reply.error is not valid UTF-8 (byte 0)");
+    bad.error = "no model 'mod\xc3\xa8le'";
+    ck_assert_int_eq(rep_roundtrip(&bad, &out, &err), WB_OK);
+    ck_assert_int_eq(out->status, WB_ENOTFOUND);
+    wb__reply_free(&out);
+
+    /* An acquire: tensor messages and the compact table alike. */
+    fixture f;
+    fixture_init(&f);
+    f.t[1].name = "\xe2\x82";
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "acquire.lease.tensors[1].name is not valid UTF-8 (byte 0)");
+    fixture_init(&f);
+    f.t[1].name = "b\xff";
+    size_t len;
+    uint8_t *t = to_table(&f, &len);
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "lease.tensor_table[1].name is not valid UTF-8 (byte 1)");
+    ck_assert_int_eq(wb__tensor_table_check(t, len, f.lease.slabs, 2, &err), WB_EPROTO);
+    free(t);
+    fixture_init(&f);
+    f.t[0].dtype = "F\xc0\xb2";
+    t = to_table(&f, &len);
+    ck_assert_int_eq(wb__tensor_table_check(t, len, f.lease.slabs, 2, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "lease.tensor_table[0].dtype is not valid UTF-8 (byte 1)");
+    free(t);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("wire");
@@ -803,6 +1033,9 @@ int main(void)
     tcase_add_test(tc, test_reply_header);
     tcase_add_test(tc, test_reply_lists);
     tcase_add_test(tc, test_enum_names);
+    tcase_add_test(tc, test_utf8_validity);
+    tcase_add_test(tc, test_request_utf8);
+    tcase_add_test(tc, test_reply_utf8);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
