@@ -1,8 +1,8 @@
 /* Fuzzes the wire decoders with arbitrary bytes, as both a request (what the
  * broker receives) and a reply (what a client receives). A reply that
  * decodes must satisfy the bounds a client relies on for pointer arithmetic;
- * the strings of either must be UTF-8; anything else traps so the fuzzer
- * reports it. */
+ * a request's decoding must stay within its allocation budget; the strings
+ * of either must be UTF-8; anything else traps so the fuzzer reports it. */
 #include "wire.h"
 
 #include <stdint.h>
@@ -63,7 +63,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     wb_err err;
     uint64_t id;
     Wbproto__Request *req = NULL;
-    if (wb__request_decode(data, size, &req, &id, &err) == WB_OK) {
+    size_t peak = 0;
+    int rc = wb__request_decode_ex(data, size, &req, &id, &peak, &err);
+    if (peak > wb__request_budget(size))
+        __builtin_trap();
+    if (rc == WB_OK) {
         if (req->version != WB_PROTOCOL_VERSION || req->id != id)
             __builtin_trap();
         if (req->body_case == WBPROTO__REQUEST__BODY_HEARTBEAT) {

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 static const uint8_t lease_id[WB_LEASE_ID_LEN] = {1, 2,  3,  4,  5,  6,  7,  8,
                                                   9, 10, 11, 12, 13, 14, 15, 16};
@@ -1018,6 +1019,253 @@ START_TEST(test_reply_utf8)
 }
 END_TEST
 
+/* A heartbeat of exactly `len` bytes (about 1 MiB): version 1, id 300, one
+ * lease (300 containers) whose records are `rec` (rec_len bytes) over and
+ * over. Returns the buffer and the records in *n. */
+static uint8_t *flood_heartbeat(size_t len, const uint8_t *rec, size_t rec_len, size_t *n)
+{
+    uint8_t *buf = malloc(len);
+    ck_assert_ptr_nonnull(buf);
+    /* Request: 08 01 10 ac 02 6a <len> | HeartbeatRequest: 0a <len> |
+     * LeaseBeat: 0a 10 <16 bytes> 10 ac 02, then the records. Lengths are
+     * 3-byte varints for a 1 MiB message. */
+    size_t hdr = 5 + 1 + 3 + 1 + 3 + 18 + 3;
+    size_t body = len - hdr;
+    *n = body / rec_len;
+    ck_assert_uint_eq(body % rec_len, 0);
+    size_t beat = 18 + 3 + body, hb = 1 + 3 + beat;
+    ck_assert_uint_lt(hb, 1u << 21);
+    ck_assert_uint_ge(beat, 1u << 14);
+    uint8_t *p = buf;
+    *p++ = 0x08, *p++ = 0x01, *p++ = 0x10, *p++ = 0xac, *p++ = 0x02;
+    *p++ = 0x6a;
+    *p++ = (uint8_t)(hb | 0x80), *p++ = (uint8_t)((hb >> 7) | 0x80), *p++ = (uint8_t)(hb >> 14);
+    *p++ = 0x0a;
+    *p++ = (uint8_t)(beat | 0x80), *p++ = (uint8_t)((beat >> 7) | 0x80),
+    *p++ = (uint8_t)(beat >> 14);
+    *p++ = 0x0a, *p++ = 0x10;
+    memcpy(p, lease_id, 16);
+    p += 16;
+    *p++ = 0x10, *p++ = 0xac, *p++ = 0x02;
+    for (size_t i = 0; i < *n; i++, p += rec_len)
+        memcpy(p, rec, rec_len);
+    ck_assert_uint_eq((size_t)(p - buf), len);
+    return buf;
+}
+
+static long max_rss_kib(void)
+{
+    struct rusage ru;
+    ck_assert_int_eq(getrusage(RUSAGE_SELF, &ru), 0);
+    return ru.ru_maxrss;
+}
+
+/* 1 MiB of empty container records (3 bytes each) in one lease: refused for
+ * their number, which is looked at before anything is decoded. Decoding
+ * them first took 63 MB and 129 ms. The peak RSS of this (forked) test
+ * process stays where the buffer left it. */
+START_TEST(test_request_flood_of_records)
+{
+    static const uint8_t empty_record[] = {0xc2, 0x02, 0x00}; /* field 40, 0 bytes */
+    size_t n;
+    uint8_t *buf = flood_heartbeat(1u << 20, empty_record, sizeof empty_record, &n);
+    ck_assert_uint_eq(n, 349514);
+    long before = max_rss_kib();
+    Wbproto__Request *out = NULL;
+    uint64_t id = 0;
+    wb_err err;
+    ck_assert_int_eq(wb__request_decode(buf, 1u << 20, &out, &id, &err), WB_EPROTO);
+    long grew = max_rss_kib() - before;
+    ck_assert_ptr_null(out);
+    ck_assert_uint_eq(id, 300);
+    ck_assert_str_eq(err.msg, "heartbeat.leases[0].container_records has 349514 container "
+                              "records, at most 16");
+    ck_assert_msg(grew < 4096, "decoding grew the peak RSS by %ld KiB", grew);
+    free(buf);
+}
+END_TEST
+
+/* What the decoder allocates is counted: nothing for a request refused on
+ * the wire bytes, at most wb__request_budget(len) for any other, and a
+ * heartbeat at every bound fits. */
+START_TEST(test_request_budget)
+{
+    static const uint8_t empty_record[] = {0xc2, 0x02, 0x00};
+    size_t n, peak = 1;
+    uint8_t *buf = flood_heartbeat(1u << 20, empty_record, sizeof empty_record, &n);
+    Wbproto__Request *out = NULL;
+    uint64_t id;
+    wb_err err;
+    ck_assert_int_eq(wb__request_decode_ex(buf, 1u << 20, &out, &id, &peak, &err), WB_EPROTO);
+    ck_assert_uint_eq(peak, 0);
+    free(buf);
+
+    /* 4096 leases of 16 records, the most a heartbeat may carry. */
+    Wbproto__ContainerRecord rec = WBPROTO__CONTAINER_RECORD__INIT;
+    rec.aoti_api = "a";
+    Wbproto__ContainerRecord *recs[WB_MAX_CONTAINER_RECORDS];
+    for (size_t i = 0; i < WB_MAX_CONTAINER_RECORDS; i++)
+        recs[i] = &rec;
+    Wbproto__LeaseBeat beat = WBPROTO__LEASE_BEAT__INIT;
+    beat.lease_id.data = (uint8_t *)lease_id;
+    beat.lease_id.len = WB_LEASE_ID_LEN;
+    beat.containers = WB_MAX_CONTAINER_RECORDS;
+    beat.n_container_records = WB_MAX_CONTAINER_RECORDS;
+    beat.container_records = recs;
+    Wbproto__LeaseBeat **beats = malloc(WB_MAX_BEATS * sizeof *beats);
+    ck_assert_ptr_nonnull(beats);
+    for (size_t i = 0; i < WB_MAX_BEATS; i++)
+        beats[i] = &beat;
+    Wbproto__HeartbeatRequest hb = WBPROTO__HEARTBEAT_REQUEST__INIT;
+    hb.n_leases = WB_MAX_BEATS;
+    hb.leases = beats;
+    Wbproto__Request req;
+    init_req(&req, 5);
+    req.body_case = WBPROTO__REQUEST__BODY_HEARTBEAT;
+    req.heartbeat = &hb;
+    size_t len;
+    buf = wb__request_pack(&req, &len);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_int_eq(wb__request_decode_ex(buf, len, &out, &id, &peak, &err), WB_OK);
+    ck_assert_uint_eq(out->heartbeat->n_leases, WB_MAX_BEATS);
+    ck_assert_uint_gt(peak, (size_t)WB_MAX_BEATS * WB_MAX_CONTAINER_RECORDS * sizeof rec);
+    ck_assert_uint_le(peak, wb__request_budget(len));
+    wb__request_free(&out);
+    free(buf);
+    free(beats);
+
+    /* A record with 60 fields the broker does not know (2 bytes each), as
+     * many as fit in 1 MiB: under every count, over the budget. */
+    uint8_t unknown[3 + 120];
+    unknown[0] = 0xc2, unknown[1] = 0x02, unknown[2] = 120;
+    for (size_t i = 0; i < 60; i++)
+        unknown[3 + 2 * i] = 0x18, unknown[4 + 2 * i] = 0x00; /* field 3, varint 0 */
+    /* One lease of 16 such records per beat would be the honest shape;
+     * the flood puts them all in one lease, so make it many leases. */
+    size_t per_beat = 16 * sizeof unknown + 18 + 3, beats_n = ((1u << 20) - 16) / per_beat;
+    size_t body = beats_n * per_beat;
+    buf = malloc(body + 16);
+    ck_assert_ptr_nonnull(buf);
+    uint8_t *p = buf;
+    *p++ = 0x08, *p++ = 0x01, *p++ = 0x10, *p++ = 6, *p++ = 0x6a;
+    *p++ = (uint8_t)(body | 0x80), *p++ = (uint8_t)((body >> 7) | 0x80),
+    *p++ = (uint8_t)(body >> 14);
+    for (size_t b = 0; b < beats_n; b++) {
+        size_t bl = per_beat - 3;
+        *p++ = 0x0a, *p++ = (uint8_t)(bl | 0x80), *p++ = (uint8_t)(bl >> 7);
+        *p++ = 0x0a, *p++ = 0x10;
+        memcpy(p, lease_id, 16);
+        p += 16;
+        for (int r = 0; r < 16; r++, p += sizeof unknown)
+            memcpy(p, unknown, sizeof unknown);
+    }
+    len = (size_t)(p - buf);
+    ck_assert_int_eq(wb__request_decode_ex(buf, len, &out, &id, &peak, &err), WB_EPROTO);
+    ck_assert_ptr_null(out);
+    ck_assert_uint_eq(id, 6);
+    char want[256];
+    snprintf(want, sizeof want,
+             "decoding the request would take more than %zu bytes (%zu bytes of request; fields "
+             "that are not repeated given again and again, or fields this broker does not know)",
+             wb__request_budget(len), len);
+    ck_assert_str_eq(err.msg, want);
+    ck_assert_uint_le(peak, wb__request_budget(len));
+    free(buf);
+}
+END_TEST
+
+/* Fields beyond a message's own, on the wire: a few are a newer peer's;
+ * hundreds of thousands a flood that protobuf-c would hold 32 bytes each
+ * for while decoding. Refused before, naming the message. */
+START_TEST(test_request_field_counts)
+{
+    Wbproto__Request *out;
+    uint64_t id;
+    size_t peak;
+    wb_err err;
+    uint8_t buf[4096];
+    size_t n = 0;
+    buf[n++] = 0x08, buf[n++] = 0x01, buf[n++] = 0x10, buf[n++] = 9;
+    buf[n++] = 0x92, buf[n++] = 0x01, buf[n++] = 0x00; /* stats */
+    for (int i = 0; i < WB_MAX_UNKNOWN_FIELDS; i++)
+        buf[n++] = 0x18, buf[n++] = 0x01; /* field 3: unknown */
+    ck_assert_int_eq(wb__request_decode(buf, n, &out, &id, &err), WB_OK);
+    ck_assert_uint_eq(out->base.n_unknown_fields, WB_MAX_UNKNOWN_FIELDS);
+    wb__request_free(&out);
+    /* The request's 12 fields, each once, and 64 more: 76. */
+    for (int i = 0; i < 13; i++)
+        buf[n++] = 0x18, buf[n++] = 0x01;
+    ck_assert_int_eq(wb__request_decode_ex(buf, n, &out, &id, &peak, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "request has 80 fields on the wire, at most 76: its own once each "
+                              "(repeated ones up to their bounds) and 64 more, unknown to this "
+                              "broker or given again");
+    ck_assert_uint_eq(id, 9);
+    ck_assert_uint_eq(peak, 0);
+    /* A known field given again counts the same: the id 100 times. */
+    n = 0;
+    buf[n++] = 0x08, buf[n++] = 0x01;
+    for (int i = 0; i < 100; i++)
+        buf[n++] = 0x10, buf[n++] = 10;
+    buf[n++] = 0x92, buf[n++] = 0x01, buf[n++] = 0x00;
+    ck_assert_int_eq(wb__request_decode(buf, n, &out, &id, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "request has 102 fields on the wire, at most 76: its own once each "
+                              "(repeated ones up to their bounds) and 64 more, unknown to this "
+                              "broker or given again");
+
+    /* Inside the second record of a lease: its 16 fields and 64 more. The
+     * record holds container_id 100 times (3 bytes each). */
+    n = 0;
+    static const uint8_t head[] = {0x08, 0x01, 0x10, 0x0a, 0x6a, 0xc8, 0x02, /* heartbeat, 328 */
+                                   0x0a, 0xc5, 0x02,                         /* leases[0], 325 */
+                                   0x0a, 0x10};                              /* lease_id */
+    memcpy(buf, head, sizeof head);
+    n = sizeof head;
+    memcpy(buf + n, lease_id, 16);
+    n += 16;
+    buf[n++] = 0xc2, buf[n++] = 0x02, buf[n++] = 0x00;                  /* records[0]: empty */
+    buf[n++] = 0xc2, buf[n++] = 0x02, buf[n++] = 0xac, buf[n++] = 0x02; /* records[1]: 300 */
+    for (int i = 0; i < 100; i++)
+        buf[n++] = 0xc0, buf[n++] = 0x02, buf[n++] = 0x01;
+    ck_assert_uint_eq(n, 7 + 328);
+    ck_assert_int_eq(wb__request_decode_ex(buf, n, &out, &id, &peak, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "heartbeat.leases[0].container_records[1] has 100 fields on the "
+                              "wire, at most 80: its own once each (repeated ones up to their "
+                              "bounds) and 64 more, unknown to this broker or given again");
+    ck_assert_uint_eq(id, 10);
+    ck_assert_uint_eq(peak, 0);
+    /* Cut by one byte: bytes protobuf-c refuses too, said as before. */
+    ck_assert_int_eq(wb__request_decode_ex(buf, n - 1, &out, &id, &peak, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "request does not decode as wbproto.Request (334 bytes)");
+    ck_assert_uint_eq(peak, 0);
+}
+END_TEST
+
+/* Every repeated field a request can reach has a bound, and every message
+ * type fits the scan's counters: a field added to wb.proto without one
+ * fails here, not in production. */
+static void check_bounds(const ProtobufCMessageDescriptor *d, int depth)
+{
+    ck_assert_int_lt(depth, 8);
+    ck_assert_uint_le(d->n_fields, 64);
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        if (f->label == PROTOBUF_C_LABEL_REPEATED)
+            ck_assert_msg(wb__request_bound(d, f->id) > 0, "%s.%s has no bound", d->name, f->name);
+        if (f->type == PROTOBUF_C_TYPE_MESSAGE)
+            check_bounds(f->descriptor, depth + 1);
+    }
+}
+
+START_TEST(test_request_bounds_cover_the_schema)
+{
+    check_bounds(&wbproto__request__descriptor, 0);
+    ck_assert_uint_eq(wb__request_bound(&wbproto__heartbeat_request__descriptor, 1), WB_MAX_BEATS);
+    ck_assert_uint_eq(wb__request_bound(&wbproto__lease_beat__descriptor, 40),
+                      WB_MAX_CONTAINER_RECORDS);
+    ck_assert_uint_eq(wb__request_bound(&wbproto__lease_beat__descriptor, 1), 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("wire");
@@ -1036,6 +1284,10 @@ int main(void)
     tcase_add_test(tc, test_utf8_validity);
     tcase_add_test(tc, test_request_utf8);
     tcase_add_test(tc, test_reply_utf8);
+    tcase_add_test(tc, test_request_flood_of_records);
+    tcase_add_test(tc, test_request_budget);
+    tcase_add_test(tc, test_request_field_counts);
+    tcase_add_test(tc, test_request_bounds_cover_the_schema);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
