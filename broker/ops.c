@@ -17,14 +17,28 @@
 
 static char oom_message[] = "out of memory building the reply";
 
+const char *wb__ops_utf8(wb_arena *a, const char *s)
+{
+    if (!s)
+        return "";
+    size_t n = strlen(s);
+    if (wb__utf8_invalid_at(s, n) == n)
+        return s;
+    char *out = wb__arena_alloc(a, 3 * n + 1);
+    return out ? wb__utf8_repair(out, s) : NULL;
+}
+
 void wb__ops_error(Wbproto__Reply *rep, wb_arena *a, uint64_t id, int status, const char *msg)
 {
     rep->version = WB_PROTOCOL_VERSION;
     rep->id = id;
     rep->status = status;
     rep->body_case = WBPROTO__REPLY__BODY__NOT_SET;
+    /* A message may quote a path or a name the broker did not get from a
+     * peer (its command line, a file): UTF-8 before it goes out. */
     char *s = wb__arena_strdup(a, msg ? msg : wb_strerror(status));
-    rep->error = s ? s : oom_message;
+    const char *t = s ? wb__ops_utf8(a, s) : NULL;
+    rep->error = t ? (char *)t : oom_message;
 }
 
 /* Sets an error status with a formatted message and drops any body. */
@@ -89,7 +103,9 @@ Wbproto__ModelInfo *wb__ops_model_info(const wb_model *m, int state, wb_arena *a
         return NULL;
     wbproto__model_info__init(mi);
     mi->name = wb__arena_strdup(a, m->name);
-    mi->path = wb__arena_strdup(a, m->path);
+    /* A preloaded model's path comes from the command line: any bytes. */
+    char *path = wb__arena_strdup(a, m->path);
+    mi->path = path ? (char *)wb__ops_utf8(a, path) : NULL;
     if (!mi->name || !mi->path)
         return NULL;
     mi->state = state;
@@ -124,7 +140,8 @@ Wbproto__ModelInfo *wb__ops_model_info(const wb_model *m, int state, wb_arena *a
         c->device = mc->device;
         /* Copied: an unload's reply may outlive the model. */
         c->device_uuid = wb__arena_strdup(a, mc->uuid);
-        c->error = wb__arena_strdup(a, mc->error);
+        char *why = wb__arena_strdup(a, mc->error);
+        c->error = why ? (char *)wb__ops_utf8(a, why) : NULL;
         if (!c->device_uuid || !c->error)
             return NULL;
         c->state = mc->state;

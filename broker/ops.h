@@ -44,6 +44,12 @@ int wb__ops_fail(Wbproto__Reply *rep, wb_arena *a, int status, const char *fmt, 
     __attribute__((format(printf, 4, 5)));
 /* wb__ops_fail with WB_ENOMEM. */
 int wb__ops_oom(Wbproto__Reply *rep, wb_arena *a);
+/* A string no peer checked (a process name from /proc, a path from the
+ * command line, a message quoting them) as the reply may carry it: s
+ * itself when it is valid UTF-8, else a copy in the arena with each
+ * invalid byte as U+FFFD, so that strict decoders can read every listing.
+ * NULL when out of memory; "" for NULL. */
+const char *wb__ops_utf8(wb_arena *a, const char *s);
 /* Whether the peer is on the administrator list. */
 int wb__ops_is_admin(const wb_broker *b, const wb_peer_creds *peer);
 /* Refuses an administrator operation (`verb`) from a peer that is not one,

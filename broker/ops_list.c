@@ -137,7 +137,10 @@ int wb__ops_list_containers(wb_broker *b, const wb_peer_creds *peer, const Wbpro
             return wb__ops_oom(rep, a);
         wbproto__container_info__init(ci);
         ci->pid = g->pid;
-        ci->process_name = (char *)g->lease->comm;
+        /* /proc's comm is any bytes the process chose. */
+        ci->process_name = (char *)wb__ops_utf8(a, g->lease->comm);
+        if (!ci->process_name)
+            return wb__ops_oom(rep, a);
         ci->container_id = g->cid;
         ci->aoti_api = (char *)g->rec->aoti_api;
         ci->pinned_async_copy = g->rec->pinned_async_copy;
@@ -210,7 +213,10 @@ int wb__ops_list_leases(wb_broker *b, const wb_peer_creds *peer, const Wbproto__
         li->pid = l->pid;
         li->uid = l->uid;
         li->gid = l->gid;
-        li->process_name = (char *)l->comm;
+        /* /proc's comm is any bytes the process chose. */
+        li->process_name = (char *)wb__ops_utf8(a, l->comm);
+        if (!li->process_name)
+            return wb__ops_oom(rep, a);
         li->state = l->state;
         li->containers = l->containers;
         li->slabs = 1; /* the copy's one slab */

@@ -161,6 +161,30 @@ void wb__lease_beat_free(Wbproto__LeaseBeat *beat)
     beat->n_container_records = 0;
 }
 
+/* A model path as the broker takes it (a heartbeat with a string that is
+ * not UTF-8, or a path of WB_MAX_RECORD_PATH bytes or more, is refused
+ * whole): UTF-8, each byte of a path that is not as U+FFFD, and a long one
+ * by its end ("..." and its last bytes, from a character's start), which
+ * names the model. Malloc'd; NULL when out of memory. */
+static char *record_path(const char *path)
+{
+    char *fixed = malloc(3 * strlen(path) + 1);
+    if (!fixed)
+        return NULL;
+    wb__utf8_repair(fixed, path);
+    size_t len = strlen(fixed);
+    if (len < WB_MAX_RECORD_PATH)
+        return fixed;
+    size_t from = len - (WB_MAX_RECORD_PATH - 4);
+    while ((fixed[from] & 0xc0) == 0x80)
+        from++;
+    char *out = malloc(WB_MAX_RECORD_PATH);
+    if (out)
+        snprintf(out, WB_MAX_RECORD_PATH, "...%s", fixed + from);
+    free(fixed);
+    return out;
+}
+
 int wb__lease_fill_beat(wb_lease *lease, Wbproto__LeaseBeat *beat)
 {
     beat->n_container_records = 0;
@@ -190,18 +214,7 @@ int wb__lease_fill_beat(wb_lease *lease, Wbproto__LeaseBeat *beat)
         beat->container_records[beat->n_container_records++] = r;
         r->container_id = u->rec->id;
         r->aoti_api = strdup(u->rec->aoti_api);
-        /* The broker takes paths of up to WB_MAX_RECORD_PATH - 1 bytes; a
-         * longer one is reported by its end, which names the model. */
-        const char *path = u->rec->model_path ? u->rec->model_path : "";
-        size_t plen = strlen(path);
-        if (plen >= WB_MAX_RECORD_PATH) {
-            r->model_path = malloc(WB_MAX_RECORD_PATH);
-            if (r->model_path)
-                snprintf(r->model_path, WB_MAX_RECORD_PATH, "...%s",
-                         path + plen - (WB_MAX_RECORD_PATH - 4));
-        } else {
-            r->model_path = strdup(path);
-        }
+        r->model_path = record_path(u->rec->model_path ? u->rec->model_path : "");
         r->pinned_async_copy = u->rec->pinned_async_copy != 0;
         r->bound_bytes = u->bound_bytes;
         r->bound_tensors = u->bound_tensors;

@@ -4,6 +4,9 @@
 #include "placement.h"
 #include "shm.h"
 
+#include <limits.h>
+#include <stdalign.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,6 +79,156 @@ static uint64_t scan_request_id(const uint8_t *buf, size_t len)
         }
     }
     return id;
+}
+
+/* The length of the valid UTF-8 sequence at p (n bytes left), or 0: no
+ * overlong form, no surrogate, nothing above U+10FFFF, as Python's and
+ * protobuf's strict decoders require. */
+static size_t utf8_seq(const unsigned char *p, size_t n)
+{
+    unsigned c = p[0];
+    if (c < 0x80)
+        return 1;
+    size_t len;
+    unsigned lo = 0x80, hi = 0xbf; /* the second byte's range */
+    if (c >= 0xc2 && c <= 0xdf) {
+        len = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        len = 3;
+        if (c == 0xe0)
+            lo = 0xa0; /* overlong */
+        else if (c == 0xed)
+            hi = 0x9f; /* surrogates */
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        len = 4;
+        if (c == 0xf0)
+            lo = 0x90; /* overlong */
+        else if (c == 0xf4)
+            hi = 0x8f; /* above U+10FFFF */
+    } else {
+        return 0;
+    }
+    if (n < len || p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t i = 2; i < len; i++) {
+        if ((p[i] & 0xc0) != 0x80)
+            return 0;
+    }
+    return len;
+}
+
+size_t wb__utf8_invalid_at(const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        /* ASCII a word at a time: names and paths are mostly ASCII. */
+        while (n - i >= 8) {
+            uint64_t w;
+            memcpy(&w, p + i, 8);
+            if (w & 0x8080808080808080ull)
+                break;
+            i += 8;
+        }
+        if (i == n)
+            break;
+        size_t k = utf8_seq(p + i, n - i);
+        if (k == 0)
+            return i;
+        i += k;
+    }
+    return n;
+}
+
+char *wb__utf8_repair(char *out, const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t n = strlen(s), o = 0;
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_seq(p + i, n - i);
+        if (k) {
+            memcpy(out + o, p + i, k);
+            o += k;
+            i += k;
+        } else {
+            memcpy(out + o, "\xef\xbf\xbd", 3);
+            o += 3;
+            i++;
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
+/* Appends "name" or "name[k]" (k != SIZE_MAX) to the path of len bytes;
+ * returns the new length (the path is cut short rather than overflowed). */
+static size_t path_push(char *path, size_t cap, size_t len, const char *name, size_t k)
+{
+    int w = k == SIZE_MAX ? snprintf(path + len, cap - len, "%s%s", len ? "." : "", name)
+                          : snprintf(path + len, cap - len, "%s%s[%zu]", len ? "." : "", name, k);
+    if (w < 0)
+        return len;
+    return (size_t)w < cap - len ? len + (size_t)w : cap - 1;
+}
+
+/* Every string field of a decoded message, sub-messages included, is valid
+ * UTF-8 (proto3 requires it of `string`): a peer's invalid bytes kept and
+ * sent back out would make every listing that carries them undecodable for
+ * strict decoders. Walks the descriptors, so a field added to wb.proto is
+ * checked without a change here. `root` names the top-level message's own
+ * strings ("reply.error"); sub-messages are named by their fields, as the
+ * other checks name them ("heartbeat.leases[0].container_records[2]"). */
+static int check_utf8(const ProtobufCMessage *m, const char *root, char *path, size_t cap,
+                      size_t len, wb_err *err)
+{
+    const ProtobufCMessageDescriptor *d = m->descriptor;
+    const char *base = (const char *)m;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        if (f->type != PROTOBUF_C_TYPE_STRING && f->type != PROTOBUF_C_TYPE_MESSAGE)
+            continue;
+        size_t n = 1;
+        void *const *elems = (void *const *)(const void *)(base + f->offset);
+        if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+            memcpy(&n, base + f->quantifier_offset, sizeof n);
+            memcpy(&elems, base + f->offset, sizeof elems);
+        } else if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) {
+            uint32_t which;
+            memcpy(&which, base + f->quantifier_offset, sizeof which);
+            if (which != f->id)
+                continue;
+        }
+        for (size_t k = 0; k < n; k++) {
+            const void *e;
+            memcpy(&e, &elems[k], sizeof e);
+            if (!e)
+                continue;
+            size_t at = len;
+            if (len == 0 && f->type == PROTOBUF_C_TYPE_STRING && root)
+                at = path_push(path, cap, 0, root, SIZE_MAX);
+            at = path_push(path, cap, at, f->name,
+                           f->label == PROTOBUF_C_LABEL_REPEATED ? k : SIZE_MAX);
+            int rc = WB_OK;
+            if (f->type == PROTOBUF_C_TYPE_STRING) {
+                size_t sl = strlen(e), bad = wb__utf8_invalid_at(e, sl);
+                if (bad < sl)
+                    rc = wb__err_set(err, WB_EPROTO, "%s is not valid UTF-8 (byte %zu)", path, bad);
+            } else {
+                rc = check_utf8(e, root, path, cap, at, err);
+            }
+            path[len] = '\0';
+            if (rc != WB_OK)
+                return rc;
+        }
+    }
+    return WB_OK;
+}
+
+/* check_utf8 over a whole message. */
+static int check_strings(const ProtobufCMessage *m, const char *root, wb_err *err)
+{
+    char path[256] = "";
+    return check_utf8(m, root, path, sizeof path, 0, err);
 }
 
 /* Model names travel in logs and error messages: 1..WB_NAME_MAX bytes and no
@@ -228,9 +381,281 @@ static int check_request_body(const Wbproto__Request *req, wb_err *err)
     }
 }
 
+/* The most entries each repeated field of a request may have (wb.proto's
+ * bounds, wire.h), checked on the wire bytes before protobuf-c allocates
+ * anything: decoding a heartbeat's 349,514 empty records (1 MiB) took 63 MB
+ * and 129 ms before the count was looked at. Every repeated field a request
+ * can reach has one (test_wire walks the descriptors). `noun` says what the
+ * entries are; `whole` names the message that holds the field rather than
+ * the field (as "heartbeat has 5000 leases"). */
+typedef struct wire_bound {
+    const ProtobufCMessageDescriptor *msg;
+    uint32_t field, max;
+    const char *noun;
+    int whole;
+} wire_bound;
+
+static const wire_bound request_bounds[] = {
+    {&wbproto__heartbeat_request__descriptor, 1, WB_MAX_BEATS, "leases", 1},
+    {&wbproto__lease_beat__descriptor, 40, WB_MAX_CONTAINER_RECORDS, "container records", 0},
+};
+
+static const wire_bound *find_bound(const ProtobufCMessageDescriptor *msg, uint32_t field)
+{
+    for (size_t i = 0; i < sizeof request_bounds / sizeof request_bounds[0]; i++) {
+        if (request_bounds[i].msg == msg && request_bounds[i].field == field)
+            return &request_bounds[i];
+    }
+    return NULL;
+}
+
+uint32_t wb__request_bound(const ProtobufCMessageDescriptor *msg, uint32_t field)
+{
+    const wire_bound *b = find_bound(msg, field);
+    return b ? b->max : 0;
+}
+
+/* The most fields a request's message type has, for the scan's counters. */
+#define WIRE_SCAN_FIELDS 64
+/* A wire format protobuf-c refuses too (the scan stops at it). */
+#define WIRE_MALFORMED 1
+
+/* One field's key and extent at p (len bytes left), as protobuf-c reads
+ * them: a key of at most 5 bytes whose first byte has a tag; a varint of at
+ * most 10 bytes; a length of at most 5 bytes, INT_MAX and what is left; no
+ * groups. Returns the bytes of key and value, 0 when malformed; *data and
+ * *n are the value (a length-delimited one without its length). */
+static size_t scan_field(const uint8_t *p, size_t len, uint32_t *tag, unsigned *wire,
+                         const uint8_t **data, size_t *n)
+{
+    uint64_t key, v;
+    size_t k = read_varint(p, len < 5 ? len : 5, &key);
+    if (k == 0 || (p[0] & 0xf8) == 0)
+        return 0;
+    *tag = (uint32_t)(key >> 3);
+    *wire = (unsigned)(key & 7);
+    len -= k;
+    p += k;
+    size_t h = 0, size;
+    switch (*wire) {
+    case 0: /* varint */
+        if ((size = read_varint(p, len, &v)) == 0)
+            return 0;
+        break;
+    case 1: /* 64-bit */
+        size = 8;
+        break;
+    case 5: /* 32-bit */
+        size = 4;
+        break;
+    case 2: /* length-delimited */
+        h = read_varint(p, len < 5 ? len : 5, &v);
+        if (h == 0 || v > INT_MAX)
+            return 0;
+        size = (size_t)v;
+        break;
+    default:
+        return 0;
+    }
+    if (h + size > len)
+        return 0;
+    *data = p + h;
+    *n = size;
+    return k + h + size;
+}
+
+/* The entries of one occurrence of repeated field f: a packed run holds
+ * several, as protobuf-c counts them. */
+static size_t scan_entries(const ProtobufCFieldDescriptor *f, unsigned wire, const uint8_t *data,
+                           size_t n)
+{
+    if (wire != 2 || f->type == PROTOBUF_C_TYPE_STRING || f->type == PROTOBUF_C_TYPE_BYTES ||
+        f->type == PROTOBUF_C_TYPE_MESSAGE)
+        return 1;
+    switch (f->type) {
+    case PROTOBUF_C_TYPE_SFIXED32:
+    case PROTOBUF_C_TYPE_FIXED32:
+    case PROTOBUF_C_TYPE_FLOAT:
+        return n / 4;
+    case PROTOBUF_C_TYPE_SFIXED64:
+    case PROTOBUF_C_TYPE_FIXED64:
+    case PROTOBUF_C_TYPE_DOUBLE:
+        return n / 8;
+    default: {
+        size_t c = 0;
+        for (size_t i = 0; i < n; i++)
+            c += !(data[i] & 0x80);
+        return c;
+    }
+    }
+}
+
+/* The counts of one message (`members` fields on the wire, counts[i] of
+ * field i) against what a request may hold: each repeated field up to its
+ * bound, and in all no more fields than its own, each once, plus
+ * WB_MAX_UNKNOWN_FIELDS, since protobuf-c holds 32 bytes per field on the
+ * wire while it decodes a message and keeps every unknown one. (A oneof
+ * given again keeps its last, each checked as it comes; requests have no
+ * other message field that is not repeated, which protobuf-c would merge.) */
+static int check_counts(const ProtobufCMessageDescriptor *d, const size_t *counts, size_t members,
+                        char *path, size_t cap, size_t plen, wb_err *err)
+{
+    const char *self = plen ? path : "request";
+    size_t most = WB_MAX_UNKNOWN_FIELDS;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        const wire_bound *b = find_bound(d, f->id);
+        if (f->label != PROTOBUF_C_LABEL_REPEATED) {
+            most++;
+            continue;
+        }
+        most += b ? b->max : 0;
+        if (counts[i] <= (b ? b->max : 0))
+            continue;
+        if (b && b->whole)
+            return wb__err_set(err, WB_EPROTO, "%s has %zu %s, at most %u", self, counts[i],
+                               b->noun, b->max);
+        path_push(path, cap, plen, f->name, SIZE_MAX);
+        if (b)
+            wb__err_set(err, WB_EPROTO, "%s has %zu %s, at most %u", path, counts[i], b->noun,
+                        b->max);
+        else
+            wb__err_set(err, WB_EPROTO, "%s has %zu entries; a request may not have any", path,
+                        counts[i]);
+        path[plen] = '\0';
+        return WB_EPROTO;
+    }
+    if (members > most)
+        return wb__err_set(err, WB_EPROTO,
+                           "%s has %zu fields on the wire, at most %zu: its own once each "
+                           "(repeated ones up to their bounds) and %d more, unknown to this "
+                           "broker or given again",
+                           self, members, most, WB_MAX_UNKNOWN_FIELDS);
+    return WB_OK;
+}
+
+/* Walks one message of type d in p[0..len) before it is decoded: counts its
+ * fields (check_counts), then does the same inside every sub-message
+ * protobuf-c would decode. Cost: two reads of the bytes per level of
+ * nesting (wb.proto's requests nest 4 deep), no allocation. Returns WB_OK,
+ * WIRE_MALFORMED (bytes protobuf-c refuses as well), or WB_EPROTO naming
+ * the field. `path` (cap bytes, plen used) names the message. */
+static int scan_message(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t len,
+                        char *path, size_t cap, size_t plen, wb_err *err)
+{
+    size_t counts[WIRE_SCAN_FIELDS] = {0}, seen[WIRE_SCAN_FIELDS] = {0};
+    size_t members = 0;
+    if (d->n_fields > WIRE_SCAN_FIELDS)
+        return wb__err_set(err, WB_EPROTO, "%s has %u fields, more than the decoder counts",
+                           d->name, d->n_fields);
+    for (int pass = 0; pass < 2; pass++) {
+        /* Fields come in runs (a repeated one's entries): one look-up each. */
+        uint32_t last_tag = 0;
+        const ProtobufCFieldDescriptor *f = NULL;
+        for (size_t pos = 0; pos < len;) {
+            uint32_t tag;
+            unsigned wire;
+            const uint8_t *data;
+            size_t n, used = scan_field(p + pos, len - pos, &tag, &wire, &data, &n);
+            if (used == 0)
+                return WIRE_MALFORMED;
+            pos += used;
+            if (tag != last_tag) {
+                f = protobuf_c_message_descriptor_get_field(d, tag);
+                last_tag = tag;
+            }
+            size_t i = f ? (size_t)(f - d->fields) : 0;
+            int repeated = f && f->label == PROTOBUF_C_LABEL_REPEATED;
+            if (pass == 0) {
+                members++;
+                if (f)
+                    counts[i] += repeated ? scan_entries(f, wire, data, n) : 1;
+                continue;
+            }
+            /* Unknown fields are kept as bytes, never decoded. */
+            if (!f || f->type != PROTOBUF_C_TYPE_MESSAGE || wire != 2)
+                continue;
+            size_t at = path_push(path, cap, plen, f->name, repeated ? seen[i] : SIZE_MAX);
+            seen[i]++;
+            int rc = scan_message(f->descriptor, data, n, path, cap, at, err);
+            path[plen] = '\0';
+            if (rc != WB_OK)
+                return rc;
+        }
+        if (pass == 0) {
+            int rc = check_counts(d, counts, members, path, cap, plen, err);
+            if (rc != WB_OK)
+                return rc;
+        }
+    }
+    return WB_OK;
+}
+
+/* protobuf-c's allocations while decoding one request, counted against a
+ * budget: each block carries its size in front, so that a free can count
+ * it back. With a NULL budget (freeing a request) nothing is counted. */
+typedef struct wire_budget {
+    size_t used, peak, limit;
+    int over;
+} wire_budget;
+
+#define WIRE_BLOCK_HEADER alignof(max_align_t)
+
+static void *budget_alloc(void *data, size_t size)
+{
+    wire_budget *b = data;
+    if (size > SIZE_MAX - WIRE_BLOCK_HEADER)
+        return NULL;
+    size_t total = size + WIRE_BLOCK_HEADER;
+    if (b && (total > b->limit || b->used > b->limit - total)) {
+        b->over = 1;
+        return NULL;
+    }
+    unsigned char *p = malloc(total);
+    if (!p)
+        return NULL;
+    memcpy(p, &total, sizeof total);
+    if (b) {
+        b->used += total;
+        if (b->used > b->peak)
+            b->peak = b->used;
+    }
+    return p + WIRE_BLOCK_HEADER;
+}
+
+static void budget_free(void *data, void *ptr)
+{
+    if (!ptr)
+        return;
+    unsigned char *p = (unsigned char *)ptr - WIRE_BLOCK_HEADER;
+    wire_budget *b = data;
+    if (b) {
+        size_t total;
+        memcpy(&total, p, sizeof total);
+        b->used -= total;
+    }
+    free(p);
+}
+
+/* Frees what budget_alloc allocated, without counting. */
+static ProtobufCAllocator request_allocator = {budget_alloc, budget_free, NULL};
+
+size_t wb__request_budget(size_t len)
+{
+    return WB_REQUEST_BUDGET_BASE + WB_REQUEST_BUDGET_PER_BYTE * len;
+}
+
 int wb__request_decode(const uint8_t *buf, size_t len, Wbproto__Request **out, uint64_t *id,
                        wb_err *err)
 {
+    return wb__request_decode_ex(buf, len, out, id, NULL, err);
+}
+
+int wb__request_decode_ex(const uint8_t *buf, size_t len, Wbproto__Request **out, uint64_t *id,
+                          size_t *peak, wb_err *err)
+{
+    if (peak)
+        *peak = 0;
     *out = NULL;
     *id = 0;
     if (len == 0 || !buf)
@@ -238,21 +663,36 @@ int wb__request_decode(const uint8_t *buf, size_t len, Wbproto__Request **out, u
     if (len > WB_MAX_MESSAGE)
         return wb__err_set(err, WB_EPROTO, "request of %zu bytes exceeds the limit of %u bytes",
                            len, WB_MAX_MESSAGE);
-    Wbproto__Request *req = wbproto__request__unpack(NULL, len, buf);
+    char path[256] = "";
+    int rc = scan_message(&wbproto__request__descriptor, buf, len, path, sizeof path, 0, err);
+    if (rc == WB_EPROTO) {
+        *id = scan_request_id(buf, len);
+        return rc;
+    }
+    wire_budget budget = {.limit = wb__request_budget(len)};
+    ProtobufCAllocator counted = {budget_alloc, budget_free, &budget};
+    Wbproto__Request *req = rc == WB_OK ? wbproto__request__unpack(&counted, len, buf) : NULL;
+    if (peak)
+        *peak = budget.peak;
     if (!req) {
         *id = scan_request_id(buf, len);
+        if (budget.over)
+            return wb__err_set(err, WB_EPROTO,
+                               "decoding the request would take more than %zu bytes (%zu bytes "
+                               "of request; fields that are not repeated given again and again, "
+                               "or fields this broker does not know)",
+                               budget.limit, len);
         return wb__err_set(err, WB_EPROTO, "request does not decode as wbproto.Request (%zu bytes)",
                            len);
     }
     *id = req->id;
-    int rc;
     if (req->version != WB_PROTOCOL_VERSION)
         rc = wb__err_set(err, WB_EVERSION, "protocol version %u, this broker speaks %d",
                          req->version, WB_PROTOCOL_VERSION);
-    else
+    else if ((rc = check_strings(&req->base, NULL, err)) == WB_OK)
         rc = check_request_body(req, err);
     if (rc != WB_OK) {
-        wbproto__request__free_unpacked(req, NULL);
+        wbproto__request__free_unpacked(req, &request_allocator);
         return rc;
     }
     *out = req;
@@ -262,7 +702,7 @@ int wb__request_decode(const uint8_t *buf, size_t len, Wbproto__Request **out, u
 void wb__request_free(Wbproto__Request **req)
 {
     if (req && *req) {
-        wbproto__request__free_unpacked(*req, NULL);
+        wbproto__request__free_unpacked(*req, &request_allocator);
         *req = NULL;
     }
 }
@@ -398,6 +838,25 @@ uint8_t *wb__tensor_table_pack(Wbproto__Tensor *const *tensors, size_t n, size_t
     return buf;
 }
 
+/* Names the tensor whose string holds byte `bad` of the strings. */
+static int table_bad_string(const uint8_t *table, const table_header *h, const char *str,
+                            size_t bad, wb_err *err)
+{
+    size_t start = bad;
+    while (start > 0 && str[start - 1] != '\0')
+        start--;
+    for (uint32_t i = 0; i < h->n; i++) {
+        wb_table_tensor r;
+        memcpy(&r, table + WB_TABLE_HEADER + (size_t)i * WB_TABLE_RECORD, sizeof r);
+        if (r.name == start || r.dtype == start)
+            return wb__err_set(err, WB_EPROTO,
+                               "lease.tensor_table[%u].%s is not valid UTF-8 (byte %zu)", i,
+                               r.name == start ? "name" : "dtype", bad - start);
+    }
+    return wb__err_set(err, WB_EPROTO,
+                       "lease.tensor_table's strings are not valid UTF-8 (byte %zu of them)", bad);
+}
+
 int wb__tensor_table_check(const uint8_t *table, size_t len, Wbproto__Slab *const *slabs,
                            size_t n_slabs, wb_err *err)
 {
@@ -421,6 +880,12 @@ int wb__tensor_table_check(const uint8_t *table, size_t len, Wbproto__Slab *cons
      * ends inside them. */
     if (h.strings == 0 || str[h.strings - 1] != '\0')
         return wb__err_set(err, WB_EPROTO, "lease.tensor_table's strings do not end with a NUL");
+    /* Names and dtypes reach the caller as strings (and Python's str):
+     * UTF-8, as the Tensor messages' strings are. The strings are the
+     * names one after the other, so one pass checks them all. */
+    size_t bad = wb__utf8_invalid_at(str, h.strings);
+    if (bad < h.strings)
+        return table_bad_string(table, &h, str, bad, err);
     for (uint32_t i = 0; i < h.n; i++) {
         wb_table_tensor r;
         memcpy(&r, table + WB_TABLE_HEADER + (size_t)i * WB_TABLE_RECORD, sizeof r);
@@ -659,7 +1124,7 @@ int wb__reply_decode(const uint8_t *buf, size_t len, Wbproto__Reply **out, wb_er
     else if (rep->status > 0)
         rc = wb__err_set(err, WB_EPROTO, "reply has status %d; statuses are 0 or negative",
                          (int)rep->status);
-    else
+    else if ((rc = check_strings(&rep->base, "reply", err)) == WB_OK)
         rc = check_reply_body(rep, err);
     if (rc != WB_OK) {
         wbproto__reply__free_unpacked(rep, NULL);

@@ -26,6 +26,15 @@
 #define WB_MAX_CONTAINER_RECORDS 16   /* per lease in one heartbeat */
 #define WB_MAX_RECORD_API        64   /* bytes of aoti_api, NUL included */
 #define WB_MAX_RECORD_PATH       1024 /* bytes of model_path, NUL included */
+/* Fields on the wire in one message of a request beyond its own (each
+ * once, a repeated one up to its bound): a newer peer's fields this broker
+ * does not know, or a field given again. */
+#define WB_MAX_UNKNOWN_FIELDS 64
+/* wb__request_budget(len) = BASE + PER_BYTE * len: a heartbeat at every
+ * bound takes 11 MB (4096 leases of 16 empty records), its strings about
+ * their own bytes again. */
+#define WB_REQUEST_BUDGET_BASE     (16u << 20)
+#define WB_REQUEST_BUDGET_PER_BYTE 4u
 /* What listings show of another process's lease id to a non-administrator:
  * its first bytes (8 hex digits), enough to tell leases apart in a table
  * and too few to act on one. */
@@ -34,12 +43,38 @@
 /* Decodes and validates a request. On success *out is owned by the caller
  * (free with wb__request_free). On failure returns WB_EPROTO or WB_EVERSION
  * with a message; *id is set to the request id when it could be read (so the
- * error reply can echo it), else 0. */
+ * error reply can echo it), else 0.
+ *
+ * What a peer can make the decoder do before anything is checked is
+ * bounded: the wire bytes are walked first and a repeated field with more
+ * entries than its bound (wb__request_bound) is refused before protobuf-c
+ * allocates anything, naming the field; protobuf-c's allocations are then
+ * counted, and a request whose decoding would take more than
+ * wb__request_budget(len) bytes (a field that is not repeated given again
+ * and again, a flood of unknown fields) is refused. Every string field must
+ * be valid UTF-8 ("heartbeat.leases[0].container_records[2].model_path is
+ * not valid UTF-8 (byte 17)"). */
 int wb__request_decode(const uint8_t *buf, size_t len, Wbproto__Request **out, uint64_t *id,
                        wb_err *err);
+/* The same; *peak (when not NULL) gets the most bytes protobuf-c held at
+ * once while decoding (0 when the request was refused before). */
+int wb__request_decode_ex(const uint8_t *buf, size_t len, Wbproto__Request **out, uint64_t *id,
+                          size_t *peak, wb_err *err);
 void wb__request_free(Wbproto__Request **req);
 
-/* Same for replies, as a client receives them. */
+/* The most entries repeated field `field` (its number) of message `msg` may
+ * have in a request; 0 for a field without a bound, which a request may not
+ * carry at all. */
+uint32_t wb__request_bound(const ProtobufCMessageDescriptor *msg, uint32_t field);
+
+/* The most bytes decoding a request of len bytes may take: room for a
+ * heartbeat at every bound (4096 leases of 16 records), and the strings'
+ * bytes (see WB_REQUEST_BUDGET_*). */
+size_t wb__request_budget(size_t len);
+
+/* Same for replies, as a client receives them (every string field valid
+ * UTF-8 too, "list_models.models[0].copies[1].error is not valid UTF-8
+ * (byte 3)"; the replies' sizes are the broker's to bound). */
 int wb__reply_decode(const uint8_t *buf, size_t len, Wbproto__Reply **out, wb_err *err);
 void wb__reply_free(Wbproto__Reply **rep);
 
@@ -94,6 +129,16 @@ void wb__tensor_table_digest(const uint8_t *table, size_t len, uint8_t out[16]);
 void wb__tensor_table_get(const uint8_t *table, uint32_t i, wb_table_tensor *out);
 const char *wb__tensor_table_strings(const uint8_t *table);
 const uint64_t *wb__tensor_table_dims(const uint8_t *table);
+
+/* The offset of the first byte of s[0..n) that does not start a valid
+ * UTF-8 sequence (no overlong form, no surrogate, nothing above U+10FFFF),
+ * or n when all of it is valid. */
+size_t wb__utf8_invalid_at(const char *s, size_t n);
+/* Copies s into out (3 * strlen(s) + 1 bytes), each byte that is not valid
+ * UTF-8 replaced by U+FFFD; returns out. For strings the broker sends that
+ * no peer checked (process names from /proc, paths from its command
+ * line). */
+char *wb__utf8_repair(char *out, const char *s);
 
 /* Human names for enums: "active", "stale"; "loading", "ready", "draining",
  * "freed", "failed"; "host", "cuda". "unknown" for anything else. */

@@ -115,9 +115,14 @@ class Model:
         opts.tensors = ct if extra else None
         opts.n_tensors = len(extra)
 
-        arr = (ctypes.c_void_p * max(len(self.leases), 1))(*[l._handle() for l in self.leases])
+        # Pinned while the container is created (its registration then keeps
+        # them): none can be released meanwhile, and a released one raises
+        # StateError here.
+        pins = [l._pin() for l in self.leases]
+        arr = (ctypes.c_void_p * max(len(self.leases), 1))(*[l._h for l in self.leases])
         rc = L.wb_container_create(arr, len(self.leases), os.fsencode(self.path),
                                    ctypes.byref(opts), ctypes.byref(self._h))
+        del pins
         if rc != 0:
             msg = s(L.wb_container_errmsg(self._h))
             L.wb_container_destroy(ctypes.byref(self._h))

@@ -2,6 +2,7 @@
 tensors as zero-copy views."""
 
 import atexit
+import contextlib
 import ctypes
 import gc
 import os
@@ -11,7 +12,7 @@ import weakref
 
 from . import _dlpack, _lib
 from ._lib import ClientOptions, TensorView, check, lib, s
-from .errors import BusyError
+from .errors import BusyError, StateError
 
 # numpy dtypes of the safetensors names numpy has (no bf16 or fp8 in numpy).
 _NUMPY = {"BOOL": "?", "U8": "u1", "I8": "i1", "I16": "<i2", "U16": "<u2", "I32": "<i4",
@@ -43,14 +44,15 @@ class TensorInfo:
 
 
 class _Pin:
-    """Held by every view of a lease's memory; the lease counts them."""
+    """Held by every view of a lease's memory; the lease counts them. Made
+    only while the lease is held (Lease._pin), so that a view never outlives
+    the mapping it points into."""
 
     __slots__ = ("lease", "__weakref__")
 
     def __init__(self, lease):
         self.lease = lease
-        with lease._lock:
-            lease._views += 1
+        lease._views += 1  # under lease._lock (Lease._pin)
 
     def __del__(self):
         lease = self.lease
@@ -186,7 +188,9 @@ class Lease:
     def __init__(self, client, handle):
         self._client = client
         self._h = handle
-        self._lock = threading.Lock()
+        # Reentrant: a _Pin dropped by the garbage collector while this
+        # thread holds the lock takes it again.
+        self._lock = threading.RLock()
         self._views = 0
         L = lib()
         self.model = s(L.wb_lease_model(handle))
@@ -200,9 +204,29 @@ class Lease:
         return "<Lease %s on %r, %s>" % (self.id, self.model, state)
 
     def _handle(self):
+        """The C handle; StateError once the lease was released (its memory
+        is then unmapped, so nothing may hand out views or addresses)."""
         if not self._h:
-            raise ValueError("lease %s on %r was released" % (self.id, self.model))
+            raise StateError(-9, "WB_ESTATE", "lease %s on %r was released: its memory is no "
+                             "longer mapped" % (self.id, self.model))
         return self._h
+
+    @contextlib.contextmanager
+    def _held(self):
+        """The C handle with the lease's lock held: release() takes the lock
+        too, so the lease cannot end while a call on it runs (wb/client.h:
+        nothing may run on a lease once released)."""
+        with self._lock:
+            yield self._handle()
+
+    def _pin(self):
+        """A new pin on the lease's memory, checked and counted under the
+        lock that release() takes, so that a release between the check and
+        the view cannot happen: release() either refuses (the pin counts)
+        or has already ended the lease (StateError here)."""
+        with self._lock:
+            self._handle()
+            return _Pin(self)
 
     def _check(self, rc):
         check(rc, lambda: lib().wb_client_errmsg(self._client._h))
@@ -210,18 +234,21 @@ class Lease:
     @property
     def device(self):
         """This process's CUDA ordinal of the leased copy, or -1 (host memory)."""
-        return lib().wb_lease_device(self._handle())
+        with self._held() as h:
+            return lib().wb_lease_device(h)
 
     @property
     def orphaned(self):
         """True once the broker that granted the lease no longer knows it
         (it restarted); the memory stays mapped and usable."""
-        return bool(lib().wb_lease_orphaned(self._handle()))
+        with self._held() as h:
+            return bool(lib().wb_lease_orphaned(h))
 
     @property
     def containers(self):
         """Models (AOTI containers) registered on this lease."""
-        return int(lib().wb_lease_containers(self._handle()))
+        with self._held() as h:
+            return int(lib().wb_lease_containers(h))
 
     @property
     def views(self):
@@ -229,53 +256,61 @@ class Lease:
         return self._views
 
     def info(self):
-        """[TensorInfo] in the broker's order."""
-        if self._infos is None:
-            L = lib()
-            h = self._handle()
-            out = []
-            for i in range(L.wb_lease_tensor_count(h)):
-                v = TensorView()
-                self._check(L.wb_lease_tensor(h, i, ctypes.byref(v)))
-                out.append(TensorInfo(v))
-            self._infos = out
-        return list(self._infos)
+        """[TensorInfo] in the broker's order; StateError once released (the
+        addresses would point at unmapped memory)."""
+        with self._held() as h:
+            if self._infos is None:
+                L = lib()
+                out = []
+                for i in range(L.wb_lease_tensor_count(h)):
+                    v = TensorView()
+                    self._check(L.wb_lease_tensor(h, i, ctypes.byref(v)))
+                    out.append(TensorInfo(v))
+                self._infos = out
+            return list(self._infos)
 
     def find(self, name):
         """TensorInfo of one tensor; NotFoundError if the lease has none."""
         v = TensorView()
-        self._check(lib().wb_lease_find(self._handle(), name.encode(), ctypes.byref(v)))
-        return TensorInfo(v)
+        with self._held() as h:
+            self._check(lib().wb_lease_find(h, name.encode(), ctypes.byref(v)))
+            return TensorInfo(v)
 
     def find_many(self, names):
         """[TensorInfo] of the tensors called `names`, in that order, looked
         up in one call (wb_lease_find_many: faster than find() per name for
         many names); NotFoundError, naming the first, if any is absent."""
         names = [n.encode() for n in names]
-        if not names:
-            return []
-        arr = (ctypes.c_char_p * len(names))(*names)
-        views = (TensorView * len(names))()
-        self._check(lib().wb_lease_find_many(self._handle(), arr, len(names), views))
-        return [TensorInfo(v) for v in views]
+        arr = (ctypes.c_char_p * max(len(names), 1))(*names)
+        views = (TensorView * max(len(names), 1))()
+        with self._held() as h:
+            if not names:
+                return []
+            self._check(lib().wb_lease_find_many(h, arr, len(names), views))
+            return [TensorInfo(v) for v in views]
 
     def tensors(self, names=None):
         """{name: torch.Tensor}: views of the leased memory, no copy (CUDA IPC
         memory for cuda leases, the read-only mapping for host leases; there
         torch cannot mark a tensor read-only: an in-place write kills the
         process with SIGSEGV, use numpy() where a write must raise). Each view
-        keeps the lease from being released while it lives."""
+        keeps the lease from being released while it lives; StateError once
+        the lease was released."""
+        build = self._pin()  # the lease stays held until every view has its pin
         infos = self.info() if names is None else self.find_many(names)
-        self._handle()
-        return {t.name: _dlpack.wrap(t.data, t.dtype, t.shape, t.device, _Pin(self), t.name)
-                for t in infos}
+        out = {t.name: _dlpack.wrap(t.data, t.dtype, t.shape, t.device, self._pin(), t.name)
+               for t in infos}
+        del build
+        return out
 
     def numpy(self, names=None):
         """{name: numpy.ndarray}, read-only views of a host lease (writeable
         is False and cannot be turned on: a write raises ValueError). Tensors
-        whose dtype numpy lacks (BF16, FP8) raise TypeError."""
+        whose dtype numpy lacks (BF16, FP8) raise TypeError; StateError once
+        the lease was released."""
         import numpy as np
 
+        build = self._pin()  # the lease stays held until every array has its pin
         infos = self.info() if names is None else self.find_many(names)
         out = {}
         for t in infos:
@@ -287,17 +322,19 @@ class Lease:
                                 % (t.name, t.dtype))
             raw = (ctypes.c_uint8 * t.nbytes).from_address(t.data) if t.nbytes else bytearray()
             if t.nbytes:
-                raw._wb_pin = _Pin(self)  # freed with the last array using the buffer
+                raw._wb_pin = self._pin()  # freed with the last array using the buffer
             # A read-only buffer: numpy then refuses to make the array writeable.
             arr = np.frombuffer(memoryview(raw).toreadonly(), dtype=_NUMPY[t.dtype])
             out[t.name] = arr.reshape(t.shape)
+        del build
         return out
 
     def verify(self):
         """Recomputes every tensor's checksum over the mapped bytes; raises
         CorruptError naming the first tensor that differs."""
         bad = ctypes.c_size_t(0)
-        rc = lib().wb_lease_verify(self._handle(), ctypes.byref(bad))
+        with self._held() as h:
+            rc = lib().wb_lease_verify(h, ctypes.byref(bad))
         if rc == -18:
             name = self.info()[bad.value].name
             check(rc, lambda: "tensor %s of model %s does not match the broker's checksum"
@@ -313,15 +350,24 @@ class Lease:
         if self._views:
             gc.collect()  # views held only by reference cycles
         with self._lock:
-            views = self._views
-        if views:
-            raise BusyError(-7, "WB_EBUSY", "lease %s on %r: %d tensor view(s) still alive; "
-                            "delete them before releasing" % (self.id, self.model, views))
-        if lib().wb_lease_containers(self._h):
+            models = bool(self._h) and lib().wb_lease_containers(self._h)
+        if models:
             gc.collect()  # models held only by reference cycles
-        with self._client._lock:
-            rc = lib().wb_lease_release(ctypes.byref(self._h))
+        # The count and the release under one lock: no view can be made nor
+        # a call on the lease run in between (_pin and _held take it too).
+        # No other lock is taken under it: a pin dropped by the garbage
+        # collector in a thread that holds the client's lock takes this one.
+        with self._lock:
             if not self._h:
+                return
+            views = self._views
+            if views:
+                raise BusyError(-7, "WB_EBUSY", "lease %s on %r: %d tensor view(s) still alive; "
+                                "delete them before releasing" % (self.id, self.model, views))
+            rc = lib().wb_lease_release(ctypes.byref(self._h))
+            ended = not self._h
+        if ended:
+            with self._client._lock:
                 self._client._leases.remove(self)
         self._check(rc)
 

@@ -3,8 +3,10 @@
 # truncated requests, a wrong or missing version, the wrong number of frames,
 # an empty frame, a message beyond the size limit (libzmq drops that peer),
 # random frames, requests with absurd fields (repeated fields over their
-# limits, empty and overlong names, short lease ids, unknown body numbers,
-# wrong wire types, impossible lengths), and bytes that are not ZeroMQ at
+# limits, among them 1 MiB of empty container records refused before they
+# are decoded, floods of unknown fields, strings that are not UTF-8, empty
+# and overlong names, short lease ids, unknown body numbers, wrong wire
+# types, impossible lengths), and bytes that are not ZeroMQ at
 # all. Each single-frame message gets an error reply naming the problem, or
 # (multi-frame, oversized, non-ZMTP) is dropped, with a log line where the
 # broker sees it; after each the broker answers the next valid request, and
@@ -86,6 +88,15 @@ records = field(40, 2, field(40, 0, 1) + field(41, 2, b"aoti")) * 300
 write("records.bin", req(52, field(13, 2, field(1, 2, field(1, 2, b"\x02" * 16) + records))))
 write("empty_unload.bin", req(53, field(17, 2, field(1, 2, b""))))
 write("empty_path.bin", req(54, field(16, 2, field(1, 2, b"x") + field(2, 2, b""))))
+# 1 MiB, the request limit: one lease of 349,514 empty records (3 bytes each).
+lease = field(1, 2, b"\x01" * 16) + field(2, 0, 300) + field(40, 2, b"") * 349514
+flood = req(300, field(13, 2, field(1, 2, lease)))
+assert len(flood) == 1 << 20, len(flood)
+write("flood.bin", flood)
+record = field(40, 0, 1) + field(41, 2, b"aoti") + field(47, 2, b"/m/\xff.pt2")
+write("not_utf8.bin", req(56, field(13, 2, field(1, 2, field(1, 2, b"\x02" * 16) + field(2, 0, 1) +
+                                                   field(40, 2, record)))))
+write("unknown_flood.bin", req(57, field(18, 2, b"") + field(3, 0, 0) * 200000))
 PY
 
 serving "nothing"
@@ -126,6 +137,12 @@ send beats file "$WB_TMP/beats.bin"
 answered beats -6 44 "heartbeat has 5000 leases, at most 4096"
 send records file "$WB_TMP/records.bin"
 answered records -6 52 "has 300 container records, at most 16"
+send flood file "$WB_TMP/flood.bin"
+answered flood -6 300 "heartbeat.leases[0].container_records has 349514 container records, at most 16"
+send nu file "$WB_TMP/not_utf8.bin"
+answered nu -6 56 "heartbeat.leases[0].container_records[0].model_path is not valid UTF-8 (byte 3)"
+send uf file "$WB_TMP/unknown_flood.bin"
+answered uf -6 57 "request has 200003 fields on the wire, at most 76"
 send en file "$WB_TMP/empty_name.bin"
 answered en -6 45 "acquire.model is empty"
 send ln file "$WB_TMP/long_name.bin"

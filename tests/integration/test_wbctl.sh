@@ -85,6 +85,28 @@ err_has badload "broken.safetensors"
 expect_rc 1 nofile "$WBCTL" --socket "$SOCK" load nofile "$WB_TMP/nonexistent.safetensors"
 err_has nofile "nonexistent.safetensors"
 
+# The broker's message quotes the checkpoint: a tensor name with terminal
+# escapes (line erase, cursor up), a forged line, bidi controls and
+# zero-width characters reaches the terminal escaped, on one line.
+"$PYTHON" - "$WB_TMP/hostile.safetensors" <<'PY'
+import json, struct, sys
+name = "w\x1b[2K\x1b[1A\rFORGED\n\u202eexe.txt\u200b\u2066x\u2069\ufeff\u2028"
+h = json.dumps({name: {"dtype": "XX", "shape": [1], "data_offsets": [0, 4]}}).encode()
+h += b" " * (-len(h) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + bytes(4))
+PY
+expect_rc 1 hostile "$WBCTL" --socket "$SOCK" load hostile "$WB_TMP/hostile.safetensors"
+[ "$(wc -l <"$WB_TMP/hostile.err")" = 1 ] || fail "hostile: the refusal is not one line: $(cat "$WB_TMP/hostile.err")"
+if LC_ALL=C grep -q $'[\x01-\x09\x0b-\x1f\x7f]\|\xe2\x80[\x8b-\x8f\xa8-\xae]\|\xe2\x81[\xa0\xa6-\xa9]\|\xef\xbb\xbf' "$WB_TMP/hostile.err"; then
+  fail "hostile: control or format characters printed: $(od -c "$WB_TMP/hostile.err" | head -n 5)"
+fi
+err_has hostile "tensor 'w\x1b[2K\x1b[1A\x0dFORGED\x0a\u{202e}exe.txt\u{200b}\u{2066}x\u{2069}\u{feff}\u{2028}': unknown dtype 'XX'"
+# A path that is not UTF-8 cannot travel in a LoadRequest (its strings are
+# UTF-8): refused by the broker's decoder, naming the byte.
+cp "$WB_TMP/demo.safetensors" "$WB_TMP/"$'odd\xff.safetensors'
+expect_rc 1 oddpath "$WBCTL" --socket "$SOCK" load odd "$WB_TMP/"$'odd\xff.safetensors'
+err_has oddpath "load.path is not valid UTF-8 (byte $((${#WB_TMP} + 4)))"
+
 # A relative path is made absolute before it is sent.
 (cd "$WB_TMP" && "$WBCTL" --socket "$SOCK" load second second.safetensors) \
   >"$WB_TMP/load.out" 2>"$WB_TMP/load.err" || fail "wbctl load second failed: $(cat "$WB_TMP/load.err")"

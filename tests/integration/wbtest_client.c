@@ -17,7 +17,9 @@
  *                                 SIGTERM. KIND: dup (a container id twice),
  *                                 over (more records than containers), full
  *                                 (16 records with 1000-byte paths), escape
- *                                 (a model_path with terminal controls)
+ *                                 (a model_path with terminal controls and
+ *                                 format characters), badutf8 (a
+ *                                 model_path that is not UTF-8)
  *
  *   wbtest_client [--socket PATH] acquire-exec MODEL CMD ARGS...
  *                                 acquire a lease, print its id, then exec
@@ -431,7 +433,12 @@ static int cmd_forge(const char *model, const char *kind)
         n = 1;
         containers = 1;
         recs[0].model_path = "/m/\x1b]0;owned\x07\x1b[31mred\n"
-                             "FORGED LINE\r\x9b\xff.pt2";
+                             "FORGED LINE\r\xc2\x9b\xe2\x80\xae"
+                             "exe.\xe2\x80\x8bpt2";
+    } else if (strcmp(kind, "badutf8") == 0) {
+        n = 1;
+        containers = 1;
+        recs[0].model_path = "/models/\xe6\xa8\xa1/\xff.pt2";
     } else {
         return usage();
     }

@@ -309,8 +309,49 @@ class TestLeases(Base):
         del t
         lease.release()
         self.assertEqual(self.broker.leases(), [])
-        with self.assertRaisesRegex(ValueError, "was released"):
+        with self.assertRaisesRegex(wb.StateError, "was released"):
             lease.tensors()
+        c.close()
+
+    def test_views_refused_after_release(self):
+        # After release() the lease's memory is unmapped (a large slab at
+        # once, a small one after the linger): every method that hands out
+        # views of it or addresses in it must refuse, not build arrays over
+        # memory that is gone (a SIGSEGV on a 64 MB model, garbage on a
+        # small one). The tensor table read before the release (info())
+        # must not serve them either.
+        c = self.connect()
+        lease = c.lease("demo")
+        w = "transformer.wte.weight"
+        self.assertEqual(len(lease.info()), 28)
+        del lease.numpy([w])[w]
+        lease.release()
+        want = "lease %s on 'demo' was released: its memory is no longer mapped" % lease.id
+        calls = {
+            "numpy()": lambda: lease.numpy(),
+            "numpy(names)": lambda: lease.numpy([w]),
+            "tensors()": lambda: lease.tensors(),
+            "tensors(names)": lambda: lease.tensors([w]),
+            "info()": lease.info,
+            "find()": lambda: lease.find(w),
+            "find_many()": lambda: lease.find_many([w, "transformer.wpe.weight"]),
+            "find_many([])": lambda: lease.find_many([]),
+            "verify()": lease.verify,
+            "device": lambda: lease.device,
+            "orphaned": lambda: lease.orphaned,
+            "containers": lambda: lease.containers,
+            "load_aoti()": lambda: wb.load_aoti(os.path.join(self.tmp, "none.pt2"), [lease],
+                                                bridge="wb"),
+        }
+        for what, call in calls.items():
+            with self.assertRaises(wb.StateError, msg=what) as cm:
+                call()
+            self.assertEqual((cm.exception.status, cm.exception.name), (-9, "WB_ESTATE"), what)
+            self.assertEqual(cm.exception.message, want, what)
+        self.assertEqual(lease.views, 0)
+        self.assertEqual(repr(lease), "<Lease %s on 'demo', released>" % lease.id)
+        lease.release()  # twice: nothing to do
+        self.assertEqual(self.broker.leases(), [])
         c.close()
 
     def test_verify_names_a_corrupted_tensor(self):

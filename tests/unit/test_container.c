@@ -999,6 +999,78 @@ START_TEST(two_constants_on_one_leased_tensor)
 }
 END_TEST
 
+/* A model path is any bytes and may be long; the broker refuses a heartbeat
+ * whose strings are not UTF-8, and one whose path has 1024 bytes or more.
+ * The record libwbclient sends is UTF-8 (a byte that is not, as U+FFFD) of
+ * at most WB_MAX_RECORD_PATH - 1 bytes, a long path by its end from a
+ * character's start: a heartbeat the broker accepts. */
+START_TEST(record_path_is_utf8)
+{
+    char so[512];
+    make_case("v211", SPEC_BASIC, so, sizeof so);
+    /* Five directories of 81 x U+6A21 (243 bytes each), then "m\xff\xfe.so". */
+    static char dir[2048];
+    size_t n = (size_t)snprintf(dir, sizeof dir, "%s", case_dir);
+    for (int d = 0; d < 5; d++) {
+        dir[n++] = '/';
+        for (int k = 0; k < 81; k++, n += 3)
+            memcpy(dir + n, "\xe6\xa8\xa1", 3);
+        dir[n] = '\0';
+        ck_assert_int_eq(mkdir(dir, 0700), 0);
+    }
+    char path[2100], spec[2100];
+    snprintf(path, sizeof path, "%s/m\xff\xfe.so", dir);
+    snprintf(spec, sizeof spec, "%s/fake_aoti_spec.txt", dir);
+    copy_file(so, path);
+    write_file(spec, SPEC_BASIC, strlen(SPEC_BASIC));
+    ck_assert_uint_gt(strlen(path), WB_MAX_RECORD_PATH);
+    env e;
+    open_env(&e);
+    wb_container *c = NULL;
+    int rc = wb_container_create(e.leases, 2, path, NULL, &c);
+    ck_assert_msg(rc == WB_OK, "create: %s", wb_container_errmsg(c));
+    wb_container_info info;
+    ck_assert_int_eq(wb_container_get_info(c, &info), WB_OK);
+    ck_assert_str_eq(info.model_path, path); /* the caller's own, exact */
+
+    Wbproto__LeaseBeat beat = WBPROTO__LEASE_BEAT__INIT;
+    ck_assert_int_eq(wb__lease_fill_beat(e.leases[0], &beat), WB_OK);
+    ck_assert_uint_eq(beat.n_container_records, 1);
+    const char *sent = beat.container_records[0]->model_path;
+    size_t len = strlen(sent);
+    ck_assert_uint_lt(len, WB_MAX_RECORD_PATH);
+    ck_assert_uint_eq(wb__utf8_invalid_at(sent, len), len);
+    ck_assert_msg(strncmp(sent, "...\xe6\xa8\xa1", 6) == 0, "starts '%.12s'", sent);
+    const char *end = "\xe6\xa8\xa1/m\xef\xbf\xbd\xef\xbf\xbd.so";
+    ck_assert_str_eq(sent + len - strlen(end), end);
+    /* The broker's decoder takes it. */
+    Wbproto__LeaseBeat *beats[] = {&beat};
+    Wbproto__HeartbeatRequest hb = WBPROTO__HEARTBEAT_REQUEST__INIT;
+    hb.n_leases = 1;
+    hb.leases = beats;
+    beat.lease_id.data = (uint8_t[WB_LEASE_ID_LEN]){1};
+    beat.lease_id.len = WB_LEASE_ID_LEN;
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    req.version = WB_PROTOCOL_VERSION;
+    req.body_case = WBPROTO__REQUEST__BODY_HEARTBEAT;
+    req.heartbeat = &hb;
+    size_t blen;
+    uint8_t *buf = wb__request_pack(&req, &blen);
+    ck_assert_ptr_nonnull(buf);
+    Wbproto__Request *out = NULL;
+    uint64_t id;
+    wb_err err;
+    ck_assert_msg(wb__request_decode(buf, blen, &out, &id, &err) == WB_OK, "%s", err.msg);
+    wb__request_free(&out);
+    free(buf);
+    beat.lease_id.data = NULL;
+    beat.lease_id.len = 0;
+    wb__lease_beat_free(&beat);
+    wb_container_destroy(&c);
+    close_env(&e);
+}
+END_TEST
+
 START_TEST(bad_alias_lists_are_refused)
 {
     char so[512];
@@ -1271,6 +1343,7 @@ static Suite *suite(void)
     tcase_add_test(tc, each_tensor_keeps_its_device);
     tcase_add_test(tc, acquire_reuses_the_held_table);
     tcase_add_test(tc, mutated_constant_is_refused_or_copied);
+    tcase_add_test(tc, record_path_is_utf8);
     suite_add_tcase(s, tc);
     return s;
 }

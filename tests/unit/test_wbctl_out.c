@@ -6,6 +6,8 @@
  * (a session, a real that is not finite), nested arrays, all in any order. */
 #include "wbctl_out.h"
 
+#include "wbctl.h"
+
 #include <check.h>
 #include <jansson.h>
 
@@ -13,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define FLAGS (JSON_INDENT(2) | JSON_PRESERVE_ORDER)
 
@@ -242,6 +245,104 @@ START_TEST(test_row_out_of_memory)
 }
 END_TEST
 
+/* What a table cell or a message shows of a peer's string: printable ASCII
+ * and UTF-8 text as they are; controls (C0, DEL, C1) and invalid UTF-8 as
+ * \xNN; the Unicode format characters that reorder or hide text (bidi
+ * overrides and isolates, zero-width characters, the byte order mark, soft
+ * hyphen, tags) and the line and paragraph separators as \u{...}. */
+START_TEST(test_escape)
+{
+    static const struct {
+        const char *in, *want;
+    } cases[] = {
+        {"", ""},
+        {"plain /models/m.pt2", "plain /models/m.pt2"},
+        {"back\\slash", "back\\\\slash"},
+        {"\x1b[2K\rFORGED\n\x07\x7f", "\\x1b[2K\\x0dFORGED\\x0a\\x07\\x7f"},
+        {"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"},
+        {"\xc2\x9b C1", "\\xc2\\x9b C1"},
+        {"bad \xff\xc3( \xed\xa0\x80", "bad \\xff\\xc3( \\xed\\xa0\\x80"},
+        /* U+202A..U+202E: LRE RLE PDF LRO RLO */
+        {"a\xe2\x80\xaa\xe2\x80\xab\xe2\x80\xac\xe2\x80\xad\xe2\x80\xae"
+         "b",
+         "a\\u{202a}\\u{202b}\\u{202c}\\u{202d}\\u{202e}b"},
+        /* U+2066..U+2069: LRI RLI FSI PDI */
+        {"\xe2\x81\xa6\xe2\x81\xa7\xe2\x81\xa8\xe2\x81\xa9",
+         "\\u{2066}\\u{2067}\\u{2068}\\u{2069}"},
+        /* U+200B..U+200F: ZWSP ZWNJ ZWJ LRM RLM; U+2060 WJ; U+FEFF BOM */
+        {"\xe2\x80\x8b\xe2\x80\x8c\xe2\x80\x8d\xe2\x80\x8e\xe2\x80\x8f\xe2\x81\xa0\xef\xbb\xbf",
+         "\\u{200b}\\u{200c}\\u{200d}\\u{200e}\\u{200f}\\u{2060}\\u{feff}"},
+        /* U+2028, U+2029: line and paragraph separators (forged lines) */
+        {"x\xe2\x80\xa8y\xe2\x80\xa9z", "x\\u{2028}y\\u{2029}z"},
+        /* U+00AD soft hyphen, U+061C arabic letter mark, U+E0041 a tag */
+        {"\xc2\xad\xd8\x9c\xf3\xa0\x81\x81", "\\u{00ad}\\u{061c}\\u{e0041}"},
+        /* Neighbours that are plain text stay: U+2010 hyphen, U+2030 per
+         * mille, U+2070 superscript zero, U+FEFE, U+00AC. */
+        {"\xe2\x80\x90\xe2\x80\xb0\xe2\x81\xb0\xef\xbb\xbe\xc2\xac",
+         "\xe2\x80\x90\xe2\x80\xb0\xe2\x81\xb0\xef\xbb\xbe\xc2\xac"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *got = wbctl_escape(cases[i].in);
+        ck_assert_ptr_nonnull(got);
+        ck_assert_msg(strcmp(got, cases[i].want) == 0, "case %zu: got '%s', want '%s'", i, got,
+                      cases[i].want);
+        free(got);
+    }
+    char *null = wbctl_escape(NULL);
+    ck_assert_str_eq(null, "");
+    free(null);
+}
+END_TEST
+
+/* The worst case for the output's size: every character a format one, of
+ * each length (U+00AD is 2 bytes and 8 escaped, the most per byte). */
+START_TEST(test_escape_worst_case)
+{
+    static const char *const units[] = {"\xc2\xad", "\xe2\x80\xae", "\xf3\xa0\x81\x81", "\x01"};
+    for (size_t u = 0; u < sizeof units / sizeof units[0]; u++) {
+        char in[4096] = "";
+        size_t n = 0, k = strlen(units[u]);
+        while (n + k < sizeof in) {
+            memcpy(in + n, units[u], k);
+            n += k;
+        }
+        in[n] = '\0';
+        char *got = wbctl_escape(in);
+        ck_assert_ptr_nonnull(got);
+        ck_assert_uint_le(strlen(got), 4 * n);
+        ck_assert_ptr_null(strchr(got, 0x1b));
+        ck_assert_uint_eq(strspn(got, "\\u{}0123456789abcdefx"), strlen(got));
+        free(got);
+    }
+}
+END_TEST
+
+/* A table escapes every cell, the header's and the data's alike. */
+START_TEST(test_table_escapes_cells)
+{
+    fflush(stdout);
+    FILE *tmp = tmpfile();
+    ck_assert_ptr_nonnull(tmp);
+    int saved = dup(STDOUT_FILENO);
+    ck_assert_int_ge(saved, 0);
+    ck_assert_int_ge(dup2(fileno(tmp), STDOUT_FILENO), 0);
+    wbctl_table t = {.ncols = 2};
+    wbctl_table_add(&t, "NAME", "ERROR");
+    wbctl_table_add(&t, "m\xe2\x80\xaegp.exe", "\x1b[1A\x1b[2Kok\nFORGED");
+    wbctl_table_print(&t);
+    fflush(stdout);
+    ck_assert_int_ge(dup2(saved, STDOUT_FILENO), 0);
+    close(saved);
+    char out[512];
+    rewind(tmp);
+    size_t n = fread(out, 1, sizeof out - 1, tmp);
+    out[n] = '\0';
+    fclose(tmp);
+    ck_assert_str_eq(out, "NAME             ERROR\n"
+                          "m\\u{202e}gp.exe  \\x1b[1A\\x1b[2Kok\\x0aFORGED\n");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("wbctl_out");
@@ -250,6 +351,9 @@ int main(void)
     tcase_add_test(tc, test_array_out_of_memory_prints_nothing);
     tcase_add_test(tc, test_row_reused_dumps_as_fresh);
     tcase_add_test(tc, test_row_out_of_memory);
+    tcase_add_test(tc, test_escape);
+    tcase_add_test(tc, test_escape_worst_case);
+    tcase_add_test(tc, test_table_escapes_cells);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

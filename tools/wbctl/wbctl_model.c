@@ -1,13 +1,16 @@
 #include "wbctl_model.h"
 
+#include "wbctl.h"
+
 #include <stdio.h>
+#include <stdlib.h>
 
 /* The loader's figures: progress, settings and per-stage times and rates. */
 static void load_json(json_t *o, const Wbproto__ModelInfo *m)
 {
     json_object_set_new(o, "loaded_bytes", json_integer((json_int_t)m->loaded_bytes));
     if (m->load_mode && m->load_mode[0])
-        json_object_set_new(o, "load_mode", json_string(m->load_mode));
+        json_object_set_new(o, "load_mode", wbctl_jstr(m->load_mode));
     json_object_set_new(o, "read_threads", json_integer(m->read_threads));
     json_object_set_new(o, "staging_buffer_bytes",
                         json_integer((json_int_t)m->staging_buffer_bytes));
@@ -33,7 +36,10 @@ void wbctl_print_stages(const Wbproto__ModelInfo *m)
 {
     if (!m->load_mode || !m->load_mode[0])
         return;
-    printf("load: %s, %u thread%s", m->load_mode, m->read_threads, m->read_threads == 1 ? "" : "s");
+    char *mode = wbctl_escape(m->load_mode);
+    printf("load: %s, %u thread%s", mode ? mode : "?", m->read_threads,
+           m->read_threads == 1 ? "" : "s");
+    free(mode);
     if (m->staging_buffers)
         printf(", %u x %.1f MiB pinned staging", m->staging_buffers,
                (double)m->staging_buffer_bytes / (1024.0 * 1024.0));
@@ -46,8 +52,10 @@ void wbctl_print_stages(const Wbproto__ModelInfo *m)
 json_t *wbctl_model_json(const Wbproto__ModelInfo *m)
 {
     json_t *o = json_object();
-    json_object_set_new(o, "name", json_string(m->name));
-    json_object_set_new(o, "path", json_string(m->path));
+    /* Every string as the broker sent it (wbctl_jstr: never NULL for a
+     * string that is not UTF-8, so no key goes missing). */
+    json_object_set_new(o, "name", wbctl_jstr(m->name));
+    json_object_set_new(o, "path", wbctl_jstr(m->path));
     json_object_set_new(o, "state", json_string(wb__model_state_name(m->state)));
     json_object_set_new(o, "backend", json_string(wb__backend_name(m->backend)));
     json_object_set_new(o, "device", json_integer(m->device));
@@ -57,24 +65,24 @@ json_t *wbctl_model_json(const Wbproto__ModelInfo *m)
     json_object_set_new(o, "leases", json_integer(m->leases));
     json_object_set_new(o, "load_seconds", json_real(m->load_seconds));
     json_object_set_new(o, "load_gbps", json_real(m->load_gbps));
-    json_object_set_new(o, "transport", json_string(m->transport ? m->transport : ""));
-    json_object_set_new(o, "access", json_string(m->access ? m->access : ""));
+    json_object_set_new(o, "transport", wbctl_jstr(m->transport));
+    json_object_set_new(o, "access", wbctl_jstr(m->access));
     load_json(o, m);
     if (m->error && m->error[0])
-        json_object_set_new(o, "error", json_string(m->error));
+        json_object_set_new(o, "error", wbctl_jstr(m->error));
     /* One entry per device (a broker that predates copies sends none). */
     json_t *copies = json_array();
     for (size_t k = 0; k < m->n_copies; k++) {
         const Wbproto__ModelCopy *c = m->copies[k];
         json_t *one = json_object();
         json_object_set_new(one, "device", json_integer(c->device));
-        json_object_set_new(one, "uuid", json_string(c->device_uuid ? c->device_uuid : ""));
+        json_object_set_new(one, "uuid", wbctl_jstr(c->device_uuid));
         json_object_set_new(one, "state", json_string(wb__model_state_name(c->state)));
         json_object_set_new(one, "slab_bytes", json_integer((json_int_t)c->slab_bytes));
         json_object_set_new(one, "leases", json_integer(c->leases));
         json_object_set_new(one, "copy_seconds", json_real(c->copy_seconds));
         if (c->error && c->error[0])
-            json_object_set_new(one, "error", json_string(c->error));
+            json_object_set_new(one, "error", wbctl_jstr(c->error));
         json_array_append_new(copies, one);
     }
     json_object_set_new(o, "copies", copies);
@@ -135,8 +143,16 @@ void wbctl_model_failures(const Wbproto__ModelInfo *m)
 {
     for (size_t k = 0; k < m->n_copies; k++) {
         const Wbproto__ModelCopy *c = m->copies[k];
-        if (c->state == WBPROTO__MODEL_STATE__MODEL_FAILED && c->error && c->error[0])
-            printf("%s on device %d (%s) failed: %s\n", m->name, c->device,
-                   c->device_uuid && c->device_uuid[0] ? c->device_uuid : "-", c->error);
+        if (c->state != WBPROTO__MODEL_STATE__MODEL_FAILED || !c->error || !c->error[0])
+            continue;
+        /* The broker's strings, escaped as in the table above. */
+        char *name = wbctl_escape(m->name);
+        char *uuid = wbctl_escape(c->device_uuid && c->device_uuid[0] ? c->device_uuid : "-");
+        char *why = wbctl_escape(c->error);
+        printf("%s on device %d (%s) failed: %s\n", name ? name : "?", c->device, uuid ? uuid : "?",
+               why ? why : "(out of memory)");
+        free(name);
+        free(uuid);
+        free(why);
     }
 }

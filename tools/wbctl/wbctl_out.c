@@ -51,6 +51,40 @@ static size_t utf8_len(const unsigned char *s)
     return utf8_seq(s, 0);
 }
 
+/* The code point of the valid n-byte sequence at s. */
+static unsigned utf8_cp(const unsigned char *s, size_t n)
+{
+    unsigned cp = s[0] & (n == 2 ? 0x1f : n == 3 ? 0x0f : 0x07);
+    for (size_t i = 1; i < n; i++)
+        cp = (cp << 6) | (s[i] & 0x3f);
+    return cp;
+}
+
+/* Characters that change how the text around them shows without being
+ * seen: Unicode's format characters (general category Cf: bidi embeddings,
+ * overrides, isolates and marks, zero-width spaces and joiners, the byte
+ * order mark, the soft hyphen, invisible operators, tags), and the line and
+ * paragraph separators, which some terminals and viewers break lines at. */
+static const struct {
+    unsigned lo, hi;
+} hidden[] = {
+    {0x00ad, 0x00ad},   {0x0600, 0x0605},   {0x061c, 0x061c},   {0x06dd, 0x06dd},
+    {0x070f, 0x070f},   {0x0890, 0x0891},   {0x08e2, 0x08e2},   {0x180e, 0x180e},
+    {0x200b, 0x200f},   {0x2028, 0x202e},   {0x2060, 0x2064},   {0x2066, 0x206f},
+    {0xfeff, 0xfeff},   {0xfff9, 0xfffb},   {0x110bd, 0x110bd}, {0x110cd, 0x110cd},
+    {0x13430, 0x1343f}, {0x1bca0, 0x1bca3}, {0x1d173, 0x1d17a}, {0xe0001, 0xe0001},
+    {0xe0020, 0xe007f},
+};
+
+static int is_hidden(unsigned cp)
+{
+    for (size_t i = 0; i < sizeof hidden / sizeof hidden[0] && cp >= hidden[i].lo; i++) {
+        if (cp <= hidden[i].hi)
+            return 1;
+    }
+    return 0;
+}
+
 char *wbctl_utf8(const char *s)
 {
     if (!s)
@@ -82,7 +116,7 @@ char *wbctl_escape(const char *s)
     if (!s)
         s = "";
     size_t len = strlen(s);
-    /* Every byte may become four. */
+    /* Every byte may become four: \xNN, or \u{00ad} for two bytes. */
     char *out = malloc(4 * len + 1);
     if (!out)
         return NULL;
@@ -97,8 +131,13 @@ char *wbctl_escape(const char *s)
         } else if (*p >= 0x20 && *p < 0x7f) {
             out[o++] = (char)*p++;
         } else if (*p >= 0x80 && (n = utf8_len(p)) > 0) {
-            memcpy(out + o, p, n);
-            o += n;
+            unsigned cp = utf8_cp(p, n);
+            if (is_hidden(cp)) {
+                o += (size_t)sprintf(out + o, "\\u{%04x}", cp);
+            } else {
+                memcpy(out + o, p, n);
+                o += n;
+            }
             p += n;
         } else {
             o += (size_t)sprintf(out + o, "\\x%02x", *p++);
