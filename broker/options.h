@@ -41,6 +41,7 @@ typedef enum wb_num_opt {
     WB_NUM_MAX_QUEUED_TOTAL,
     WB_NUM_MAX_PER_PROCESS,
     WB_NUM_HANDSHAKE,
+    WB_NUM_METRICS_REQUEST_TIMEOUT,
     WB_NUM_OPTS
 } wb_num_opt;
 
