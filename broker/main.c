@@ -206,7 +206,9 @@ static int run(wb_options *o)
     /* The metrics endpoint comes before the preloads, so that a port in use
      * is reported at once rather than after minutes of loading; its first
      * page is rendered before it answers. */
-    if (o->metrics && wb__metrics_start(o->metrics, &b, &metrics, &err) != WB_OK) {
+    if (o->metrics &&
+        wb__metrics_start(o->metrics, (unsigned)o->num[WB_NUM_METRICS_REQUEST_TIMEOUT], &b,
+                          &metrics, &err) != WB_OK) {
         wb__fatal("%s", err.msg);
         goto out;
     }

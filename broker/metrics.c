@@ -1,16 +1,21 @@
 #include "metrics.h"
 
+#include "connguard.h"
 #include "log.h"
 #include "wire.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #ifdef WB_HAVE_MICROHTTPD
@@ -22,9 +27,24 @@
 /* ...and an unchanged one this often, so that a scrape is never older. */
 #define RENDER_MAX_MS 250
 
+/* libmicrohttpd's inactivity timeout, in seconds: a backstop only, since
+ * the request timeout (at most WB_METRICS_MAX_REQUEST_TIMEOUT_MS) cuts any
+ * connection first. */
+#define INACTIVITY_S 10
+
 struct wb_metrics {
 #ifdef WB_HAVE_MICROHTTPD
     struct MHD_Daemon *daemon;
+    pthread_t thread;
+    int epoll_fd; /* libmicrohttpd's, which the HTTP thread polls */
+    int wake_fd;  /* an eventfd: written once to stop the HTTP thread */
+    /* The HTTP thread's alone, like every libmicrohttpd callback. */
+    wb_connguard guard;
+    unsigned long long cut_logged[WB_CUT_REASONS];
+    int64_t cut_logged_ms[WB_CUT_REASONS];
+    unsigned long long closed; /* connections closed, for the loop */
+    int64_t log_ms;            /* libmicrohttpd's last message logged */
+    unsigned long long log_suppressed;
 #endif
     unsigned port;
     pthread_mutex_t mu;
@@ -364,6 +384,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     (void)version;
     (void)upload;
     (void)req_cls;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    if (ci && ci->socket_context)
+        wb__connguard_request(&m->guard, ci->socket_context);
     static char not_allowed[] = "only GET and HEAD are served\n";
     static char not_found[] = "not found; the metrics are at /metrics\n";
     if (*upload_size) {
@@ -384,20 +408,151 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                    MHD_RESPMEM_MUST_FREE);
 }
 
+/* libmicrohttpd's messages, at most one a second with the number left out
+ * since the last: it writes one for every connection that a client (or a
+ * cut) ends early, and an attacker makes hundreds a second. Called on the
+ * HTTP thread, or on the thread that starts or stops the daemon while the
+ * HTTP thread does not run. */
 static void on_log(void *cls, const char *fmt, va_list ap)
 {
-    (void)cls;
+    wb_metrics *m = cls;
+    int64_t now = wb__clock_mono_ms();
+    if (m->log_ms && now - m->log_ms < 1000) {
+        m->log_suppressed++;
+        return;
+    }
     char msg[512], q[600];
     vsnprintf(msg, sizeof msg, fmt, ap);
     size_t n = strlen(msg);
     while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
         msg[--n] = '\0';
-    wb_warn("metrics_http", "error=%s", wb__log_quote(q, sizeof q, msg));
+    wb_warn("metrics_http", "error=%s suppressed=%llu", wb__log_quote(q, sizeof q, msg),
+            m->log_suppressed);
+    m->log_ms = now;
+    m->log_suppressed = 0;
 }
 
-int wb__metrics_start(const char *spec, const wb_broker *b, wb_metrics **out, wb_err *err)
+/* A connection starts or closes (the HTTP thread). Its record lives
+ * exactly as long as libmicrohttpd holds its socket open: it closes the
+ * descriptor only after this callback says CLOSED, on the same thread as
+ * the sweep, so a cut never reaches a descriptor number reused since. */
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    wb_metrics *m = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        m->closed++;
+        wb_guarded *c = *socket_context;
+        wb__connguard_remove(&m->guard, &c);
+        *socket_context = NULL;
+        return;
+    }
+    const union MHD_ConnectionInfo *fi =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    const union MHD_ConnectionInfo *ai =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (!fi)
+        return;
+    *socket_context = wb__connguard_add(&m->guard, fi->connect_fd, ai ? ai->client_addr : NULL,
+                                        wb__clock_mono_ms());
+    /* Out of memory: a connection without a deadline is not kept. */
+    if (!*socket_context)
+        shutdown(fi->connect_fd, SHUT_RDWR);
+}
+
+/* A response was sent (or the request ended otherwise): the connection
+ * waits for its next request, with a new deadline. */
+static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    wb_metrics *m = cls;
+    (void)req_cls;
+    (void)toe;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    if (ci && ci->socket_context)
+        wb__connguard_done(&m->guard, ci->socket_context, wb__clock_mono_ms());
+}
+
+/* shutdown, never close: the descriptor stays libmicrohttpd's, which sees
+ * the end of the stream on its next round and closes the connection. */
+static void cut_socket(void *cls, int fd, wb_cut_reason why)
+{
+    (void)cls;
+    (void)why;
+    shutdown(fd, SHUT_RDWR);
+}
+
+/* Cuts are logged at most once a second for each reason (or now, when
+ * `all`), with the count since the last line: an attacker makes one every
+ * few milliseconds. Returns the milliseconds until cuts not yet logged can
+ * be, -1 if none. */
+static long log_cuts(wb_metrics *m, int64_t now, int all)
+{
+    static const char *const reasons[WB_CUT_REASONS] = {"request_timeout", "crowded"};
+    long wait = -1;
+    for (int r = 0; r < WB_CUT_REASONS; r++) {
+        unsigned long long n = m->guard.cut[r] - m->cut_logged[r];
+        if (n == 0)
+            continue;
+        if (!all && m->cut_logged_ms[r] && now - m->cut_logged_ms[r] < 1000) {
+            long left = (long)(m->cut_logged_ms[r] + 1000 - now);
+            if (wait < 0 || left < wait)
+                wait = left;
+            continue;
+        }
+        wb_warn("metrics_connection_closed",
+                "reason=%s closed=%llu request_timeout_ms=%lld max_waiting=%u "
+                "max_waiting_per_address=%u",
+                reasons[r], n, (long long)m->guard.timeout_ms, m->guard.max_waiting,
+                m->guard.max_waiting_per_addr);
+        m->cut_logged[r] = m->guard.cut[r];
+        m->cut_logged_ms[r] = now;
+    }
+    return wait;
+}
+
+/* The HTTP thread: runs libmicrohttpd's event loop (its epoll descriptor)
+ * and, after each round, the sweep that cuts connections; it sleeps until
+ * the next event, the next deadline, or the stop. */
+static void *serve(void *arg)
+{
+    wb_metrics *m = arg;
+    struct pollfd pfd[2] = {{.fd = m->epoll_fd, .events = POLLIN},
+                            {.fd = m->wake_fd, .events = POLLIN}};
+    for (;;) {
+        unsigned long long closed = m->closed;
+        MHD_run(m->daemon);
+        int64_t now = wb__clock_mono_ms();
+        /* A cut connection is closed on the next round, at once: shutdown
+         * wakes the epoll descriptor. */
+        long wait = wb__connguard_sweep(&m->guard, now, cut_socket, m);
+        long log_wait = log_cuts(m, now, 0);
+        if (log_wait >= 0 && (wait < 0 || log_wait < wait))
+            wait = log_wait;
+        MHD_UNSIGNED_LONG_LONG mt;
+        if (MHD_get_timeout(m->daemon, &mt) == MHD_YES &&
+            (wait < 0 || mt < (MHD_UNSIGNED_LONG_LONG)wait))
+            wait = (long)mt;
+        /* At the connection limit libmicrohttpd takes the listening socket
+         * out of its epoll set, and puts it back only at the start of a
+         * round: after closes, one more round, or the backlog would wait
+         * for the next event. */
+        if (m->closed != closed)
+            wait = 0;
+        if (poll(pfd, 2, (int)wait) < 0 && errno != EINTR)
+            usleep(10 * 1000); /* ENOMEM: try again shortly */
+        if (pfd[1].revents)
+            return NULL;
+    }
+}
+
+int wb__metrics_start(const char *spec, unsigned request_timeout_ms, const wb_broker *b,
+                      wb_metrics **out, wb_err *err)
 {
     *out = NULL;
+    if (request_timeout_ms == 0)
+        request_timeout_ms = WB_METRICS_REQUEST_TIMEOUT_MS;
     struct sockaddr_storage ss;
     socklen_t sslen;
     int rc = wb__metrics_parse_addr(spec, &ss, &sslen, err);
@@ -408,9 +563,13 @@ int wb__metrics_start(const char *spec, const wb_broker *b, wb_metrics **out, wb
     int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return wb__err_errno(err, WB_EIO, errno, "metrics: socket");
-    int one = 1;
+    int one = 1, defer = WB_METRICS_DEFER_ACCEPT_S;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, (struct sockaddr *)&ss, sslen) != 0 || listen(fd, 64) != 0) {
+    /* Best effort: without it a scraper's request may come just after its
+     * accept, and a burst from its address could crowd it out first. */
+    setsockopt(fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, &defer, sizeof defer);
+    if (bind(fd, (struct sockaddr *)&ss, sslen) != 0 ||
+        listen(fd, WB_METRICS_LISTEN_BACKLOG) != 0) {
         int e = errno;
         close(fd);
         return wb__err_errno(err, WB_EIO, e, "metrics: cannot listen on %s", spec);
@@ -429,6 +588,8 @@ int wb__metrics_start(const char *spec, const wb_broker *b, wb_metrics **out, wb
     pthread_mutex_init(&m->mu, NULL);
     m->port = port;
     m->dirty = 1;
+    wb__connguard_init(&m->guard, request_timeout_ms, WB_METRICS_MAX_WAITING_PER_ADDR,
+                       WB_METRICS_MAX_WAITING);
     /* The first page exists before the server answers: a scrape right
      * after start-up gets every metric family, not an empty page. */
     if (b) {
@@ -437,23 +598,43 @@ int wb__metrics_start(const char *spec, const wb_broker *b, wb_metrics **out, wb
         if (text)
             wb__metrics_publish(m, text, len);
     }
-    m->daemon =
-        MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG |
-                             (ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0),
-                         0, NULL, NULL, on_request, m, MHD_OPTION_EXTERNAL_LOGGER, on_log, NULL,
-                         MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_LIMIT, (unsigned)32,
-                         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
-    if (!m->daemon) {
+    /* No internal thread: the loop is ours (serve), so that the sweep runs
+     * on the thread where connections start and close. */
+    m->daemon = MHD_start_daemon(
+        MHD_USE_EPOLL | MHD_USE_ERROR_LOG | (ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0), 0, NULL,
+        NULL, on_request, m, MHD_OPTION_EXTERNAL_LOGGER, on_log, m, MHD_OPTION_LISTEN_SOCKET, fd,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)WB_METRICS_MAX_CONNECTIONS,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)WB_METRICS_MAX_PER_ADDR,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)INACTIVITY_S, MHD_OPTION_NOTIFY_CONNECTION,
+        on_connection, m, MHD_OPTION_NOTIFY_COMPLETED, on_completed, m, MHD_OPTION_END);
+    const char *what = "libmicrohttpd could not start";
+    if (m->daemon) {
+        what = "cannot start the HTTP thread";
+        const union MHD_DaemonInfo *di = MHD_get_daemon_info(m->daemon, MHD_DAEMON_INFO_EPOLL_FD);
+        m->epoll_fd = di ? di->epoll_fd : -1;
+        m->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (m->epoll_fd >= 0 && m->wake_fd >= 0 &&
+            pthread_create(&m->thread, NULL, serve, m) == 0) {
+            char q[300];
+            wb_info("metrics_listen",
+                    "address=%s port=%u path=/metrics request_timeout_ms=%u max_connections=%u "
+                    "max_per_address=%u max_waiting=%u max_waiting_per_address=%u",
+                    wb__log_quote(q, sizeof q, spec), port, request_timeout_ms,
+                    WB_METRICS_MAX_CONNECTIONS, WB_METRICS_MAX_PER_ADDR, WB_METRICS_MAX_WAITING,
+                    WB_METRICS_MAX_WAITING_PER_ADDR);
+            *out = m;
+            return WB_OK;
+        }
+        if (m->wake_fd >= 0)
+            close(m->wake_fd);
+        MHD_stop_daemon(m->daemon); /* closes the listening socket */
+    } else {
         close(fd);
-        pthread_mutex_destroy(&m->mu);
-        free(m);
-        return wb__err_set(err, WB_EIO, "metrics: libmicrohttpd could not start on %s", spec);
     }
-    char q[300];
-    wb_info("metrics_listen", "address=%s port=%u path=/metrics", wb__log_quote(q, sizeof q, spec),
-            port);
-    *out = m;
-    return WB_OK;
+    pthread_mutex_destroy(&m->mu);
+    free(m->text);
+    free(m);
+    return wb__err_set(err, WB_EIO, "metrics: %s on %s", what, spec);
 }
 
 void wb__metrics_stop(wb_metrics **mp)
@@ -461,8 +642,16 @@ void wb__metrics_stop(wb_metrics **mp)
     wb_metrics *m = mp ? *mp : NULL;
     if (!m)
         return;
-    /* Joins the HTTP thread and closes the listening socket. */
+    /* The HTTP thread ends, then the daemon closes the connections (their
+     * records go with them) and the listening socket. */
+    uint64_t one = 1;
+    while (write(m->wake_fd, &one, sizeof one) < 0 && errno == EINTR)
+        ;
+    pthread_join(m->thread, NULL);
     MHD_stop_daemon(m->daemon);
+    log_cuts(m, wb__clock_mono_ms(), 1);
+    wb__connguard_destroy(&m->guard);
+    close(m->wake_fd);
     pthread_mutex_destroy(&m->mu);
     free(m->text);
     free(m);
@@ -471,9 +660,11 @@ void wb__metrics_stop(wb_metrics **mp)
 
 #else /* !WB_HAVE_MICROHTTPD */
 
-int wb__metrics_start(const char *spec, const wb_broker *b, wb_metrics **out, wb_err *err)
+int wb__metrics_start(const char *spec, unsigned request_timeout_ms, const wb_broker *b,
+                      wb_metrics **out, wb_err *err)
 {
     (void)spec;
+    (void)request_timeout_ms;
     (void)b;
     *out = NULL;
     return wb__err_set(err, WB_ENOSYS,

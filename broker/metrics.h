@@ -4,7 +4,13 @@
  * The broker's state belongs to the event loop's thread. The HTTP server
  * runs its own thread, so it never looks at that state: the loop renders the
  * whole page into a buffer (wb__metrics_tick, on changes and every 250 ms)
- * and publishes it under a mutex; each scrape copies the last page. */
+ * and publishes it under a mutex; each scrape copies the last page.
+ *
+ * The HTTP thread also bounds what clients can hold (connguard.h): every
+ * connection has the request timeout, from its accept or its last response,
+ * to send a whole request and take the answer; connections still waiting
+ * for their request are capped per address and in all, the longest-waiting
+ * cut first, so that a scrape is served while others trickle headers. */
 #ifndef WB_BROKER_METRICS_H
 #define WB_BROKER_METRICS_H
 
@@ -17,6 +23,29 @@
 
 typedef struct wb_metrics wb_metrics;
 
+/* The default of --metrics-request-timeout-ms, and its range. */
+#define WB_METRICS_REQUEST_TIMEOUT_MS     2000
+#define WB_METRICS_MIN_REQUEST_TIMEOUT_MS 100
+#define WB_METRICS_MAX_REQUEST_TIMEOUT_MS 10000
+/* Connections at once; beyond it new ones wait in the listen backlog. */
+#define WB_METRICS_MAX_CONNECTIONS 64
+#define WB_METRICS_LISTEN_BACKLOG  64
+/* Connections from one address; more are closed as soon as accepted, so
+ * that other addresses always have 16. */
+#define WB_METRICS_MAX_PER_ADDR 48
+/* Connections waiting for their request's headers, from one address and
+ * in all; over either, the longest-waiting is cut (never one accepted in
+ * the last round). When libmicrohttpd accepts, one address then holds at
+ * most 33 (8 kept, or up to the 11 it accepts in a round; up to 11 cut and
+ * not yet closed; up to 11 being accepted), all addresses 54: under the two
+ * limits above, so that connections about to be cut never make them refuse
+ * a newcomer. */
+#define WB_METRICS_MAX_WAITING          32
+#define WB_METRICS_MAX_WAITING_PER_ADDR 8
+/* The kernel hands over a connection once it has sent something, or after
+ * this many seconds: a scraper's request is there when it is accepted. */
+#define WB_METRICS_DEFER_ACCEPT_S 1
+
 /* Parses "ADDR:PORT": an IPv4 address, "[IPv6]" or a host name, and a port
  * from 0 (any free port) to 65535. When ss is not NULL, fills it (and *len)
  * with the first address found. Returns WB_OK or WB_EINVAL saying what is
@@ -25,10 +54,12 @@ int wb__metrics_parse_addr(const char *spec, struct sockaddr_storage *ss, sockle
                            wb_err *err);
 
 /* Binds ADDR:PORT, publishes a first page rendered from b (when not NULL),
- * then starts the HTTP thread. SIGTERM and SIGINT must
- * already be blocked (the thread inherits the mask). WB_ENOSYS when built
- * without libmicrohttpd, WB_EIO when the address cannot be bound. */
-int wb__metrics_start(const char *spec, const wb_broker *b, wb_metrics **out, wb_err *err);
+ * then starts the HTTP thread, with request_timeout_ms (0: the default)
+ * for each request. SIGTERM and SIGINT must already be blocked (the thread
+ * inherits the mask). WB_ENOSYS when built without libmicrohttpd, WB_EIO
+ * when the address cannot be bound. */
+int wb__metrics_start(const char *spec, unsigned request_timeout_ms, const wb_broker *b,
+                      wb_metrics **out, wb_err *err);
 
 /* Stops the HTTP thread and frees everything; sets *m to NULL. NULL is
  * fine. */

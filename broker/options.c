@@ -83,6 +83,10 @@ static const num_opt num_opts[WB_NUM_OPTS] = {
                             "a number of connections from %ld to %ld", 200},
     [WB_NUM_MAX_SESSIONS_PER_UID] = {"max-sessions-per-uid", 1, 1000000,
                                      "a number of sessions from %ld to %ld", 200},
+    [WB_NUM_METRICS_REQUEST_TIMEOUT] = {"metrics-request-timeout-ms",
+                                        WB_METRICS_MIN_REQUEST_TIMEOUT_MS,
+                                        WB_METRICS_MAX_REQUEST_TIMEOUT_MS,
+                                        "a number of milliseconds from %ld to %ld", 200},
 };
 static const struct option long_opts[] = {
     {"socket", required_argument, NULL, 's'},
@@ -127,6 +131,8 @@ static const struct option long_opts[] = {
     {"check-config", no_argument, NULL, OPT_CHECK_CONFIG},
     {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
     {"metrics", required_argument, NULL, OPT_METRICS},
+    {"metrics-request-timeout-ms", required_argument, NULL,
+     OPT_NUM + WB_NUM_METRICS_REQUEST_TIMEOUT},
     {"version", no_argument, NULL, 'V'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
@@ -254,14 +260,19 @@ static void usage(FILE *out)
             "                         file is wrong, 2 for a wrong option)\n"
             "  --log-format text|json log lines as key=value text (default) or JSON objects\n"
             "  --metrics ADDR:PORT    serve Prometheus metrics at http://ADDR:PORT/metrics\n"
-            "                         (default off; for example 127.0.0.1:9464)\n\n"
+            "                         (default off; for example 127.0.0.1:9464)\n"
+            "  --metrics-request-timeout-ms N\n"
+            "                         time an HTTP connection has, from its accept or its\n"
+            "                         last response, to send a whole request and take the\n"
+            "                         response (default %d)\n\n"
             "  --version              print the version and exit\n"
             "  --help                 print this help and exit\n\n"
             "SIGTERM or SIGINT stops the broker: slab names and the socket are removed;\n"
             "clients keep the memory they have mapped.\n",
             WB_DEFAULT_HEARTBEAT_MS, WB_DEFAULT_STALE_MS, WB_DEFAULT_HEARTBEAT_RATE,
             WB_DEFAULT_MAX_LEASES_PER_CLIENT, WB_DEFAULT_MAX_MODELS, WB_DEFAULT_MAX_TENSORS,
-            WB_DEFAULT_MAX_SHARDS, WB_MAX_MESSAGE, WB_MIN_MESSAGE, WB_ST_MAX_HEADER);
+            WB_DEFAULT_MAX_SHARDS, WB_MAX_MESSAGE, WB_MIN_MESSAGE, WB_ST_MAX_HEADER,
+            WB_METRICS_REQUEST_TIMEOUT_MS);
 }
 
 static int misuse(const char *fmt, const char *a, const char *b)

@@ -3,7 +3,11 @@
  * models by state, bytes per model, loads, requests by operation and status,
  * reclaims), label values escaped; the page is published only as often as
  * wb__metrics_tick allows; the HTTP server serves it at /metrics (GET and
- * HEAD only, 404 elsewhere) and reports addresses it cannot use. */
+ * HEAD only, 404 elsewhere) and reports addresses it cannot use; it closes
+ * a connection that has not sent a whole request within the request
+ * timeout (silent, trickling or idle after a response), and the
+ * longest-waiting of an address with too many waiting, while it serves a
+ * scrape. */
 #include "broker_fixture.h"
 #include "metrics.h"
 
@@ -11,10 +15,12 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 static wb_broker B;
@@ -285,6 +291,7 @@ START_TEST(test_parse_addr)
 }
 END_TEST
 
+#ifdef WB_HAVE_MICROHTTPD
 /* One HTTP/1.0 exchange on 127.0.0.1:port; returns the whole response. */
 static char *http(unsigned port, const char *request)
 {
@@ -304,18 +311,19 @@ static char *http(unsigned port, const char *request)
     buf[len] = '\0';
     return buf;
 }
+#endif
 
 START_TEST(test_http_server)
 {
 #ifndef WB_HAVE_MICROHTTPD
     wb_metrics *none;
     wb_err e;
-    ck_assert_int_eq(wb__metrics_start("127.0.0.1:0", NULL, &none, &e), WB_ENOSYS);
+    ck_assert_int_eq(wb__metrics_start("127.0.0.1:0", 0, NULL, &none, &e), WB_ENOSYS);
     return;
 #else
     wb_metrics *m = NULL;
     wb_err err;
-    ck_assert_msg(wb__metrics_start("127.0.0.1:0", NULL, &m, &err) == WB_OK, "%s", err.msg);
+    ck_assert_msg(wb__metrics_start("127.0.0.1:0", 0, NULL, &m, &err) == WB_OK, "%s", err.msg);
     unsigned port = wb__metrics_port(m);
     ck_assert_uint_gt(port, 0);
     fixture_model(&B, "served");
@@ -362,7 +370,7 @@ START_TEST(test_http_server)
     char spec[64];
     snprintf(spec, sizeof spec, "127.0.0.1:%u", port);
     wb_metrics *second = NULL;
-    ck_assert_int_eq(wb__metrics_start(spec, NULL, &second, &err), WB_EIO);
+    ck_assert_int_eq(wb__metrics_start(spec, 0, NULL, &second, &err), WB_EIO);
     ck_assert_ptr_null(second);
     char want[200];
     snprintf(want, sizeof want, "metrics: cannot listen on %s: Address already in use", spec);
@@ -374,6 +382,138 @@ START_TEST(test_http_server)
 #endif
 }
 END_TEST
+
+#ifdef WB_HAVE_MICROHTTPD
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int connect_to(unsigned port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sin, sizeof sin), 0);
+    return fd;
+}
+
+/* Reads what the server sends for up to ms; 1 when it closed the
+ * connection (end of stream or reset), else 0. With `trickle`, writes one
+ * byte of a request's headers every 20 ms meanwhile. */
+static int closed_within(int fd, int ms, int trickle)
+{
+    int64_t end = mono_ms() + ms;
+    for (int64_t now; (now = mono_ms()) < end;) {
+        if (trickle && send(fd, "X", 1, MSG_NOSIGNAL) < 0)
+            return 1;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int left = (int)(end - now);
+        if (poll(&p, 1, trickle && left > 20 ? 20 : left) == 1) {
+            char buf[4096];
+            ssize_t got = read(fd, buf, sizeof buf);
+            if (got <= 0)
+                return 1;
+        }
+    }
+    return 0;
+}
+
+/* Slack for a loaded machine or the sanitizer build. */
+#define LATE_MS 1500
+
+START_TEST(test_http_request_timeout)
+{
+    wb_metrics *m = NULL;
+    wb_err err;
+    ck_assert_msg(wb__metrics_start("127.0.0.1:0", 400, NULL, &m, &err) == WB_OK, "%s", err.msg);
+    unsigned port = wb__metrics_port(m);
+
+    /* Silent: the kernel hands it over after WB_METRICS_DEFER_ACCEPT_S,
+     * then it has the timeout like any other. */
+    int fd = connect_to(port);
+    int64_t t0 = mono_ms();
+    ck_assert_int_eq(closed_within(fd, 350, 0), 0);
+    ck_assert_int_eq(closed_within(fd, WB_METRICS_DEFER_ACCEPT_S * 1000 + 50 + LATE_MS, 0), 1);
+    ck_assert_int_ge(mono_ms() - t0, 400);
+    close(fd);
+
+    /* Trickling headers, a byte every 20 ms: closed at the timeout all the
+     * same. */
+    fd = connect_to(port);
+    t0 = mono_ms();
+    ck_assert_int_eq(write(fd, "GET /metrics HTTP/1.1\r\nX-Slow: ", 30), 30);
+    ck_assert_int_eq(closed_within(fd, 350, 1), 0);
+    ck_assert_int_eq(closed_within(fd, 50 + LATE_MS, 1), 1);
+    ck_assert_int_ge(mono_ms() - t0, 400);
+    close(fd);
+
+    /* A request whose headers come in two parts, 150 ms apart, well within
+     * the timeout, is answered. */
+    fd = connect_to(port);
+    ck_assert_int_eq(write(fd, "GET /metrics HTTP/1.0\r\n", 24), 24);
+    usleep(150 * 1000);
+    ck_assert_int_eq(write(fd, "\r\n", 2), 2);
+    char buf[64] = "";
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    ck_assert_int_eq(poll(&p, 1, 5000), 1);
+    ck_assert_int_gt(read(fd, buf, sizeof buf - 1), 12);
+    ck_assert_msg(strstr(buf, " 200 ") != NULL, "%s", buf);
+    close(fd);
+
+    wb__metrics_stop(&m);
+    ck_assert_ptr_null(m);
+}
+END_TEST
+
+/* Connections waiting for their request from one address: a newcomer
+ * beyond the cap closes the longest-waiting, at once (a scrape from that
+ * address counts until its request is read, and is served), and one up to
+ * the cap closes none; at the stop, the server closes the rest. */
+START_TEST(test_http_crowded)
+{
+    enum { CAP = WB_METRICS_MAX_WAITING_PER_ADDR };
+    wb_metrics *m = NULL;
+    wb_err err;
+    ck_assert_msg(wb__metrics_start("127.0.0.1:0", 5000, NULL, &m, &err) == WB_OK, "%s", err.msg);
+    unsigned port = wb__metrics_port(m);
+    int fds[CAP + 2];
+    for (int i = 0; i < CAP; i++) {
+        fds[i] = connect_to(port);
+        ck_assert_int_eq(write(fds[i], "GET", 3), 3);
+        usleep(20 * 1000); /* accepted in this order */
+    }
+    for (int i = 0; i < CAP; i++)
+        ck_assert_int_eq(closed_within(fds[i], 10, 0), 0);
+    char *r = http(port, "GET /metrics HTTP/1.0\r\n\r\n");
+    ck_assert_msg(strncmp(r, "HTTP/1.0 200", 12) == 0 || strncmp(r, "HTTP/1.1 200", 12) == 0, "%s",
+                  r);
+    free(r);
+    ck_assert_int_eq(closed_within(fds[0], LATE_MS, 0), 1);
+    for (int i = 1; i < CAP; i++)
+        ck_assert_int_eq(closed_within(fds[i], 10, 0), 0);
+
+    /* Back to the cap, then one over it. */
+    fds[CAP] = connect_to(port);
+    ck_assert_int_eq(write(fds[CAP], "GET", 3), 3);
+    ck_assert_int_eq(closed_within(fds[1], 100, 0), 0);
+    fds[CAP + 1] = connect_to(port);
+    ck_assert_int_eq(write(fds[CAP + 1], "GET", 3), 3);
+    ck_assert_int_eq(closed_within(fds[1], LATE_MS, 0), 1);
+    for (int i = 2; i <= CAP + 1; i++)
+        ck_assert_int_eq(closed_within(fds[i], 10, 0), 0);
+
+    wb__metrics_stop(&m);
+    for (int i = 2; i <= CAP + 1; i++)
+        ck_assert_int_eq(closed_within(fds[i], LATE_MS, 0), 1);
+    for (int i = 0; i <= CAP + 1; i++)
+        close(fds[i]);
+}
+END_TEST
+#endif
 
 int main(void)
 {
@@ -387,6 +527,10 @@ int main(void)
     tcase_add_test(tc, test_request_counters_bounded);
     tcase_add_test(tc, test_parse_addr);
     tcase_add_test(tc, test_http_server);
+#ifdef WB_HAVE_MICROHTTPD
+    tcase_add_test(tc, test_http_request_timeout);
+    tcase_add_test(tc, test_http_crowded);
+#endif
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
