@@ -328,6 +328,8 @@ WB_EXPORT int wb_container_create(wb_lease *const *leases, size_t n_leases, cons
     if (rc == WB_OK) {
         c->err.code = WB_OK;
         c->err.msg[0] = '\0';
+        free(c->long_msg);
+        c->long_msg = NULL;
     } else if (c->attached) {
         /* A failed container holds no lease: they may be released at once. */
         for (size_t i = 0; i < c->n_leases; i++)
@@ -390,6 +392,7 @@ WB_EXPORT void wb_container_destroy(wb_container **cp)
     free(c->leases);
     free(c->lease_bytes);
     free(c->lease_tensors);
+    free(c->long_msg);
     free(c);
 }
 
@@ -397,7 +400,7 @@ WB_EXPORT const char *wb_container_errmsg(const wb_container *c)
 {
     if (!c)
         return "no container (out of memory, or NULL was passed)";
-    return c->err.msg;
+    return c->long_msg ? c->long_msg : c->err.msg;
 }
 
 WB_EXPORT void *wb_container_stream(const wb_container *c)

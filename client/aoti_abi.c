@@ -4,11 +4,13 @@
 #include "aoti_impl.h"
 
 #include "log.h"
+#include "names.h"
 #include "safetensors.h"
 
 #include <dlfcn.h>
 #include <limits.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,10 +33,28 @@ const char *wb__aoti_qpath(const wb_container *c, char *buf, size_t size)
 __attribute__((format(printf, 3, 4))) int wb__aoti_fail(wb_container *c, int code, const char *fmt,
                                                         ...)
 {
+    free(c->long_msg);
+    c->long_msg = NULL;
     va_list ap;
     va_start(ap, fmt);
     wb__err_vset(&c->err, code, fmt, ap);
     va_end(ap);
+    return code;
+}
+
+int wb__aoti_fail_long(wb_container *c, int code, char *msg)
+{
+    if (!msg)
+        return wb__aoti_fail(c, WB_ENOMEM, "out of memory");
+    size_t n = strlen(msg);
+    if (n < sizeof c->err.msg)
+        wb__aoti_fail(c, code, "%s", msg);
+    else
+        wb__aoti_fail(c, code, "%.*s...", (int)(sizeof c->err.msg - 4), msg);
+    if (n < sizeof c->err.msg)
+        free(msg);
+    else
+        c->long_msg = msg;
     return code;
 }
 
@@ -110,6 +130,23 @@ const char *wb__aoti_dtype_name(int32_t code)
     return "?";
 }
 
+/* Upstream's constant types (torch::aot_inductor::ConstantType). */
+const char *wb__aoti_type_name(int32_t type)
+{
+    switch (type) {
+    case 1:
+        return "parameter";
+    case 2:
+        return "buffer";
+    case 3:
+        return "tensor constant";
+    case 4:
+        return "folded constant";
+    default:
+        return "constant of unknown type";
+    }
+}
+
 static void *sym(wb_container *c, const char *name)
 {
     void *p = dlsym(c->lib, name);
@@ -138,6 +175,8 @@ int wb__aoti_bind_symbols(wb_container *c)
     BIND(swap, "AOTInductorModelContainerSwapConstantBuffer");
     BIND(free_inactive, "AOTInductorModelContainerFreeInactiveConstantBuffer");
     BIND(did_load, "AOTInductorModelContainerDidCallLoadConstants");
+    BIND(extract_entries, "AOTInductorModelContainerExtractConstantsMapEntries");
+    BIND(blob_size, "AOTInductorModelContainerGetConstantsBlobSize");
     BIND(set_pinned_async, "AOTInductorSetUsePinnedAsyncConstantsCopy");
     BIND(num_inputs, "AOTInductorModelContainerGetNumInputs");
     BIND(num_outputs, "AOTInductorModelContainerGetNumOutputs");
@@ -185,6 +224,89 @@ int wb__aoti_bind_symbols(wb_container *c)
             "AOTInductorModelContainerUpdateUserManagedConstantBufferPairs (torch >= 2.11 "
             "is needed)",
             c->so_path);
+    return WB_OK;
+}
+
+/* Whether the library loaded data of its own for each constant, judged on
+ * a container CreateWithDevice has just made, before any update. Upstream
+ * (torch/csrc/inductor/aoti_runtime/model_base.h, load_constants) loads
+ * every non-folded constant from the blob linked into the library
+ * (_binary_constants_bin_start.._end) when the model was compiled with
+ * aot_inductor.package_constants_in_so (the default), and nothing at all
+ * when it was not: that blob is then empty and the container's map too.
+ * In order: the container's own list of what it holds
+ * (ExtractConstantsMapEntries, keyed by FQN, newer torch); the blob's size
+ * (GetConstantsBlobSize for mmap'd weights, where the blob is a header); a
+ * DidCallLoadConstants that says no; the device memory the creation took. */
+int wb__aoti_read_own_data(wb_container *c, uint64_t allocated)
+{
+    uint64_t need = 0;
+    for (size_t i = 0; i < c->n_bind; i++) {
+        c->bind[i].own = 0;
+        need += c->bind[i].folded ? 0 : c->bind[i].size;
+    }
+    c->own_known = 1;
+    if (c->f.extract_entries) {
+        const AOTInductorConstantMapEntry *e = NULL;
+        size_t n = 0, held = 0;
+        if (c->f.extract_entries(c->h, &e, &n, false) != 0)
+            return wb__aoti_runtime_fail(c, "AOTInductorModelContainerExtractConstantsMapEntries",
+                                         NULL);
+        wb__names_hash *idx =
+            wb__names_hash_new(c->bind, c->n_bind, sizeof *c->bind, offsetof(binding, fqn));
+        for (size_t k = 0; e && k < n; k++) {
+            if (!e[k].name)
+                continue;
+            binding *b = idx ? (binding *)wb__names_hash_find(idx, c->bind, sizeof *c->bind,
+                                                              offsetof(binding, fqn), e[k].name)
+                             : (binding *)wb__names_find(c->bind, c->n_bind, sizeof *c->bind,
+                                                         offsetof(binding, fqn), NULL, e[k].name);
+            if (b && !b->folded && !b->own) {
+                b->own = 1;
+                held++;
+            }
+        }
+        free(idx);
+        snprintf(c->own_how, sizeof c->own_how,
+                 "AOTInductorModelContainerExtractConstantsMapEntries lists %zu constants", held);
+        return WB_OK;
+    }
+    const uint8_t *start = dlsym(c->lib, "_binary_constants_bin_start");
+    const uint8_t *end = dlsym(c->lib, "_binary_constants_bin_end");
+    int all = -1;
+    if (start && end && end >= start) {
+        uint64_t have = (uint64_t)(end - start), blob = 0;
+        /* mmap'd weights: the linked blob is a header, the weights follow
+         * the library in its file. Asked only then: upstream fails (and
+         * prints on stderr) for a library whose weights are not mmap'd. */
+        if (have > 0 && have < need && c->f.blob_size && c->f.blob_size(c->h, &blob) == 0)
+            have = blob;
+        all = have > 0 && have >= need;
+        snprintf(c->own_how, sizeof c->own_how,
+                 "its embedded constants blob holds %llu bytes for %llu bytes of constants",
+                 (unsigned long long)have, (unsigned long long)need);
+    } else {
+        bool did = true;
+        if (c->f.did_load && c->f.did_load(c->h, &did) == 0 && !did) {
+            all = 0;
+            snprintf(c->own_how, sizeof c->own_how,
+                     "AOTInductorModelContainerDidCallLoadConstants says it loaded none");
+        } else if (need >= EMBEDDED_MIN_BYTES &&
+                   (double)allocated >= EMBEDDED_RATIO * (double)need) {
+            all = 1;
+            snprintf(c->own_how, sizeof c->own_how,
+                     "its creation took %llu bytes of device memory for %llu bytes of constants",
+                     (unsigned long long)allocated, (unsigned long long)need);
+        } else {
+            all = 0;
+            c->own_known = 0;
+            snprintf(c->own_how, sizeof c->own_how,
+                     "the library exports no constants blob and no list of what it holds, so "
+                     "libwbclient cannot tell that it holds any");
+        }
+    }
+    for (size_t i = 0; i < c->n_bind; i++)
+        c->bind[i].own = all && !c->bind[i].folded;
     return WB_OK;
 }
 

@@ -79,6 +79,11 @@ typedef AOTIRuntimeError (*aoti_container_fn)(AOTInductorModelContainerHandle);
 typedef AOTIRuntimeError (*aoti_container_bool_fn)(AOTInductorModelContainerHandle, bool *);
 typedef AOTIRuntimeError (*aoti_set_bool_fn)(bool);
 typedef AOTIRuntimeError (*aoti_last_error_fn)(const char **);
+/* The constants the container holds, keyed by original FQN (newer torch). */
+typedef AOTIRuntimeError (*aoti_extract_entries_fn)(AOTInductorModelContainerHandle,
+                                                    const AOTInductorConstantMapEntry **entries,
+                                                    size_t *n_entries, bool use_inactive);
+typedef AOTIRuntimeError (*aoti_get_u64_fn)(AOTInductorModelContainerHandle, uint64_t *);
 
 /* Tensors (shim.h). */
 typedef AOTITorchError (*aoti_from_blob_fn)(void *data, int64_t ndim, const int64_t *sizes,

@@ -5,12 +5,14 @@
 
 #include "aoti_impl.h"
 #include "log.h"
+#include "names.h"
 
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -248,15 +250,6 @@ const char *wb__aoti_map_name(const wb__aoti_rules *r, const char *fqn, char *bu
     return w >= 0 && (size_t)w < size ? buf : NULL;
 }
 
-const wb__alias *wb__aoti_alias_find(const wb__aoti_rules *r, const char *name)
-{
-    for (size_t i = r->n_aliases; i-- > 0;) {
-        if (strcmp(r->aliases[i].name, name) == 0)
-            return &r->aliases[i];
-    }
-    return NULL;
-}
-
 const wb_st_tensor *wb__aoti_extra_find(const wb__aoti_rules *r, const char *fqn,
                                         const char *mapped)
 {
@@ -334,7 +327,7 @@ int wb__aoti_read_constants(wb_container *c)
     return WB_OK;
 }
 
-static void lease_names(wb_container *c, char *buf, size_t size)
+void wb__aoti_lease_names(const wb_container *c, char *buf, size_t size)
 {
     size_t used = 0;
     buf[0] = '\0';
@@ -453,26 +446,7 @@ static int load_private(wb_container *c, binding *b, const wb_st_tensor *t, sour
     return WB_OK;
 }
 
-/* Upstream's constant types (torch::aot_inductor::ConstantType). */
-static const char *type_name(int32_t type)
-{
-    switch (type) {
-    case 1:
-        return "parameter";
-    case 2:
-        return "buffer";
-    case 3:
-        return "tensor constant";
-    case 4:
-        return "folded constant";
-    default:
-        return "constant of unknown type";
-    }
-}
-
-/* 1 when `size` (GetConstantDataSize: the storage's bytes, rounded up to 64
- * unless every constant is on CUDA) fits a contiguous tensor of `nbytes`. */
-static int size_fits(uint64_t size, uint64_t nbytes)
+int wb__aoti_size_fits(uint64_t size, uint64_t nbytes)
 {
     return size == nbytes || (nbytes < size && size == ((nbytes + 63) & ~(uint64_t)63));
 }
@@ -559,74 +533,184 @@ static int guard_mutated(wb_container *c, const wb_container_options *o, binding
     return WB_OK;
 }
 
+/* The checkpoint name of constant b by the prefix rules (strip_prefix
+ * removed when the FQN starts with it, then prefix added), or NULL when too
+ * long. */
+static const char *mapped_name(const wb_container *c, const binding *b, char *buf, size_t size)
+{
+    return wb__aoti_map_name(&c->rules, b->fqn, buf, size);
+}
+
+void wb__aoti_rules_text(const char *strip, const char *prefix, char *buf, size_t size)
+{
+    snprintf(buf, size, "%s%s%s%s", strip && strip[0] ? " --strip-prefix " : "",
+             strip && strip[0] ? strip : "", prefix && prefix[0] ? " --prefix " : "",
+             prefix && prefix[0] ? prefix : "");
+}
+
+/* Which constant each alias names (binding.alias). An alias NAME=TARGET
+ * names the constant whose model name (FQN) is NAME; failing that, the
+ * constant whose checkpoint name (after the prefix rules) is NAME. A
+ * checkpoint name that two constants share is refused: neither reading
+ * would be sure. A later alias of the same constant wins. */
+static int resolve_alias_names(wb_container *c)
+{
+    for (size_t i = 0; i < c->n_bind; i++)
+        c->bind[i].alias = -1;
+    if (!c->rules.n_aliases)
+        return WB_OK;
+    wb__names_hash *idx =
+        wb__names_hash_new(c->bind, c->n_bind, sizeof *c->bind, offsetof(binding, fqn));
+    int rc = WB_OK;
+    for (size_t k = 0; rc == WB_OK && k < c->rules.n_aliases; k++) {
+        const wb__alias *a = &c->rules.aliases[k];
+        binding *b = idx ? (binding *)wb__names_hash_find(idx, c->bind, sizeof *c->bind,
+                                                          offsetof(binding, fqn), a->name)
+                         : (binding *)wb__names_find(c->bind, c->n_bind, sizeof *c->bind,
+                                                     offsetof(binding, fqn), NULL, a->name);
+        if (b && !b->folded) {
+            b->alias = (int)k;
+            continue;
+        }
+        binding *first = NULL, *second = NULL;
+        for (size_t i = 0; i < c->n_bind && !second; i++) {
+            char buf[512];
+            const char *m = c->bind[i].folded ? NULL : mapped_name(c, &c->bind[i], buf, sizeof buf);
+            if (m && strcmp(m, a->name) == 0) {
+                if (first)
+                    second = &c->bind[i];
+                else
+                    first = &c->bind[i];
+            }
+        }
+        if (second) {
+            char rules[600];
+            wb__aoti_rules_text(c->rules.strip_prefix, c->rules.prefix, rules, sizeof rules);
+            rc = wb__aoti_fail(c, WB_EINVAL,
+                               "alias '%s=%s'%s%s: '%s' is the checkpoint name (after the prefix "
+                               "rules%s) of constants '%s' and '%s', and the model name of none: "
+                               "name the constant by its model name (FQN)",
+                               a->name, a->target, a->from_file ? " of the constants file " : "",
+                               a->from_file ? c->rules.extra_path : "", a->name, rules, first->fqn,
+                               second->fqn);
+        } else if (first) {
+            first->alias = (int)k;
+        }
+    }
+    free(idx);
+    return rc;
+}
+
+/* The tensor an alias's TARGET names: a caller tensor of that name (caller
+ * tensors are named by FQN and come first, as for any constant); else a
+ * leased tensor of that checkpoint name, or, read as a model name, the
+ * leased tensor its checkpoint name (after the prefix rules) names. When
+ * both readings find a tensor and they differ, the alias is refused. */
+static int find_alias_target(wb_container *c, const wb_container_options *o, binding *b,
+                             const wb__alias *a, source *s, int *rc)
+{
+    binding tx = *b, ty = *b;
+    source sx = {0}, sy = {0};
+    tx.lease = tx.caller = ty.lease = ty.caller = -1;
+    int fx = find_named(c, o, a->target, &tx, &sx, rc);
+    if (*rc != WB_OK)
+        return 0;
+    char buf[512];
+    const char *mt = wb__aoti_map_name(&c->rules, a->target, buf, sizeof buf);
+    int fy = 0;
+    if ((!fx || sx.kind != WB_BIND_CALLER) && mt && strcmp(mt, a->target) != 0) {
+        fy = find_named(c, o, mt, &ty, &sy, rc);
+        if (*rc != WB_OK)
+            return 0;
+    }
+    if (fx && fy && (sx.data != sy.data || tx.lease != ty.lease)) {
+        char rules[600];
+        wb__aoti_rules_text(c->rules.strip_prefix, c->rules.prefix, rules, sizeof rules);
+        *rc = wb__aoti_fail(c, WB_EINVAL,
+                            "alias '%s=%s': the target '%s' reads two ways: as a checkpoint name "
+                            "it is %s, and as a model name it becomes '%s' (prefix rules%s), "
+                            "which is %s; name the tensor you mean by a name that reads one way",
+                            a->name, a->target, a->target, sx.where, mt, rules, sy.where);
+        return 0;
+    }
+    if (fy && !fx) {
+        *s = sy;
+        b->lease = ty.lease;
+        b->caller = ty.caller;
+        return 1;
+    }
+    if (fx) {
+        *s = sx;
+        b->lease = tx.lease;
+        b->caller = tx.caller;
+    }
+    return fx;
+}
+
 /* Finds, checks and wraps the tensor of every constant that is not folded.
  * Order: a caller tensor of the FQN; a leased tensor of the mapped name
  * (prefix rules); the alias target (tied weights); the package's constants
- * file. A parameter found nowhere is an error; a buffer or tensor constant
- * found nowhere is left to the model, as upstream's full update does. */
+ * file. A constant found nowhere keeps the data the library loaded for it
+ * when it has some and it is a buffer, a tensor constant or an empty
+ * parameter (upstream's full update requires every other parameter);
+ * otherwise the creation fails naming every such constant. */
 int wb__aoti_bind_constants(wb_container *c, const wb_container_options *o)
 {
+    int rc = resolve_alias_names(c);
+    if (rc != WB_OK)
+        return rc;
+    size_t *missing = NULL, n_missing = 0;
     for (size_t i = 0; i < c->n_bind; i++) {
         binding *b = &c->bind[i];
         if (b->folded)
             continue;
         char mapped[512], q[600];
-        const char *name = wb__aoti_map_name(&c->rules, b->fqn, mapped, sizeof mapped);
-        if (!name)
+        const char *name = mapped_name(c, b, mapped, sizeof mapped);
+        if (!name) {
+            free(missing);
             return wb__aoti_fail(c, WB_ELIMIT, "constant '%s': the mapped name is too long",
                                  b->fqn);
+        }
         source s = {0};
-        int rc = WB_OK, found = find_named(c, o, b->fqn, b, &s, &rc);
+        int found = find_named(c, o, b->fqn, b, &s, &rc);
         if (!found && rc == WB_OK && strcmp(name, b->fqn) != 0)
             found = find_named(c, o, name, b, &s, &rc);
-        const wb__alias *a = NULL;
-        if (!found && rc == WB_OK) {
-            a = wb__aoti_alias_find(&c->rules, b->fqn);
-            if (!a)
-                a = wb__aoti_alias_find(&c->rules, name);
-            if (a && (found = find_named(c, o, a->target, b, &s, &rc)))
-                s.kind = WB_BIND_ALIASED;
-        }
-        if (rc != WB_OK)
-            return rc;
+        if (!found && rc == WB_OK && b->alias >= 0 &&
+            (found = find_alias_target(c, o, b, &c->rules.aliases[b->alias], &s, &rc)))
+            s.kind = WB_BIND_ALIASED;
         const wb_st_tensor *et = NULL;
-        if (!found && (et = wb__aoti_extra_find(&c->rules, b->fqn, name))) {
-            if ((rc = load_private(c, b, et, &s)))
-                return rc;
-            found = 1;
+        if (!found && rc == WB_OK && (et = wb__aoti_extra_find(&c->rules, b->fqn, name))) {
+            if ((rc = load_private(c, b, et, &s)) == WB_OK)
+                found = 1;
+        }
+        if (rc != WB_OK) {
+            free(missing);
+            return rc;
         }
         if (!found) {
-            if (b->type != 1 || b->size == 0) {
+            if ((b->type != 1 || b->size == 0) && b->own) {
+                b->kept = 1;
                 c->info.unbound_constants++;
                 wb__cwarn("container_constant_unbound",
                           "model=%s constant=%s type=\"%s\" note=\"in no lease, caller tensor or "
-                          "constants file; left to the model, as upstream's full update does\"",
-                          wb__aoti_qpath(c, q, sizeof q), b->fqn, type_name(b->type));
+                          "constants file; keeps the data the model library loaded for it\"",
+                          wb__aoti_qpath(c, q, sizeof q), b->fqn, wb__aoti_type_name(b->type));
                 continue;
             }
-            char names[300];
-            lease_names(c, names, sizeof names);
-            return wb__aoti_fail(
-                c, WB_ENOTFOUND,
-                "parameter '%s' (internal name '%s'%s%s%s%s%s%s) of model %s is in no lease "
-                "(%s), no caller tensor%s%s; if it is tied to another weight, give "
-                "an alias (%s=<checkpoint name>)",
-                b->fqn, b->name, strcmp(name, b->fqn) ? ", checkpoint name '" : "",
-                strcmp(name, b->fqn) ? name : "", strcmp(name, b->fqn) ? "'" : "",
-                a ? ", alias target '" : "", a ? a->target : "", a ? "' not found either" : "",
-                c->model_path, c->n_leases ? names : "none given",
-                c->rules.extra ? " and not in the constants file "
-                               : " and no constants "
-                                 "file",
-                c->rules.extra ? c->rules.extra_path : "", b->fqn);
+            if (!missing && !(missing = malloc(c->n_bind * sizeof *missing)))
+                return wb__aoti_fail(c, WB_ENOMEM, "out of memory");
+            missing[n_missing++] = i;
+            continue;
         }
+        if (n_missing)
+            continue; /* failing anyway: only the missing ones matter now */
         b->kind = s.kind;
         int32_t code = wb__aoti_dtype_code(s.dtype);
         if (code != b->dtype)
             return wb__aoti_fail(
                 c, WB_EINVAL, "constant '%s': the model expects dtype %s (code %d) but %s has %s",
                 b->fqn, wb__aoti_dtype_name(b->dtype), (int)b->dtype, s.where, s.dtype);
-        if (!size_fits(b->size, s.nbytes))
+        if (!wb__aoti_size_fits(b->size, s.nbytes))
             return wb__aoti_fail(
                 c, WB_EINVAL,
                 "constant '%s': the model's storage is %zu bytes but %s has %llu bytes "
@@ -681,7 +765,20 @@ int wb__aoti_bind_constants(wb_container *c, const wb_container_options *o)
             break;
         }
     }
+    if (n_missing) {
+        rc = wb__aoti_report_missing(c, missing, n_missing);
+        free(missing);
+        return rc;
+    }
     return WB_OK;
+}
+
+size_t wb__aoti_count_kept(const wb_container *c)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < c->n_bind; i++)
+        n += (size_t)c->bind[i].kept;
+    return n;
 }
 
 /* The (name, handle) pairs of the bound constants. */

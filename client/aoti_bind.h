@@ -65,8 +65,9 @@ void wb__aoti_rules_free(wb__aoti_rules *rules);
  * starts with it), then prefix added. Writes into buf; NULL if too long. */
 const char *wb__aoti_map_name(const wb__aoti_rules *rules, const char *fqn, char *buf, size_t size);
 
-/* The alias target of `name` (a model FQN or a mapped name), or NULL. */
-const wb__alias *wb__aoti_alias_find(const wb__aoti_rules *rules, const char *name);
+/* The prefix rules as flags, for messages: " --strip-prefix a. --prefix b."
+ * (each part only when set), or "". */
+void wb__aoti_rules_text(const char *strip, const char *prefix, char *buf, size_t size);
 
 /* The constants file's tensor for a model FQN (or its mapped name), or NULL. */
 const wb_st_tensor *wb__aoti_extra_find(const wb__aoti_rules *rules, const char *fqn,

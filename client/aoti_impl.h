@@ -1,9 +1,10 @@
 /* Internal to libwbclient: the state of a container and the functions the
  * AOTI binding's files share. aoti.c: the public container API and creation
- * order; aoti_abi.c: loading the model library and binding its C ABI, tensor
- * functions; aoti_bind.c: which tensor each constant binds to; aoti_create.c:
- * the creation strategies (external constants, user-managed update, own
- * constants). */
+ * order; aoti_abi.c: loading the model library and binding its C ABI, what
+ * data of its own it holds, tensor functions; aoti_bind.c: which tensor each
+ * constant binds to; aoti_missing.c: the error for constants bound by
+ * nothing; aoti_create.c: the creation strategies (external constants,
+ * user-managed update, own constants). */
 #ifndef WB_AOTI_IMPL_H
 #define WB_AOTI_IMPL_H
 
@@ -21,11 +22,11 @@
 #define API_OWN      "CreateWithDevice"
 /* Folded constants above this share of the shared bytes earn a warning. */
 #define FOLDED_WARN_RATIO 0.10
-/* Without AOTInductorModelContainerDidCallLoadConstants, a CreateWithDevice
- * that allocated at least this share of the constants' bytes loaded its own
- * copy. Only judged for constants of at least EMBEDDED_MIN_BYTES: below that
- * other allocations (kernels, workspaces) could be mistaken for a copy, and
- * a small copy left in place costs little. */
+/* When the library says nothing of its own data (see wb__aoti_read_own_data),
+ * a CreateWithDevice that allocated at least this share of the constants'
+ * bytes loaded its own copy. Only judged for constants of at least
+ * EMBEDDED_MIN_BYTES: below that other allocations (kernels, workspaces)
+ * could be mistaken for a copy. */
 #define EMBEDDED_RATIO     0.5
 #define EMBEDDED_MIN_BYTES (16ull << 20)
 
@@ -44,14 +45,16 @@ typedef struct aoti_fns {
     aoti_get_bool_fn constant_from_folded; /* optional: none folded */
     aoti_get_i32_fn constant_type;         /* optional: every constant a parameter */
     aoti_update_pairs_fn update_user_managed;
-    aoti_fold_fn fold;                 /* optional unless a constant is folded */
-    aoti_container_fn swap;            /* optional: embedded constants stay */
-    aoti_container_fn free_inactive;   /* optional, idem */
-    aoti_container_bool_fn did_load;   /* optional: embedded detection */
-    aoti_set_bool_fn set_pinned_async; /* optional, torch >= 2.14 */
-    aoti_get_count_fn num_inputs;      /* optional */
-    aoti_get_count_fn num_outputs;     /* optional */
-    aoti_last_error_fn last_error;     /* optional */
+    aoti_fold_fn fold;                       /* optional unless a constant is folded */
+    aoti_container_fn swap;                  /* optional: embedded constants stay */
+    aoti_container_fn free_inactive;         /* optional, idem */
+    aoti_container_bool_fn did_load;         /* optional: embedded detection */
+    aoti_extract_entries_fn extract_entries; /* optional: what the library holds */
+    aoti_get_u64_fn blob_size;               /* optional: mmap'd weights only */
+    aoti_set_bool_fn set_pinned_async;       /* optional, torch >= 2.14 */
+    aoti_get_count_fn num_inputs;            /* optional */
+    aoti_get_count_fn num_outputs;           /* optional */
+    aoti_last_error_fn last_error;           /* optional */
     aoti_from_blob_fn from_blob;
     aoti_tensor_fn delete_tensor;
     aoti_data_ptr_fn data_ptr;
@@ -77,6 +80,9 @@ typedef struct binding {
     int folded;
     int32_t type; /* upstream ConstantType: 1 parameter, 2 buffer, 3 tensor constant, 4 folded */
     int kind;     /* WB_BIND_* */
+    int own;      /* the library holds data of its own for it (wb__aoti_read_own_data) */
+    int kept;     /* bound by nothing: keeps the library's own data */
+    int alias;    /* index into rules.aliases of the alias naming it, or -1 */
     AtenTensorHandle handle; /* our wrapper, deleted after the container */
     const void *data;        /* what the handle wraps */
     void *private_host;      /* constants-file data, owned */
@@ -87,6 +93,7 @@ typedef struct binding {
 
 struct wb_container {
     wb_err err;
+    char *long_msg; /* the whole message when err.msg holds only its start */
     char *model_path;
     char *so_path;
     char *tmpdir;
@@ -109,6 +116,10 @@ struct wb_container {
     uint64_t *lease_bytes;
     uint32_t *lease_tensors;
     int attached;
+    /* How the library's own constant data was judged, for messages; own_known
+     * is 0 when nothing the library exports could tell. */
+    char own_how[160];
+    int own_known;
     wb__container_rec rec;
     wb_container_info info;
 };
@@ -118,13 +129,23 @@ const char *wb__aoti_qpath(const wb_container *c, char *buf, size_t size);
 /* Records an error on the container and returns `code`. */
 int wb__aoti_fail(wb_container *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Records a message of any length (taken, malloc'd; NULL: out of memory):
+ * err.msg keeps its start, wb_container_errmsg returns all of it. */
+int wb__aoti_fail_long(wb_container *c, int code, char *msg);
 /* A failed runtime call, with the runtime's own message where it has one. */
 int wb__aoti_runtime_fail(wb_container *c, const char *what, const char *ctx);
+/* Upstream's ConstantType code as a word ("parameter", "buffer", ...). */
+const char *wb__aoti_type_name(int32_t type);
 /* safetensors dtype name <-> c10::ScalarType code (-1 / "?" when none). */
 int32_t wb__aoti_dtype_code(const char *name);
 const char *wb__aoti_dtype_name(int32_t code);
 /* Looks up the model library's entry points; fails naming a missing one. */
 int wb__aoti_bind_symbols(wb_container *c);
+/* Sets bind[i].own for every constant of c->h, a container just made by
+ * CreateWithDevice (before any update): whether the library loaded data of
+ * its own for it. `allocated` is the device memory the creation took (0 on
+ * the CPU). Says how it judged in c->own_how. */
+int wb__aoti_read_own_data(wb_container *c, uint64_t allocated);
 /* Loads torch's libraries from `dir` (RTLD_GLOBAL), in dependency order. */
 int wb__aoti_preload_torch(wb_container *c, const char *dir);
 double wb__aoti_mono_now(void);
@@ -134,6 +155,18 @@ double wb__aoti_mono_now(void);
  * bound ones (calloc'd); frees the bindings (after the container). */
 int wb__aoti_read_constants(wb_container *c);
 int wb__aoti_bind_constants(wb_container *c, const wb_container_options *o);
+/* The constants bound by nothing that keep the library's own data. */
+size_t wb__aoti_count_kept(const wb_container *c);
+/* 1 when `size` (GetConstantDataSize: the storage's bytes, rounded up to 64
+ * unless every constant is on CUDA) fits a contiguous tensor of `nbytes`. */
+int wb__aoti_size_fits(uint64_t size, uint64_t nbytes);
+/* The leases' model names, "'a', 'b'", for messages. */
+void wb__aoti_lease_names(const wb_container *c, char *buf, size_t size);
+
+/* aoti_missing.c: fails the creation with WB_ENOTFOUND naming every
+ * constant bound by nothing (indices into c->bind), its type, the prefix
+ * rule that would bind them, if any, and the fixes. */
+int wb__aoti_report_missing(wb_container *c, const size_t *missing, size_t n);
 AOTInductorConstantMapEntry *wb__aoti_make_pairs(wb_container *c, size_t *n);
 void wb__aoti_free_bindings(wb_container *c);
 size_t wb__aoti_count_folded(const wb_container *c, uint64_t *bytes);

@@ -84,7 +84,8 @@ typedef struct wb_container_options {
     /* Nonzero: bind nothing and keep the constants the model library loads
      * by itself (a library built with its constants inside). This is the
      * unshared baseline: every process then holds its own copy. With torch
-     * >= 2.14 the container is still created with CreateWithDevice. */
+     * >= 2.14 the container is still created with CreateWithDevice. A
+     * library that says it holds no data of its own is refused. */
     int own_constants;
     /* Binding rules for real checkpoints. A constant is looked up, in this
      * order: as a caller tensor named by its FQN; in the leases by its
@@ -95,12 +96,18 @@ typedef struct wb_container_options {
      * the package's constants file. */
     const char *strip_prefix; /* NULL: none */
     const char *prefix;       /* NULL: none */
-    /* Tied or renamed weights: "name=target,name=target". A constant whose
-     * FQN (or checkpoint name) is `name` and that is in no lease binds to the
-     * leased (or caller) tensor `target`, without copying: two constants on
-     * one tensor cost one copy. save_pretrained drops tied parameters (GPT-2's
-     * "lm_head.weight=transformer.wte.weight"). Added after the constants
-     * file's aliases; a later alias of the same name wins. */
+    /* Tied or renamed weights: "name=target,name=target". A constant that
+     * is in no lease under its own name binds to the tensor `target` names,
+     * without copying: two constants on one tensor cost one copy.
+     * save_pretrained drops tied parameters (GPT-2's
+     * "lm_head.weight=transformer.wte.weight"). Either side may be written
+     * in either namespace. `name` is a constant's model name (FQN); failing
+     * that, its checkpoint name (after the prefix rules), which must then
+     * be the checkpoint name of that constant only. `target` is a caller
+     * tensor's name; else a leased tensor's checkpoint name, or a model name
+     * that the prefix rules make one; when both readings find different
+     * tensors the alias is refused (WB_EINVAL) naming both. Added after the
+     * constants file's aliases; a later alias of the same constant wins. */
     const char *aliases;
     /* The constants file written when the model was compiled (a safetensors
      * file: the constants no checkpoint has, such as non-persistent buffers
@@ -127,8 +134,10 @@ typedef struct wb_container_options {
 WB_EXPORT void wb_container_options_init(wb_container_options *opts);
 
 /* Builds a container for the model at `model_path` on the weights of
- * `leases` (n_leases >= 0; every parameter must then be found by the rules
- * of wb_container_options). Checks every constant's dtype and byte size
+ * `leases` (n_leases >= 0; every constant must then be found by the rules
+ * of wb_container_options, except a buffer or tensor constant for which the
+ * model library loaded data of its own, which keeps it). Checks every
+ * constant's dtype and byte size
  * against the tensor bound to it (the model's size is its storage's, which
  * upstream rounds up to 64 bytes unless every constant is on CUDA: both are
  * accepted) and fails naming the tensor on a mismatch. Each bound tensor
@@ -139,7 +148,10 @@ WB_EXPORT void wb_container_options_init(wb_container_options *opts);
  * On success *out is a new container. On failure *out is still set (unless
  * out of memory) so that wb_container_errmsg() can say what went wrong;
  * destroy it either way. Errors: WB_EINVAL (arguments, dtype or size
- * mismatch), WB_ENOTFOUND (no such file, a constant found nowhere),
+ * mismatch, an alias that reads two ways), WB_ENOTFOUND (no such file;
+ * constants found nowhere: the message names every one with its type, the
+ * prefix rule that would bind them if one does, and the fixes; with
+ * own_constants, a library that holds no data of its own),
  * WB_EFORMAT (not a model library or package, a package entry that would
  * escape its directory), WB_EIO (extraction, dlopen), WB_EINTERNAL (the
  * model's runtime reported a failure). */
@@ -161,7 +173,8 @@ WB_EXPORT int wb_container_run(wb_container *c, wb_aten_tensor *inputs, size_t n
  * fine. */
 WB_EXPORT void wb_container_destroy(wb_container **c);
 
-/* The message of the last failure on this container; never NULL. */
+/* The message of the last failure on this container, of any length (one
+ * that names many constants is long); never NULL. */
 WB_EXPORT const char *wb_container_errmsg(const wb_container *c);
 
 /* The container's private CUDA stream (cudaStream_t), or NULL on the CPU. */
@@ -184,9 +197,10 @@ typedef struct wb_container_info {
      * name), aliased (a leased or caller tensor of another name: tied
      * weights), caller, package (from the constants file, private),
      * folded (built by the container), unbound (a buffer or tensor constant
-     * found nowhere, left to the model as upstream does; a parameter found
-     * nowhere fails the creation). A leased tensor bound under two names is
-     * counted once in bound_bytes. */
+     * found nowhere that keeps the data the model library loaded for it; a
+     * constant found nowhere without such data, or a parameter found
+     * nowhere, fails the creation). A leased tensor bound under two names
+     * is counted once in bound_bytes. */
     size_t leased_constants, aliased_constants, caller_constants, package_constants;
     size_t unbound_constants;
     uint64_t package_bytes; /* private copies of constants-file tensors */

@@ -3,12 +3,20 @@
  * This is not PyTorch and proves nothing about real AOTI models: it exports
  * the same C entry points (container and aoti_torch_* tensor functions) so
  * that libwbclient's symbol selection, binding by name, checks and error
- * paths can be tested on machines without libtorch. It is built twice:
- *   fake_aoti_v211.so  like torch 2.11-2.13: CreateWithDevice +
- *                      UpdateUserManagedConstantBufferPairs only;
- *   fake_aoti_v214.so  like torch >= 2.14: also CreateWithExternalConstants,
- *                      AOTInductorSetUsePinnedAsyncConstantsCopy and
- *                      AOTInductorGetLastError.
+ * paths can be tested on machines without libtorch. It is built three times:
+ *   fake_aoti_v211.so     like torch 2.11-2.13: CreateWithDevice +
+ *                         UpdateUserManagedConstantBufferPairs only, and an
+ *                         empty constants blob (_binary_constants_bin_start
+ *                         .._end), as a model compiled with
+ *                         aot_inductor.package_constants_in_so=False has;
+ *   fake_aoti_v211emb.so  the same with a 4 KiB blob, as a library built
+ *                         with its constants inside has (the spec's
+ *                         `embedded` or `own` says what it really loads);
+ *   fake_aoti_v214.so     like torch >= 2.14: also CreateWithExternalConstants,
+ *                         AOTInductorSetUsePinnedAsyncConstantsCopy,
+ *                         AOTInductorGetLastError and
+ *                         ExtractConstantsMapEntries (what the container
+ *                         holds, constant by constant).
  *
  * The "model" computes y[i] = x[i] * W[i] + B[i] (+ C[i] for every further
  * constant C of type buffer or tensor constant) over host float32 vectors,
@@ -26,20 +34,32 @@
  *   - CreateWithExternalConstants validates its entries like a full update
  *     and folds at once: there is no "describe only" call with zero entries;
  *   - GetConstantDataSize is whatever the spec says (upstream: the storage's
- *     bytes, rounded up to 64 unless every constant is on CUDA).
+ *     bytes, rounded up to 64 unless every constant is on CUDA);
+ *   - CreateWithDevice loads data of its own for the constants the spec
+ *     marks (upstream: every one, or none when the model was compiled with
+ *     its constants outside the library); CreateWithExternalConstants none;
+ *   - an update of the inactive buffer that lacks a buffer or tensor
+ *     constant gives it the active buffer's tensor (upstream: a handle on
+ *     it, user-managed), whose memory FreeInactiveConstantBuffer frees after
+ *     a swap: a run then reads freed memory, which the fake refuses;
+ *   - GetConstantsBlobSize answers only for mmap'd weights (the spec's
+ *     `mmap 1`), and fails otherwise.
  * It does not check the size of the tensors it is given (upstream does not).
  *
  * The model is described by a text file: fake_aoti_spec.txt beside the
  * library, else the file named by $FAKE_AOTI_SPEC:
  *   elements N                  vector length
- *   embedded 0|1                1: creation loads a private copy of the
- *                               constants (filled with 0.5), as a library
+ *   embedded 0|1                1: creation loads a private copy of every
+ *                               constant (filled with 0.5), as a library
  *                               built with its constants inside would
- *   const NAME FQN DTYPE BYTES [TYPE]
+ *   mmap 0|1                    1: GetConstantsBlobSize answers
+ *   const NAME FQN DTYPE BYTES [TYPE [OWN]]
  *                               a constant bound by the caller (DTYPE is
  *                               the c10 ScalarType code; TYPE upstream's
  *                               ConstantType: 1 parameter (default),
- *                               2 buffer, 3 tensor constant)
+ *                               2 buffer, 3 tensor constant; OWN 1: the
+ *                               creation loads data of its own for it,
+ *                               filled with 0.5)
  *   folded NAME BYTES           a constant produced by folding */
 #include <dlfcn.h>
 #include <stdbool.h>
@@ -48,7 +68,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define EXPORT       __attribute__((visibility("default")))
+#define EXPORT __attribute__((visibility("default")))
+#ifndef FAKE_AOTI_BLOB_BYTES
+#define FAKE_AOTI_BLOB_BYTES 0
+#endif
+#define STR_(x)      #x
+#define STR(x)       STR_(x)
 #define MAX_CONSTS   16
 #define TENSOR_MAGIC 0x7e45a0a1u
 #define DTYPE_F32    6
@@ -69,6 +94,8 @@ typedef struct fake_const {
     size_t size;
     int folded;
     int32_t type;
+    int own;               /* data of its own, loaded at CreateWithDevice */
+    int borrowed[2];       /* per buffer: reads the other buffer's copy */
     fake_tensor *bound[2]; /* user-managed tensor per buffer (not owned) */
     void *folded_data[2];  /* folded result per buffer (owned) */
 } fake_const;
@@ -78,13 +105,30 @@ typedef struct fake_container {
     fake_const c[MAX_CONSTS];
     long elements;
     int embedded;
-    void *blob; /* the embedded copy, in buffer `blob_buf` */
+    int mmap;
+    struct {
+        const char *name;
+        void *handle;
+    } entries[MAX_CONSTS]; /* ExtractConstantsMapEntries' answer */
+    void *blob;            /* the embedded copy, in buffer `blob_buf` */
     size_t blob_size;
     int blob_buf;
     int active; /* 0 or 1 */
     int folded_ok[2];
     int load_called;
 } fake_container;
+
+/* The constants blob upstream links into every model library (see the
+ * flavours above), as assembly like upstream's: global symbols that the
+ * binding finds with dlsym. */
+__asm__(".section .rodata\n"
+        ".balign 64\n"
+        ".globl _binary_constants_bin_start\n"
+        "_binary_constants_bin_start:\n"
+        ".skip " STR(FAKE_AOTI_BLOB_BYTES) "\n"
+                                           ".globl _binary_constants_bin_end\n"
+                                           "_binary_constants_bin_end:\n"
+                                           ".previous\n");
 
 static int live_tensors;
 static int pinned_async;
@@ -296,17 +340,20 @@ static int load_spec(fake_container *m)
     while (fgets(line, sizeof line, f)) {
         fake_const *c = &m->c[m->n_consts];
         long long size = 0;
-        int dtype = 0, type = 1;
+        int dtype = 0, type = 1, own = 0;
         if (line[0] == '#' || line[0] == '\n')
             continue;
         if (sscanf(line, "elements %ld", &m->elements) == 1)
             continue;
         if (sscanf(line, "embedded %d", &m->embedded) == 1)
             continue;
-        if (m->n_consts < MAX_CONSTS && sscanf(line, "const %63s %127s %d %lld %d", c->name, c->fqn,
-                                               &dtype, &size, &type) >= 4) {
+        if (sscanf(line, "mmap %d", &m->mmap) == 1)
+            continue;
+        if (m->n_consts < MAX_CONSTS && sscanf(line, "const %63s %127s %d %lld %d %d", c->name,
+                                               c->fqn, &dtype, &size, &type, &own) >= 4) {
             c->dtype = dtype;
             c->type = type;
+            c->own = own;
             c->size = (size_t)size;
             m->n_consts++;
             continue;
@@ -326,6 +373,8 @@ static int load_spec(fake_container *m)
     fclose(f);
     if (m->elements <= 0 || m->n_consts < 2)
         return failf("the spec needs elements and at least two constants");
+    for (int i = 0; m->embedded && i < m->n_consts; i++)
+        m->c[i].own = !m->c[i].folded;
     return 0;
 }
 
@@ -359,18 +408,26 @@ static int has_folded(const fake_container *m)
     return 0;
 }
 
+/* The library's own copy of constant i, in the blob loaded at creation. */
+static const float *own_data(const fake_container *m, int i)
+{
+    if (!m->blob || !m->c[i].own)
+        return NULL;
+    size_t off = 0;
+    for (int k = 0; k < i; k++)
+        off += m->c[k].own ? m->c[k].size : 0;
+    return (const float *)((const char *)m->blob + off);
+}
+
 /* The data of constant i in buffer `buf`: a bound tensor, or the embedded
- * copy when that buffer holds it. */
+ * copy when that buffer holds it, or when it borrowed it from the other
+ * buffer (NULL once that copy is freed). */
 static const float *const_data(const fake_container *m, int i, int buf)
 {
     if (m->c[i].bound[buf])
         return m->c[i].bound[buf]->data;
-    if (m->blob && m->blob_buf == buf) {
-        size_t off = 0;
-        for (int k = 0; k < i; k++)
-            off += m->c[k].folded ? 0 : m->c[k].size;
-        return (const float *)((const char *)m->blob + off);
-    }
+    if (m->blob && (m->blob_buf == buf || m->c[i].borrowed[buf]))
+        return own_data(m, i);
     return NULL;
 }
 
@@ -426,10 +483,10 @@ EXPORT int32_t AOTInductorModelContainerCreateWithDevice(void **out, size_t num_
     fake_container *m = new_container();
     if (!m)
         return 1;
-    if (m->embedded) {
+    for (int i = 0; i < m->n_consts; i++)
+        m->blob_size += m->c[i].own ? m->c[i].size : 0;
+    if (m->blob_size) {
         m->load_called = 1;
-        for (int i = 0; i < m->n_consts; i++)
-            m->blob_size += m->c[i].folded ? 0 : m->c[i].size;
         m->blob = malloc(m->blob_size);
         if (!m->blob) {
             free(m);
@@ -519,6 +576,15 @@ EXPORT int32_t AOTInductorModelContainerDidCallLoadConstants(void *h, bool *out)
     return 0;
 }
 
+EXPORT int32_t AOTInductorModelContainerGetConstantsBlobSize(void *h, uint64_t *out)
+{
+    fake_container *m = h;
+    if (!m->mmap)
+        return failf("constant blob size is only available for mmap'd weights");
+    *out = m->blob_size;
+    return 0;
+}
+
 static int update(fake_container *m, const void *pairs_v, size_t n, bool use_inactive,
                   bool validate_full)
 {
@@ -539,6 +605,22 @@ static int update(fake_container *m, const void *pairs_v, size_t n, bool use_ina
         if (!t || t->dtype != m->c[found].dtype)
             return failf("update: not a tensor, or wrong dtype");
         m->c[found].bound[buf] = t;
+        m->c[found].borrowed[buf] = 0;
+    }
+    /* Upstream gives a buffer or tensor constant missing from an update of
+     * the inactive buffer the active one's tensor. */
+    for (int i = 0; use_inactive && i < m->n_consts; i++) {
+        fake_const *c = &m->c[i];
+        int given = 0;
+        for (size_t p = 0; p < n; p++)
+            given |= strcmp(c->name, pairs[p].name) == 0;
+        if (given || c->folded || (c->type != 2 && c->type != 3))
+            continue;
+        if (!const_data(m, i, !buf))
+            return failf("update: a buffer missing from the inactive update is not in the active "
+                         "buffer either (upstream dereferences a missing entry)");
+        c->bound[buf] = c->bound[!buf];
+        c->borrowed[buf] = !c->bound[!buf];
     }
     if (validate_full) {
         for (int i = 0; i < m->n_consts; i++) {
@@ -584,8 +666,10 @@ EXPORT int32_t AOTInductorModelContainerFreeInactiveConstantBuffer(void *h)
     if (m->blob && m->blob_buf == inactive)
         free_blob(m);
     free_folded(m, inactive);
-    for (int i = 0; i < m->n_consts; i++)
+    for (int i = 0; i < m->n_consts; i++) {
         m->c[i].bound[inactive] = NULL;
+        m->c[i].borrowed[inactive] = 0;
+    }
     return 0;
 }
 
@@ -632,7 +716,10 @@ EXPORT int32_t AOTInductorModelContainerRun(void *h, void **inputs, size_t n_in,
     }
     for (int i = 2; rc == 0 && i < m->n_consts; i++) {
         if ((m->c[i].type == 2 || m->c[i].type == 3) && !const_data(m, i, buf))
-            rc = failf("Run: a buffer or tensor constant is not bound");
+            rc = failf(m->c[i].borrowed[buf]
+                           ? "Run: a buffer reads the library's copy, which "
+                             "FreeInactiveConstantBuffer freed (upstream: a use after free)"
+                           : "Run: a buffer or tensor constant is not bound");
     }
     float *y = rc == 0 ? malloc((size_t)m->elements * 4) : NULL;
     if (rc == 0 && !y)
@@ -661,6 +748,28 @@ EXPORT int32_t AOTInductorModelContainerRun(void *h, void **inputs, size_t n_in,
 }
 
 #ifdef FAKE_AOTI_V214
+/* The constants the active or inactive buffer holds, by FQN: bound ones and
+ * the library's own copies. The array lives until the next call. */
+EXPORT int32_t AOTInductorModelContainerExtractConstantsMapEntries(void *h, const void **entries,
+                                                                   size_t *n, bool use_inactive)
+{
+    fake_container *m = h;
+    if (!m || !entries || !n)
+        return failf("ExtractConstantsMapEntries: bad arguments");
+    int buf = use_inactive ? !m->active : m->active;
+    size_t k = 0;
+    for (int i = 0; i < m->n_consts; i++) {
+        if (m->c[i].folded || !const_data(m, i, buf))
+            continue;
+        m->entries[k].name = m->c[i].fqn;
+        m->entries[k].handle = m->c[i].bound[buf];
+        k++;
+    }
+    *entries = k ? (const void *)m->entries : NULL;
+    *n = k;
+    return 0;
+}
+
 EXPORT int32_t AOTInductorSetUsePinnedAsyncConstantsCopy(bool enabled)
 {
     pinned_async = enabled;

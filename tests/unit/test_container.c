@@ -121,8 +121,9 @@ static wb_client *connect_client(void)
     return c;
 }
 
-/* Starts one broker for the whole run, serving "base" (model.weight) and
- * "head" (model.bias, model.scale). */
+/* Starts one broker for the whole run, serving "base" (model.weight),
+ * "head" (model.bias, model.scale) and "alt" (weight and model.weight: a
+ * checkpoint where a name and its prefixed form are both tensors). */
 static void start_broker(void)
 {
     if (broker > 0)
@@ -130,7 +131,7 @@ static void start_broker(void)
     snprintf(root, sizeof root, "/tmp/wbct.XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(root));
     snprintf(sock, sizeof sock, "%s/broker.sock", root);
-    char base[256], head[256], log[256], wbrokerd[512], m1[300], m2[300];
+    char base[256], head[256], alt[256], log[256], wbrokerd[512], m1[300], m2[300], m3[300];
     snprintf(base, sizeof base, "%s/base.safetensors", root);
     snprintf(head, sizeof head, "%s/head.safetensors", root);
     snprintf(log, sizeof log, "%s/broker.log", root);
@@ -140,14 +141,19 @@ static void start_broker(void)
     const char *hn[] = {"model.bias", "model.scale"};
     const float hv[][4] = {{10, 20, 30, 40}, {7, 7, 7, 7}};
     write_st(head, hn, hv, 2);
+    snprintf(alt, sizeof alt, "%s/alt.safetensors", root);
+    const char *an[] = {"weight", "model.weight"};
+    const float av[][4] = {{5, 5, 5, 5}, {1, 2, 3, 4}};
+    write_st(alt, an, av, 2);
     snprintf(wbrokerd, sizeof wbrokerd, "%s/broker/wbrokerd", bin_dir());
     snprintf(m1, sizeof m1, "base=%s", base);
     snprintf(m2, sizeof m2, "head=%s", head);
+    snprintf(m3, sizeof m3, "alt=%s", alt);
     /* Named slabs: these tests look at the tables the broker publishes in
      * /dev/shm (a memfd broker, the default, sends them in the frame). */
-    char *argv[] = {wbrokerd, "--backend", "host", "--host-slab", "shm", "--socket",
-                    sock,     "--model",   m1,     "--model",     m2,    "--heartbeat-ms",
-                    "100",    NULL};
+    char *argv[] = {wbrokerd, "--backend",      "host", "--host-slab", "shm", "--socket",
+                    sock,     "--model",        m1,     "--model",     m2,    "--model",
+                    m3,       "--heartbeat-ms", "100",  NULL};
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -165,16 +171,19 @@ static void start_broker(void)
         wb_client *c = NULL;
         int ok = 0;
         if (wb_client_connect(&o, &c) == WB_OK) {
-            wb_lease *a = NULL, *b = NULL;
+            wb_lease *a = NULL, *b = NULL, *d = NULL;
             ok = wb_lease_acquire(c, "base", &a) == WB_OK &&
-                 wb_lease_acquire(c, "head", &b) == WB_OK;
+                 wb_lease_acquire(c, "head", &b) == WB_OK &&
+                 wb_lease_acquire(c, "alt", &d) == WB_OK;
             wb_lease_release(&a);
             wb_lease_release(&b);
+            wb_lease_release(&d);
         }
         wb_client_destroy(&c);
         if (ok)
             break;
-        ck_assert_msg(mono() < deadline, "the broker did not serve base and head (see %s)", log);
+        ck_assert_msg(mono() < deadline, "the broker did not serve base, head and alt (see %s)",
+                      log);
         usleep(20000);
     }
 }
@@ -602,7 +611,7 @@ END_TEST
 START_TEST(embedded_copy_is_replaced_and_freed)
 {
     char so[512];
-    make_case("v211",
+    make_case("v211emb",
               "elements 4\nembedded 1\nconst w model.weight 6 16\nconst b model.bias 6 16\n"
               "folded _FOLDED_CONST_w2 16\n",
               so, sizeof so);
@@ -1148,8 +1157,8 @@ START_TEST(constants_file_supplies_buffers_and_aliases)
         env e;
         open_env(&e);
         wb_container *c = NULL;
-        /* No file: the tied parameter is missing (the buffer alone would
-         * only be left unbound). */
+        /* No file: the tied parameter is missing, and the buffer, for which
+         * this library holds no data of its own. */
         ck_assert_int_eq(wb_container_create(e.leases, 2, so, NULL, &c), WB_ENOTFOUND);
         ck_assert_ptr_nonnull(strstr(wb_container_errmsg(c), "parameter 'lm_head.weight'"));
         wb_container_destroy(&c);
@@ -1215,14 +1224,143 @@ START_TEST(constants_file_inside_a_package)
 }
 END_TEST
 
-/* A buffer found nowhere is left to the model, as upstream's full update
- * only warns about it; this fake model then refuses to run. */
-START_TEST(missing_buffer_is_left_unbound)
+/* Creates a container expecting WB_ENOTFOUND; returns
+ * the message (valid until the container is destroyed). */
+static const char *create_fails(env *e, size_t n_leases, const char *so,
+                                const wb_container_options *o, wb_container **c)
+{
+    int rc = wb_container_create(e->leases, n_leases, so, o, c);
+    ck_assert_msg(rc == WB_ENOTFOUND, "create: %d (%s)", rc, wb_container_errmsg(*c));
+    return wb_container_errmsg(*c);
+}
+
+static void has(const char *msg, const char *part)
+{
+    ck_assert_msg(strstr(msg, part) != NULL, "'%s' not in: %s", part, msg);
+}
+
+static void lacks(const char *msg, const char *part)
+{
+    ck_assert_msg(strstr(msg, part) == NULL, "'%s' in: %s", part, msg);
+}
+
+static const char *SPEC_UNBOUND = "elements 4\n"
+                                  "const w model.weight 6 16\n"
+                                  "const b model.bias 6 16\n"
+                                  "const inv rotary.inv_freq 6 16 2\n"
+                                  "const mask causal_mask 6 16 3\n";
+
+/* A buffer or tensor constant bound by nothing, for which the library holds
+ * no data of its own (a model compiled with its constants outside the
+ * library): upstream's runtime only warns and the first run faults on the
+ * GPU. The creation is refused naming every such constant, its type, how
+ * the library's data was judged and the fixes. */
+START_TEST(unbound_constants_without_library_data_are_refused)
+{
+    const char *flavours[] = {"v211", "v214"};
+    const char *how[] = {"its embedded constants blob holds 0 bytes for 64 bytes of constants",
+                         "AOTInductorModelContainerExtractConstantsMapEntries lists 0 constants"};
+    for (int k = 0; k < 2; k++) {
+        char so[512];
+        make_case(flavours[k], SPEC_UNBOUND, so, sizeof so);
+        env e;
+        open_env(&e);
+        wb_container *c = NULL;
+        const char *m = create_fails(&e, 2, so, NULL, &c);
+        has(m, "2 constants are bound by nothing (in no lease ('base', 'head'), no caller tensor "
+               "and no constants file): buffer 'rotary.inv_freq', tensor constant 'causal_mask'.");
+        has(m, "The model library holds no data of its own for them (");
+        has(m, how[k]);
+        has(m, "python3 -m weightbroker.compile");
+        has(m, "--constants FILE");
+        has(m, "wb_container_options.tensors");
+        lacks(m, "alias");
+        wb_container_destroy(&c);
+        ck_assert_uint_eq(wb_lease_containers(e.leases[0]), 0);
+
+        /* Bound by caller tensors, it runs (the fake adds each buffer). */
+        static const float one[4] = {1, 1, 1, 1};
+        static const uint64_t shape[1] = {4};
+        wb_container_tensor t[2] = {{.fqn = "rotary.inv_freq",
+                                     .data = one,
+                                     .dtype = "F32",
+                                     .ndim = 1,
+                                     .shape = shape,
+                                     .device = -1},
+                                    {.fqn = "causal_mask",
+                                     .data = one,
+                                     .dtype = "F32",
+                                     .ndim = 1,
+                                     .shape = shape,
+                                     .device = -1}};
+        wb_container_options o;
+        wb_container_options_init(&o);
+        o.tensors = t;
+        o.n_tensors = 2;
+        int rc = wb_container_create(e.leases, 2, so, &o, &c);
+        ck_assert_msg(rc == WB_OK, "%s: create: %s", flavours[k], wb_container_errmsg(c));
+        const float want[4] = {13, 24, 38, 50};
+        run_and_check(c, want);
+        wb_container_destroy(&c);
+        close_env(&e);
+    }
+}
+END_TEST
+
+/* Where the library did load data of its own for a buffer (here reported
+ * constant by constant through ExtractConstantsMapEntries), a buffer bound
+ * by nothing keeps it and is counted as unbound; one without such data is
+ * still refused. With torch >= 2.14 the container made to read the
+ * constants is kept: CreateWithExternalConstants loads no data. */
+START_TEST(unbound_buffer_keeps_the_library_data)
 {
     char so[512];
-    make_case("v211",
+    make_case("v214",
               "elements 4\nconst w model.weight 6 16\nconst b model.bias 6 16\n"
-              "const mask causal_mask 6 16 3\n",
+              "const inv rotary.inv_freq 6 16 2 1\nconst mask causal_mask 6 16 3\n",
+              so, sizeof so);
+    env e;
+    open_env(&e);
+    wb_container *c = NULL;
+    const char *m = create_fails(&e, 2, so, NULL, &c);
+    has(m, "1 constant is bound by nothing");
+    has(m, ": tensor constant 'causal_mask'.");
+    has(m, "ExtractConstantsMapEntries lists 1 constants");
+    lacks(m, "rotary.inv_freq");
+    wb_container_destroy(&c);
+
+    make_case("v214",
+              "elements 4\nconst w model.weight 6 16\nconst b model.bias 6 16\n"
+              "const inv rotary.inv_freq 6 16 2 1\n",
+              so, sizeof so);
+    int rc = wb_container_create(e.leases, 2, so, NULL, &c);
+    ck_assert_msg(rc == WB_OK, "create: %s", wb_container_errmsg(c));
+    wb_container_info info;
+    wb_container_get_info(c, &info);
+    ck_assert_uint_eq(info.unbound_constants, 1);
+    ck_assert_uint_eq(info.leased_constants, 2);
+    ck_assert_str_eq(info.aoti_api, API_DEVICE);
+    ck_assert_int_eq(fake_fn(so, "fake_aoti_creates")(), 1);
+    check_beat_counts(e.leases[0], 2, 0, 0, 1);
+    /* The library's 0.5 is added to x * w + b. */
+    const float want[4] = {11.5f, 22.5f, 36.5f, 48.5f};
+    run_and_check(c, want);
+    wb_container_destroy(&c);
+    close_env(&e);
+}
+END_TEST
+
+/* A library built with its constants inside (a full blob): a buffer bound
+ * by nothing keeps the library's copy. That copy is then not swapped out
+ * and freed: upstream gives such a buffer of the inactive buffer a handle
+ * on the active one's tensor, whose memory FreeInactiveConstantBuffer
+ * would free (the fake refuses to run on it). */
+START_TEST(embedded_copy_stays_for_a_kept_buffer)
+{
+    char so[512];
+    make_case("v211emb",
+              "elements 4\nembedded 1\nconst w model.weight 6 16\nconst b model.bias 6 16\n"
+              "const inv rotary.inv_freq 6 16 2\n",
               so, sizeof so);
     env e;
     open_env(&e);
@@ -1232,10 +1370,305 @@ START_TEST(missing_buffer_is_left_unbound)
     wb_container_info info;
     wb_container_get_info(c, &info);
     ck_assert_uint_eq(info.unbound_constants, 1);
-    ck_assert_uint_eq(info.leased_constants, 2);
-    check_beat_counts(e.leases[0], 2, 0, 0, 1);
+    ck_assert_uint_eq(info.embedded_bytes, 0);
+    ck_assert_int_eq(fake_long(so, "fake_aoti_embedded_live_bytes"), 48);
+    const float want[4] = {11.5f, 22.5f, 36.5f, 48.5f};
+    run_and_check(c, want);
     wb_container_destroy(&c);
     close_env(&e);
+}
+END_TEST
+
+/* With mmap'd weights the linked blob is only a header: its size is asked
+ * with GetConstantsBlobSize, which upstream answers for such libraries
+ * only. */
+START_TEST(mmap_weights_blob_size_is_asked)
+{
+    const char *spec = "elements 4\nembedded 1\n%sconst w model.weight 6 16\n"
+                       "const b model.bias 6 16\nconst inv rotary.inv_freq 6 8192 2\n";
+    char so[512], text[300];
+    env e;
+    open_env(&e);
+    wb_container *c = NULL;
+    snprintf(text, sizeof text, spec, "");
+    make_case("v211emb", text, so, sizeof so);
+    const char *m = create_fails(&e, 2, so, NULL, &c);
+    has(m, "buffer 'rotary.inv_freq'");
+    has(m, "its embedded constants blob holds 4096 bytes for 8224 bytes of constants");
+    wb_container_destroy(&c);
+    snprintf(text, sizeof text, spec, "mmap 1\n");
+    make_case("v211emb", text, so, sizeof so);
+    int rc = wb_container_create(e.leases, 2, so, NULL, &c);
+    ck_assert_msg(rc == WB_OK, "create: %s", wb_container_errmsg(c));
+    wb_container_info info;
+    wb_container_get_info(c, &info);
+    ck_assert_uint_eq(info.unbound_constants, 1);
+    const float want[4] = {11.5f, 22.5f, 36.5f, 48.5f};
+    run_and_check(c, want);
+    wb_container_destroy(&c);
+    close_env(&e);
+}
+END_TEST
+
+/* Every missing constant is named, also past the length of an ordinary
+ * message. */
+START_TEST(every_missing_constant_is_named)
+{
+    char spec[4096], so[512], fqn[14][128];
+    size_t used = (size_t)snprintf(spec, sizeof spec,
+                                   "elements 4\nconst w model.weight 6 16\n"
+                                   "const b model.bias 6 16\n");
+    for (int i = 0; i < 14; i++) {
+        snprintf(fqn[i], sizeof fqn[i],
+                 "model.layers.%d.self_attention.rotary_embedding.non_persistent_buffer.inv_freq",
+                 i);
+        used += (size_t)snprintf(spec + used, sizeof spec - used, "const c%d %s 6 16 %d\n", i,
+                                 fqn[i], 2 + i % 2);
+    }
+    make_case("v211", spec, so, sizeof so);
+    env e;
+    open_env(&e);
+    wb_container *c = NULL;
+    const char *m = create_fails(&e, 2, so, NULL, &c);
+    ck_assert_uint_gt(strlen(m), 1100);
+    has(m, "14 constants are bound by nothing");
+    for (int i = 0; i < 14; i++) {
+        char item[200];
+        snprintf(item, sizeof item, "%s '%s'", i % 2 ? "tensor constant" : "buffer", fqn[i]);
+        has(m, item);
+    }
+    has(m, "python3 -m weightbroker.compile");
+    wb_container_destroy(&c);
+    close_env(&e);
+}
+END_TEST
+
+/* own_constants binds nothing: a library without data of its own is
+ * refused rather than run on constants nothing has set. */
+START_TEST(own_constants_needs_library_data)
+{
+    char so[512];
+    make_case("v211", SPEC_BASIC, so, sizeof so);
+    wb_container_options o;
+    wb_container_options_init(&o);
+    o.own_constants = 1;
+    wb_container *c = NULL;
+    ck_assert_int_eq(wb_container_create(NULL, 0, so, &o, &c), WB_ENOTFOUND);
+    has(wb_container_errmsg(c), "own_constants, but the model library holds no data of its own "
+                                "for 2 of its 2 constants ('model.weight', ...;");
+    has(wb_container_errmsg(c), "package_constants_in_so=False");
+    wb_container_destroy(&c);
+    make_case("v211emb",
+              "elements 4\nembedded 1\nconst w model.weight 6 16\nconst b model.bias 6 16\n", so,
+              sizeof so);
+    int rc = wb_container_create(NULL, 0, so, &o, &c);
+    ck_assert_msg(rc == WB_OK, "create: %s", wb_container_errmsg(c));
+    const float want[4] = {1, 1, 1.5f, 1.5f}; /* every constant 0.5 */
+    run_and_check(c, want);
+    wb_container_destroy(&c);
+}
+END_TEST
+
+/* Missing constants whose names carry a wrapper's prefix: the error names
+ * the rule that binds them all. */
+START_TEST(prefix_hints_for_wrapped_names)
+{
+    static const struct {
+        const char *wrap, *strip;
+    } cases[] = {{"model.", "model."},
+                 {"module.", "module."},
+                 {"_orig_mod.", "_orig_mod."},
+                 {"_orig_mod.module.", "_orig_mod.module."}};
+    env e;
+    open_env(&e);
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char so[512], spec[300], want[200];
+        snprintf(spec, sizeof spec,
+                 "elements 4\nconst w %smodel.weight 6 16\nconst b %smodel.bias 6 16\n",
+                 cases[k].wrap, cases[k].wrap);
+        make_case(k % 2 ? "v214" : "v211", spec, so, sizeof so);
+        wb_container *c = NULL;
+        const char *m = create_fails(&e, 2, so, NULL, &c);
+        snprintf(want, sizeof want,
+                 "; all 2 missing constants bind with --strip-prefix %s (wb_container_options "
+                 "strip_prefix \"%s\"): parameter '%smodel.weight', parameter '%smodel.bias'.",
+                 cases[k].strip, cases[k].strip, cases[k].wrap, cases[k].wrap);
+        has(m, want);
+        /* The rule is the fix: no alias is suggested. */
+        lacks(m, "alias");
+        lacks(m, "Fixes");
+        wb_container_destroy(&c);
+        /* The rule named binds them. */
+        wb_container_options o;
+        wb_container_options_init(&o);
+        o.strip_prefix = cases[k].strip;
+        int rc = wb_container_create(e.leases, 2, so, &o, &c);
+        ck_assert_msg(rc == WB_OK, "%s: create: %s", cases[k].wrap, wb_container_errmsg(c));
+        run_and_check(c, WANT_BASIC);
+        wb_container_destroy(&c);
+    }
+
+    /* The checkpoint has the prefix the model lacks. */
+    char so[512];
+    make_case("v211", "elements 4\nconst w weight 6 16\nconst b bias 6 16\n", so, sizeof so);
+    wb_container *c = NULL;
+    has(create_fails(&e, 2, so, NULL, &c),
+        "; all 2 missing constants bind with --prefix model. (wb_container_options prefix "
+        "\"model.\"): parameter 'weight', parameter 'bias'.");
+    wb_container_destroy(&c);
+
+    /* A rule that binds some: those it leaves come first. */
+    make_case("v211",
+              "elements 4\nconst w model.model.weight 6 16\nconst b model.model.bias 6 16\n"
+              "const inv model.rotary.inv_freq 6 16 2\n",
+              so, sizeof so);
+    const char *m = create_fails(&e, 2, so, NULL, &c);
+    has(m, "; with --strip-prefix model. 2 of the 3 missing constants bind (wb_container_options "
+           "strip_prefix \"model.\"); the other 1: buffer 'model.rotary.inv_freq'; the 2 it "
+           "binds: parameter 'model.model.weight', parameter 'model.model.bias'.");
+    has(m, ". The model library holds no data of its own for the buffer or tensor constant "
+           "among those (its embedded constants blob holds 0 bytes for 48 bytes of constants)");
+    has(m, "python3 -m weightbroker.compile");
+    wb_container_destroy(&c);
+
+    /* Names no rule binds get no hint. */
+    make_case("v211", "elements 4\nconst w enc.w 6 16\nconst b enc.b 6 16\n", so, sizeof so);
+    m = create_fails(&e, 2, so, NULL, &c);
+    lacks(m, "bind with");
+    has(m, ": parameter 'enc.w', parameter 'enc.b'.");
+    wb_container_destroy(&c);
+    close_env(&e);
+}
+END_TEST
+
+/* A rule given the wrong way round: the hint is its inverse, in place of
+ * the rules in use. */
+START_TEST(prefix_hint_inverts_a_given_rule)
+{
+    char so[512];
+    make_case("v211", "elements 4\nconst w weight 6 16\nconst b bias 6 16\n", so, sizeof so);
+    env e;
+    open_env(&e);
+    wb_container_options o;
+    wb_container_options_init(&o);
+    o.strip_prefix = "model.";
+    wb_container *c = NULL;
+    has(create_fails(&e, 2, so, &o, &c),
+        "; all 2 missing constants bind with --prefix model. (wb_container_options prefix "
+        "\"model.\"), in place of the rules in use (--strip-prefix model.): parameter 'weight'");
+    wb_container_destroy(&c);
+
+    make_case("v211",
+              "elements 4\nconst w model.model.weight 6 16\nconst b model.model.bias 6 16\n", so,
+              sizeof so);
+    wb_container_options_init(&o);
+    o.prefix = "model.";
+    has(create_fails(&e, 2, so, &o, &c),
+        "; all 2 missing constants bind with --strip-prefix model. (wb_container_options "
+        "strip_prefix \"model.\"), in place of the rules in use (--prefix model.)");
+    wb_container_destroy(&c);
+    close_env(&e);
+}
+END_TEST
+
+/* An alias may name either side in either namespace: the constant by its
+ * model name or its checkpoint name, the target by its checkpoint name or
+ * by the model name the prefix rules turn into one. A wrapped model with a
+ * tied head: model.lm_head.weight is model.model.weight, whose checkpoint
+ * name (after --strip-prefix model.) is model.weight. */
+START_TEST(aliases_in_either_namespace)
+{
+    char so[512];
+    make_case("v214",
+              "elements 4\nconst w model.lm_head.weight 6 16\nconst b model.model.bias 6 16\n"
+              "const e model.model.weight 6 16\n",
+              so, sizeof so);
+    const char *aliases[] = {"lm_head.weight=model.weight", "model.lm_head.weight=model.weight",
+                             "model.lm_head.weight=model.model.weight",
+                             "lm_head.weight=model.model.weight"};
+    env e;
+    open_env(&e);
+    for (size_t k = 0; k < sizeof aliases / sizeof aliases[0]; k++) {
+        wb_container_options o;
+        wb_container_options_init(&o);
+        o.strip_prefix = "model.";
+        o.aliases = aliases[k];
+        wb_container *c = NULL;
+        int rc = wb_container_create(e.leases, 2, so, &o, &c);
+        ck_assert_msg(rc == WB_OK, "%s: create: %s", aliases[k], wb_container_errmsg(c));
+        wb_container_info info;
+        wb_container_get_info(c, &info);
+        ck_assert_uint_eq(info.aliased_constants, 1);
+        ck_assert_uint_eq(info.leased_constants, 2);
+        ck_assert_uint_eq(info.bound_bytes, 32); /* the tied tensor counted once */
+        run_and_check(c, WANT_BASIC);
+        wb_container_destroy(&c);
+    }
+    close_env(&e);
+}
+END_TEST
+
+/* An alias that reads two ways is refused with the reason: a target that
+ * is one checkpoint tensor by its name and another as a model name, or a
+ * name that is the checkpoint name of two constants. */
+START_TEST(ambiguous_alias_is_refused)
+{
+    char so[512];
+    wb_client *client = connect_client();
+    wb_lease *alt = NULL;
+    ck_assert_int_eq(wb_lease_acquire(client, "alt", &alt), WB_OK);
+    make_case("v211", "elements 4\nconst w lm_head.weight 6 16\nconst b model.bias 6 16\n", so,
+              sizeof so);
+    static const float bias[4] = {10, 20, 30, 40};
+    static const uint64_t shape[1] = {4};
+    wb_container_tensor t = {
+        .fqn = "model.bias", .data = bias, .dtype = "F32", .ndim = 1, .shape = shape, .device = -1};
+    wb_container_options o;
+    wb_container_options_init(&o);
+    o.tensors = &t;
+    o.n_tensors = 1;
+    o.strip_prefix = "model.";
+    o.aliases = "lm_head.weight=model.weight";
+    wb_container *c = NULL;
+    ck_assert_int_eq(wb_container_create(&alt, 1, so, &o, &c), WB_EINVAL);
+    has(wb_container_errmsg(c),
+        "alias 'lm_head.weight=model.weight': the target 'model.weight' reads two ways: as a "
+        "checkpoint name it is lease ");
+    has(wb_container_errmsg(c), "(model 'alt', tensor 'model.weight'), and as a model name it "
+                                "becomes 'weight' (prefix rules --strip-prefix model.), which is "
+                                "lease ");
+    has(wb_container_errmsg(c), "(model 'alt', tensor 'weight'); name the tensor you mean");
+    wb_container_destroy(&c);
+    ck_assert_uint_eq(wb_lease_containers(alt), 0);
+    /* Names that read one way: the checkpoint tensor weight (w = 5), or
+     * model.weight by the model name that becomes it. */
+    o.aliases = "lm_head.weight=weight";
+    int rc = wb_container_create(&alt, 1, so, &o, &c);
+    ck_assert_msg(rc == WB_OK, "create: %s", wb_container_errmsg(c));
+    const float want5[4] = {15, 25, 40, 50};
+    run_and_check(c, want5);
+    wb_container_destroy(&c);
+    o.aliases = "lm_head.weight=model.model.weight";
+    rc = wb_container_create(&alt, 1, so, &o, &c);
+    ck_assert_msg(rc == WB_OK, "create: %s", wb_container_errmsg(c));
+    run_and_check(c, WANT_BASIC);
+    wb_container_destroy(&c);
+
+    /* Two constants with one checkpoint name, neither with that model
+     * name. */
+    make_case("v211", "elements 4\nconst w s.extra 6 16\nconst b extra 6 16\n", so, sizeof so);
+    wb_container_options_init(&o);
+    o.strip_prefix = "s.";
+    o.prefix = "model.";
+    o.aliases = "model.extra=model.weight";
+    ck_assert_int_eq(wb_container_create(&alt, 1, so, &o, &c), WB_EINVAL);
+    has(wb_container_errmsg(c),
+        "alias 'model.extra=model.weight': 'model.extra' is the checkpoint name (after the "
+        "prefix rules --strip-prefix s. --prefix model.) of constants 's.extra' and 'extra', and "
+        "the model name of none: name the constant by its model name (FQN)");
+    wb_container_destroy(&c);
+    ck_assert_int_eq(wb_lease_release(&alt), WB_OK);
+    wb_client_destroy(&client);
 }
 END_TEST
 
@@ -1337,7 +1770,16 @@ static Suite *suite(void)
     tcase_add_test(tc, prefix_rules_map_wrapped_names);
     tcase_add_test(tc, constants_file_supplies_buffers_and_aliases);
     tcase_add_test(tc, constants_file_inside_a_package);
-    tcase_add_test(tc, missing_buffer_is_left_unbound);
+    tcase_add_test(tc, unbound_constants_without_library_data_are_refused);
+    tcase_add_test(tc, unbound_buffer_keeps_the_library_data);
+    tcase_add_test(tc, embedded_copy_stays_for_a_kept_buffer);
+    tcase_add_test(tc, mmap_weights_blob_size_is_asked);
+    tcase_add_test(tc, every_missing_constant_is_named);
+    tcase_add_test(tc, own_constants_needs_library_data);
+    tcase_add_test(tc, prefix_hints_for_wrapped_names);
+    tcase_add_test(tc, prefix_hint_inverts_a_given_rule);
+    tcase_add_test(tc, aliases_in_either_namespace);
+    tcase_add_test(tc, ambiguous_alias_is_refused);
     tcase_add_test(tc, storage_size_rounding_is_accepted);
     tcase_add_test(tc, proxy_executor_model_is_refused);
     tcase_add_test(tc, each_tensor_keeps_its_device);
