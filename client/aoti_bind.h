@@ -5,7 +5,7 @@
  * Internal to libwbclient.
  *
  * The constants file is a safetensors file written when the model is
- * compiled (examples/wb_compile.py): its tensors are keyed by the model's
+ * compiled (weightbroker.compile): its tensors are keyed by the model's
  * FQNs and its __metadata__ may hold
  *   "weightbroker.aliases"       "name=target,name=target"
  *   "weightbroker.strip_prefix"  prefix removed from every FQN

@@ -119,7 +119,7 @@ typedef struct wb_container_options {
     const char *constants_file;
     /* Constants the compiled graph writes (buffers the exported program
      * mutates): "fqn,fqn", added to the constants file's
-     * "weightbroker.mutated" list (examples/wb_compile.py writes it from
+     * "weightbroker.mutated" list (weightbroker.compile writes it from
      * the exported program's buffers_to_mutate). Such a constant found in a
      * lease is refused with WB_EPERM naming it (a write into a read-only
      * mapping would fault in this worker; into a CUDA IPC slab it would

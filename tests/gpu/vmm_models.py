@@ -6,7 +6,7 @@
                                (byte pattern i * 2654435761), for the import
                                timings and the byte check
   vmm_models.py mutated OUT    mut.safetensors (w, count), mut.pt2 compiled
-                               with examples/wb_compile.py from a module whose
+                               with weightbroker.compile from a module whose
                                forward adds 1 to its buffer `count` (the
                                exported program mutates it), mut_input.safetensors
 
@@ -40,9 +40,9 @@ def mutated(out):
     import torch
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
-                                    "examples"))
+                                    "python"))
     from safetensors.torch import save_file
-    from wb_compile import compile_package
+    from weightbroker.compile import compile_package
 
     class Counter(torch.nn.Module):
         def __init__(self):

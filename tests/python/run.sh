@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # The Python package's tests, run the way a user installs it: `pip install`
 # of python/ into a virtual environment made with --system-site-packages (so
-# that Debian's python3-torch and python3-numpy are visible), then
-# test_weightbroker.py with that environment's interpreter against the
+# that Debian's python3-torch and python3-numpy are visible), then a test
+# file of tests/python (default test_weightbroker.py; test_compile.py tests
+# weightbroker.compile) with that environment's interpreter against the
 # libwbclient.so of this build.
+#
+#   tests/python/run.sh [TEST_FILE]
 #
 # Environment: WB_BIN_DIR (the build directory), WB_SOURCE_DIR (the sources).
 # Exit status 77 (skipped) when no python3 has torch and numpy.
 set -uo pipefail
 : "${WB_BIN_DIR:?WB_BIN_DIR must name the build directory}"
 : "${WB_SOURCE_DIR:?WB_SOURCE_DIR must name the source tree}"
+TEST=$WB_SOURCE_DIR/tests/python/${1:-test_weightbroker.py}
 
 fail() {
   echo "python tests: FAIL: $*" >&2
@@ -30,6 +34,7 @@ if [ -z "$PY" ]; then
   exit 77
 fi
 
+[ -f "$TEST" ] || fail "no test file $TEST"
 LIB=$WB_BIN_DIR/client/libwbclient.so
 [ -e "$LIB" ] || fail "missing $LIB (build every target first)"
 
@@ -49,5 +54,5 @@ case $where in
   "$T/venv/"*) ;;
   *) fail "weightbroker was imported from $where, not from the virtual environment" ;;
 esac
-WB_CLIENT_LIBRARY=$LIB exec "$T/venv/bin/python" -W error::ResourceWarning \
-  "$WB_SOURCE_DIR/tests/python/test_weightbroker.py" -v
+# Not exec'd: the EXIT trap removes the environment afterwards.
+WB_CLIENT_LIBRARY=$LIB "$T/venv/bin/python" -W error::ResourceWarning "$TEST" -v
