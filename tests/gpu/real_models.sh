@@ -1,18 +1,33 @@
 #!/usr/bin/env bash
-# Real models on the GPU test machine: Hugging Face causal LMs built from
-# their configs (random weights), saved with save_pretrained, compiled with
-# examples/wb_compile.py (tests/gpu/real_models.py), served by a cuda broker
-# to two workers per model at once, outputs compared with eager PyTorch; the
-# gpt2 model compiled for the CPU is served by a host-backend broker. Builds
-# nothing: binaries come prebuilt.
+# Real models on the GPU test machine (tests/gpu/real_models.py builds them):
+# Hugging Face causal LMs built from their configs (random weights), saved
+# with save_pretrained, compiled with weightbroker.compile (python/),
+# served by a cuda broker to two workers per model at once, outputs compared
+# with eager PyTorch; the gpt2 model compiled for the CPU is served by a
+# host-backend broker. Then a tied Llama (wrapped), a BERT masked LM and a
+# ResNet-18, each compiled twice: with torch's own API
+# (aoti_compile_and_package(..., package_constants_in_so=False)), whose
+# worker must refuse to create its container (WB_ENOTFOUND naming every
+# buffer the library has no data for, no run) or, where the checkpoint
+# holds every constant, serve; and with weightbroker.compile, served and
+# compared with eager PyTorch. Builds nothing: binaries come prebuilt.
 #
 #   tests/gpu/real_models.sh OUT
 #
+# Bounded: nothing starts after WB_REAL_BUDGET_S seconds (default 480): no
+# case is compiled after the budget less 150 s (they are reported skipped),
+# the compile is killed at the budget less 100 s, and every wait (broker
+# load, workers ready, exits) is cut to what is left. Every process started
+# here dies with the script (SIGKILL on exit; setpriv --pdeathsig where it
+# exists, also when the script itself is SIGKILLed).
+#
 # Environment: WB_GPU_BIN, WB_GPU_LIB (default bin/ and lib/ above tests/
 # when staged with the binaries, else .device/models/{bin,lib}),
-# WB_GPU_WORK (scratch, default /tmp/wbreal), WB_REAL_ONLY (comma-separated
-# case names of tests/gpu/real_models.py: only those). Results: OUT/real_models.json,
-# OUT/logs.tar.gz.
+# WB_GPU_WORK (scratch, default /tmp/wbreal; compiled models there are
+# reused when a complete earlier run made them for the same WB_REAL_ONLY),
+# WB_REAL_ONLY (comma-separated case names of tests/gpu/real_models.py: only
+# those), WB_REAL_BUDGET_S. Results: OUT/real_models.json (exit status 1
+# unless every case passed), OUT/logs.tar.gz.
 set -uo pipefail
 OUT=${1:?usage: tests/gpu/real_models.sh OUT}
 mkdir -p "$OUT"
@@ -24,36 +39,116 @@ STAGE=$ROOT
 BIN=${WB_GPU_BIN:-$STAGE/bin}
 LIB=${WB_GPU_LIB:-$STAGE/lib}
 WORK=${WB_GPU_WORK:-/tmp/wbreal}
+BUDGET=${WB_REAL_BUDGET_S:-480}
 LOGS=$WORK/logs
 mkdir -p "$WORK" "$LOGS"
+: >"$LOGS/run.log"
 export PYTHONUNBUFFERED=1
-TORCH_LIB=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
-# The Debian runtime libraries: .device/lib of the working tree.
-export LD_LIBRARY_PATH=$LIB:$ROOT/.device/lib:$ROOT/../lib:$TORCH_LIB:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+# weightbroker.compile, from this tree (as `pip install ./python` puts it).
+export PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH}
+TORCH_LIB=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))') ||
+  { echo "no torch in python3" >&2; exit 2; }
+# The Debian runtime libraries: .device/lib of the working tree; fallback/
+# beside lib/ holds Debian builds of libraries a machine may lack (last).
+export LD_LIBRARY_PATH=$LIB:$ROOT/.device/lib:$ROOT/../lib:$TORCH_LIB:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$LIB/../fallback
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done; wait 2>/dev/null; }
+ORPHAN_KILL=()
+setpriv --help 2>/dev/null | grep -q -- --pdeathsig && ORPHAN_KILL=(setpriv --pdeathsig KILL --)
+# SIGTERM first: timeout(1) passes it on to the compile and its workers.
+cleanup() {
+  local p alive=0
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null && alive=1; done
+  [ "$alive" = 1 ] && sleep 1
+  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  wait 2>/dev/null
+}
 trap 'cleanup; tar -C "$WORK" -czf "$OUT/logs.tar.gz" logs 2>/dev/null' EXIT
 say() { printf '[%4ds] %s\n' "$SECONDS" "$*" | tee -a "$LOGS/run.log" >&2; }
+# left: seconds of the budget left, at least 5.
+left() {
+  local l=$((BUDGET - SECONDS))
+  [ "$l" -lt 5 ] && l=5
+  echo "$l"
+}
+# within SECS: SECS, or what is left of the budget when that is less.
+within() {
+  local l
+  l=$(left)
+  [ "$1" -lt "$l" ] && l=$1
+  echo "$l"
+}
 wait_for() {
   local until=$((SECONDS + $1)); shift
   while ! "$@" >/dev/null 2>&1; do [ "$SECONDS" -ge "$until" ] && return 1; sleep 0.2; done
 }
+# wait_exit SECS PID: PID's exit status; SIGKILLed after SECS (at once when
+# SECS <= 0), status 124.
+wait_exit() {
+  local until=$((SECONDS + $1))
+  while kill -0 "$2" 2>/dev/null; do
+    if [ "$SECONDS" -ge "$until" ]; then
+      kill -KILL "$2" 2>/dev/null
+      wait "$2" 2>/dev/null
+      return 124
+    fi
+    sleep 0.1
+  done
+  wait "$2" 2>/dev/null
+}
 
 for b in wbrokerd wbctl wb-aoti-worker; do
   [ -x "$BIN/$b" ] || { say "missing $BIN/$b"; exit 2; }
+  if ldd "$BIN/$b" | grep -q "not found"; then
+    say "$b lacks: $(ldd "$BIN/$b" | grep "not found" | tr -s ' \t\n' ' ')"
+    exit 2
+  fi
 done
-if [ -s "$WORK/cases.json" ]; then
+reusable() {
+  python3 - "$WORK/cases.json" "${WB_REAL_ONLY:-}" <<'PY'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except (OSError, ValueError):
+    sys.exit(1)
+only = sorted(filter(None, sys.argv[2].split(",")))
+sys.exit(0 if d.get("complete") and d.get("only", []) == only and not d.get("failed")
+         and not d.get("skipped") else 1)
+PY
+}
+if reusable; then
   say "reusing the models compiled in $WORK"
-elif say "compiling the real models" &&
-  ! python3 "$HERE/real_models.py" "$WORK" --only "${WB_REAL_ONLY:-}" >"$LOGS/compile.log" 2>&1; then
-  say "compile failed: $(tail -n 20 "$LOGS/compile.log")"
-  exit 1
+else
+  rm -f "$WORK/cases.json"
+  say "compiling the real models (no case begun after $((BUDGET - 150)) s, killed at $((BUDGET - 100)) s)"
+  # timeout(1) signals the compile's whole process group (inductor's
+  # compile workers too).
+  limit=$((BUDGET - 100 - SECONDS))
+  [ "$limit" -lt 30 ] && limit=30
+  "${ORPHAN_KILL[@]}" timeout -k 10 "$limit" \
+    python3 "$HERE/real_models.py" "$WORK" --only "${WB_REAL_ONLY:-}" \
+    --deadline-s "$((BUDGET - 150 - SECONDS))" >"$LOGS/compile.log" 2>&1 </dev/null &
+  cpid=$!
+  PIDS+=("$cpid")
+  wait "$cpid"
+  rc=$?
+  if [ "$rc" != 0 ]; then
+    say "the compile exited with $rc: $(tail -n 20 "$LOGS/compile.log")"
+    # What was built before it stopped is still served and reported.
+    [ -s "$WORK/cases.json" ] || exit 1
+  fi
 fi
-say "compiled: $(grep -c '^compiled' "$LOGS/compile.log") packages"
+say "$(python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+print("cases built: %d; failed: %s; skipped: %s; complete: %s" % (len(d["cases"]),
+      [f["name"] for f in d["failed"]] or "none", d["skipped"] or "none", d["complete"]))' \
+  "$WORK/cases.json")"
+# Nothing of an earlier run may pass for this one's.
+rm -f "$WORK"/out_*.safetensors
+find "$LOGS" -type f ! -name compile.log ! -name run.log -delete
 
 # run_cases BACKEND SOCK DEVFILTER: a broker for every checkpoint the cases
-# of that device need, two serving workers per case, wbctl and NVML while
-# they serve, then SIGTERM; results into $LOGS/<case>_<i>.out.
+# of that device need; two serving workers per case that must serve, one per
+# case that must be refused; wbctl and NVML while they serve, then SIGTERM;
+# results into $LOGS/<case>_<i>.{out,err,rc}.
 run_cases() {
   local backend=$1 sock=$2 devf=$3
   local args
@@ -70,47 +165,55 @@ PY
 )
   local nmodels
   nmodels=$(wc -w <<<"$args"); nmodels=$((nmodels / 2))
+  [ "$nmodels" -gt 0 ] || return 0
   local bargs=(--backend "$backend" --socket "$sock" --heartbeat-ms 200)
   [ "$backend" = cuda ] && bargs+=(--device 0)
+  rm -f "$sock"
   # shellcheck disable=SC2086
-  "$BIN/wbrokerd" "${bargs[@]}" $args >"$LOGS/broker_$backend.log" 2>&1 &
+  "${ORPHAN_KILL[@]}" "$BIN/wbrokerd" "${bargs[@]}" $args >"$LOGS/broker_$backend.log" 2>&1 &
   local broker=$!
   PIDS+=("$broker")
-  sleep 1
-  if ! kill -0 "$broker" 2>/dev/null; then
-    say "the $backend broker exited: $(tail -n 5 "$LOGS/broker_$backend.log")"
-    return 1
-  fi
   ready() { kill -0 "$broker" && [ "$("$BIN/wbctl" --socket "$sock" models --json | python3 -c "import json,sys; print(sum(m['state']=='ready' for m in json.load(sys.stdin)))")" = "$nmodels" ]; }
-  if ! wait_for 60 ready; then
+  gone() { ! kill -0 "$broker" 2>/dev/null; }
+  ready_or_gone() { ready || gone; }
+  wait_for "$(within 60)" ready_or_gone
+  if ! ready; then
     say "the $backend broker did not load $nmodels models: $(tail -n 5 "$LOGS/broker_$backend.log")"
+    kill -KILL "$broker" 2>/dev/null
+    wait "$broker" 2>/dev/null
     return 1
   fi
   "$BIN/wbctl" --socket "$sock" models --json >"$LOGS/models_$backend.json"
   python3 "$ROOT/tests/gpu/gpumem.py" >"$LOGS/mem_before_$backend.json" 2>/dev/null
-  local names
-  names=$(python3 -c "import json; print(' '.join(c['name'] for c in json.load(open('$WORK/cases.json'))['cases'] if (c['device']=='cpu') == ('$devf'=='cpu')))")
-  local wp=()
-  for name in $names; do
-    local wargs
-    wargs=$(python3 -c "
-import json
-c = [c for c in json.load(open('$WORK/cases.json'))['cases'] if c['name'] == '$name'][0]
-a = [f'--model {n}' for n, _ in c['checkpoints']] + c['opts']
-if c['device'] != 'cpu': a.append('--device cuda:0')
-print(' '.join(a))")
-    for i in 1 2; do
-      # shellcheck disable=SC2086
-      "$BIN/wb-aoti-worker" --socket "$sock" --torch-lib "$TORCH_LIB" $wargs \
-        --aoti "$WORK/$name.pt2" --input "$WORK/${name}_in.safetensors" \
-        --output "$WORK/out_${name}_$i.safetensors" --iterations 3 --serve \
-        >"$LOGS/${name}_$i.out" 2>"$LOGS/${name}_$i.err" &
-      wp+=($!)
-      PIDS+=($!)
-    done
-  done
-  local w
-  # Ready, or gone (a worker that failed does not hold the others up).
+  # One line per worker to start: case name, index, worker options.
+  local plan
+  plan=$(python3 - "$WORK/cases.json" "$devf" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for c in d["cases"]:
+    if (c["device"] == "cpu") != (sys.argv[2] == "cpu"):
+        continue
+    a = [f"--model {n}" for n, _ in c["checkpoints"]] + c["opts"]
+    if c["device"] != "cpu":
+        a.append("--device cuda:0")
+    for i in range(1, 2 if c.get("expect") == "refused" else 3):
+        print(c["name"], i, " ".join(a))
+PY
+)
+  local wp=() wn=() outs=() name i wargs
+  while read -r name i wargs; do
+    [ -n "$name" ] || continue
+    # shellcheck disable=SC2086
+    "${ORPHAN_KILL[@]}" "$BIN/wb-aoti-worker" --socket "$sock" --torch-lib "$TORCH_LIB" $wargs \
+      --aoti "$WORK/$name.pt2" --input "$WORK/${name}_in.safetensors" \
+      --output "$WORK/out_${name}_$i.safetensors" --iterations 3 --serve \
+      >"$LOGS/${name}_$i.out" 2>"$LOGS/${name}_$i.err" </dev/null &
+    wp+=($!)
+    wn+=("${name}_$i")
+    PIDS+=($!)
+    outs+=("$LOGS/${name}_$i.out")
+  done <<<"$plan"
+  # Ready, or gone (a worker that failed, or was refused, holds no one up).
   allready() {
     local k=0 f
     for f in "$@"; do
@@ -118,16 +221,21 @@ print(' '.join(a))")
       k=$((k + 1))
     done
   }
-  local outs=()
-  for name in $names; do outs+=("$LOGS/${name}_1.out" "$LOGS/${name}_2.out"); done
-  wait_for 90 allready "${outs[@]}" || say "not every $backend worker became ready"
+  wait_for "$(within 90)" allready "${outs[@]}" || say "not every $backend worker became ready or exited"
   sleep 1
   python3 "$ROOT/tests/gpu/gpumem.py" >"$LOGS/mem_serving_$backend.json" 2>/dev/null
   "$BIN/wbctl" --socket "$sock" containers --json >"$LOGS/containers_$backend.json"
   "$BIN/wbctl" --socket "$sock" containers >"$LOGS/containers_$backend.txt"
-  for w in "${wp[@]}"; do kill -TERM "$w" 2>/dev/null; done
-  for w in "${wp[@]}"; do wait "$w"; done
-  kill -TERM "$broker"; wait "$broker"
+  # One deadline for all of them: they stop in parallel.
+  local k until=$((SECONDS + $(within 30)))
+  for k in "${!wp[@]}"; do kill -TERM "${wp[$k]}" 2>/dev/null; done
+  for k in "${!wp[@]}"; do
+    wait_exit "$((until - SECONDS))" "${wp[$k]}"
+    echo $? >"$LOGS/${wn[$k]}.rc"
+  done
+  kill -TERM "$broker" 2>/dev/null
+  wait_exit "$(within 30)" "$broker"
+  echo $? >"$LOGS/broker_$backend.rc"
 }
 
 run_cases cuda "$WORK/cuda.sock" cuda
@@ -135,52 +243,4 @@ say "cuda cases done"
 if grep -q '"device": "cpu"' "$WORK/cases.json"; then run_cases host "$WORK/host.sock" cpu; fi
 say "cpu cases done"
 
-python3 - "$WORK" "$OUT/real_models.json" <<'PY' | tee -a "$LOGS/run.log"
-import json, os, sys
-import torch
-from safetensors.torch import load_file
-work, out = sys.argv[1], sys.argv[2]
-d = json.load(open(os.path.join(work, "cases.json")))
-logs = os.path.join(work, "logs")
-res = {"torch": d["torch"], "facts": d["facts"], "cases": [], "ok": True}
-for c in d["cases"]:
-    ref = load_file(c["ref"])["output0"].double()
-    r = {"name": c["name"], "dtype": c["dtype"], "device": c["device"], "wrapped": c["wrapped"],
-         "tolerance": c["tolerance"], "compile": c["compile"], "workers": []}
-    for i in (1, 2):
-        w = {}
-        try:
-            lines = [l for l in open(os.path.join(logs, f"{c['name']}_{i}.out")) if l.startswith("result ")]
-            w = json.loads(lines[-1][7:]) if lines else {"ok": False}
-        except OSError:
-            w = {"ok": False}
-        try:
-            y = load_file(os.path.join(work, f"out_{c['name']}_{i}.safetensors"))["output0"].double()
-            w["rel_l2"] = float((y - ref).norm() / ref.norm()) if y.shape == ref.shape else None
-        except Exception as e:
-            w["rel_l2"] = None
-            w["error"] = str(e)[:200]
-            try:
-                w["stderr"] = open(os.path.join(logs, f"{c['name']}_{i}.err")).read()[-600:]
-            except OSError:
-                pass
-        w["pass"] = bool(w.get("rel_l2") is not None and w["rel_l2"] <= c["tolerance"] and w.get("mismatches", 1) == 0)
-        r["workers"].append(w)
-    r["pass"] = all(w["pass"] for w in r["workers"])
-    res["ok"] &= r["pass"]
-    res["cases"].append(r)
-for b in ("cuda", "host"):
-    for k in ("models", "containers", "mem_before", "mem_serving"):
-        try:
-            res[f"{k}_{b}"] = json.load(open(os.path.join(logs, f"{k}_{b}.json")))
-        except Exception:
-            pass
-json.dump(res, open(out, "w"), indent=1)
-print(f"{'case':22} {'dev':5} {'dtype':5} {'rel_l2 (2 workers)':26} leased aliased package unbound bound_bytes pass")
-for r in res["cases"]:
-    w = r["workers"]
-    e = " ".join(f"{x.get('rel_l2'):.2e}" if x.get("rel_l2") is not None else "none" for x in w)
-    a = w[0]
-    print(f"{r['name']:22} {r['device']:5} {r['dtype']:5} {e:26} {a.get('leased_constants')} {a.get('aliased_constants')} {a.get('package_constants')} {a.get('unbound_constants')} {a.get('bound_bytes')} {r['pass']}")
-print("ALL PASS" if res["ok"] else "SOME FAILED")
-PY
+python3 "$HERE/real_models_report.py" "$WORK" "$OUT/real_models.json" | tee -a "$LOGS/run.log"
