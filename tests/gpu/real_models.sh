@@ -27,43 +27,27 @@
 # reused when a complete earlier run made them for the same WB_REAL_ONLY),
 # WB_REAL_ONLY (comma-separated case names of tests/gpu/real_models.py: only
 # those), WB_REAL_BUDGET_S. Results: OUT/real_models.json (exit status 1
-# unless every case passed), OUT/logs.tar.gz.
+# unless every case passed), OUT/run.log, OUT/logs.tar.gz (compile log,
+# broker and worker logs, wbctl and NVML records).
 set -uo pipefail
 OUT=${1:?usage: tests/gpu/real_models.sh OUT}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-STAGE=$ROOT
-[ -x "$STAGE/bin/wbrokerd" ] || STAGE=$ROOT/.device/models
-BIN=${WB_GPU_BIN:-$STAGE/bin}
-LIB=${WB_GPU_LIB:-$STAGE/lib}
-WORK=${WB_GPU_WORK:-/tmp/wbreal}
+STAGE=$(cd "$HERE/../.." && pwd)
+[ -x "$STAGE/bin/wbrokerd" ] || STAGE=$STAGE/.device/models
+WB_GPU_BIN=${WB_GPU_BIN:-$STAGE/bin}
+WB_GPU_LIB=${WB_GPU_LIB:-$STAGE/lib}
+WB_GPU_WORK=${WB_GPU_WORK:-/tmp/wbreal}
+# Paths, say, wait_for, wait_exit, need_bins, PIDS and cleanup, ORPHAN_KILL,
+# LD_LIBRARY_PATH (fallback/ beside lib/ last); the log is OUT/run.log.
+# shellcheck source=tests/gpu/bench_lib.sh
+source "$HERE/bench_lib.sh"
+export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$ROOT/../lib
 BUDGET=${WB_REAL_BUDGET_S:-480}
 LOGS=$WORK/logs
-mkdir -p "$WORK" "$LOGS"
-: >"$LOGS/run.log"
-export PYTHONUNBUFFERED=1
+mkdir -p "$LOGS"
 # weightbroker.compile, from this tree (as `pip install ./python` puts it).
 export PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH}
-TORCH_LIB=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))') ||
-  { echo "no torch in python3" >&2; exit 2; }
-# The Debian runtime libraries: .device/lib of the working tree; fallback/
-# beside lib/ holds Debian builds of libraries a machine may lack (last).
-export LD_LIBRARY_PATH=$LIB:$ROOT/.device/lib:$ROOT/../lib:$TORCH_LIB:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$LIB/../fallback
-PIDS=()
-ORPHAN_KILL=()
-setpriv --help 2>/dev/null | grep -q -- --pdeathsig && ORPHAN_KILL=(setpriv --pdeathsig KILL --)
-# SIGTERM first: timeout(1) passes it on to the compile and its workers.
-cleanup() {
-  local p alive=0
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null && alive=1; done
-  [ "$alive" = 1 ] && sleep 1
-  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  wait 2>/dev/null
-}
 trap 'cleanup; tar -C "$WORK" -czf "$OUT/logs.tar.gz" logs 2>/dev/null' EXIT
-say() { printf '[%4ds] %s\n' "$SECONDS" "$*" | tee -a "$LOGS/run.log" >&2; }
 # left: seconds of the budget left, at least 5.
 left() {
   local l=$((BUDGET - SECONDS))
@@ -77,32 +61,8 @@ within() {
   [ "$1" -lt "$l" ] && l=$1
   echo "$l"
 }
-wait_for() {
-  local until=$((SECONDS + $1)); shift
-  while ! "$@" >/dev/null 2>&1; do [ "$SECONDS" -ge "$until" ] && return 1; sleep 0.2; done
-}
-# wait_exit SECS PID: PID's exit status; SIGKILLed after SECS (at once when
-# SECS <= 0), status 124.
-wait_exit() {
-  local until=$((SECONDS + $1))
-  while kill -0 "$2" 2>/dev/null; do
-    if [ "$SECONDS" -ge "$until" ]; then
-      kill -KILL "$2" 2>/dev/null
-      wait "$2" 2>/dev/null
-      return 124
-    fi
-    sleep 0.1
-  done
-  wait "$2" 2>/dev/null
-}
 
-for b in wbrokerd wbctl wb-aoti-worker; do
-  [ -x "$BIN/$b" ] || { say "missing $BIN/$b"; exit 2; }
-  if ldd "$BIN/$b" | grep -q "not found"; then
-    say "$b lacks: $(ldd "$BIN/$b" | grep "not found" | tr -s ' \t\n' ' ')"
-    exit 2
-  fi
-done
+need_bins "$WBROKERD" "$WBCTL" "$WORKER"
 reusable() {
   python3 - "$WORK/cases.json" "${WB_REAL_ONLY:-}" <<'PY'
 import json, sys
@@ -121,10 +81,10 @@ else
   rm -f "$WORK/cases.json"
   say "compiling the real models (no case begun after $((BUDGET - 150)) s, killed at $((BUDGET - 100)) s)"
   # timeout(1) signals the compile's whole process group (inductor's
-  # compile workers too).
+  # compile workers too); the compile dies with timeout, also of a SIGKILL.
   limit=$((BUDGET - 100 - SECONDS))
   [ "$limit" -lt 30 ] && limit=30
-  "${ORPHAN_KILL[@]}" timeout -k 10 "$limit" \
+  "${ORPHAN_KILL[@]}" timeout -k 10 "$limit" "${ORPHAN_KILL[@]}" \
     python3 "$HERE/real_models.py" "$WORK" --only "${WB_REAL_ONLY:-}" \
     --deadline-s "$((BUDGET - 150 - SECONDS))" >"$LOGS/compile.log" 2>&1 </dev/null &
   cpid=$!
@@ -143,7 +103,7 @@ print("cases built: %d; failed: %s; skipped: %s; complete: %s" % (len(d["cases"]
   "$WORK/cases.json")"
 # Nothing of an earlier run may pass for this one's.
 rm -f "$WORK"/out_*.safetensors
-find "$LOGS" -type f ! -name compile.log ! -name run.log -delete
+find "$LOGS" -type f ! -name compile.log -delete
 
 # run_cases BACKEND SOCK DEVFILTER: a broker for every checkpoint the cases
 # of that device need; two serving workers per case that must serve, one per
@@ -170,10 +130,10 @@ PY
   [ "$backend" = cuda ] && bargs+=(--device 0)
   rm -f "$sock"
   # shellcheck disable=SC2086
-  "${ORPHAN_KILL[@]}" "$BIN/wbrokerd" "${bargs[@]}" $args >"$LOGS/broker_$backend.log" 2>&1 &
+  "${ORPHAN_KILL[@]}" "$WBROKERD" "${bargs[@]}" $args >"$LOGS/broker_$backend.log" 2>&1 &
   local broker=$!
   PIDS+=("$broker")
-  ready() { kill -0 "$broker" && [ "$("$BIN/wbctl" --socket "$sock" models --json | python3 -c "import json,sys; print(sum(m['state']=='ready' for m in json.load(sys.stdin)))")" = "$nmodels" ]; }
+  ready() { kill -0 "$broker" && [ "$("$WBCTL" --socket "$sock" models --json | python3 -c "import json,sys; print(sum(m['state']=='ready' for m in json.load(sys.stdin)))")" = "$nmodels" ]; }
   gone() { ! kill -0 "$broker" 2>/dev/null; }
   ready_or_gone() { ready || gone; }
   wait_for "$(within 60)" ready_or_gone
@@ -183,7 +143,7 @@ PY
     wait "$broker" 2>/dev/null
     return 1
   fi
-  "$BIN/wbctl" --socket "$sock" models --json >"$LOGS/models_$backend.json"
+  "$WBCTL" --socket "$sock" models --json >"$LOGS/models_$backend.json"
   python3 "$ROOT/tests/gpu/gpumem.py" >"$LOGS/mem_before_$backend.json" 2>/dev/null
   # One line per worker to start: case name, index, worker options.
   local plan
@@ -204,7 +164,7 @@ PY
   while read -r name i wargs; do
     [ -n "$name" ] || continue
     # shellcheck disable=SC2086
-    "${ORPHAN_KILL[@]}" "$BIN/wb-aoti-worker" --socket "$sock" --torch-lib "$TORCH_LIB" $wargs \
+    "${ORPHAN_KILL[@]}" "$WORKER" --socket "$sock" --torch-lib "$TORCH_LIB" $wargs \
       --aoti "$WORK/$name.pt2" --input "$WORK/${name}_in.safetensors" \
       --output "$WORK/out_${name}_$i.safetensors" --iterations 3 --serve \
       >"$LOGS/${name}_$i.out" 2>"$LOGS/${name}_$i.err" </dev/null &
@@ -224,8 +184,8 @@ PY
   wait_for "$(within 90)" allready "${outs[@]}" || say "not every $backend worker became ready or exited"
   sleep 1
   python3 "$ROOT/tests/gpu/gpumem.py" >"$LOGS/mem_serving_$backend.json" 2>/dev/null
-  "$BIN/wbctl" --socket "$sock" containers --json >"$LOGS/containers_$backend.json"
-  "$BIN/wbctl" --socket "$sock" containers >"$LOGS/containers_$backend.txt"
+  "$WBCTL" --socket "$sock" containers --json >"$LOGS/containers_$backend.json"
+  "$WBCTL" --socket "$sock" containers >"$LOGS/containers_$backend.txt"
   # One deadline for all of them: they stop in parallel.
   local k until=$((SECONDS + $(within 30)))
   for k in "${!wp[@]}"; do kill -TERM "${wp[$k]}" 2>/dev/null; done
@@ -243,4 +203,4 @@ say "cuda cases done"
 if grep -q '"device": "cpu"' "$WORK/cases.json"; then run_cases host "$WORK/host.sock" cpu; fi
 say "cpu cases done"
 
-python3 "$HERE/real_models_report.py" "$WORK" "$OUT/real_models.json" | tee -a "$LOGS/run.log"
+python3 "$HERE/real_models_report.py" "$WORK" "$OUT/real_models.json" | tee -a "$LOG"
