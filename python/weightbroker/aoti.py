@@ -292,7 +292,7 @@ def load_aoti(path, leases, *, aliases=None, tensors=None, device=None, strip_pr
     such as a tied lm_head.weight; `strip_prefix` / `prefix` map the model's
     constant names to the checkpoint's (a model exported inside a wrapper);
     `constants_file` names the file of constants no checkpoint has (default:
-    the one the compile helper stored in the package); `mutated` ("fqn,...")
+    the one weightbroker.compile stored in the package); `mutated` ("fqn,...")
     names constants the compiled graph writes, besides the package's list:
     binding those to a lease is refused (WB_EPERM) unless `copy_mutated`
     binds them to private copies; `tensors` {constant:
