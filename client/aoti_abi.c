@@ -17,6 +17,11 @@
 #include <sys/stat.h>
 #include <time.h>
 
+/* The smallest linked constants blob that can be an mmap'd-weights header;
+ * smaller ones (a library compiled with its constants outside holds one
+ * placeholder byte) are taken as holding nothing. */
+#define AOTI_BLOB_HEADER_MIN 8
+
 double wb__aoti_mono_now(void)
 {
     struct timespec ts;
@@ -278,8 +283,11 @@ int wb__aoti_read_own_data(wb_container *c, uint64_t allocated)
         uint64_t have = (uint64_t)(end - start), blob = 0;
         /* mmap'd weights: the linked blob is a header, the weights follow
          * the library in its file. Asked only then: upstream fails (and
-         * prints on stderr) for a library whose weights are not mmap'd. */
-        if (have > 0 && have < need && c->f.blob_size && c->f.blob_size(c->h, &blob) == 0)
+         * prints on stderr) for a library whose weights are not mmap'd. A
+         * library compiled with its constants outside it links a blob of
+         * one placeholder byte (seen on torch 2.11): no header, not asked. */
+        if (have >= AOTI_BLOB_HEADER_MIN && have < need && c->f.blob_size &&
+            c->f.blob_size(c->h, &blob) == 0)
             have = blob;
         all = have > 0 && have >= need;
         snprintf(c->own_how, sizeof c->own_how,

@@ -9,6 +9,8 @@
  *                         empty constants blob (_binary_constants_bin_start
  *                         .._end), as a model compiled with
  *                         aot_inductor.package_constants_in_so=False has;
+ *   fake_aoti_v211one.so  the same with a blob of one placeholder byte, as
+ *                         torch 2.11 links when the constants are outside;
  *   fake_aoti_v211emb.so  the same with a 4 KiB blob, as a library built
  *                         with its constants inside has (the spec's
  *                         `embedded` or `own` says what it really loads);
@@ -576,9 +578,19 @@ EXPORT int32_t AOTInductorModelContainerDidCallLoadConstants(void *h, bool *out)
     return 0;
 }
 
+static int blob_size_calls;
+
+/* How often GetConstantsBlobSize was asked (upstream prints on stderr when
+ * it fails). */
+EXPORT int fake_aoti_blob_size_calls(void)
+{
+    return blob_size_calls;
+}
+
 EXPORT int32_t AOTInductorModelContainerGetConstantsBlobSize(void *h, uint64_t *out)
 {
     fake_container *m = h;
+    blob_size_calls++;
     if (!m->mmap)
         return failf("constant blob size is only available for mmap'd weights");
     *out = m->blob_size;

@@ -1255,6 +1255,26 @@ static const char *SPEC_UNBOUND = "elements 4\n"
  * library): upstream's runtime only warns and the first run faults on the
  * GPU. The creation is refused naming every such constant, its type, how
  * the library's data was judged and the fixes. */
+/* torch 2.11 links a blob of one byte into a library whose constants are
+ * outside it: that holds nothing, and is no mmap'd-weights header to ask
+ * GetConstantsBlobSize about (upstream would print an error on the
+ * worker's stderr). Seen on the GPU machine with torch's own packages. */
+START_TEST(placeholder_blob_is_not_asked)
+{
+    char so[512];
+    make_case("v211one", SPEC_UNBOUND, so, sizeof so);
+    env e;
+    open_env(&e);
+    wb_container *c = NULL;
+    const char *m = create_fails(&e, 2, so, NULL, &c);
+    has(m, "2 constants are bound by nothing");
+    has(m, "its embedded constants blob holds 1 bytes for 64 bytes of constants");
+    ck_assert_int_eq(fake_fn(so, "fake_aoti_blob_size_calls")(), 0);
+    wb_container_destroy(&c);
+    close_env(&e);
+}
+END_TEST
+
 START_TEST(unbound_constants_without_library_data_are_refused)
 {
     const char *flavours[] = {"v211", "v214"};
@@ -1771,6 +1791,7 @@ static Suite *suite(void)
     tcase_add_test(tc, constants_file_supplies_buffers_and_aliases);
     tcase_add_test(tc, constants_file_inside_a_package);
     tcase_add_test(tc, unbound_constants_without_library_data_are_refused);
+    tcase_add_test(tc, placeholder_blob_is_not_asked);
     tcase_add_test(tc, unbound_buffer_keeps_the_library_data);
     tcase_add_test(tc, embedded_copy_stays_for_a_kept_buffer);
     tcase_add_test(tc, mmap_weights_blob_size_is_asked);
