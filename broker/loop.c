@@ -100,6 +100,22 @@ static void send_reply(loop *L, uint32_t op, const void *ident, size_t ident_len
                  rc == WB_ENOTFOUND ? "no_connection" : "peer_gone", (unsigned long long)rep->id);
 }
 
+/* Reads a varint at p[*i] (n bytes in all) into *v; 0 when the bytes end
+ * early or it is longer than 64 bits. */
+static int read_varint(const uint8_t *p, size_t n, size_t *i, uint64_t *v)
+{
+    *v = 0;
+    for (int shift = 0; shift <= 63; shift += 7) {
+        if (*i >= n)
+            return 0;
+        uint8_t b = p[(*i)++];
+        *v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80))
+            return 1;
+    }
+    return 0;
+}
+
 /* The request id of an undecoded request: field 2 (a varint) at its top
  * level, found by skipping the others without decoding them. 0 when there
  * is none or the bytes end early. Refusals of peers that may not send
@@ -108,51 +124,27 @@ static void send_reply(loop *L, uint32_t op, const void *ident, size_t ident_len
 static uint64_t peek_request_id(const uint8_t *p, size_t n)
 {
     size_t i = 0;
-    uint64_t id = 0;
-    while (i < n) {
-        uint64_t key = 0;
-        for (int shift = 0;; shift += 7) {
-            if (i >= n || shift > 63)
-                return id;
-            key |= (uint64_t)(p[i] & 0x7f) << shift;
-            if (!(p[i++] & 0x80))
-                break;
-        }
-        uint64_t v = 0, len;
+    uint64_t id = 0, key, v;
+    while (i < n && read_varint(p, n, &i, &key)) {
         switch (key & 7) {
         case 0:
-            for (int shift = 0;; shift += 7) {
-                if (i >= n || shift > 63)
-                    return id;
-                v |= (uint64_t)(p[i] & 0x7f) << shift;
-                if (!(p[i++] & 0x80))
-                    break;
-            }
+            if (!read_varint(p, n, &i, &v))
+                return id;
             if (key >> 3 == 2)
                 id = v;
             break;
         case 1:
-            if (n - i < 8)
+        case 5: {
+            size_t w = (key & 7) == 1 ? 8 : 4;
+            if (n - i < w)
                 return id;
-            i += 8;
+            i += w;
             break;
+        }
         case 2:
-            len = 0;
-            for (int shift = 0;; shift += 7) {
-                if (i >= n || shift > 63)
-                    return id;
-                len |= (uint64_t)(p[i] & 0x7f) << shift;
-                if (!(p[i++] & 0x80))
-                    break;
-            }
-            if (len > n - i)
+            if (!read_varint(p, n, &i, &v) || v > n - i)
                 return id;
-            i += (size_t)len;
-            break;
-        case 5:
-            if (n - i < 4)
-                return id;
-            i += 4;
+            i += (size_t)v;
             break;
         default:
             return id;
