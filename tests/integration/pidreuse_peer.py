@@ -163,7 +163,10 @@ def main():
         except (BrokenPipeError, ConnectionResetError):
             print("closed", flush=True)
             break
-        body = read_frame(z, buf)
+        try:
+            body = read_frame(z, buf)
+        except (ConnectionResetError, BrokenPipeError):
+            body = None  # the broker closed it: a reset when bytes were unread
         if body is None:
             print("closed", flush=True)
             break
