@@ -100,59 +100,6 @@ static void send_reply(loop *L, uint32_t op, const void *ident, size_t ident_len
                  rc == WB_ENOTFOUND ? "no_connection" : "peer_gone", (unsigned long long)rep->id);
 }
 
-/* Reads a varint at p[*i] (n bytes in all) into *v; 0 when the bytes end
- * early or it is longer than 64 bits. */
-static int read_varint(const uint8_t *p, size_t n, size_t *i, uint64_t *v)
-{
-    *v = 0;
-    for (int shift = 0; shift <= 63; shift += 7) {
-        if (*i >= n)
-            return 0;
-        uint8_t b = p[(*i)++];
-        *v |= (uint64_t)(b & 0x7f) << shift;
-        if (!(b & 0x80))
-            return 1;
-    }
-    return 0;
-}
-
-/* The request id of an undecoded request: field 2 (a varint) at its top
- * level, found by skipping the others without decoding them. 0 when there
- * is none or the bytes end early. Refusals of peers that may not send
- * requests at all are answered with it, so that the client matches the
- * reply to its request, without decoding what it sent. */
-static uint64_t peek_request_id(const uint8_t *p, size_t n)
-{
-    size_t i = 0;
-    uint64_t id = 0, key, v;
-    while (i < n && read_varint(p, n, &i, &key)) {
-        switch (key & 7) {
-        case 0:
-            if (!read_varint(p, n, &i, &v))
-                return id;
-            if (key >> 3 == 2)
-                id = v;
-            break;
-        case 1:
-        case 5: {
-            size_t w = (key & 7) == 1 ? 8 : 4;
-            if (n - i < w)
-                return id;
-            i += w;
-            break;
-        }
-        case 2:
-            if (!read_varint(p, n, &i, &v) || v > n - i)
-                return id;
-            i += (size_t)v;
-            break;
-        default:
-            return id;
-        }
-    }
-    return id;
-}
-
 /* Admits a new connection by the kernel's credentials: a uid on no allow
  * list is refused before any of its requests is decoded (wb_conns.admit). */
 static int admit_peer(void *ctx, const wb_peer_creds *kernel, char *why, size_t size)
@@ -179,7 +126,7 @@ static void refuse_and_close(loop *L, wb_conn *c, const wb_zmtp_msg *m, const ch
     b->stats.requests_refused++;
     wb_warn_peer("peer_refused", c->kernel.uid, "reason=%s uid=%u pid=%u error=%s", reason,
                  c->kernel.uid, c->kernel.pid, wb__log_quote(q, sizeof q, msg));
-    wb__ops_error(&rep, &arena, peek_request_id(m->data, m->len), code, msg);
+    wb__ops_error(&rep, &arena, wb__request_scan_id(m->data, m->len), code, msg);
     send_reply(L, 0, &ident, sizeof ident, &rep, &arena);
     wb__arena_free(&arena);
     wb__conns_close(&L->conns, ident, msg);

@@ -33,10 +33,7 @@ static size_t read_varint(const uint8_t *p, size_t len, uint64_t *out)
     return 0;
 }
 
-/* Scans the top-level fields of a message that protobuf-c refused, looking
- * for field 2 (the request id), so that the error reply can still echo it.
- * Returns 0 when the id cannot be found before the bytes stop making sense. */
-static uint64_t scan_request_id(const uint8_t *buf, size_t len)
+uint64_t wb__request_scan_id(const uint8_t *buf, size_t len)
 {
     size_t pos = 0;
     uint64_t id = 0;
@@ -666,7 +663,7 @@ int wb__request_decode_ex(const uint8_t *buf, size_t len, Wbproto__Request **out
     char path[256] = "";
     int rc = scan_message(&wbproto__request__descriptor, buf, len, path, sizeof path, 0, err);
     if (rc == WB_EPROTO) {
-        *id = scan_request_id(buf, len);
+        *id = wb__request_scan_id(buf, len);
         return rc;
     }
     wire_budget budget = {.limit = wb__request_budget(len)};
@@ -675,7 +672,7 @@ int wb__request_decode_ex(const uint8_t *buf, size_t len, Wbproto__Request **out
     if (peak)
         *peak = budget.peak;
     if (!req) {
-        *id = scan_request_id(buf, len);
+        *id = wb__request_scan_id(buf, len);
         if (budget.over)
             return wb__err_set(err, WB_EPROTO,
                                "decoding the request would take more than %zu bytes (%zu bytes "

@@ -40,6 +40,12 @@
  * and too few to act on one. */
 #define WB_LEASE_ID_PREFIX_LEN 4
 
+/* The request id (field 2) of bytes that are not decoded, found by scanning
+ * their top-level fields: for a message protobuf-c refused, or one from a
+ * peer whose requests are refused undecoded, so that the reply still echoes
+ * it. 0 when it cannot be found before the bytes stop making sense. */
+uint64_t wb__request_scan_id(const uint8_t *buf, size_t len);
+
 /* Decodes and validates a request. On success *out is owned by the caller
  * (free with wb__request_free). On failure returns WB_EPROTO or WB_EVERSION
  * with a message; *id is set to the request id when it could be read (so the
