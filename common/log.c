@@ -1,5 +1,7 @@
 #include "log.h"
 
+#include "utf8.h"
+
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -76,33 +78,6 @@ static void jput(jbuf *b, const char *s, size_t n)
     b->len += n;
 }
 
-/* Length of the UTF-8 sequence at s (at most n bytes), or 0 if invalid. */
-static size_t utf8_len(const unsigned char *s, size_t n)
-{
-    size_t need;
-    if (s[0] < 0x80)
-        return 1;
-    if (s[0] >= 0xC2 && s[0] <= 0xDF)
-        need = 2;
-    else if (s[0] >= 0xE0 && s[0] <= 0xEF)
-        need = 3;
-    else if (s[0] >= 0xF0 && s[0] <= 0xF4)
-        need = 4;
-    else
-        return 0;
-    if (n < need)
-        return 0;
-    for (size_t i = 1; i < need; i++) {
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-    }
-    /* Overlong forms, surrogates and code points above U+10FFFF. */
-    if ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] >= 0xA0) ||
-        (s[0] == 0xF0 && s[1] < 0x90) || (s[0] == 0xF4 && s[1] >= 0x90))
-        return 0;
-    return need;
-}
-
 /* Appends s[0..n) as the inside of a JSON string. */
 static void jescape(jbuf *b, const char *s, size_t n)
 {
@@ -119,7 +94,7 @@ static void jescape(jbuf *b, const char *s, size_t n)
             jput(b, tmp, 6);
             i++;
         } else {
-            size_t k = utf8_len(u + i, n - i);
+            size_t k = wb__utf8_seq(u + i, n - i);
             if (k == 0) {
                 snprintf(tmp, sizeof tmp, "\\\\x%02x", u[i]);
                 jput(b, tmp, 5);

@@ -8,6 +8,7 @@
 #define WB_WIRE_H
 
 #include "err.h"
+#include "utf8.h"
 #include "wb.pb-c.h"
 
 #include <stddef.h>
@@ -135,16 +136,6 @@ void wb__tensor_table_digest(const uint8_t *table, size_t len, uint8_t out[16]);
 void wb__tensor_table_get(const uint8_t *table, uint32_t i, wb_table_tensor *out);
 const char *wb__tensor_table_strings(const uint8_t *table);
 const uint64_t *wb__tensor_table_dims(const uint8_t *table);
-
-/* The offset of the first byte of s[0..n) that does not start a valid
- * UTF-8 sequence (no overlong form, no surrogate, nothing above U+10FFFF),
- * or n when all of it is valid. */
-size_t wb__utf8_invalid_at(const char *s, size_t n);
-/* Copies s into out (3 * strlen(s) + 1 bytes), each byte that is not valid
- * UTF-8 replaced by U+FFFD; returns out. For strings the broker sends that
- * no peer checked (process names from /proc, paths from its command
- * line). */
-char *wb__utf8_repair(char *out, const char *s);
 
 /* Human names for enums: "active", "stale"; "loading", "ready", "draining",
  * "freed", "failed"; "host", "cuda". "unknown" for anything else. */

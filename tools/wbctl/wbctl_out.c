@@ -1,6 +1,7 @@
 #include "wbctl_out.h"
 
 #include "fdwire.h"
+#include "utf8.h"
 
 #include "wbctl.h"
 
@@ -13,35 +14,16 @@
 #include <time.h>
 
 /* The length of the valid UTF-8 sequence at s (2 to 4 bytes, no overlong
- * form, no surrogate, at most U+10FFFF), or 0; C1 controls count as
- * invalid unless allow_c1. */
+ * form, no surrogate, at most U+10FFFF; a NUL ends it), or 0 (ASCII
+ * included); C1 controls count as invalid unless allow_c1. */
 static size_t utf8_seq(const unsigned char *s, int allow_c1)
 {
-    unsigned c = s[0];
-    size_t n;
-    unsigned cp;
-    if (c >= 0xc2 && c <= 0xdf) {
-        n = 2;
-        cp = c & 0x1f;
-    } else if (c >= 0xe0 && c <= 0xef) {
-        n = 3;
-        cp = c & 0x0f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        n = 4;
-        cp = c & 0x07;
-    } else {
+    if (s[0] < 0x80)
         return 0;
-    }
-    for (size_t i = 1; i < n; i++) {
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (s[i] & 0x3f);
-    }
-    if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
-        (cp >= 0xd800 && cp <= 0xdfff))
-        return 0;
-    /* C1 controls (U+0080..U+009F): some terminals act on them. */
-    if (!allow_c1 && cp >= 0x80 && cp <= 0x9f)
+    size_t n = wb__utf8_seq(s, strnlen((const char *)s, 4));
+    /* C1 controls (U+0080..U+009F, C2 80..C2 9F): some terminals act on
+     * them. */
+    if (!allow_c1 && n == 2 && s[0] == 0xc2 && s[1] <= 0x9f)
         return 0;
     return n;
 }
