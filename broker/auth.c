@@ -314,11 +314,16 @@ int wb__auth_check_client(const wb_auth *a, const wb_peer_creds *peer, wb_err *e
 {
     if (!peer || !peer->known)
         return wb__err_set(err, WB_EPERM, "the peer's credentials cannot be read");
-    if (wb__auth_client_ok(a, peer->uid, peer->gid))
+    return wb__auth_check_uid(a, peer->uid, peer->gid, err);
+}
+
+int wb__auth_check_uid(const wb_auth *a, uint32_t uid, uint32_t gid, wb_err *err)
+{
+    if (wb__auth_client_ok(a, uid, gid))
         return WB_OK;
     char who[200];
-    return wb__err_set(err, WB_EPERM, "uid %u is not allowed to lease models (allowed: %s)",
-                       peer->uid, wb__auth_describe_clients(a, who, sizeof who));
+    return wb__err_set(err, WB_EPERM, "uid %u is not allowed to lease models (allowed: %s)", uid,
+                       wb__auth_describe_clients(a, who, sizeof who));
 }
 
 static const char *file_type(mode_t mode)

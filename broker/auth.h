@@ -68,6 +68,9 @@ const char *wb__auth_describe_admins(const wb_auth *a, char *buf, size_t size);
 /* WB_OK, or WB_EPERM "uid 1234 is not allowed to lease models (allowed: uid 0,
  * 1000)" for a peer that fails the client check. */
 int wb__auth_check_client(const wb_auth *a, const wb_peer_creds *peer, wb_err *err);
+/* The same check by uid and gid alone: a connection judged at accept,
+ * whose pid may be hidden. */
+int wb__auth_check_uid(const wb_auth *a, uint32_t uid, uint32_t gid, wb_err *err);
 
 /* Checks a path the broker is asked to load, before any loading starts.
  * Symbolic links are followed (checkpoints in Hugging Face caches are links

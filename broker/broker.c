@@ -134,14 +134,7 @@ size_t wb__broker_reclaim_why(wb_broker *b, uint32_t pid, const char *reason)
 size_t wb__broker_check_peer(wb_broker *b, uint32_t pid)
 {
     const wb_peer_rec *p = wb__leases_peer(&b->leases, pid);
-    if (!p || p->pidfd < 0)
-        return 0;
-    struct pollfd pfd = {.fd = p->pidfd, .events = POLLIN};
-    int r;
-    do {
-        r = poll(&pfd, 1, 0);
-    } while (r < 0 && errno == EINTR);
-    if (r <= 0)
+    if (!p || !wb__pidfd_exited(p->pidfd))
         return 0;
     wb_info("peer_exited", "pid=%u reason=before_request leases=%u", pid, p->leases);
     return wb__broker_reclaim_pid(b, pid);

@@ -43,7 +43,7 @@ struct outbuf;
  * deadline, whichever comes first. */
 #define WB_REFUSED_PER_UID 4
 /* The longest reason kept for a connection refused at accept. */
-#define WB_REFUSE_MAX 200
+#define WB_REFUSE_MAX 256
 
 /* One client connection: its socket, the ZMTP codec, its credentials
  * (SO_PEERCRED) and the messages waiting to be written. */

@@ -105,11 +105,10 @@ static void send_reply(loop *L, uint32_t op, const void *ident, size_t ident_len
 static int admit_peer(void *ctx, const wb_peer_creds *kernel, char *why, size_t size)
 {
     loop *L = ctx;
-    if (wb__auth_client_ok(&L->b->auth, kernel->uid, kernel->gid))
+    wb_err err;
+    if (wb__auth_check_uid(&L->b->auth, kernel->uid, kernel->gid, &err) == WB_OK)
         return 0;
-    char who[160];
-    snprintf(why, size, "uid %u is not allowed to lease models (allowed: %s)", kernel->uid,
-             wb__auth_describe_clients(&L->b->auth, who, sizeof who));
+    snprintf(why, size, "%s", err.msg);
     return -1;
 }
 
@@ -210,11 +209,8 @@ static void handle_request(void *ctx, wb_conn *c, const wb_zmtp_msg *m)
     }
     if (wb__pidfd_exited(c->pidfd)) {
         char msg[200];
-        snprintf(msg, sizeof msg,
-                 "the process that opened this connection (pid %u) has exited; a connection "
-                 "passed on to another process is not served",
-                 c->kernel.pid);
-        refuse_and_close(L, c, m, "process_exited", WB_EPERM, msg);
+        refuse_and_close(L, c, m, "process_exited", WB_EPERM,
+                         wb__peer_passed_on(c->kernel.pid, msg, sizeof msg));
         return;
     }
     int rc = wb__request_decode(m->data, m->len, &req, &id, &err);

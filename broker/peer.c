@@ -187,3 +187,12 @@ int wb__peer_pidfd(int sockfd, const wb_peer_creds *c, wb_err *err)
     }
     return fd;
 }
+
+const char *wb__peer_passed_on(uint32_t pid, char *buf, size_t size)
+{
+    snprintf(buf, size,
+             "the process that opened this connection (pid %u) has exited; a connection passed "
+             "on to another process is not served",
+             pid);
+    return buf;
+}

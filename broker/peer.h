@@ -48,6 +48,11 @@ int wb__peer_pidfd(int sockfd, const wb_peer_creds *c, wb_err *err);
  * process. */
 int wb__pidfd_exited(int pidfd);
 
+/* The refusal of a request that came on a connection whose process (pid)
+ * has exited since it connected: the connection was passed on to another
+ * process, and pid may name someone else now. Returns buf. */
+const char *wb__peer_passed_on(uint32_t pid, char *buf, size_t size);
+
 /* A peer's pid as logs and messages show it: "1234", or "conn:N" for a
  * session id (WB_IS_SESSION_ID). Returns buf. */
 const char *wb__peer_name(uint32_t pid, char *buf, size_t size);

@@ -366,10 +366,7 @@ static int conn_readable(wb_sidechan *s, size_t i)
          * process has exited since) gets one answer and is closed. */
         int refuse = c->refused || (!c->hidden && wb__pidfd_exited(c->pidfd));
         if (refuse && !c->refused)
-            snprintf(c->creds_error, sizeof c->creds_error,
-                     "the process that opened this connection (pid %u) has exited; a connection "
-                     "passed on to another process is not served",
-                     c->creds.pid);
+            wb__peer_passed_on(c->creds.pid, c->creds_error, sizeof c->creds_error);
         if (refuse) {
             rc = WB_EPERM;
             snprintf(msg, sizeof msg, "%.200s", c->creds_error);
@@ -410,12 +407,10 @@ static int conn_readable(wb_sidechan *s, size_t i)
 static int admit(wb_sidechan *s, wb_side_conn *c)
 {
     wb_broker *b = s->b;
+    wb_err aerr;
     if (c->creds.known && !c->refused &&
-        !wb__auth_client_ok(&b->auth, c->creds.uid, c->creds.gid)) {
-        char who[160];
-        snprintf(c->creds_error, sizeof c->creds_error,
-                 "uid %u is not allowed to lease models (allowed: %s)", c->creds.uid,
-                 wb__auth_describe_clients(&b->auth, who, sizeof who));
+        wb__auth_check_uid(&b->auth, c->creds.uid, c->creds.gid, &aerr) != WB_OK) {
+        snprintf(c->creds_error, sizeof c->creds_error, "%s", aerr.msg);
         c->refused = 1;
     }
     unsigned same = 0, refused = 0;
