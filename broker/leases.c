@@ -399,23 +399,27 @@ size_t wb__leases_count_state(const wb_lease_table *t, int state)
 void wb__leases_quota_use(const wb_lease_table *t, const wb_peer_creds *c, uint32_t *leases,
                           uint64_t *record_bytes)
 {
-    *leases = 0;
-    *record_bytes = 0;
+    uint32_t n = 0;
+    uint64_t bytes = 0;
     if (!WB_IS_SESSION_ID(c->pid)) {
         const wb_peer_rec *p = wb__leases_peer(t, c->pid);
         if (p) {
-            *leases = p->leases;
-            *record_bytes = p->record_bytes;
+            n = p->leases;
+            bytes = p->record_bytes;
         }
-        return;
-    }
-    /* Session ids sort above every pid: the walk starts at the first. */
-    int found;
-    for (size_t i = peer_pos(t, WB_SESSION_ID_BASE, &found); i < t->n_peers; i++) {
-        const wb_peer_rec *p = t->peers[i];
-        if (WB_IS_SESSION_ID(p->pid) && p->uid == c->uid) {
-            *leases += p->leases;
-            *record_bytes += p->record_bytes;
+    } else {
+        /* Session ids sort above every pid: the walk starts at the first. */
+        int found;
+        for (size_t i = peer_pos(t, WB_SESSION_ID_BASE, &found); i < t->n_peers; i++) {
+            const wb_peer_rec *p = t->peers[i];
+            if (WB_IS_SESSION_ID(p->pid) && p->uid == c->uid) {
+                n += p->leases;
+                bytes += p->record_bytes;
+            }
         }
     }
+    if (leases)
+        *leases = n;
+    if (record_bytes)
+        *record_bytes = bytes;
 }

@@ -165,6 +165,7 @@ wb_peer_rec *wb__leases_peer(const wb_lease_table *t, uint32_t pid);
  * container record bytes, or, for a peer known by a session id (its pid
  * hidden), those of every session of its uid together, so that opening
  * more sessions buys no more. */
+/* Either output may be NULL. */
 void wb__leases_quota_use(const wb_lease_table *t, const wb_peer_creds *c, uint32_t *leases,
                           uint64_t *record_bytes);
 

@@ -259,16 +259,10 @@ static int op_acquire(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Re
         return wb__ops_fail(rep, a, WB_ELIMIT, "%s", lerr.msg);
     /* Peers whose pid is hidden count together, by uid. */
     uint32_t held;
-    uint64_t held_bytes;
-    wb__leases_quota_use(&b->leases, peer, &held, &held_bytes);
-    if (wb__limits_check_leases(&b->limits, peer->pid, held, &lerr) != WB_OK) {
+    wb__leases_quota_use(&b->leases, peer, &held, NULL);
+    if (wb__limits_check_leases(&b->limits, peer->pid, peer->uid, held, &lerr) != WB_OK) {
         wb_warn_peer("limit", peer->uid, "limit=max_leases_per_client pid=%u uid=%u leases=%u",
                      peer->pid, peer->uid, held);
-        if (WB_IS_SESSION_ID(peer->pid))
-            return wb__ops_fail(rep, a, WB_ELIMIT,
-                                "the sessions of uid %u (pid hidden) already hold %u leases "
-                                "together, the limit (--max-leases-per-client %u)",
-                                peer->uid, held, b->limits.max_leases_per_client);
         return wb__ops_fail(rep, a, WB_ELIMIT, "%s", lerr.msg);
     }
 
@@ -505,9 +499,8 @@ static int op_heartbeat(wb_broker *b, const wb_peer_creds *peer, const Wbproto__
                 i > j ? i : j, i > j ? j : i, wb__lease_id_short(known[k]->lease->id, hex));
         }
     }
-    uint32_t held_leases;
     uint64_t total;
-    wb__leases_quota_use(&b->leases, peer, &held_leases, &total);
+    wb__leases_quota_use(&b->leases, peer, NULL, &total);
     for (size_t k = 0; k < n_known; k++) {
         total -= known[k]->lease->record_bytes < total ? known[k]->lease->record_bytes : total;
         total += known[k]->size;

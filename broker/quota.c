@@ -1,5 +1,6 @@
 #include "quota.h"
 
+#include "fdwire.h"
 #include "peer.h"
 #include "safetensors.h"
 #include "wire.h"
@@ -33,10 +34,16 @@ int wb__limits_check_records(const wb_limits *l, uint32_t pid, uint64_t bytes, w
                        (unsigned long long)l->max_record_bytes);
 }
 
-int wb__limits_check_leases(const wb_limits *l, uint32_t pid, uint32_t held, wb_err *err)
+int wb__limits_check_leases(const wb_limits *l, uint32_t pid, uint32_t uid, uint32_t held,
+                            wb_err *err)
 {
     if (held < l->max_leases_per_client)
         return WB_OK;
+    if (WB_IS_SESSION_ID(pid))
+        return wb__err_set(err, WB_ELIMIT,
+                           "the sessions of uid %u (pid hidden) already hold %u leases together, "
+                           "the limit (--max-leases-per-client %u)",
+                           uid, held, l->max_leases_per_client);
     char name[32];
     return wb__err_set(err, WB_ELIMIT,
                        "pid %s already holds %u leases, the limit (--max-leases-per-client %u)",

@@ -42,7 +42,10 @@ typedef struct wb_limits {
 void wb__limits_default(wb_limits *l);
 
 /* Refusals, each WB_ELIMIT with the limit's name and value. */
-int wb__limits_check_leases(const wb_limits *l, uint32_t pid, uint32_t held, wb_err *err);
+/* `held`: what the process holds, or for a session id (its pid hidden) what
+ * every session of its uid holds together (wb__leases_quota_use). */
+int wb__limits_check_leases(const wb_limits *l, uint32_t pid, uint32_t uid, uint32_t held,
+                            wb_err *err);
 /* A heartbeat from `pid` would make its leases keep `bytes` bytes of
  * container records in all. */
 int wb__limits_check_records(const wb_limits *l, uint32_t pid, uint64_t bytes, wb_err *err);

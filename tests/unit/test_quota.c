@@ -6,6 +6,7 @@
  * would clash with it. */
 #undef _FORTIFY_SOURCE
 #include "broker_fixture.h"
+#include "fdwire.h"
 #include "ops.h"
 #include "quota.h"
 #include "wire.h"
@@ -139,10 +140,14 @@ START_TEST(messages_name_the_limit)
     ck_assert_uint_eq(l.max_message, WB_MAX_MESSAGE);
     ck_assert_uint_eq(l.max_header, 100000000);
     wb_err err;
-    ck_assert_int_eq(wb__limits_check_leases(&l, 7, 1023, &err), WB_OK);
-    ck_assert_int_eq(wb__limits_check_leases(&l, 7, 1024, &err), WB_ELIMIT);
+    ck_assert_int_eq(wb__limits_check_leases(&l, 7, 1000, 1023, &err), WB_OK);
+    ck_assert_int_eq(wb__limits_check_leases(&l, 7, 1000, 1024, &err), WB_ELIMIT);
     ck_assert_str_eq(err.msg,
                      "pid 7 already holds 1024 leases, the limit (--max-leases-per-client 1024)");
+    ck_assert_int_eq(wb__limits_check_leases(&l, WB_SESSION_ID_BASE + 3, 1000, 1024, &err),
+                     WB_ELIMIT);
+    ck_assert_str_eq(err.msg, "the sessions of uid 1000 (pid hidden) already hold 1024 leases "
+                              "together, the limit (--max-leases-per-client 1024)");
     ck_assert_int_eq(wb__limits_check_models(&l, 63, &err), WB_OK);
     ck_assert_int_eq(wb__limits_check_models(&l, 64, &err), WB_ELIMIT);
     ck_assert_str_eq(err.msg, "the broker already holds 64 models, the limit (--max-models 64); "
