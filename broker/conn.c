@@ -165,6 +165,16 @@ static int conn_flush(wb_conns *cs, wb_conn *c)
     return c->closing ? -1 : 0;
 }
 
+/* One non-blocking write, best effort (what the socket does not take is
+ * dropped). */
+static void send_once(int fd, const void *buf, size_t n)
+{
+    ssize_t w;
+    do {
+        w = send(fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    } while (w < 0 && errno == EINTR);
+}
+
 /* Tells a peer why it is being disconnected, with a ZMTP ERROR command
  * written straight to the socket (libzmq reports it to its user; without
  * it a DEALER reconnects forever, saying nothing). Best effort: skipped
@@ -175,11 +185,7 @@ static void send_error(wb_conn *c, const char *reason)
     if (c->out_head)
         return;
     uint8_t buf[9 + 3 + WB_ZMTP_MAX_REASON];
-    size_t n = wb__zmtp_error_command(buf, reason);
-    ssize_t w;
-    do {
-        w = send(c->fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-    } while (w < 0 && errno == EINTR);
+    send_once(c->fd, buf, wb__zmtp_error_command(buf, reason));
 }
 
 /* Queues one message (its frames' headers and bodies, `n` pieces in order)
@@ -310,10 +316,7 @@ static void close_refused(int fd, const char *reason)
     memcpy(buf, z.out, z.out_len);
     size_t n = z.out_len + wb__zmtp_error_command(buf + z.out_len, reason);
     wb__zmtp_free(&z);
-    ssize_t w;
-    do {
-        w = send(fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-    } while (w < 0 && errno == EINTR);
+    send_once(fd, buf, n);
     close(fd);
 }
 
