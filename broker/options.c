@@ -1,5 +1,7 @@
 #include "options.h"
 
+#include "buildinfo.h"
+
 #include "log.h"
 #include "metrics.h"
 #include "paths.h"
@@ -389,20 +391,21 @@ static int add_model(wb_options *o, char *arg)
 
 static void print_version(void)
 {
-    printf("wbrokerd %s (protocol %d)\n", WB_VERSION, WB_PROTOCOL_VERSION);
     /* What this build can do beyond the basics, for scripts. */
-    printf("features: %csystemd %cmetrics\n",
+    char features[64];
+    snprintf(features, sizeof features, "%csystemd %cmetrics",
 #ifdef WB_HAVE_SYSTEMD
-           '+',
+             '+',
 #else
-           '-',
+             '-',
 #endif
 #ifdef WB_HAVE_MICROHTTPD
-           '+'
+             '+'
 #else
-           '-'
+             '-'
 #endif
     );
+    wb__print_version(stdout, "wbrokerd", features);
 }
 
 /* One option of the second pass. Returns WB_OPTIONS_GO_ON, or the exit status. */
