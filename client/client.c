@@ -156,9 +156,12 @@ WB_EXPORT int wb_client_heartbeat(wb_client *client)
 {
     if (!client)
         return WB_EINVAL;
+    wb_err e;
     pthread_mutex_lock(&client->mu);
-    int rc = heartbeat_locked(client, &client->err);
+    int rc = heartbeat_locked(client, &e);
     pthread_mutex_unlock(&client->mu);
+    if (rc != WB_OK)
+        wb__client_fail(client, rc, "%s", e.msg);
     return rc;
 }
 
@@ -281,6 +284,8 @@ WB_EXPORT int wb_client_connect(const wb_client_options *opts, wb_client **out)
     if (!c)
         return WB_ENOMEM;
     pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->err_mu, NULL);
+    atomic_init(&c->err_last, 0);
     atomic_init(&c->connected, 0);
     atomic_init(&c->next_reconnect_ms, 0);
     atomic_init(&c->reconnect_attempts, 0);
@@ -301,8 +306,7 @@ WB_EXPORT int wb_client_connect(const wb_client_options *opts, wb_client **out)
         if (rc != WB_OK)
             return rc;
     }
-    c->err.code = WB_OK;
-    c->err.msg[0] = '\0';
+    wb__client_fail(c, WB_OK, "%s", ""); /* a connect that worked leaves no message */
     return WB_OK;
 }
 
@@ -347,5 +351,6 @@ WB_EXPORT void wb_client_destroy(wb_client **client)
     pthread_mutex_unlock(&c->mu);
     wb__rpc_close(&c->rpc);
     pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->err_mu);
     free(c);
 }
