@@ -1,4 +1,4 @@
-/* The insides of wb_client: its connection, locks and lease list.
+/* The insides of wb_client: its connection, locks, clock and lease list.
  * The lease modules (lease.h) use it to talk to the broker; it knows leases
  * only as a list of struct wb_lease.
  *
@@ -77,6 +77,10 @@ struct wb_client {
     pthread_mutex_t err_mu;
     wb_err err[WB_CLIENT_MSGS];
     atomic_uint err_last;
+    /* The clock of the heartbeat thread's schedule, the reconnection backoff
+     * and the lingering mappings: wb__now_ms, or a test's (wb__client_clock).
+     * An exchange's own waits are real time (zmq_poll). */
+    int64_t (*now_ms)(void);
     atomic_int connected;
     struct wb_lease *leases; /* linked through wb_lease.prev/next, under mu */
     /* The tensor tables of recent acquires, one per model, under mu; each
@@ -118,13 +122,19 @@ struct wb_client {
     void (*on_restart)(wb_client *c);
 
     /* The heartbeat thread sleeps on hb_cond so destroy can wake it, and so
-     * can a lingering mapping due before its next beat (hb_kick). */
+     * can a lingering mapping due before its next beat or a test that moved
+     * the clock (hb_kick). The first beat is due at `hb_first_ms`, an
+     * interval after the hello, however late the thread starts;
+     * `hb_idle_ms` is the clock's reading when the thread last found
+     * nothing due and went to sleep. */
     int hb_started;
     pthread_t hb_thread;
     pthread_mutex_t hb_mu;
     pthread_cond_t hb_cond;
     int hb_stop;
     int hb_kick;
+    int64_t hb_first_ms;
+    _Atomic int64_t hb_idle_ms;
 
     /* Host slab mappings kept for WB_MAP_LINGER_MS after the last lease on
      * them ended, one mapping cache reference each (wb__client_linger), so
@@ -141,6 +151,15 @@ struct wb_client {
  * Takes err_mu only: callers may hold client->mu or not. */
 int wb__client_fail(wb_client *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* For tests: the clock of the clients connected from now on (NULL: back to
+ * wb__now_ms), a monotonic millisecond count above 0. Call it before
+ * connecting, from one thread. */
+void wb__client_clock(int64_t (*now_ms)(void));
+
+/* Wakes the client's heartbeat thread to read its clock again, as a test
+ * does after moving it; nothing when the client has no thread. */
+void wb__client_wake(wb_client *c);
 
 /* Says hello (the first time: records the broker's timings and the name
  * sent, `name` or "program[pid]"). Stores a message in the client on

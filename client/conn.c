@@ -50,7 +50,7 @@ static void connection_lost(wb_client *c)
 {
     if (atomic_exchange(&c->connected, 0) || c->backoff_ms == 0) {
         c->backoff_ms = WB_RPC_RECONNECT_MIN_MS;
-        atomic_store(&c->next_reconnect_ms, wb__now_ms() + c->backoff_ms);
+        atomic_store(&c->next_reconnect_ms, c->now_ms() + c->backoff_ms);
     }
 }
 
@@ -146,7 +146,7 @@ int wb__client_reconnect_locked(wb_client *c, int *restarted, wb_err *err)
     atomic_store(&c->connected, 0);
     uint32_t next = c->backoff_ms ? c->backoff_ms * 2 : WB_RPC_RECONNECT_MIN_MS;
     c->backoff_ms = next > WB_RPC_RECONNECT_MAX_MS ? WB_RPC_RECONNECT_MAX_MS : next;
-    atomic_store(&c->next_reconnect_ms, wb__now_ms() + c->backoff_ms);
+    atomic_store(&c->next_reconnect_ms, c->now_ms() + c->backoff_ms);
     return rc;
 }
 
