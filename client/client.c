@@ -14,10 +14,33 @@
 #include <string.h>
 #include <time.h>
 
+/* The clock of clients connected from now on (wb__client_clock). */
+static int64_t (*client_clock)(void) = wb__now_ms;
+
+void wb__client_clock(int64_t (*now_ms)(void))
+{
+    client_clock = now_ms ? now_ms : wb__now_ms;
+}
+
 WB_EXPORT void wb_client_options_init(wb_client_options *opts)
 {
     if (opts)
         memset(opts, 0, sizeof *opts);
+}
+
+/* Tells the heartbeat thread to look at its deadlines again. */
+static void kick_heartbeat(wb_client *c)
+{
+    pthread_mutex_lock(&c->hb_mu);
+    c->hb_kick = 1;
+    pthread_cond_signal(&c->hb_cond);
+    pthread_mutex_unlock(&c->hb_mu);
+}
+
+void wb__client_wake(wb_client *c)
+{
+    if (c && c->hb_started)
+        kick_heartbeat(c);
 }
 
 /* Marks every lease orphaned: the broker that granted them is gone (the
@@ -54,7 +77,7 @@ void wb__client_linger(wb_client *c, struct wb__map **map)
         wb__mapcache_put(map);
         return;
     }
-    int64_t until = wb__now_ms() + WB_MAP_LINGER_MS;
+    int64_t until = c->now_ms() + WB_MAP_LINGER_MS;
     size_t slot = WB_LINGER_MAPS, oldest = WB_LINGER_MAPS;
     for (size_t i = 0; i < WB_LINGER_MAPS; i++) {
         if (c->linger[i] == *map) {
@@ -82,10 +105,7 @@ void wb__client_linger(wb_client *c, struct wb__map **map)
          * told once, when the first mapping starts to linger, not at every
          * release. */
         atomic_store(&c->linger_due_ms, until);
-        pthread_mutex_lock(&c->hb_mu);
-        c->hb_kick = 1;
-        pthread_cond_signal(&c->hb_cond);
-        pthread_mutex_unlock(&c->hb_mu);
+        kick_heartbeat(c);
     }
 }
 
@@ -156,9 +176,12 @@ WB_EXPORT int wb_client_heartbeat(wb_client *client)
 {
     if (!client)
         return WB_EINVAL;
+    wb_err e;
     pthread_mutex_lock(&client->mu);
-    int rc = heartbeat_locked(client, &client->err);
+    int rc = heartbeat_locked(client, &e);
     pthread_mutex_unlock(&client->mu);
+    if (rc != WB_OK)
+        wb__client_fail(client, rc, "%s", e.msg);
     return rc;
 }
 
@@ -175,6 +198,17 @@ static struct timespec deadline_after(uint32_t ms)
     return ts;
 }
 
+/* What the heartbeat thread waits for next, on the client's clock: the
+ * next beat while connected, the next reconnection attempt while not (no
+ * beat goes out meanwhile: waking for one would only spin until the
+ * attempt), or a lingering mapping's end when sooner. */
+static int64_t heartbeat_next(wb_client *c, int64_t beat_at)
+{
+    int64_t at = atomic_load(&c->connected) ? beat_at : atomic_load(&c->next_reconnect_ms);
+    int64_t due = atomic_load(&c->linger_due_ms);
+    return due && due < at ? due : at;
+}
+
 /* Sleeps on a condition variable rather than in sleep() so that destroy can
  * stop the thread at once. A failed heartbeat only clears `connected`: the
  * thread has no caller to report to, and the client's message belongs to
@@ -182,50 +216,43 @@ static struct timespec deadline_after(uint32_t ms)
  * reconnection attempt (50 ms after the loss, then doubling up to 2 s) and,
  * once reconnected, sends a heartbeat at once so that leases the broker does
  * not know are marked orphaned. It also wakes when a lingering mapping is
- * due (wb__client_linger), which sends nothing. */
+ * due (wb__client_linger), which sends nothing. Every wake reads the clock
+ * again, so a kick or a wait that ends early does nothing that is not due. */
 static void *heartbeat_main(void *arg)
 {
     wb_client *c = arg;
-    int64_t beat_at = wb__now_ms() + atomic_load(&c->heartbeat_ms);
+    int64_t beat_at = c->hb_first_ms;
     pthread_mutex_lock(&c->hb_mu);
     while (!c->hb_stop) {
-        int64_t at = beat_at;
-        if (!atomic_load(&c->connected)) {
-            int64_t r = atomic_load(&c->next_reconnect_ms);
-            at = r < at ? r : at;
-        }
-        int64_t due = atomic_load(&c->linger_due_ms);
-        if (due && due < at)
-            at = due;
-        int64_t left = at - wb__now_ms();
-        struct timespec until = deadline_after(left <= 0 ? 0 : (uint32_t)left);
         c->hb_kick = 0;
-        while (!c->hb_stop && !c->hb_kick) {
-            int rc = pthread_cond_timedwait(&c->hb_cond, &c->hb_mu, &until);
-            if (rc == ETIMEDOUT)
-                break;
+        int64_t now = c->now_ms();
+        int64_t left = heartbeat_next(c, beat_at) - now;
+        if (left > 0) {
+            atomic_store(&c->hb_idle_ms, now);
+            struct timespec until = deadline_after(left > UINT32_MAX ? UINT32_MAX : (uint32_t)left);
+            while (!c->hb_stop && !c->hb_kick) {
+                if (pthread_cond_timedwait(&c->hb_cond, &c->hb_mu, &until) == ETIMEDOUT)
+                    break;
+            }
+            continue;
         }
-        if (c->hb_stop)
-            break;
-        if (c->hb_kick)
-            continue; /* a new deadline: sleep again until it */
         pthread_mutex_unlock(&c->hb_mu);
         wb_err e;
         pthread_mutex_lock(&c->mu);
-        int64_t now = wb__now_ms();
+        now = c->now_ms();
         if (atomic_load(&c->connected)) {
             if (now >= beat_at) {
                 heartbeat_locked(c, &e);
-                beat_at = wb__now_ms() + atomic_load(&c->heartbeat_ms);
+                beat_at = c->now_ms() + atomic_load(&c->heartbeat_ms);
             }
         } else if (now >= atomic_load(&c->next_reconnect_ms)) {
             int restarted;
             if (wb__client_reconnect_locked(c, &restarted, &e) == WB_OK)
                 heartbeat_locked(c, &e);
-            beat_at = wb__now_ms() + atomic_load(&c->heartbeat_ms);
+            beat_at = c->now_ms() + atomic_load(&c->heartbeat_ms);
         }
         if (atomic_load(&c->linger_due_ms))
-            wb__client_linger_sweep(c, wb__now_ms());
+            wb__client_linger_sweep(c, c->now_ms());
         pthread_mutex_unlock(&c->mu);
         pthread_mutex_lock(&c->hb_mu);
     }
@@ -244,6 +271,7 @@ static int start_heartbeat(wb_client *c)
     if (rc != 0)
         return wb__client_fail(c, WB_ENOMEM, "cannot start the heartbeat thread: %s", strerror(rc));
     pthread_mutex_init(&c->hb_mu, NULL);
+    c->hb_first_ms = c->now_ms() + atomic_load(&c->heartbeat_ms);
     rc = pthread_create(&c->hb_thread, NULL, heartbeat_main, c);
     if (rc != 0) {
         pthread_cond_destroy(&c->hb_cond);
@@ -281,6 +309,10 @@ WB_EXPORT int wb_client_connect(const wb_client_options *opts, wb_client **out)
     if (!c)
         return WB_ENOMEM;
     pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->err_mu, NULL);
+    c->now_ms = client_clock;
+    atomic_init(&c->err_last, 0);
+    atomic_init(&c->hb_idle_ms, 0);
     atomic_init(&c->connected, 0);
     atomic_init(&c->next_reconnect_ms, 0);
     atomic_init(&c->reconnect_attempts, 0);
@@ -301,8 +333,7 @@ WB_EXPORT int wb_client_connect(const wb_client_options *opts, wb_client **out)
         if (rc != WB_OK)
             return rc;
     }
-    c->err.code = WB_OK;
-    c->err.msg[0] = '\0';
+    wb__client_fail(c, WB_OK, "%s", ""); /* a connect that worked leaves no message */
     return WB_OK;
 }
 
@@ -347,5 +378,6 @@ WB_EXPORT void wb_client_destroy(wb_client **client)
     pthread_mutex_unlock(&c->mu);
     wb__rpc_close(&c->rpc);
     pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->err_mu);
     free(c);
 }

@@ -1,6 +1,44 @@
-/* The insides of wb_client: its connection, lock and lease list. The lease
- * modules (lease.h) use it to talk to the broker; it knows leases only as a
- * list of struct wb_lease. */
+/* The insides of wb_client: its connection, locks, clock and lease list.
+ * The lease modules (lease.h) use it to talk to the broker; it knows leases
+ * only as a list of struct wb_lease.
+ *
+ * Locks. Every mutex of libwbclient, what it guards, and when it is held:
+ *   wb_client.mu      the connection (rpc, hello and session state, the
+ *                     backoff), the lease list, the table cache, the
+ *                     lingering mappings. Held across every exchange with
+ *                     the broker, so whoever waits for it may wait a whole
+ *                     request timeout: acquire, release once it is allowed,
+ *                     heartbeats, reconnection and destroy take it; lookups,
+ *                     accessors, verification, container registrations and
+ *                     the messages of their failures never do.
+ *   chan_mu           (fdchan.c) the process's descriptor channels. Held
+ *                     across an exchange on a channel, always under
+ *                     wb_client.mu (an acquire's fetch, the hello's session)
+ *                     or across fork().
+ *   cache_mu          (mapcache.c) the process's slab mappings; held while
+ *                     mapping or unmapping one, never across an exchange.
+ *   wb_client.hb_mu   the heartbeat thread's stop and kick flags (hb_cond).
+ *   wb_lease.mu       (lease.h) a lease's containers, and the name index of
+ *                     a lease without a shared table.
+ *   wb__table.mu      (lease.h) a shared table's entries and name index.
+ *   wb_client.err_mu  the writers of the client's messages (err); readers
+ *                     take no lock.
+ *   clog_mu           (clog.c) the log handler and level; the handler is
+ *                     called outside it (but may be under wb_client.mu or
+ *                     cache_mu: a warning at destroy or while unmapping).
+ *   kept_mu           (verify.c) the kept device verifiers; held across a
+ *                     tensor's device copies.
+ * Order: a lock is taken only while holding none, or only locks it is
+ * listed under here:
+ *   wb_client.mu > chan_mu, cache_mu, hb_mu, wb_lease.mu, err_mu
+ *   cache_mu > clog_mu (a warning while unmapping)
+ * Every other pair is never nested: err_mu, hb_mu, wb_lease.mu,
+ * wb__table.mu, clog_mu and kept_mu are leaves (nothing is taken under
+ * them), and the heartbeat thread lets go of hb_mu before it takes
+ * wb_client.mu. The once-only initialisers (lease.c's device list,
+ * fdchan.c's fork handlers, the driver's entry points) may run under
+ * wb_client.mu or cache_mu and take none of these. Only wb_client.mu and
+ * chan_mu are ever held across an exchange with the broker. */
 #ifndef WB_CLIENT_IMPL_H
 #define WB_CLIENT_IMPL_H
 
@@ -20,14 +58,29 @@
 #define WB_MAP_LINGER_MS 1000
 #define WB_LINGER_MAPS   8
 
+/* Messages a client keeps (wb_client.err). */
+#define WB_CLIENT_MSGS 4
+
 struct wb__map;
 
 struct wb_client {
     /* Held around every exchange with the broker and every change of the
-     * lease list; the heartbeat thread takes it too. */
+     * lease list; the heartbeat thread takes it too (see "Locks" above). */
     pthread_mutex_t mu;
     wb__rpc rpc;
-    wb_err err;
+    /* The messages of the last failed calls (wb_client_errmsg). Each is
+     * written whole under err_mu alone (wb__client_fail), so that a lookup
+     * that fails never waits for an exchange with the broker, into the slot
+     * after the newest, and then published in err_last: a reader sees one
+     * whole message while other threads fail, and it stays as it was
+     * through the next WB_CLIENT_MSGS - 1 failures. */
+    pthread_mutex_t err_mu;
+    wb_err err[WB_CLIENT_MSGS];
+    atomic_uint err_last;
+    /* The clock of the heartbeat thread's schedule, the reconnection backoff
+     * and the lingering mappings: wb__now_ms, or a test's (wb__client_clock).
+     * An exchange's own waits are real time (zmq_poll). */
+    int64_t (*now_ms)(void);
     atomic_int connected;
     struct wb_lease *leases; /* linked through wb_lease.prev/next, under mu */
     /* The tensor tables of recent acquires, one per model, under mu; each
@@ -69,13 +122,19 @@ struct wb_client {
     void (*on_restart)(wb_client *c);
 
     /* The heartbeat thread sleeps on hb_cond so destroy can wake it, and so
-     * can a lingering mapping due before its next beat (hb_kick). */
+     * can a lingering mapping due before its next beat or a test that moved
+     * the clock (hb_kick). The first beat is due at `hb_first_ms`, an
+     * interval after the hello, however late the thread starts;
+     * `hb_idle_ms` is the clock's reading when the thread last found
+     * nothing due and went to sleep. */
     int hb_started;
     pthread_t hb_thread;
     pthread_mutex_t hb_mu;
     pthread_cond_t hb_cond;
     int hb_stop;
     int hb_kick;
+    int64_t hb_first_ms;
+    _Atomic int64_t hb_idle_ms;
 
     /* Host slab mappings kept for WB_MAP_LINGER_MS after the last lease on
      * them ended, one mapping cache reference each (wb__client_linger), so
@@ -88,10 +147,19 @@ struct wb_client {
     _Atomic int64_t linger_due_ms;
 };
 
-/* Stores a message in the client (when there is one) and returns code. The
- * caller holds client->mu. */
+/* Stores a message in the client (when there is one) and returns code.
+ * Takes err_mu only: callers may hold client->mu or not. */
 int wb__client_fail(wb_client *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* For tests: the clock of the clients connected from now on (NULL: back to
+ * wb__now_ms), a monotonic millisecond count above 0. Call it before
+ * connecting, from one thread. */
+void wb__client_clock(int64_t (*now_ms)(void));
+
+/* Wakes the client's heartbeat thread to read its clock again, as a test
+ * does after moving it; nothing when the client has no thread. */
+void wb__client_wake(wb_client *c);
 
 /* Says hello (the first time: records the broker's timings and the name
  * sent, `name` or "program[pid]"). Stores a message in the client on

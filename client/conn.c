@@ -22,14 +22,17 @@ int wb__client_fail(wb_client *c, int code, const char *fmt, ...)
     if (c) {
         va_list ap;
         va_start(ap, fmt);
-        wb__err_vset(&c->err, code, fmt, ap);
+        pthread_mutex_lock(&c->err_mu);
+        unsigned next =
+            (atomic_load_explicit(&c->err_last, memory_order_relaxed) + 1) % WB_CLIENT_MSGS;
+        wb__err_vset(&c->err[next], code, fmt, ap);
+        atomic_store_explicit(&c->err_last, next, memory_order_release);
+        pthread_mutex_unlock(&c->err_mu);
         va_end(ap);
     }
     return code;
 }
 
-/* The connection failed: schedule the first reconnection attempt. The
- * caller holds c->mu. */
 void wb__client_set_pace(wb_client *c, uint32_t heartbeat_ms, uint32_t stale_ms)
 {
     if (heartbeat_ms == 0 && atomic_load(&c->heartbeat_ms) != 0)
@@ -41,11 +44,13 @@ void wb__client_set_pace(wb_client *c, uint32_t heartbeat_ms, uint32_t stale_ms)
     atomic_store(&c->stale_ms, stale_ms);
 }
 
+/* The connection failed: schedule the first reconnection attempt. The
+ * caller holds c->mu. */
 static void connection_lost(wb_client *c)
 {
     if (atomic_exchange(&c->connected, 0) || c->backoff_ms == 0) {
         c->backoff_ms = WB_RPC_RECONNECT_MIN_MS;
-        atomic_store(&c->next_reconnect_ms, wb__now_ms() + c->backoff_ms);
+        atomic_store(&c->next_reconnect_ms, c->now_ms() + c->backoff_ms);
     }
 }
 
@@ -141,7 +146,7 @@ int wb__client_reconnect_locked(wb_client *c, int *restarted, wb_err *err)
     atomic_store(&c->connected, 0);
     uint32_t next = c->backoff_ms ? c->backoff_ms * 2 : WB_RPC_RECONNECT_MIN_MS;
     c->backoff_ms = next > WB_RPC_RECONNECT_MAX_MS ? WB_RPC_RECONNECT_MAX_MS : next;
-    atomic_store(&c->next_reconnect_ms, wb__now_ms() + c->backoff_ms);
+    atomic_store(&c->next_reconnect_ms, c->now_ms() + c->backoff_ms);
     return rc;
 }
 
@@ -201,7 +206,7 @@ WB_EXPORT const char *wb_client_errmsg(const wb_client *client)
 {
     if (!client)
         return "no client (connect failed for lack of memory, or NULL was passed)";
-    return client->err.msg;
+    return client->err[atomic_load_explicit(&client->err_last, memory_order_acquire)].msg;
 }
 
 WB_EXPORT int wb_client_connected(const wb_client *client)

@@ -1,7 +1,8 @@
 /* The insides of wb_lease: its tensor table, slab mappings and the
- * containers registered on it. Modules: lease.c (acquire, release, the
- * tensor table), lease_containers.c (container registrations, heartbeat
- * records), verify.c (checksums). */
+ * containers registered on it. Modules: lease.c (acquire, release),
+ * lease_table.c (the tensor tables, shared or the lease's own),
+ * lease_find.c (tensors by index and name), lease_containers.c (container
+ * registrations, heartbeat records), verify.c (checksums). */
 #ifndef WB_LEASE_H
 #define WB_LEASE_H
 
@@ -94,6 +95,22 @@ void wb__table_unref(wb__table **t);
 /* Tables a client keeps for its next acquires, one per model. */
 #define WB_TABLE_CACHE 8
 
+/* The table of the client's last lease on `model` (no reference taken), or
+ * NULL. The caller holds client->mu. */
+wb__table *wb__table_cached(wb_client *c, const char *model);
+
+/* Gives lease `l` its tensors from the acquire reply's lease `pl`: the
+ * table `held` (the one the request named) when the broker says it is
+ * still the model's, else the table the reply carries (inside *rep, in
+ * *frame, or in the broker's shared mapping; it then becomes the model's
+ * table in the client, and takes over *rep or *frame when it keeps its
+ * bytes there), else tensor messages copied into one allocation. A shared
+ * table this process cannot map sets *unmappable. A message in the client
+ * on failure; the caller holds client->mu. */
+int wb__lease_build_tensors(wb_client *c, const char *model, const Wbproto__Lease *pl,
+                            wb__table *held, wb_lease *l, Wbproto__Reply **rep, wb__frame **frame,
+                            int *unmappable);
+
 /* How a slab is reached (wb__slab_kind). */
 enum { SLAB_SHM, SLAB_MEMFD, SLAB_CUDA_IPC, SLAB_CUDA_VMM, SLAB_UNKNOWN };
 
@@ -140,9 +157,11 @@ struct wb_lease {
  * the lease has tensors. */
 const wb__tensor_entry *wb__lease_tensors(const wb_lease *lease);
 
-/* The lease's tensor called `name`, or NULL (also when out of memory): a binary search over an
- * index sorted by name that the first call builds (a model binds 10^5 constants of a 10^5-tensor
- * lease in O(n log n), not O(n^2)). Thread-safe. */
+/* The lease's tensor called `name`, or NULL (also when out of memory): a
+ * hash index by name that the first call builds, shared with the other
+ * leases on its table (a model binds 10^5 constants of a 10^5-tensor lease
+ * in O(n), not O(n^2)); a scan when the index cannot be made. Thread-safe;
+ * takes no lock of the client. */
 const wb__tensor_entry *wb__lease_lookup(const wb_lease *lease, const char *name);
 
 /* Where a lease's tensor is: its bytes in this process, and its device (-1

@@ -45,12 +45,7 @@ unsigned wb__lease_begin_end(wb_lease *lease)
 /* Records a failed registration call in the client's message. */
 static int lease_fail(wb_lease *lease, int code, const char *what)
 {
-    if (lease->client) {
-        pthread_mutex_lock(&lease->client->mu);
-        wb__client_fail(lease->client, code, "lease %.8s: %s", lease->id_hex, what);
-        pthread_mutex_unlock(&lease->client->mu);
-    }
-    return code;
+    return wb__client_fail(lease->client, code, "lease %.8s: %s", lease->id_hex, what);
 }
 
 WB_EXPORT int wb_lease_container_add(wb_lease *lease)

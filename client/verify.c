@@ -169,16 +169,10 @@ WB_EXPORT int wb_lease_verify(const wb_lease *lease, size_t *bad_index)
     if (!lease)
         return WB_EINVAL;
     const wb__tensor_entry *ents = wb__lease_tensors(lease);
-    if (!ents && lease->n_tensors) {
-        if (lease->client) {
-            pthread_mutex_lock(&lease->client->mu);
-            wb__client_fail(lease->client, WB_ENOMEM,
-                            "verify lease %.8s: out of memory making its %zu tensor entries",
-                            lease->id_hex, lease->n_tensors);
-            pthread_mutex_unlock(&lease->client->mu);
-        }
-        return WB_ENOMEM;
-    }
+    if (!ents && lease->n_tensors)
+        return wb__client_fail(lease->client, WB_ENOMEM,
+                               "verify lease %.8s: out of memory making its %zu tensor entries",
+                               lease->id_hex, lease->n_tensors);
     for (size_t i = 0; i < lease->n_tensors; i++) {
         const wb__tensor_entry *t = &ents[i];
         int rc = WB_OK;
@@ -196,22 +190,16 @@ WB_EXPORT int wb_lease_verify(const wb_lease *lease, size_t *bad_index)
             continue;
         if (bad_index)
             *bad_index = i;
-        if (lease->client) {
-            pthread_mutex_lock(&lease->client->mu);
-            if (rc != WB_ECORRUPT)
-                wb__client_fail(lease->client, rc,
-                                "verify lease %.8s: tensor '%s' on cuda device %d cannot be "
-                                "checked: %s",
-                                lease->id_hex, t->name, device, why);
-            else
-                wb__client_fail(lease->client, rc,
-                                "verify lease %.8s: tensor '%s' has checksum %016llx, the "
-                                "broker recorded %016llx",
-                                lease->id_hex, t->name, (unsigned long long)got,
-                                (unsigned long long)t->xxh3);
-            pthread_mutex_unlock(&lease->client->mu);
-        }
-        return rc;
+        if (rc != WB_ECORRUPT)
+            return wb__client_fail(lease->client, rc,
+                                   "verify lease %.8s: tensor '%s' on cuda device %d cannot be "
+                                   "checked: %s",
+                                   lease->id_hex, t->name, device, why);
+        return wb__client_fail(lease->client, rc,
+                               "verify lease %.8s: tensor '%s' has checksum %016llx, the "
+                               "broker recorded %016llx",
+                               lease->id_hex, t->name, (unsigned long long)got,
+                               (unsigned long long)t->xxh3);
     }
     return WB_OK;
 }

@@ -241,6 +241,8 @@ static void *fake_main(void *arg)
         wb_err err;
         int rc =
             wb__request_decode(zmq_msg_data(&payload), zmq_msg_size(&payload), &req, &id, &err);
+        if (rc == WB_OK)
+            atomic_fetch_add(&f->n_received, 1);
         if (rc == WB_OK && atomic_load(&f->mode) != FAKE_SILENT) {
             int delay = atomic_exchange(&f->delay_next_ms, 0);
             if (delay > 0)

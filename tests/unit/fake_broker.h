@@ -62,6 +62,7 @@ typedef struct fake_broker {
     atomic_int forget;        /* heartbeats: report every lease as unknown */
     atomic_uint pace_ms;      /* heartbeat replies ask for this interval (0: say nothing) */
     atomic_int n_hello, n_acquire, n_release, n_heartbeat;
+    atomic_int n_received; /* requests decoded, answered or not (FAKE_SILENT) */
     /* Acquires that asked for the compact table; the fake, like a broker
      * that predates it, answers with tensor messages all the same. */
     atomic_int n_asked_table;
