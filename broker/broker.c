@@ -206,24 +206,57 @@ static void share_slabs(wb_broker *b, wb_model *m)
     }
 }
 
+/* A load that did not make its model ready: the model is removed, or
+ * kept as a failed record with the error when nobody waits to be told. */
+static void drop_loading(wb_broker *b, wb_model *m, const wb_load_job *job)
+{
+    if (job->keep_failed) {
+        wb__model_fail(m, job->err.msg);
+        return;
+    }
+    wb__models_remove(&b->models, m);
+    wb__model_free(&m);
+}
+
+/* The end of a load whose model was unloaded while it ran: what it made
+ * goes now, and its request learns who stopped it. */
+static int load_stopped(wb_load_job *job)
+{
+    char q[300], who[32];
+    wb__model_data_free(&job->data, job->backend);
+    wb__peer_name(job->cancel_pid, who, sizeof who);
+    wb_info("model_load_stopped", "model=%s", wb__log_quote(q, sizeof q, job->name));
+    if (job->cancelled == WB_LOAD_UNLOADED)
+        return job->rc = wb__err_set(&job->err, WB_ESTATE,
+                                     "the load of model '%s' was cancelled: pid %s (uid %u) "
+                                     "unloaded the model",
+                                     job->name, who, job->cancel_uid);
+    return job->rc = wb__err_set(&job->err, WB_ESTATE,
+                                 "the load of model '%s' was cancelled by pid %s (uid %u)",
+                                 job->name, who, job->cancel_uid);
+}
+
 int wb__broker_finish_load(wb_broker *b, wb_load_job *job, wb_model **model)
 {
     char q[300], qe[WB_ERR_MSG_MAX + 64];
     *model = NULL;
+    if (job->cancelled)
+        return load_stopped(job);
     wb_model *m = wb__models_find(&b->models, job->name);
-    if (!m || m->state != WBPROTO__MODEL_STATE__MODEL_LOADING) {
-        /* Cannot happen: a loading model can be neither unloaded nor
-         * replaced. Keep the broker consistent anyway. */
+    if (!m || m->state != WBPROTO__MODEL_STATE__MODEL_LOADING || m->job != job) {
+        /* Cannot happen: a loading model leaves the registry only through
+         * wb__broker_cancel_load. Keep the broker consistent anyway. */
+        wb__model_data_free(&job->data, job->backend);
         if (job->rc == WB_OK)
             job->rc = wb__err_set(&job->err, WB_EINTERNAL,
                                   "model '%s' left the registry while it was loading", job->name);
         return job->rc;
     }
+    m->job = NULL;
     if (job->refused) {
         /* Refused by its checks, before anything was read: not counted as
          * a load, and the name it reserved is free again. */
-        wb__models_remove(&b->models, m);
-        wb__model_free(&m);
+        drop_loading(b, m, job);
         return job->rc;
     }
     b->stats.loads_total++;
@@ -243,8 +276,7 @@ int wb__broker_finish_load(wb_broker *b, wb_load_job *job, wb_model **model)
         wb_warn("model_load_failed", "model=%s status=%s error=%s",
                 wb__log_quote(q, sizeof q, job->name), wb_status_name(job->rc),
                 wb__log_quote(qe, sizeof qe, job->err.msg));
-        wb__models_remove(&b->models, m);
-        wb__model_free(&m);
+        drop_loading(b, m, job);
         return job->rc;
     }
     b->stats.load_bytes_total += m->data.bytes;
@@ -273,6 +305,55 @@ int wb__broker_finish_load(wb_broker *b, wb_load_job *job, wb_model **model)
                     wb__log_quote(qe, sizeof qe, c->error));
     }
     *model = m;
+    return WB_OK;
+}
+
+void wb__broker_cancel_load(wb_broker *b, wb_model *m, const wb_peer_creds *peer, int how)
+{
+    char q[300], who[32];
+    wb_load_job *job = m->job;
+    int queued = 0;
+    unsigned long long landed = 0, total = 0;
+    if (job) {
+        job->cancelled = how;
+        job->cancel_pid = peer->pid;
+        job->cancel_uid = peer->uid;
+        landed = atomic_load(&job->progress.landed);
+        total = atomic_load(&job->progress.total);
+        /* Without a loader the load runs inline and has ended before any
+         * request can name its model. */
+        if (b->loader)
+            queued = wb__loader_cancel(b->loader, job);
+        else
+            atomic_store(&job->cancel, 1);
+        m->job = NULL;
+    }
+    b->stats.loads_cancelled++;
+    wb_info("model_load_cancelled",
+            "model=%s by=%s pid=%s uid=%u started=%s loaded_bytes=%llu total_bytes=%llu",
+            wb__log_quote(q, sizeof q, m->name), how == WB_LOAD_UNLOADED ? "unload" : "cancel",
+            wb__peer_name(peer->pid, who, sizeof who), peer->uid, queued ? "no" : "yes", landed,
+            total);
+    wb__models_remove(&b->models, m);
+    wb__model_free(&m);
+}
+
+int wb__broker_keep_failed(wb_broker *b, const char *name, const char *path, const char *why,
+                           wb_err *err)
+{
+    wb_model *old = wb__models_find(&b->models, name);
+    if (old && old->state != WBPROTO__MODEL_STATE__MODEL_FAILED)
+        return wb__err_set(err, WB_EEXIST, "a model named '%s' already exists (%s)", name,
+                           wb__model_state_name(old->state));
+    wb_model *m = wb__model_new(name, path, b->cfg.backend, b->cfg.device);
+    if (!m)
+        return wb__err_set(err, WB_ENOMEM, "out of memory recording the failed model '%s'", name);
+    wb__model_fail(m, why);
+    if (old) {
+        wb__models_remove(&b->models, old);
+        wb__model_free(&old);
+    }
+    wb__models_add(&b->models, m);
     return WB_OK;
 }
 
@@ -339,9 +420,10 @@ int wb__broker_preload(wb_broker *b, const char *name, const char *path, const c
                        wb_err *err)
 {
     char q[300], qp[WB_PATH_MAX + 64];
-    if (wb__models_find(&b->models, name))
+    wb_model *old = wb__models_find(&b->models, name);
+    if (old && old->state != WBPROTO__MODEL_STATE__MODEL_FAILED)
         return wb__err_set(err, WB_EEXIST, "a model named '%s' already exists", name);
-    int rc0 = wb__limits_check_models(&b->limits, b->models.n, err);
+    int rc0 = wb__limits_check_models(&b->limits, wb__models_held(&b->models), err);
     if (rc0 != WB_OK)
         return rc0;
     int devices[WB_GPU_MAX];
@@ -355,9 +437,14 @@ int wb__broker_preload(wb_broker *b, const char *name, const char *path, const c
         wb__load_job_free(&job);
         return wb__err_set(err, WB_ENOMEM, "out of memory loading '%s'", name);
     }
+    if (old) {
+        wb__models_remove(&b->models, old);
+        wb__model_free(&old);
+    }
     wb__broker_set_devices(b, m, job, devices, n_devices);
     wb__broker_check_job(b, NULL, job);
     wb__models_add(&b->models, m);
+    m->job = job;
     wb_info("model_load_start", "model=%s path=%s backend=%s", wb__log_quote(q, sizeof q, name),
             wb__log_quote(qp, sizeof qp, path), b->cfg.backend->name);
     wb__load_job_run(job, NULL);

@@ -67,6 +67,7 @@ typedef struct wb_broker_stats {
     uint32_t connections;        /* connections open now (the loop keeps it) */
     uint64_t loads_total;
     uint64_t loads_failed;
+    uint64_t loads_cancelled; /* stopped by an unload; not in loads_total */
     uint64_t load_bytes_total;
     double load_seconds_total;
     wb_request_count by_op[WB_REQUEST_COUNTERS];
@@ -149,10 +150,31 @@ size_t wb__broker_check_peer(wb_broker *b, uint32_t pid);
 size_t wb__broker_scan_stale(wb_broker *b);
 
 /* Finishes a load (inline or from the loader thread): on success the model
- * named by the job becomes ready; on failure it is removed. Counts the load
- * (unless its checks refused it) and logs it. Returns the job's status;
- * *model is the ready model or NULL. */
+ * named by the job becomes ready; on failure it is removed, or with
+ * job->keep_failed kept as MODEL_FAILED with the error. Counts the load
+ * (unless its checks refused it) and logs it. A load whose model was
+ * unloaded meanwhile (wb__broker_cancel_load) only frees what it made
+ * (logged as event=model_load_stopped) and gets the error that says who
+ * cancelled it. Returns the job's status; *model is the ready model or
+ * NULL. */
 int wb__broker_finish_load(wb_broker *b, wb_load_job *job, wb_model **model);
+
+/* Stops the load of a loading model for an unload from `peer` (`how`:
+ * WB_LOAD_CANCELLED or WB_LOAD_UNLOADED): the model leaves the registry and
+ * is freed now, its job is cancelled in the loader (one still queued never
+ * starts) and comes back to wb__broker_finish_load, which frees what it had
+ * made and answers its request with the error. Counted (loads_cancelled)
+ * and logged (event=model_load_cancelled). */
+void wb__broker_cancel_load(wb_broker *b, wb_model *m, const wb_peer_creds *peer, int how);
+
+/* Registers `name` as a model whose load failed (MODEL_FAILED with `why`),
+ * in place of a failed record of that name: the broker lists it with its
+ * error and refuses its leases with it until a load of that name replaces
+ * it or an unload removes it. For the preloads that failed: the broker
+ * serves the others. A name held by a model that is not a failed record is
+ * left alone (WB_EEXIST). */
+int wb__broker_keep_failed(wb_broker *b, const char *name, const char *path, const char *why,
+                           wb_err *err);
 
 /* Arms a load's checks (wb_load_job.check): the path
  * (wb__auth_check_load_path, logged with its resolved target), the
@@ -167,7 +189,9 @@ void wb__broker_check_job(const wb_broker *b, const wb_peer_creds *peer, wb_load
 /* Counts one reply for the metrics (wb_requests_total{op,status}). */
 void wb__broker_count_request(wb_broker *b, uint32_t op, int status);
 
-/* Loads a model before serving (--model NAME=PATH), in the calling thread. */
+/* Loads a model before serving (--model NAME=PATH), in the calling thread,
+ * in place of a failed record of that name. On failure nothing of it is
+ * left (see wb__broker_keep_failed). */
 int wb__broker_preload(wb_broker *b, const char *name, const char *path, const char *placement,
                        wb_err *err);
 

@@ -259,6 +259,12 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
     int rc = open_table(open_ctx, path, o, &table, err);
     if (rc != WB_OK)
         return rc;
+    /* A big index takes a while to parse: a load stopped meanwhile
+     * allocates nothing. */
+    if (o->cancel && atomic_load(o->cancel)) {
+        wb__st_table_free(&table);
+        return wb__err_set(err, WB_ESTATE, "the load was cancelled (the broker is stopping)");
+    }
 
     wb_model_data d = {0};
     inputs in = {0};
@@ -418,7 +424,8 @@ int wb__load(const char *path, const wb_backend *be, int device, const atomic_in
 
 /* A job's checks, as the reader asks them about each file: the peer's
  * access, then the limits, all on the descriptor the reader opened. A
- * cancel (the broker stopping) ends the walk at the next file. */
+ * cancel (an unload, or the broker stopping) ends the walk at the next
+ * file. */
 typedef struct load_check {
     wb_load_job *job;
     const atomic_int *cancel;
@@ -519,13 +526,15 @@ void wb__load_job_run(wb_load_job *job, const atomic_int *cancel)
 {
     wb__err_clear(&job->err);
     job->refused = 0;
+    if (!cancel)
+        cancel = &job->cancel;
     wb_load_opts o = {.backend = job->backend,
                       .device = job->device,
                       .devices = job->devices,
                       .n_devices = job->n_devices,
                       .gpus = job->gpus,
                       .cancel = cancel,
-                      .progress = job->progress,
+                      .progress = &job->progress,
                       .access = &job->access};
     load_check lc = {.job = job, .cancel = cancel};
     job->rc =
@@ -575,10 +584,15 @@ void wb__load_log_stages(const char *model, const wb_model_data *d)
 void wb__load_fill_model_info(const wb_model *m, Wbproto__ModelInfo *mi)
 {
     if (m->state == WBPROTO__MODEL_STATE__MODEL_LOADING) {
-        mi->bytes = atomic_load(&m->progress.total);
-        mi->loaded_bytes = atomic_load(&m->progress.landed);
+        if (m->job) {
+            mi->bytes = atomic_load(&m->job->progress.total);
+            mi->loaded_bytes = atomic_load(&m->job->progress.landed);
+        }
         return;
     }
+    /* A failed load's record has no figures. */
+    if (m->state == WBPROTO__MODEL_STATE__MODEL_FAILED)
+        return;
     const wb_model_data *d = &m->data;
     const wb_stage_stats *s = &d->stage;
     mi->loaded_bytes = d->bytes;
@@ -618,8 +632,10 @@ void wb__load_fill_stats(const wb_backend *be, const wb_model_registry *models,
         if (m->state != WBPROTO__MODEL_STATE__MODEL_LOADING)
             continue;
         s->loads_in_progress++;
-        s->loading_bytes += atomic_load(&m->progress.landed);
-        s->loading_total_bytes += atomic_load(&m->progress.total);
+        if (!m->job)
+            continue;
+        s->loading_bytes += atomic_load(&m->job->progress.landed);
+        s->loading_total_bytes += atomic_load(&m->job->progress.total);
     }
 }
 
@@ -645,6 +661,9 @@ wb_load_job *wb__load_job_new(const char *name, const char *path, const wb_backe
     j->backend = be;
     j->device = device;
     j->request_id = request_id;
+    atomic_init(&j->cancel, 0);
+    atomic_init(&j->progress.total, 0);
+    atomic_init(&j->progress.landed, 0);
     return j;
 }
 
@@ -681,11 +700,13 @@ static void *loader_main(void *arg)
         wb_load_job *j = l->queue;
         l->queue = j->next;
         j->next = NULL;
+        l->current = j;
         pthread_mutex_unlock(&l->mu);
 
-        wb__load_job_run(j, &l->cancel);
+        wb__load_job_run(j, NULL);
 
         pthread_mutex_lock(&l->mu);
+        l->current = NULL;
         append(&l->done, j);
         uint64_t one = 1;
         ssize_t w = write(l->efd, &one, sizeof one);
@@ -698,7 +719,6 @@ static void *loader_main(void *arg)
 int wb__loader_start(wb_loader *l, wb_err *err)
 {
     memset(l, 0, sizeof *l);
-    atomic_init(&l->cancel, 0);
     l->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (l->efd < 0)
         return wb__err_errno(err, WB_EIO, errno, "eventfd for load completions");
@@ -724,6 +744,29 @@ void wb__loader_submit(wb_loader *l, wb_load_job *job)
     pthread_mutex_unlock(&l->mu);
 }
 
+int wb__loader_cancel(wb_loader *l, wb_load_job *job)
+{
+    int queued = 0;
+    pthread_mutex_lock(&l->mu);
+    for (wb_load_job **p = &l->queue; *p; p = &(*p)->next) {
+        if (*p != job)
+            continue;
+        *p = job->next;
+        job->rc = wb__err_set(&job->err, WB_ESTATE,
+                              "the load of '%s' was cancelled before it started", job->name);
+        append(&l->done, job);
+        uint64_t one = 1;
+        ssize_t w = write(l->efd, &one, sizeof one);
+        (void)w;
+        queued = 1;
+        break;
+    }
+    if (!queued)
+        atomic_store(&job->cancel, 1);
+    pthread_mutex_unlock(&l->mu);
+    return queued;
+}
+
 wb_load_job *wb__loader_take_done(wb_loader *l)
 {
     uint64_t v;
@@ -740,8 +783,9 @@ wb_load_job *wb__loader_stop(wb_loader *l)
 {
     if (!l->running)
         return NULL;
-    atomic_store(&l->cancel, 1);
     pthread_mutex_lock(&l->mu);
+    if (l->current)
+        atomic_store(&l->current->cancel, 1);
     l->stop = 1;
     pthread_cond_signal(&l->cv);
     pthread_mutex_unlock(&l->mu);

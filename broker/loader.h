@@ -81,8 +81,13 @@ typedef struct wb_load_job {
     uint8_t *ident;
     size_t ident_len;
     uint64_t request_id;
-    /* Where the loader reports progress (the model's), or NULL. */
-    wb_load_progress *progress;
+    /* Where the loader reports progress; the loop reads it through the
+     * loading model (wb_model.job). In the job, not the model, so that a
+     * model unloaded while loading can go at once. */
+    wb_load_progress progress;
+    /* Set by the loop to stop the load (wb__loader_cancel); the loader
+     * polls it. */
+    atomic_int cancel;
     /* Whose access the load's files are judged by (zeroed: nobody's). */
     wb_load_access access;
     /* 1: the request is judged before anything is read (the broker's loads
@@ -98,18 +103,31 @@ typedef struct wb_load_job {
     int refused;
     wb_err err;
     wb_model_data data;
+    /* The loop's own fields (the loader never reads them). keep_failed: a
+     * load that fails leaves its model listed MODEL_FAILED instead of
+     * removing it (nobody waits for its reply, or it replaced such a
+     * record). cancelled: the model was unloaded while loading
+     * (WB_LOAD_CANCELLED or WB_LOAD_UNLOADED), by cancel_pid and
+     * cancel_uid; its model has left the registry. */
+    int keep_failed;
+    int cancelled;
+    uint32_t cancel_pid, cancel_uid;
     struct wb_load_job *next;
 } wb_load_job;
+
+/* How a load was stopped (wb_load_job.cancelled). */
+enum { WB_LOAD_CANCELLED = 1, WB_LOAD_UNLOADED = 2 };
 
 /* A new job with copies of name, path and ident; NULL when out of memory. */
 wb_load_job *wb__load_job_new(const char *name, const char *path, const wb_backend *be, int device,
                               const void *ident, size_t ident_len, uint64_t request_id);
 /* Runs the job's checks (job->check) and load in the calling thread (the
  * loader thread, or the broker's when it has none) and sets job->rc,
- * job->refused, job->err and job->data. Logs the checked path
- * (event=load_path) or its refusal (event=load_path_refused). Memory the
- * load freed (an index's parse takes hundreds of megabytes) is given back
- * to the system before it returns. */
+ * job->refused, job->err and job->data. The load stops (WB_ESTATE) when
+ * `cancel` becomes nonzero, or with `cancel` NULL the job's own flag. Logs
+ * the checked path (event=load_path) or its refusal
+ * (event=load_path_refused). Memory the load freed (an index's parse takes
+ * hundreds of megabytes) is given back to the system before it returns. */
 void wb__load_job_run(wb_load_job *job, const atomic_int *cancel);
 /* Frees the job and whatever result it still owns; sets *job to NULL. */
 void wb__load_job_free(wb_load_job **job);
@@ -119,10 +137,10 @@ typedef struct wb_loader {
     int running;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    wb_load_job *queue; /* waiting, in order */
-    wb_load_job *done;  /* finished, in order */
+    wb_load_job *queue;   /* waiting, in order */
+    wb_load_job *current; /* the one being loaded, or NULL */
+    wb_load_job *done;    /* finished, in order */
     int stop;
-    atomic_int cancel;
     int efd; /* eventfd: readable when a job has finished */
 } wb_loader;
 
@@ -131,6 +149,13 @@ typedef struct wb_loader {
 int wb__loader_start(wb_loader *l, wb_err *err);
 /* Queues a job; the loader owns it until wb__loader_take_done returns it. */
 void wb__loader_submit(wb_loader *l, wb_load_job *job);
+/* Stops a job submitted to the loader: one still queued is handed back at
+ * once (as finished, rc WB_ESTATE) without having started; the one loading
+ * stops at its next check of the job's cancel flag (between chunks, and
+ * before each file is opened) and frees what it had made; one finished
+ * already is left as it is. The job stays the loader's until
+ * wb__loader_take_done returns it. Returns 1 when it had not started. */
+int wb__loader_cancel(wb_loader *l, wb_load_job *job);
 /* Drains the eventfd and returns the finished jobs in order (a list linked
  * by `next`, owned by the caller), or NULL. */
 wb_load_job *wb__loader_take_done(wb_loader *l);

@@ -223,9 +223,15 @@ static int run(wb_options *o)
             b.limits.max_leases_per_client, b.limits.max_models,
             (unsigned long long)b.limits.max_tensors, (unsigned long long)b.limits.max_message,
             (unsigned long long)b.limits.max_header, (unsigned long long)b.limits.max_shards);
+    /* A model that cannot be loaded is listed as failed, with its error,
+     * while the broker serves the others (a missing checkpoint on one node
+     * must not take every model of the node down), unless all are
+     * required. */
     for (size_t i = 0; i < o->n_models; i++) {
         const wb_preload *pm = &o->models[i];
-        if (wb__broker_preload(&b, pm->name, pm->path, pm->placement, &err) != WB_OK) {
+        if (wb__broker_preload(&b, pm->name, pm->path, pm->placement, &err) == WB_OK)
+            continue;
+        if (o->require_all_models) {
             if (pm->line > 0)
                 wb__fatal("%s:%d: cannot load model '%s': %s", o->config.file, pm->line, pm->name,
                           err.msg);
@@ -233,6 +239,13 @@ static int run(wb_options *o)
                 wb__fatal("cannot load model '%s': %s", pm->name, err.msg);
             goto out;
         }
+        /* Listed so that `wbctl models` and a lease's refusal say why. */
+        char q[300], qe[WB_ERR_MSG_MAX + 64];
+        wb_err kerr;
+        int listed = wb__broker_keep_failed(&b, pm->name, pm->path, err.msg, &kerr) == WB_OK;
+        wb_warn("preload_failed", "model=%s error=%s listed=%s",
+                wb__log_quote(q, sizeof q, pm->name), wb__log_quote(qe, sizeof qe, err.msg),
+                listed ? "failed" : "no");
     }
     /* Loading may have taken a while: check once more that nobody took the
      * socket meanwhile. */

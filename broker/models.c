@@ -90,8 +90,20 @@ void wb__model_free(wb_model **mp)
     wb__model_data_free(&m->data, m->backend);
     free(m->name);
     free(m->path);
+    free(m->error);
     free(m);
     *mp = NULL;
+}
+
+void wb__model_fail(wb_model *m, const char *why)
+{
+    wire_free(m);
+    wb__model_data_free(&m->data, m->backend);
+    free(m->error);
+    /* Out of memory: the record still says that it failed. */
+    m->error = strdup(why && why[0] ? why : "the load failed");
+    m->state = WBPROTO__MODEL_STATE__MODEL_FAILED;
+    m->job = NULL;
 }
 
 /* Packs a Lease on copy k once (see wb_model_wire). */
@@ -336,6 +348,14 @@ wb_model *wb__models_find(const wb_model_registry *r, const char *name)
             return m;
     }
     return NULL;
+}
+
+size_t wb__models_held(const wb_model_registry *r)
+{
+    size_t n = 0;
+    for (const wb_model *m = r->head; m; m = m->next)
+        n += m->state != WBPROTO__MODEL_STATE__MODEL_FAILED;
+    return n;
 }
 
 void wb__models_add(wb_model_registry *r, wb_model *m)

@@ -100,7 +100,11 @@ typedef struct wb_model {
     unsigned n_devices;
     int devices[WB_GPU_MAX];
     wb_model_data data;
-    wb_load_progress progress; /* written by the loader while MODEL_LOADING */
+    /* Its load while MODEL_LOADING (the job the loader reports progress
+     * in; owned by the loader or the loop, never by the model), else NULL. */
+    struct wb_load_job *job;
+    /* Why the load failed (MODEL_FAILED; owned), else NULL. */
+    char *error;
     uint32_t leases;
     /* The wire view, built once when the model becomes ready; every acquire
      * reply points at it. Tensors are shared, slabs are per copy. */
@@ -136,6 +140,10 @@ void wb__model_set_devices(wb_model *m, const int *devices, unsigned n);
  * NULL. The model must not be in a registry. */
 void wb__model_free(wb_model **m);
 
+/* Makes the model MODEL_FAILED with `why` (copied): whatever it held (its
+ * slabs, its wire view) is freed, so that the record holds no memory. */
+void wb__model_fail(wb_model *m, const char *why);
+
 /* Takes the load's result (moving it out of *data), builds the wire view and
  * makes the model MODEL_READY (at least one copy is ready: the loader fails
  * a load that has none). On failure (out of memory) nothing changes and
@@ -158,6 +166,9 @@ typedef struct wb_model_registry {
 } wb_model_registry;
 
 wb_model *wb__models_find(const wb_model_registry *r, const char *name);
+/* Models that count against --max-models: every one but the records of
+ * failed loads, which hold no memory. */
+size_t wb__models_held(const wb_model_registry *r);
 void wb__models_add(wb_model_registry *r, wb_model *m);
 /* Unlinks m from the registry; does not free it. */
 void wb__models_remove(wb_model_registry *r, wb_model *m);

@@ -119,10 +119,17 @@ Wbproto__ModelInfo *wb__ops_model_info(const wb_model *m, int state, wb_arena *a
     mi->load_gbps = m->data.load_gbps;
     mi->transport = (char *)wb__backend_transport(m->backend);
     mi->access = (char *)wb__backend_access(m->backend);
+    if (m->error) {
+        /* A load error may quote a path from the command line. */
+        char *why = wb__arena_strdup(a, m->error);
+        if (!why || !(mi->error = (char *)wb__ops_utf8(a, why)))
+            return NULL;
+    }
     wb__load_fill_model_info(m, mi);
-    /* One entry per device: while loading, the devices asked for. */
-    int loading = m->state == WBPROTO__MODEL_STATE__MODEL_LOADING || !m->data.copies;
-    size_t nc = loading ? m->n_devices : m->data.n_copies;
+    /* One entry per device: while loading (or after a failed load), the
+     * devices asked for, in the model's state. */
+    int planned = m->state == WBPROTO__MODEL_STATE__MODEL_LOADING || !m->data.copies;
+    size_t nc = planned ? m->n_devices : m->data.n_copies;
     Wbproto__ModelCopy **cp = nc ? wb__arena_alloc(a, nc * sizeof *cp) : NULL;
     Wbproto__ModelCopy *cv = nc ? wb__arena_alloc(a, nc * sizeof *cv) : NULL;
     if (nc && (!cp || !cv))
@@ -131,9 +138,9 @@ Wbproto__ModelInfo *wb__ops_model_info(const wb_model *m, int state, wb_arena *a
         Wbproto__ModelCopy *c = &cv[k];
         wbproto__model_copy__init(c);
         cp[k] = c;
-        if (loading) {
+        if (planned) {
             c->device = m->devices[k];
-            c->state = WBPROTO__MODEL_STATE__MODEL_LOADING;
+            c->state = state;
             continue;
         }
         const wb_model_copy *mc = &m->data.copies[k];
@@ -242,6 +249,11 @@ static int op_acquire(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Re
         return wb__ops_fail(rep, a, WB_ESTATE,
                             "model '%s' is draining (unload requested); new leases are refused",
                             name);
+    if (m->state == WBPROTO__MODEL_STATE__MODEL_FAILED)
+        return wb__ops_fail(rep, a, WB_ESTATE,
+                            "model '%s' failed to load: %s (an administrator may load it again "
+                            "or unload it)",
+                            name, m->error ? m->error : "no reason recorded");
     if (m->state != WBPROTO__MODEL_STATE__MODEL_READY)
         return wb__ops_fail(rep, a, WB_ESTATE, "model '%s' is %s", name,
                             wb__model_state_name(m->state));

@@ -27,11 +27,26 @@ void wb__ops_load_done(wb_broker *b, const wb_load_job *job, wb_model *model, wb
     rep->load = lr;
 }
 
+/* A load of a name that is taken. A draining model keeps its name until its
+ * last lease ends: say how to go on. */
+static int refuse_taken(Wbproto__Reply *rep, wb_arena *a, const wb_model *m)
+{
+    if (m->state == WBPROTO__MODEL_STATE__MODEL_DRAINING)
+        return wb__ops_fail(rep, a, WB_EEXIST,
+                            "a model named '%s' already exists and is draining: its name is free "
+                            "again when its last lease ends (%u left; `wbctl leases %s` shows "
+                            "them); wait for that, or load this one under another name",
+                            m->name, m->leases, m->name);
+    return wb__ops_fail(rep, a, WB_EEXIST, "a model named '%s' already exists (%s)", m->name,
+                        wb__model_state_name(m->state));
+}
+
 int wb__ops_load(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request *req,
                  const void *ident, size_t ident_len, wb_arena *a, Wbproto__Reply *rep)
 {
     const char *name = req->load->name;
     const char *path = req->load->path;
+    int no_wait = req->load->no_wait;
     char q[300], qp[WB_PATH_MAX + 64];
     if (!wb__ops_is_admin(b, peer))
         return wb__ops_refuse_admin(b, peer, "load", rep, a);
@@ -39,15 +54,16 @@ int wb__ops_load(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request
         return wb__ops_fail(rep, a, WB_EINVAL,
                             "model name %s is not 1 to %d characters of A-Z a-z 0-9 . _ -",
                             wb__log_quote(q, 80, name), WB_NAME_MAX);
-    wb_model *m = wb__models_find(&b->models, name);
-    if (m)
-        return wb__ops_fail(rep, a, WB_EEXIST, "a model named '%s' already exists (%s)", name,
-                            wb__model_state_name(m->state));
+    /* The record of a failed load is replaced: a load of its name is the
+     * retry. */
+    wb_model *old = wb__models_find(&b->models, name);
+    if (old && old->state != WBPROTO__MODEL_STATE__MODEL_FAILED)
+        return refuse_taken(rep, a, old);
     /* The path and the files are judged by the loader (wb__broker_check_job):
      * nothing here touches the file system, and the name is reserved by the
      * loading model meanwhile. */
     wb_err cerr;
-    int crc = wb__limits_check_models(&b->limits, b->models.n, &cerr);
+    int crc = wb__limits_check_models(&b->limits, wb__models_held(&b->models), &cerr);
     if (crc != WB_OK)
         return wb__ops_fail(rep, a, crc, "%s", cerr.msg);
     int devices[WB_GPU_MAX];
@@ -55,25 +71,45 @@ int wb__ops_load(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request
     crc = wb__broker_placement(b, name, req->load->placement, devices, &n_devices, &cerr);
     if (crc != WB_OK)
         return wb__ops_fail(rep, a, crc, "%s", cerr.msg);
-    m = wb__model_new(name, path, b->cfg.backend, b->cfg.device);
-    wb_load_job *job =
-        wb__load_job_new(name, path, b->cfg.backend, b->cfg.device, ident, ident_len, rep->id);
+    wb_model *m = wb__model_new(name, path, b->cfg.backend, b->cfg.device);
+    /* A load nobody waits for answers nothing when it ends. */
+    wb_load_job *job = wb__load_job_new(name, path, b->cfg.backend, b->cfg.device,
+                                        no_wait ? NULL : ident, no_wait ? 0 : ident_len, rep->id);
     if (!m || !job) {
         wb__model_free(&m);
         wb__load_job_free(&job);
         return wb__ops_oom(rep, a);
     }
+    /* Its failure is kept for `wbctl models` to show when nobody is told,
+     * or when it replaces such a record. */
+    job->keep_failed = no_wait || old;
+    if (old) {
+        wb__models_remove(&b->models, old);
+        wb__model_free(&old);
+    }
     wb__broker_set_devices(b, m, job, devices, n_devices);
-    job->progress = &m->progress;
     wb__broker_check_job(b, peer, job);
     wb__models_add(&b->models, m);
-    wb_info("model_load_start", "model=%s path=%s backend=%s pid=%u uid=%u",
+    m->job = job;
+    wb_info("model_load_start", "model=%s path=%s backend=%s pid=%u uid=%u%s",
             wb__log_quote(q, sizeof q, name), wb__log_quote(qp, sizeof qp, path),
-            b->cfg.backend->name, peer->pid, peer->uid);
+            b->cfg.backend->name, peer->pid, peer->uid, no_wait ? " no_wait=yes" : "");
     if (b->loader) {
         wb__loader_submit(b->loader, job);
-        return WB_OPS_DEFERRED;
+        if (!no_wait)
+            return WB_OPS_DEFERRED;
+        Wbproto__LoadReply *lr = wb__arena_alloc(a, sizeof *lr);
+        Wbproto__ModelInfo *mi = wb__ops_model_info(m, m->state, a);
+        if (!lr || !mi)
+            return wb__ops_oom(rep, a);
+        wbproto__load_reply__init(lr);
+        lr->model = mi;
+        rep->body_case = WBPROTO__REPLY__BODY_LOAD;
+        rep->load = lr;
+        return 0;
     }
+    /* Inline (no loader thread): the load has ended when the reply goes,
+     * no_wait or not. */
     wb__load_job_run(job, NULL);
     wb_model *ready;
     wb__broker_finish_load(b, job, &ready);
@@ -86,20 +122,29 @@ int wb__ops_unload(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Reque
                    wb_arena *a, Wbproto__Reply *rep)
 {
     const char *name = req->unload->name;
+    int cancel_only = req->unload->cancel_only;
     char q[300];
     if (!wb__ops_is_admin(b, peer))
         return wb__ops_refuse_admin(b, peer, "unload", rep, a);
     wb_model *m = wb__models_find(&b->models, name);
     if (!m)
         return wb__ops_fail(rep, a, WB_ENOTFOUND, "no model named '%s'", name);
-    if (m->state == WBPROTO__MODEL_STATE__MODEL_LOADING)
+    if (cancel_only && m->state != WBPROTO__MODEL_STATE__MODEL_LOADING)
         return wb__ops_fail(rep, a, WB_ESTATE,
-                            "model '%s' is loading; unload it when the load has ended", name);
+                            "model '%s' is %s, not loading: there is no load to cancel (unload "
+                            "it instead)",
+                            name, wb__model_state_name(m->state));
     Wbproto__UnloadReply *ur = wb__arena_alloc(a, sizeof *ur);
     if (!ur)
         return wb__ops_oom(rep, a);
     wbproto__unload_reply__init(ur);
-    if (m->leases == 0) {
+    if (m->state == WBPROTO__MODEL_STATE__MODEL_LOADING) {
+        /* Nothing leases a loading model: its load stops and it goes. */
+        if (!(ur->model = wb__ops_model_info(m, WBPROTO__MODEL_STATE__MODEL_FREED, a)))
+            return wb__ops_oom(rep, a);
+        ur->load_cancelled = 1;
+        wb__broker_cancel_load(b, m, peer, cancel_only ? WB_LOAD_CANCELLED : WB_LOAD_UNLOADED);
+    } else if (m->leases == 0) {
         if (!(ur->model = wb__ops_model_info(m, WBPROTO__MODEL_STATE__MODEL_FREED, a)))
             return wb__ops_oom(rep, a);
         wb__broker_free_model(b, m);

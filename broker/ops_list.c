@@ -309,6 +309,7 @@ int wb__ops_stats(wb_broker *b, wb_arena *a, Wbproto__Reply *rep)
         s->model_bytes += m->data.bytes;
     s->loads_total = st->loads_total;
     s->loads_failed = st->loads_failed;
+    s->loads_cancelled = st->loads_cancelled;
     s->load_bytes_total = st->load_bytes_total;
     s->load_seconds_total = st->load_seconds_total;
     s->peers = (uint32_t)b->leases.n_holders;

@@ -33,6 +33,7 @@ enum {
     OPT_CUDA_SLAB,
     OPT_READ_SOURCE,
     OPT_STAGING_PAGES,
+    OPT_REQUIRE_ALL_MODELS,
     /* Numeric options: OPT_NUM + their index in num_opts. */
     OPT_NUM = 0x1000,
 };
@@ -94,6 +95,7 @@ static const struct option long_opts[] = {
     {"socket", required_argument, NULL, 's'},
     {"backend", required_argument, NULL, 'b'},
     {"model", required_argument, NULL, 'm'},
+    {"require-all-models", no_argument, NULL, OPT_REQUIRE_ALL_MODELS},
     {"device", required_argument, NULL, 'd'},
     {"read-threads", required_argument, NULL, OPT_NUM + WB_NUM_READ_THREADS},
     {"staging-mib", required_argument, NULL, OPT_NUM + WB_NUM_STAGING_MIB},
@@ -175,6 +177,9 @@ static void usage(FILE *out)
             "                         per device of DEVICES (0,1 | all | GPU-<uuid>,...; also\n"
             "                         NAME@DEVICES=PATH), else on --device (repeatable;\n"
             "                         the host backend keeps one copy and ignores DEVICES)\n"
+            "  --require-all-models   exit (status 1) when a model to load before serving\n"
+            "                         cannot be loaded; by default the broker serves the\n"
+            "                         others and lists that one as failed, with its error\n"
             "  --device N             default CUDA device for the cuda backend (default 0)\n"
             "  --read-threads N       loader threads reading checkpoints (default: 3/4 of\n"
             "                         the online cores, at most 16)\n"
@@ -426,6 +431,9 @@ static int parse_one(wb_options *o, int c, char *arg)
         return WB_OPTIONS_GO_ON;
     case 'm':
         return add_model(o, arg);
+    case OPT_REQUIRE_ALL_MODELS:
+        o->require_all_models = 1;
+        return WB_OPTIONS_GO_ON;
     case 'd':
         if (strcmp(arg, "0") == 0) {
             o->device = 0;

@@ -73,7 +73,8 @@ typedef struct wb_options {
     int check_config;
     wb_preload *models;
     size_t n_models;
-    wb_auth auth; /* access lists, handed to the broker when it starts */
+    int require_all_models; /* a preload that fails stops the broker */
+    wb_auth auth;           /* access lists, handed to the broker when it starts */
     wb_config config;
     char **av; /* the configuration file's arguments, then the command line's */
     int ac;

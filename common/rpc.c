@@ -250,10 +250,10 @@ static int timed_out(wb__rpc *rpc, int timeout_ms, wb_err *err)
                        timeout_ms);
 }
 
-static int exchange(wb__rpc *rpc, const uint8_t *buf, size_t len, uint64_t want_id, int any_id,
-                    int timeout_ms, Wbproto__Reply **out, wb__frame **frame, wb_err *err)
+/* Sends one message, waiting until `deadline` when the socket cannot take
+ * it now. WB_ETIMEDOUT (nothing set in err) when the time ran out. */
+static int send_buf(wb__rpc *rpc, const uint8_t *buf, size_t len, int64_t deadline, wb_err *err)
 {
-    int64_t deadline = wb__now_ms() + timeout_ms;
     if (!rpc->ctx)
         return wb__err_set(err, WB_ECONN, "not connected to a broker");
     if (!rpc->sock) {
@@ -261,13 +261,12 @@ static int exchange(wb__rpc *rpc, const uint8_t *buf, size_t len, uint64_t want_
         if (rc != WB_OK)
             return rc;
     }
-
     /* Send first and wait only when the socket says it cannot take the
      * message now: a poll before every send costs a round of system calls
      * for what is almost always ready. */
     for (;;) {
         if (zmq_send(rpc->sock, buf, len, ZMQ_DONTWAIT) >= 0)
-            break;
+            return WB_OK;
         int e = zmq_errno();
         if (e == EINTR)
             continue;
@@ -278,9 +277,17 @@ static int exchange(wb__rpc *rpc, const uint8_t *buf, size_t len, uint64_t want_
         if (ready < 0)
             return ready;
         if (ready == 0)
-            return timed_out(rpc, timeout_ms, err);
+            return WB_ETIMEDOUT;
     }
+}
 
+/* Receives the reply to `want_id` (any reply with any_id) until `deadline`.
+ * WB_ETIMEDOUT (nothing set in err) when none came in time. */
+static int recv_reply(wb__rpc *rpc, uint64_t want_id, int any_id, int64_t deadline,
+                      Wbproto__Reply **out, wb__frame **frame, wb_err *err)
+{
+    if (!rpc->sock)
+        return wb__err_set(err, WB_ECONN, "not connected to a broker");
     for (;;) {
         /* A blocking receive bounded by the time left (ZMQ_RCVTIMEO is
          * read at each call and costs no system call to set), instead of a
@@ -297,7 +304,7 @@ static int exchange(wb__rpc *rpc, const uint8_t *buf, size_t len, uint64_t want_
             if (got < 0)
                 return got;
             if (left <= 0)
-                return timed_out(rpc, timeout_ms, err);
+                return WB_ETIMEDOUT;
             continue;
         }
         Wbproto__Reply *rep = NULL;
@@ -320,6 +327,16 @@ static int exchange(wb__rpc *rpc, const uint8_t *buf, size_t len, uint64_t want_
             *frame = second;
         return WB_OK;
     }
+}
+
+static int exchange(wb__rpc *rpc, const uint8_t *buf, size_t len, uint64_t want_id, int any_id,
+                    int timeout_ms, Wbproto__Reply **out, wb__frame **frame, wb_err *err)
+{
+    int64_t deadline = wb__now_ms() + timeout_ms;
+    int rc = send_buf(rpc, buf, len, deadline, err);
+    if (rc == WB_OK)
+        rc = recv_reply(rpc, want_id, any_id, deadline, out, frame, err);
+    return rc == WB_ETIMEDOUT ? timed_out(rpc, timeout_ms, err) : rc;
 }
 
 /* The request and reply body numbers are the same in wb.proto. */
@@ -372,6 +389,35 @@ int wb__rpc_call_frame(wb__rpc *rpc, Wbproto__Request *req, int timeout_ms, Wbpr
     if (rc != WB_OK && frame)
         wb__frame_free(frame);
     return rc;
+}
+
+int wb__rpc_send(wb__rpc *rpc, Wbproto__Request *req, int timeout_ms, uint64_t *id, wb_err *err)
+{
+    if (timeout_ms <= 0)
+        timeout_ms = rpc->timeout_ms;
+    req->version = WB_PROTOCOL_VERSION;
+    req->id = rpc->next_id++;
+    *id = req->id;
+    size_t len = 0;
+    uint8_t *buf = wb__request_pack(req, &len);
+    if (!buf)
+        return wb__err_set(err, WB_ENOMEM, "out of memory encoding a request");
+    int rc = send_buf(rpc, buf, len, wb__now_ms() + timeout_ms, err);
+    free(buf);
+    return rc == WB_ETIMEDOUT ? timed_out(rpc, timeout_ms, err) : rc;
+}
+
+int wb__rpc_wait(wb__rpc *rpc, uint64_t id, int body, int timeout_ms, Wbproto__Reply **out,
+                 wb_err *err)
+{
+    *out = NULL;
+    int rc =
+        recv_reply(rpc, id, 0, wb__now_ms() + (timeout_ms > 0 ? timeout_ms : 0), out, NULL, err);
+    if (rc == WB_ETIMEDOUT)
+        return wb__err_set(err, WB_ETIMEDOUT, "no reply from the broker at %s yet", rpc->path);
+    if (rc != WB_OK)
+        return rc;
+    return check_reply(out, body, err);
 }
 
 int wb__rpc_call_raw(wb__rpc *rpc, const uint8_t *buf, size_t len, int timeout_ms,

@@ -61,6 +61,19 @@ void wb__rpc_close(wb__rpc *rpc);
 int wb__rpc_call(wb__rpc *rpc, Wbproto__Request *req, int timeout_ms, Wbproto__Reply **out,
                  wb_err *err);
 
+/* wb__rpc_call in two halves, for a caller that waits for one reply in
+ * slices while it does something else between them (wbctl load watching
+ * that the broker lives): wb__rpc_send sends `req` (its version and id
+ * filled in, the id also in *id), waiting up to timeout_ms (0: the rpc's
+ * default) only when the socket cannot take it now; wb__rpc_wait waits up
+ * to timeout_ms (0: not at all) for the reply to request `id`, whose kind
+ * must be `body` (the request's body_case). A WB_ETIMEDOUT from
+ * wb__rpc_wait leaves the socket as it was, so the reply may still come to
+ * the next wait; any other outcome is as for wb__rpc_call. */
+int wb__rpc_send(wb__rpc *rpc, Wbproto__Request *req, int timeout_ms, uint64_t *id, wb_err *err);
+int wb__rpc_wait(wb__rpc *rpc, uint64_t id, int body, int timeout_ms, Wbproto__Reply **out,
+                 wb_err *err);
+
 /* A second frame of a reply message (an acquire's tensor table, when the
  * request asked for Lease.tensor_table_in_frame): its bytes stay in the
  * ZeroMQ message they arrived in, not copied. */

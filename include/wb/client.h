@@ -96,7 +96,8 @@ WB_EXPORT int wb_client_heartbeat(wb_client *client);
 
 /* Acquires a lease on `model`. On success *out is a new lease owned by the
  * client (end it with wb_lease_release). WB_ENOTFOUND: no such model;
- * WB_ESTATE: the model is loading or draining; WB_ELIMIT: too many leases.
+ * WB_ESTATE: the model is loading or draining, or its load failed (the
+ * message says why); WB_ELIMIT: too many leases.
  * On a cuda broker the lease is for the calling thread's current CUDA
  * device, as wb_lease_acquire_ex with default options. */
 WB_EXPORT int wb_lease_acquire(wb_client *client, const char *model, wb_lease **out);

@@ -69,8 +69,9 @@ for ev in listen model_ready lease_grant lease_release model_draining lease_recl
 done
 log "$count JSON lines, events: $events"
 
-# A broker that cannot start says why, as JSON, and exits 1.
-"$WBROKERD" --log-format json --backend host --socket "$WB_TMP/other.sock" \
+# A broker that cannot start says why, as JSON, and exits 1 (a missing
+# model stops it only when every model is required).
+"$WBROKERD" --log-format json --backend host --socket "$WB_TMP/other.sock" --require-all-models \
   --model "x=$WB_TMP/absent.safetensors" >"$WB_TMP/fatal.out" 2>"$WB_TMP/fatal.err"
 rc=$?
 [ "$rc" = 1 ] || fail "a broker with a missing model exited $rc, not 1"
@@ -85,7 +86,7 @@ assert "absent.safetensors" in last["error"], last
 ' "$WB_TMP/fatal.err" || fail "the start failure is not all JSON: $(cat "$WB_TMP/fatal.err")"
 
 # Without the option the log stays text.
-"$WBROKERD" --backend host --socket "$WB_TMP/other.sock" \
+"$WBROKERD" --backend host --socket "$WB_TMP/other.sock" --require-all-models \
   --model "x=$WB_TMP/absent.safetensors" >/dev/null 2>"$WB_TMP/text.err"
 head -n 1 "$WB_TMP/text.err" | grep -q '^ts=.* level=info prog=wbrokerd event=' ||
   fail "the default log is not key=value text: $(head -n 1 "$WB_TMP/text.err")"

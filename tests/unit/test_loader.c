@@ -234,6 +234,38 @@ START_TEST(test_load_cancelled)
 }
 END_TEST
 
+/* A job's own cancel flag stops it (the loop sets it through
+ * wb__loader_cancel for a job the loader has taken): nothing is left
+ * allocated, and a flag given to the run instead is the one polled. */
+START_TEST(test_job_cancelled)
+{
+    uint8_t data[64] = {1};
+    const char *hdr = "{\"a\":{\"dtype\":\"U8\",\"shape\":[64],\"data_offsets\":[0,64]}}";
+    const char *path = write_st("j.safetensors", hdr, data, sizeof data);
+    wb_load_job *job = wb__load_job_new("j", path, &wb__backend_host, -1, NULL, 0, 1);
+    ck_assert_ptr_nonnull(job);
+    wb_loader l;
+    wb_err err;
+    ck_assert_int_eq(wb__loader_start(&l, &err), WB_OK);
+    /* Not in the loader's queue: only its flag is set. */
+    ck_assert_int_eq(wb__loader_cancel(&l, job), 0);
+    ck_assert_ptr_null(wb__loader_stop(&l));
+    ck_assert_int_eq(atomic_load(&job->cancel), 1);
+    wb__load_job_run(job, NULL);
+    ck_assert_int_eq(job->rc, WB_ESTATE);
+    ck_assert_ptr_nonnull(strstr(job->err.msg, "cancelled"));
+    ck_assert_uint_eq(job->data.n_slabs, 0);
+    ck_assert_ptr_null(job->data.slabs);
+    atomic_int go;
+    atomic_init(&go, 0);
+    wb__load_job_run(job, &go);
+    ck_assert_int_eq(job->rc, WB_OK);
+    ck_assert_uint_eq(job->data.bytes, 64);
+    ck_assert_uint_eq(atomic_load(&job->progress.landed), 64);
+    wb__load_job_free(&job);
+}
+END_TEST
+
 START_TEST(test_background_loader)
 {
     wb_loader l;
@@ -470,9 +502,13 @@ START_TEST(test_load_staged_progress)
         ck_assert(mi.copy_seconds == 0.5);
         ck_assert_double_eq_tol(mi.copy_gbps, (double)m->data.bytes / 0.5 / 1e9, 1e-12);
         ck_assert_uint_eq(mi.read_threads, m->data.stage.threads);
+        /* While loading, the figures come from its job. */
         m->state = WBPROTO__MODEL_STATE__MODEL_LOADING;
-        atomic_store(&m->progress.total, 1000);
-        atomic_store(&m->progress.landed, 250);
+        wb_load_job *job = wb__load_job_new("m", path, be, 0, NULL, 0, 0);
+        ck_assert_ptr_nonnull(job);
+        m->job = job;
+        atomic_store(&job->progress.total, 1000);
+        atomic_store(&job->progress.landed, 250);
         Wbproto__ModelInfo li = WBPROTO__MODEL_INFO__INIT;
         wb__load_fill_model_info(m, &li);
         ck_assert_uint_eq(li.bytes, 1000);
@@ -489,6 +525,7 @@ START_TEST(test_load_staged_progress)
         ck_assert_uint_eq(sr.staging_bytes, 8 * 4096);
         ck_assert_uint_eq(sr.read_threads, 3);
         wb__models_clear(&reg);
+        wb__load_job_free(&job);
         free(fdev.mem);
     }
 }
@@ -616,6 +653,7 @@ int main(void)
     tcase_add_loop_test(tc, test_load_official, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
     tcase_add_loop_test(tc, test_load_errors, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
     tcase_add_loop_test(tc, test_load_cancelled, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
+    tcase_add_test(tc, test_job_cancelled);
     tcase_add_test(tc, test_background_loader);
     tcase_add_test(tc, test_loader_stop_returns_queued);
     tcase_add_loop_test(tc, test_load_staged_progress, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);

@@ -1,14 +1,23 @@
 /* The request handlers, without sockets: each operation's reply as the
  * contract specifies it (contents, status codes and messages), admin checks,
- * draining and freeing, loads (inline), and that every reply packs into
- * bytes the client-side decoder accepts. */
+ * draining and freeing, loads (inline, and on a loader thread for the
+ * cancelled and no_wait loads), the records of failed loads, and that every
+ * reply packs into bytes the client-side decoder accepts. */
+/* The test defines pread() itself (below); glibc's fortified inline one
+ * would clash with it. */
+#undef _FORTIFY_SOURCE
 #include "broker_fixture.h"
 #include "ops.h"
+#include "ops_admin.h"
 #include "wire.h"
 
 #include <check.h>
 #include <xxhash.h>
 
+#include <dirent.h>
+#include <dlfcn.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +27,63 @@
 #include <unistd.h>
 
 static broker_fixture F;
+
+/* pread() as the loader's readers see it here: a read of tensor data (a
+ * block, not a header's few bytes) from a file whose path holds "gated"
+ * waits while the gate is closed, so that a test holds a load in the middle
+ * of its reads for as long as it needs. */
+static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
+static int gate_closed, gate_reads;
+
+static int fd_path_has(int fd, const char *part)
+{
+    char link[64], target[512];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    if (n < 0)
+        return 0;
+    target[n] = '\0';
+    return strstr(target, part) != NULL;
+}
+
+ssize_t pread(int fd, void *buf, size_t len, off_t off)
+{
+    static ssize_t (*real_pread)(int, void *, size_t, off_t);
+    if (!real_pread)
+        *(void **)&real_pread = dlsym(RTLD_NEXT, "pread");
+    if (len >= 65536 && fd_path_has(fd, "gated")) {
+        pthread_mutex_lock(&gate_mu);
+        gate_reads++;
+        pthread_cond_broadcast(&gate_cv);
+        while (gate_closed)
+            pthread_cond_wait(&gate_cv, &gate_mu);
+        pthread_mutex_unlock(&gate_mu);
+    }
+    return real_pread(fd, buf, len, off);
+}
+
+static void gate_set(int closed)
+{
+    pthread_mutex_lock(&gate_mu);
+    gate_closed = closed;
+    pthread_cond_broadcast(&gate_cv);
+    pthread_mutex_unlock(&gate_mu);
+}
+
+/* Waits (up to 5 s) until a gated read has begun. */
+static void gate_wait_read(void)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 5;
+    pthread_mutex_lock(&gate_mu);
+    while (gate_reads == 0 && pthread_cond_timedwait(&gate_cv, &gate_mu, &until) == 0)
+        ;
+    int n = gate_reads;
+    pthread_mutex_unlock(&gate_mu);
+    ck_assert_msg(n > 0, "the load never read its file");
+}
 
 static void setup(void)
 {
@@ -799,11 +865,16 @@ START_TEST(test_unload_and_drain)
     r = simple(&p, WBPROTO__REQUEST__BODY_LIST_MODELS);
     ck_assert_uint_eq(r->list_models->n_models, 0);
 
-    /* A loading model cannot be unloaded. */
+    /* A loading model's unload stops its load (here one that has none
+     * running) and frees it. */
     wb__models_add(&F.b.models, wb__model_new("later", "/x", &wb__backend_host, -1));
     r = fixture_unload(&F, &p, "later");
-    ck_assert_int_eq(r->status, WB_ESTATE);
-    ck_assert_ptr_nonnull(strstr(r->error, "model 'later' is loading"));
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->unload->model->state, WBPROTO__MODEL_STATE__MODEL_FREED);
+    ck_assert(r->unload->load_cancelled);
+    ck_assert_ptr_null(wb__models_find(&F.b.models, "later"));
+    ck_assert_uint_eq(F.b.stats.loads_cancelled, 1);
+    ck_assert_uint_eq(F.b.stats.loads_total, 0);
 }
 END_TEST
 
@@ -917,6 +988,370 @@ START_TEST(test_stats)
 }
 END_TEST
 
+/* Slab and table names of this process (the broker here) in /dev/shm. */
+static int my_shm(void)
+{
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "wb-%ld-", (long)getpid());
+    DIR *d = opendir("/dev/shm");
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL)
+        n += strncmp(de->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return n;
+}
+
+/* A checkpoint in the scratch directory: one U8 tensor "w" of `bytes`
+ * zeros. Returns its path (static storage, one per slot). */
+static const char *checkpoint(int slot, const char *name, uint64_t bytes)
+{
+    static char paths[4][200];
+    char *path = paths[slot];
+    snprintf(path, sizeof paths[slot], "%s/%s", F.dir, name);
+    char hdr[160];
+    int n = snprintf(hdr, sizeof hdr,
+                     "{\"w\":{\"dtype\":\"U8\",\"shape\":[%llu],\"data_offsets\":[0,%llu]}}",
+                     (unsigned long long)bytes, (unsigned long long)bytes);
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    uint8_t len[8];
+    for (int i = 0; i < 8; i++)
+        len[i] = (uint8_t)((uint64_t)n >> (8 * i));
+    ck_assert_uint_eq(fwrite(len, 1, 8, f), 8);
+    ck_assert_uint_eq(fwrite(hdr, 1, (size_t)n, f), (size_t)n);
+    ck_assert_int_eq(ftruncate(fileno(f), (off_t)(8 + (uint64_t)n + bytes)), 0);
+    fclose(f);
+    return path;
+}
+
+/* Packs and decodes a reply as a client would (into F.decoded). */
+static Wbproto__Reply *decoded(Wbproto__Reply *rep)
+{
+    size_t len;
+    uint8_t *buf = wb__reply_pack(rep, &len);
+    ck_assert_ptr_nonnull(buf);
+    wb__reply_free(&F.decoded);
+    wb_err err;
+    ck_assert_msg(wb__reply_decode(buf, len, &F.decoded, &err) == WB_OK, "reply: %s", err.msg);
+    free(buf);
+    wb__arena_free(&F.a);
+    return F.decoded;
+}
+
+/* A load on the loader thread: NULL when its reply is deferred, else the
+ * reply (a refusal, or with no_wait the loading model). */
+static Wbproto__Reply *load_async(const wb_peer_creds *p, const char *name, const char *path,
+                                  int no_wait)
+{
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__LoadRequest l = WBPROTO__LOAD_REQUEST__INIT;
+    l.name = (char *)name;
+    l.path = (char *)path;
+    l.no_wait = no_wait;
+    req.body_case = WBPROTO__REQUEST__BODY_LOAD;
+    req.load = &l;
+    req.version = WB_PROTOCOL_VERSION;
+    req.id = ++F.next_id;
+    Wbproto__Reply rep = WBPROTO__REPLY__INIT;
+    int rc = wb__ops_handle(&F.b, p, &req, F.ident, sizeof F.ident, &F.a, &rep);
+    if (rc == WB_OPS_DEFERRED) {
+        wb__arena_free(&F.a);
+        return NULL;
+    }
+    ck_assert_int_eq(rc, 0);
+    return decoded(&rep);
+}
+
+static Wbproto__Reply *cancel(const wb_peer_creds *p, const char *name)
+{
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__UnloadRequest u = WBPROTO__UNLOAD_REQUEST__INIT;
+    u.name = (char *)name;
+    u.cancel_only = 1;
+    req.body_case = WBPROTO__REQUEST__BODY_UNLOAD;
+    req.unload = &u;
+    return fixture_send(&F, p, &req);
+}
+
+static wb_loader L;
+static wb_load_job *done_jobs;
+
+static void loader_start(void)
+{
+    wb_err err;
+    ck_assert_int_eq(wb__loader_start(&L, &err), WB_OK);
+    F.b.loader = &L;
+    done_jobs = NULL;
+}
+
+static void loader_stop(void)
+{
+    ck_assert_ptr_null(done_jobs);
+    ck_assert_ptr_null(wb__loader_stop(&L));
+    F.b.loader = NULL;
+}
+
+/* The next job the loader hands back (waiting up to 5 s for it), finished
+ * as the loop does (loop.c, handle_loads). Returns its request's reply as
+ * the client decodes it, or NULL for a load nobody waits for. */
+static Wbproto__Reply *next_done(void)
+{
+    for (int tries = 0; !done_jobs && tries < 50; tries++) {
+        struct pollfd pfd = {.fd = L.efd, .events = POLLIN};
+        if (poll(&pfd, 1, 100) == 1)
+            done_jobs = wb__loader_take_done(&L);
+    }
+    ck_assert_msg(done_jobs != NULL, "no load came back from the loader");
+    wb_load_job *job = done_jobs;
+    done_jobs = job->next;
+    wb_model *model;
+    wb__broker_finish_load(&F.b, job, &model);
+    Wbproto__Reply *r = NULL;
+    if (job->ident) {
+        Wbproto__Reply rep = WBPROTO__REPLY__INIT;
+        wb__ops_load_done(&F.b, job, model, &F.a, &rep);
+        r = decoded(&rep);
+    }
+    wb__load_job_free(&job);
+    return r;
+}
+
+/* Unloading a loading model stops its load: a load still queued behind
+ * another never starts, the one reading stops between chunks, each model
+ * leaves the registry at once (its name is free again), what the load had
+ * made is freed, and each load's request is answered with who cancelled
+ * it. A cancel of a model that is not loading is refused. */
+START_TEST(test_cancel_loads)
+{
+    wb_peer_creds p = me();
+    const char *slow = checkpoint(0, "gated.safetensors", 16u << 20);
+    const char *quick = checkpoint(1, "quick.safetensors", 4096);
+    int shm_before = my_shm();
+    loader_start();
+    gate_set(1);
+    ck_assert_ptr_null(load_async(&p, "big", slow, 0));
+    gate_wait_read();
+    ck_assert_ptr_null(load_async(&p, "queued", quick, 0));
+    Wbproto__Reply *r = simple(&p, WBPROTO__REQUEST__BODY_STATS);
+    ck_assert_uint_eq(r->stats->loads_in_progress, 2);
+    ck_assert_uint_eq(r->stats->loading_total_bytes, 16u << 20);
+
+    /* The queued one: handed back at once, the first still reading. */
+    r = cancel(&p, "queued");
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->body_case, WBPROTO__REPLY__BODY_UNLOAD);
+    ck_assert_str_eq(r->unload->model->name, "queued");
+    ck_assert_int_eq(r->unload->model->state, WBPROTO__MODEL_STATE__MODEL_FREED);
+    ck_assert(r->unload->load_cancelled);
+    ck_assert_ptr_null(wb__models_find(&F.b.models, "queued"));
+    r = next_done();
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->status, WB_ESTATE);
+    char want[200];
+    snprintf(want, sizeof want, "the load of model 'queued' was cancelled by pid %u (uid %u)",
+             p.pid, p.uid);
+    ck_assert_str_eq(r->error, want);
+
+    /* The reading one, by a plain unload: gone now, its name free for a
+     * new load (queued behind the stopping one). */
+    r = fixture_unload(&F, &p, "big");
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->unload->model->state, WBPROTO__MODEL_STATE__MODEL_FREED);
+    ck_assert(r->unload->load_cancelled);
+    ck_assert_ptr_null(wb__models_find(&F.b.models, "big"));
+    ck_assert_ptr_null(load_async(&p, "big", quick, 0));
+    gate_set(0);
+    r = next_done();
+    ck_assert_int_eq(r->status, WB_ESTATE);
+    snprintf(want, sizeof want,
+             "the load of model 'big' was cancelled: pid %u (uid %u) unloaded the model", p.pid,
+             p.uid);
+    ck_assert_str_eq(r->error, want);
+    /* Nothing of the stopped load is left: only the new model's slab and
+     * shared table. */
+    r = next_done();
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->load->model->state, WBPROTO__MODEL_STATE__MODEL_READY);
+    ck_assert_uint_eq(r->load->model->bytes, 4096);
+    ck_assert_int_eq(my_shm(), shm_before + 2);
+
+    /* Counted apart from finished loads. */
+    r = simple(&p, WBPROTO__REQUEST__BODY_STATS);
+    ck_assert_uint_eq(r->stats->loads_cancelled, 2);
+    ck_assert_uint_eq(r->stats->loads_total, 1);
+    ck_assert_uint_eq(r->stats->loads_failed, 0);
+    ck_assert_uint_eq(r->stats->loads_in_progress, 0);
+    ck_assert_uint_eq(r->stats->models, 1);
+
+    /* Only a load can be cancelled. */
+    r = cancel(&p, "big");
+    ck_assert_int_eq(r->status, WB_ESTATE);
+    ck_assert_str_eq(r->error,
+                     "model 'big' is ready, not loading: there is no load to cancel (unload it "
+                     "instead)");
+    ck_assert_int_eq(wb__models_find(&F.b.models, "big")->state, WBPROTO__MODEL_STATE__MODEL_READY);
+    r = cancel(&p, "nope");
+    ck_assert_int_eq(r->status, WB_ENOTFOUND);
+    ck_assert_str_eq(r->error, "no model named 'nope'");
+    wb_peer_creds stranger = creds(p.uid == 0 ? 4321 : p.uid + 1, p.gid, p.pid);
+    r = cancel(&stranger, "big");
+    ck_assert_int_eq(r->status, WB_EPERM);
+    snprintf(want, sizeof want, "uid %u may not unload models", stranger.uid);
+    ck_assert_str_eq(r->error, want);
+
+    r = fixture_unload(&F, &p, "big");
+    ck_assert_int_eq(r->status, 0);
+    ck_assert(!r->unload->load_cancelled);
+    ck_assert_int_eq(my_shm(), shm_before);
+    loader_stop();
+}
+END_TEST
+
+/* A no_wait load is answered at once with the model loading, and nothing
+ * when it ends; one that fails stays listed as failed with its error
+ * (nobody else is told), refuses leases with it, and is replaced by the
+ * next load of its name. */
+START_TEST(test_load_no_wait)
+{
+    wb_peer_creds p = me();
+    const char *slow = checkpoint(0, "gated.safetensors", 1u << 20);
+    loader_start();
+    gate_set(1);
+    Wbproto__Reply *r = load_async(&p, "nw", slow, 1);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->body_case, WBPROTO__REPLY__BODY_LOAD);
+    ck_assert_str_eq(r->load->model->name, "nw");
+    ck_assert_int_eq(r->load->model->state, WBPROTO__MODEL_STATE__MODEL_LOADING);
+    gate_wait_read();
+    gate_set(0);
+    ck_assert_ptr_null(next_done());
+    ck_assert_int_eq(wb__models_find(&F.b.models, "nw")->state, WBPROTO__MODEL_STATE__MODEL_READY);
+
+    /* The up-front checks still answer at once. */
+    r = load_async(&p, "nw", slow, 1);
+    ck_assert_int_eq(r->status, WB_EEXIST);
+    ck_assert_str_eq(r->error, "a model named 'nw' already exists (ready)");
+
+    r = load_async(&p, "gone", "/nonexistent/gone.safetensors", 1);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->load->model->state, WBPROTO__MODEL_STATE__MODEL_LOADING);
+    ck_assert_ptr_null(next_done());
+    wb_model *m = wb__models_find(&F.b.models, "gone");
+    ck_assert_ptr_nonnull(m);
+    ck_assert_int_eq(m->state, WBPROTO__MODEL_STATE__MODEL_FAILED);
+    ck_assert_str_eq(m->error, "no such file: /nonexistent/gone.safetensors");
+    ck_assert_uint_eq(F.b.stats.loads_failed, 1);
+    r = fixture_acquire(&F, &p, "gone");
+    ck_assert_int_eq(r->status, WB_ESTATE);
+    ck_assert_str_eq(r->error,
+                     "model 'gone' failed to load: no such file: /nonexistent/gone.safetensors "
+                     "(an administrator may load it again or unload it)");
+
+    /* The retry replaces the record (and would keep it, failed again). */
+    ck_assert_ptr_null(load_async(&p, "gone", slow, 0));
+    r = next_done();
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->load->model->state, WBPROTO__MODEL_STATE__MODEL_READY);
+    loader_stop();
+}
+END_TEST
+
+/* A preload that failed is kept as a record: listed as failed with its
+ * error (its copies too), holding no memory and no place under
+ * --max-models, refusing leases with the load's error; a load of its name
+ * replaces it (and a retry that fails keeps it, with the new error); an
+ * unload removes it. */
+START_TEST(test_failed_preload)
+{
+    wb_peer_creds p = me();
+    wb_err err;
+    F.b.limits.max_models = 1;
+    ck_assert_int_eq(wb__broker_preload(&F.b, "lost", "/nonexistent/lost.safetensors", NULL, &err),
+                     WB_ENOTFOUND);
+    ck_assert_str_eq(err.msg, "no such file: /nonexistent/lost.safetensors");
+    ck_assert_ptr_null(wb__models_find(&F.b.models, "lost"));
+    ck_assert_int_eq(
+        wb__broker_keep_failed(&F.b, "lost", "/nonexistent/lost.safetensors", err.msg, &err),
+        WB_OK);
+
+    Wbproto__Reply *r = simple(&p, WBPROTO__REQUEST__BODY_LIST_MODELS);
+    ck_assert_uint_eq(r->list_models->n_models, 1);
+    const Wbproto__ModelInfo *mi = r->list_models->models[0];
+    ck_assert_str_eq(mi->name, "lost");
+    ck_assert_str_eq(mi->path, "/nonexistent/lost.safetensors");
+    ck_assert_int_eq(mi->state, WBPROTO__MODEL_STATE__MODEL_FAILED);
+    ck_assert_str_eq(mi->error, "no such file: /nonexistent/lost.safetensors");
+    ck_assert_uint_eq(mi->bytes, 0);
+    ck_assert_uint_eq(mi->slab_bytes, 0);
+    ck_assert_str_eq(mi->load_mode, "");
+    ck_assert_uint_eq(mi->n_copies, 1);
+    ck_assert_int_eq(mi->copies[0]->state, WBPROTO__MODEL_STATE__MODEL_FAILED);
+    r = simple(&p, WBPROTO__REQUEST__BODY_STATS);
+    ck_assert_uint_eq(r->stats->models, 1);
+    ck_assert_uint_eq(r->stats->model_bytes, 0);
+    ck_assert_uint_eq(r->stats->loads_in_progress, 0);
+
+    r = fixture_acquire(&F, &p, "lost");
+    ck_assert_int_eq(r->status, WB_ESTATE);
+    ck_assert_str_eq(r->error,
+                     "model 'lost' failed to load: no such file: /nonexistent/lost.safetensors "
+                     "(an administrator may load it again or unload it)");
+
+    /* The record holds no place under the limit of one model. */
+    const char *path = checkpoint(0, "good.safetensors", 64);
+    r = fixture_load(&F, &p, "other", path);
+    ck_assert_msg(r->status == 0, "load: %s", r->error);
+    r = fixture_unload(&F, &p, "other");
+    ck_assert_int_eq(r->status, 0);
+
+    /* A retry that fails keeps the record, with its own error. */
+    r = fixture_load(&F, &p, "lost", "/nonexistent/still.safetensors");
+    ck_assert_int_eq(r->status, WB_ENOTFOUND);
+    wb_model *m = wb__models_find(&F.b.models, "lost");
+    ck_assert_ptr_nonnull(m);
+    ck_assert_int_eq(m->state, WBPROTO__MODEL_STATE__MODEL_FAILED);
+    ck_assert_str_eq(m->error, "no such file: /nonexistent/still.safetensors");
+
+    /* One that works replaces it. */
+    r = fixture_load(&F, &p, "lost", path);
+    ck_assert_msg(r->status == 0, "load: %s", r->error);
+    ck_assert_int_eq(r->load->model->state, WBPROTO__MODEL_STATE__MODEL_READY);
+    ck_assert_uint_eq(F.b.models.n, 1);
+    r = fixture_acquire(&F, &p, "lost");
+    ck_assert_int_eq(r->status, 0);
+
+    /* A failed record is removed by an unload. */
+    ck_assert_int_eq(wb__broker_keep_failed(&F.b, "bad", "/x", "it broke", &err), WB_OK);
+    ck_assert_int_eq(wb__broker_keep_failed(&F.b, "lost", "/x", "it broke", &err), WB_EEXIST);
+    ck_assert_str_eq(err.msg, "a model named 'lost' already exists (ready)");
+    r = fixture_unload(&F, &p, "bad");
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->unload->model->state, WBPROTO__MODEL_STATE__MODEL_FREED);
+    ck_assert_str_eq(r->unload->model->error, "it broke");
+    ck_assert_ptr_null(wb__models_find(&F.b.models, "bad"));
+}
+END_TEST
+
+/* A load of a name whose model drains says how to go on. */
+START_TEST(test_load_over_draining)
+{
+    fixture_model(&F.b, "demo");
+    wb_peer_creds p = me();
+    fixture_acquire(&F, &p, "demo");
+    Wbproto__Reply *r = fixture_unload(&F, &p, "demo");
+    ck_assert_int_eq(r->unload->model->state, WBPROTO__MODEL_STATE__MODEL_DRAINING);
+    r = fixture_load(&F, &p, "demo", "/models/new.safetensors");
+    ck_assert_int_eq(r->status, WB_EEXIST);
+    ck_assert_str_eq(r->error,
+                     "a model named 'demo' already exists and is draining: its name is free "
+                     "again when its last lease ends (1 left; `wbctl leases demo` shows them); "
+                     "wait for that, or load this one under another name");
+}
+END_TEST
+
 START_TEST(test_error_reply)
 {
     Wbproto__Reply rep = WBPROTO__REPLY__INIT;
@@ -954,6 +1389,10 @@ int main(void)
     tcase_add_test(tc, test_unload_and_drain);
     tcase_add_test(tc, test_load);
     tcase_add_test(tc, test_stats);
+    tcase_add_test(tc, test_cancel_loads);
+    tcase_add_test(tc, test_load_no_wait);
+    tcase_add_test(tc, test_failed_preload);
+    tcase_add_test(tc, test_load_over_draining);
     tcase_add_test(tc, test_error_reply);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

@@ -23,6 +23,7 @@ static const struct wbctl_cmd commands[] = {
     {"containers", wbctl_containers, "list the AOTI model containers built on leases"},
     {"load", wbctl_load, "load a safetensors checkpoint as a model"},
     {"unload", wbctl_unload, "unload a model (it drains while leases remain)"},
+    {"cancel", wbctl_cancel, "stop a model's load in progress"},
     {"stats", wbctl_stats, "print the broker's counters"},
     {"inspect", wbctl_inspect, "print the tensor table of a safetensors checkpoint"},
 };
@@ -36,13 +37,15 @@ static void usage(FILE *out)
     fprintf(out, "\noptions (before the command):\n"
                  "  --socket PATH      the broker's socket (see below)\n"
                  "  --timeout-ms MS    how long to wait for each reply (default $WB_TIMEOUT_MS,\n"
-                 "                     else 5000; load waits up to 10 minutes)\n"
+                 "                     else 5000); load waits while the broker loads,\n"
+                 "                     or up to MS when given\n"
                  "  -h, --help         print this help\n");
     fprintf(out, "\nRun 'wbctl COMMAND --help' for a command's options.\n"
                  "The socket is --socket, else $WB_SOCKET, else "
                  "$XDG_RUNTIME_DIR/wbroker/broker.sock (root: /run/wbroker/broker.sock).\n"
                  "Exit codes: 0 ok, 1 refused by the broker, 2 misuse, 65 malformed input,\n"
-                 "66 missing input, 69 no broker answers.\n");
+                 "66 missing input, 69 no broker answers, 75 load stopped waiting (the load\n"
+                 "goes on in the broker), 130 interrupted.\n");
 }
 
 int main(int argc, char **argv)

@@ -1,7 +1,8 @@
 /* wbctl, the admin CLI: shared declarations of its subcommands.
  *
  * Exit codes (sysexits where one fits): 0 success, 1 the broker refused,
- * 2 misuse, 65 malformed input, 66 missing input, 69 no broker answers. */
+ * 2 misuse, 65 malformed input, 66 missing input, 69 no broker answers,
+ * 75 load stopped waiting (the load goes on), 130 interrupted (SIGINT). */
 #ifndef WBCTL_H
 #define WBCTL_H
 
@@ -14,6 +15,8 @@ enum {
     WBCTL_EXIT_DATAERR = 65,
     WBCTL_EXIT_NOINPUT = 66,
     WBCTL_EXIT_UNAVAILABLE = 69,
+    WBCTL_EXIT_TEMPFAIL = 75,
+    WBCTL_EXIT_INTERRUPTED = 130,
 };
 
 /* Global options parsed before the subcommand. */
@@ -43,6 +46,7 @@ int wbctl_models(const wbctl_globals *g, int argc, char **argv);
 int wbctl_leases(const wbctl_globals *g, int argc, char **argv);
 int wbctl_load(const wbctl_globals *g, int argc, char **argv);
 int wbctl_unload(const wbctl_globals *g, int argc, char **argv);
+int wbctl_cancel(const wbctl_globals *g, int argc, char **argv);
 int wbctl_stats(const wbctl_globals *g, int argc, char **argv);
 int wbctl_containers(const wbctl_globals *g, int argc, char **argv);
 

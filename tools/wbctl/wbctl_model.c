@@ -141,6 +141,15 @@ void wbctl_model_row(wbctl_table *t, const Wbproto__ModelInfo *m)
 
 void wbctl_model_failures(const Wbproto__ModelInfo *m)
 {
+    if (m->state == WBPROTO__MODEL_STATE__MODEL_FAILED) {
+        /* The record of a failed load: why, once (its copies say no more). */
+        char *name = wbctl_escape(m->name);
+        char *why = wbctl_escape(m->error && m->error[0] ? m->error : "no reason given");
+        printf("%s failed to load: %s\n", name ? name : "?", why ? why : "(out of memory)");
+        free(name);
+        free(why);
+        return;
+    }
     for (size_t k = 0; k < m->n_copies; k++) {
         const Wbproto__ModelCopy *c = m->copies[k];
         if (c->state != WBPROTO__MODEL_STATE__MODEL_FAILED || !c->error || !c->error[0])

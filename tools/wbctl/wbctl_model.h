@@ -11,7 +11,8 @@
 void wbctl_model_header(wbctl_table *t);
 /* One row, or one per device for a model on devices. */
 void wbctl_model_row(wbctl_table *t, const Wbproto__ModelInfo *m);
-/* Prints "NAME on device D (UUID) failed: why" for each failed copy. */
+/* Prints "NAME on device D (UUID) failed: why" for each failed copy, or
+ * "NAME failed to load: why" for the record of a failed load. */
 void wbctl_model_failures(const Wbproto__ModelInfo *m);
 json_t *wbctl_model_json(const Wbproto__ModelInfo *m);
 /* One line per load for people: how each stage did. */
