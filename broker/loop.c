@@ -100,13 +100,15 @@ static void send_reply(loop *L, uint32_t op, const void *ident, size_t ident_len
                  rc == WB_ENOTFOUND ? "no_connection" : "peer_gone", (unsigned long long)rep->id);
 }
 
-/* Admits a new connection by the kernel's credentials: a uid on no allow
- * list is refused before any of its requests is decoded (wb_conns.admit). */
-static int admit_peer(void *ctx, const wb_peer_creds *kernel, char *why, size_t size)
+/* Admits a new connection by the kernel's credentials and the process's
+ * supplementary groups, read once here: a peer on no allow list is refused
+ * before any of its requests is decoded (wb_conns.admit). */
+static int admit_peer(void *ctx, wb_peer_creds *kernel, int pidfd, char *why, size_t size)
 {
     loop *L = ctx;
     wb_err err;
-    if (wb__auth_check_uid(&L->b->auth, kernel->uid, kernel->gid, &err) == WB_OK)
+    wb__auth_read_groups(&L->b->auth, kernel, pidfd);
+    if (wb__auth_check_client(&L->b->auth, kernel, &err) == WB_OK)
         return 0;
     snprintf(why, size, "%s", err.msg);
     return -1;
