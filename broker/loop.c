@@ -456,6 +456,7 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
             opt->max_sessions_per_uid, opt->handshake_ms);
     /* Preloads are done and the socket is bound: clients may come. */
     notify_systemd("READY=1\nSTATUS=serving");
+    wb__metrics_serving(b->metrics, 1);
     wb__metrics_tick(b->metrics, b, 1);
 
     long wait_ms = LOOP_MAX_WAIT_MS;
@@ -525,6 +526,7 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
     }
 
     notify_systemd("STOPPING=1");
+    wb__metrics_serving(b->metrics, 0);
     shutdown_loads(&L);
     b->loader = NULL;
     wb_info("stop", "leases_held=%zu leases_stale=%zu peers=%zu models=%zu replies_dropped=%llu",
