@@ -227,17 +227,34 @@ int wb__auth_add(wb_auth *a, wb_auth_list which, const char *text, const char *o
     return rc;
 }
 
-int wb__auth_admin_ok(const wb_auth *a, uint32_t uid, uint32_t gid)
+/* Whether list l holds the peer's primary gid or one of the supplementary
+ * groups read at accept. */
+static int gids_on(const wb_id_list *l, const wb_peer_creds *p)
 {
-    return uid == 0 || uid == a->broker_euid || has_id(&a->lists[WB_AUTH_ADMIN_UIDS], uid) ||
-           has_id(&a->lists[WB_AUTH_ADMIN_GIDS], gid);
+    if (l->n == 0)
+        return 0;
+    if (has_id(l, p->gid))
+        return 1;
+    if (p->groups.state != WB_GROUPS_READ)
+        return 0;
+    for (uint32_t i = 0; i < p->groups.n && i < WB_PEER_GROUPS_MAX; i++)
+        if (has_id(l, p->groups.gid[i]))
+            return 1;
+    return 0;
 }
 
-int wb__auth_client_ok(const wb_auth *a, uint32_t uid, uint32_t gid)
+int wb__auth_admin_ok(const wb_auth *a, const wb_peer_creds *p)
 {
-    return a->open_clients || wb__auth_admin_ok(a, uid, gid) ||
-           has_id(&a->lists[WB_AUTH_CLIENT_UIDS], uid) ||
-           has_id(&a->lists[WB_AUTH_CLIENT_GIDS], gid);
+    return p->uid == 0 || p->uid == a->broker_euid ||
+           has_id(&a->lists[WB_AUTH_ADMIN_UIDS], p->uid) ||
+           gids_on(&a->lists[WB_AUTH_ADMIN_GIDS], p);
+}
+
+int wb__auth_client_ok(const wb_auth *a, const wb_peer_creds *p)
+{
+    return a->open_clients || wb__auth_admin_ok(a, p) ||
+           has_id(&a->lists[WB_AUTH_CLIENT_UIDS], p->uid) ||
+           gids_on(&a->lists[WB_AUTH_CLIENT_GIDS], p);
 }
 
 /* Appends to buf, keeping it terminated; marks truncation with "...". */
@@ -310,20 +327,415 @@ const char *wb__auth_describe_admins(const wb_auth *a, char *buf, size_t size)
     return describe(a, 0, buf, size);
 }
 
-int wb__auth_check_client(const wb_auth *a, const wb_peer_creds *peer, wb_err *err)
+/* Why a peer's supplementary groups are not known, to end "supplementary
+ * groups could not be read because ...". */
+static const char *groups_reason(const wb_peer_groups *g, uint32_t pid, char *buf, size_t size)
 {
-    if (!peer || !peer->known)
-        return wb__err_set(err, WB_EPERM, "the peer's credentials cannot be read");
-    return wb__auth_check_uid(a, peer->uid, peer->gid, err);
+    switch (g->state) {
+    case WB_GROUPS_PID_HIDDEN:
+        return "the peer's pid is not visible from the broker (another pid namespace)";
+    case WB_GROUPS_NO_PIDFD:
+        return "no pidfd proves which process its pid names";
+    case WB_GROUPS_EXITED:
+        return "the process exited while they were read";
+    case WB_GROUPS_OTHER_PROC:
+        snprintf(buf, size,
+                 "the broker's /proc does not show the process that connected as pid %u (a /proc "
+                 "of another pid namespace)",
+                 pid);
+        return buf;
+    case WB_GROUPS_IDS_CHANGED:
+        snprintf(buf, size, "/proc/%u/status shows another uid or gid than the connection's", pid);
+        return buf;
+    case WB_GROUPS_UNREADABLE:
+        snprintf(buf, size, "/proc/%u/status: %s", pid, strerror(g->err_no));
+        return buf;
+    case WB_GROUPS_MALFORMED:
+        snprintf(buf, size, "/proc/%u/status could not be parsed", pid);
+        return buf;
+    default:
+        return "they were not read";
+    }
 }
 
-int wb__auth_check_uid(const wb_auth *a, uint32_t uid, uint32_t gid, wb_err *err)
+/* The shortest mention of the supplementary groups that says what is
+ * matched: nothing (say_none 0) or " (no supplementary groups)" when there
+ * are none, " and supplementary groups 27, 100", or " only; supplementary
+ * groups could not be read because ...". */
+static void append_groups(char *buf, size_t size, size_t *used, uint32_t pid,
+                          const wb_peer_groups *g, int say_none)
 {
-    if (wb__auth_client_ok(a, uid, gid))
+    enum { SHOWN = 8 };
+    if (g->state == WB_GROUPS_READ) {
+        if (g->total == 0) {
+            if (say_none)
+                appendf(buf, size, used, " (no supplementary groups)");
+            return;
+        }
+        appendf(buf, size, used, " and supplementary group%s", g->total == 1 ? "" : "s");
+        uint32_t i;
+        for (i = 0; i < g->n && i < SHOWN; i++)
+            appendf(buf, size, used, "%s%u", i ? ", " : " ", g->gid[i]);
+        if (g->total > i)
+            appendf(buf, size, used, ", ... (%u in all)", g->total);
+        return;
+    }
+    if (g->state == WB_GROUPS_UNREAD) {
+        appendf(buf, size, used, " only (supplementary groups were not read)");
+        return;
+    }
+    char why[160];
+    appendf(buf, size, used, " only; supplementary groups could not be read because %s",
+            groups_reason(g, pid, why, sizeof why));
+}
+
+const char *wb__auth_describe_gids(const wb_peer_creds *p, char *buf, size_t size)
+{
+    if (size == 0)
+        return buf;
+    size_t used = 0;
+    buf[0] = '\0';
+    appendf(buf, size, &used, "gid %u", p->gid);
+    append_groups(buf, size, &used, p->pid, &p->groups, 1);
+    return buf;
+}
+
+const char *wb__auth_groups_field(const wb_peer_creds *p, char *buf, size_t size)
+{
+    static const char *const unread[] = {
+        [WB_GROUPS_UNREAD] = "unread:never",
+        [WB_GROUPS_PID_HIDDEN] = "unread:pid_hidden",
+        [WB_GROUPS_NO_PIDFD] = "unread:no_pidfd",
+        [WB_GROUPS_EXITED] = "unread:exited",
+        [WB_GROUPS_OTHER_PROC] = "unread:other_process",
+        [WB_GROUPS_IDS_CHANGED] = "unread:ids_changed",
+        [WB_GROUPS_UNREADABLE] = "unread:unreadable",
+        [WB_GROUPS_MALFORMED] = "unread:malformed",
+    };
+    if (size == 0)
+        return buf;
+    buf[0] = '\0';
+    const wb_peer_groups *g = &p->groups;
+    if (g->state != WB_GROUPS_READ) {
+        size_t k = (size_t)g->state;
+        snprintf(buf, size, "%s",
+                 k < sizeof unread / sizeof unread[0] && unread[k] ? unread[k] : "unread");
+        return buf;
+    }
+    if (g->total == 0) {
+        snprintf(buf, size, "none");
+        return buf;
+    }
+    size_t used = 0;
+    for (uint32_t i = 0; i < g->n && i < WB_PEER_GROUPS_MAX; i++)
+        appendf(buf, size, &used, "%s%u", i ? "," : "", g->gid[i]);
+    if (g->total > g->n)
+        appendf(buf, size, &used, ",...");
+    return buf;
+}
+
+int wb__auth_check_client(const wb_auth *a, const wb_peer_creds *peer, wb_err *err)
+{
+    if (!peer || (!peer->known && !peer->pid_hidden))
+        return wb__err_set(err, WB_EPERM, "the peer's credentials cannot be read");
+    if (wb__auth_client_ok(a, peer))
         return WB_OK;
-    char who[200];
-    return wb__err_set(err, WB_EPERM, "uid %u is not allowed to lease models (allowed: %s)", uid,
-                       wb__auth_describe_clients(a, who, sizeof who));
+    char who[200], gids[300];
+    wb__auth_describe_clients(a, who, sizeof who);
+    if (a->lists[WB_AUTH_CLIENT_GIDS].n == 0 && a->lists[WB_AUTH_ADMIN_GIDS].n == 0)
+        return wb__err_set(err, WB_EPERM, "uid %u is not allowed to lease models (allowed: %s)",
+                           peer->uid, who);
+    return wb__err_set(err, WB_EPERM,
+                       "uid %u is not allowed to lease models (allowed: %s); matched against %s",
+                       peer->uid, who, wb__auth_describe_gids(peer, gids, sizeof gids));
+}
+
+int wb__auth_refuse_admin(const wb_auth *a, const wb_peer_creds *peer, const char *verb,
+                          wb_err *err)
+{
+    char gids[300];
+    if (a->lists[WB_AUTH_ADMIN_GIDS].n == 0)
+        return wb__err_set(err, WB_EPERM, "uid %u may not %s models", peer->uid, verb);
+    return wb__err_set(err, WB_EPERM, "uid %u may not %s models; matched against %s", peer->uid,
+                       verb, wb__auth_describe_gids(peer, gids, sizeof gids));
+}
+
+/* Whether [p, end) starts with the line tag `tag` ("Uid:"). */
+static int line_is(const char *p, const char *end, const char *tag)
+{
+    size_t n = strlen(tag);
+    return (size_t)(end - p) >= n && memcmp(p, tag, n) == 0;
+}
+
+/* Parses the blank-separated decimal ids of one line, [p, end): the first
+ * `cap` to out[], all counted in *count (at most `max`). 0, or -1 when a
+ * field is not an id or there are more than `max`. */
+static int parse_id_fields(const char *p, const char *end, uint32_t *out, size_t cap, size_t *count,
+                           size_t max)
+{
+    *count = 0;
+    for (;;) {
+        while (p < end && (*p == ' ' || *p == '\t'))
+            p++;
+        if (p == end)
+            return 0;
+        uint64_t v = 0;
+        const char *start = p;
+        while (p < end && *p >= '0' && *p <= '9') {
+            v = v * 10 + (uint64_t)(*p - '0');
+            if (v >= UINT32_MAX)
+                return -1;
+            p++;
+        }
+        if (p == start || (p < end && *p != ' ' && *p != '\t'))
+            return -1;
+        if (*count == max)
+            return -1;
+        if (*count < cap)
+            out[*count] = (uint32_t)v;
+        (*count)++;
+    }
+}
+
+int wb__auth_parse_status(const char *text, size_t len, wb_proc_ids *ids, uint32_t *groups,
+                          size_t cap, wb_err *err)
+{
+    memset(ids, 0, sizeof *ids);
+    int have_uid = 0, have_gid = 0, have_groups = 0;
+    const char *p = text, *end = text + len;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *le = nl ? nl : end;
+        const char *tag = NULL;
+        int *have = NULL;
+        uint32_t *out = NULL;
+        size_t out_cap = 0, max = 4, count = 0;
+        if (line_is(p, le, "Uid:")) {
+            tag = "Uid:";
+            have = &have_uid;
+            out = ids->uid;
+            out_cap = 4;
+        } else if (line_is(p, le, "Gid:")) {
+            tag = "Gid:";
+            have = &have_gid;
+            out = ids->gid;
+            out_cap = 4;
+        } else if (line_is(p, le, "Groups:")) {
+            tag = "Groups:";
+            have = &have_groups;
+            out = groups;
+            out_cap = groups ? cap : 0;
+            max = WB_PROC_GROUPS_MAX;
+        }
+        if (tag) {
+            if (*have)
+                return wb__err_set(err, WB_EFORMAT, "two %s lines", tag);
+            *have = 1;
+            if (parse_id_fields(p + strlen(tag), le, out, out_cap, &count, max) != 0)
+                return wb__err_set(err, WB_EFORMAT,
+                                   max == 4 ? "the %s line is not four ids"
+                                            : "the %s line is not a list of at most 65536 ids",
+                                   tag);
+            if (max == 4 && count != 4)
+                return wb__err_set(err, WB_EFORMAT, "the %s line is not four ids", tag);
+            if (max != 4)
+                ids->n_groups = count;
+        }
+        p = nl ? nl + 1 : end;
+    }
+    if (!have_uid || !have_gid || !have_groups)
+        return wb__err_set(err, WB_EFORMAT, "no %s line",
+                           !have_uid   ? "Uid:"
+                           : !have_gid ? "Gid:"
+                                       : "Groups:");
+    return WB_OK;
+}
+
+/* Reads a whole /proc file (at most `max` bytes) into a new buffer (*out,
+ * the caller frees it). Returns its length, or -1 with errno set. */
+static ssize_t read_proc_file(const char *path, char **out, size_t max)
+{
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (!buf) {
+            close(fd);
+            errno = ENOMEM;
+            return -1;
+        }
+        if (len == cap) {
+            if (cap >= max) {
+                free(buf);
+                close(fd);
+                errno = EFBIG;
+                return -1;
+            }
+            char *grown = realloc(buf, cap * 2);
+            if (!grown)
+                free(buf);
+            buf = grown;
+            cap *= 2;
+            continue;
+        }
+        ssize_t n = read(fd, buf + len, cap - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            int e = errno;
+            free(buf);
+            close(fd);
+            errno = e;
+            return -1;
+        }
+        if (n == 0)
+            break;
+        len += (size_t)n;
+    }
+    close(fd);
+    *out = buf;
+    return (ssize_t)len;
+}
+
+/* The pid the broker's /proc shows for the process a pidfd names (the Pid:
+ * line of /proc/self/fdinfo: -1 once it exited, 0 outside the namespace of
+ * that /proc). 1 with *pid set; 0 when the kernel shows no such line (older
+ * kernels); -1 when the fdinfo cannot be read. */
+static int pidfd_proc_pid(int pidfd, long *pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/self/fdinfo/%d", pidfd);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n;
+    do {
+        n = read(fd, buf, sizeof buf - 1);
+    } while (n < 0 && errno == EINTR);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    const char *line = strncmp(buf, "Pid:", 4) == 0 ? buf : strstr(buf, "\nPid:");
+    if (!line)
+        return 0;
+    line += line == buf ? 4 : 5;
+    char *end;
+    errno = 0;
+    long v = strtol(line, &end, 10);
+    if (end == line || errno != 0)
+        return -1;
+    *pid = v;
+    return 1;
+}
+
+static int cmp_u32(const void *x, const void *y)
+{
+    uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
+    return (a > b) - (a < b);
+}
+
+/* Keeps the process's groups (all[], n of them, sorted here) in g: all of
+ * them when they fit, else those on the administrator gid list, then the
+ * client one, then the lowest others. */
+static void keep_groups(const wb_auth *a, wb_peer_groups *g, uint32_t *all, size_t n)
+{
+    qsort(all, n, sizeof *all, cmp_u32);
+    size_t u = 0;
+    for (size_t i = 0; i < n; i++)
+        if (u == 0 || all[u - 1] != all[i])
+            all[u++] = all[i];
+    g->total = (uint32_t)u;
+    if (u <= WB_PEER_GROUPS_MAX) {
+        memcpy(g->gid, all, u * sizeof *all);
+        g->n = (uint32_t)u;
+        return;
+    }
+    const wb_id_list *admin = a ? &a->lists[WB_AUTH_ADMIN_GIDS] : NULL;
+    const wb_id_list *client = a ? &a->lists[WB_AUTH_CLIENT_GIDS] : NULL;
+    g->n = 0;
+    for (int pass = 0; pass < 3; pass++) {
+        for (size_t i = 0; i < u && g->n < WB_PEER_GROUPS_MAX; i++) {
+            int on_admin = admin && has_id(admin, all[i]);
+            int on_client = client && has_id(client, all[i]);
+            int take = pass == 0   ? on_admin
+                       : pass == 1 ? on_client && !on_admin
+                                   : !on_admin && !on_client;
+            if (take)
+                g->gid[g->n++] = all[i];
+        }
+    }
+    qsort(g->gid, g->n, sizeof g->gid[0], cmp_u32);
+}
+
+int wb__auth_read_groups(const wb_auth *a, wb_peer_creds *c, int pidfd)
+{
+    wb_peer_groups *g = &c->groups;
+    memset(g, 0, sizeof *g);
+    if (c->pid_hidden)
+        return g->state = WB_GROUPS_PID_HIDDEN;
+    if (!c->known || c->pid == 0 || c->pid > 0x7fffffffu || pidfd < 0)
+        return g->state = WB_GROUPS_NO_PIDFD;
+    if (wb__pidfd_exited(pidfd))
+        return g->state = WB_GROUPS_EXITED;
+    /* /proc must be the broker's pid namespace's: there the pidfd's process
+     * has the pid SO_PEERCRED gave. */
+    long shown = 0;
+    int fr = pidfd_proc_pid(pidfd, &shown);
+    if (fr == 1 && shown == -1)
+        return g->state = WB_GROUPS_EXITED;
+    if (fr < 0 || (fr == 1 && shown != (long)c->pid))
+        return g->state = WB_GROUPS_OTHER_PROC;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%u/status", c->pid);
+    char *text = NULL;
+    /* 65536 groups of up to 10 digits, and the other lines. */
+    ssize_t len = read_proc_file(path, &text, 1u << 20);
+    int e = errno;
+    /* Whatever was read is the pidfd's process's only if it still lives:
+     * a pid is not reused before its process has exited. */
+    if (wb__pidfd_exited(pidfd)) {
+        free(text);
+        return g->state = WB_GROUPS_EXITED;
+    }
+    if (len < 0) {
+        g->err_no = e;
+        return g->state = WB_GROUPS_UNREADABLE;
+    }
+    uint32_t small[256];
+    uint32_t *all = small;
+    wb_proc_ids ids;
+    wb_err perr;
+    int rc = wb__auth_parse_status(text, (size_t)len, &ids, small, 256, &perr);
+    if (rc == WB_OK && ids.n_groups > 256) {
+        all = malloc(ids.n_groups * sizeof *all);
+        rc = all ? wb__auth_parse_status(text, (size_t)len, &ids, all, ids.n_groups, &perr)
+                 : WB_ENOMEM;
+    }
+    free(text);
+    if (rc == WB_ENOMEM) {
+        g->err_no = ENOMEM;
+        return g->state = WB_GROUPS_UNREADABLE;
+    }
+    if (rc != WB_OK) {
+        if (all != small)
+            free(all);
+        return g->state = WB_GROUPS_MALFORMED;
+    }
+    /* SO_PEERCRED's ids are the effective ones at connect: a process that
+     * changed them since is not judged by groups it may have changed too. */
+    if (ids.uid[1] != c->uid || ids.gid[1] != c->gid) {
+        if (all != small)
+            free(all);
+        return g->state = WB_GROUPS_IDS_CHANGED;
+    }
+    keep_groups(a, g, all, ids.n_groups);
+    if (all != small)
+        free(all);
+    return g->state = WB_GROUPS_READ;
 }
 
 static const char *file_type(mode_t mode)
@@ -395,18 +807,40 @@ wb_load_access wb__auth_load_access(const wb_peer_creds *peer)
     a.enforce = !peer->known || peer->uid != 0;
     a.uid = peer->known ? peer->uid : UINT32_MAX;
     a.gid = peer->known ? peer->gid : UINT32_MAX;
+    a.pid = peer->pid;
+    if (peer->known)
+        a.groups = peer->groups;
     return a;
 }
 
+/* Whether gid is one of the supplementary groups read (sorted). */
+static int in_groups(const wb_peer_groups *g, uint32_t gid)
+{
+    if (g->state != WB_GROUPS_READ)
+        return 0;
+    size_t lo = 0, hi = g->n < WB_PEER_GROUPS_MAX ? g->n : WB_PEER_GROUPS_MAX;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (g->gid[mid] == gid)
+            return 1;
+        if (g->gid[mid] < gid)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return 0;
+}
+
 /* The kernel's owner / group / other rule on mode bits alone, for the peer's
- * uid and primary gid: the owner's bits apply to the owner even when the
- * group's or others' would allow more. `want` is 4 (read), 1 (search) or 5. */
+ * uid, primary gid and supplementary groups: the owner's bits apply to the
+ * owner even when the group's or others' would allow more, the group's to a
+ * member even when others' would. `want` is 4 (read), 1 (search) or 5. */
 static int mode_allows(const wb_load_access *a, const struct stat *st, unsigned want)
 {
     unsigned bits;
     if (st->st_uid == a->uid)
         bits = (st->st_mode >> 6) & 7u;
-    else if (st->st_gid == a->gid)
+    else if (st->st_gid == a->gid || in_groups(&a->groups, (uint32_t)st->st_gid))
         bits = (st->st_mode >> 3) & 7u;
     else
         bits = st->st_mode & 7u;
@@ -416,10 +850,18 @@ static int mode_allows(const wb_load_access *a, const struct stat *st, unsigned 
 static int refuse_peer(const wb_load_access *a, const char *what, const char *path,
                        const struct stat *st, wb_err *err)
 {
+    char gids[300];
+    size_t used = 0;
+    gids[0] = '\0';
+    appendf(gids, sizeof gids, &used, "gid %u", a->gid);
+    /* Nothing more when the peer has no supplementary groups: the kernel's
+     * rule then knows only the primary gid too. */
+    if (a->groups.state != WB_GROUPS_UNREAD)
+        append_groups(gids, sizeof gids, &used, a->pid, &a->groups, 0);
     return wb__err_set(err, WB_EPERM,
-                       "uid %u (gid %u) may not %s %.400s (mode %04o, owner uid %u, gid %u); "
+                       "uid %u (%s) may not %s %.400s (mode %04o, owner uid %u, gid %u); "
                        "the broker loads only what the requesting user can read",
-                       a->uid, a->gid, what, path, (unsigned)(st->st_mode & 07777),
+                       a->uid, gids, what, path, (unsigned)(st->st_mode & 07777),
                        (unsigned)st->st_uid, (unsigned)st->st_gid);
 }
 

@@ -363,17 +363,32 @@ void wb__conns_accept(wb_conns *cs)
             refused(cs, "max_peers", creds.pid);
             continue;
         }
-        /* Judged by its uid before anything is read from it: a refused
-         * peer is answered once and closed, and only a few of one uid are
-         * kept at once. */
+        /* The process that connected, proven by a pidfd from here on; its
+         * supplementary groups are read through it. */
         char refusal[WB_REFUSE_MAX] = "";
         int refuse = 0;
-        if ((creds.known || creds.pid_hidden) && cs->admit &&
-            cs->admit(cs->ctx, &creds, refusal, sizeof refusal) != 0)
+        int pidfd = -1;
+        if (creds.known) {
+            wb_err perr;
+            pidfd = wb__peer_pidfd(fd, &creds, &perr);
+            if (pidfd < 0) {
+                snprintf(refusal, sizeof refusal, "%.190s", perr.msg);
+                refuse = 1;
+            }
+        }
+        /* Judged by its uid and groups before anything is read from it: a
+         * refused peer is answered once and closed, and only a few of one
+         * uid are kept at once. */
+        if (!refuse && (creds.known || creds.pid_hidden) && cs->admit &&
+            cs->admit(cs->ctx, &creds, pidfd, refusal, sizeof refusal) != 0)
             refuse = 1;
         if (!creds.known && !creds.pid_hidden) {
             snprintf(refusal, sizeof refusal, "%.190s", cerr.msg);
             refuse = 1;
+        }
+        if (refuse && pidfd >= 0) {
+            close(pidfd);
+            pidfd = -1;
         }
         unsigned same_uid = 0, refused_uid = 0;
         for (size_t k = 0; k < cs->n; k++) {
@@ -396,6 +411,8 @@ void wb__conns_accept(wb_conns *cs)
                      "(--max-peers-per-uid)",
                      creds.uid, same_uid);
             close_refused(fd, why);
+            if (pidfd >= 0)
+                close(pidfd);
             refused(cs, "max_peers_per_uid", creds.pid);
             continue;
         }
@@ -407,18 +424,10 @@ void wb__conns_accept(wb_conns *cs)
                 same += cs->v[k]->kernel.known && cs->v[k]->kernel.pid == creds.pid;
             if (same >= cs->opt->max_per_process) {
                 close_refused(fd, "this process holds --max-peers-per-process connections already");
+                if (pidfd >= 0)
+                    close(pidfd);
                 refused(cs, "max_peers_per_process", creds.pid);
                 continue;
-            }
-        }
-        /* The process that connected, proven by a pidfd from here on. */
-        int pidfd = -1;
-        if (!refuse && creds.known) {
-            wb_err perr;
-            pidfd = wb__peer_pidfd(fd, &creds, &perr);
-            if (pidfd < 0) {
-                snprintf(refusal, sizeof refusal, "%.190s", perr.msg);
-                refuse = 1;
             }
         }
         wb_conn *c = NULL;

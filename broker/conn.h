@@ -43,7 +43,7 @@ struct outbuf;
  * deadline, whichever comes first. */
 #define WB_REFUSED_PER_UID 4
 /* The longest reason kept for a connection refused at accept. */
-#define WB_REFUSE_MAX 256
+#define WB_REFUSE_MAX 512
 
 /* One client connection: its socket, the ZMTP codec, its credentials
  * (SO_PEERCRED) and the messages waiting to be written. */
@@ -80,9 +80,12 @@ typedef struct wb_conns wb_conns;
  * gone when it returns (a reply to a slow reader). */
 typedef void (*wb_conn_message_fn)(void *ctx, wb_conn *c, const wb_zmtp_msg *m);
 
-/* Judges a new connection by its kernel credentials before it is served:
- * 0 to serve it, else a refusal with the reason in `why`. */
-typedef int (*wb_conn_admit_fn)(void *ctx, const wb_peer_creds *kernel, char *why, size_t size);
+/* Judges a new connection by its kernel credentials before it is served,
+ * and may complete them (its supplementary groups, read through `pidfd`:
+ * the process that connected, -1 when its pid is hidden): 0 to serve it,
+ * else a refusal with the reason in `why`. */
+typedef int (*wb_conn_admit_fn)(void *ctx, wb_peer_creds *kernel, int pidfd, char *why,
+                                size_t size);
 
 /* Every connection, the listening socket and what they hold in all. */
 struct wb_conns {

@@ -100,13 +100,15 @@ static void send_reply(loop *L, uint32_t op, const void *ident, size_t ident_len
                  rc == WB_ENOTFOUND ? "no_connection" : "peer_gone", (unsigned long long)rep->id);
 }
 
-/* Admits a new connection by the kernel's credentials: a uid on no allow
- * list is refused before any of its requests is decoded (wb_conns.admit). */
-static int admit_peer(void *ctx, const wb_peer_creds *kernel, char *why, size_t size)
+/* Admits a new connection by the kernel's credentials and the process's
+ * supplementary groups, read once here: a peer on no allow list is refused
+ * before any of its requests is decoded (wb_conns.admit). */
+static int admit_peer(void *ctx, wb_peer_creds *kernel, int pidfd, char *why, size_t size)
 {
     loop *L = ctx;
     wb_err err;
-    if (wb__auth_check_uid(&L->b->auth, kernel->uid, kernel->gid, &err) == WB_OK)
+    wb__auth_read_groups(&L->b->auth, kernel, pidfd);
+    if (wb__auth_check_client(&L->b->auth, kernel, &err) == WB_OK)
         return 0;
     snprintf(why, size, "%s", err.msg);
     return -1;
@@ -454,6 +456,7 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
             opt->max_sessions_per_uid, opt->handshake_ms);
     /* Preloads are done and the socket is bound: clients may come. */
     notify_systemd("READY=1\nSTATUS=serving");
+    wb__metrics_serving(b->metrics, 1);
     wb__metrics_tick(b->metrics, b, 1);
 
     long wait_ms = LOOP_MAX_WAIT_MS;
@@ -523,6 +526,7 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
     }
 
     notify_systemd("STOPPING=1");
+    wb__metrics_serving(b->metrics, 0);
     shutdown_loads(&L);
     b->loader = NULL;
     wb_info("stop", "leases_held=%zu leases_stale=%zu peers=%zu models=%zu replies_dropped=%llu",

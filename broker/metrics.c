@@ -1,11 +1,14 @@
 #include "metrics.h"
 
+#include "buildinfo.h"
 #include "connguard.h"
 #include "log.h"
 #include "wire.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -16,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifdef WB_HAVE_MICROHTTPD
@@ -47,12 +52,17 @@ struct wb_metrics {
     unsigned long long log_suppressed;
 #endif
     unsigned port;
+    double start_time; /* process_start_time_seconds, read once at start */
     pthread_mutex_t mu;
     char *text; /* the published page, under mu */
     size_t len;
-    int64_t rendered_ms; /* loop thread only */
-    int dirty;           /* loop thread only */
+    int64_t published_ms; /* when it was published, under mu */
+    int health;           /* HEALTH_*, under mu */
+    int64_t rendered_ms;  /* loop thread only */
+    int dirty;            /* loop thread only */
 };
+
+enum { HEALTH_STARTING, HEALTH_SERVING, HEALTH_STOPPING };
 
 int wb__metrics_parse_addr(const char *spec, struct sockaddr_storage *ss, socklen_t *len,
                            wb_err *err)
@@ -203,6 +213,17 @@ char *wb__metrics_render(const wb_broker *b, size_t *len)
         return NULL;
     const wb_broker_stats *st = &b->stats;
 
+    header(f, "wb_build_info", "gauge",
+           "Always 1, labelled by the broker's version, git revision, wire protocol version and "
+           "the backends compiled in.");
+    fputs("wb_build_info{version=\"", f);
+    put_label(f, WB_VERSION);
+    fputs("\",revision=\"", f);
+    put_label(f, wb__build_rev());
+    fprintf(f, "\",protocol=\"%d\",backends=\"", WB_PROTOCOL_VERSION);
+    put_label(f, wb__build_backends());
+    fputs("\"} 1\n", f);
+
     header(f, "wb_leases", "gauge",
            "Leases held, by state (stale: heartbeats stopped, never freed).");
     fprintf(f, "wb_leases{state=\"active\"} %zu\n",
@@ -286,7 +307,9 @@ char *wb__metrics_render(const wb_broker *b, size_t *len)
     }
 
     single(f, "wb_reclaims_total", "counter",
-           "Leases reclaimed because their process was proven dead.", st->leases_reclaimed);
+           "Leases reclaimed because their process was proven dead (its pidfd, or the end of "
+           "its descriptor channel connection).",
+           st->leases_reclaimed);
 
     single(f, "wb_replies_dropped_total", "counter",
            "Replies not delivered: the peer was gone or left too many unread.",
@@ -296,10 +319,13 @@ char *wb__metrics_render(const wb_broker *b, size_t *len)
     single(f, "wb_connections", "gauge", "Connections to the broker's socket open now.",
            st->connections);
     single(f, "wb_peers_refused_total", "counter",
-           "Connections closed at once because --max-peers connections were open.",
+           "Connections closed as soon as accepted, on the socket or the descriptor channel: "
+           "over --max-peers, --max-peers-per-uid or --max-peers-per-process, too many refused "
+           "ones of one uid kept, or out of descriptors or memory.",
            st->peers_refused);
     single(f, "wb_peers_disconnected_total", "counter",
-           "Connections closed for breaking a transport bound or the protocol.",
+           "Connections closed for breaking a transport bound or the protocol, or for not "
+           "sending a request within --handshake-timeout-ms.",
            st->peers_disconnected);
 
     if (fclose(f) != 0) {
@@ -312,12 +338,261 @@ char *wb__metrics_render(const wb_broker *b, size_t *len)
 
 void wb__metrics_publish(wb_metrics *m, char *text, size_t len)
 {
+    int64_t now = wb__clock_mono_ms();
     pthread_mutex_lock(&m->mu);
     char *old = m->text;
     m->text = text;
     m->len = len;
+    m->published_ms = now;
     pthread_mutex_unlock(&m->mu);
     free(old);
+}
+
+void wb__metrics_serving(wb_metrics *m, int serving)
+{
+    if (!m)
+        return;
+    pthread_mutex_lock(&m->mu);
+    m->health = serving ? HEALTH_SERVING : HEALTH_STOPPING;
+    /* The stall clock starts now, not at the last page before the loop. */
+    if (serving)
+        m->published_ms = wb__clock_mono_ms();
+    pthread_mutex_unlock(&m->mu);
+}
+
+unsigned wb__metrics_health(wb_metrics *m, int64_t now_ms, char *body, size_t size)
+{
+    pthread_mutex_lock(&m->mu);
+    int health = m->health;
+    int64_t age = now_ms - m->published_ms;
+    pthread_mutex_unlock(&m->mu);
+    if (health == HEALTH_STARTING) {
+        snprintf(body, size, "starting: loading models\n");
+        return 503;
+    }
+    if (health == HEALTH_STOPPING) {
+        snprintf(body, size, "stopping\n");
+        return 503;
+    }
+    if (age > WB_METRICS_STALL_MS) {
+        snprintf(body, size, "the event loop has not run for %lld ms\n", (long long)age);
+        return 503;
+    }
+    snprintf(body, size, "ok\n");
+    return 200;
+}
+
+/* Reads a small /proc file whole into buf (terminated). Returns its length,
+ * or -1. */
+static ssize_t read_small(const char *path, char *buf, size_t size)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    size_t len = 0;
+    while (len + 1 < size) {
+        ssize_t n = read(fd, buf + len, size - 1 - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+    }
+    close(fd);
+    buf[len] = '\0';
+    return (ssize_t)len;
+}
+
+/* The n-th (from 1) blank-separated field of [p, end) as a number. */
+static int stat_field(const char *p, const char *end, int n, unsigned long long *out)
+{
+    for (int i = 1; p < end; i++) {
+        while (p < end && *p == ' ')
+            p++;
+        const char *start = p;
+        unsigned long long v = 0;
+        int digits = 0;
+        while (p < end && *p >= '0' && *p <= '9') {
+            v = v * 10 + (unsigned long long)(*p - '0');
+            p++;
+            digits++;
+        }
+        while (p < end && *p != ' ')
+            p++;
+        if (i == n) {
+            if (!digits || p != start + digits || digits > 19)
+                return -1;
+            *out = v;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+int wb__metrics_parse_stat(const char *text, size_t len, long ticks, uint64_t btime,
+                           wb_proc_self *out, wb_err *err)
+{
+    /* pid (comm) state ppid ...: the command name ends at the last ')'. */
+    const char *close = NULL;
+    for (size_t i = 0; i < len; i++)
+        if (text[i] == ')')
+            close = text + i;
+    if (!close || ticks <= 0)
+        return wb__err_set(err, WB_EFORMAT, "no command name in /proc/self/stat");
+    const char *end = text + len;
+    while (end > close && (end[-1] == '\n' || end[-1] == ' '))
+        end--;
+    /* Fields 14 (utime), 15 (stime) and 22 (starttime) of stat(5) are the
+     * 12th, 13th and 20th after the name. */
+    unsigned long long utime, stime, start;
+    if (stat_field(close + 1, end, 12, &utime) != 0 ||
+        stat_field(close + 1, end, 13, &stime) != 0 || stat_field(close + 1, end, 20, &start) != 0)
+        return wb__err_set(err, WB_EFORMAT, "/proc/self/stat lacks utime, stime or starttime");
+    out->cpu_seconds = (double)(utime + stime) / (double)ticks;
+    out->start_time_seconds = (double)btime + (double)start / (double)ticks;
+    return WB_OK;
+}
+
+int wb__metrics_parse_statm(const char *text, size_t len, uint64_t page, wb_proc_self *out,
+                            wb_err *err)
+{
+    unsigned long long size, resident;
+    const char *end = text + len;
+    while (end > text && (end[-1] == '\n' || end[-1] == ' '))
+        end--;
+    if (stat_field(text, end, 1, &size) != 0 || stat_field(text, end, 2, &resident) != 0)
+        return wb__err_set(err, WB_EFORMAT, "/proc/self/statm lacks its sizes");
+    out->virtual_bytes = (uint64_t)size * page;
+    out->resident_bytes = (uint64_t)resident * page;
+    return WB_OK;
+}
+
+int wb__metrics_parse_btime(const char *text, size_t len, uint64_t *btime, wb_err *err)
+{
+    const char *end = text + len;
+    for (const char *p = text; p < end;) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *le = nl ? nl : end;
+        if ((size_t)(le - p) > 6 && memcmp(p, "btime ", 6) == 0) {
+            unsigned long long v;
+            if (stat_field(p + 6, le, 1, &v) != 0)
+                break;
+            *btime = (uint64_t)v;
+            return WB_OK;
+        }
+        p = nl ? nl + 1 : end;
+    }
+    return wb__err_set(err, WB_EFORMAT, "no btime line in /proc/stat");
+}
+
+/* process_start_time_seconds: the boot time and the process's start in
+ * clock ticks after it. -1 when either cannot be read. */
+static double read_start_time(void)
+{
+    char stat[4096];
+    ssize_t n = read_small("/proc/self/stat", stat, sizeof stat);
+    /* /proc/stat has a line per CPU before btime: a few hundred bytes each
+     * on large machines, read through a growing buffer. */
+    size_t cap = 64 * 1024;
+    char *all = NULL;
+    ssize_t an = -1;
+    for (; cap <= 16u << 20; cap *= 4) {
+        free(all);
+        all = malloc(cap);
+        if (!all)
+            break;
+        an = read_small("/proc/stat", all, cap);
+        if (an < 0 || (size_t)an + 1 < cap)
+            break;
+    }
+    uint64_t btime = 0;
+    wb_proc_self ps;
+    wb_err err;
+    int ok = n > 0 && all && an > 0 &&
+             wb__metrics_parse_btime(all, (size_t)an, &btime, &err) == 0 &&
+             wb__metrics_parse_stat(stat, (size_t)n, sysconf(_SC_CLK_TCK), btime, &ps, &err) == 0;
+    free(all);
+    return ok ? ps.start_time_seconds : -1.0;
+}
+
+/* Descriptors open in this process, the one reading the list aside. */
+static long count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return -1;
+    long n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL)
+        n += de->d_name[0] != '.';
+    closedir(d);
+    return n - 1;
+}
+
+void wb__metrics_render_process(FILE *f, double start_time_seconds)
+{
+    wb_err err;
+    wb_proc_self ps = {0};
+    char buf[4096];
+    ssize_t n = read_small("/proc/self/stat", buf, sizeof buf);
+    int have_stat =
+        n > 0 && wb__metrics_parse_stat(buf, (size_t)n, sysconf(_SC_CLK_TCK), 0, &ps, &err) == 0;
+    long page = sysconf(_SC_PAGESIZE);
+    n = read_small("/proc/self/statm", buf, sizeof buf);
+    int have_statm = n > 0 && page > 0 &&
+                     wb__metrics_parse_statm(buf, (size_t)n, (uint64_t)page, &ps, &err) == 0;
+    if (start_time_seconds < 0)
+        start_time_seconds = read_start_time();
+    long fds = count_fds();
+    struct rlimit rl;
+    int have_limit = getrlimit(RLIMIT_NOFILE, &rl) == 0;
+
+    header(f, "process_cpu_seconds_total", "counter",
+           "Total user and system CPU time spent in seconds.");
+    if (have_stat) {
+        fputs("process_cpu_seconds_total ", f);
+        put_double(f, ps.cpu_seconds);
+        fputc('\n', f);
+    }
+    header(f, "process_start_time_seconds", "gauge",
+           "Start time of the process since unix epoch in seconds.");
+    if (start_time_seconds >= 0) {
+        fputs("process_start_time_seconds ", f);
+        put_double(f, start_time_seconds);
+        fputc('\n', f);
+    }
+    header(f, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
+    if (have_statm)
+        fprintf(f, "process_resident_memory_bytes %llu\n", (unsigned long long)ps.resident_bytes);
+    header(f, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.");
+    if (have_statm)
+        fprintf(f, "process_virtual_memory_bytes %llu\n", (unsigned long long)ps.virtual_bytes);
+    header(f, "process_open_fds", "gauge", "Number of open file descriptors.");
+    if (fds >= 0)
+        fprintf(f, "process_open_fds %ld\n", fds);
+    header(f, "process_max_fds", "gauge", "Maximum number of open file descriptors.");
+    if (have_limit)
+        fprintf(f, "process_max_fds %llu\n", (unsigned long long)rl.rlim_cur);
+}
+
+char *wb__metrics_page(wb_metrics *m, size_t *len)
+{
+    char *text = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&text, &n);
+    if (!f)
+        return NULL;
+    pthread_mutex_lock(&m->mu);
+    if (m->text)
+        fwrite(m->text, 1, m->len, f);
+    pthread_mutex_unlock(&m->mu);
+    wb__metrics_render_process(f, m->start_time);
+    if (fclose(f) != 0) {
+        free(text);
+        return NULL;
+    }
+    *len = n;
+    return text;
 }
 
 char *wb__metrics_snapshot(wb_metrics *m, size_t *len)
@@ -375,7 +650,8 @@ static enum MHD_Result respond(struct MHD_Connection *conn, unsigned code, char 
     return ret;
 }
 
-/* The HTTP thread: serves a copy of the published page and nothing else. */
+/* The HTTP thread: serves a copy of the published page with the process
+ * families, and the health check; nothing else. */
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **req_cls)
@@ -389,7 +665,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (ci && ci->socket_context)
         wb__connguard_request(&m->guard, ci->socket_context);
     static char not_allowed[] = "only GET and HEAD are served\n";
-    static char not_found[] = "not found; the metrics are at /metrics\n";
+    static char not_found[] = "not found; the metrics are at /metrics, the health check at "
+                              "/healthz\n";
     if (*upload_size) {
         *upload_size = 0; /* a body is read and ignored */
         return MHD_YES;
@@ -397,11 +674,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
         return respond(conn, MHD_HTTP_METHOD_NOT_ALLOWED, not_allowed, sizeof not_allowed - 1,
                        "text/plain; charset=utf-8", MHD_RESPMEM_PERSISTENT);
+    if (strcmp(url, "/healthz") == 0) {
+        char body[96];
+        unsigned code = wb__metrics_health(m, wb__clock_mono_ms(), body, sizeof body);
+        return respond(conn, code, body, strlen(body), "text/plain; charset=utf-8",
+                       MHD_RESPMEM_MUST_COPY);
+    }
     if (strcmp(url, "/metrics") != 0)
         return respond(conn, MHD_HTTP_NOT_FOUND, not_found, sizeof not_found - 1,
                        "text/plain; charset=utf-8", MHD_RESPMEM_PERSISTENT);
     size_t len;
-    char *page = wb__metrics_snapshot(m, &len);
+    char *page = wb__metrics_page(m, &len);
     if (!page)
         return MHD_NO;
     return respond(conn, MHD_HTTP_OK, page, len, "text/plain; version=0.0.4; charset=utf-8",
@@ -588,6 +871,8 @@ int wb__metrics_start(const char *spec, unsigned request_timeout_ms, const wb_br
     pthread_mutex_init(&m->mu, NULL);
     m->port = port;
     m->dirty = 1;
+    m->health = HEALTH_STARTING;
+    m->start_time = read_start_time();
     wb__connguard_init(&m->guard, request_timeout_ms, WB_METRICS_MAX_WAITING_PER_ADDR,
                        WB_METRICS_MAX_WAITING);
     /* The first page exists before the server answers: a scrape right
@@ -617,7 +902,8 @@ int wb__metrics_start(const char *spec, unsigned request_timeout_ms, const wb_br
             pthread_create(&m->thread, NULL, serve, m) == 0) {
             char q[300];
             wb_info("metrics_listen",
-                    "address=%s port=%u path=/metrics request_timeout_ms=%u max_connections=%u "
+                    "address=%s port=%u path=/metrics health=/healthz request_timeout_ms=%u "
+                    "max_connections=%u "
                     "max_per_address=%u max_waiting=%u max_waiting_per_address=%u",
                     wb__log_quote(q, sizeof q, spec), port, request_timeout_ms,
                     WB_METRICS_MAX_CONNECTIONS, WB_METRICS_MAX_PER_ADDR, WB_METRICS_MAX_WAITING,

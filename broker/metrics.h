@@ -1,10 +1,15 @@
 /* Prometheus metrics over HTTP (libmicrohttpd), at /metrics on --metrics
- * ADDR:PORT, in the text exposition format 0.0.4.
+ * ADDR:PORT, in the text exposition format 0.0.4, and a health check for
+ * probes at /healthz.
  *
  * The broker's state belongs to the event loop's thread. The HTTP server
  * runs its own thread, so it never looks at that state: the loop renders the
- * whole page into a buffer (wb__metrics_tick, on changes and every 250 ms)
- * and publishes it under a mutex; each scrape copies the last page.
+ * broker's families into a buffer (wb__metrics_tick, on changes and every
+ * 250 ms) and publishes it under a mutex, with what /healthz says; each
+ * scrape copies the last page and adds the process_* families, read from
+ * /proc/self on the HTTP thread at the scrape (they concern the process,
+ * not the broker's state, and so are current even while preloads hold the
+ * loop from starting).
  *
  * The HTTP thread also bounds what clients can hold (connguard.h): every
  * connection has the request timeout, from its accept or its last response,
@@ -19,6 +24,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/socket.h>
 
 typedef struct wb_metrics wb_metrics;
@@ -82,5 +88,52 @@ void wb__metrics_tick(wb_metrics *m, const wb_broker *b, int changed);
 
 /* A copy of the published page (for tests); NULL when out of memory. */
 char *wb__metrics_snapshot(wb_metrics *m, size_t *len);
+
+/* What a scrape of /metrics gets: the published page followed by the
+ * process families (wb__metrics_render_process), in a new buffer; NULL when
+ * out of memory. Any thread. */
+char *wb__metrics_page(wb_metrics *m, size_t *len);
+
+/* What /healthz answers. Until the loop serves, 503 "starting: loading
+ * models" (the server starts before the preloads); once wb__metrics_serving
+ * (m, 1) was called, 200 "ok" while the loop keeps publishing pages, and 503
+ * "the event loop has not run for N ms" when its last page is older than
+ * WB_METRICS_STALL_MS; after wb__metrics_serving(m, 0), 503 "stopping".
+ * Loop thread; NULL m is fine. */
+void wb__metrics_serving(wb_metrics *m, int serving);
+#define WB_METRICS_STALL_MS 10000
+
+/* /healthz's status code and body (a static string), as the HTTP thread
+ * answers it at monotonic time now_ms (for tests). */
+unsigned wb__metrics_health(wb_metrics *m, int64_t now_ms, char *body, size_t size);
+
+/* This process's figures for the process_* families, as the Prometheus
+ * client libraries define them. */
+typedef struct wb_proc_self {
+    double cpu_seconds;        /* user + system time (stat utime + stime) */
+    double start_time_seconds; /* since the Unix epoch (stat starttime + btime) */
+    uint64_t virtual_bytes;    /* statm size */
+    uint64_t resident_bytes;   /* statm resident */
+} wb_proc_self;
+
+/* Parses /proc/self/stat (`len` bytes; the command name may hold spaces and
+ * parentheses): cpu_seconds and start_time_seconds, with `ticks` clock ticks
+ * a second and the boot time `btime` (seconds since the epoch). WB_OK, or
+ * WB_EFORMAT when the fields are not there. */
+int wb__metrics_parse_stat(const char *text, size_t len, long ticks, uint64_t btime,
+                           wb_proc_self *out, wb_err *err);
+/* Parses /proc/self/statm: the virtual and resident sizes in bytes with
+ * pages of `page` bytes. WB_OK or WB_EFORMAT. */
+int wb__metrics_parse_statm(const char *text, size_t len, uint64_t page, wb_proc_self *out,
+                            wb_err *err);
+/* The btime line of /proc/stat. WB_OK or WB_EFORMAT. */
+int wb__metrics_parse_btime(const char *text, size_t len, uint64_t *btime, wb_err *err);
+
+/* Writes the process families (process_cpu_seconds_total,
+ * process_start_time_seconds, process_resident_memory_bytes,
+ * process_virtual_memory_bytes, process_open_fds, process_max_fds) for this
+ * process to f: each with HELP and TYPE, its sample left out when its
+ * figure cannot be read. start_time_seconds < 0: read it now. Any thread. */
+void wb__metrics_render_process(FILE *f, double start_time_seconds);
 
 #endif

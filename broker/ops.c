@@ -60,7 +60,7 @@ int wb__ops_oom(Wbproto__Reply *rep, wb_arena *a)
 
 int wb__ops_is_admin(const wb_broker *b, const wb_peer_creds *peer)
 {
-    return wb__auth_admin_ok(&b->auth, peer->uid, peer->gid);
+    return wb__auth_admin_ok(&b->auth, peer);
 }
 
 /* The request's kind, for log lines. */
@@ -89,11 +89,14 @@ static const char *op_name(int body)
 int wb__ops_refuse_admin(wb_broker *b, const wb_peer_creds *peer, const char *verb,
                          Wbproto__Reply *rep, wb_arena *a)
 {
-    char who[200];
+    char who[200], groups[200];
+    wb_err err;
     b->stats.requests_refused++;
-    wb_warn("peer_refused", "reason=not_admin op=%s uid=%u gid=%u pid=%u admins=\"%s\"", verb,
-            peer->uid, peer->gid, peer->pid, wb__auth_describe_admins(&b->auth, who, sizeof who));
-    return wb__ops_fail(rep, a, WB_EPERM, "uid %u may not %s models", peer->uid, verb);
+    wb_warn("peer_refused", "reason=not_admin op=%s uid=%u gid=%u groups=%s pid=%u admins=\"%s\"",
+            verb, peer->uid, peer->gid, wb__auth_groups_field(peer, groups, sizeof groups),
+            peer->pid, wb__auth_describe_admins(&b->auth, who, sizeof who));
+    wb__auth_refuse_admin(&b->auth, peer, verb, &err);
+    return wb__ops_fail(rep, a, WB_EPERM, "%s", err.msg);
 }
 
 Wbproto__ModelInfo *wb__ops_model_info(const wb_model *m, int state, wb_arena *a)
@@ -570,11 +573,12 @@ int wb__ops_handle(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Reque
      * on it); load and unload check the administrator list on top. */
     wb_err aerr;
     if (wb__auth_check_client(&b->auth, peer, &aerr) != WB_OK) {
-        char who[200];
+        char who[200], groups[200];
         b->stats.requests_refused++;
         wb_warn_peer("peer_refused", peer->uid,
-                     "reason=not_allowed op=%s uid=%u gid=%u pid=%u allowed=\"%s\"",
-                     op_name(req->body_case), peer->uid, peer->gid, peer->pid,
+                     "reason=not_allowed op=%s uid=%u gid=%u groups=%s pid=%u allowed=\"%s\"",
+                     op_name(req->body_case), peer->uid, peer->gid,
+                     wb__auth_groups_field(peer, groups, sizeof groups), peer->pid,
                      wb__auth_describe_clients(&b->auth, who, sizeof who));
         return wb__ops_fail(rep, a, WB_EPERM, "%s", aerr.msg);
     }

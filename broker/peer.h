@@ -9,10 +9,40 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The most supplementary groups kept for a peer. A process in more keeps
+ * those on the broker's gid lists first (auth.h, wb__auth_read_groups), so
+ * that the allow-list checks stay exact; only load access checks can then
+ * miss a group. */
+#define WB_PEER_GROUPS_MAX 64
+
+/* Whether a peer's supplementary groups are known, and why not. */
+typedef enum wb_groups_state {
+    WB_GROUPS_UNREAD = 0,  /* never read: only the primary gid is known */
+    WB_GROUPS_READ,        /* read from /proc/<pid>/status at accept */
+    WB_GROUPS_PID_HIDDEN,  /* SO_PEERCRED gave pid 0 (another pid namespace) */
+    WB_GROUPS_NO_PIDFD,    /* no pidfd proves which process the pid names */
+    WB_GROUPS_EXITED,      /* the process exited before or while they were read */
+    WB_GROUPS_OTHER_PROC,  /* /proc/<pid> is not the process the pidfd names */
+    WB_GROUPS_IDS_CHANGED, /* its uid or gid there is not the connection's */
+    WB_GROUPS_UNREADABLE,  /* /proc/<pid>/status could not be read (err_no) */
+    WB_GROUPS_MALFORMED,   /* /proc/<pid>/status could not be parsed */
+} wb_groups_state;
+
+/* A peer's supplementary groups, read once per connection when it is
+ * accepted (a group change of a running process applies to its later
+ * connections, as file permissions after a new login). */
+typedef struct wb_peer_groups {
+    int state;      /* wb_groups_state */
+    int err_no;     /* WB_GROUPS_UNREADABLE: why */
+    uint32_t n;     /* gids kept in gid[], sorted, no duplicates */
+    uint32_t total; /* supplementary groups the process had */
+    uint32_t gid[WB_PEER_GROUPS_MAX];
+} wb_peer_groups;
+
 typedef struct wb_peer_creds {
     int known; /* 1 when uid/gid/pid were read (or the peer's session names it) */
     uint32_t uid;
-    uint32_t gid;
+    uint32_t gid; /* the effective gid at connect (SO_PEERCRED) */
     /* The process id, or for a peer known by its descriptor channel session
      * an id at or above WB_SESSION_ID_BASE (common/fdwire.h). */
     uint32_t pid;
@@ -20,6 +50,7 @@ typedef struct wb_peer_creds {
      * namespace the broker cannot see into (known is 0 until a session
      * names it). */
     int pid_hidden;
+    wb_peer_groups groups; /* WB_GROUPS_UNREAD until wb__auth_read_groups */
 } wb_peer_creds;
 
 /* Reads the credentials of the process at the other end of a connected

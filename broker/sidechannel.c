@@ -398,20 +398,35 @@ static int conn_readable(wb_sidechan *s, size_t i)
     return 0; /* more may wait: the descriptor stays readable */
 }
 
-/* Judges a new connection by its kernel credentials. A uid on no allow
- * list is kept refused (one answer, then closed) while fewer than
- * WB_REFUSED_PER_UID connections of its uid are; a uid at
- * --max-peers-per-uid (root and the broker's own uid aside) is closed at
- * once; a visible pid gets the pidfd of the process that connected.
- * Returns 0 when the connection is to be closed now. */
+/* Judges a new connection by its kernel credentials and supplementary
+ * groups, read through the pidfd of the process that connected (taken here
+ * for a visible pid). A peer on no allow list is kept refused (one answer,
+ * then closed) while fewer than WB_REFUSED_PER_UID connections of its uid
+ * are; a uid at --max-peers-per-uid (root and the broker's own uid aside)
+ * is closed at once. Returns 0 when the connection is to be closed now. */
 static int admit(wb_sidechan *s, wb_side_conn *c)
 {
     wb_broker *b = s->b;
     wb_err aerr;
-    if (c->creds.known && !c->refused &&
-        wb__auth_check_uid(&b->auth, c->creds.uid, c->creds.gid, &aerr) != WB_OK) {
-        snprintf(c->creds_error, sizeof c->creds_error, "%s", aerr.msg);
-        c->refused = 1;
+    if (!c->refused && !c->hidden && c->creds.known) {
+        wb_err perr;
+        c->pidfd = wb__peer_pidfd(c->fd, &c->creds, &perr);
+        if (c->pidfd < 0) {
+            snprintf(c->creds_error, sizeof c->creds_error, "%s", perr.msg);
+            c->refused = 1;
+        }
+    }
+    /* The supplementary groups are read once, through the pidfd; a refused
+     * connection keeps none. */
+    if (c->creds.known && !c->refused) {
+        wb__auth_read_groups(&b->auth, &c->creds, c->pidfd);
+        if (wb__auth_check_client(&b->auth, &c->creds, &aerr) != WB_OK) {
+            snprintf(c->creds_error, sizeof c->creds_error, "%s", aerr.msg);
+            c->refused = 1;
+            if (c->pidfd >= 0)
+                close(c->pidfd);
+            c->pidfd = -1;
+        }
     }
     unsigned same = 0, refused = 0;
     for (size_t i = 0; i < s->n; i++) {
@@ -433,14 +448,6 @@ static int admit(wb_sidechan *s, wb_side_conn *c)
                      "limit=max_peers_per_uid channel=fd uid=%u connections=%u", c->creds.uid,
                      same);
         return 0;
-    }
-    if (!c->refused && !c->hidden && c->creds.known) {
-        wb_err perr;
-        c->pidfd = wb__peer_pidfd(c->fd, &c->creds, &perr);
-        if (c->pidfd < 0) {
-            snprintf(c->creds_error, sizeof c->creds_error, "%s", perr.msg);
-            c->refused = 1;
-        }
     }
     return 1;
 }

@@ -137,6 +137,26 @@ def is_broker(c):
 def env(c, name):
     return next((e["value"] for e in c.get("env", []) if e["name"] == name), None)
 
+# A probe is wbctl on the socket, or GET /healthz on the metrics port; a
+# broker with its metrics port has the three on /healthz.
+def check_probes(where, c, socket_path, metrics_port):
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        if probe not in c:
+            assert not (is_broker(c) and metrics_port), "%s: no %s" % (where, probe)
+            continue
+        p = c[probe]
+        if "exec" in p:
+            cmd = p["exec"]["command"]
+            assert cmd[cmd.index("--socket") + 1] == socket_path, "%s: %s socket" % (where, probe)
+            continue
+        h = p["httpGet"]
+        assert h["path"] == "/healthz", "%s: %s path %r" % (where, probe, h["path"])
+        port = h["port"]
+        if isinstance(port, str):
+            port = next((x["containerPort"] for x in c.get("ports", []) if x.get("name") == port), None)
+        assert port == metrics_port, "%s: %s port %r is not the metrics port %s" % (
+            where, probe, h["port"], metrics_port)
+
 def mount_of(spec, c, path_dir):
     m = [v for v in c.get("volumeMounts", []) if v["mountPath"] == path_dir]
     assert len(m) == 1, "%s does not mount %s" % (c["name"], path_dir)
@@ -184,10 +204,7 @@ for fname, d in docs:
         # Every container names the same socket, and has it mounted.
         assert env(c, "WB_SOCKET") == socket_path, "%s: WB_SOCKET %r" % (where, env(c, "WB_SOCKET"))
         vol = mount_of(spec, c, socket_dir)
-        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-            if probe in c:
-                cmd = c[probe]["exec"]["command"]
-                assert cmd[cmd.index("--socket") + 1] == socket_path, "%s: %s socket" % (where, probe)
+        check_probes(where, c, socket_path, metrics_port)
         if "hostPath" in vol:
             host_dirs.setdefault(vol["hostPath"]["path"], []).append(where)
         if is_broker(c):
@@ -261,6 +278,26 @@ def is_broker(c):
 def env(c, name):
     return next((e["value"] for e in c.get("env", []) if e["name"] == name), None)
 
+# A probe is wbctl on the socket, or GET /healthz on the metrics port; a
+# broker with its metrics port has the three on /healthz.
+def check_probes(where, c, socket_path, metrics_port):
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        if probe not in c:
+            assert not (is_broker(c) and metrics_port), "%s: no %s" % (where, probe)
+            continue
+        p = c[probe]
+        if "exec" in p:
+            cmd = p["exec"]["command"]
+            assert cmd[cmd.index("--socket") + 1] == socket_path, "%s: %s" % (where, probe)
+            continue
+        h = p["httpGet"]
+        assert h["path"] == "/healthz", "%s: %s path %r" % (where, probe, h["path"])
+        port = h["port"]
+        if isinstance(port, str):
+            port = next((x["containerPort"] for x in c.get("ports", []) if x.get("name") == port), None)
+        assert port == metrics_port, "%s: %s port %r is not the metrics port %s" % (
+            where, probe, h["port"], metrics_port)
+
 def check(docs):
     kinds = sorted(d["kind"] for _, d in docs)
     assert kinds == ["ConfigMap", "DaemonSet", "Deployment"], kinds
@@ -304,10 +341,8 @@ def check(docs):
                 assert m["mountPath"].rstrip("/") != "/dev/shm", "%s mounts /dev/shm" % where
             sock = [m for m in mounts if m["mountPath"] == socket_dir]
             assert len(sock) == 1, "%s does not mount %s" % (where, socket_dir)
-            for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-                if probe in c:
-                    cmd = c[probe]["exec"]["command"]
-                    assert cmd[cmd.index("--socket") + 1] == socket_path, "%s: %s" % (where, probe)
+            metrics = b.get("metrics")
+            check_probes(where, c, socket_path, int(metrics.rsplit(":", 1)[1]) if metrics else None)
             if is_broker(c):
                 assert a[a.index("--config") + 1] == "/etc/wbroker/wbroker.conf", where
                 cfg = next(m for m in mounts if m["mountPath"] == "/etc/wbroker")
@@ -364,6 +399,8 @@ breakages = {
     "shm slabs": lambda k: conf_set(k, "host-slab = memfd", "host-slab = shm"),
     "cuda IPC": lambda k: conf_set(k, "backend = host", "backend = cuda"),
     "--host-slab shm": lambda k: broker(k)["containers"][0]["args"].extend(["--host-slab", "shm"]),
+    "a probe off the metrics port": lambda k: broker(k)["containers"][0]["livenessProbe"]["httpGet"].__setitem__("port", 8080),
+    "no readiness probe": lambda k: broker(k)["containers"][0].pop("readinessProbe"),
 }
 for name, fn in breakages.items():
     try:

@@ -3,8 +3,13 @@
 # here): the page has HELP and TYPE for every family, and its values agree
 # with `wbctl stats --json`, `wbctl models --json` and `wbctl leases --json`
 # as leases come, go stale and are reclaimed, loads fail, and requests are
-# counted by operation and status. A port already in use stops the broker
-# with a message. Off unless --metrics is given.
+# counted by operation and status; wb_build_info says what `wbrokerd
+# --version` says; the process_* families have plausible values; the
+# families and their labels are those the METRICS section of wbrokerd(8)
+# lists, each with a sample once a model is loaded and leased. /healthz is
+# 503 "starting: loading models" while a preload runs, then 200 "ok". A port
+# already in use stops the broker with a message. Off unless --metrics is
+# given.
 source "$(dirname "$0")/lib.sh"
 
 command -v curl >/dev/null || fail "curl is needed (scripts/setup.sh installs it)"
@@ -74,9 +79,45 @@ metrics_check "types == {'wb_leases': 'gauge', 'wb_models': 'gauge', 'wb_model_b
   'wb_load_bytes_per_second': 'gauge', 'wb_requests_total': 'counter',
   'wb_reclaims_total': 'counter', 'wb_replies_dropped_total': 'counter',
   'wb_malformed_messages_total': 'counter', 'wb_connections': 'gauge',
-  'wb_peers_refused_total': 'counter', 'wb_peers_disconnected_total': 'counter'}
+  'wb_peers_refused_total': 'counter', 'wb_peers_disconnected_total': 'counter',
+  'wb_build_info': 'gauge', 'process_cpu_seconds_total': 'counter',
+  'process_start_time_seconds': 'gauge', 'process_resident_memory_bytes': 'gauge',
+  'process_virtual_memory_bytes': 'gauge', 'process_open_fds': 'gauge', 'process_max_fds': 'gauge'}
   and helps == set(types)" ||
   fail "families or types are wrong: $(grep '^#' "$WB_TMP/metrics.txt")"
+
+# The build: what --version says ("wbrokerd 0.1.0 (git REV, protocol N)",
+# "backends: ...").
+version_line=$("$WBROKERD" --version | head -n 1)
+[[ "$version_line" =~ ^wbrokerd\ ([^ ]+)\ \(git\ ([^,]+),\ protocol\ ([0-9]+)\)$ ]] ||
+  fail "unexpected --version line: $version_line"
+backends=$("$WBROKERD" --version | sed -n 's/^backends: //p')
+metrics_check "[k for k in m if k[0] == 'wb_build_info'] == [('wb_build_info', (('backends', '$backends'),
+  ('protocol', '${BASH_REMATCH[3]}'), ('revision', '${BASH_REMATCH[2]}'), ('version', '${BASH_REMATCH[1]}')))]
+  and m[('wb_build_info', (('backends', '$backends'), ('protocol', '${BASH_REMATCH[3]}'),
+  ('revision', '${BASH_REMATCH[2]}'), ('version', '${BASH_REMATCH[1]}')))] == 1" ||
+  fail "wb_build_info does not say '$version_line', backends '$backends': $(grep wb_build_info "$WB_TMP/metrics.txt")"
+
+# The process, as /proc says it: started within the last minute, resident
+# memory, descriptors open (as many as /proc/PID/fd lists, give or take the
+# broker's own turnover) and the soft limit of /proc/PID/limits.
+now=$(date +%s)
+max_fds=$(awk '/^Max open files/ {print $4}' "/proc/$BROKER_PID/limits")
+open_fds=$(ls "/proc/$BROKER_PID/fd" | wc -l)
+metrics_check "$now - 60 <= m[('process_start_time_seconds', ())] <= $now + 1
+  and m[('process_resident_memory_bytes', ())] > 0
+  and m[('process_virtual_memory_bytes', ())] >= m[('process_resident_memory_bytes', ())]
+  and 0 < m[('process_open_fds', ())] and abs(m[('process_open_fds', ())] - $open_fds) <= 8
+  and m[('process_max_fds', ())] == $max_fds
+  and 0 <= m[('process_cpu_seconds_total', ())] < 60" ||
+  fail "implausible process metrics (now $now, $open_fds fds, limit $max_fds): $(grep '^process_' "$WB_TMP/metrics.txt")"
+
+# Ready: /healthz answers 200 "ok" (GET and HEAD).
+health_code=$(curl -s --max-time 5 -o "$WB_TMP/health.out" -w '%{http_code}' "http://127.0.0.1:$PORT/healthz")
+[ "$health_code" = 200 ] && [ "$(cat "$WB_TMP/health.out")" = ok ] ||
+  fail "GET /healthz answered $health_code [$(cat "$WB_TMP/health.out")], not 200 ok"
+health_code=$(curl -s --max-time 5 -I -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/healthz")
+[ "$health_code" = 200 ] || fail "HEAD /healthz answered $health_code"
 
 # Models: state counts, bytes, load time and speed as wbctl reports them.
 wait_for metrics_check "m[('wb_models', (('state', 'ready'),))] == len([x for x in d if x['state'] == 'ready']) == 1
@@ -95,6 +136,51 @@ start_worker w2 --model demo
 w2=$LAST_PID
 wait_for metrics_check "m[('wb_leases', (('state', 'active'),))] == 2 == len([l for l in d if l['state'] == 'active'])" \
   leases --json || fail "wb_leases active is not 2: $(grep wb_leases "$WB_TMP/metrics.txt")"
+
+# The METRICS section of wbrokerd(8) lists every family the page has, with
+# its labels, and nothing else; with a model loaded and leased, each has a
+# sample.
+MAN=${WB_SOURCE_DIR:-$(dirname "$0")/../..}/docs/man/wbrokerd.8
+[ -r "$MAN" ] || fail "no man page at $MAN"
+scrape || fail "GET $URL failed"
+"$PYTHON" - "$MAN" "$WB_TMP/metrics.txt" >"$WB_TMP/docs.out" 2>&1 <<'PY' || fail "wbrokerd(8) and the page disagree: $(cat "$WB_TMP/docs.out")"
+import re, sys
+man = open(sys.argv[1]).read()
+section = man.split("\n.SH METRICS\n", 1)[1].split("\n.SH ", 1)[0]
+documented = {}
+for name, labels in re.findall(r"^\.B ((?:wb|process)_[a-z_]+)(?:\{([a-z_,]*)\})?$", section, re.M):
+    documented[name] = set(labels.split(",")) if labels else set()
+page = open(sys.argv[2]).read()
+families = set(re.findall(r"^# TYPE (\S+) ", page, re.M))
+labels_seen = {}
+for name, labels in re.findall(r"^([a-z_]+)(?:\{(.*)\})? \S+$", page, re.M):
+    labels_seen.setdefault(name, set()).add(frozenset(re.findall(r'([a-z_]+)="', labels or "")))
+errors = []
+if families - set(documented):
+    errors.append("not in the man page: %s" % sorted(families - set(documented)))
+if set(documented) - families:
+    errors.append("in the man page, not on the page: %s" % sorted(set(documented) - families))
+for name in sorted(families & set(documented)):
+    if name not in labels_seen:
+        errors.append("%s has no sample" % name)
+    elif labels_seen[name] != {frozenset(documented[name])}:
+        errors.append("%s: labels %s on the page, %s in the man page" %
+                      (name, sorted(map(sorted, labels_seen[name])), sorted(documented[name])))
+if len(documented) < 20:
+    errors.append("only %d families found in the man page: %s" % (len(documented), sorted(documented)))
+print("\n".join(errors) or "%d families documented and emitted" % len(documented))
+sys.exit(1 if errors else 0)
+PY
+log "$(cat "$WB_TMP/docs.out")"
+# Prometheus' own linter, where it is installed (the HELP and TYPE lines of
+# every family are checked above either way).
+if command -v promtool >/dev/null; then
+  promtool check metrics <"$WB_TMP/metrics.txt" >"$WB_TMP/promtool.out" 2>&1 ||
+    fail "promtool check metrics: $(cat "$WB_TMP/promtool.out")"
+else
+  log "promtool is not installed: the page was not linted by it"
+fi
+
 kill -STOP "$w2"
 wait_for metrics_check "m[('wb_leases', (('state', 'stale'),))] == 1 == len([l for l in d if l['state'] == 'stale'])
   and m[('wb_leases', (('state', 'active'),))] == 1" leases --json ||
@@ -137,7 +223,10 @@ stop_broker
 curl -s --max-time 2 "$URL" >/dev/null && fail "the endpoint still answers after the broker stopped"
 
 # The first scrape, as soon as the port answers and while a 512 MiB model is
-# still loading before the loop starts, already has every metric family.
+# still loading before the loop starts, already has every metric family, the
+# process ones with their samples; /healthz, polled from the moment the port
+# answers, says 503 "starting: loading models" until the broker serves, then
+# 200 "ok" (and never the other way round).
 "$PYTHON" - "$WB_TMP/big.safetensors" <<'PY'
 import json, struct, sys
 n = 512 << 20
@@ -146,16 +235,54 @@ with open(sys.argv[1], "wb") as f:
     f.write(struct.pack("<Q", len(raw)) + raw)
     f.truncate(8 + len(raw) + n)
 PY
+"$PYTHON" - "$PORT" "$((WAIT_SECS * 3))" >"$WB_TMP/healthz.out" 2>&1 <<'PY' &
+import socket, sys, time
+port, deadline = int(sys.argv[1]), time.time() + int(sys.argv[2])
+seen = []
+while time.time() < deadline:
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=2)
+    except OSError:
+        time.sleep(0.002)
+        continue
+    s.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+    data = b""
+    while True:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    s.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    said = "%s %s" % (head.split(b" ")[1].decode(), body.decode().strip())
+    if not seen or seen[-1] != said:
+        seen.append(said)
+        print(said, flush=True)
+    if said.startswith("200"):
+        break
+    time.sleep(0.005)
+PY
+poller=$!
+STARTED_PIDS+=("$poller")
 "$WBROKERD" --backend host --socket "$SOCK" --metrics "127.0.0.1:$PORT" \
   --model "big=$WB_TMP/big.safetensors" >"$WB_TMP/early.log" 2>&1 &
 BROKER_PID=$!
 STARTED_PIDS+=("$BROKER_PID")
 wait_for curl -sf --max-time 1 -o "$WB_TMP/first.txt" "$URL" || fail "the endpoint never answered"
-for family in wb_leases wb_models wb_requests_total wb_connections wb_peers_refused_total; do
+for family in wb_leases wb_models wb_requests_total wb_connections wb_peers_refused_total \
+  wb_build_info; do
   grep -q "^# TYPE $family " "$WB_TMP/first.txt" ||
     fail "the first scrape lacks $family: [$(cat "$WB_TMP/first.txt")]"
 done
+for family in process_resident_memory_bytes process_open_fds process_start_time_seconds; do
+  grep -q "^$family [0-9]" "$WB_TMP/first.txt" ||
+    fail "the first scrape has no $family sample: [$(cat "$WB_TMP/first.txt")]"
+done
 wait_for model_ready big || fail "model big did not become ready"
+wait_exit "$poller"
+[ "$EXIT_RC" = 0 ] || fail "the /healthz poller failed: $(cat "$WB_TMP/healthz.out")"
+[ "$(cat "$WB_TMP/healthz.out")" = "503 starting: loading models
+200 ok" ] || fail "/healthz said [$(cat "$WB_TMP/healthz.out")] during and after the preload ($(grep -o 'event=model_ready.* seconds=[0-9.]*' "$WB_TMP/early.log"))"
 stop_broker
 rm -f "$WB_TMP/big.safetensors"
 

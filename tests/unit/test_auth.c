@@ -1,5 +1,7 @@
-/* Authorisation: allow lists (parsing, names, who passes), the messages a
- * refused peer gets, the request handlers' checks, which load paths are
+/* Authorisation: allow lists (parsing, names, who passes by uid, primary gid
+ * or supplementary group), the messages a refused peer gets, the
+ * /proc/<pid>/status parser and the reading of a real process's groups
+ * through its pidfd, the request handlers' checks, which load paths are
  * accepted (symbolic links to regular files, directories) and refused
  * (FIFOs, devices), and giving slabs to the socket directory's group. */
 #include "auth.h"
@@ -16,10 +18,12 @@
 #include <limits.h>
 #include <poll.h>
 #include <pwd.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static broker_fixture F;
@@ -159,29 +163,42 @@ START_TEST(lists_parse_numbers_and_names)
 }
 END_TEST
 
+/* The checks by uid and primary gid alone (no supplementary groups read). */
+static int client_ok(const wb_auth *a, uint32_t uid, uint32_t gid)
+{
+    wb_peer_creds p = creds(uid, gid, 1);
+    return wb__auth_client_ok(a, &p);
+}
+
+static int admin_ok(const wb_auth *a, uint32_t uid, uint32_t gid)
+{
+    wb_peer_creds p = creds(uid, gid, 1);
+    return wb__auth_admin_ok(a, &p);
+}
+
 START_TEST(who_passes)
 {
     wb_auth a;
     wb_err err;
     /* The daemon's default: root and the broker's own user, nobody else. */
     wb__auth_init_default(&a, 1000);
-    ck_assert(wb__auth_client_ok(&a, 0, 5));
-    ck_assert(wb__auth_client_ok(&a, 1000, 5));
-    ck_assert(!wb__auth_client_ok(&a, 1001, 1000));
-    ck_assert(wb__auth_admin_ok(&a, 1000, 5));
-    ck_assert(!wb__auth_admin_ok(&a, 1001, 5));
+    ck_assert(client_ok(&a, 0, 5));
+    ck_assert(client_ok(&a, 1000, 5));
+    ck_assert(!client_ok(&a, 1001, 1000));
+    ck_assert(admin_ok(&a, 1000, 5));
+    ck_assert(!admin_ok(&a, 1001, 5));
 
     ck_assert_int_eq(wb__auth_add(&a, WB_AUTH_CLIENT_UIDS, "1001", "--allow-uid", &err), WB_OK);
     ck_assert_int_eq(wb__auth_add(&a, WB_AUTH_CLIENT_GIDS, "50", "--allow-gid", &err), WB_OK);
     ck_assert_int_eq(wb__auth_add(&a, WB_AUTH_ADMIN_GIDS, "60", "--admin-gid", &err), WB_OK);
-    ck_assert(wb__auth_client_ok(&a, 1001, 1));
-    ck_assert(!wb__auth_admin_ok(&a, 1001, 1));
-    ck_assert(wb__auth_client_ok(&a, 2000, 50));
-    ck_assert(!wb__auth_admin_ok(&a, 2000, 50));
+    ck_assert(client_ok(&a, 1001, 1));
+    ck_assert(!admin_ok(&a, 1001, 1));
+    ck_assert(client_ok(&a, 2000, 50));
+    ck_assert(!admin_ok(&a, 2000, 50));
     /* An administrator is a client too. */
-    ck_assert(wb__auth_client_ok(&a, 3000, 60));
-    ck_assert(wb__auth_admin_ok(&a, 3000, 60));
-    ck_assert(!wb__auth_client_ok(&a, 3000, 61));
+    ck_assert(client_ok(&a, 3000, 60));
+    ck_assert(admin_ok(&a, 3000, 60));
+    ck_assert(!client_ok(&a, 3000, 61));
 
     char buf[128];
     ck_assert_str_eq(wb__auth_describe_clients(&a, buf, sizeof buf),
@@ -194,18 +211,18 @@ START_TEST(who_passes)
     ck_assert_int_eq(wb__auth_check_client(&a, &p, &err), WB_EPERM);
     ck_assert_str_eq(err.msg,
                      "uid 1234 is not allowed to lease models (allowed: uid 0, 1000, 1001; gid "
-                     "50, 60)");
+                     "50, 60); matched against gid 77 only (supplementary groups were not read)");
     wb__auth_destroy(&a);
 
     /* The state a fresh broker starts in: clients open, admins narrow. */
     wb__auth_init_open(&a, 1000);
-    ck_assert(wb__auth_client_ok(&a, 4242, 4242));
-    ck_assert(!wb__auth_admin_ok(&a, 4242, 4242));
+    ck_assert(client_ok(&a, 4242, 4242));
+    ck_assert(!admin_ok(&a, 4242, 4242));
     ck_assert_str_eq(wb__auth_describe_clients(&a, buf, sizeof buf), "everyone");
     /* Naming clients closes it. */
     ck_assert_int_eq(wb__auth_add(&a, WB_AUTH_CLIENT_UIDS, "5", "--allow-uid", &err), WB_OK);
-    ck_assert(!wb__auth_client_ok(&a, 4242, 4242));
-    ck_assert(wb__auth_client_ok(&a, 5, 4242));
+    ck_assert(!client_ok(&a, 4242, 4242));
+    ck_assert(client_ok(&a, 5, 4242));
     wb__auth_destroy(&a);
 
     /* The broker running as root lists root once. */
@@ -633,6 +650,396 @@ START_TEST(load_handler_checks_paths)
 }
 END_TEST
 
+/* A peer whose supplementary groups were read (as at accept). */
+static wb_peer_creds with_groups(uint32_t uid, uint32_t gid, const uint32_t *groups, uint32_t n)
+{
+    wb_peer_creds p = creds(uid, gid, 1234);
+    p.groups.state = WB_GROUPS_READ;
+    p.groups.n = p.groups.total = n;
+    if (n)
+        memcpy(p.groups.gid, groups, n * sizeof *groups);
+    return p;
+}
+
+/* A gid on a list matches the primary gid or any supplementary group read
+ * at accept; groups that could not be read match nothing, and every
+ * refusal says what was matched. */
+START_TEST(supplementary_groups_match)
+{
+    wb_auth a;
+    wb_err err;
+    char buf[400];
+    wb__auth_init_default(&a, 0);
+    ck_assert_int_eq(wb__auth_add(&a, WB_AUTH_CLIENT_GIDS, "4242", "--allow-gid", &err), WB_OK);
+    ck_assert_int_eq(wb__auth_add(&a, WB_AUTH_ADMIN_GIDS, "60", "--admin-gid", &err), WB_OK);
+
+    static const uint32_t member[] = {27, 4242, 100000};
+    wb_peer_creds p = with_groups(65534, 65534, member, 3);
+    ck_assert(wb__auth_client_ok(&a, &p));
+    ck_assert(!wb__auth_admin_ok(&a, &p));
+    ck_assert_int_eq(wb__auth_check_client(&a, &p, &err), WB_OK);
+    ck_assert_int_eq(wb__auth_refuse_admin(&a, &p, "load", &err), WB_EPERM);
+    ck_assert_str_eq(err.msg, "uid 65534 may not load models; matched against gid 65534 and "
+                              "supplementary groups 27, 4242, 100000");
+    ck_assert_str_eq(wb__auth_groups_field(&p, buf, sizeof buf), "27,4242,100000");
+    static const uint32_t admin[] = {60};
+    wb_peer_creds q = with_groups(65534, 65534, admin, 1);
+    ck_assert(wb__auth_admin_ok(&a, &q));
+    ck_assert(wb__auth_client_ok(&a, &q)); /* an administrator is a client */
+
+    /* In no listed group: the refusal names what was matched. */
+    static const uint32_t other[] = {27, 100};
+    p = with_groups(65534, 65534, other, 2);
+    ck_assert_int_eq(wb__auth_check_client(&a, &p, &err), WB_EPERM);
+    ck_assert_str_eq(err.msg, "uid 65534 is not allowed to lease models (allowed: uid 0; gid 60, "
+                              "4242); matched against gid 65534 and supplementary groups 27, 100");
+    p = with_groups(65534, 65534, NULL, 0);
+    ck_assert_int_eq(wb__auth_check_client(&a, &p, &err), WB_EPERM);
+    ck_assert_str_eq(err.msg, "uid 65534 is not allowed to lease models (allowed: uid 0; gid 60, "
+                              "4242); matched against gid 65534 (no supplementary groups)");
+    ck_assert_str_eq(wb__auth_groups_field(&p, buf, sizeof buf), "none");
+    /* Many groups: eight named, and how many in all. */
+    uint32_t many[20];
+    for (uint32_t i = 0; i < 20; i++)
+        many[i] = 1000 + i;
+    p = with_groups(65534, 65534, many, 20);
+    ck_assert_str_eq(wb__auth_describe_gids(&p, buf, sizeof buf),
+                     "gid 65534 and supplementary groups 1000, 1001, 1002, 1003, 1004, 1005, 1006, "
+                     "1007, ... (20 in all)");
+
+    /* Groups that could not be read match nothing, whatever gid[] holds:
+     * the primary gid alone is matched, and the refusal says why. */
+    p = with_groups(65534, 65534, member, 3);
+    p.groups.state = WB_GROUPS_PID_HIDDEN;
+    p.known = 0;
+    p.pid_hidden = 1;
+    p.pid = 0;
+    ck_assert(!wb__auth_client_ok(&a, &p));
+    ck_assert_int_eq(wb__auth_check_client(&a, &p, &err), WB_EPERM);
+    ck_assert_str_eq(err.msg,
+                     "uid 65534 is not allowed to lease models (allowed: uid 0; gid 60, 4242); "
+                     "matched against gid 65534 only; supplementary groups could not be read "
+                     "because the peer's pid is not visible from the broker (another pid "
+                     "namespace)");
+    ck_assert_str_eq(wb__auth_groups_field(&p, buf, sizeof buf), "unread:pid_hidden");
+    /* The primary gid still counts for a hidden peer. */
+    p.gid = 4242;
+    ck_assert_int_eq(wb__auth_check_client(&a, &p, &err), WB_OK);
+
+    static const struct {
+        int state, err_no;
+        const char *why;
+    } reasons[] = {
+        {WB_GROUPS_NO_PIDFD, 0, "no pidfd proves which process its pid names"},
+        {WB_GROUPS_EXITED, 0, "the process exited while they were read"},
+        {WB_GROUPS_OTHER_PROC, 0,
+         "the broker's /proc does not show the process that connected as pid 1234 (a /proc of "
+         "another pid namespace)"},
+        {WB_GROUPS_IDS_CHANGED, 0,
+         "/proc/1234/status shows another uid or gid than the connection's"},
+        {WB_GROUPS_UNREADABLE, EACCES, "/proc/1234/status: Permission denied"},
+        {WB_GROUPS_MALFORMED, 0, "/proc/1234/status could not be parsed"},
+    };
+    for (size_t i = 0; i < sizeof reasons / sizeof reasons[0]; i++) {
+        p = with_groups(65534, 65534, member, 3);
+        p.groups.state = reasons[i].state;
+        p.groups.err_no = reasons[i].err_no;
+        ck_assert(!wb__auth_client_ok(&a, &p));
+        char want[400];
+        snprintf(want, sizeof want,
+                 "gid 65534 only; supplementary groups could not be read because %s",
+                 reasons[i].why);
+        ck_assert_str_eq(wb__auth_describe_gids(&p, buf, sizeof buf), want);
+    }
+
+    /* Without a gid list the groups are no part of the message. */
+    wb__auth_destroy(&a);
+    wb__auth_init_default(&a, 0);
+    p = with_groups(65534, 65534, member, 3);
+    ck_assert_int_eq(wb__auth_check_client(&a, &p, &err), WB_EPERM);
+    ck_assert_str_eq(err.msg, "uid 65534 is not allowed to lease models (allowed: uid 0)");
+    ck_assert_int_eq(wb__auth_refuse_admin(&a, &p, "unload", &err), WB_EPERM);
+    ck_assert_str_eq(err.msg, "uid 65534 may not unload models");
+    wb__auth_destroy(&a);
+}
+END_TEST
+
+/* Parses `text` with room for `cap` groups; returns the status. */
+static int parse(const char *text, wb_proc_ids *ids, uint32_t *groups, size_t cap, wb_err *err)
+{
+    return wb__auth_parse_status(text, strlen(text), ids, groups, cap, err);
+}
+
+START_TEST(status_parser)
+{
+    wb_proc_ids ids;
+    wb_err err;
+    uint32_t g[8];
+    const char *head = "Name:\tbash\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t7\nPid:\t7\n"
+                       "Uid:\t1000\t1001\t1002\t1003\nGid:\t2000\t2001\t2002\t2003\nFDSize:\t64\n";
+    char text[512];
+    /* No supplementary groups: the kernel writes a tab and a space. */
+    snprintf(text, sizeof text, "%sGroups:\t \nNStgid:\t7\n", head);
+    ck_assert_int_eq(parse(text, &ids, g, 8, &err), WB_OK);
+    ck_assert_uint_eq(ids.n_groups, 0);
+    ck_assert_uint_eq(ids.uid[0], 1000);
+    ck_assert_uint_eq(ids.uid[1], 1001);
+    ck_assert_uint_eq(ids.uid[3], 1003);
+    ck_assert_uint_eq(ids.gid[1], 2001);
+    /* ... or nothing at all after the tag. */
+    snprintf(text, sizeof text, "%sGroups:\n", head);
+    ck_assert_int_eq(parse(text, &ids, g, 8, &err), WB_OK);
+    ck_assert_uint_eq(ids.n_groups, 0);
+    /* One, with the kernel's trailing space. */
+    snprintf(text, sizeof text, "%sGroups:\t4242 \nNStgid:\t7\n", head);
+    ck_assert_int_eq(parse(text, &ids, g, 8, &err), WB_OK);
+    ck_assert_uint_eq(ids.n_groups, 1);
+    ck_assert_uint_eq(g[0], 4242);
+    /* Many, ids above 65535 too, the last line without its newline. */
+    snprintf(text, sizeof text, "%sGroups:\t0 27 4242 65536 100000 4294967294", head);
+    ck_assert_int_eq(parse(text, &ids, g, 8, &err), WB_OK);
+    ck_assert_uint_eq(ids.n_groups, 6);
+    ck_assert_uint_eq(g[0], 0);
+    ck_assert_uint_eq(g[3], 65536);
+    ck_assert_uint_eq(g[5], 4294967294u);
+    /* More than the room given: counted, the first ones kept. */
+    uint32_t two[2] = {0, 0};
+    ck_assert_int_eq(parse(text, &ids, two, 2, &err), WB_OK);
+    ck_assert_uint_eq(ids.n_groups, 6);
+    ck_assert_uint_eq(two[1], 27);
+    ck_assert_int_eq(parse(text, &ids, NULL, 0, &err), WB_OK);
+    ck_assert_uint_eq(ids.n_groups, 6);
+
+    /* The most the kernel allows (NGROUPS_MAX, 65536), with 32-bit ids;
+     * one more is refused. */
+    size_t big = 64 * 1024 * 12 + 512;
+    char *line = malloc(big);
+    ck_assert_ptr_nonnull(line);
+    size_t used = (size_t)snprintf(line, big, "%sGroups:\t", head);
+    for (uint32_t i = 0; i < WB_PROC_GROUPS_MAX; i++)
+        used += (size_t)snprintf(line + used, big - used, "%u ", 4000000000u + i);
+    used += (size_t)snprintf(line + used, big - used, "\nNStgid:\t7\n");
+    uint32_t *all = malloc(WB_PROC_GROUPS_MAX * sizeof *all);
+    ck_assert_ptr_nonnull(all);
+    ck_assert_int_eq(wb__auth_parse_status(line, used, &ids, all, WB_PROC_GROUPS_MAX, &err), WB_OK);
+    ck_assert_uint_eq(ids.n_groups, WB_PROC_GROUPS_MAX);
+    ck_assert_uint_eq(all[WB_PROC_GROUPS_MAX - 1], 4000000000u + WB_PROC_GROUPS_MAX - 1);
+    used -= strlen("\nNStgid:\t7\n");
+    used += (size_t)snprintf(line + used, big - used, "7 \n");
+    ck_assert_int_eq(wb__auth_parse_status(line, used, &ids, all, WB_PROC_GROUPS_MAX, &err),
+                     WB_EFORMAT);
+    ck_assert_str_eq(err.msg, "the Groups: line is not a list of at most 65536 ids");
+    free(all);
+    free(line);
+
+    /* Malformed files. */
+    static const struct {
+        const char *text, *msg;
+    } bad[] = {
+        {"Uid:\t1 1 1 1\nGid:\t2 2 2 2\n", "no Groups: line"},
+        {"Uid:\t1 1 1 1\nGroups:\t3\n", "no Gid: line"},
+        {"Gid:\t2 2 2 2\nGroups:\t3\n", "no Uid: line"},
+        {"", "no Uid: line"},
+        {"Uid:\t1 1 1\nGid:\t2 2 2 2\nGroups:\t3\n", "the Uid: line is not four ids"},
+        {"Uid:\t1 1 1 1 1\nGid:\t2 2 2 2\nGroups:\t3\n", "the Uid: line is not four ids"},
+        {"Uid:\t1 1 1 1\nGid:\t2 2 x 2\nGroups:\t3\n", "the Gid: line is not four ids"},
+        {"Uid:\t1 1 1 1\nGid:\t2 2 2 2\nGroups:\t3 -4\n",
+         "the Groups: line is not a list of at most 65536 ids"},
+        {"Uid:\t1 1 1 1\nGid:\t2 2 2 2\nGroups:\t3,4\n",
+         "the Groups: line is not a list of at most 65536 ids"},
+        {"Uid:\t1 1 1 1\nGid:\t2 2 2 2\nGroups:\t4294967295\n",
+         "the Groups: line is not a list of at most 65536 ids"},
+        {"Uid:\t1 1 1 1\nGid:\t2 2 2 2\nGroups:\t99999999999999999999\n",
+         "the Groups: line is not a list of at most 65536 ids"},
+        {"Uid:\t1 1 1 1\nGid:\t2 2 2 2\nGroups:\t3\nGroups:\t4\n", "two Groups: lines"},
+        {"Uid:\t1 1 1 1\nUid:\t1 1 1 1\nGid:\t2 2 2 2\nGroups:\t3\n", "two Uid: lines"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(parse(bad[i].text, &ids, g, 8, &err), WB_EFORMAT);
+        ck_assert_str_eq(err.msg, bad[i].msg);
+    }
+    /* A NUL inside a line is no digit; tags only count at a line's start. */
+    static const char nul[] = "Uid:\t1 1\0 1 1\nGid:\t2 2 2 2\nGroups:\t3\n";
+    ck_assert_int_eq(wb__auth_parse_status(nul, sizeof nul - 1, &ids, g, 8, &err), WB_EFORMAT);
+    ck_assert_int_eq(
+        parse("Uid:\t1 1 1 1\nGid:\t2 2 2 2\nXGroups:\t3\nGroups:\t5\n", &ids, g, 8, &err), WB_OK);
+    ck_assert_uint_eq(g[0], 5);
+}
+END_TEST
+
+static int cmp_gid(const void *x, const void *y)
+{
+    gid_t a = *(const gid_t *)x, b = *(const gid_t *)y;
+    return (a > b) - (a < b);
+}
+
+/* The groups of a real process, read through its pidfd: this one's; none
+ * for a pid that is hidden, a missing pidfd, a process that has exited, or
+ * a connection whose ids are not the process's. */
+START_TEST(read_groups_of_processes)
+{
+    wb_auth a;
+    wb__auth_init_default(&a, 0);
+    wb_err err;
+    int pidfd = wb__pidfd_open((uint32_t)getpid(), &err);
+    ck_assert_int_ge(pidfd, 0);
+    wb_peer_creds p = me();
+    ck_assert_int_eq(wb__auth_read_groups(&a, &p, pidfd), WB_GROUPS_READ);
+    gid_t mine[WB_PEER_GROUPS_MAX];
+    int n = getgroups(WB_PEER_GROUPS_MAX, mine);
+    ck_assert_int_ge(n, 0);
+    qsort(mine, (size_t)n, sizeof mine[0], cmp_gid);
+    ck_assert_uint_eq(p.groups.total, (unsigned)n);
+    ck_assert_uint_eq(p.groups.n, (unsigned)n);
+    for (int i = 0; i < n; i++)
+        ck_assert_uint_eq(p.groups.gid[i], mine[i]);
+
+    /* The connection's effective ids are not the process's. */
+    p = creds((uint32_t)geteuid() + 1, (uint32_t)getegid(), (uint32_t)getpid());
+    ck_assert_int_eq(wb__auth_read_groups(&a, &p, pidfd), WB_GROUPS_IDS_CHANGED);
+    p = creds((uint32_t)geteuid(), (uint32_t)getegid() + 1, (uint32_t)getpid());
+    ck_assert_int_eq(wb__auth_read_groups(&a, &p, pidfd), WB_GROUPS_IDS_CHANGED);
+    /* A pidfd of another process than the pid names. */
+    pid_t child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0) {
+        pause();
+        _exit(0);
+    }
+    int cfd = wb__pidfd_open((uint32_t)child, &err);
+    ck_assert_int_ge(cfd, 0);
+    p = me();
+    /* Told apart by the pid the kernel shows for the pidfd (where it does:
+     * its fdinfo's Pid: line). */
+    char info[64], text[1024];
+    snprintf(info, sizeof info, "/proc/self/fdinfo/%d", cfd);
+    FILE *fi = fopen(info, "r");
+    ck_assert_ptr_nonnull(fi);
+    size_t got = fread(text, 1, sizeof text - 1, fi);
+    fclose(fi);
+    text[got] = '\0';
+    if (strstr(text, "\nPid:") || strncmp(text, "Pid:", 4) == 0)
+        ck_assert_int_eq(wb__auth_read_groups(&a, &p, cfd), WB_GROUPS_OTHER_PROC);
+    /* The process exited: nothing read can be trusted to be its. */
+    ck_assert_int_eq(kill(child, SIGKILL), 0);
+    ck_assert_int_eq(waitpid(child, NULL, 0), child);
+    p = creds((uint32_t)geteuid(), (uint32_t)getegid(), (uint32_t)child);
+    ck_assert_int_eq(wb__auth_read_groups(&a, &p, cfd), WB_GROUPS_EXITED);
+    ck_assert_uint_eq(p.groups.n, 0);
+    close(cfd);
+
+    p = me();
+    ck_assert_int_eq(wb__auth_read_groups(&a, &p, -1), WB_GROUPS_NO_PIDFD);
+    p = (wb_peer_creds){.uid = 5, .gid = 5, .pid_hidden = 1};
+    ck_assert_int_eq(wb__auth_read_groups(&a, &p, pidfd), WB_GROUPS_PID_HIDDEN);
+    close(pidfd);
+    wb__auth_destroy(&a);
+}
+END_TEST
+
+/* A process in more groups than are kept keeps those on the gid lists
+ * first, so that an allow-list check stays exact (root: setgroups). */
+START_TEST(read_many_groups)
+{
+    if (geteuid() != 0)
+        return;
+    enum { N = 300 };
+    int ready[2];
+    ck_assert_int_eq(pipe(ready), 0);
+    pid_t child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0) {
+        gid_t list[N];
+        for (int i = 0; i < N; i++)
+            list[i] = (gid_t)(70000 + i);
+        char c = setgroups(N, list) == 0 ? 'y' : 'n';
+        if (write(ready[1], &c, 1) != 1)
+            _exit(1);
+        pause();
+        _exit(0);
+    }
+    char c = 0;
+    ck_assert_int_eq(read(ready[0], &c, 1), 1);
+    ck_assert_int_eq(c, 'y');
+    wb_auth a;
+    wb_err err;
+    wb__auth_init_default(&a, 0);
+    ck_assert_int_eq(wb__auth_add(&a, WB_AUTH_CLIENT_GIDS, "70299,70150", "--allow-gid", &err),
+                     WB_OK);
+    ck_assert_int_eq(wb__auth_add(&a, WB_AUTH_ADMIN_GIDS, "70200", "--admin-gid", &err), WB_OK);
+    int cfd = wb__pidfd_open((uint32_t)child, &err);
+    ck_assert_int_ge(cfd, 0);
+    wb_peer_creds p = creds((uint32_t)geteuid(), (uint32_t)getegid(), (uint32_t)child);
+    ck_assert_int_eq(wb__auth_read_groups(&a, &p, cfd), WB_GROUPS_READ);
+    ck_assert_uint_eq(p.groups.total, N);
+    ck_assert_uint_eq(p.groups.n, WB_PEER_GROUPS_MAX);
+    /* The listed ones, then the lowest others; sorted. */
+    ck_assert_uint_eq(p.groups.gid[0], 70000);
+    ck_assert_uint_eq(p.groups.gid[WB_PEER_GROUPS_MAX - 4], 70000 + WB_PEER_GROUPS_MAX - 4);
+    ck_assert_uint_eq(p.groups.gid[WB_PEER_GROUPS_MAX - 3], 70150);
+    ck_assert_uint_eq(p.groups.gid[WB_PEER_GROUPS_MAX - 2], 70200);
+    ck_assert_uint_eq(p.groups.gid[WB_PEER_GROUPS_MAX - 1], 70299);
+    p.uid = 65534; /* not listed by uid: by group alone */
+    ck_assert(wb__auth_admin_ok(&a, &p));
+    ck_assert(wb__auth_client_ok(&a, &p));
+    char buf[300];
+    ck_assert_str_eq(wb__auth_describe_gids(&p, buf, sizeof buf),
+                     "gid 0 and supplementary groups 70000, 70001, 70002, 70003, 70004, 70005, "
+                     "70006, 70007, ... (300 in all)");
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    close(cfd);
+    wb__auth_destroy(&a);
+}
+END_TEST
+
+/* Load access follows the kernel's rule with the supplementary groups: the
+ * group's bits govern a member by any of its groups. */
+START_TEST(load_access_by_supplementary_group)
+{
+    if (geteuid() != 0)
+        return; /* files of another group need root */
+    char real[PATH_MAX], path[PATH_MAX + 64], want[2 * PATH_MAX];
+    ck_assert_ptr_nonnull(realpath(F.dir, real));
+    ck_assert_int_eq(chmod(real, 0755), 0);
+    snprintf(path, sizeof path, "%s/m.safetensors", real);
+    write_model(path);
+    ck_assert_int_eq(chown(path, 0, 4242), 0);
+    ck_assert_int_eq(chmod(path, 0640), 0);
+    static const uint32_t member[] = {27, 4242};
+    wb_peer_creds peer = with_groups(stranger_uid(), 4321, member, 2);
+    wb_load_access acc = wb__auth_load_access(&peer);
+    wb_load_opts o = {.backend = &wb__backend_host, .device = -1, .access = &acc};
+    wb_model_data d;
+    ck_assert_int_eq(acc.enforce, 1);
+    ck_assert_msg(wb__load_ex(path, &o, &d, &(wb_err){0}) == WB_OK, "a member may read it");
+    wb__model_data_free(&d, &wb__backend_host);
+    /* Not a member: refused, naming the groups judged. */
+    static const uint32_t outsider[] = {27};
+    peer = with_groups(stranger_uid(), 4321, outsider, 1);
+    acc = wb__auth_load_access(&peer);
+    wb_err err = {0};
+    ck_assert_int_eq(wb__load_ex(path, &o, &d, &err), WB_EPERM);
+    snprintf(want, sizeof want,
+             "uid %u (gid 4321 and supplementary group 27) may not read %s (mode 0640, owner uid "
+             "0, gid 4242); the broker loads only what the requesting user can read",
+             peer.uid, path);
+    ck_assert_str_eq(err.msg, want);
+    /* Groups that could not be read: the primary gid alone, and why. */
+    peer = with_groups(stranger_uid(), 4321, member, 2);
+    peer.groups.state = WB_GROUPS_OTHER_PROC;
+    acc = wb__auth_load_access(&peer);
+    ck_assert_int_eq(wb__load_ex(path, &o, &d, &err), WB_EPERM);
+    snprintf(want, sizeof want,
+             "uid %u (gid 4321 only; supplementary groups could not be read because the broker's "
+             "/proc does not show the process that connected as pid 1234 (a /proc of another pid "
+             "namespace)) may not read %s (mode 0640, owner uid 0, gid 4242); the broker loads "
+             "only what the requesting user can read",
+             peer.uid, path);
+    ck_assert_str_eq(err.msg, want);
+}
+END_TEST
+
 START_TEST(slab_group)
 {
     char sock[128];
@@ -677,6 +1084,11 @@ int main(void)
     tcase_add_test(tc, checks_run_on_the_loader);
     tcase_add_test(tc, load_paths);
     tcase_add_test(tc, load_handler_checks_paths);
+    tcase_add_test(tc, supplementary_groups_match);
+    tcase_add_test(tc, status_parser);
+    tcase_add_test(tc, read_groups_of_processes);
+    tcase_add_test(tc, read_many_groups);
+    tcase_add_test(tc, load_access_by_supplementary_group);
     tcase_add_test(tc, slab_group);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

@@ -474,7 +474,7 @@ START_TEST(other_peers_see_a_lease_id_prefix)
     ck_assert_int_eq(beat(&p, ids, 1)->status, 0);
     /* A non-administrator of another uid (clients are open here). */
     wb_peer_creds other = creds(4321, 4321, p.pid + 100000);
-    ck_assert(!wb__auth_admin_ok(&F.b.auth, other.uid, other.gid));
+    ck_assert(!wb__auth_admin_ok(&F.b.auth, &other));
     Wbproto__Request req = WBPROTO__REQUEST__INIT;
     Wbproto__ListLeasesRequest ll = WBPROTO__LIST_LEASES_REQUEST__INIT;
     req.body_case = WBPROTO__REQUEST__BODY_LIST_LEASES;

@@ -1,24 +1,31 @@
 /* The Prometheus page: every family has one HELP and one TYPE line before its
  * samples, and the samples carry the broker's exact values (leases by state,
  * models by state, bytes per model, loads, requests by operation and status,
- * reclaims), label values escaped; the page is published only as often as
- * wb__metrics_tick allows; the HTTP server serves it at /metrics (GET and
- * HEAD only, 404 elsewhere) and reports addresses it cannot use; it closes
+ * reclaims, the build), label values escaped; the process families read
+ * from /proc/self (its parsers, and plausible values); the page is published
+ * only as often as wb__metrics_tick allows; the HTTP server serves it at
+ * /metrics with the process families, and /healthz (503 before the loop
+ * serves, when it stalls and once it stops; 200 while it serves), GET and
+ * HEAD only, 404 elsewhere, and reports addresses it cannot use; it closes
  * a connection that has not sent a whole request within the request
  * timeout (silent, trickling or idle after a response), and the
  * longest-waiting of an address with too many waiting, while it serves a
  * scrape. */
 #include "broker_fixture.h"
+#include "buildinfo.h"
 #include "metrics.h"
+#include "wire.h"
 
 #include <check.h>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -149,7 +156,7 @@ START_TEST(test_render_values)
     wb__broker_count_request(&B, 0, WB_EPROTO);
 
     char *text = render();
-    ck_assert_int_eq(check_structure(text), 16);
+    ck_assert_int_eq(check_structure(text), 17);
     assert_line(text, "# TYPE wb_leases gauge");
     assert_line(text, "wb_leases{state=\"active\"} 1");
     assert_line(text, "wb_leases{state=\"stale\"} 2");
@@ -204,7 +211,14 @@ END_TEST
 START_TEST(test_render_empty_broker)
 {
     char *text = render();
-    ck_assert_int_eq(check_structure(text), 16);
+    ck_assert_int_eq(check_structure(text), 17);
+    /* The build, as --version says it. */
+    char line[256];
+    snprintf(line, sizeof line,
+             "wb_build_info{version=\"%s\",revision=\"%s\",protocol=\"%d\",backends=\"%s\"} 1",
+             WB_VERSION, wb__build_rev(), WB_PROTOCOL_VERSION, wb__build_backends());
+    assert_line(text, line);
+    assert_line(text, "# TYPE wb_build_info gauge");
     assert_line(text, "wb_leases{state=\"active\"} 0");
     assert_line(text, "wb_models{state=\"ready\"} 0");
     assert_line(text, "wb_loads_total 0");
@@ -313,6 +327,104 @@ static char *http(unsigned port, const char *request)
 }
 #endif
 
+/* The parsers of /proc/self/stat, statm and /proc/stat's btime. */
+START_TEST(test_proc_parsers)
+{
+    wb_err err;
+    wb_proc_self ps = {0};
+    /* A command name with spaces and parentheses; utime 250, stime 150,
+     * starttime 5000 ticks after boot. */
+    static const char stat[] =
+        "4242 (wb (x) y) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 150 0 0 20 0 3 0 5000 "
+        "123456789 2048 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 17 3 0 0 0 0 0\n";
+    ck_assert_int_eq(wb__metrics_parse_stat(stat, strlen(stat), 100, 1700000000, &ps, &err), WB_OK);
+    ck_assert(ps.cpu_seconds == 4.0);
+    ck_assert(ps.start_time_seconds == 1700000050.0);
+    static const char *const bad_stat[] = {
+        "4242 wb S 1\n",                                        /* no command name */
+        "4242 (wb) S 1 4242 4242 0 -1 4194560 100 0 0 0 250\n", /* short */
+        "4242 (wb) S 1 4242 4242 0 -1 4194560 100 0 0 0 2x0 150 0 0 20 0 3 0 5000\n",
+        "",
+    };
+    for (size_t i = 0; i < sizeof bad_stat / sizeof bad_stat[0]; i++)
+        ck_assert_int_eq(
+            wb__metrics_parse_stat(bad_stat[i], strlen(bad_stat[i]), 100, 0, &ps, &err),
+            WB_EFORMAT);
+    ck_assert_int_eq(wb__metrics_parse_stat(stat, strlen(stat), 0, 0, &ps, &err), WB_EFORMAT);
+
+    static const char statm[] = "30000 2000 500 100 0 9000 0\n";
+    ck_assert_int_eq(wb__metrics_parse_statm(statm, strlen(statm), 4096, &ps, &err), WB_OK);
+    ck_assert_uint_eq(ps.virtual_bytes, 30000ull * 4096);
+    ck_assert_uint_eq(ps.resident_bytes, 2000ull * 4096);
+    ck_assert_int_eq(wb__metrics_parse_statm("30000\n", 6, 4096, &ps, &err), WB_EFORMAT);
+    ck_assert_int_eq(wb__metrics_parse_statm("x 1\n", 4, 4096, &ps, &err), WB_EFORMAT);
+
+    static const char pstat[] = "cpu  1 2 3\ncpu0 1 2 3\nintr 5 0 0\nctxt 77\nbtime 1700000000\n"
+                                "processes 9\n";
+    uint64_t btime = 0;
+    ck_assert_int_eq(wb__metrics_parse_btime(pstat, strlen(pstat), &btime, &err), WB_OK);
+    ck_assert_uint_eq(btime, 1700000000);
+    ck_assert_int_eq(wb__metrics_parse_btime("cpu 1\nbtimex 5\n", 15, &btime, &err), WB_EFORMAT);
+    ck_assert_str_eq(err.msg, "no btime line in /proc/stat");
+    ck_assert_int_eq(wb__metrics_parse_btime("btime x\n", 8, &btime, &err), WB_EFORMAT);
+}
+END_TEST
+
+/* The value of the sample `name` (without labels) on the page. */
+static double sample(const char *text, const char *name)
+{
+    char want[128];
+    snprintf(want, sizeof want, "\n%s ", name);
+    const char *p = strstr(text, want);
+    ck_assert_msg(p != NULL, "no sample %s in:\n%s", name, text);
+    return strtod(p + strlen(want), NULL);
+}
+
+/* The process families of this process, with plausible values. */
+START_TEST(test_process_metrics)
+{
+    char *text = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&text, &n);
+    ck_assert_ptr_nonnull(f);
+    wb__metrics_render_process(f, -1);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_int_eq(check_structure(text), 6);
+    assert_line(text, "# TYPE process_cpu_seconds_total counter");
+    assert_line(text, "# TYPE process_start_time_seconds gauge");
+    assert_line(text, "# TYPE process_resident_memory_bytes gauge");
+    assert_line(text, "# TYPE process_virtual_memory_bytes gauge");
+    assert_line(text, "# TYPE process_open_fds gauge");
+    assert_line(text, "# TYPE process_max_fds gauge");
+    double now = (double)time(NULL);
+    double start = sample(text, "process_start_time_seconds");
+    /* The test started (forked) a moment ago; boot time has 1 s steps. */
+    ck_assert_msg(start <= now + 1 && start > now - 600, "start %f, now %f", start, now);
+    ck_assert(sample(text, "process_cpu_seconds_total") >= 0);
+    double rss = sample(text, "process_resident_memory_bytes");
+    double vsz = sample(text, "process_virtual_memory_bytes");
+    ck_assert(rss > 0 && vsz >= rss);
+    /* stdin, stdout, stderr at least, and not the directory being read. */
+    double fds = sample(text, "process_open_fds");
+    int extra = open("/dev/null", O_RDONLY);
+    ck_assert_int_ge(extra, 0);
+    struct rlimit rl;
+    ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    ck_assert(sample(text, "process_max_fds") == (double)rl.rlim_cur);
+    free(text);
+    text = NULL;
+    f = open_memstream(&text, &n);
+    ck_assert_ptr_nonnull(f);
+    wb__metrics_render_process(f, 12.5);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert(sample(text, "process_open_fds") == fds + 1);
+    assert_line(text, "process_start_time_seconds 12.5");
+    close(extra);
+    ck_assert(fds >= 3);
+    free(text);
+}
+END_TEST
+
 START_TEST(test_http_server)
 {
 #ifndef WB_HAVE_MICROHTTPD
@@ -337,7 +449,12 @@ START_TEST(test_http_server)
     ck_assert_msg(strstr(r, "Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"), "%s", r);
     const char *body = strstr(r, "\r\n\r\n");
     ck_assert_ptr_nonnull(body);
-    ck_assert_str_eq(body + 4, page);
+    /* The published page, then the process families read at the scrape. */
+    ck_assert_int_eq(strncmp(body + 4, page, len), 0);
+    ck_assert_int_eq(strncmp(body + 4 + len, "# HELP process_cpu_seconds_total ",
+                             strlen("# HELP process_cpu_seconds_total ")),
+                     0);
+    ck_assert_int_eq(check_structure(body + 4), 17 + 6);
     free(r);
 
     r = http(port, "HEAD /metrics HTTP/1.0\r\n\r\n");
@@ -346,6 +463,26 @@ START_TEST(test_http_server)
     free(r);
     r = http(port, "GET /other HTTP/1.0\r\n\r\n");
     ck_assert_msg(strstr(r, " 404 ") != NULL, "%s", r);
+    ck_assert_str_eq(strstr(r, "\r\n\r\n") + 4,
+                     "not found; the metrics are at /metrics, the health check at /healthz\n");
+    free(r);
+
+    /* /healthz: 503 until the loop serves (a page published from the
+     * broker's state before that, as at start, does not count), 200 while
+     * it does, 503 once it stops. */
+    r = http(port, "GET /healthz HTTP/1.0\r\n\r\n");
+    ck_assert_msg(strstr(r, " 503 ") != NULL, "%s", r);
+    ck_assert_str_eq(strstr(r, "\r\n\r\n") + 4, "starting: loading models\n");
+    free(r);
+    wb__metrics_serving(m, 1);
+    r = http(port, "GET /healthz HTTP/1.0\r\n\r\n");
+    ck_assert_msg(strstr(r, " 200 ") != NULL, "%s", r);
+    ck_assert_msg(strstr(r, "Content-Type: text/plain; charset=utf-8\r\n"), "%s", r);
+    ck_assert_str_eq(strstr(r, "\r\n\r\n") + 4, "ok\n");
+    free(r);
+    r = http(port, "HEAD /healthz HTTP/1.0\r\n\r\n");
+    ck_assert_msg(strstr(r, " 200 ") != NULL, "%s", r);
+    ck_assert_str_eq(strstr(r, "\r\n\r\n") + 4, "");
     free(r);
     r = http(port, "POST /metrics HTTP/1.0\r\nContent-Length: 3\r\n\r\nabc");
     ck_assert_msg(strstr(r, " 405 ") != NULL, "%s", r);
@@ -365,6 +502,20 @@ START_TEST(test_http_server)
     ck_assert_ptr_nonnull(strstr(snap, "model=\"later\""));
     free(snap);
     free(page);
+
+    /* A loop that stops publishing pages is reported, as is the stop. */
+    char said[96];
+    int64_t now = wb__clock_mono_ms();
+    ck_assert_uint_eq(wb__metrics_health(m, now, said, sizeof said), 200);
+    ck_assert_uint_eq(wb__metrics_health(m, now + WB_METRICS_STALL_MS + 1000, said, sizeof said),
+                      503);
+    ck_assert_msg(strncmp(said, "the event loop has not run for ", 31) == 0, "%s", said);
+    wb__metrics_serving(m, 0);
+    r = http(port, "GET /healthz HTTP/1.0\r\n\r\n");
+    ck_assert_msg(strstr(r, " 503 ") != NULL, "%s", r);
+    ck_assert_str_eq(strstr(r, "\r\n\r\n") + 4, "stopping\n");
+    free(r);
+    wb__metrics_serving(NULL, 1); /* NULL is fine */
 
     /* The same port again cannot be bound, and says why. */
     char spec[64];
@@ -526,6 +677,8 @@ int main(void)
     tcase_add_test(tc, test_device_labels);
     tcase_add_test(tc, test_request_counters_bounded);
     tcase_add_test(tc, test_parse_addr);
+    tcase_add_test(tc, test_proc_parsers);
+    tcase_add_test(tc, test_process_metrics);
     tcase_add_test(tc, test_http_server);
 #ifdef WB_HAVE_MICROHTTPD
     tcase_add_test(tc, test_http_request_timeout);
