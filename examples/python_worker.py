@@ -106,7 +106,7 @@ def main():
             prefix=a.prefix, constants_file=a.constants,
             torch_lib_dir=None if a.torch_lib == "none" else a.torch_lib, **kw)
     except weightbroker.BrokerError as e:
-        print("error=%s" % e, file=sys.stderr)
+        print("%s: %s" % (p.prog, e), file=sys.stderr)
         return 1
     info = dict(model.info, attach_ms=round((time.monotonic() - t0) * 1000, 1),
                 leases=[l.id for l in leases], bridge=model.bridge)
@@ -135,7 +135,7 @@ def main():
                 mismatches += any(not torch.equal(y, f) for y, f in zip(ys, first))
                 time.sleep(0.01)
     except weightbroker.BrokerError as e:
-        print("error=%s" % e, file=sys.stderr)
+        print("%s: %s" % (p.prog, e), file=sys.stderr)
         return 1
     print("served runs=%d mismatches=%d" % (runs, mismatches), flush=True)
     del model, first

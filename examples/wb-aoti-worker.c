@@ -2,8 +2,7 @@
  *
  * Leases a base model and any number of per-variant models (heads) from the
  * broker, builds an AOTInductor container for the compiled variant on their
- * tensors (no copy), runs it on an input and writes the output. Only the
- * public headers are used.
+ * tensors (no copy), runs it on an input and writes the output.
  *
  *   wb-aoti-worker --model BASE [--model HEAD ...] --aoti PATH.pt2
  *                  [--input FILE] [--output FILE] [--iterations N] [--serve]
@@ -45,7 +44,11 @@
  * It prints "attach ..." once the container is ready, "ready" when serving,
  * and one "result {json}" line at the end (timings, the container's
  * record). Exit codes: 0 success, 1 broker or model failure, 2 usage,
- * 3 outputs changed while serving. */
+ * 3 outputs changed while serving. --help describes every option.
+ *
+ * Only the public headers are used, and buildinfo.h for --version's block
+ * (the project's own programs print the same). */
+#include "buildinfo.h"
 #include "wb/client.h"
 #include "wb/container.h"
 
@@ -54,6 +57,7 @@
 #include <getopt.h>
 #include <jansson.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,11 +68,14 @@
 #include <cuda_runtime_api.h>
 #endif
 
-#define EXIT_FAIL     1
-#define EXIT_USAGE    2
-#define EXIT_MISMATCH 3
-#define MAX_MODELS    16
-#define MAX_IO        16
+#define PROG           "wb-aoti-worker"
+#define EXIT_FAIL      1
+#define EXIT_USAGE     2
+#define EXIT_MISMATCH  3
+#define MAX_MODELS     16
+#define MAX_IO         16
+#define MAX_ITERATIONS 100000000L
+#define OPT_VERSION    256 /* long-only options */
 
 typedef struct host_tensor {
     char name[64];
@@ -102,24 +109,81 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+/* Every option of parse()'s table, with its argument and default. */
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: wb-aoti-worker --model BASE [--model HEAD ...] --aoti PATH\n"
-            "                      [--input FILE] [--output FILE] [--iterations N] [--serve]\n"
-            "                      [--socket PATH] [--torch-lib DIR] [--device DEV] [--verify]\n"
-            "                      [--alias NAME=TARGET ...] [--strip-prefix P] [--prefix P]\n"
-            "                      [--constants FILE] [--mutated FQN,...] [--copy-mutated]\n"
-            "       wb-aoti-worker --local-weights FILE [...] --aoti PATH [...]\n"
-            "       wb-aoti-worker --uninit-weights FILE [...] --aoti PATH [...]\n"
-            "       wb-aoti-worker --own-constants --aoti PATH [...]\n"
-            "\n"
-            "  --local-weights FILE  load the file's tensors into this process's own memory\n"
-            "                        instead of leasing them (the unshared baseline)\n"
-            "  --uninit-weights FILE bind the file's tensors (read from its header only) to\n"
-            "                        memory of this process left uninitialised: the floor\n"
-            "                        of the first output, meaningless outputs\n"
-            "  --own-constants       the model library loads its own embedded constants\n");
+    fprintf(out, "usage: wb-aoti-worker --model BASE [--model HEAD ...] --aoti PATH [options]\n"
+                 "       wb-aoti-worker --local-weights FILE [...] --aoti PATH [options]\n"
+                 "       wb-aoti-worker --uninit-weights FILE [...] --aoti PATH [options]\n"
+                 "       wb-aoti-worker --own-constants --aoti PATH [options]\n"
+                 "\n"
+                 "Serves one AOTInductor model variant: builds its container on the weights of\n"
+                 "one source, runs it on --input and writes --output.\n"
+                 "\n"
+                 "Weights (exactly one source; --model and the files up to 16 times each):\n"
+                 "  --model NAME           lease the broker's model NAME and bind the package's\n"
+                 "                         constants to its tensors, no copy (a base, then heads)\n"
+                 "  --local-weights FILE   load the safetensors file's tensors into this\n"
+                 "                         process's own memory instead of leasing them (the\n"
+                 "                         unshared baseline)\n"
+                 "  --uninit-weights FILE  bind the file's tensors (read from its header only) to\n"
+                 "                         memory of this process left uninitialised: the floor\n"
+                 "                         of the first output, meaningless outputs\n"
+                 "  --own-constants        the model library loads its own embedded constants\n"
+                 "\n"
+                 "Model:\n"
+                 "  --aoti PATH            the AOTInductor package (.pt2), its unpacked directory\n"
+                 "                         or its model library (.so); required\n"
+                 "  --device DEV           cpu, cuda or cuda:N (default: $WB_WORKER_DEVICE when\n"
+                 "                         it names a cuda device, else cpu; a model on CUDA\n"
+                 "                         weights needs it)\n"
+                 "  --torch-lib DIR        load torch's libraries from DIR before the model\n"
+                 "                         (default: the dynamic linker's search path)\n"
+                 "  --alias NAME=TARGET    bind constant NAME to tensor TARGET, such as a tied\n"
+                 "                         weight (repeatable; added to the package's own)\n"
+                 "  --strip-prefix P       remove P from the start of constant names to find\n"
+                 "                         them in the leases (default: none)\n"
+                 "  --prefix P             then add P to them (default: none)\n"
+                 "  --constants FILE       the constants no checkpoint has (default: the\n"
+                 "                         package's weightbroker/constants.safetensors)\n"
+                 "  --mutated FQN,...      constants the compiled graph writes, besides the\n"
+                 "                         package's list: binding them to a lease is refused\n"
+                 "  --copy-mutated         bind those to private copies instead\n"
+                 "\n"
+                 "Running:\n"
+                 "  --input FILE           safetensors file of the inputs input0, input1, ...\n"
+                 "                         (default: none, the container is only built)\n"
+                 "  --output FILE          write the outputs output0, ... to FILE (default: none)\n"
+                 "  --iterations N         run N times on --input, timed (default: 1)\n"
+                 "  --serve                then run until SIGTERM or SIGINT, counting outputs\n"
+                 "                         that differ from the first (needs --input)\n"
+                 "  --verify               check every leased tensor against the broker's\n"
+                 "                         checksum before running\n"
+                 "  --socket PATH          the broker's socket (default: $WB_SOCKET, else\n"
+                 "                         $XDG_RUNTIME_DIR/wbroker/broker.sock, else\n"
+                 "                         /run/wbroker/broker.sock as root, else\n"
+                 "                         /tmp/wbroker-UID/broker.sock)\n"
+                 "  --version              print the version and build, then exit\n"
+                 "  -h, --help             print this help, then exit\n"
+                 "\n"
+                 "Prints \"attach ...\" once the container is ready, \"ready\" when serving and\n"
+                 "one \"result {json}\" line at the end. $WB_TIMEOUT_MS: each broker request's\n"
+                 "timeout (default 5000).\n"
+                 "Exit status: 0 success, 1 broker or model failure, 2 bad usage (also a model\n"
+                 "on CUDA without --device), 3 outputs changed while serving.\n");
+}
+
+/* A misused command line: what was wrong, then where help is. Returns
+ * EXIT_USAGE. */
+__attribute__((format(printf, 1, 2))) static int misuse(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, PROG ": ");
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\nTry '" PROG " --help'.\n");
+    return EXIT_USAGE;
 }
 
 static int dtype_bytes(const char *dt)
@@ -742,26 +806,29 @@ static int parse(worker *w, int argc, char **argv)
         {"constants", required_argument, NULL, 'C'},
         {"mutated", required_argument, NULL, 'u'},
         {"copy-mutated", no_argument, NULL, 'K'},
+        {"version", no_argument, NULL, OPT_VERSION},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     w->iterations = 1;
     int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    /* getopt's own messages would name the program by its full argv[0]. */
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case 'm':
             if (w->n_models == MAX_MODELS)
-                return EXIT_USAGE;
+                return misuse("--model: at most %d models", MAX_MODELS);
             w->models[w->n_models++] = optarg;
             break;
         case 'L':
             if (w->n_local == MAX_MODELS)
-                return EXIT_USAGE;
+                return misuse("--local-weights: at most %d files", MAX_MODELS);
             w->local[w->n_local++] = optarg;
             break;
         case 'U':
             if (w->n_uninit == MAX_MODELS)
-                return EXIT_USAGE;
+                return misuse("--uninit-weights: at most %d files", MAX_MODELS);
             w->uninit[w->n_uninit++] = optarg;
             break;
         case 'E':
@@ -769,10 +836,9 @@ static int parse(worker *w, int argc, char **argv)
             break;
         case 'A': {
             size_t used = strlen(w->aliases);
-            if (used + strlen(optarg) + 2 > sizeof w->aliases) {
-                fprintf(stderr, "wb-aoti-worker: --alias: too many aliases\n");
-                return EXIT_USAGE;
-            }
+            if (used + strlen(optarg) + 2 > sizeof w->aliases)
+                return misuse("--alias: too many aliases (%zu bytes at most)",
+                              sizeof w->aliases - 1);
             snprintf(w->aliases + used, sizeof w->aliases - used, "%s%s", used ? "," : "", optarg);
             break;
         }
@@ -802,11 +868,12 @@ static int parse(worker *w, int argc, char **argv)
             break;
         case 'n': {
             char *end;
+            errno = 0;
             w->iterations = strtol(optarg, &end, 10);
-            if (*end || w->iterations < 1) {
-                fprintf(stderr, "wb-aoti-worker: --iterations: expected a positive number\n");
-                return EXIT_USAGE;
-            }
+            if (errno || end == optarg || *end || w->iterations < 1 ||
+                w->iterations > MAX_ITERATIONS)
+                return misuse("--iterations: expected a number from 1 to %ld, got '%s'",
+                              MAX_ITERATIONS, optarg);
             break;
         }
         case 'S':
@@ -824,25 +891,30 @@ static int parse(worker *w, int argc, char **argv)
         case 'd':
             w->device = optarg;
             break;
+        case OPT_VERSION:
+            wb__print_version(stdout, PROG, NULL);
+            exit(0);
         case 'h':
             usage(stdout);
             exit(0);
+        case ':':
+            return misuse("option '%s' needs an argument", argv[optind - 1]);
         default:
-            usage(stderr);
-            return EXIT_USAGE;
+            /* A long option is named as written; a short one by optopt (it
+             * may be inside a group of them). */
+            if (strncmp(argv[optind - 1], "--", 2) == 0)
+                return misuse("unrecognized option '%s'", argv[optind - 1]);
+            return misuse("unrecognized option '-%c'", optopt);
         }
     }
+    if (optind != argc)
+        return misuse("unexpected argument '%s'", argv[optind]);
     int modes = (w->n_models > 0) + (w->n_local > 0) + (w->n_uninit > 0) + w->own_constants;
-    if (!w->aoti || modes != 1 || optind != argc) {
-        fprintf(stderr, "wb-aoti-worker: give --aoti and exactly one of --model, "
-                        "--local-weights, --uninit-weights, --own-constants\n");
-        usage(stderr);
-        return EXIT_USAGE;
-    }
-    if (w->serve && !w->input) {
-        fprintf(stderr, "wb-aoti-worker: --serve needs --input\n");
-        return EXIT_USAGE;
-    }
+    if (!w->aoti || modes != 1)
+        return misuse("give --aoti and exactly one of --model, --local-weights, "
+                      "--uninit-weights, --own-constants");
+    if (w->serve && !w->input)
+        return misuse("--serve needs --input");
     return 0;
 }
 
@@ -942,7 +1014,12 @@ int main(int argc, char **argv)
     }
     if (rc == 0 && w.input) {
         double *ms = calloc((size_t)w.iterations, sizeof *ms);
-        for (long i = 0; i < w.iterations && rc == 0; i++)
+        if (!ms) {
+            fprintf(stderr, "wb-aoti-worker: cannot allocate the timings of %ld runs\n",
+                    w.iterations);
+            rc = EXIT_FAIL;
+        }
+        for (long i = 0; rc == 0 && i < w.iterations; i++)
             rc = run_once(&w, i > 0, &ms[i]) == 0 ? 0 : EXIT_FAIL;
         if (rc == 0) {
             w.run_ms_first = ms[0];

@@ -3,7 +3,8 @@
  * Connects to the broker, leases a model, checks every tensor against the
  * checksum the broker computed while loading, then holds the lease (as a
  * real worker would while serving) until told to stop. Only the public
- * header is used.
+ * header is used, and buildinfo.h for --version's block (the project's own
+ * programs print the same).
  *
  *   wb-demo-worker --model NAME [--hold SECONDS] [--verify-every MS]
  *                  [--socket PATH] [--reacquire] [--device N|GPU-UUID] [--allow-peer]
@@ -17,36 +18,74 @@
  *
  * Exit codes: 0 every verification passed, 1 the broker could not be used,
  * 2 bad usage, 3 a tensor did not match its checksum. */
+#include "buildinfo.h"
 #include "wb/client.h"
 
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#define PROG          "wb-demo-worker"
 #define EXIT_BROKER   1
 #define EXIT_USAGE    2
 #define EXIT_MISMATCH 3
+#define OPT_VERSION   256 /* long-only options */
 
 /* The hold loop wakes at least this often to notice an orphaned lease. */
 #define TICK_MS        100
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 2000
 
+/* Every option of main()'s table, with its argument and default. */
 static void usage(FILE *out)
 {
     fprintf(out, "usage: wb-demo-worker --model NAME [--hold SECONDS] [--verify-every MS]\n"
                  "                      [--socket PATH] [--reacquire] [--device N|GPU-UUID]\n"
-                 "                      [--allow-peer]\n\n"
-                 "Leases model NAME, verifies every tensor, and holds the lease until\n"
-                 "SIGTERM or SIGINT (or for --hold seconds). --verify-every re-verifies\n"
-                 "periodically; --reacquire takes a new lease when the broker restarts.\n"
-                 "--device: the CUDA device the lease is for, by this process's ordinal or\n"
-                 "by UUID (default: the current device); --allow-peer: accept the model's\n"
-                 "copy on another device when it has none there.\n");
+                 "                      [--allow-peer]\n"
+                 "\n"
+                 "Leases model NAME, verifies every tensor against the broker's checksum, and\n"
+                 "holds the lease until SIGTERM or SIGINT.\n"
+                 "\n"
+                 "  --model NAME           the model to lease (required)\n"
+                 "  --hold SECONDS         release after this long instead (fractions allowed;\n"
+                 "                         0 releases at once)\n"
+                 "  --verify-every MS      verify every tensor again this often while holding\n"
+                 "                         (default: only once, at the start)\n"
+                 "  --socket PATH          the broker's socket (default: $WB_SOCKET, else\n"
+                 "                         $XDG_RUNTIME_DIR/wbroker/broker.sock, else\n"
+                 "                         /run/wbroker/broker.sock as root, else\n"
+                 "                         /tmp/wbroker-UID/broker.sock)\n"
+                 "  --reacquire            when a restarted broker no longer knows the lease,\n"
+                 "                         acquire a new one (retrying with backoff)\n"
+                 "  --device N|GPU-UUID    the CUDA device the lease is for, by this process's\n"
+                 "                         ordinal or by UUID (default: the current device)\n"
+                 "  --allow-peer           accept the model's copy on another device when it has\n"
+                 "                         none on that one\n"
+                 "  --version              print the version and build, then exit\n"
+                 "  -h, --help             print this help, then exit\n"
+                 "\n"
+                 "$WB_TIMEOUT_MS: each broker request's timeout (default 5000).\n"
+                 "Exit status: 0 every verification passed, 1 the broker could not be used\n"
+                 "(the reason is on stderr), 2 bad usage, 3 a tensor did not match its\n"
+                 "checksum.\n");
+}
+
+/* A misused command line: what was wrong, then where help is. Returns
+ * EXIT_USAGE. */
+__attribute__((format(printf, 1, 2))) static int misuse(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, PROG ": ");
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\nTry '" PROG " --help'.\n");
+    return EXIT_USAGE;
 }
 
 static double now_s(void)
@@ -112,6 +151,7 @@ int main(int argc, char **argv)
         {"reacquire", no_argument, NULL, 'r'},
         {"device", required_argument, NULL, 'd'},
         {"allow-peer", no_argument, NULL, 'P'},
+        {"version", no_argument, NULL, OPT_VERSION},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -124,23 +164,20 @@ int main(int argc, char **argv)
     int reacquire = 0;
     wb_lease_options lo = {.device = WB_LEASE_DEVICE_CURRENT};
     int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    /* getopt's own messages would name the program by its full argv[0]. */
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case 'm':
             model = optarg;
             break;
         case 'H':
-            if (parse_double(optarg, &hold) != 0) {
-                fprintf(stderr, "wb-demo-worker: --hold: expected seconds, got '%s'\n", optarg);
-                return EXIT_USAGE;
-            }
+            if (parse_double(optarg, &hold) != 0)
+                return misuse("--hold: expected seconds, got '%s'", optarg);
             break;
         case 'v':
-            if (parse_double(optarg, &verify_every) != 0 || verify_every < 1) {
-                fprintf(stderr, "wb-demo-worker: --verify-every: expected milliseconds, got '%s'\n",
-                        optarg);
-                return EXIT_USAGE;
-            }
+            if (parse_double(optarg, &verify_every) != 0 || verify_every < 1)
+                return misuse("--verify-every: expected milliseconds, got '%s'", optarg);
             verify_every /= 1000.0;
             break;
         case 's':
@@ -153,13 +190,8 @@ int main(int argc, char **argv)
                 char *end;
                 errno = 0;
                 long d = strtol(optarg, &end, 10);
-                if (errno || end == optarg || *end || d < 0 || d > 1023) {
-                    fprintf(stderr,
-                            "wb-demo-worker: --device: expected an ordinal or a GPU UUID, got "
-                            "'%s'\n",
-                            optarg);
-                    return EXIT_USAGE;
-                }
+                if (errno || end == optarg || *end || d < 0 || d > 1023)
+                    return misuse("--device: expected an ordinal or a GPU UUID, got '%s'", optarg);
                 lo.device = (int)d;
             }
             break;
@@ -169,23 +201,26 @@ int main(int argc, char **argv)
         case 'r':
             reacquire = 1;
             break;
+        case OPT_VERSION:
+            wb__print_version(stdout, PROG, NULL);
+            return 0;
         case 'h':
             usage(stdout);
             return 0;
+        case ':':
+            return misuse("option '%s' needs an argument", argv[optind - 1]);
         default:
-            usage(stderr);
-            return EXIT_USAGE;
+            /* A long option is named as written; a short one by optopt (it
+             * may be inside a group of them). */
+            if (strncmp(argv[optind - 1], "--", 2) == 0)
+                return misuse("unrecognized option '%s'", argv[optind - 1]);
+            return misuse("unrecognized option '-%c'", optopt);
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "wb-demo-worker: unexpected argument '%s'\n", argv[optind]);
-        return EXIT_USAGE;
-    }
-    if (!model || !model[0]) {
-        fprintf(stderr, "wb-demo-worker: --model NAME is required\n");
-        usage(stderr);
-        return EXIT_USAGE;
-    }
+    if (optind < argc)
+        return misuse("unexpected argument '%s'", argv[optind]);
+    if (!model || !model[0])
+        return misuse("--model NAME is required");
 
     /* Block the stop signals before the library starts its heartbeat thread,
      * so that they are only ever taken by sigtimedwait below. */

@@ -232,6 +232,33 @@ def lib():
             % (ENV_LIBRARY, "\n  ".join(tried)))
 
 
+def encode_name(value, what):
+    """A name argument as the C library's UTF-8 string. TypeError naming
+    the argument (`what`, e.g. "lease(): model") unless it is a str: bytes
+    or an int would otherwise reach the C call as something else or fail
+    somewhere unrelated."""
+    if not isinstance(value, str):
+        raise TypeError("%s must be a str, not %s" % (what, type(value).__name__))
+    if "\0" in value:
+        raise ValueError("%s must not contain a NUL character: %r" % (what, value))
+    return value.encode()
+
+
+def encode_names(values, what):
+    """A list of names (see encode_name); None stays None. A str alone is
+    refused, not taken as a list of one-character names."""
+    if values is None:
+        return None
+    if isinstance(values, (str, bytes)):
+        raise TypeError("%s must be a list of str, not %s" % (what, type(values).__name__))
+    try:
+        values = list(values)
+    except TypeError:
+        raise TypeError("%s must be a list of str, not %s"
+                        % (what, type(values).__name__)) from None
+    return [encode_name(v, "%s[%d]" % (what, i)) for i, v in enumerate(values)]
+
+
 def s(b):
     """C string -> str (None stays None)."""
     return None if b is None else b.decode("utf-8", "replace")

@@ -8,8 +8,9 @@ import ctypes
 import os
 import threading
 
-from . import _dlpack
-from ._lib import ContainerInfo, ContainerOptions, ContainerTensor, TensorDesc, check, lib, s
+from . import _views
+from ._lib import (ContainerInfo, ContainerOptions, ContainerTensor, TensorDesc, check,
+                   encode_name, lib, s)
 from .errors import BrokerError
 
 _capsule_ptr = ctypes.pythonapi["PyCapsule_GetPointer"]
@@ -75,6 +76,7 @@ class Model:
         extra = []  # (fqn, data, dtype, shape, device)
         self._keep = []  # caller tensors must outlive the container
         for fqn, t in (tensors or {}).items():
+            encode_name(fqn, "load_aoti(): a name in tensors")
             if not t.is_contiguous():
                 raise ValueError("tensor %s must be contiguous" % fqn)
             self._keep.append(t)
@@ -82,6 +84,8 @@ class Model:
                           t.device.index if t.device.type == "cuda" else -1))
         if isinstance(aliases, dict):
             for name, target in aliases.items():
+                encode_name(name, "load_aoti(): a name in aliases")
+                encode_name(target, "load_aoti(): aliases[%r]" % (name,))
                 if not name or not target or "=" in name + target or "," in name + target:
                     raise ValueError("alias %r -> %r: names must be non-empty and hold "
                                      "no '=' or ','" % (name, target))
@@ -107,7 +111,8 @@ class Model:
                              ("constants_file", constants_file), ("mutated", mutated)):
             if value:
                 path_like = field in ("torch_lib_dir", "work_dir", "constants_file")
-                b = os.fsencode(value) if path_like else value.encode()
+                b = (os.fsencode(value) if path_like
+                     else encode_name(value, "load_aoti(): %s" % field))
                 keep.append(b)
                 setattr(opts, field, b)
         opts.num_models = num_models
@@ -231,8 +236,8 @@ class Model:
                 for i in range(n_out):
                     d = TensorDesc()
                     self._fail(L.wb_container_tensor_describe(h, outs[i], ctypes.byref(d)))
-                    view = _dlpack.wrap(d.data, s(d.dtype), tuple(d.shape[:d.ndim]),
-                                        d.device, None, "output %d" % i)
+                    view = _views.torch_view(d.data, s(d.dtype), tuple(d.shape[:d.ndim]),
+                                             d.nbytes, d.device, lambda: None, "output %d" % i)
                     result.append(view.clone())
         finally:
             for i in range(n_out):

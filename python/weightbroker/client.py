@@ -10,15 +10,25 @@ import sys
 import threading
 import weakref
 
-from . import _dlpack, _lib
+from . import _lib, _views
 from ._lib import ClientOptions, TensorView, check, lib, s
 from .errors import BusyError, StateError
 
-# numpy dtypes of the safetensors names numpy has (no bf16 or fp8 in numpy).
-_NUMPY = {"BOOL": "?", "U8": "u1", "I8": "i1", "I16": "<i2", "U16": "<u2", "I32": "<i4",
-          "U32": "<u4", "I64": "<i8", "U64": "<u8", "F16": "<f2", "F32": "<f4", "F64": "<f8"}
-
 _clients = weakref.WeakSet()
+
+
+def _socket_path(socket):
+    """The socket path the C library connects to for `socket`, resolved in
+    the order of common/paths.c (wb__socket_path), for repr(Client)."""
+    if socket:
+        return os.fsdecode(socket)
+    if os.environ.get("WB_SOCKET"):
+        return os.environ["WB_SOCKET"]
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return os.environ["XDG_RUNTIME_DIR"] + "/wbroker/broker.sock"
+    if os.geteuid() == 0:
+        return "/run/wbroker/broker.sock"
+    return "/tmp/wbroker-%d/broker.sock" % os.geteuid()
 
 
 class TensorInfo:
@@ -63,21 +73,26 @@ class _Pin:
 class Client:
     """A connection to the broker (see connect()). Use as a context manager
     or call close(). The C library's heartbeat thread keeps every lease alive
-    on its own: it needs no GIL, so it runs while Python computes."""
+    on its own: it needs no GIL, so it runs while Python computes.
+    socket_path is the broker socket's path, resolved as the library does."""
 
     def __init__(self, socket=None, *, timeout_ms=0, name=None, heartbeat_thread=True):
+        self._h = ctypes.c_void_p()
+        self._lock = threading.RLock()
+        self._leases = []
+        if name is not None:
+            name = _lib.encode_name(name, "connect(): name")
         L = lib()
         opts = ClientOptions()
         L.wb_client_options_init(ctypes.byref(opts))
         if socket:
             opts.socket_path = os.fsencode(socket)
+        # The path resolved as the C library does, for repr() and operators.
+        self.socket_path = _socket_path(socket)
         opts.timeout_ms = int(timeout_ms)
         opts.no_heartbeat_thread = 0 if heartbeat_thread else 1
-        self._name = (name or "python:%s" % os.path.basename(sys.argv[0] or "python")).encode()
+        self._name = name or ("python:%s" % os.path.basename(sys.argv[0] or "python")).encode()
         opts.client_name = self._name
-        self._h = ctypes.c_void_p()
-        self._lock = threading.RLock()
-        self._leases = []
         rc = L.wb_client_connect(ctypes.byref(opts), ctypes.byref(self._h))
         if rc != 0:
             msg = s(L.wb_client_errmsg(self._h)) if self._h else None
@@ -95,8 +110,18 @@ class Client:
 
     @property
     def connected(self):
-        """False while the broker is gone or restarting (mappings stay valid)."""
-        return bool(lib().wb_client_connected(self._handle()))
+        """True while the client is open and its last exchange with the
+        broker worked; False after close(), and while the broker is gone or
+        restarting (mappings stay valid; the library reconnects)."""
+        return bool(self._h) and bool(lib().wb_client_connected(self._h))
+
+    def __repr__(self):
+        if not self._h:
+            state = "closed"
+        else:
+            state = "connected" if lib().wb_client_connected(self._h) else "disconnected"
+        return "<weightbroker.Client socket=%r %s leases=%d>" % (self.socket_path, state,
+                                                                  len(self._leases))
 
     def heartbeat(self):
         """Sends one heartbeat now (only needed with heartbeat_thread=False)."""
@@ -109,6 +134,7 @@ class Client:
         CUDA ordinal of this process, a GPU UUID ("GPU-..."), or None for the
         current CUDA device. `allow_peer` accepts the model's copy on another
         device when it has none there."""
+        model = _lib.encode_name(model, "lease(): model")
         L = lib()
         h = ctypes.c_void_p()
         opts = _lib.LeaseOptions(_lib.LEASE_DEVICE_CURRENT, None, 1 if allow_peer else 0)
@@ -117,7 +143,7 @@ class Client:
         elif device is not None:
             opts.device = int(device)
         with self._lock:
-            self._check(L.wb_lease_acquire_ex(self._handle(), model.encode(), ctypes.byref(opts),
+            self._check(L.wb_lease_acquire_ex(self._handle(), model, ctypes.byref(opts),
                                               ctypes.byref(h)))
             lease = Lease(self, h)
             self._leases.append(lease)
@@ -175,8 +201,10 @@ def _close_all():
 
 def connect(socket=None, **kwargs):
     """Connects to the broker. socket: its path; None resolves $WB_SOCKET,
-    then $XDG_RUNTIME_DIR/wbroker/broker.sock, then /run/wbroker/broker.sock.
-    Keywords: timeout_ms, name (shown in the broker's log), heartbeat_thread."""
+    then $XDG_RUNTIME_DIR/wbroker/broker.sock, then /run/wbroker/broker.sock
+    as root, else /tmp/wbroker-UID/broker.sock (the client's socket_path says
+    which). Keywords: timeout_ms, name (a str, shown in the broker's log),
+    heartbeat_thread."""
     return Client(socket, **kwargs)
 
 
@@ -200,8 +228,13 @@ class Lease:
         self._infos = None
 
     def __repr__(self):
-        state = "released" if not self._h else "orphaned" if self.orphaned else "active"
-        return "<Lease %s on %r, %s>" % (self.id, self.model, state)
+        with self._lock:
+            if not self._h:
+                return "<weightbroker.Lease %s model=%r released>" % (self.id, self.model)
+            L = lib()
+            return "<weightbroker.Lease %s model=%r %s device=%d views=%d models=%d>" % (
+                self.id, self.model, "orphaned" if L.wb_lease_orphaned(self._h) else "active",
+                L.wb_lease_device(self._h), self._views, L.wb_lease_containers(self._h))
 
     def _handle(self):
         """The C handle; StateError once the lease was released (its memory
@@ -271,16 +304,21 @@ class Lease:
 
     def find(self, name):
         """TensorInfo of one tensor; NotFoundError if the lease has none."""
+        name = _lib.encode_name(name, "find(): name")
         v = TensorView()
         with self._held() as h:
-            self._check(lib().wb_lease_find(h, name.encode(), ctypes.byref(v)))
+            self._check(lib().wb_lease_find(h, name, ctypes.byref(v)))
             return TensorInfo(v)
 
     def find_many(self, names):
         """[TensorInfo] of the tensors called `names`, in that order, looked
         up in one call (wb_lease_find_many: faster than find() per name for
         many names); NotFoundError, naming the first, if any is absent."""
-        names = [n.encode() for n in names]
+        if names is None:
+            raise TypeError("find_many(): names must be a list of str, not NoneType")
+        return self._find_many(_lib.encode_names(names, "find_many(): names"))
+
+    def _find_many(self, names):
         arr = (ctypes.c_char_p * max(len(names), 1))(*names)
         views = (TensorView * max(len(names), 1))()
         with self._held() as h:
@@ -289,45 +327,57 @@ class Lease:
             self._check(lib().wb_lease_find_many(h, arr, len(names), views))
             return [TensorInfo(v) for v in views]
 
+    def _build(self, names, viewable, make):
+        """{name: make(info, pin)} for the tensors called `names` (encoded;
+        None: all). viewable(info) raises for a tensor that cannot be viewed,
+        before any view is made; make() calls pin() once its view exists.
+
+        A failure part-way drops the views already made before it goes on:
+        they must not outlive it, held by the traceback (which keeps this
+        frame) or freed while it unwinds, when a DLPack deleter cannot run
+        and its pin would stay. The lease is then left as it was."""
+        build = self._pin()  # the lease stays held until every view has its pin
+        try:
+            infos = self.info() if names is None else self._find_many(names)
+            for t in infos:
+                viewable(t)
+            out = {}
+            try:
+                for t in infos:
+                    out[t.name] = make(t, self._pin)
+            except BaseException:
+                out.clear()
+                raise
+            return out
+        finally:
+            del build
+
     def tensors(self, names=None):
         """{name: torch.Tensor}: views of the leased memory, no copy (CUDA IPC
         memory for cuda leases, the read-only mapping for host leases; there
         torch cannot mark a tensor read-only: an in-place write kills the
         process with SIGSEGV, use numpy() where a write must raise). Each view
-        keeps the lease from being released while it lives; StateError once
-        the lease was released."""
-        build = self._pin()  # the lease stays held until every view has its pin
-        infos = self.info() if names is None else self.find_many(names)
-        out = {t.name: _dlpack.wrap(t.data, t.dtype, t.shape, t.device, self._pin(), t.name)
-               for t in infos}
-        del build
-        return out
+        keeps the lease from being released while it lives. `names` (a list
+        of str) selects tensors; TypeError, naming the first tensor, when
+        this torch has no dtype for one (F4; U16, U32, U64 and FP8 in an
+        older torch such as 1.13), and then no view is made; StateError
+        once the lease was released."""
+        names = _lib.encode_names(names, "tensors(): names")
+        return self._build(
+            names, lambda t: _views.check_torch(t.name, t.dtype),
+            lambda t, pin: _views.torch_view(t.data, t.dtype, t.shape, t.nbytes, t.device, pin,
+                                             t.name))
 
     def numpy(self, names=None):
         """{name: numpy.ndarray}, read-only views of a host lease (writeable
-        is False and cannot be turned on: a write raises ValueError). Tensors
-        whose dtype numpy lacks (BF16, FP8) raise TypeError; StateError once
-        the lease was released."""
-        import numpy as np
-
-        build = self._pin()  # the lease stays held until every array has its pin
-        infos = self.info() if names is None else self.find_many(names)
-        out = {}
-        for t in infos:
-            if t.device >= 0:
-                raise TypeError("tensor %s is in CUDA memory (device %d): use tensors()"
-                                % (t.name, t.device))
-            if t.dtype not in _NUMPY:
-                raise TypeError("tensor %s: numpy has no dtype %s (use tensors())"
-                                % (t.name, t.dtype))
-            raw = (ctypes.c_uint8 * t.nbytes).from_address(t.data) if t.nbytes else bytearray()
-            if t.nbytes:
-                raw._wb_pin = self._pin()  # freed with the last array using the buffer
-            # A read-only buffer: numpy then refuses to make the array writeable.
-            arr = np.frombuffer(memoryview(raw).toreadonly(), dtype=_NUMPY[t.dtype])
-            out[t.name] = arr.reshape(t.shape)
-        del build
-        return out
+        is False and cannot be turned on: a write raises ValueError). `names`
+        as for tensors(); TypeError, naming the first tensor, when numpy has
+        no dtype for one (BF16, FP8, F4) or it is in CUDA memory, and then no
+        array is made; StateError once the lease was released."""
+        names = _lib.encode_names(names, "numpy(): names")
+        return self._build(
+            names, lambda t: _views.check_numpy(t.name, t.dtype, t.device),
+            lambda t, pin: _views.numpy_view(t.data, t.dtype, t.shape, t.nbytes, pin))
 
     def verify(self):
         """Recomputes every tensor's checksum over the mapped bytes; raises

@@ -7,6 +7,7 @@ only on the FAKE AOTI library (tests/fake_aoti: y = x * w + b in C, not
 PyTorch): it tests the Python side of the container API (binding options,
 tensor handles, lifetime, records), never that AOTInductor works."""
 
+import ctypes
 import glob
 import json
 import os
@@ -19,11 +20,13 @@ import tempfile
 import time
 import unittest
 import zipfile
+from unittest import mock
 
 import numpy as np
 import torch
 
 import weightbroker as wb
+import weightbroker._views
 
 BIN = os.environ["WB_BIN_DIR"]
 SRC = os.environ["WB_SOURCE_DIR"]
@@ -31,6 +34,7 @@ WBROKERD = os.path.join(BIN, "broker", "wbrokerd")
 WBCTL = os.path.join(BIN, "tools", "wbctl", "wbctl")
 FAKE_DIR = os.path.join(BIN, "tests", "fake_aoti")
 DEMO = os.path.join(SRC, "examples", "demo", "model.safetensors")
+ALL_DTYPES = os.path.join(SRC, "tests", "data", "official", "all_dtypes.safetensors")
 WAIT = 60 if os.environ.get("WB_SANITIZED") == "1" else 30  # a loaded machine starts torch slowly
 
 
@@ -349,7 +353,7 @@ class TestLeases(Base):
             self.assertEqual((cm.exception.status, cm.exception.name), (-9, "WB_ESTATE"), what)
             self.assertEqual(cm.exception.message, want, what)
         self.assertEqual(lease.views, 0)
-        self.assertEqual(repr(lease), "<Lease %s on 'demo', released>" % lease.id)
+        self.assertEqual(repr(lease), "<weightbroker.Lease %s model='demo' released>" % lease.id)
         lease.release()  # twice: nothing to do
         self.assertEqual(self.broker.leases(), [])
         c.close()
@@ -427,6 +431,280 @@ class TestLeases(Base):
                          "(GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")
 
 
+class TestDtypes(Base):
+    """all_dtypes.safetensors: every safetensors dtype, an empty tensor and a
+    scalar; in the broker's order (by name) BOOL comes after tensors torch
+    can view and before F4, which no torch can."""
+
+    models = {"all": ALL_DTYPES}
+
+    # The torch dtype each safetensors dtype is viewed as, where this torch
+    # has it (torch 1.13 has no uint16, uint32, uint64 or float8); F4 packs
+    # two values in a byte and has none.
+    TORCH = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16",
+             "I32": "int32", "U32": "uint32", "I64": "int64", "U64": "uint64",
+             "F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",
+             "C64": "complex64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+             "F8_E8M0": "float8_e8m0fnu"}
+
+    def torch_dtype(self, dtype):
+        return getattr(torch, self.TORCH.get(dtype, "no such dtype"), None)
+
+    def test_order_of_the_checkpoint(self):
+        # What the failure tests below rely on.
+        c = self.connect()
+        with c.lease("all") as lease:
+            names = [t.name for t in lease.info()]
+        self.assertEqual(len(names), 20)
+        self.assertLess(names.index("t_bfloat16"), names.index("t_bool"))
+        self.assertLess(names.index("t_bool"), names.index("t_float4_e2m1fn_x2"))
+        self.assertEqual([n for n in names if not self.torch_dtype(
+            read_safetensors(ALL_DTYPES)[n][0])][0], "t_float4_e2m1fn_x2")
+
+    def test_tensors_refuse_a_dtype_torch_lacks_and_leave_no_view(self):
+        # Before, torch 1.13 refused BOOL's DLPack code (kDLBool) part-way,
+        # the views already made leaked their pins and SystemError replaced
+        # the TypeError: release() then refused for ever (WB_EBUSY).
+        c = self.connect()
+        lease = c.lease("all")
+        want = "tensor t_float4_e2m1fn_x2: torch %s has no dtype F4" % torch.__version__
+        for names in (None, ["t_bool", "t_float4_e2m1fn_x2", "t_float32"]):
+            with self.assertRaises(TypeError) as cm:
+                lease.tensors(names)
+            self.assertIs(type(cm.exception), TypeError)
+            self.assertEqual(str(cm.exception), want)
+            # cm holds the exception and its traceback: they hold no view.
+            self.assertEqual(lease.views, 0, names)
+        lease.release()
+        self.assertEqual(self.broker.leases(), [])
+        # The end of a with block releases the lease and the error is the real one.
+        with self.assertRaises(TypeError) as cm:
+            with c.lease("all") as lease:
+                lease.tensors()
+        self.assertEqual(str(cm.exception), want)
+        self.assertEqual(self.broker.leases(), [])
+        self.assertEqual(repr(lease), "<weightbroker.Lease %s model='all' released>" % lease.id)
+        c.close()
+
+    def test_numpy_refuses_a_dtype_numpy_lacks_and_leaves_no_view(self):
+        c = self.connect()
+        lease = c.lease("all")
+        with self.assertRaises(TypeError) as cm:
+            lease.numpy()
+        self.assertIs(type(cm.exception), TypeError)
+        self.assertEqual(str(cm.exception), "tensor t_bfloat16: numpy has no dtype BF16 "
+                         "(use tensors())")
+        self.assertEqual(lease.views, 0)
+        lease.release()
+        self.assertEqual(self.broker.leases(), [])
+        c.close()
+
+    def test_a_failure_part_way_drops_the_views_made(self):
+        # A failure after some views exist (here injected at the fourth) must
+        # drop them before it propagates. The views go through DLPack, the
+        # path of CUDA memory, whose deleter cannot run while an exception
+        # is pending: that is how the pins leaked.
+        c = self.connect()
+        lease = c.lease("all")
+        made = []
+
+        def dlpack_view(data, dtype, shape, nbytes, device, keep, name):
+            if len(made) == 3:
+                raise RuntimeError("injected failure at tensor %s" % name)
+            made.append(name)
+            dt = self.torch_dtype(dtype)
+            size = torch.empty((), dtype=dt).element_size()
+            return wb._views.from_dlpack(data, dt, size, shape, nbytes, device, keep, name, dtype)
+
+        names = ["t_int8", "t_bool", "t_int32", "t_float32", "t_uint8"]
+        with mock.patch.object(wb._views, "torch_view", dlpack_view):
+            # Not assertRaises, which clears the traceback's frames: a caller
+            # that keeps the exception keeps them, and no view may be there.
+            try:
+                lease.tensors(names)
+            except RuntimeError as e:
+                err = e
+        self.assertIs(type(err), RuntimeError)
+        self.assertEqual(str(err), "injected failure at tensor t_float32")
+        self.assertEqual(made, names[:3])
+        self.assertEqual(lease.views, 0)
+        # The same in a with block: its end releases the lease.
+        made.clear()
+        with mock.patch.object(wb._views, "torch_view", dlpack_view):
+            with self.assertRaises(RuntimeError) as cm:
+                with c.lease("all") as other:
+                    other.tensors(names)
+        self.assertEqual(str(cm.exception), "injected failure at tensor t_float32")
+        self.assertEqual(repr(other), "<weightbroker.Lease %s model='all' released>" % other.id)
+        self.assertEqual([l["id"] for l in self.broker.leases()], [lease.id])
+        del err
+
+        calls = []
+
+        def numpy_view(*args):
+            calls.append(args)
+            if len(calls) == 3:
+                raise RuntimeError("injected failure at array 3")
+            return real(*args)
+
+        real = wb._views.numpy_view
+        with mock.patch.object(wb._views, "numpy_view", numpy_view):
+            try:
+                lease.numpy(names)
+            except RuntimeError as e:
+                err = e
+        self.assertEqual(str(err), "injected failure at array 3")
+        self.assertEqual(lease.views, 0)
+        del err
+        lease.release()
+        self.assertEqual(self.broker.leases(), [])
+        c.close()
+
+    def test_every_dtype_torch_has_is_a_view_of_the_checkpoint(self):
+        # BOOL included: torch.bool over the checkpoint's bytes (0 or 1 each).
+        want = read_safetensors(ALL_DTYPES)
+        c = self.connect()
+        with c.lease("all") as lease:
+            names = sorted(n for n, (dtype, _, _) in want.items() if self.torch_dtype(dtype))
+            self.assertTrue({"t_bool", "t_bfloat16", "t_complex64", "empty", "scalar"}
+                            <= set(names), names)
+            ts = lease.tensors(names)
+            self.assertEqual(sorted(ts), names)
+            for n, t in ts.items():
+                dtype, shape, raw = want[n]
+                info = lease.find(n)
+                self.assertEqual(t.dtype, self.torch_dtype(dtype), n)
+                self.assertEqual(tuple(t.shape), shape, n)
+                self.assertEqual(t.device, torch.device("cpu"), n)
+                self.assertEqual(t.element_size() * t.numel(), len(raw), n)
+                if raw:
+                    self.assertEqual(t.data_ptr(), info.data, n)  # no copy
+                    self.assertEqual(ctypes.string_at(t.data_ptr(), len(raw)), raw, n)
+            raw = want["t_bool"][2]
+            self.assertTrue(set(raw) <= {0, 1} and len(set(raw)) == 2, raw)
+            self.assertEqual(ts["t_bool"].tolist(), [[b == 1 for b in raw[:3]],
+                                                     [b == 1 for b in raw[3:]]])
+            self.assertEqual(lease.views, len(names) - 1)  # the empty tensor views nothing
+            del ts, t
+            self.assertEqual(lease.views, 0)
+
+            # The same through DLPack (CUDA memory's path), on host memory.
+            for n in names:
+                dtype, shape, raw = want[n]
+                if not raw:
+                    continue
+                info = lease.find(n)
+                dt = self.torch_dtype(dtype)
+                t = wb._views.from_dlpack(info.data, dt, torch.empty((), dtype=dt).element_size(),
+                                          info.shape, info.nbytes, -1, lease._pin, n, dtype)
+                self.assertEqual((t.dtype, tuple(t.shape), t.data_ptr()),
+                                 (dt, shape, info.data), n)
+                self.assertEqual(ctypes.string_at(t.data_ptr(), len(raw)), raw, n)
+                self.assertEqual(lease.views, 1, n)
+                del t
+                self.assertEqual(lease.views, 0, n)
+
+            arrays = lease.numpy(["t_bool", "t_complex64", "t_uint16", "t_uint64", "scalar"])
+            for n, a in arrays.items():
+                dtype, shape, raw = want[n]
+                self.assertEqual((a.shape, a.tobytes()), (shape, raw), n)
+            self.assertEqual(arrays["t_bool"].dtype, np.bool_)
+            self.assertEqual(arrays["t_complex64"].dtype, np.complex64)
+            del arrays, a
+
+    def test_a_view_dropped_while_an_exception_unwinds(self):
+        # A temporary view freed while an exception is pending (here the
+        # dict of tensors, an argument being built when 1 / 0 raises): the
+        # lease's count drops and the exception is the one raised.
+        c = self.connect()
+        with c.lease("all") as lease:
+            with self.assertRaises(ZeroDivisionError):
+                print(lease.tensors(["t_bool", "t_float32"]), 1 / 0)
+            self.assertEqual(lease.views, 0)
+
+
+class TestClientApi(Base):
+    def test_repr_and_connected(self):
+        c = self.connect()
+        self.assertTrue(c.connected)
+        self.assertEqual(c.socket_path, self.broker.sock)
+        self.assertEqual(repr(c), "<weightbroker.Client socket=%r connected leases=0>"
+                         % self.broker.sock)
+        lease = c.lease("demo")
+        self.assertEqual(repr(c), "<weightbroker.Client socket=%r connected leases=1>"
+                         % self.broker.sock)
+        self.assertEqual(repr(lease), "<weightbroker.Lease %s model='demo' active device=-1 "
+                         "views=0 models=0>" % lease.id)
+        ts = lease.tensors(["transformer.wte.weight", "transformer.wpe.weight"])
+        self.assertEqual(repr(lease), "<weightbroker.Lease %s model='demo' active device=-1 "
+                         "views=2 models=0>" % lease.id)
+        del ts
+        lease.release()
+        self.assertEqual(repr(lease), "<weightbroker.Lease %s model='demo' released>" % lease.id)
+        c.close()
+        self.assertFalse(c.connected)
+        self.assertEqual(repr(c), "<weightbroker.Client socket=%r closed leases=0>"
+                         % self.broker.sock)
+        with self.assertRaisesRegex(ValueError, "^the client is closed$"):
+            c.lease("demo")
+        c.close()  # twice: nothing to do
+        self.assertFalse(c.connected)
+
+    def test_socket_path_from_the_environment(self):
+        with mock.patch.dict(os.environ, {"WB_SOCKET": self.broker.sock}):
+            c = self.connect()
+        self.assertEqual(c.socket_path, self.broker.sock)
+        self.assertTrue(c.connected)
+        self.assertEqual(repr(c), "<weightbroker.Client socket=%r connected leases=0>"
+                         % self.broker.sock)
+        c.close()
+
+    def test_names_must_be_str(self):
+        c = self.connect()
+        lease = c.lease("demo")
+        w = "transformer.wte.weight"
+        calls = {
+            "lease(): model must be a str, not int": lambda: c.lease(3),
+            "lease(): model must be a str, not bytes": lambda: c.lease(b"demo"),
+            "lease(): model must be a str, not NoneType": lambda: c.lease(None),
+            "find(): name must be a str, not bytes": lambda: lease.find(w.encode()),
+            "find_many(): names must be a list of str, not str": lambda: lease.find_many(w),
+            "find_many(): names must be a list of str, not NoneType":
+                lambda: lease.find_many(None),
+            "find_many(): names must be a list of str, not int": lambda: lease.find_many(7),
+            "find_many(): names[1] must be a str, not bytes":
+                lambda: lease.find_many([w, b"x"]),
+            "tensors(): names must be a list of str, not str": lambda: lease.tensors(w),
+            "tensors(): names[0] must be a str, not int": lambda: lease.tensors([1]),
+            "numpy(): names must be a list of str, not bytes": lambda: lease.numpy(b"x"),
+            "numpy(): names[0] must be a str, not NoneType": lambda: lease.numpy([None]),
+            "connect(): name must be a str, not int": lambda: wb.connect(self.broker.sock,
+                                                                          name=5),
+            "load_aoti(): prefix must be a str, not int":
+                lambda: wb.load_aoti(os.path.join(self.tmp, "none.pt2"), [lease], prefix=1,
+                                     bridge="wb"),
+            "load_aoti(): aliases['lm_head.weight'] must be a str, not int":
+                lambda: wb.load_aoti(os.path.join(self.tmp, "none.pt2"), [lease],
+                                     aliases={"lm_head.weight": 2}, bridge="wb"),
+        }
+        for want, call in calls.items():
+            with self.assertRaises(TypeError, msg=want) as cm:
+                call()
+            self.assertIs(type(cm.exception), TypeError, want)
+            self.assertEqual(str(cm.exception), want)
+        with self.assertRaises(ValueError) as cm:
+            lease.find("transformer\0wte")
+        self.assertEqual(str(cm.exception),
+                         "find(): name must not contain a NUL character: 'transformer\\x00wte'")
+        # Tuples and other iterables of str are lists of names.
+        self.assertEqual(sorted(lease.tensors((w,))), [w])
+        self.assertEqual([t.name for t in lease.find_many(iter([w]))], [w])
+        self.assertEqual(lease.views, 0)
+        self.assertEqual([l["id"] for l in self.broker.leases()], [lease.id])
+        lease.release()
+        c.close()
+
+
 class TestLimits(Base):
     broker_args = ("--max-leases-per-client", "2")
 
@@ -489,6 +767,9 @@ class TestRestart(Base):
         before = t.clone()
         self.broker.stop()
         self.assertTrue(torch.equal(t, before))  # the mapping outlives the broker
+        wait_for(lambda: not c.connected, "the client to notice the broker is gone")
+        self.assertEqual(repr(c), "<weightbroker.Client socket=%r disconnected leases=1>"
+                         % self.broker.sock)
         self.broker.start()
         wait_for(lambda: (c.heartbeat() or True) if _quiet(c.heartbeat) else False,
                  "the client reconnected")
@@ -649,6 +930,18 @@ class TestModels(Base):
         self.assertEqual(read_safetensors(out)["output0"], ("F32", (4,), f32([11, 22, 36, 48])))
         wait_for(lambda: not [l for l in self.broker.ctl("leases", "--json")
                               if l["pid"] == w.pid], "the example worker's leases released")
+
+    def test_example_worker_names_itself_in_errors(self):
+        # Failures are "python_worker.py: <error>" on stderr, as the C
+        # workers' are "wb-aoti-worker: <error>", whatever path ran it.
+        r = subprocess.run([sys.executable, os.path.join(SRC, "examples", "python_worker.py"),
+                            "--socket", self.broker.sock, "--model", "no-such-model",
+                            "--aoti", self.pt2, "--input", os.path.join(self.tmp, "none")],
+                           capture_output=True, text=True, timeout=WAIT * 3)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertEqual(r.stdout, "")
+        self.assertTrue(r.stderr.startswith("python_worker.py: WB_ENOTFOUND: "), r.stderr)
+        self.assertIn("no-such-model", r.stderr)
 
 
 if __name__ == "__main__":
