@@ -5,7 +5,7 @@
 # the file while the file's other settings and models take effect; and every
 # long option of wbrokerd is a configuration key, in --help and in the man
 # page (the option table is read from broker/options.c, so a new option that is
-# not documented fails here).
+# not documented fails here); --backend cuda without the NVIDIA driver says so.
 source "$(dirname "$0")/lib.sh"
 
 : "${WB_SOURCE_DIR:?WB_SOURCE_DIR must name the source tree}"
@@ -187,10 +187,30 @@ else
   wait "$vpid"
   rc=$?
   [ "$rc" != 0 ] || fail "--backend cuda --cuda-slab vmm exited 0 without a GPU"
-  grep -qE "no usable GPU|this build has no cuda backend" "$WB_TMP/vmm.log" ||
+  grep -qE "no usable GPU|this build has no cuda backend|the cuda backend needs (the|a newer) NVIDIA driver" "$WB_TMP/vmm.log" ||
     fail "--backend cuda --cuda-slab vmm gave no reason: $(cat "$WB_TMP/vmm.log")"
 fi
 start_broker --backend auto --cuda-slab vmm
 grep -q "event=backend .*backend=host requested=auto" "$BROKER_LOG" ||
   fail "auto with --cuda-slab vmm did not fall back to host: $(grep backend "$BROKER_LOG")"
 stop_broker
+
+# Without the NVIDIA driver, --backend cuda says that it needs it (the CUDA
+# runtime alone calls the driver "insufficient"), and auto falls back to
+# host saying why.
+if ! "$WBROKERD" --version | grep -q "^backends: .*cuda"; then
+  log "the cuda-without-driver message is not checked: this build has no cuda backend"
+elif [ -e /proc/driver/nvidia/version ] || "$PYTHON" -c 'import ctypes; ctypes.CDLL("libcuda.so.1")' 2>/dev/null; then
+  log "the cuda-without-driver message is not checked: an NVIDIA driver is present here"
+else
+  "$WBROKERD" --backend cuda --socket "$WB_TMP/cuda.sock" >"$WB_TMP/cuda.out" 2>"$WB_TMP/cuda.err"
+  rc=$?
+  [ "$rc" = 1 ] || fail "--backend cuda without a driver: exit status $rc, not 1"
+  grep -qx "wbrokerd: the cuda backend needs the NVIDIA driver: its library libcuda.so.1 cannot be loaded (.*); install the driver, or use --backend host" "$WB_TMP/cuda.err" ||
+    fail "--backend cuda without a driver: $(cat "$WB_TMP/cuda.err")"
+  grep -q "insufficient" "$WB_TMP/cuda.err" && fail "the message still calls the driver insufficient: $(cat "$WB_TMP/cuda.err")"
+  start_broker --backend auto
+  grep -q 'event=backend backend=host requested=auto reason="the cuda backend needs the NVIDIA driver: ' "$BROKER_LOG" ||
+    fail "auto without a driver: $(grep event=backend "$BROKER_LOG")"
+  stop_broker
+fi
