@@ -111,6 +111,15 @@ typedef struct wb_cuda_options {
     wb_stage_config stage; /* staged: buffers of chunk_bytes, `buffers` of them */
 } wb_cuda_options;
 
+/* Counts the GPUs the cuda backend could use: WB_OK with *count >= 1;
+ * WB_ENOGPU with a reason an operator can act on: "the cuda backend needs
+ * the NVIDIA driver: ..." when its library cannot be loaded (the runtime
+ * alone says "CUDA driver version is insufficient", which reads as an old
+ * driver), "the cuda backend needs a newer NVIDIA driver: ..." naming both
+ * CUDA versions, else "no usable GPU: ..." with the runtime's error;
+ * WB_ENOSYS in a build without CUDA. */
+int wb__backend_cuda_probe(int *count, wb_err *err);
+
 /* Starts the cuda backend on --device: a non-blocking stream, and for the
  * staged mode the pinned staging ring (cudaHostAlloc, once; it is reused by
  * every load). With WB_CUDA_SLAB_VMM its slabs are cuMemCreate allocations

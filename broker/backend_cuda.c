@@ -12,6 +12,7 @@
 
 #include "devlist.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -53,6 +54,54 @@ typedef struct cuda_state {
 static int cuda_fail(wb_err *err, int code, cudaError_t e, const char *what)
 {
     return wb__err_set(err, code, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+/* The NVIDIA driver's user-space library, which the runtime loads. */
+#define DRIVER_LIBRARY "libcuda.so.1"
+
+/* Words a failed cudaGetDeviceCount. Without the driver the runtime says
+ * its "driver version is insufficient for CUDA runtime version", which
+ * sends an operator to upgrade a driver that is not there. */
+static int no_gpu(wb_err *err, cudaError_t e)
+{
+    if (e == cudaErrorInsufficientDriver) {
+        void *lib = dlopen(DRIVER_LIBRARY, RTLD_LAZY | RTLD_LOCAL);
+        if (!lib) {
+            const char *why = dlerror();
+            return wb__err_set(err, WB_ENOGPU,
+                               "the cuda backend needs the NVIDIA driver: its library %s cannot "
+                               "be loaded (%s); install the driver, or use --backend host",
+                               DRIVER_LIBRARY, why ? why : "not found");
+        }
+        dlclose(lib);
+        int driver = 0, runtime = 0;
+        cudaDriverGetVersion(&driver);
+        cudaRuntimeGetVersion(&runtime);
+        if (driver > 0)
+            return wb__err_set(err, WB_ENOGPU,
+                               "the cuda backend needs a newer NVIDIA driver: the driver supports "
+                               "CUDA %d.%d, this build's runtime is CUDA %d.%d (%s)",
+                               driver / 1000, driver % 1000 / 10, runtime / 1000,
+                               runtime % 1000 / 10, cudaGetErrorName(e));
+        return wb__err_set(err, WB_ENOGPU,
+                           "the cuda backend needs the NVIDIA driver: %s is there but reports no "
+                           "driver (is the nvidia kernel module loaded?) (%s)",
+                           DRIVER_LIBRARY, cudaGetErrorName(e));
+    }
+    return cuda_fail(err, WB_ENOGPU, e, "no usable GPU: cudaGetDeviceCount");
+}
+
+int wb__backend_cuda_probe(int *count, wb_err *err)
+{
+    *count = 0;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess)
+        return no_gpu(err, e);
+    if (n < 1)
+        return wb__err_set(err, WB_ENOGPU, "no usable GPU: the CUDA runtime sees 0 devices");
+    *count = n;
+    return WB_OK;
 }
 
 static int set_device(int device, wb_err *err)
@@ -530,9 +579,8 @@ int wb__backend_cuda_new(const wb_cuda_options *opts, wb_backend **out, wb_err *
     if (rc != WB_OK)
         return rc;
     int count = 0;
-    cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess)
-        return cuda_fail(err, WB_ENOGPU, e, "no usable GPU: cudaGetDeviceCount");
+    if ((rc = wb__backend_cuda_probe(&count, err)) != WB_OK)
+        return rc;
     if (opts->device < 0 || opts->device >= count)
         return wb__err_set(err, WB_ENOGPU, "no CUDA device %d: the runtime sees %d", opts->device,
                            count);
@@ -560,6 +608,7 @@ int wb__backend_cuda_new(const wb_cuda_options *opts, wb_backend **out, wb_err *
         if (cfg.ring_pages == WB_STAGE_PAGES_HUGE && (rc = ring_alloc_huge(s, total, err)) != WB_OK)
             goto fail;
         void *p = NULL;
+        cudaError_t e;
         /* Portable: the ring feeds every device's copies. */
         if (!s->pinned && (e = cudaHostAlloc(&p, total, cudaHostAllocPortable)) != cudaSuccess) {
             char what[128];
@@ -618,6 +667,13 @@ void wb__backend_cuda_free(wb_backend **be)
 }
 
 #else /* !WB_HAVE_CUDA */
+
+int wb__backend_cuda_probe(int *count, wb_err *err)
+{
+    *count = 0;
+    return wb__err_set(err, WB_ENOSYS,
+                       "this build has no cuda backend (CUDA toolkit not found at build time)");
+}
 
 int wb__backend_cuda_new(const wb_cuda_options *opts, wb_backend **out, wb_err *err)
 {

@@ -2,7 +2,6 @@
  * ipc|vmm and --host-slab shm|memfd. */
 #include "backend_pick.h"
 
-#include "gpu.h"
 #include "log.h"
 
 #include <stdio.h>
@@ -69,7 +68,7 @@ int wb__backend_pick(const char *requested, int device, const wb_stage_config *s
     }
     int count = 0;
     wb_err probe;
-    if (wb__gpu_probe(&count, &probe) != WB_OK) {
+    if (wb__backend_cuda_probe(&count, &probe) != WB_OK) {
         if (strcmp(requested, "cuda") == 0)
             return wb__err_set(err, probe.code, "%s", probe.msg);
         *out = host_with(stage, host_memfd);

@@ -447,7 +447,7 @@ int wb__broker_preload(wb_broker *b, const char *name, const char *path, const c
     m->job = job;
     wb_info("model_load_start", "model=%s path=%s backend=%s", wb__log_quote(q, sizeof q, name),
             wb__log_quote(qp, sizeof qp, path), b->cfg.backend->name);
-    wb__load_job_run(job, NULL);
+    wb__load_job_run(job, b->cancel_preloads);
     wb_model *ready;
     int rc = wb__broker_finish_load(b, job, &ready);
     if (rc != WB_OK)

@@ -103,6 +103,9 @@ typedef struct wb_broker {
     struct wb_metrics *metrics;
     /* Background loads; NULL runs loads inline (preloads, unit tests). */
     wb_loader *loader;
+    /* May be NULL; polled by the load of wb__broker_preload, nonzero stops
+     * it (a stop signal while wbrokerd starts). */
+    const atomic_int *cancel_preloads;
     /* The second frame of the reply being made (an acquire's tensor table,
      * Lease.tensor_table_in_frame), or NULL: set by the op, sent and
      * cleared with the reply. It points into the model, which outlives the

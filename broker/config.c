@@ -48,6 +48,7 @@ typedef struct parser {
     char *model_path;
     char *model_device;
     int device_line;
+    int path_line;
     seen_key *seen;
     size_t n_seen;
     /* Sections met so far ("broker", "model NAME"), to refuse duplicates. */
@@ -220,7 +221,7 @@ static int end_section(parser *p)
             if (arg && wb__config_parse_model(arg + strlen("--model="), &m, &e) != WB_OK)
                 fail_at(p, p->model_device ? p->device_line : p->section_line, "%s", e.msg);
             else
-                add_arg(p, arg, p->model_device ? p->device_line : p->section_line);
+                add_arg(p, arg, p->path_line);
             if (p->rc != WB_OK)
                 free(arg);
         }
@@ -334,6 +335,24 @@ static void check_line(parser *p)
         fail_code(p, WB_EFORMAT, p->lineno, "the line contains a NUL byte");
 }
 
+/* Cuts the line's comment: a '#' or ';' at the start of the line or after
+ * a space or tab ("key = value  # why"). Either character elsewhere is
+ * part of the value, so that "path = /models/run#3" keeps its '#'. inih
+ * knows only ';' after a value (and keeps it where the value starts with
+ * it); cut here, both work the same in any build of inih. */
+static void cut_comment(parser *p)
+{
+    for (size_t i = 0; i < p->len; i++) {
+        char c = p->line[i];
+        if ((c == '#' || c == ';') && (i == 0 || p->line[i - 1] == ' ' || p->line[i - 1] == '\t')) {
+            p->line[i] = '\n';
+            p->line[i + 1] = '\0';
+            p->len = i + 1;
+            return;
+        }
+    }
+}
+
 /* inih's fgets-like reader. It hands out one physical line at a time (in
  * pieces when inih's buffer is smaller) and counts lines, so that the
  * handler knows which line a key is on. Returning NULL ends the parse, which
@@ -358,6 +377,7 @@ static char *reader(char *str, int num, void *stream)
                       "the line has %zu characters, at most %d are allowed", body, LINE_MAX_CHARS);
             return NULL;
         }
+        cut_comment(p);
         check_line(p);
         if (p->rc != WB_OK)
             return NULL;
@@ -506,6 +526,7 @@ static void model_key(parser *p, const char *name, const char *value)
     char **slot;
     if (strcmp(name, "path") == 0) {
         slot = &p->model_path;
+        p->path_line = p->lineno;
     } else if (strcmp(name, "device") == 0 || strcmp(name, "devices") == 0) {
         /* One key under two spellings: "device = 0", "devices = 0,1". */
         if (p->model_device) {

@@ -17,6 +17,11 @@
  * "--model=NAME@DEVICES=PATH" when it names devices (`device =` or
  * `devices =`, a placement: "0", "0,1", "all", "GPU-...").
  *
+ * A comment starts with '#' or ';' at the start of a line or after a space
+ * or tab ("max-models = 8  # two per GPU"); elsewhere both characters are
+ * part of the value (a path "/models/run#3"), so a value cannot hold " #"
+ * or " ;".
+ *
  * Errors name the file and line: "/etc/wbroker.conf:12: unknown key 'sokcet'
  * in [broker] (did you mean 'socket'?)". */
 #ifndef WB_BROKER_CONFIG_H
@@ -31,7 +36,7 @@ typedef struct wb_config {
     char *file;  /* the path as given; owned */
     int n_args;  /* number of synthesised arguments */
     char **args; /* "--key=value", owned, in file order */
-    int *lines;  /* the line each argument comes from */
+    int *lines;  /* the line each argument comes from (a model's: its path's) */
 } wb_config;
 
 /* Reads `file`. `opts` is the program's getopt_long table (ended by a NULL

@@ -7,6 +7,7 @@
 #include "paths.h"
 #include "ratelog.h"
 #include "sidechannel.h"
+#include "signals.h"
 #include "wire.h"
 
 #include <errno.h>
@@ -16,6 +17,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/signalfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifdef WB_HAVE_SYSTEMD
@@ -30,8 +32,9 @@ typedef struct loop {
     const wb_loop_options *opt;
     wb_conns conns;
     int sigfd;
+    const wb_loop_reload *reload;
     wb_loader loader;
-    int stop;
+    int stop; /* the stop signal received, 0 while serving */
     int epfd; /* every peer's pidfd, registered once (wb_lease_table.epfd) */
     /* Everything the loop waits on, registered once: the listener, the
      * signals, the loader, the pidfd set and each connection (whose wanted
@@ -271,15 +274,69 @@ static void handle_loads(loop *L)
     }
 }
 
+/* Tells systemd (Type=notify) how the broker is doing. Without
+ * $NOTIFY_SOCKET, or without libsystemd at build time, nothing is sent. */
+static void notify_systemd(const char *state)
+{
+#ifdef WB_HAVE_SYSTEMD
+    int rc = sd_notify(0, state);
+    char q[128], qe[128];
+    if (rc < 0)
+        wb_warn("sd_notify", "state=%s error=%s", wb__log_quote(q, sizeof q, state),
+                wb__log_quote(qe, sizeof qe, strerror(-rc)));
+    else if (rc > 0)
+        wb_info("sd_notify", "state=%s", wb__log_quote(q, sizeof q, state));
+#else
+    (void)state;
+#endif
+}
+
+/* SIGHUP: the reload hook, inside RELOADING=1 ... READY=1 for systemd
+ * (MONOTONIC_USEC tells it which reload this is). */
+static void reload_config(loop *L)
+{
+    if (!L->reload || !L->reload->fn) {
+        wb_info("config_reload", "result=skipped note=\"nothing to reload\"");
+        return;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    char state[128];
+    snprintf(state, sizeof state, "RELOADING=1\nMONOTONIC_USEC=%llu\nSTATUS=reloading",
+             (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000);
+    notify_systemd(state);
+    L->reload->fn(L->reload->ctx, L->b);
+    notify_systemd("READY=1\nSTATUS=serving");
+}
+
+/* Everything the signalfd holds: the first stop signal ends the loop, one
+ * reload serves any number of SIGHUPs read together, the others are logged
+ * (with who sent them) and ignored. */
 static void handle_signals(loop *L)
 {
     struct signalfd_siginfo si;
+    int hup = 0;
     while (read(L->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
-        if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT) {
-            wb_info("signal", "signal=%s", si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
-            L->stop = 1;
+        int signo = (int)si.ssi_signo;
+        char buf[32];
+        const char *name = wb__signal_name(signo, buf, sizeof buf);
+        switch (wb__signal_action(signo)) {
+        case WB_SIGNAL_STOP:
+            wb_info("signal", "signal=%s action=stop sender_pid=%u", name, si.ssi_pid);
+            if (!L->stop)
+                L->stop = signo;
+            break;
+        case WB_SIGNAL_RELOAD:
+            wb_info("signal", "signal=%s action=reload sender_pid=%u", name, si.ssi_pid);
+            hup = 1;
+            break;
+        default:
+            wb_info("signal", "signal=%s action=ignored sender_pid=%u", name, si.ssi_pid);
+            break;
         }
     }
+    if (hup && !L->stop)
+        reload_config(L);
 }
 
 /* Registers new connections and follows the output interest of the others
@@ -346,23 +403,6 @@ static void handle_conns(loop *L, size_t k)
                         (L->revents[j] & (EPOLLIN | EPOLLERR | EPOLLHUP)) != 0);
 }
 
-/* Tells systemd (Type=notify) how the broker is doing. Without
- * $NOTIFY_SOCKET, or without libsystemd at build time, nothing is sent. */
-static void notify_systemd(const char *state)
-{
-#ifdef WB_HAVE_SYSTEMD
-    int rc = sd_notify(0, state);
-    char q[128], qe[128];
-    if (rc < 0)
-        wb_warn("sd_notify", "state=%s error=%s", wb__log_quote(q, sizeof q, state),
-                wb__log_quote(qe, sizeof qe, strerror(-rc)));
-    else if (rc > 0)
-        wb_info("sd_notify", "state=%s", wb__log_quote(q, sizeof q, state));
-#else
-    (void)state;
-#endif
-}
-
 static void shutdown_loads(loop *L)
 {
     wb_load_job *list = wb__loader_stop(&L->loader);
@@ -381,9 +421,10 @@ static void shutdown_loads(loop *L)
     }
 }
 
-int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *opt, wb_err *err)
+int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *opt,
+                 const wb_loop_reload *reload, wb_err *err)
 {
-    loop L = {.b = b, .opt = opt, .sigfd = -1, .epfd = -1, .ep = -1};
+    loop L = {.b = b, .opt = opt, .sigfd = -1, .reload = reload, .epfd = -1, .ep = -1};
     L.conns = (wb_conns){.opt = opt,
                          .stats = &b->stats,
                          .on_message = handle_request,
@@ -401,9 +442,7 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
     bound = 1;
 
     sigset_t mask;
-    sigemptyset(&mask);
-    sigaddset(&mask, SIGTERM);
-    sigaddset(&mask, SIGINT);
+    wb__signals_fill(&mask);
     L.sigfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     if (L.sigfd < 0) {
         rc = wb__err_errno(err, WB_EIO, errno, "signalfd");
@@ -529,10 +568,13 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
     wb__metrics_serving(b->metrics, 0);
     shutdown_loads(&L);
     b->loader = NULL;
-    wb_info("stop", "leases_held=%zu leases_stale=%zu peers=%zu models=%zu replies_dropped=%llu",
+    char signame[32];
+    wb_info("stop",
+            "leases_held=%zu leases_stale=%zu peers=%zu models=%zu replies_dropped=%llu signal=%s",
             b->leases.n_leases,
             wb__leases_count_state(&b->leases, WBPROTO__LEASE_STATE__LEASE_STALE),
-            b->leases.n_holders, b->models.n, (unsigned long long)b->stats.replies_dropped);
+            b->leases.n_holders, b->models.n, (unsigned long long)b->stats.replies_dropped,
+            L.stop ? wb__signal_name(L.stop, signame, sizeof signame) : "none");
 
 out_unlink:
     if (L.have_side)

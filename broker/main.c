@@ -13,9 +13,11 @@
 #include "models.h"
 #include "options.h"
 #include "paths.h"
+#include "reload.h"
 #include "shm.h"
+#include "signals.h"
 
-#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -69,24 +71,6 @@ static unsigned default_max_peers(long nofile)
         n = 1;
     return n > MAX_PEERS_CAP ? MAX_PEERS_CAP : (unsigned)n;
 }
-/* The limits the options set, over the defaults. */
-static void limits_from(const wb_options *o, wb_limits *l)
-{
-    wb__limits_default(l);
-    if (o->num[WB_NUM_MAX_LEASES])
-        l->max_leases_per_client = (uint32_t)o->num[WB_NUM_MAX_LEASES];
-    if (o->num[WB_NUM_MAX_MODELS])
-        l->max_models = (uint32_t)o->num[WB_NUM_MAX_MODELS];
-    if (o->num[WB_NUM_MAX_TENSORS])
-        l->max_tensors = (uint64_t)o->num[WB_NUM_MAX_TENSORS];
-    if (o->num[WB_NUM_MAX_SHARDS])
-        l->max_shards = (uint64_t)o->num[WB_NUM_MAX_SHARDS];
-    if (o->num[WB_NUM_MAX_MESSAGE])
-        l->max_message = (uint64_t)o->num[WB_NUM_MAX_MESSAGE];
-    if (o->num[WB_NUM_MAX_HEADER])
-        l->max_header = (uint64_t)o->num[WB_NUM_MAX_HEADER];
-}
-
 /* The transport bounds: given, or derived from the descriptor limit. */
 static void transport_from(const wb_options *o, const wb_limits *l, long nofile, wb_loop_options *t)
 {
@@ -128,25 +112,41 @@ static void transport_from(const wb_options *o, const wb_limits *l, long nofile,
                 t->max_peers, nofile);
 }
 
-/* Starts the broker and serves until SIGTERM or SIGINT. Everything it
- * creates it destroys on the one way out. Returns the exit status. */
+/* A stop signal that came while the broker was starting: logged with what
+ * had been loaded, and the run ends cleanly (exit status 0). */
+static int stopped_starting(wb_signal_watch *watch, const wb_broker *b, int have_broker)
+{
+    int signo = wb__signal_watch_stopping(watch);
+    if (!signo)
+        return 0;
+    char buf[32];
+    wb_info("stop", "signal=%s while=starting models=%zu", wb__signal_name(signo, buf, sizeof buf),
+            have_broker ? b->models.n : 0);
+    return 1;
+}
+
+/* Starts the broker and serves until a stop signal (signals.h). Everything
+ * it creates it destroys on the one way out. Returns the exit status. */
 static int run(wb_options *o)
 {
     char socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     wb__socket_path(o->socket, socket_path,
                     sizeof socket_path); /* checked by wb__options_validate */
 
-    /* Block the signals before any thread exists, so that only the loop's
-     * signalfd sees them. */
-    sigset_t mask;
-    sigemptyset(&mask);
-    sigaddset(&mask, SIGTERM);
-    sigaddset(&mask, SIGINT);
-    sigprocmask(SIG_BLOCK, &mask, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    /* Block the signals before any thread exists, so that only a signalfd
+     * sees them: the watcher's while the broker starts (a stop cancels the
+     * preload under way), then the loop's. */
+    wb__signals_block();
+    atomic_int cancel;
+    atomic_init(&cancel, 0);
+    wb_signal_watch watch;
+    wb_err err;
+    if (wb__signal_watch_start(&watch, &cancel, &err) != WB_OK) {
+        wb__fatal("%s", err.msg);
+        return 1;
+    }
 
     int status = 1;
-    wb_err err;
     const wb_backend *backend = NULL;
     wb_metrics *metrics = NULL;
     wb_broker b;
@@ -201,7 +201,8 @@ static int run(wb_options *o)
     wb__auth_destroy(&b.auth);
     b.auth = o->auth;
     memset(&o->auth, 0, sizeof o->auth);
-    limits_from(o, &b.limits);
+    wb__options_limits(o, &b.limits);
+    b.cancel_preloads = &cancel;
     b.slab_gid = wb__auth_slab_group(socket_path);
     /* The metrics endpoint comes before the preloads, so that a port in use
      * is reported at once rather than after minutes of loading; its first
@@ -231,6 +232,11 @@ static int run(wb_options *o)
         const wb_preload *pm = &o->models[i];
         if (wb__broker_preload(&b, pm->name, pm->path, pm->placement, &err) == WB_OK)
             continue;
+        /* A stop signal cancelled it (b.cancel_preloads). */
+        if (stopped_starting(&watch, &b, have_broker)) {
+            status = 0;
+            goto out;
+        }
         if (o->require_all_models) {
             if (pm->line > 0)
                 wb__fatal("%s:%d: cannot load model '%s': %s", o->config.file, pm->line, pm->name,
@@ -247,6 +253,14 @@ static int run(wb_options *o)
                 wb__log_quote(q, sizeof q, pm->name), wb__log_quote(qe, sizeof qe, err.msg),
                 listed ? "failed" : "no");
     }
+    b.cancel_preloads = NULL;
+    /* From here the loop's signalfd reads the signals: what came since the
+     * watcher's last read is pending for it. */
+    wb__signal_watch_end(&watch);
+    if (stopped_starting(&watch, &b, have_broker)) {
+        status = 0;
+        goto out;
+    }
     /* Loading may have taken a while: check once more that nobody took the
      * socket meanwhile. */
     if (wb__socket_prepare(socket_path, &err) != WB_OK) {
@@ -256,12 +270,14 @@ static int run(wb_options *o)
     /* Descriptors: as many as the system allows, and a cap on peers. */
     wb_loop_options lopt;
     transport_from(o, &b.limits, raise_nofile(), &lopt);
-    if (wb__loop_run(&b, socket_path, &lopt, &err) != WB_OK) {
+    wb_loop_reload reload = {.fn = wb__reload, .ctx = o};
+    if (wb__loop_run(&b, socket_path, &lopt, &reload, &err) != WB_OK) {
         wb__fatal("%s", err.msg);
         goto out;
     }
     status = 0;
 out:
+    wb__signal_watch_end(&watch);
     /* Slab names go with their models; clients keep their own mappings. */
     if (have_broker)
         wb__broker_destroy(&b);

@@ -18,6 +18,11 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+/* stale-ms must be at least this many heartbeat intervals: a heartbeat that
+ * comes a little late must not make a healthy worker's lease flap between
+ * stale and active. */
+#define STALE_MIN_BEATS 2
+
 /* Options without a short letter. */
 enum {
     OPT_ALLOW_UID = 256,
@@ -145,18 +150,16 @@ static const struct option long_opts[] = {
 /* Options a configuration file may not set. */
 static const char *const command_line_only[] = {"config", "check-config", "help", "version", NULL};
 
-/* The configuration file's options come first in the vector getopt_long
- * sees, before the command line's (see config.h); NULL without --config. */
-static const wb_config *cfg_origin;
-
 /* The line of the configuration file that the argument getopt_long returned
- * last comes from, or 0 when it comes from the command line. */
-static int origin_line(void)
+ * last comes from, or 0 when it comes from the command line. The file's
+ * options come first in the vector getopt_long sees, before the command
+ * line's (see config.h). */
+static int origin_line(const wb_options *o)
 {
     int i = optind - 1;
-    if (!cfg_origin || i < 1 || i > cfg_origin->n_args)
+    if (!o->config_file || i < 1 || i > o->config.n_args)
         return 0;
-    return cfg_origin->lines[i - 1];
+    return o->config.lines[i - 1];
 }
 
 static void usage(FILE *out)
@@ -213,7 +216,8 @@ static void usage(FILE *out)
             "                         allocations passed as descriptors on <socket>.fd that\n"
             "                         clients map read-only (a write faults)\n"
             "  --heartbeat-ms N       heartbeat interval clients are told to use (default %d)\n"
-            "  --stale-ms N           silence after which a lease is marked stale (default %d)\n"
+            "  --stale-ms N           silence after which a lease is marked stale, at least\n"
+            "                         twice --heartbeat-ms (default %d)\n"
             "  --max-heartbeat-rate N heartbeats a second asked of all peers together: with\n"
             "                         more peers, both values above are stretched by the\n"
             "                         same factor (default %d)\n"
@@ -264,9 +268,10 @@ static void usage(FILE *out)
             "  --config FILE          read options from an INI file first: [broker] keys are\n"
             "                         the long options above, [model NAME] sections have\n"
             "                         path = and devices =; options on the command line win\n"
-            "  --check-config         check the configuration file and options, print the\n"
-            "                         socket and models, and exit (0 when valid, 78 when the\n"
-            "                         file is wrong, 2 for a wrong option)\n"
+            "  --check-config         check the configuration file, the options and that\n"
+            "                         every model's path can be read, print the socket and\n"
+            "                         models, and exit (0 when valid, 78 when the file is\n"
+            "                         wrong, 2 for a wrong option)\n"
             "  --log-format text|json log lines as key=value text (default) or JSON objects\n"
             "  --metrics ADDR:PORT    serve Prometheus metrics at http://ADDR:PORT/metrics\n"
             "                         (default off; for example 127.0.0.1:9464)\n"
@@ -276,30 +281,52 @@ static void usage(FILE *out)
             "                         response (default %d)\n\n"
             "  --version              print the version and exit\n"
             "  --help                 print this help and exit\n\n"
-            "SIGTERM or SIGINT stops the broker: slab names and the socket are removed;\n"
-            "clients keep the memory they have mapped.\n",
+            "SIGTERM, SIGINT or SIGQUIT stops the broker: slab names and the socket are\n"
+            "removed; clients keep the memory they have mapped. SIGHUP reads the --config\n"
+            "file again and applies its limits, access lists and log level.\n",
             WB_DEFAULT_HEARTBEAT_MS, WB_DEFAULT_STALE_MS, WB_DEFAULT_HEARTBEAT_RATE,
             WB_DEFAULT_MAX_LEASES_PER_CLIENT, WB_DEFAULT_MAX_MODELS, WB_DEFAULT_MAX_TENSORS,
             WB_DEFAULT_MAX_SHARDS, WB_MAX_MESSAGE, WB_MIN_MESSAGE, WB_ST_MAX_HEADER,
             WB_METRICS_REQUEST_TIMEOUT_MS);
 }
 
-static int misuse(const char *fmt, const char *a, const char *b)
+/* Keeps why the options cannot be used in o->why and prints it (unless
+ * quiet) as "wbrokerd: WHY". Returns `rc`. */
+__attribute__((format(printf, 3, 4))) static int fail_with(wb_options *o, int rc, const char *fmt,
+                                                           ...)
 {
-    int line = origin_line();
-    if (line > 0) {
-        /* The file names options without their dashes. */
-        char msg[WB_ERR_MSG_MAX];
-        snprintf(msg, sizeof msg, fmt, a, b);
-        fprintf(stderr, "wbrokerd: %s:%d: %s\n", cfg_origin->file, line,
-                strncmp(msg, "--", 2) == 0 ? msg + 2 : msg);
-        return WB_EXIT_CONFIG;
-    }
-    fprintf(stderr, "wbrokerd: ");
-    fprintf(stderr, fmt, a, b);
-    fprintf(stderr, "\nTry 'wbrokerd --help'.\n");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(o->why, sizeof o->why, fmt, ap);
+    va_end(ap);
+    if (!o->quiet)
+        fprintf(stderr, "wbrokerd: %s\n", o->why);
+    return rc;
+}
+
+/* A mistake in the options. `line` > 0: the configuration file's line holds
+ * it; the message is "FILE:LINE: ..." with the option named without its
+ * dashes, as the file names it, and the exit status 78. 0: the command
+ * line's, followed by the hint to --help, exit status 2. */
+__attribute__((format(printf, 3, 4))) static int misuse_at(wb_options *o, int line, const char *fmt,
+                                                           ...)
+{
+    char msg[WB_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (line > 0)
+        return fail_with(o, WB_EXIT_CONFIG, "%s:%d: %s", o->config_file, line,
+                         strncmp(msg, "--", 2) == 0 ? msg + 2 : msg);
+    fail_with(o, WB_EXIT_USAGE, "%s", msg);
+    if (!o->quiet)
+        fputs("Try 'wbrokerd --help'.\n", stderr);
     return WB_EXIT_USAGE;
 }
+
+/* A mistake in the argument getopt_long returned last. */
+#define misuse(o, ...) misuse_at(o, origin_line(o), __VA_ARGS__)
 
 void wb__fatal(const char *fmt, ...)
 {
@@ -328,6 +355,29 @@ static long parse_positive(const char *s, long max)
     return (long)v;
 }
 
+static void free_argv(char ***argv, int argc)
+{
+    if (!*argv)
+        return;
+    for (int i = 0; i < argc; i++)
+        free((*argv)[i]);
+    free(*argv);
+    *argv = NULL;
+}
+
+/* A deep copy of argv (NULL-terminated), or NULL when out of memory. */
+static char **copy_argv(int argc, char *const *argv)
+{
+    char **c = calloc((size_t)argc + 1, sizeof *c);
+    for (int i = 0; c && i < argc; i++) {
+        if (!(c[i] = strdup(argv[i]))) {
+            free_argv(&c, i);
+            return NULL;
+        }
+    }
+    return c;
+}
+
 void wb__options_free(wb_options *o)
 {
     wb__auth_destroy(&o->auth);
@@ -337,7 +387,8 @@ void wb__options_free(wb_options *o)
         free(o->av);
     o->av = NULL;
     wb__config_free(&o->config);
-    cfg_origin = NULL;
+    free_argv(&o->cmdline, o->n_cmdline);
+    free_argv(&o->reparsed, o->n_cmdline);
 }
 
 /* A numeric option: in its range, or a usage error naming it. */
@@ -350,9 +401,10 @@ static int parse_num(wb_options *o, int k, const char *arg)
         snprintf(what, sizeof what, t->what, t->min, t->max);
         snprintf(msg, sizeof msg, "--%s: '%.*s' is not %s", t->name,
                  t->arg_width ? t->arg_width : (int)strlen(arg), arg, what);
-        return misuse("%s%s", msg, "");
+        return misuse(o, "%s", msg);
     }
     o->num[k] = v;
+    o->line[k] = origin_line(o);
     return WB_OPTIONS_GO_ON;
 }
 
@@ -361,21 +413,19 @@ static int add_model(wb_options *o, char *arg)
     wb_model_arg ma;
     wb_err merr;
     if (wb__config_parse_model(arg, &ma, &merr) != WB_OK)
-        return misuse("--model: %s%s", merr.msg, "");
+        return misuse(o, "--model: %s", merr.msg);
     /* A model given on the command line replaces the configuration file's
      * model of the same name; any other repeat is a mistake. */
-    int from_file = origin_line() > 0;
+    int from_file = origin_line(o) > 0;
     size_t k = 0;
     while (k < o->n_models && strcmp(o->models[k].name, ma.name) != 0)
         k++;
     if (k < o->n_models && (from_file || !o->models[k].from_file))
-        return misuse("--model: model '%s' is given twice%s", ma.name, "");
+        return misuse(o, "--model: model '%s' is given twice", ma.name);
     if (k == o->n_models) {
         wb_preload *grown = realloc(o->models, (o->n_models + 1) * sizeof *grown);
-        if (!grown) {
-            fprintf(stderr, "wbrokerd: out of memory\n");
-            return 1;
-        }
+        if (!grown)
+            return fail_with(o, 1, "out of memory");
         o->models = grown;
         o->n_models++;
     }
@@ -392,8 +442,60 @@ static int add_model(wb_options *o, char *arg)
     o->models[k].device = ma.device;
     o->models[k].placement = placement;
     o->models[k].from_file = from_file;
-    o->models[k].line = origin_line();
+    o->models[k].line = origin_line(o);
     return WB_OPTIONS_GO_ON;
+}
+
+/* How many long options start with name[0..len): *match is the one that
+ * is exactly it, else the only one, else NULL; `list` names them all
+ * ("--a, --b"). */
+static size_t prefix_matches(const char *name, int len, const struct option **match, char *list,
+                             size_t size)
+{
+    size_t n = 0, used = 0;
+    const struct option *exact = NULL, *last = NULL;
+    list[0] = '\0';
+    for (const struct option *lo = long_opts; lo->name; lo++) {
+        if (strncmp(lo->name, name, (size_t)len) != 0)
+            continue;
+        if (lo->name[len] == '\0')
+            exact = lo;
+        last = lo;
+        n++;
+        if (used < size) {
+            int w = snprintf(list + used, size - used, "%s--%s", n > 1 ? ", " : "", lo->name);
+            used += w > 0 ? (size_t)w : 0;
+        }
+    }
+    *match = exact ? exact : n == 1 ? last : NULL;
+    return n;
+}
+
+/* What getopt_long refused ('?': an unknown or ambiguous option, or a
+ * value given to one that takes none; ':': a value missing), worded here:
+ * getopt_long's own message would start with the program's path. */
+static int bad_option(wb_options *o, int c)
+{
+    const char *text = optind >= 1 && optind <= o->ac ? o->av[optind - 1] : "";
+    int is_long = strncmp(text, "--", 2) == 0;
+    /* A short option comes with its letter in optopt; so does a long one
+     * given a value it does not take, with its '='. */
+    if (c == '?' && optopt != 0 && !(is_long && strchr(text, '=')))
+        return misuse(o, "unknown option '-%c'", optopt);
+    if (!is_long)
+        return misuse(o, "unknown option '%s'", text);
+    const char *name = text + 2;
+    int len = (int)strcspn(name, "=");
+    if (c == ':')
+        return misuse(o, "option '--%.*s' needs a value", len, name);
+    const struct option *match;
+    char list[512];
+    size_t n = prefix_matches(name, len, &match, list, sizeof list);
+    if (match)
+        return misuse(o, "option '--%s' takes no value", match->name);
+    if (n > 1)
+        return misuse(o, "option '--%.*s' is ambiguous: it could be %s", len, name, list);
+    return misuse(o, "unknown option '--%.*s'", len, name);
 }
 
 static void print_version(void)
@@ -423,12 +525,13 @@ static int parse_one(wb_options *o, int c, char *arg)
     switch (c) {
     case 's':
         if (!arg[0])
-            return misuse("--socket: %s%s", "the path is empty", "");
+            return misuse(o, "--socket: the path is empty");
         o->socket = arg;
+        o->socket_line = origin_line(o);
         return WB_OPTIONS_GO_ON;
     case 'b':
         if (strcmp(arg, "auto") && strcmp(arg, "cuda") && strcmp(arg, "host"))
-            return misuse("--backend: '%s' is not one of auto, cuda, host%s", arg, "");
+            return misuse(o, "--backend: '%s' is not one of auto, cuda, host", arg);
         o->backend = arg;
         return WB_OPTIONS_GO_ON;
     case 'm':
@@ -442,7 +545,7 @@ static int parse_one(wb_options *o, int c, char *arg)
         } else {
             long v = parse_positive(arg, 1023);
             if (v < 0)
-                return misuse("--device: '%s' is not a device number%s", arg, "");
+                return misuse(o, "--device: '%s' is not a device number", arg);
             o->device = (int)v;
         }
         o->device_given = 1;
@@ -453,7 +556,7 @@ static int parse_one(wb_options *o, int c, char *arg)
         else if (strcmp(arg, "shm") == 0)
             o->host_memfd = 0;
         else
-            return misuse("--host-slab: '%s' is not one of shm, memfd%s", arg, "");
+            return misuse(o, "--host-slab: '%s' is not one of shm, memfd", arg);
         return WB_OPTIONS_GO_ON;
     case OPT_CUDA_SLAB:
         if (strcmp(arg, "vmm") == 0)
@@ -461,16 +564,15 @@ static int parse_one(wb_options *o, int c, char *arg)
         else if (strcmp(arg, "ipc") == 0)
             o->cuda_slab = WB_CUDA_SLAB_IPC;
         else
-            return misuse("--cuda-slab: '%s' is not one of ipc, vmm%s", arg, "");
+            return misuse(o, "--cuda-slab: '%s' is not one of ipc, vmm", arg);
         return WB_OPTIONS_GO_ON;
     case OPT_READ_SOURCE:
         if (!(o->read_source = wb__stage_read_parse(arg)))
-            return misuse("--read-source: '%s' is not one of pread, mmap, mmap-nt, auto%s", arg,
-                          "");
+            return misuse(o, "--read-source: '%s' is not one of pread, mmap, mmap-nt, auto", arg);
         return WB_OPTIONS_GO_ON;
     case OPT_STAGING_PAGES:
         if (!(o->staging_pages = wb__stage_pages_parse(arg)))
-            return misuse("--staging-pages: '%s' is not one of normal, huge%s", arg, "");
+            return misuse(o, "--staging-pages: '%s' is not one of normal, huge", arg);
         return WB_OPTIONS_GO_ON;
     case OPT_LOAD_METHOD:
         if (strcmp(arg, "staged") == 0)
@@ -478,13 +580,13 @@ static int parse_one(wb_options *o, int c, char *arg)
         else if (strcmp(arg, "mapped") == 0)
             o->load_mode = WB_STAGE_MAPPED;
         else
-            return misuse("--load-method: '%s' is not one of staged, mapped%s", arg, "");
+            return misuse(o, "--load-method: '%s' is not one of staged, mapped", arg);
         return WB_OPTIONS_GO_ON;
     case 'l': {
         int lvl = wb__log_parse_level(arg);
         if (lvl < 0)
-            return misuse("--log-level: '%s' is not one of debug, info, warn, error%s", arg, "");
-        wb__log_set_level((wb_log_level)lvl);
+            return misuse(o, "--log-level: '%s' is not one of debug, info, warn, error", arg);
+        o->log_level = lvl;
         return WB_OPTIONS_GO_ON;
     }
     case OPT_ALLOW_UID:
@@ -498,7 +600,7 @@ static int parse_one(wb_options *o, int c, char *arg)
         int k = c - OPT_ALLOW_UID;
         wb_err aerr;
         if (wb__auth_add(&o->auth, which[k], arg, names[k], &aerr) != WB_OK)
-            return misuse("%s%s", aerr.msg, "");
+            return misuse(o, "%s", aerr.msg);
         return WB_OPTIONS_GO_ON;
     }
     case OPT_CONFIG:
@@ -507,14 +609,14 @@ static int parse_one(wb_options *o, int c, char *arg)
     case OPT_LOG_FORMAT: {
         int fmt = wb__log_parse_format(arg);
         if (fmt < 0)
-            return misuse("--log-format: '%s' is not text or json%s", arg, "");
-        wb__log_set_format((wb_log_format)fmt);
+            return misuse(o, "--log-format: '%s' is not text or json", arg);
+        o->log_format = fmt;
         return WB_OPTIONS_GO_ON;
     }
     case OPT_METRICS: {
         wb_err merr;
         if (wb__metrics_parse_addr(arg, NULL, NULL, &merr) != WB_OK)
-            return misuse("--metrics: %s%s", merr.msg, "");
+            return misuse(o, "--metrics: %s", merr.msg);
         o->metrics = arg;
         return WB_OPTIONS_GO_ON;
     }
@@ -525,18 +627,22 @@ static int parse_one(wb_options *o, int c, char *arg)
         usage(stdout);
         return 0;
     default:
-        /* getopt_long has already named the option. */
-        fprintf(stderr, "Try 'wbrokerd --help'.\n");
-        return origin_line() > 0 ? WB_EXIT_CONFIG : WB_EXIT_USAGE;
+        return bad_option(o, c);
     }
 }
 
 int wb__options_parse(wb_options *o, int argc, char **argv)
 {
+    if (!o->cmdline && !o->reparsed) {
+        if (!(o->cmdline = copy_argv(argc, argv)))
+            return fail_with(o, 1, "out of memory");
+        o->n_cmdline = argc;
+    }
     /* --config names a file whose options go before the command line's:
      * find it (and --check-config) first, acting on nothing else. --help
      * and --version work whatever the file holds. */
     int c, help_or_version = 0;
+    optind = 0; /* getopt_long from the start, also when parsing again */
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
         if (c == OPT_CONFIG)
@@ -554,15 +660,13 @@ int wb__options_parse(wb_options *o, int argc, char **argv)
         wb_err cerr;
         if (wb__config_load(o->config_file, long_opts, command_line_only, &o->config, &cerr) !=
             WB_OK) {
-            fprintf(stderr, "wbrokerd: %s\n", cerr.msg);
             o->av = NULL;
-            return WB_EXIT_CONFIG;
+            return fail_with(o, WB_EXIT_CONFIG, "%s", cerr.msg);
         }
         char **av = calloc((size_t)argc + (size_t)o->config.n_args + 1, sizeof *av);
         if (!av) {
-            fprintf(stderr, "wbrokerd: out of memory\n");
             o->av = NULL;
-            return 1;
+            return fail_with(o, 1, "out of memory");
         }
         av[0] = argv[0];
         for (int i = 0; i < o->config.n_args; i++)
@@ -571,72 +675,198 @@ int wb__options_parse(wb_options *o, int argc, char **argv)
             av[o->config.n_args + i] = argv[i];
         o->av = av;
         o->ac = argc + o->config.n_args;
-        cfg_origin = &o->config;
     }
-    optind = 0; /* start getopt_long afresh */
-    opterr = 1;
-    while ((c = getopt_long(o->ac, o->av, "h", long_opts, NULL)) != -1) {
+    /* Mistakes are worded by bad_option (":" asks getopt_long to tell a
+     * missing value from an unknown option). */
+    optind = 0;
+    while ((c = getopt_long(o->ac, o->av, ":h", long_opts, NULL)) != -1) {
         int rc = parse_one(o, c, optarg);
         if (rc != WB_OPTIONS_GO_ON)
             return rc;
     }
     if (optind < o->ac)
-        return misuse("unexpected argument '%s'%s", o->av[optind], "");
+        return misuse(o, "unexpected argument '%s'", o->av[optind]);
+    if (!o->quiet) {
+        if (o->log_level >= 0)
+            wb__log_set_level((wb_log_level)o->log_level);
+        if (o->log_format >= 0)
+            wb__log_set_format((wb_log_format)o->log_format);
+    }
     return WB_OPTIONS_GO_ON;
+}
+
+/* How a numeric option's value reads in a message, with where it comes
+ * from: "heartbeat-ms 1000" (on the line the message names),
+ * "heartbeat-ms 1000 (line 3)", "--heartbeat-ms 1000", or
+ * "heartbeat-ms 1000 (the default)". */
+static const char *num_origin(const wb_options *o, wb_num_opt k, int given, int at_line, char *buf,
+                              size_t size)
+{
+    if (o->line[k] > 0 && o->line[k] == at_line)
+        snprintf(buf, size, "%s %ld", num_opts[k].name, o->num[k]);
+    else if (o->line[k] > 0)
+        snprintf(buf, size, "%s %ld (line %d)", num_opts[k].name, o->num[k], o->line[k]);
+    else if (given)
+        snprintf(buf, size, "--%s %ld", num_opts[k].name, o->num[k]);
+    else
+        snprintf(buf, size, "%s %ld (the default)", num_opts[k].name, o->num[k]);
+    return buf;
+}
+
+/* A lease is stale after stale-ms without a heartbeat: a window of less
+ * than STALE_MIN_BEATS heartbeats makes a healthy worker's lease flap
+ * between stale and active whenever a heartbeat comes a little late. */
+static int check_liveness(wb_options *o, int heartbeat_given, int stale_given)
+{
+    long hb = o->num[WB_NUM_HEARTBEAT], stale = o->num[WB_NUM_STALE];
+    if (stale >= STALE_MIN_BEATS * hb)
+        return WB_OPTIONS_GO_ON;
+    int line = o->line[WB_NUM_STALE] > 0 ? o->line[WB_NUM_STALE] : o->line[WB_NUM_HEARTBEAT];
+    char a[160], b[160];
+    char msg[WB_ERR_MSG_MAX];
+    snprintf(msg, sizeof msg,
+             "%s is less than %d times %s: a healthy worker's lease would turn stale between "
+             "its heartbeats (stale-ms must be at least %d x heartbeat-ms, %ld here)",
+             num_origin(o, WB_NUM_STALE, stale_given, line, a, sizeof a), STALE_MIN_BEATS,
+             num_origin(o, WB_NUM_HEARTBEAT, heartbeat_given, line, b, sizeof b), STALE_MIN_BEATS,
+             STALE_MIN_BEATS * hb);
+    if (line > 0)
+        return fail_with(o, WB_EXIT_CONFIG, "%s:%d: %s", o->config_file, line, msg);
+    return misuse_at(o, 0, "%s", msg);
+}
+
+/* --check-config: every model's path is one a load can read: a file, a
+ * directory holding a checkpoint, or a shard index whose shards are there,
+ * each judged as the user running the check. No header is parsed. Every
+ * model at fault is reported. */
+static int check_models(wb_options *o)
+{
+    int rc = WB_OPTIONS_GO_ON, flag = 0;
+    for (size_t i = 0; i < o->n_models; i++) {
+        const wb_preload *m = &o->models[i];
+        char resolved[WB_PATH_MAX + 1];
+        int is_dir = 0;
+        wb_err e;
+        if (wb__auth_check_load_path(m->path, resolved, sizeof resolved, &is_dir, &e) == WB_OK &&
+            wb__st_check_files(m->path, NULL, &e) == WB_OK)
+            continue;
+        if (m->from_file && m->line > 0) {
+            fail_with(o, WB_EXIT_CONFIG, "%s:%d: model '%s': %s", o->config_file, m->line, m->name,
+                      e.msg);
+            rc = WB_EXIT_CONFIG;
+        } else {
+            fail_with(o, WB_EXIT_USAGE, "--model %s: %s", m->name, e.msg);
+            if (rc == WB_OPTIONS_GO_ON)
+                rc = WB_EXIT_USAGE;
+            flag = 1;
+        }
+    }
+    if (flag && !o->quiet)
+        fputs("Try 'wbrokerd --help'.\n", stderr);
+    return rc;
 }
 
 int wb__options_validate(wb_options *o)
 {
-    if (!o->num[WB_NUM_HEARTBEAT])
+    int heartbeat_given = o->num[WB_NUM_HEARTBEAT] != 0, stale_given = o->num[WB_NUM_STALE] != 0;
+    if (!heartbeat_given)
         o->num[WB_NUM_HEARTBEAT] = WB_DEFAULT_HEARTBEAT_MS;
-    if (!o->num[WB_NUM_STALE])
+    if (!stale_given)
         o->num[WB_NUM_STALE] = WB_DEFAULT_STALE_MS;
+    int rc = check_liveness(o, heartbeat_given, stale_given);
+    if (rc != WB_OPTIONS_GO_ON)
+        return rc;
     /* Placements were parsed with --model; whether their devices exist is
      * known only once the backend has started (wbrokerd refuses then,
      * naming the model and the devices it sees). */
     char sp[sizeof(((struct sockaddr_un *)0)->sun_path)];
-    int path_ok = wb__socket_path(o->socket, sp, sizeof sp) == WB_OK;
-    if (o->check_config) {
-        /* Every option has been checked; nothing is started. What the
-         * broker would use is printed for the operator to compare. */
-        if (!path_ok) {
-            fprintf(stderr, "wbrokerd: the socket path is too long for a unix socket\n");
-            return WB_EXIT_USAGE;
-        }
-        printf("config: %s\nsocket: %s\n", o->config_file ? o->config_file : "(none)", sp);
-        for (size_t i = 0; i < o->n_models; i++) {
-            printf("model: %s path=%s", o->models[i].name, o->models[i].path);
-            if (o->models[i].placement)
-                printf(" devices=%s", o->models[i].placement);
-            printf("%s\n", o->models[i].from_file ? " (file)" : " (command line)");
-        }
-        printf("backend: %s cuda-slab=%s host-slab=%s\n", o->backend,
-               o->cuda_slab == WB_CUDA_SLAB_IPC ? "ipc" : "vmm", o->host_memfd ? "memfd" : "shm");
-        printf("access: cuda %s, host %s\n",
-               o->cuda_slab == WB_CUDA_SLAB_AUTO  ? "ro (cuda-vmm; cuda-ipc, rw, where the device "
-                                                    "lacks VMM descriptors)"
-               : o->cuda_slab == WB_CUDA_SLAB_VMM ? "ro (cuda-vmm)"
-                                                  : "rw (cuda-ipc)",
-               o->host_memfd ? "ro (sealed memfd)" : "ro mappings of named /dev/shm objects");
-        printf("metrics: %s\nvalid\n", o->metrics ? o->metrics : "off");
-        return 0;
+    if (wb__socket_path(o->socket, sp, sizeof sp) != WB_OK) {
+        if (o->socket)
+            return misuse_at(o, o->socket_line,
+                             "--socket: the path is too long for a unix socket (at most %zu "
+                             "bytes)",
+                             sizeof sp - 1);
+        return misuse_at(o, 0,
+                         "the default socket path ($WB_SOCKET, or under $XDG_RUNTIME_DIR) is too "
+                         "long for a unix socket (at most %zu bytes); give --socket",
+                         sizeof sp - 1);
     }
-    if (o->num[WB_NUM_STALE] <= o->num[WB_NUM_HEARTBEAT])
-        wb_warn("config",
-                "note=\"stale-ms is not above heartbeat-ms: leases may go stale between "
-                "heartbeats\" heartbeat_ms=%ld stale_ms=%ld",
-                o->num[WB_NUM_HEARTBEAT], o->num[WB_NUM_STALE]);
-    if (!path_ok) {
-        wb__fatal("the socket path is too long for a unix socket");
-        return WB_EXIT_USAGE;
+    if (!o->check_config)
+        return WB_OPTIONS_GO_ON;
+    /* Every option has been checked and nothing is started; the models'
+     * paths are looked at. What the broker would use is printed for the
+     * operator to compare. */
+    if ((rc = check_models(o)) != WB_OPTIONS_GO_ON)
+        return rc;
+    printf("config: %s\nsocket: %s\n", o->config_file ? o->config_file : "(none)", sp);
+    for (size_t i = 0; i < o->n_models; i++) {
+        printf("model: %s path=%s", o->models[i].name, o->models[i].path);
+        if (o->models[i].placement)
+            printf(" devices=%s", o->models[i].placement);
+        printf("%s\n", o->models[i].from_file ? " (file)" : " (command line)");
     }
-    return WB_OPTIONS_GO_ON;
+    printf("backend: %s cuda-slab=%s host-slab=%s\n", o->backend,
+           o->cuda_slab == WB_CUDA_SLAB_IPC ? "ipc" : "vmm", o->host_memfd ? "memfd" : "shm");
+    printf("access: cuda %s, host %s\n",
+           o->cuda_slab == WB_CUDA_SLAB_AUTO  ? "ro (cuda-vmm; cuda-ipc, rw, where the device "
+                                                "lacks VMM descriptors)"
+           : o->cuda_slab == WB_CUDA_SLAB_VMM ? "ro (cuda-vmm)"
+                                              : "rw (cuda-ipc)",
+           o->host_memfd ? "ro (sealed memfd)" : "ro mappings of named /dev/shm objects");
+    printf("metrics: %s\nvalid\n", o->metrics ? o->metrics : "off");
+    return 0;
+}
+
+int wb__options_reparse(const wb_options *running, wb_options *next, wb_err *err)
+{
+    wb__options_init(next);
+    next->quiet = 1;
+    if (!running->cmdline)
+        return wb__err_set(err, WB_EINVAL, "the command line was not kept");
+    if (!(next->reparsed = copy_argv(running->n_cmdline, running->cmdline)))
+        return wb__err_set(err, WB_ENOMEM, "out of memory");
+    next->n_cmdline = running->n_cmdline;
+    int rc = wb__options_parse(next, next->n_cmdline, next->reparsed);
+    if (rc == WB_OPTIONS_GO_ON) {
+        next->check_config = 0;
+        rc = wb__options_validate(next);
+    }
+    if (rc == WB_OPTIONS_GO_ON)
+        return WB_OK;
+    /* --help or --version cannot be in a command line the broker runs with. */
+    return wb__err_set(err, WB_EINVAL, "%s", next->why[0] ? next->why : "the options are wrong");
+}
+
+void wb__options_limits(const wb_options *o, wb_limits *l)
+{
+    wb__limits_default(l);
+    if (o->num[WB_NUM_MAX_LEASES])
+        l->max_leases_per_client = (uint32_t)o->num[WB_NUM_MAX_LEASES];
+    if (o->num[WB_NUM_MAX_MODELS])
+        l->max_models = (uint32_t)o->num[WB_NUM_MAX_MODELS];
+    if (o->num[WB_NUM_MAX_TENSORS])
+        l->max_tensors = (uint64_t)o->num[WB_NUM_MAX_TENSORS];
+    if (o->num[WB_NUM_MAX_SHARDS])
+        l->max_shards = (uint64_t)o->num[WB_NUM_MAX_SHARDS];
+    if (o->num[WB_NUM_MAX_MESSAGE])
+        l->max_message = (uint64_t)o->num[WB_NUM_MAX_MESSAGE];
+    if (o->num[WB_NUM_MAX_HEADER])
+        l->max_header = (uint64_t)o->num[WB_NUM_MAX_HEADER];
+}
+
+const char *wb__options_num_name(wb_num_opt k)
+{
+    return k < WB_NUM_OPTS ? num_opts[k].name : "?";
 }
 
 void wb__options_init(wb_options *o)
 {
     /* Read-only sharing unless asked otherwise: sealed memfds on the host,
      * cuda-vmm descriptors on GPUs that support them. */
-    *o = (wb_options){.backend = "auto", .host_memfd = 1, .cuda_slab = WB_CUDA_SLAB_AUTO};
+    *o = (wb_options){.backend = "auto",
+                      .host_memfd = 1,
+                      .cuda_slab = WB_CUDA_SLAB_AUTO,
+                      .log_level = -1,
+                      .log_format = -1};
     wb__auth_init_default(&o->auth, (uint32_t)geteuid());
 }

@@ -8,6 +8,7 @@
 #include "auth.h"
 #include "backend.h"
 #include "config.h"
+#include "quota.h"
 
 #include <stddef.h>
 
@@ -54,12 +55,13 @@ typedef struct wb_preload {
     int device;      /* a placement of one ordinal: it; else -1 */
     char *placement; /* NULL: the broker's --device; else "0,1", "all", ... */
     int from_file;   /* given by a [model NAME] section of the configuration file */
-    int line;        /* that section's line (or its device's), else 0 */
+    int line;        /* that section's path line, else 0 */
 } wb_preload;
 
 /* Everything the options say, parsed and checked before anything starts. */
 typedef struct wb_options {
     const char *socket;
+    int socket_line; /* the configuration file's line of socket, 0: not from the file */
     const char *backend;
     int device, device_given;
     int load_mode;
@@ -68,6 +70,9 @@ typedef struct wb_options {
     int host_memfd;        /* --host-slab memfd (the default), 0: shm */
     int cuda_slab;         /* --cuda-slab: WB_CUDA_SLAB_AUTO (default), _VMM or _IPC */
     long num[WB_NUM_OPTS]; /* 0: not given */
+    int line[WB_NUM_OPTS]; /* the configuration file's line of each, 0: not from the file */
+    int log_level;         /* --log-level: a wb_log_level, -1: not given (info) */
+    int log_format;        /* --log-format: a wb_log_format, -1: not given (text) */
     const char *metrics;
     const char *config_file;
     int check_config;
@@ -78,19 +83,48 @@ typedef struct wb_options {
     wb_config config;
     char **av; /* the configuration file's arguments, then the command line's */
     int ac;
+    /* A copy of the command line as given, owned, for wb__options_reparse
+     * (parsing cuts --model values in place). */
+    char **cmdline;
+    int n_cmdline;
+    char **reparsed; /* wb__options_reparse's working copy of it, owned */
+    /* 1: nothing is printed or set in the process (the log level and
+     * format stay as they are); why a parse or check failed is in `why`. */
+    int quiet;
+    char why[WB_ERR_MSG_MAX + 1280];
 } wb_options;
 
 /* Defaults: the "auto" backend, the access lists of this user. */
 void wb__options_init(wb_options *o);
 
 /* Reads the configuration file (its options go first, so that the command
- * line's win) and every option. Returns WB_OPTIONS_GO_ON, or the exit
- * status (after printing why, or --help or --version). */
+ * line's win) and every option, and sets the log level and format they
+ * name. Returns WB_OPTIONS_GO_ON, or the exit status (after printing why,
+ * or --help or --version). A mistake is printed as "wbrokerd: MESSAGE",
+ * with "FILE:LINE: " first and exit status 78 when the configuration file
+ * holds it, else followed by "Try 'wbrokerd --help'." with exit status 2. */
 int wb__options_parse(wb_options *o, int argc, char **argv);
 
-/* Fills the defaults left, checks what single options cannot, and answers
- * --check-config. Returns WB_OPTIONS_GO_ON, or the exit status. */
+/* Fills the defaults left, checks what single options cannot (stale-ms must
+ * be at least twice heartbeat-ms), and answers --check-config, which also
+ * checks that every model's path can be read (a file, a directory holding a
+ * checkpoint, or a shard index and its shards). Returns WB_OPTIONS_GO_ON, or
+ * the exit status; mistakes are reported as by wb__options_parse. */
 int wb__options_validate(wb_options *o);
+
+/* For SIGHUP: the configuration file read again and the command line as
+ * `running` was given it (so that its flags still win), parsed and
+ * validated into `next` (initialised here) without printing anything or
+ * changing the process's log settings. Returns WB_OK, or WB_EINVAL with the
+ * message (with FILE:LINE where the file is at fault) in err; free `next`
+ * in both cases. */
+int wb__options_reparse(const wb_options *running, wb_options *next, wb_err *err);
+
+/* The limits the options set, over the defaults (quota.h). */
+void wb__options_limits(const wb_options *o, wb_limits *l);
+
+/* The long option of a numeric one, without its dashes ("stale-ms"). */
+const char *wb__options_num_name(wb_num_opt k);
 
 void wb__options_free(wb_options *o);
 

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# The configuration file: the shipped example passes --check-config; typos,
-# bad values and unknown sections stop the broker with exit status 78 and
-# FILE:LINE in the message (wrong flags stay exit status 2); flags override
-# the file while the file's other settings and models take effect; and every
-# long option of wbrokerd is a configuration key, in --help and in the man
-# page (the option table is read from broker/options.c, so a new option that is
-# not documented fails here).
+# The configuration file: the shipped example passes --check-config once its
+# models' paths exist (and names each missing one by line and model before);
+# typos, bad values and unknown sections stop the broker with exit status 78
+# and FILE:LINE in the message (wrong flags stay exit status 2, followed by
+# "Try 'wbrokerd --help'."; every message starts with "wbrokerd:", also for
+# an option getopt does not know); '#' and ';' comments, whole-line and
+# after a value, while a '#' inside a value stays; stale-ms below twice
+# heartbeat-ms is refused naming both; flags override the file while the
+# file's other settings and models take effect; every long option of
+# wbrokerd is a configuration key, in --help and in the man page (the option
+# table is read from broker/options.c, so a new option that is not
+# documented fails here); --backend cuda without the NVIDIA driver says so.
 source "$(dirname "$0")/lib.sh"
 
 : "${WB_SOURCE_DIR:?WB_SOURCE_DIR must name the source tree}"
@@ -22,15 +27,94 @@ check_config() {
   EXIT_RC=$?
 }
 
-# The example configuration is valid as shipped.
+# The example configuration names the node's model paths: here, where they
+# do not exist, --check-config names each model by its path's line.
 check_config "$EXAMPLE"
+[ "$EXIT_RC" = 78 ] || fail "--check-config of deploy/wbroker.conf without its models exited $EXIT_RC"
+base_line=$(grep -n '^path = /var/lib/wbroker/models/base/model.safetensors' "$EXAMPLE" | cut -d: -f1)
+instruct_line=$(grep -n '^path = /var/lib/wbroker/models/base-instruct$' "$EXAMPLE" | cut -d: -f1)
+[ "$(cat "$WB_TMP/check.err")" = "wbrokerd: $EXAMPLE:$base_line: model 'base': no such file: /var/lib/wbroker/models/base/model.safetensors
+wbrokerd: $EXAMPLE:$instruct_line: model 'base-instruct': no such file: /var/lib/wbroker/models/base-instruct" ] ||
+  fail "the missing models are not named: $(cat "$WB_TMP/check.err")"
+[ ! -s "$WB_TMP/check.out" ] || fail "a failed check printed on stdout: $(cat "$WB_TMP/check.out")"
+# With checkpoints where it says, the example is valid as shipped: a file,
+# and a directory holding model.safetensors.
+mkdir -p "$WB_TMP/models/base" "$WB_TMP/models/base-instruct"
+make_model "$WB_TMP/models/base/model.safetensors" 2 1 >/dev/null
+make_model "$WB_TMP/models/base-instruct/model.safetensors" 2 2 >/dev/null
+sed "s#/var/lib/wbroker/models/#$WB_TMP/models/#" "$EXAMPLE" >"$WB_TMP/example.conf"
+check_config "$WB_TMP/example.conf"
 [ "$EXIT_RC" = 0 ] || fail "--check-config of deploy/wbroker.conf exited $EXIT_RC: $(cat "$WB_TMP/check.err")"
 grep -qx "valid" "$WB_TMP/check.out" || fail "--check-config did not say valid"
 grep -qx "socket: /run/wbroker/broker.sock" "$WB_TMP/check.out" || fail "unexpected socket: $(cat "$WB_TMP/check.out")"
-grep -qx "model: base path=/var/lib/wbroker/models/base/model.safetensors devices=all (file)" "$WB_TMP/check.out" ||
+grep -qx "model: base path=$WB_TMP/models/base/model.safetensors devices=all (file)" "$WB_TMP/check.out" ||
   fail "the example's model base is not listed: $(cat "$WB_TMP/check.out")"
 grep -qx "metrics: 127.0.0.1:9464" "$WB_TMP/check.out" || fail "the example's metrics address is not listed"
 [ ! -s "$WB_TMP/check.err" ] || fail "--check-config printed on stderr: $(cat "$WB_TMP/check.err")"
+# A directory without a checkpoint, and a model given as a flag.
+rm "$WB_TMP/models/base-instruct/model.safetensors"
+check_config "$WB_TMP/example.conf" --model "flag=$WB_TMP/absent.safetensors"
+[ "$EXIT_RC" = 78 ] || fail "an empty model directory gave exit status $EXIT_RC"
+[ "$(cat "$WB_TMP/check.err")" = "wbrokerd: $WB_TMP/example.conf:$instruct_line: model 'base-instruct': $WB_TMP/models/base-instruct: directory holds neither model.safetensors.index.json nor model.safetensors
+wbrokerd: --model flag: no such file: $WB_TMP/absent.safetensors
+Try 'wbrokerd --help'." ] || fail "unexpected messages: $(cat "$WB_TMP/check.err")"
+make_model "$WB_TMP/models/base-instruct/model.safetensors" 2 2 >/dev/null
+"$WBROKERD" --socket "$WB_TMP/k.sock" --model "flag=$WB_TMP/absent.safetensors" --check-config \
+  >"$WB_TMP/check.out" 2>"$WB_TMP/check.err"
+rc=$?
+[ "$rc" = 2 ] || fail "a missing --model path gave exit status $rc, not 2"
+
+# Comments: whole lines, after a section header or a value ('#' or ';'
+# after a space or tab); a '#' inside a value is part of it.
+cat >"$WB_TMP/comments.conf" <<EOF
+# whole line
+   ; indented
+[broker]   # why
+socket = $WB_TMP/run#1.sock  # a '#' in the path stays
+backend = host	# after a tab
+max-models = 3 ; the other prefix
+log-level = warn#not a comment
+EOF
+check_config "$WB_TMP/comments.conf"
+[ "$EXIT_RC" = 78 ] || fail "'warn#not a comment' was accepted: $(cat "$WB_TMP/check.out")"
+grep -qF "comments.conf:7: log-level: 'warn#not a comment' is not one of debug, info, warn, error" "$WB_TMP/check.err" ||
+  fail "unexpected message: $(cat "$WB_TMP/check.err")"
+sed -i 's/^log-level = warn#not a comment$/log-level = warn # a comment/' "$WB_TMP/comments.conf"
+check_config "$WB_TMP/comments.conf"
+[ "$EXIT_RC" = 0 ] || fail "comments: exit status $EXIT_RC: $(cat "$WB_TMP/check.err")"
+grep -qx "socket: $WB_TMP/run#1.sock" "$WB_TMP/check.out" || fail "the socket with a '#': $(cat "$WB_TMP/check.out")"
+grep -qx "backend: host cuda-slab=vmm host-slab=memfd" "$WB_TMP/check.out" || fail "comments: $(cat "$WB_TMP/check.out")"
+
+# Liveness: stale-ms below twice heartbeat-ms is refused, naming both.
+"$WBROKERD" --socket "$WB_TMP/k.sock" --stale-ms 500 --heartbeat-ms 1000 --check-config \
+  >"$WB_TMP/check.out" 2>"$WB_TMP/check.err"
+rc=$?
+[ "$rc" = 2 ] || fail "--stale-ms 500 --heartbeat-ms 1000 gave exit status $rc, not 2"
+[ "$(cat "$WB_TMP/check.err")" = "wbrokerd: --stale-ms 500 is less than 2 times --heartbeat-ms 1000: a healthy worker's lease would turn stale between its heartbeats (stale-ms must be at least 2 x heartbeat-ms, 2000 here)
+Try 'wbrokerd --help'." ] || fail "unexpected message: $(cat "$WB_TMP/check.err")"
+printf '[broker]\nsocket = %s\nheartbeat-ms = 1000\nstale-ms = 1500\n' "$WB_TMP/k.sock" >"$WB_TMP/stale.conf"
+check_config "$WB_TMP/stale.conf"
+[ "$EXIT_RC" = 78 ] || fail "stale-ms = 1500 with heartbeat-ms = 1000 gave exit status $EXIT_RC, not 78"
+[ "$(cat "$WB_TMP/check.err")" = "wbrokerd: $WB_TMP/stale.conf:4: stale-ms 1500 is less than 2 times heartbeat-ms 1000 (line 3): a healthy worker's lease would turn stale between its heartbeats (stale-ms must be at least 2 x heartbeat-ms, 2000 here)" ] ||
+  fail "unexpected message: $(cat "$WB_TMP/check.err")"
+# The broker does not start with it either.
+"$WBROKERD" --config "$WB_TMP/stale.conf" --backend host >"$WB_TMP/stale.log" 2>&1
+rc=$?
+[ "$rc" = 78 ] || fail "the broker started with stale-ms = 1500 (status $rc)"
+check_config "$WB_TMP/stale.conf" --stale-ms 2000
+[ "$EXIT_RC" = 0 ] || fail "--stale-ms 2000 over the file was refused: $(cat "$WB_TMP/check.err")"
+
+# Misuse: "wbrokerd:" (not the program's path), the message, the hint, 2.
+for args in "--bogus|unknown option '--bogus'" "--socket|option '--socket' needs a value" \
+  "--help=now|option '--help' takes no value" "--max-queued|option '--max-queued' is ambiguous: it could be --max-queued-replies, --max-queued-bytes, --max-queued-bytes-total" \
+  "-x|unknown option '-x'" "stray|unexpected argument 'stray'"; do
+  "$WBROKERD" "${args%%|*}" >"$WB_TMP/misuse.out" 2>"$WB_TMP/misuse.err"
+  rc=$?
+  [ "$rc" = 2 ] || fail "${args%%|*}: exit status $rc, not 2"
+  [ "$(cat "$WB_TMP/misuse.err")" = "wbrokerd: ${args#*|}
+Try 'wbrokerd --help'." ] || fail "${args%%|*}: unexpected message: $(cat "$WB_TMP/misuse.err")"
+  [ ! -s "$WB_TMP/misuse.out" ] || fail "${args%%|*}: printed on stdout"
+done
 
 # A typo: exit status 78, file and line, a hint.
 cat >"$WB_TMP/typo.conf" <<'EOF'
@@ -187,10 +271,30 @@ else
   wait "$vpid"
   rc=$?
   [ "$rc" != 0 ] || fail "--backend cuda --cuda-slab vmm exited 0 without a GPU"
-  grep -qE "no usable GPU|this build has no cuda backend" "$WB_TMP/vmm.log" ||
+  grep -qE "no usable GPU|this build has no cuda backend|the cuda backend needs (the|a newer) NVIDIA driver" "$WB_TMP/vmm.log" ||
     fail "--backend cuda --cuda-slab vmm gave no reason: $(cat "$WB_TMP/vmm.log")"
 fi
 start_broker --backend auto --cuda-slab vmm
 grep -q "event=backend .*backend=host requested=auto" "$BROKER_LOG" ||
   fail "auto with --cuda-slab vmm did not fall back to host: $(grep backend "$BROKER_LOG")"
 stop_broker
+
+# Without the NVIDIA driver, --backend cuda says that it needs it (the CUDA
+# runtime alone calls the driver "insufficient"), and auto falls back to
+# host saying why.
+if ! "$WBROKERD" --version | grep -q "^backends: .*cuda"; then
+  log "the cuda-without-driver message is not checked: this build has no cuda backend"
+elif [ -e /proc/driver/nvidia/version ] || "$PYTHON" -c 'import ctypes; ctypes.CDLL("libcuda.so.1")' 2>/dev/null; then
+  log "the cuda-without-driver message is not checked: an NVIDIA driver is present here"
+else
+  "$WBROKERD" --backend cuda --socket "$WB_TMP/cuda.sock" >"$WB_TMP/cuda.out" 2>"$WB_TMP/cuda.err"
+  rc=$?
+  [ "$rc" = 1 ] || fail "--backend cuda without a driver: exit status $rc, not 1"
+  grep -qx "wbrokerd: the cuda backend needs the NVIDIA driver: its library libcuda.so.1 cannot be loaded (.*); install the driver, or use --backend host" "$WB_TMP/cuda.err" ||
+    fail "--backend cuda without a driver: $(cat "$WB_TMP/cuda.err")"
+  grep -q "insufficient" "$WB_TMP/cuda.err" && fail "the message still calls the driver insufficient: $(cat "$WB_TMP/cuda.err")"
+  start_broker --backend auto
+  grep -q 'event=backend backend=host requested=auto reason="the cuda backend needs the NVIDIA driver: ' "$BROKER_LOG" ||
+    fail "auto without a driver: $(grep event=backend "$BROKER_LOG")"
+  stop_broker
+fi

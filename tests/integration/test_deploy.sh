@@ -8,7 +8,8 @@
 # are in different pods (one shared PID namespace in the sidecar pod), the
 # same socket path everywhere (config, mounts, WB_SOCKET, probes), images,
 # commands, resources and security contexts; the ConfigMap's configuration
-# passes --check-config. The set for pods without hostPID and hostIPC
+# passes --check-config (with its models' node paths pointed at checkpoints
+# made here, since the check opens them). The set for pods without hostPID and hostIPC
 # (deploy/kubernetes/nohost) shares only the socket directory, mounts no
 # /dev/shm and selects descriptor transports. There is no cluster here:
 # nothing is applied.
@@ -57,7 +58,8 @@ def one(k):
         sys.exit("[Service] needs exactly one %s=" % k)
     return v[0]
 want = {"Type": "notify", "RuntimeDirectory": "wbroker", "NoNewPrivileges": "yes",
-        "UMask": "0077", "DevicePolicy": "closed", "RestartPreventExitStatus": "78"}
+        "UMask": "0077", "DevicePolicy": "closed", "RestartPreventExitStatus": "78",
+        "ExecReload": "/bin/kill -HUP $MAINPID"}
 for k, v in want.items():
     if one(k) != v:
         sys.exit("%s=%s, expected %s" % (k, one(k), v))
@@ -243,6 +245,14 @@ assert len(host_dirs[socket_dir]) == 2, host_dirs
 print(" ".join(checked))
 PY
 log "manifests checked: $(cat "$WB_TMP/k8s.out")"
+# --check-config opens every model's path: the node's paths are pointed at
+# checkpoints made here.
+mkdir -p "$WB_TMP/models/base"
+make_model "$WB_TMP/models/base/model.safetensors" 2 3 >/dev/null
+local_models() {
+  sed -i "s#/var/lib/wbroker/models/#$WB_TMP/models/#" "$1"
+}
+local_models "$WB_TMP/configmap.conf"
 # The ConfigMap's configuration is one the broker accepts, and names the
 # socket the manifests mount.
 "$WBROKERD" --config "$WB_TMP/configmap.conf" --check-config >"$WB_TMP/cm.out" 2>"$WB_TMP/cm.err" ||
@@ -413,6 +423,7 @@ print(" ".join(f for f, _ in docs), "and %d broken copies refused" % len(breakag
 PY
   fail "nohost manifests: $(cat "$WB_TMP/nohost.err")"
 log "nohost manifests checked: $(cat "$WB_TMP/nohost.out")"
+local_models "$WB_TMP/nohost.conf"
 "$WBROKERD" --config "$WB_TMP/nohost.conf" --check-config >"$WB_TMP/nohost-cm.out" 2>"$WB_TMP/nohost-cm.err" ||
   fail "the nohost ConfigMap's wbroker.conf fails --check-config: $(cat "$WB_TMP/nohost-cm.err")"
 grep -qx "socket: /run/wbroker/broker.sock" "$WB_TMP/nohost-cm.out" || fail "nohost socket: $(cat "$WB_TMP/nohost-cm.out")"

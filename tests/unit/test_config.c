@@ -1,7 +1,9 @@
 /* The configuration file reader: a valid file becomes the exact "--key=value"
- * arguments with their line numbers; every kind of mistake (unknown section
- * or key, a key or section twice, a model without path, a bad device or
- * model name, lines that are not INI, lines too long, unreadable files) is
+ * arguments with their line numbers (a model's: its path's); comments start
+ * with '#' or ';' at the start of a line or after a space or tab, and either
+ * character elsewhere stays in the value; every kind of mistake (unknown
+ * section or key, a key or section twice, a model without path, a bad device
+ * or model name, lines that are not INI, lines too long, unreadable files) is
  * refused with its status and a message naming the file and line; --model
  * values are split into name, device and path. */
 #include "config.h"
@@ -92,12 +94,50 @@ START_TEST(test_valid_file)
                           "--foreground",
                           "--model=llama=/models/llama.safetensors",
                           "--model=tiny.v2@0=/models/with space/tiny"};
-    const int lines[] = {5, 6, 7, 8, 10, 13};
+    const int lines[] = {5, 6, 7, 8, 11, 14};
     for (int i = 0; i < 6; i++) {
         ck_assert_str_eq(cfg.args[i], want[i]);
         ck_assert_int_eq(cfg.lines[i], lines[i]);
     }
     ck_assert_str_eq(cfg.file, path);
+}
+END_TEST
+
+START_TEST(test_comments)
+{
+    int rc = load("# a whole line\n"
+                  "   # indented\n"
+                  "[broker]   # after a section header\n"
+                  "socket = /run/wb#1/broker.sock  # a '#' inside a value stays\n"
+                  "backend = host\t# after a tab\n"
+                  "heartbeat-ms = 250 ; the other prefix\n"
+                  "stale-ms = 900;not a comment\n"
+                  "foreground = yes #\n"
+                  "[model m]   ; why\n"
+                  "path = /models/run#3/m.safetensors # the third run\n"
+                  "devices = 0,1  # two copies\n");
+    ck_assert_msg(rc == WB_OK, "%s", err.msg);
+    const char *want[] = {"--socket=/run/wb#1/broker.sock",
+                          "--backend=host",
+                          "--heartbeat-ms=250",
+                          "--stale-ms=900;not a comment",
+                          "--foreground",
+                          "--model=m@0,1=/models/run#3/m.safetensors"};
+    const int lines[] = {4, 5, 6, 7, 8, 10};
+    ck_assert_int_eq(cfg.n_args, 6);
+    for (int i = 0; i < 6; i++) {
+        ck_assert_str_eq(cfg.args[i], want[i]);
+        ck_assert_int_eq(cfg.lines[i], lines[i]);
+    }
+    wb__config_free(&cfg);
+    /* A value that starts with a comment is empty; a key whose '=' is in a
+     * comment is no key. */
+    ck_assert_int_eq(load("[broker]\nsocket = # later\n"), WB_OK);
+    ck_assert_int_eq(cfg.n_args, 1);
+    ck_assert_str_eq(cfg.args[0], "--socket=");
+    wb__config_free(&cfg);
+    ck_assert_int_eq(load("[broker]\nsocket # = /a\n"), WB_EFORMAT);
+    assert_error_at(2, "expected 'key = value', '[section]' or a comment, not 'socket'");
 }
 END_TEST
 
@@ -128,7 +168,7 @@ START_TEST(test_bom_crlf_long_names)
     char want[300];
     snprintf(want, sizeof want, "--model=%s=/p", name);
     ck_assert_str_eq(cfg.args[1], want);
-    ck_assert_int_eq(cfg.lines[1], 3);
+    ck_assert_int_eq(cfg.lines[1], 4);
 }
 END_TEST
 
@@ -348,6 +388,7 @@ int main(void)
     TCase *tc = tcase_create("config");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_valid_file);
+    tcase_add_test(tc, test_comments);
     tcase_add_test(tc, test_empty_and_false);
     tcase_add_test(tc, test_bom_crlf_long_names);
     tcase_add_test(tc, test_long_value);
