@@ -62,7 +62,7 @@ start_broker --model "lost=$LOST"
 stop_broker
 
 # --require-all-models: today's exit and message, on the command line and
-# from the configuration file's key.
+# from the configuration file's key (the message names the path line).
 "$WBROKERD" --backend host --socket "$SOCK" --require-all-models --model "demo=$WB_TMP/demo.safetensors" \
   --model "lost=$LOST" >"$WB_TMP/all.out" 2>"$WB_TMP/all.err"
 rc=$?
@@ -81,7 +81,7 @@ EOF
 "$WBROKERD" --config "$WB_TMP/broker.conf" --socket "$SOCK" >"$WB_TMP/conf.out" 2>"$WB_TMP/conf.err"
 rc=$?
 [ "$rc" = 1 ] || fail "require_all_models = true with a missing model exited $rc, not 1"
-tail -n 1 "$WB_TMP/conf.err" | grep -qxF "wbrokerd: $WB_TMP/broker.conf:5: cannot load model 'lost': $WHY" ||
+tail -n 1 "$WB_TMP/conf.err" | grep -qxF "wbrokerd: $WB_TMP/broker.conf:6: cannot load model 'lost': $WHY" ||
   fail "require_all_models = true said: $(tail -n 1 "$WB_TMP/conf.err")"
 "$WBROKERD" --help >"$WB_TMP/help.out" || fail "--help failed"
 grep -q -- "--require-all-models" "$WB_TMP/help.out" || fail "--help does not name --require-all-models"

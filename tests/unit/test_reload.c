@@ -93,7 +93,8 @@ START_TEST(test_applied_and_not)
                     "max-models = 2\n"
                     "allow-uid = 1000\n");
     ck_assert_uint_eq(b.limits.max_models, 2);
-    ck_assert_int_eq(wb__auth_client_ok(&b.auth, 2000, 2000), 0);
+    ck_assert_int_eq(
+        wb__auth_client_ok(&b.auth, &(wb_peer_creds){.known = 1, .uid = 2000, .gid = 2000}), 0);
     write_file("[broker]\n"
                "max-models = 3   # one more\n"
                "max-leases-per-client = 99\n"
@@ -121,8 +122,10 @@ START_TEST(test_applied_and_not)
     ck_assert_uint_eq(b.limits.max_models, 3);
     ck_assert_uint_eq(b.limits.max_leases_per_client, 8);
     ck_assert_uint_eq(b.limits.max_message, message);
-    ck_assert_int_eq(wb__auth_client_ok(&b.auth, 2000, 2000), 1);
-    ck_assert_int_eq(wb__auth_admin_ok(&b.auth, 4000, 3000), 1);
+    ck_assert_int_eq(
+        wb__auth_client_ok(&b.auth, &(wb_peer_creds){.known = 1, .uid = 2000, .gid = 2000}), 1);
+    ck_assert_int_eq(
+        wb__auth_admin_ok(&b.auth, &(wb_peer_creds){.known = 1, .uid = 4000, .gid = 3000}), 1);
     ck_assert_int_eq(wb__log_get_level(), WB_LOG_DEBUG);
     /* What waits for a restart is still reported the next time; what was
      * applied is not. */
@@ -153,7 +156,8 @@ START_TEST(test_unchanged_and_removed)
     wb__reload_apply(&b, &next, &p);
     wb__options_free(&next);
     ck_assert_uint_eq(b.limits.max_models, WB_DEFAULT_MAX_MODELS);
-    ck_assert_int_eq(wb__auth_client_ok(&b.auth, 5000, 27), 0);
+    ck_assert_int_eq(
+        wb__auth_client_ok(&b.auth, &(wb_peer_creds){.known = 1, .uid = 5000, .gid = 27}), 0);
 }
 END_TEST
 
