@@ -1,6 +1,7 @@
 #include "config.h"
 
 #include "models.h"
+#include "names.h"
 
 #include <errno.h>
 #include <ini.h>
@@ -391,32 +392,6 @@ static char *reader(char *str, int num, void *stream)
     return str;
 }
 
-/* Edit distance, for "did you mean" hints; stops counting above 3. */
-static size_t distance(const char *a, const char *b)
-{
-    size_t la = strlen(a), lb = strlen(b);
-    if (la > 40 || lb > 40)
-        return 99;
-    size_t row[41];
-    for (size_t j = 0; j <= lb; j++)
-        row[j] = j;
-    for (size_t i = 1; i <= la; i++) {
-        size_t diag = row[0];
-        row[0] = i;
-        for (size_t j = 1; j <= lb; j++) {
-            size_t up = row[j];
-            size_t best = diag + (a[i - 1] != b[j - 1]);
-            if (row[j] + 1 < best)
-                best = row[j] + 1;
-            if (row[j - 1] + 1 < best)
-                best = row[j - 1] + 1;
-            row[j] = best;
-            diag = up;
-        }
-    }
-    return row[lb];
-}
-
 static int excluded(const parser *p, const char *name)
 {
     for (const char *const *e = p->exclude; e && *e; e++) {
@@ -434,7 +409,7 @@ static void unknown_key(parser *p, const char *key, const char *section)
         for (const struct option *o = p->opts; o && o->name; o++) {
             if (excluded(p, o->name) || strcmp(o->name, "model") == 0)
                 continue;
-            size_t d = distance(key, o->name);
+            size_t d = wb__names_distance(key, o->name);
             if (d < best_d) {
                 best_d = d;
                 best = o->name;
@@ -443,7 +418,7 @@ static void unknown_key(parser *p, const char *key, const char *section)
     } else {
         static const char *const model_keys[] = {"path", "device", "devices"};
         for (size_t i = 0; i < 3; i++) {
-            size_t d = distance(key, model_keys[i]);
+            size_t d = wb__names_distance(key, model_keys[i]);
             if (d < best_d) {
                 best_d = d;
                 best = model_keys[i];

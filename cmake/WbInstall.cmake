@@ -1,7 +1,8 @@
 # Installation for projects that build against libwbclient: the headers, the
 # shared and the static library, a pkg-config file (wbclient.pc) and a CMake
 # package (find_package(wbclient) -> wbclient::wbclient, and
-# wbclient::wbclient_static); plus the man pages and the deployment examples.
+# wbclient::wbclient_static); plus the man pages, the shell completion and the
+# deployment examples.
 # The programs install themselves (broker/ and client/CMakeLists.txt).
 #
 # Both files are relocatable: they find the prefix from their own location,
@@ -114,6 +115,16 @@ foreach(page wbrokerd.8 wbctl.1)
       DESTINATION ${CMAKE_INSTALL_MANDIR}/man${section})
   endif()
 endforeach()
+
+# Shell completion for both programs, where bash-completion and zsh look
+# for it: bash loads completions/NAME when NAME is first completed, zsh reads
+# vendor-completions/_NAME through its fpath.
+install(FILES ${PROJECT_SOURCE_DIR}/deploy/completion/wbctl.bash
+  DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions RENAME wbctl)
+install(FILES ${PROJECT_SOURCE_DIR}/deploy/completion/wbrokerd.bash
+  DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions RENAME wbrokerd)
+install(FILES ${PROJECT_SOURCE_DIR}/deploy/completion/_wbctl ${PROJECT_SOURCE_DIR}/deploy/completion/_wbrokerd
+  DESTINATION ${CMAKE_INSTALL_DATADIR}/zsh/vendor-completions)
 
 # The deployment files are examples to adapt (paths, users, images), so they
 # go with the documentation rather than into /etc or the systemd directories.

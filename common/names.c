@@ -169,3 +169,42 @@ void wb__names_hash_find_many(const wb__names_hash *h, const void *records, size
         }
     }
 }
+
+size_t wb__names_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 40 || lb > 40)
+        return SIZE_MAX;
+    size_t row[41];
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j];
+            size_t best = diag + (a[i - 1] != b[j - 1]);
+            if (row[j] + 1 < best)
+                best = row[j] + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+const char *wb__names_closest(const char *name, const char *const *names, size_t n)
+{
+    const char *best = NULL;
+    size_t best_d = 3;
+    for (size_t i = 0; i < n; i++) {
+        size_t d = wb__names_distance(name, names[i]);
+        if (d < best_d) {
+            best_d = d;
+            best = names[i];
+        }
+    }
+    return best;
+}

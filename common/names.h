@@ -2,7 +2,8 @@
  * name (it also merges and checks shards in that order); a lease's tensor
  * table keeps a hash index, so that a model binding 10^5 constants looks
  * each up in O(1): one hash and, nearly always, one comparison. A record is
- * any struct whose `const char *` name lies at `name_offset`. */
+ * any struct whose `const char *` name lies at `name_offset`. And the name
+ * nearest to a mistyped one, for "did you mean" hints. */
 #ifndef WB_NAMES_H
 #define WB_NAMES_H
 
@@ -43,5 +44,15 @@ const void *wb__names_hash_find(const wb__names_hash *h, const void *records, si
  * of those a few lookups ahead (prefetches), so that the waits overlap. */
 void wb__names_hash_find_many(const wb__names_hash *h, const void *records, size_t stride,
                               size_t name_offset, const char *const *names, size_t n, size_t *out);
+
+/* How many single-byte insertions, deletions and substitutions turn a into
+ * b (the Levenshtein distance), for "did you mean" hints; SIZE_MAX when
+ * either is longer than 40 bytes (no hint is worth that work). */
+size_t wb__names_distance(const char *a, const char *b);
+
+/* The name of names[0..n) nearest to `name` when at most 2 edits away (the
+ * first of equally near ones), else NULL: the hint for a mistyped command
+ * or key. */
+const char *wb__names_closest(const char *name, const char *const *names, size_t n);
 
 #endif

@@ -3,6 +3,9 @@
 #include "paths.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <stdio.h>
@@ -21,16 +24,24 @@ int64_t wb__now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+int wb__rpc_parse_timeout(const char *text, int *ms)
+{
+    if (!text || text[0] < '0' || text[0] > '9')
+        return WB_EINVAL;
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno != 0 || *end != '\0' || v <= 0 || v > 86400000)
+        return WB_EINVAL;
+    *ms = (int)v;
+    return WB_OK;
+}
+
 int wb__rpc_default_timeout(void)
 {
-    const char *env = getenv("WB_TIMEOUT_MS");
-    if (env && env[0]) {
-        char *end;
-        errno = 0;
-        long v = strtol(env, &end, 10);
-        if (errno == 0 && *end == '\0' && v > 0 && v <= 86400000)
-            return (int)v;
-    }
+    int ms;
+    if (wb__rpc_parse_timeout(getenv("WB_TIMEOUT_MS"), &ms) == WB_OK)
+        return ms;
     return DEFAULT_TIMEOUT_MS;
 }
 
@@ -67,11 +78,76 @@ static void close_socket(wb__rpc *rpc)
     }
 }
 
+/* "root:root" for a file's owner and group, by name where they have one. */
+static void owner_names(char *buf, size_t size, uid_t uid, gid_t gid)
+{
+    char u[64], g[64];
+    struct passwd pw, *pwp = NULL;
+    struct group gr, *grp = NULL;
+    char tmp[4096];
+    if (getpwuid_r(uid, &pw, tmp, sizeof tmp, &pwp) == 0 && pwp)
+        snprintf(u, sizeof u, "%s", pwp->pw_name);
+    else
+        snprintf(u, sizeof u, "%u", (unsigned)uid);
+    if (getgrgid_r(gid, &gr, tmp, sizeof tmp, &grp) == 0 && grp)
+        snprintf(g, sizeof g, "%s", grp->gr_name);
+    else
+        snprintf(g, sizeof g, "%u", (unsigned)gid);
+    snprintf(buf, size, "%s:%s", u, g);
+}
+
+/* Why this process may not connect: the file in the way (`what` is "the
+ * socket" or "the directory DIR"), its mode and owner, and who this process
+ * is, so that the fix (a group, a mode, --allow-uid is not it) is plain. */
+static int denied(const char *path, const char *what, const struct stat *st, wb_err *err)
+{
+    char owner[140], groups[256] = "";
+    owner_names(owner, sizeof owner, st->st_uid, st->st_gid);
+    int n = getgroups(0, NULL);
+    gid_t *list = n > 0 ? malloc((size_t)n * sizeof *list) : NULL;
+    n = list ? getgroups(n, list) : 0;
+    size_t used = 0;
+    for (int i = 0; i < n && used < sizeof groups; i++) {
+        int w =
+            snprintf(groups + used, sizeof groups - used, "%s%u", i ? " " : "", (unsigned)list[i]);
+        if (w < 0)
+            break;
+        used += (size_t)w;
+    }
+    free(list);
+    return wb__err_set(err, WB_ECONN,
+                       "cannot connect to %s: permission denied: %s is %04o %s and this process "
+                       "is uid %u gid %u (%s%s)",
+                       path, what, (unsigned)(st->st_mode & 07777), owner, (unsigned)geteuid(),
+                       (unsigned)getegid(), n > 0 ? "groups " : "no supplementary groups",
+                       n > 0 ? groups : "");
+}
+
+/* stat(path) failed with EACCES: the first directory on the way that this
+ * process may not search. */
+static int denied_dir(const char *path, wb_err *err)
+{
+    char dir[WB_RPC_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    for (char *slash = strchr(dir + 1, '/'); slash; slash = strchr(slash + 1, '/')) {
+        *slash = '\0';
+        struct stat st;
+        if (stat(dir, &st) == 0 && faccessat(AT_FDCWD, dir, X_OK, AT_EACCESS) != 0 &&
+            errno == EACCES) {
+            char what[WB_RPC_PATH_MAX + 16];
+            snprintf(what, sizeof what, "the directory %s", dir);
+            return denied(path, what, &st, err);
+        }
+        *slash = '/';
+    }
+    return wb__err_set(err, WB_ECONN, "cannot connect to %s: permission denied", path);
+}
+
 /* A socket file left by a broker that died refuses connections; libzmq would
  * retry in silence until the request timed out. One plain connect tells a
  * dead broker from a busy one at once. Anything but a refusal (including a
  * full backlog) is left for the real exchange to judge. */
-static int probe_listener(const char *path, wb_err *err)
+static int probe_listener(const char *path, const struct stat *st, int *no_access, wb_err *err)
 {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
@@ -79,31 +155,50 @@ static int probe_listener(const char *path, wb_err *err)
     struct sockaddr_un sun = {.sun_family = AF_UNIX};
     snprintf(sun.sun_path, sizeof sun.sun_path, "%s", path);
     int rc = WB_OK;
-    if (connect(fd, (struct sockaddr *)&sun, sizeof sun) != 0 && errno == ECONNREFUSED)
-        rc = wb__err_errno(err, WB_ECONN, errno, "no broker listening at %s", path);
+    if (connect(fd, (struct sockaddr *)&sun, sizeof sun) != 0) {
+        if (errno == ECONNREFUSED)
+            rc = wb__err_errno(err, WB_ECONN, errno, "no broker listening at %s", path);
+        else if (errno == EACCES || errno == EPERM) {
+            *no_access = 1;
+            rc = denied(path, "the socket", st, err);
+        }
+    }
     close(fd);
     return rc;
 }
 
 /* libzmq would silently keep retrying a missing path; check first so the
  * caller learns at once that no broker listens there (or that this process
- * may not reach it). */
-static int check_path(const char *path, wb_err *err)
+ * may not reach it: *no_access). */
+static int check_path(const char *path, int *no_access, wb_err *err)
 {
     struct stat st;
-    if (stat(path, &st) != 0)
+    *no_access = 0;
+    if (stat(path, &st) != 0) {
+        if (errno == EACCES) {
+            *no_access = 1;
+            return denied_dir(path, err);
+        }
         return wb__err_errno(err, WB_ECONN, errno, "no broker socket at %s", path);
+    }
     if (!S_ISSOCK(st.st_mode))
         return wb__err_set(err, WB_ECONN, "no broker socket at %s: not a socket", path);
-    if (access(path, W_OK) != 0)
+    /* Connecting needs write permission on the socket, as this process's
+     * effective ids have it. */
+    if (faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) != 0) {
+        if (errno == EACCES) {
+            *no_access = 1;
+            return denied(path, "the socket", &st, err);
+        }
         return wb__err_errno(err, WB_ECONN, errno, "no broker socket at %s", path);
-    return probe_listener(path, err);
+    }
+    return probe_listener(path, &st, no_access, err);
 }
 
 int wb__rpc_reopen(wb__rpc *rpc, wb_err *err)
 {
     close_socket(rpc);
-    int rc = check_path(rpc->path, err);
+    int rc = check_path(rpc->path, &rpc->denied, err);
     if (rc != WB_OK)
         return rc;
     if (!rpc->ctx && !(rpc->ctx = zmq_ctx_new()))
@@ -123,7 +218,7 @@ int wb__rpc_open(wb__rpc *rpc, const char *socket_path, int timeout_ms, wb_err *
     if (wb__socket_endpoint(rpc->path, rpc->endpoint, sizeof rpc->endpoint) != WB_OK)
         return wb__err_set(err, WB_EINVAL, "broker socket path %s is too long", rpc->path);
 
-    int rc = check_path(rpc->path, err);
+    int rc = check_path(rpc->path, &rpc->denied, err);
     if (rc != WB_OK)
         return rc;
 

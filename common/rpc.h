@@ -29,14 +29,19 @@ typedef struct wb__rpc {
     char endpoint[WB_RPC_PATH_MAX + 8];
     uint64_t next_id;
     int timeout_ms; /* default for calls that pass 0 */
+    int denied;     /* the last open or reopen failed: this process may not connect */
 } wb__rpc;
 
 /* Resolves the socket path (see wb__socket_path: `socket_path` may be NULL),
  * checks that it is a socket this process may open and that something
  * listens on it, and connects. Returns WB_ECONN "no broker socket at PATH:
  * <reason>" or "no broker listening at PATH: <reason>" when not, WB_EINVAL
- * for a path that does not fit a socket address. Nothing is sent yet. On
- * failure rpc is left closed (wb__rpc_close is harmless). */
+ * for a path that does not fit a socket address. A socket (or a directory
+ * on its way) this process may not open is WB_ECONN too, with rpc->denied
+ * set and the message "cannot connect to PATH: permission denied: the
+ * socket is 0660 root:root and this process is uid U gid G (groups ...)".
+ * Nothing is sent yet. On failure rpc is left closed (wb__rpc_close is
+ * harmless). */
 int wb__rpc_open(wb__rpc *rpc, const char *socket_path, int timeout_ms, wb_err *err);
 
 /* Reconnects after a failed exchange: closes the socket (dropping whatever
@@ -96,9 +101,13 @@ int wb__rpc_call_frame(wb__rpc *rpc, Wbproto__Request *req, int timeout_ms, Wbpr
 int wb__rpc_call_raw(wb__rpc *rpc, const uint8_t *buf, size_t len, int timeout_ms,
                      Wbproto__Reply **out, wb_err *err);
 
-/* Default per-request timeout: $WB_TIMEOUT_MS when it is a positive number,
- * else 5000. */
+/* Default per-request timeout: $WB_TIMEOUT_MS when wb__rpc_parse_timeout
+ * accepts it, else 5000. */
 int wb__rpc_default_timeout(void);
+
+/* A timeout as text: a decimal number of milliseconds from 1 to 86400000
+ * (a day), nothing else around it. WB_OK with *ms set, else WB_EINVAL. */
+int wb__rpc_parse_timeout(const char *text, int *ms);
 
 /* Monotonic clock in milliseconds. */
 int64_t wb__now_ms(void);

@@ -22,6 +22,7 @@ pkgs=(
   systemd                         # systemd-analyze verify of deploy/wbrokerd.service
   python3-yaml                    # parses the Kubernetes manifests in test_deploy.sh
   util-linux                      # setpriv: clients of another uid in test_auth.sh; unshare, nsenter: pid namespaces in test_pidns.sh
+  zsh                             # checks the zsh completion in test_wbctl.sh
   python3-torch python3-numpy     # the Python package's tests: tensor and array views (CPU torch)
   python3-venv python3-setuptools # pip install ./python into a virtual environment, offline
 )

@@ -111,7 +111,7 @@ check "all(c['model_path'].endswith('.pt2') and c['created_at'] > 1.6e9 for c in
 leases=$(ctl leases --json)
 [ "$(json "all(len(l['container_records']) == 1 and l['shared_bytes'] == 16 and l['shared_buffers'] == 1 and l['containers'] == 1 for l in d) and len(d) == 4" <<<"$leases")" = True ] ||
   fail "each of the 4 leases should carry one container record of 16 bytes: $leases"
-ctl containers | grep -q "CreateWithExternalConstants" || fail "the containers table lacks the api"
+ctl containers -o wide | grep -q "CreateWithExternalConstants" || fail "the wide containers table lacks the api"
 ctl leases | head -n 1 | grep -q "SHARED" || fail "the leases table has no SHARED column"
 
 # A killed worker: its leases are reclaimed and its container disappears;

@@ -38,8 +38,8 @@ perms=$(grep "memfd:wb-slab" "/proc/$W1/maps" | awk '{print $2}' | sort -u)
 [ "$perms" = r--s ] || fail "the worker's memfd mapping is '$perms', expected r--s"
 [ "$(lease_field "$W1" transport) $(lease_field "$W1" access)" = "memfd ro" ] ||
   fail "wbctl leases --json: $(ctl leases --json)"
-ctl leases >"$WB_TMP/leases.out" || fail "wbctl leases failed"
-grep -qE "demo .*memfd +ro" "$WB_TMP/leases.out" || fail "wbctl leases: $(cat "$WB_TMP/leases.out")"
+ctl leases -o wide >"$WB_TMP/leases.out" || fail "wbctl leases -o wide failed"
+grep -qE "demo .*memfd +ro" "$WB_TMP/leases.out" || fail "wbctl leases -o wide: $(cat "$WB_TMP/leases.out")"
 ctl models >"$WB_TMP/models.out" || fail "wbctl models failed"
 grep -qE "demo .*memfd +ro" "$WB_TMP/models.out" || fail "wbctl models: $(cat "$WB_TMP/models.out")"
 

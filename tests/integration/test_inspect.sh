@@ -97,7 +97,7 @@ mkdir "$tmp/emptydir"
 expect_exit 66 "$bin" inspect "$tmp/emptydir" || true
 
 # Misuse and help.
-expect_exit 2 "$bin" inspect && { grep -q "usage: wbctl inspect" "$tmp/err" || fail "usage on stderr"; }
+expect_exit 2 "$bin" inspect && { grep -qx "Try 'wbctl inspect --help'." "$tmp/err" || fail "no pointer to the help on stderr"; }
 expect_exit 2 "$bin" inspect a b || true
 expect_exit 2 "$bin" inspect --frobnicate "$official/gpt2" || true
 if expect_exit 0 "$bin" inspect --help; then

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # `cmake --install` into a temporary prefix: the programs, every public
-# header, the shared and static library, wbclient.pc, the CMake package and
-# the man pages land under it; a small program builds against it with
-# pkg-config and with find_package(wbclient), shared and static, and runs
-# (it prints wb_strerror(WB_EBUSY) and connects to a missing socket); the
+# header, the shared and static library, wbclient.pc, the CMake package, the
+# man pages and the bash and zsh completion land under it; a small program
+# builds against it with pkg-config and with find_package(wbclient), shared
+# and static, and runs (it prints wb_strerror(WB_EBUSY) and connects to a
+# missing socket); the
 # shared library exports only public wb_ symbols; the installed programs
-# run; the man pages format without warnings and document every option.
+# run, and the installed completion completes them; the man pages format
+# without warnings and document every option.
 source "$(dirname "$0")/lib.sh"
 
 : "${WB_SOURCE_DIR:?WB_SOURCE_DIR must name the source tree}"
@@ -29,7 +31,9 @@ LIBDIR=$(pkg-config --variable=libdir wbclient) || fail "pkg-config cannot read 
   fail "wbclient.pc's version is not the broker's"
 
 for f in sbin/wbrokerd bin/wbctl bin/wb-demo-worker share/man/man8/wbrokerd.8 share/man/man1/wbctl.1 \
-  share/doc/weightbroker/examples/wbroker.conf share/doc/weightbroker/examples/wbrokerd.service; do
+  share/doc/weightbroker/examples/wbroker.conf share/doc/weightbroker/examples/wbrokerd.service \
+  share/bash-completion/completions/wbctl share/bash-completion/completions/wbrokerd \
+  share/zsh/vendor-completions/_wbctl share/zsh/vendor-completions/_wbrokerd; do
   [ -e "$PREFIX/$f" ] || fail "$f was not installed"
 done
 for h in "$WB_SOURCE_DIR"/include/wb/*.h; do
@@ -52,6 +56,27 @@ grep -q '^wb__' "$WB_TMP/exports" && fail "libwbclient.so exports internal wb__ 
 # The installed programs run.
 "$PREFIX/sbin/wbrokerd" --version >"$WB_TMP/version.out" 2>&1 || fail "the installed wbrokerd does not run"
 "$PREFIX/bin/wbctl" --help >/dev/null 2>&1 || fail "the installed wbctl does not run"
+# The installed bash completion works with the installed programs: it
+# registers itself for the program's name and reads the program's --help.
+for prog in bin/wbctl:leases:lea sbin/wbrokerd:--backend:--ba; do
+  IFS=: read -r bin want word <<<"$prog"
+  got=$(bash -c 'source "$1"; name=$(basename "$2")
+complete -p "$name" >/dev/null || exit 1
+fn=$(complete -p "$name" | sed "s/.*-F \([^ ]*\) .*/\1/")
+COMP_WORDS=("$2" "$3"); COMP_CWORD=1; "$fn"; echo "${COMPREPLY[*]}"' _ \
+    "$PREFIX/share/bash-completion/completions/$(basename "$bin")" "$PREFIX/$bin" "$word") ||
+    fail "the installed bash completion of $(basename "$bin") does not register"
+  [ "$got" = "$want" ] || fail "the installed bash completion of '$(basename "$bin") $word' offers '$got', not '$want'"
+done
+if command -v zsh >/dev/null; then
+  for f in _wbctl _wbrokerd; do
+    zsh -n "$PREFIX/share/zsh/vendor-completions/$f" || fail "the installed $f does not parse in zsh"
+    head -n 1 "$PREFIX/share/zsh/vendor-completions/$f" | grep -qx "#compdef ${f#_}" ||
+      fail "the installed $f does not name its program"
+  done
+else
+  log "!!! zsh is not installed: the zsh completion was NOT checked"
+fi
 # The example worker finds the installed libwbclient.so by itself.
 env -u LD_LIBRARY_PATH "$PREFIX/bin/wb-demo-worker" --help >/dev/null 2>&1 ||
   fail "the installed wb-demo-worker does not run: $(env -u LD_LIBRARY_PATH "$PREFIX/bin/wb-demo-worker" --help 2>&1 | head -n 3)"

@@ -51,7 +51,7 @@ grep -q "loading plain" "$WB_TMP/plain.out" "$WB_TMP/plain.err" &&
   fail "wbctl load drew a progress bar on a pipe"
 grep -q $'\r' "$WB_TMP/plain.out" && fail "wbctl load wrote a carriage return on a pipe"
 grep -q "^plain  *ready  *host " "$WB_TMP/plain.out" || fail "load printed: $(cat "$WB_TMP/plain.out")"
-grep -q "^load: direct, [1-3] threads\?; read [0-9.]* GB/s, hash [0-9.]* GB/s$" "$WB_TMP/plain.out" ||
+grep -qE "^load: direct, [1-3] threads?; read [0-9.]+ (B|KiB|MiB|GiB|TiB)/s, hash [0-9.]+ (B|KiB|MiB|GiB|TiB)/s$" "$WB_TMP/plain.out" ||
   fail "load printed no stages line: $(cat "$WB_TMP/plain.out")"
 
 # One greppable line per stage in the broker's log.

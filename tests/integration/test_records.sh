@@ -80,8 +80,11 @@ output_has evil "heartbeat status=0" || fail "evil: $(cat "$WB_TMP/evil.out")"
 evil=$LAST_PID
 forge odd dup --comm $'odd\xff\xfename'
 odd=$LAST_PID
-for what in leases containers; do
-  ctl "$what" >"$WB_TMP/$what.tab" 2>&1 || fail "wbctl $what failed"
+for what in leases containers leases_wide containers_wide; do
+  # "leases_wide" is `wbctl leases -o wide`.
+  args=("${what%_wide}")
+  [ "$what" = "${what%_wide}" ] || args+=(-o wide)
+  ctl "${args[@]}" >"$WB_TMP/$what.tab" 2>&1 || fail "wbctl ${args[*]} failed"
   if LC_ALL=C grep -q $'[\x01-\x09\x0b-\x1f\x7f]' "$WB_TMP/$what.tab"; then
     fail "wbctl $what printed control bytes: $(od -c "$WB_TMP/$what.tab" | grep -F '033' | head -n 3)"
   fi
@@ -94,8 +97,8 @@ for what in leases containers; do
   grep -qF '\x1b[31mX\x0aFORGED\x07' "$WB_TMP/$what.tab" || fail "wbctl $what: the process name is not shown escaped"
   grep -q '^FORGED' "$WB_TMP/$what.tab" && fail "wbctl $what: a forged line"
 done
-grep -qF '/m/\x1b]0;owned\x07\x1b[31mred\x0aFORGED LINE\x0d\xc2\x9b\u{202e}exe.\u{200b}pt2' "$WB_TMP/containers.tab" ||
-  fail "wbctl containers: the model path is not shown escaped: $(grep -a owned "$WB_TMP/containers.tab")"
+grep -qF '/m/\x1b]0;owned\x07\x1b[31mred\x0aFORGED LINE\x0d\xc2\x9b\u{202e}exe.\u{200b}pt2' "$WB_TMP/containers_wide.tab" ||
+  fail "wbctl containers -o wide: the model path is not shown escaped: $(grep -a owned "$WB_TMP/containers_wide.tab")"
 grep -q $'^[0-9a-f]\{8\}  *demo  *[0-9]*  *odd\xef\xbf\xbd\xef\xbf\xbdname  ' "$WB_TMP/leases.tab" ||
   fail "wbctl leases: the process name that is not UTF-8: $(grep -a odd "$WB_TMP/leases.tab")"
 [ "$(wc -l <"$WB_TMP/leases.tab")" = 12 ] || fail "wbctl leases: $(wc -l <"$WB_TMP/leases.tab") lines, expected 12"

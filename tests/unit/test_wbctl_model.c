@@ -95,6 +95,15 @@ static void assert_inert(const char *out)
 static void print_rows(const Wbproto__ModelInfo *m)
 {
     wbctl_table t = {.ncols = WBCTL_MODEL_COLUMNS};
+    wbctl_model_header(&t);
+    wbctl_model_row(&t, m);
+    wbctl_table_print(&t);
+}
+
+static void print_rows_wide(const Wbproto__ModelInfo *m)
+{
+    wbctl_table t = {.ncols = WBCTL_MODEL_COLUMNS, .wide = 1};
+    wbctl_model_header(&t);
     wbctl_model_row(&t, m);
     wbctl_table_print(&t);
 }
@@ -117,8 +126,7 @@ START_TEST(test_stages_escaped)
     hostile_init(&h);
     char *out = capture(wbctl_print_stages, &h.m);
     assert_inert(out);
-    ck_assert_str_eq(out,
-                     "load: staged" HOSTILE_SHOWN ", 4 threads; read 0.00 GB/s, hash 0.00 GB/s\n");
+    ck_assert_str_eq(out, "load: staged" HOSTILE_SHOWN ", 4 threads; read 0 B/s, hash 0 B/s\n");
     free(out);
 }
 END_TEST
@@ -129,13 +137,65 @@ START_TEST(test_rows_escaped)
     hostile_init(&h);
     char *out = capture(print_rows, &h.m);
     assert_inert(out);
-    /* One row per device, each line one row. */
+    /* The header and one row per device, each line one row. */
     size_t lines = 0;
     for (const char *p = out; (p = strchr(p, '\n')); p++)
         lines++;
-    ck_assert_uint_eq(lines, 2);
+    ck_assert_uint_eq(lines, 3);
     ck_assert_ptr_nonnull(strstr(out, "m" HOSTILE_SHOWN "  ready"));
     ck_assert_ptr_nonnull(strstr(out, "cuda-ipc" HOSTILE_SHOWN "  rw" HOSTILE_SHOWN "\n"));
+    free(out);
+    /* -o wide adds the path, escaped as well. */
+    out = capture(print_rows_wide, &h.m);
+    assert_inert(out);
+    ck_assert_ptr_nonnull(strstr(out, "rw" HOSTILE_SHOWN "  /models/" HOSTILE_SHOWN "\n"));
+    free(out);
+}
+END_TEST
+
+/* A stage line on a real load: sizes and rates in IEC units, GiB/s. */
+START_TEST(test_stages_units)
+{
+    Wbproto__ModelInfo m;
+    wbproto__model_info__init(&m);
+    m.load_mode = "staged";
+    m.read_threads = 1;
+    m.staging_buffers = 64;
+    m.staging_buffer_bytes = 2 << 20;
+    m.read_gbps = 12.5;
+    m.hash_gbps = 1.0;
+    m.copy_seconds = 0.5;
+    m.copy_gbps = 25;
+    char *out = capture(wbctl_print_stages, &m);
+    ck_assert_str_eq(out, "load: staged, 1 thread, 64 x 2.0 MiB pinned staging; read 11.6 GiB/s, "
+                          "hash 953.7 MiB/s, copy 23.3 GiB/s\n");
+    free(out);
+}
+END_TEST
+
+/* The default header and the wide one, as the man page shows them. */
+START_TEST(test_headers)
+{
+    Wbproto__ModelInfo m;
+    wbproto__model_info__init(&m);
+    m.name = "base";
+    m.path = "/models/base";
+    m.state = WBPROTO__MODEL_STATE__MODEL_LOADING;
+    m.backend = WBPROTO__BACKEND__BACKEND_HOST;
+    m.device = -1;
+    m.bytes = 2147483648ull;
+    m.loaded_bytes = m.bytes / 4;
+    char *out = capture(print_rows, &m);
+    ck_assert_str_eq(out,
+                     "NAME  STATE        BACKEND  DEVICE  TENSORS  SIZE     LEASES  SLAB  ACCESS\n"
+                     "base  loading 25%  host     -1      0        2.0 GiB  0       -     -\n");
+    free(out);
+    out = capture(print_rows_wide, &m);
+    ck_assert_str_eq(out,
+                     "NAME  STATE        BACKEND  DEVICE  TENSORS  SIZE     LEASES  LOAD_S  RATE  "
+                     "SLAB  ACCESS  PATH\n"
+                     "base  loading 25%  host     -1      0        2.0 GiB  0       -       -     "
+                     "-     -       /models/base\n");
     free(out);
 }
 END_TEST
@@ -179,6 +239,8 @@ int main(void)
     tcase_add_test(tc, test_failures_escaped);
     tcase_add_test(tc, test_stages_escaped);
     tcase_add_test(tc, test_rows_escaped);
+    tcase_add_test(tc, test_stages_units);
+    tcase_add_test(tc, test_headers);
     tcase_add_test(tc, test_json_exact);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

@@ -3,7 +3,9 @@
  * a row object reused from row to row (wbctl_jrow) dumps exactly as a fresh
  * object built with json_object_set_new would: hostile strings (quotes,
  * backslashes, control bytes, invalid UTF-8), keys present in some rows only
- * (a session, a real that is not finite), nested arrays, all in any order. */
+ * (a session, a real that is not finite), nested arrays, all in any order.
+ * Reals print as what they were rounded to; sizes and rates read in IEC
+ * units; a table hides its wide-only columns unless it is wide. */
 #include "wbctl_out.h"
 
 #include "wbctl.h"
@@ -17,7 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define FLAGS (JSON_INDENT(2) | JSON_PRESERVE_ORDER)
+#define FLAGS WBCTL_JSON_FLAGS
 
 /* What wbctl printed for a whole array before: json_dumps and puts. */
 static char *dump_whole(json_t *arr)
@@ -343,6 +345,138 @@ START_TEST(test_table_escapes_cells)
 }
 END_TEST
 
+/* What fn(arg) printed on stdout. */
+static char *capture_stdout(void (*fn)(void *), void *arg)
+{
+    fflush(stdout);
+    FILE *tmp = tmpfile();
+    ck_assert_ptr_nonnull(tmp);
+    int saved = dup(STDOUT_FILENO);
+    ck_assert_int_ge(saved, 0);
+    ck_assert_int_ge(dup2(fileno(tmp), STDOUT_FILENO), 0);
+    fn(arg);
+    fflush(stdout);
+    ck_assert_int_ge(dup2(saved, STDOUT_FILENO), 0);
+    close(saved);
+    long n = ftell(tmp);
+    ck_assert_int_ge(n, 0);
+    char *out = calloc(1, (size_t)n + 1);
+    ck_assert_ptr_nonnull(out);
+    rewind(tmp);
+    ck_assert_uint_eq(fread(out, 1, (size_t)n, tmp), (size_t)n);
+    fclose(tmp);
+    return out;
+}
+
+START_TEST(test_fmt_size)
+{
+    static const struct {
+        uint64_t bytes;
+        const char *text;
+    } cases[] = {
+        {0, "0 B"},
+        {1, "1 B"},
+        {512, "512 B"},
+        {1023, "1023 B"},
+        {1024, "1.0 KiB"},
+        {1536, "1.5 KiB"},
+        {126464, "123.5 KiB"},
+        /* 1023.999 KiB would round to "1024.0 KiB": the next unit. */
+        {1048575, "1.0 MiB"},
+        {1048576, "1.0 MiB"},
+        {1288490189, "1.2 GiB"},
+        {2147483648ull, "2.0 GiB"},
+        {1099511627776ull, "1.0 TiB"},
+        {1125899906842624ull, "1.0 PiB"},
+        {UINT64_MAX, "16.0 EiB"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char buf[32];
+        ck_assert_ptr_eq(wbctl_fmt_size(buf, sizeof buf, cases[i].bytes), buf);
+        ck_assert_msg(strcmp(buf, cases[i].text) == 0, "%llu bytes: '%s', want '%s'",
+                      (unsigned long long)cases[i].bytes, buf, cases[i].text);
+    }
+}
+END_TEST
+
+START_TEST(test_fmt_rate)
+{
+    char buf[32];
+    ck_assert_str_eq(wbctl_fmt_rate(buf, sizeof buf, 0), "0 B/s");
+    ck_assert_str_eq(wbctl_fmt_rate(buf, sizeof buf, -5), "0 B/s");
+    ck_assert_str_eq(wbctl_fmt_rate(buf, sizeof buf, NAN), "0 B/s");
+    ck_assert_str_eq(wbctl_fmt_rate(buf, sizeof buf, 999.4), "999 B/s");
+    ck_assert_str_eq(wbctl_fmt_rate(buf, sizeof buf, 1.5 * 1024 * 1024 * 1024), "1.5 GiB/s");
+    /* The broker's GB/s are 10^9 bytes a second. */
+    ck_assert_str_eq(wbctl_fmt_gbps(buf, sizeof buf, 1.0), "953.7 MiB/s");
+    ck_assert_str_eq(wbctl_fmt_gbps(buf, sizeof buf, 12.5), "11.6 GiB/s");
+}
+END_TEST
+
+static void print_reals(void *arg)
+{
+    (void)arg;
+    json_t *o = json_object();
+    json_object_set_new(o, "tenth", json_real(0.1));
+    json_object_set_new(o, "sum", json_real(0.1 + 0.2));
+    json_object_set_new(o, "secs", json_real(wbctl_round_secs(12.3456789)));
+    json_object_set_new(o, "tiny", json_real(wbctl_round_secs(0.0000004)));
+    json_object_set_new(o, "time", json_real(wbctl_round_time(1764500000.1234567)));
+    json_object_set_new(o, "third", json_real(1.0 / 3));
+    json_object_set_new(o, "bytes", json_integer(2147483648ll));
+    ck_assert_int_eq(wbctl_print_json(o), 0);
+}
+
+/* Reals print as the value they stand for: 0.1, never 0.10000000000000001;
+ * seconds to the microsecond, times to the millisecond; integers exact. */
+START_TEST(test_json_reals)
+{
+    char *out = capture_stdout(print_reals, NULL);
+    ck_assert_str_eq(out, "{\n"
+                          "  \"tenth\": 0.1,\n"
+                          "  \"sum\": 0.3,\n"
+                          "  \"secs\": 12.345679,\n"
+                          "  \"tiny\": 0.0,\n"
+                          "  \"time\": 1764500000.123,\n"
+                          "  \"third\": 0.333333333333333,\n"
+                          "  \"bytes\": 2147483648\n"
+                          "}\n");
+    free(out);
+}
+END_TEST
+
+static const wbctl_column COLS[] = {{"NAME", 0}, {"EXTRA", 1}, {"SIZE", 0}, {"TAIL", 1}};
+
+static void print_table(void *arg)
+{
+    wbctl_table t = {.wide = *(int *)arg};
+    wbctl_table_columns(&t, COLS, 4);
+    ck_assert_uint_eq(t.ncols, 4);
+    wbctl_table_add(&t, "alpha", "x", "2.0 GiB", "last");
+    wbctl_table_add(&t, "b", "longer extra", "512 B", "-");
+    wbctl_table_print(&t);
+    ck_assert_uint_eq(t.nrows, 0);
+}
+
+/* The default view leaves the wide-only columns out (their widths too) and
+ * pads no column after the last one shown; -o wide shows them all. */
+START_TEST(test_table_wide_columns)
+{
+    int wide = 0;
+    char *out = capture_stdout(print_table, &wide);
+    ck_assert_str_eq(out, "NAME   SIZE\n"
+                          "alpha  2.0 GiB\n"
+                          "b      512 B\n");
+    free(out);
+    wide = 1;
+    out = capture_stdout(print_table, &wide);
+    ck_assert_str_eq(out, "NAME   EXTRA         SIZE     TAIL\n"
+                          "alpha  x             2.0 GiB  last\n"
+                          "b      longer extra  512 B    -\n");
+    free(out);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("wbctl_out");
@@ -354,6 +488,10 @@ int main(void)
     tcase_add_test(tc, test_escape);
     tcase_add_test(tc, test_escape_worst_case);
     tcase_add_test(tc, test_table_escapes_cells);
+    tcase_add_test(tc, test_fmt_size);
+    tcase_add_test(tc, test_fmt_rate);
+    tcase_add_test(tc, test_json_reals);
+    tcase_add_test(tc, test_table_wide_columns);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

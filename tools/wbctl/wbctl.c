@@ -1,7 +1,10 @@
 /* wbctl: the weightbroker admin CLI. */
 #include "wbctl.h"
 
+#include "buildinfo.h"
 #include "log.h"
+#include "names.h"
+#include "wbctl_call.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -26,26 +29,78 @@ static const struct wbctl_cmd commands[] = {
     {"cancel", wbctl_cancel, "stop a model's load in progress"},
     {"stats", wbctl_stats, "print the broker's counters"},
     {"inspect", wbctl_inspect, "print the tensor table of a safetensors checkpoint"},
+    {"version", wbctl_version, "print wbctl's version (as --version)"},
 };
+
+#define N_COMMANDS (sizeof commands / sizeof commands[0])
 
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: wbctl [--socket PATH] [--timeout-ms MS] COMMAND [ARGS]\n\n"
+    fprintf(out, "usage: wbctl [OPTIONS] COMMAND [ARGS]\n\n"
                  "commands:\n");
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    for (size_t i = 0; i < N_COMMANDS; i++)
         fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
-    fprintf(out, "\noptions (before the command):\n"
+    fprintf(out, "\noptions (before or after the command):\n"
                  "  --socket PATH      the broker's socket (see below)\n"
-                 "  --timeout-ms MS    how long to wait for each reply (default $WB_TIMEOUT_MS,\n"
-                 "                     else 5000); load waits while the broker loads,\n"
-                 "                     or up to MS when given\n"
+                 "  --timeout-ms MS    how long to wait for each reply, 1 to 86400000 (default\n"
+                 "                     $WB_TIMEOUT_MS, else 5000); load waits while the broker\n"
+                 "                     loads, or up to MS when given\n"
+                 "  --json, -o json    print JSON (for programs) instead of a table\n"
+                 "  -o wide, --output wide\n"
+                 "                     models, leases, containers: every column\n"
+                 "  --version          print the version and exit\n"
                  "  -h, --help         print this help\n");
-    fprintf(out, "\nRun 'wbctl COMMAND --help' for a command's options.\n"
+    fprintf(out, "\nRun 'wbctl COMMAND --help' for a command's options. models, leases and\n"
+                 "containers take a model name (MODEL, or --model MODEL) to list its rows only.\n"
                  "The socket is --socket, else $WB_SOCKET, else "
                  "$XDG_RUNTIME_DIR/wbroker/broker.sock (root: /run/wbroker/broker.sock).\n"
-                 "Exit codes: 0 ok, 1 refused by the broker, 2 misuse, 65 malformed input,\n"
-                 "66 missing input, 69 no broker answers, 75 load stopped waiting (the load\n"
-                 "goes on in the broker), 130 interrupted.\n");
+                 "Exit codes: 0 ok, 1 refused by the broker, 2 misuse (the broker's WB_EINVAL\n"
+                 "included), 65 malformed input, 66 missing input, 69 no broker answers,\n"
+                 "74 a read error, 75 stopped waiting (the operation goes on in the broker),\n"
+                 "77 permission denied on the socket, 130 interrupted.\n");
+}
+
+/* The command names, for the messages that list them. */
+static void command_names(const char **names)
+{
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        names[i] = commands[i].name;
+}
+
+static int unknown_command(const char *name)
+{
+    const char *names[N_COMMANDS];
+    command_names(names);
+    /* The one command the name begins ("lea"), else the nearest by edits. */
+    const char *near = NULL;
+    size_t starts = 0, len = strlen(name);
+    for (size_t i = 0; len && i < N_COMMANDS; i++) {
+        if (strncmp(names[i], name, len) == 0) {
+            near = names[i];
+            starts++;
+        }
+    }
+    if (starts != 1)
+        near = wb__names_closest(name, names, N_COMMANDS);
+    char *shown = wbctl_escape(name);
+    int rc = near ? wbctl_misuse(NULL, "unknown command '%s'; did you mean '%s'?",
+                                 shown ? shown : "?", near)
+                  : wbctl_misuse(NULL, "unknown command '%s'", shown ? shown : "?");
+    free(shown);
+    return rc;
+}
+
+/* Tables are printed as they are made: whatever did not reach stdout (a
+ * full disk, a closed pipe) fails the command here. */
+static int finish(int rc)
+{
+    int flushed = fflush(stdout) == 0;
+    int e = errno;
+    if (rc == WBCTL_EXIT_OK && (!flushed || ferror(stdout))) {
+        fprintf(stderr, "wbctl: writing the output: %s\n", strerror(flushed ? EIO : e));
+        return WBCTL_EXIT_REFUSED;
+    }
+    return rc;
 }
 
 int main(int argc, char **argv)
@@ -54,60 +109,63 @@ int main(int argc, char **argv)
     static const struct option opts[] = {
         {"socket", required_argument, NULL, 's'},
         {"timeout-ms", required_argument, NULL, 't'},
+        {"json", no_argument, NULL, 'j'},
+        {"output", required_argument, NULL, 'o'},
+        {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     wb__log_set_prog("wbctl");
     wb__log_set_level(WB_LOG_WARN);
-    /* "+": stop at the first non-option, the subcommand. */
+    /* "+": stop at the first non-option, the subcommand, whose own parser
+     * takes the global options too (wbctl_parse). */
+    opterr = 0;
     int c;
-    while ((c = getopt_long(argc, argv, "+h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "+:ho:", opts, NULL)) != -1) {
         switch (c) {
-        case 's':
-            g.socket_path = optarg;
-            break;
-        case 't': {
-            char *end;
-            long v = strtol(optarg, &end, 10);
-            if (*end || v <= 0 || v > 86400000) {
-                fprintf(stderr, "wbctl: --timeout-ms: expected a positive number, got '%s'\n",
-                        optarg);
-                return WBCTL_EXIT_USAGE;
-            }
-            g.timeout_ms = (int)v;
-            break;
-        }
         case 'h':
             usage(stdout);
-            return WBCTL_EXIT_OK;
-        default:
-            usage(stderr);
-            return WBCTL_EXIT_USAGE;
+            return finish(WBCTL_EXIT_OK);
+        case 'V':
+            wb__print_version(stdout, "wbctl", NULL);
+            return finish(WBCTL_EXIT_OK);
+        case ':':
+            return wbctl_misuse(NULL, "option '%s' needs an argument", argv[optind - 1]);
+        case '?':
+            if (optopt)
+                return wbctl_misuse(NULL, "unknown option '-%c'", optopt);
+            return wbctl_misuse(NULL, "unknown option '%s'", argv[optind - 1]);
+        default: {
+            int rc = wbctl_global_option(&g, c, optarg, NULL);
+            if (rc >= 0)
+                return rc;
+        }
         }
     }
     if (optind >= argc) {
-        usage(stderr);
-        return WBCTL_EXIT_USAGE;
+        const char *names[N_COMMANDS];
+        command_names(names);
+        char list[256] = "";
+        size_t used = 0;
+        for (size_t i = 0; i < N_COMMANDS && used < sizeof list; i++) {
+            int w = snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "", names[i]);
+            used += w > 0 ? (size_t)w : 0;
+        }
+        return wbctl_misuse(NULL, "missing command (one of: %s)", list);
     }
     const char *name = argv[optind];
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
-        if (strcmp(name, commands[i].name) == 0) {
-            int sub_argc = argc - optind;
-            char **sub_argv = argv + optind;
-            optind = 0; /* reset getopt for the subcommand */
-            int rc = commands[i].fn(&g, sub_argc, sub_argv);
-            /* Tables are printed as they are made: whatever did not reach
-             * stdout (a full disk, a closed pipe) fails the command here. */
-            int flushed = fflush(stdout) == 0;
-            int e = errno;
-            if (rc == WBCTL_EXIT_OK && (!flushed || ferror(stdout))) {
-                fprintf(stderr, "wbctl: writing the output: %s\n", strerror(flushed ? EIO : e));
-                return WBCTL_EXIT_REFUSED;
-            }
-            return rc;
-        }
+    for (size_t i = 0; i < N_COMMANDS; i++) {
+        if (strcmp(name, commands[i].name) != 0)
+            continue;
+        int sub_argc = argc - optind;
+        char **sub_argv = argv + optind;
+        optind = 0; /* reset getopt for the subcommand */
+        wbctl_bind_globals(&g);
+        int rc = finish(commands[i].fn(&g, sub_argc, sub_argv));
+        /* Every misuse ends the same way, whoever found it. */
+        if (rc == WBCTL_EXIT_USAGE && !wbctl_misuse_shown())
+            fprintf(stderr, "Try 'wbctl %s --help'.\n", name);
+        return rc;
     }
-    fprintf(stderr, "wbctl: unknown command '%s'\n", name);
-    usage(stderr);
-    return WBCTL_EXIT_USAGE;
+    return unknown_command(name);
 }

@@ -3,33 +3,33 @@
 #include "wbctl.h"
 
 #include "safetensors.h"
+#include "wbctl_call.h"
 
 #include <jansson.h>
 
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* sysexits: an I/O error and an internal failure. */
-#define EXIT_IOERR    74
+/* sysexits: an internal failure. */
 #define EXIT_SOFTWARE 70
 
-static void usage(FILE *out)
-{
-    fprintf(out,
-            "usage: wbctl inspect [--json] PATH\n\n"
-            "Validates a safetensors checkpoint and prints its tensor table. PATH is a\n"
-            ".safetensors file, a model.safetensors.index.json, or a directory holding\n"
-            "one of those (the index first).\n\n"
-            "  --json     print {\"metadata\": {...}, \"tensors\": [{\"name\", \"dtype\",\n"
-            "             \"shape\", \"file\", \"offset\", \"nbytes\"}]}; offsets are absolute\n"
-            "             byte offsets in the file\n"
-            "  -h, --help print this help\n\n"
-            "Exit codes: 0 valid, 2 misuse, 65 malformed checkpoint, 66 missing file,\n"
-            "74 read error.\n");
-}
+static const wbctl_spec spec = {
+    .synopsis = "inspect [--json] PATH",
+    .about =
+        "Validates a safetensors checkpoint and prints its tensor table. PATH is a\n"
+        ".safetensors file, a model.safetensors.index.json, or a directory holding\n"
+        "one of those (the index first). Needs no broker.\n\n"
+        "--json prints {\"metadata\": {...}, \"tensors\": [{\"name\", \"dtype\", \"shape\",\n"
+        "\"file\", \"offset\", \"nbytes\"}]}; offsets are absolute byte offsets in the file.\n\n"
+        "Exit codes: 0 valid, 2 misuse, 65 malformed checkpoint, 66 missing file,\n"
+        "74 read error.",
+    .min_args = 1,
+    .max_args = 1,
+    .arg_names = (const char *const[]){"PATH"},
+    .flags = WBCTL_LOCAL,
+};
 
 static int exit_code(int status)
 {
@@ -39,7 +39,7 @@ static int exit_code(int status)
     case WB_ENOTFOUND:
         return WBCTL_EXIT_NOINPUT;
     case WB_EIO:
-        return EXIT_IOERR;
+        return WBCTL_EXIT_IOERR;
     case WB_EINVAL:
         return WBCTL_EXIT_USAGE;
     default:
@@ -170,36 +170,16 @@ fail:
 int wbctl_inspect(const wbctl_globals *g, int argc, char **argv)
 {
     (void)g;
-    static const struct option opts[] = {
-        {"json", no_argument, NULL, 'j'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    int as_json = 0, c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'j':
-            as_json = 1;
-            break;
-        case 'h':
-            usage(stdout);
-            return WBCTL_EXIT_OK;
-        default:
-            usage(stderr);
-            return WBCTL_EXIT_USAGE;
-        }
-    }
-    if (argc - optind != 1) {
-        fprintf(stderr, "wbctl: inspect: %s\n",
-                argc - optind < 1 ? "missing PATH" : "expected exactly one PATH");
-        usage(stderr);
-        return WBCTL_EXIT_USAGE;
-    }
-    const char *path = argv[optind];
+    wbctl_args args;
+    int rc = wbctl_parse(argc, argv, &spec, &args);
+    if (rc >= 0)
+        return rc;
+    int as_json = args.output == WBCTL_OUT_JSON;
+    const char *path = args.pos[0];
 
     wb_err err = {0};
     wb_st_table *t = NULL;
-    int rc = wb__st_open(path, &t, &err);
+    rc = wb__st_open(path, &t, &err);
     if (rc != WB_OK) {
         fprintf(stderr, "wbctl: inspect: %s\n", err.msg);
         return exit_code(rc);
@@ -212,7 +192,7 @@ int wbctl_inspect(const wbctl_globals *g, int argc, char **argv)
             code = EXIT_SOFTWARE;
         } else {
             if (json_dumpf(root, stdout, JSON_INDENT(2)) != 0)
-                code = EXIT_IOERR;
+                code = WBCTL_EXIT_IOERR;
             fputc('\n', stdout);
             json_decref(root);
         }
@@ -222,7 +202,7 @@ int wbctl_inspect(const wbctl_globals *g, int argc, char **argv)
     wb__st_table_free(&t);
     if (fflush(stdout) != 0 || ferror(stdout)) {
         perror("wbctl: inspect: writing the output");
-        code = EXIT_IOERR;
+        code = WBCTL_EXIT_IOERR;
     }
     return code;
 }

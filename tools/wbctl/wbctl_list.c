@@ -42,16 +42,15 @@ static uint32_t next_offset(const Wbproto__Reply *rep)
     }
 }
 
-/* Parses a listing's options (--json, --help; no arguments) and fetches
- * every page of request `body`. Returns -1 with the pages in *out, else the
- * exit code. */
+/* Parses a listing's options (spec) into *args and fetches every page of
+ * request `body`. Returns -1 with the pages in *out, else the exit code. */
 static int list_fetch(const wbctl_globals *g, int argc, char **argv, const char *op,
-                      const char *synopsis, const char *about, Wbproto__Request__BodyCase body,
-                      int *json, pages *out)
+                      const wbctl_spec *spec, Wbproto__Request__BodyCase body, wbctl_args *args,
+                      pages *out)
 {
     out->reps = NULL;
     out->n = 0;
-    int rc = wbctl_parse_args(argc, argv, synopsis, about, 0, NULL, json, NULL);
+    int rc = wbctl_parse(argc, argv, spec, args);
     if (rc >= 0)
         return rc;
     /* One connection for every page: a connection is a ZeroMQ context
@@ -103,6 +102,12 @@ static int list_fetch(const wbctl_globals *g, int argc, char **argv, const char 
     return -1;
 }
 
+/* Whether a row of model `name` passes the MODEL filter (NULL: all do). */
+static int wanted(const char *filter, const char *name)
+{
+    return !filter || (name && strcmp(filter, name) == 0);
+}
+
 /* Ends a listing: frees its pages and prints the JSON array or the table. */
 static int list_print(pages *pg, int json, wbctl_json_array *arr, wbctl_table *t)
 {
@@ -115,21 +120,30 @@ static int list_print(pages *pg, int json, wbctl_json_array *arr, wbctl_table *t
 
 int wbctl_models(const wbctl_globals *g, int argc, char **argv)
 {
-    int json;
+    static const wbctl_spec spec = {
+        .synopsis = "models [MODEL] [-o wide] [--json]",
+        .about = "Lists the broker's models: state (with how far a load got), backend, device,\n"
+                 "tensors, size, leases, and how clients reach the slab (SLAB) with what\n"
+                 "access; -o wide adds how long each load took, how fast, and the path. A\n"
+                 "model on devices has one row per device.",
+        .flags = WBCTL_TAKES_WIDE | WBCTL_TAKES_MODEL,
+    };
+    wbctl_args args;
     pages pg;
-    int rc = list_fetch(g, argc, argv, "models", "models [--json]",
-                        "Lists the broker's models: state, backend, size, leases and how fast "
-                        "each was loaded; a model on devices has one row per device.",
-                        WBPROTO__REQUEST__BODY_LIST_MODELS, &json, &pg);
+    int rc =
+        list_fetch(g, argc, argv, "models", &spec, WBPROTO__REQUEST__BODY_LIST_MODELS, &args, &pg);
     if (rc >= 0)
         return rc;
+    int json = args.output == WBCTL_OUT_JSON;
     const Wbproto__ListModelsReply *lm = pg.reps[0]->list_models;
     wbctl_json_array arr;
     wbctl_json_array_init(&arr);
-    wbctl_table t = {.ncols = WBCTL_MODEL_COLUMNS};
+    wbctl_table t = {.ncols = WBCTL_MODEL_COLUMNS, .wide = args.output == WBCTL_OUT_WIDE};
     if (!json)
         wbctl_model_header(&t);
     for (size_t i = 0; i < lm->n_models; i++) {
+        if (!wanted(args.model, lm->models[i]->name))
+            continue;
         if (json)
             wbctl_json_array_add(&arr, wbctl_model_json(lm->models[i]));
         else
@@ -139,8 +153,10 @@ int wbctl_models(const wbctl_globals *g, int argc, char **argv)
         return list_print(&pg, json, &arr, &t);
     wbctl_table_print(&t);
     /* Why a copy failed, under the table (the others serve). */
-    for (size_t i = 0; i < lm->n_models; i++)
-        wbctl_model_failures(lm->models[i]);
+    for (size_t i = 0; i < lm->n_models; i++) {
+        if (wanted(args.model, lm->models[i]->name))
+            wbctl_model_failures(lm->models[i]);
+    }
     pages_free(&pg);
     return WBCTL_EXIT_OK;
 }
@@ -174,7 +190,7 @@ static json_t *record_json(const Wbproto__ContainerRecord *r)
                         bindings_json(r->leased_constants, r->aliased_constants,
                                       r->caller_constants, r->package_constants,
                                       r->folded_constants, r->unbound_constants, r->package_bytes));
-    json_object_set_new(o, "created_at", json_real(r->created_at));
+    json_object_set_new(o, "created_at", json_real(wbctl_round_time(r->created_at)));
     json_object_set_new(o, "model_path", wbctl_jstr(r->model_path));
     return o;
 }
@@ -211,9 +227,9 @@ static json_t *lease_json(wbctl_jrow *r, const Wbproto__LeaseInfo *l, const char
         {"device", WBCTL_JINT, .v.i = l->device},
         {"device_uuid", WBCTL_JSTR, .v.s = l->device_uuid},
         {"bytes", WBCTL_JINT, .v.i = (json_int_t)l->bytes},
-        {"granted_at", WBCTL_JREAL, .v.d = l->granted_at},
-        {"last_heartbeat", WBCTL_JREAL, .v.d = l->last_heartbeat},
-        {"age_seconds", WBCTL_JREAL, .v.d = age},
+        {"granted_at", WBCTL_JREAL, .v.d = wbctl_round_time(l->granted_at)},
+        {"last_heartbeat", WBCTL_JREAL, .v.d = wbctl_round_time(l->last_heartbeat)},
+        {"age_seconds", WBCTL_JREAL, .v.d = wbctl_round_secs(age)},
         {"container_records", WBCTL_JNEW, .v.j = recs},
         {"container_records_total", WBCTL_JINT, .v.i = l->container_records_total},
         {"shared_buffers", WBCTL_JINT, .v.i = (json_int_t)shared_tensors},
@@ -222,29 +238,47 @@ static json_t *lease_json(wbctl_jrow *r, const Wbproto__LeaseInfo *l, const char
     return wbctl_jrow_set(r, f, sizeof f / sizeof f[0]);
 }
 
+/* The leases table: the default view answers who holds which model, with
+ * how many containers and shared buffers, in what state and since when;
+ * -o wide adds the holder's ids, the slabs and bytes held, the last
+ * heartbeat and how the slab is reached. */
+static const wbctl_column lease_columns[] = {
+    {"ID", 0},        {"MODEL", 0},      {"PID", 0},    {"PROCESS", 0}, {"UID", 1},  {"GID", 1},
+    {"STATE", 0},     {"CONTAINERS", 0}, {"SHARED", 0}, {"SLABS", 1},   {"SIZE", 1}, {"AGE", 0},
+    {"HEARTBEAT", 1}, {"BACKEND", 1},    {"SLAB", 1},   {"ACCESS", 1},
+};
+
 int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
 {
-    int json;
+    static const wbctl_spec spec = {
+        .synopsis = "leases [MODEL] [-o wide] [--json]",
+        .about = "Lists the leases the broker has granted: who holds each (pid and process),\n"
+                 "the model, its state, the containers built on it and the tensors and bytes\n"
+                 "they bind (SHARED), and its age; -o wide adds the holder's uid and gid, the\n"
+                 "slabs and bytes held, the time since the last heartbeat, the backend, SLAB\n"
+                 "and ACCESS.",
+        .flags = WBCTL_TAKES_WIDE | WBCTL_TAKES_MODEL,
+    };
+    wbctl_args args;
     pages pg;
-    int rc = list_fetch(g, argc, argv, "leases", "leases [--json]",
-                        "Lists the leases the broker has granted: owner process, state, "
-                        "containers,\nthe tensors and bytes they bind (shared), age and time "
-                        "since the last heartbeat.",
-                        WBPROTO__REQUEST__BODY_LIST_LEASES, &json, &pg);
+    int rc =
+        list_fetch(g, argc, argv, "leases", &spec, WBPROTO__REQUEST__BODY_LIST_LEASES, &args, &pg);
     if (rc >= 0)
         return rc;
+    int json = args.output == WBCTL_OUT_JSON;
     double now = wbctl_now();
     wbctl_json_array arr;
     wbctl_json_array_init(&arr);
     wbctl_jrow row = {0};
-    wbctl_table t = {.ncols = 15};
+    wbctl_table t = {.wide = args.output == WBCTL_OUT_WIDE};
     if (!json)
-        wbctl_table_add(&t, "ID", "MODEL", "PID", "PROCESS", "UID", "STATE", "CONTAINERS", "SHARED",
-                        "SLABS", "BYTES", "AGE", "HEARTBEAT", "BACKEND", "SLAB", "ACCESS");
+        wbctl_table_columns(&t, lease_columns, sizeof lease_columns / sizeof lease_columns[0]);
     for (size_t page = 0; page < pg.n; page++) {
         const Wbproto__ListLeasesReply *ll = pg.reps[page]->list_leases;
         for (size_t i = 0; i < ll->n_leases; i++) {
             const Wbproto__LeaseInfo *l = ll->leases[i];
+            if (!wanted(args.model, l->model))
+                continue;
             char id[2 * WB_LEASE_ID_LEN + 1];
             wbctl_hex(&l->id, id, sizeof id);
             double age = now - l->granted_at;
@@ -263,21 +297,22 @@ int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
                                      lease_json(&row, l, id, age, shared_tensors, shared_bytes));
                 continue;
             }
-            char pid[24], uid[16], containers[16], slabs[16], bytes[32], agebuf[32], hb[32];
-            char shared[64];
+            char pid[24], uid[16], gid[16], containers[16], slabs[16], bytes[32], agebuf[32];
+            char hb[32], shared[64], shared_size[32];
             /* Bound by containers, counted once per container: two containers
              * binding the same tensor share one buffer but count twice here. */
-            snprintf(shared, sizeof shared, "%llu (%llu B)", (unsigned long long)shared_tensors,
-                     (unsigned long long)shared_bytes);
+            snprintf(shared, sizeof shared, "%llu (%s)", (unsigned long long)shared_tensors,
+                     wbctl_fmt_size(shared_size, sizeof shared_size, shared_bytes));
             wbctl_fmt_pid(pid, sizeof pid, l->pid);
             snprintf(uid, sizeof uid, "%u", l->uid);
+            snprintf(gid, sizeof gid, "%u", l->gid);
             snprintf(containers, sizeof containers, "%u", l->containers);
             snprintf(slabs, sizeof slabs, "%u", l->slabs);
-            snprintf(bytes, sizeof bytes, "%llu", (unsigned long long)l->bytes);
+            wbctl_fmt_size(bytes, sizeof bytes, l->bytes);
             wbctl_fmt_age(agebuf, sizeof agebuf, age);
             snprintf(hb, sizeof hb, "%.1fs ago", since);
             id[8] = '\0';
-            wbctl_table_add(&t, id, l->model, pid, l->process_name, uid,
+            wbctl_table_add(&t, id, l->model, pid, l->process_name, uid, gid,
                             wb__lease_state_name(l->state), containers, shared, slabs, bytes,
                             agebuf, hb, wb__backend_name(l->backend),
                             l->transport && l->transport[0] ? l->transport : "-",
@@ -306,7 +341,7 @@ static json_t *container_json(const Wbproto__ContainerInfo *c, uint64_t shared)
                         bindings_json(c->leased_constants, c->aliased_constants,
                                       c->caller_constants, c->package_constants,
                                       c->folded_constants, c->unbound_constants, c->package_bytes));
-    json_object_set_new(o, "created_at", json_real(c->created_at));
+    json_object_set_new(o, "created_at", json_real(wbctl_round_time(c->created_at)));
     json_object_set_new(o, "model_path", wbctl_jstr(c->model_path));
     json_t *ls = json_array();
     for (size_t k = 0; k < c->n_leases; k++) {
@@ -325,30 +360,60 @@ static json_t *container_json(const Wbproto__ContainerInfo *c, uint64_t shared)
     return o;
 }
 
+/* Whether container c binds a lease of model `filter` (NULL: any). */
+static int container_wanted(const char *filter, const Wbproto__ContainerInfo *c)
+{
+    for (size_t k = 0; filter && k < c->n_leases; k++) {
+        if (wanted(filter, c->leases[k]->model))
+            return 1;
+    }
+    return !filter;
+}
+
+/* The containers table: by default who built each, on which models, what it
+ * shares and what it holds privately (folded constants), and its age;
+ * -o wide adds the AOTI entry point, pinned async copy, how each constant
+ * was bound and the package's path. */
+static const wbctl_column container_columns[] = {
+    {"PID", 0},    {"PROCESS", 0}, {"ID", 0},
+    {"API", 1},    {"PINNED", 1},  {"MODELS", 0},
+    {"SHARED", 0}, {"FOLDED", 0},  {"BOUND(L/A/C/P/F/U)", 1},
+    {"AGE", 0},    {"PATH", 1},
+};
+
 int wbctl_containers(const wbctl_globals *g, int argc, char **argv)
 {
-    int json;
+    static const wbctl_spec spec = {
+        .synopsis = "containers [MODEL] [-o wide] [--json]",
+        .about = "Lists the AOTI model containers that clients built on their leases, as their\n"
+                 "last heartbeats reported them: the models of the leases each binds, the\n"
+                 "bytes bound from them (SHARED), the bytes built by constant folding (FOLDED,\n"
+                 "private to the container) and its age; -o wide adds the AOTI entry point\n"
+                 "used, whether pinned async constant copy was on, how the constants were\n"
+                 "bound (leased/aliased/caller/package/folded/unbound) and the package path.\n"
+                 "MODEL keeps the containers that bind a lease of that model.",
+        .flags = WBCTL_TAKES_WIDE | WBCTL_TAKES_MODEL,
+    };
+    wbctl_args args;
     pages pg;
-    int rc = list_fetch(g, argc, argv, "containers", "containers [--json]",
-                        "Lists the AOTI model containers that clients built on their leases, as "
-                        "their\nlast heartbeats reported them: the AOTI entry point used, "
-                        "whether pinned async\nconstant copy was on, bytes bound from each lease "
-                        "(shared), bytes built by\nconstant folding (private to the "
-                        "container) and constants the model loaded itself.",
-                        WBPROTO__REQUEST__BODY_LIST_CONTAINERS, &json, &pg);
+    int rc = list_fetch(g, argc, argv, "containers", &spec, WBPROTO__REQUEST__BODY_LIST_CONTAINERS,
+                        &args, &pg);
     if (rc >= 0)
         return rc;
+    int json = args.output == WBCTL_OUT_JSON;
     double now = wbctl_now();
     wbctl_json_array arr;
     wbctl_json_array_init(&arr);
-    wbctl_table t = {.ncols = 11};
+    wbctl_table t = {.wide = args.output == WBCTL_OUT_WIDE};
     if (!json)
-        wbctl_table_add(&t, "PID", "PROCESS", "ID", "API", "PINNED", "LEASES", "SHARED_BYTES",
-                        "FOLDED_BYTES", "BOUND(L/A/C/P/F/U)", "AGE", "MODEL");
+        wbctl_table_columns(&t, container_columns,
+                            sizeof container_columns / sizeof container_columns[0]);
     for (size_t page = 0; page < pg.n; page++) {
         const Wbproto__ListContainersReply *lc = pg.reps[page]->list_containers;
         for (size_t i = 0; i < lc->n_containers; i++) {
             const Wbproto__ContainerInfo *c = lc->containers[i];
+            if (!container_wanted(args.model, c))
+                continue;
             uint64_t shared = 0;
             for (size_t k = 0; k < c->n_leases; k++)
                 shared += c->leases[k]->bound_bytes;
@@ -356,29 +421,33 @@ int wbctl_containers(const wbctl_globals *g, int argc, char **argv)
                 wbctl_json_array_add(&arr, container_json(c, shared));
                 continue;
             }
-            char pid[24], id[24], leases[256] = "", shared_s[32], folded[32], agebuf[32], binds[96];
+            char pid[24], id[24], models[256] = "", shared_s[32], folded[32], agebuf[32], binds[96];
             wbctl_fmt_pid(pid, sizeof pid, c->pid);
             snprintf(id, sizeof id, "%llu", (unsigned long long)c->container_id);
             size_t used = 0;
-            for (size_t k = 0; k < c->n_leases && used < sizeof leases; k++) {
-                int w = snprintf(leases + used, sizeof leases - used, "%s%s", k ? "," : "",
+            for (size_t k = 0; k < c->n_leases && used < sizeof models; k++) {
+                int w = snprintf(models + used, sizeof models - used, "%s%s", k ? "," : "",
                                  c->leases[k]->model);
                 if (w < 0)
                     break;
                 used += (size_t)w;
             }
-            snprintf(shared_s, sizeof shared_s, "%llu", (unsigned long long)shared);
-            snprintf(folded, sizeof folded, "%llu", (unsigned long long)c->folded_bytes);
-            wbctl_fmt_age(agebuf, sizeof agebuf, now - c->created_at);
-            if (c->leases_total > c->n_leases && used < sizeof leases)
-                snprintf(leases + used, sizeof leases - used, ",+%u more",
+            wbctl_fmt_size(shared_s, sizeof shared_s, shared);
+            wbctl_fmt_size(folded, sizeof folded, c->folded_bytes);
+            /* A record without its creation time (0) has no age to show. */
+            if (c->created_at > 0)
+                wbctl_fmt_age(agebuf, sizeof agebuf, now - c->created_at);
+            else
+                snprintf(agebuf, sizeof agebuf, "-");
+            if (c->leases_total > c->n_leases && used < sizeof models)
+                snprintf(models + used, sizeof models - used, ",+%u more",
                          c->leases_total - (uint32_t)c->n_leases);
             /* leased/aliased/caller/package/folded/unbound constants */
             snprintf(binds, sizeof binds, "%u/%u/%u/%u/%u/%u", c->leased_constants,
                      c->aliased_constants, c->caller_constants, c->package_constants,
                      c->folded_constants, c->unbound_constants);
             wbctl_table_add(&t, pid, c->process_name, id, c->aoti_api,
-                            c->pinned_async_copy ? "on" : "off", leases, shared_s, folded, binds,
+                            c->pinned_async_copy ? "on" : "off", models, shared_s, folded, binds,
                             agebuf, c->model_path);
         }
     }
@@ -387,16 +456,27 @@ int wbctl_containers(const wbctl_globals *g, int argc, char **argv)
 
 /* Walks StatsReply through its descriptor, so that every field wb.proto has
  * is printed under its own name, including fields added later. */
+/* A counter of bytes, by the protocol's naming: shown as a size. */
+static int is_bytes(const char *name)
+{
+    size_t n = strlen(name);
+    return (n > 6 && strcmp(name + n - 6, "_bytes") == 0) || strstr(name, "_bytes_") != NULL;
+}
+
 int wbctl_stats(const wbctl_globals *g, int argc, char **argv)
 {
-    int json;
+    static const wbctl_spec spec = {
+        .synopsis = "stats [--json]",
+        .about = "Prints the broker's counters: requests, leases granted, released and\n"
+                 "reclaimed, models and load totals, one 'name: value' a line (sizes in\n"
+                 "KiB, MiB, GiB...); --json gives exact numbers under the same names.",
+    };
+    wbctl_args args;
     pages pg;
-    int rc = list_fetch(g, argc, argv, "stats", "stats [--json]",
-                        "Prints the broker's counters: requests, leases granted, released and "
-                        "reclaimed, models and load totals.",
-                        WBPROTO__REQUEST__BODY_STATS, &json, &pg);
+    int rc = list_fetch(g, argc, argv, "stats", &spec, WBPROTO__REQUEST__BODY_STATS, &args, &pg);
     if (rc >= 0)
         return rc;
+    int json = args.output == WBCTL_OUT_JSON;
     const Wbproto__StatsReply *st = pg.reps[0]->stats;
     const ProtobufCMessageDescriptor *d = &wbproto__stats_reply__descriptor;
     json_t *obj = json ? json_object() : NULL;
@@ -426,11 +506,16 @@ int wbctl_stats(const wbctl_globals *g, int argc, char **argv)
         default:
             continue;
         }
+        char size[32];
+        /* Every real the broker counts is seconds. */
         if (json)
             json_object_set_new(obj, f->name,
-                                is_double ? json_real(dv) : json_integer((json_int_t)uv));
+                                is_double ? json_real(wbctl_round_secs(dv))
+                                          : json_integer((json_int_t)uv));
         else if (is_double)
             printf("%s: %.3f\n", f->name, dv);
+        else if (is_bytes(f->name))
+            printf("%s: %s\n", f->name, wbctl_fmt_size(size, sizeof size, uv));
         else
             printf("%s: %llu\n", f->name, uv);
     }

@@ -21,15 +21,15 @@ static void load_json(json_t *o, const Wbproto__ModelInfo *m)
     const double rates[] = {m->read_gbps, m->hash_gbps, m->copy_gbps};
     for (int i = 0; i < 3; i++) {
         json_t *one = json_object();
-        json_object_set_new(one, "seconds", json_real(secs[i]));
-        json_object_set_new(one, "gbps", json_real(rates[i]));
+        json_object_set_new(one, "seconds", json_real(wbctl_round_secs(secs[i])));
+        json_object_set_new(one, "gbps", json_real(wbctl_round_secs(rates[i])));
         json_object_set_new(st, names[i], one);
     }
     json_object_set_new(o, "load_stages", st);
-    json_object_set_new(o, "wait_seconds", json_real(m->wait_seconds));
-    json_object_set_new(o, "open_seconds", json_real(m->open_seconds));
-    json_object_set_new(o, "alloc_seconds", json_real(m->alloc_seconds));
-    json_object_set_new(o, "register_seconds", json_real(m->register_seconds));
+    json_object_set_new(o, "wait_seconds", json_real(wbctl_round_secs(m->wait_seconds)));
+    json_object_set_new(o, "open_seconds", json_real(wbctl_round_secs(m->open_seconds)));
+    json_object_set_new(o, "alloc_seconds", json_real(wbctl_round_secs(m->alloc_seconds)));
+    json_object_set_new(o, "register_seconds", json_real(wbctl_round_secs(m->register_seconds)));
 }
 
 void wbctl_print_stages(const Wbproto__ModelInfo *m)
@@ -40,12 +40,14 @@ void wbctl_print_stages(const Wbproto__ModelInfo *m)
     printf("load: %s, %u thread%s", mode ? mode : "?", m->read_threads,
            m->read_threads == 1 ? "" : "s");
     free(mode);
+    char size[32], read[32], hash[32], copy[32];
     if (m->staging_buffers)
-        printf(", %u x %.1f MiB pinned staging", m->staging_buffers,
-               (double)m->staging_buffer_bytes / (1024.0 * 1024.0));
-    printf("; read %.2f GB/s, hash %.2f GB/s", m->read_gbps, m->hash_gbps);
+        printf(", %u x %s pinned staging", m->staging_buffers,
+               wbctl_fmt_size(size, sizeof size, m->staging_buffer_bytes));
+    printf("; read %s, hash %s", wbctl_fmt_gbps(read, sizeof read, m->read_gbps),
+           wbctl_fmt_gbps(hash, sizeof hash, m->hash_gbps));
     if (m->copy_seconds > 0)
-        printf(", copy %.2f GB/s", m->copy_gbps);
+        printf(", copy %s", wbctl_fmt_gbps(copy, sizeof copy, m->copy_gbps));
     printf("\n");
 }
 
@@ -63,8 +65,8 @@ json_t *wbctl_model_json(const Wbproto__ModelInfo *m)
     json_object_set_new(o, "bytes", json_integer((json_int_t)m->bytes));
     json_object_set_new(o, "slab_bytes", json_integer((json_int_t)m->slab_bytes));
     json_object_set_new(o, "leases", json_integer(m->leases));
-    json_object_set_new(o, "load_seconds", json_real(m->load_seconds));
-    json_object_set_new(o, "load_gbps", json_real(m->load_gbps));
+    json_object_set_new(o, "load_seconds", json_real(wbctl_round_secs(m->load_seconds)));
+    json_object_set_new(o, "load_gbps", json_real(wbctl_round_secs(m->load_gbps)));
     json_object_set_new(o, "transport", wbctl_jstr(m->transport));
     json_object_set_new(o, "access", wbctl_jstr(m->access));
     load_json(o, m);
@@ -80,7 +82,7 @@ json_t *wbctl_model_json(const Wbproto__ModelInfo *m)
         json_object_set_new(one, "state", json_string(wb__model_state_name(c->state)));
         json_object_set_new(one, "slab_bytes", json_integer((json_int_t)c->slab_bytes));
         json_object_set_new(one, "leases", json_integer(c->leases));
-        json_object_set_new(one, "copy_seconds", json_real(c->copy_seconds));
+        json_object_set_new(one, "copy_seconds", json_real(wbctl_round_secs(c->copy_seconds)));
         if (c->error && c->error[0])
             json_object_set_new(one, "error", wbctl_jstr(c->error));
         json_array_append_new(copies, one);
@@ -89,40 +91,45 @@ json_t *wbctl_model_json(const Wbproto__ModelInfo *m)
     return o;
 }
 
+/* The default view: what each model is, where, how big, who leases it and
+ * how clients reach it; -o wide adds how its load went and its path. */
+static const wbctl_column model_columns[WBCTL_MODEL_COLUMNS] = {
+    {"NAME", 0},   {"STATE", 0},  {"BACKEND", 0}, {"DEVICE", 0}, {"TENSORS", 0}, {"SIZE", 0},
+    {"LEASES", 0}, {"LOAD_S", 1}, {"RATE", 1},    {"SLAB", 0},   {"ACCESS", 0},  {"PATH", 1},
+};
+
 void wbctl_model_header(wbctl_table *t)
 {
-    wbctl_table_add(t, "NAME", "STATE", "BACKEND", "DEVICE", "TENSORS", "BYTES", "LEASES", "LOAD_S",
-                    "GB/S", "SLAB", "ACCESS");
+    wbctl_table_columns(t, model_columns, WBCTL_MODEL_COLUMNS);
 }
 
 /* One row: the model's, or (copy not NULL) its copy on one device. */
 static void model_row(wbctl_table *t, const Wbproto__ModelInfo *m, const Wbproto__ModelCopy *c)
 {
-    char dev[16], tensors[16], bytes[32], leases[16], secs[32], gbps[32];
-    int state = c ? c->state : m->state;
+    char state[48], dev[16], tensors[16], bytes[32], leases[16], secs[32], rate[32];
+    int st = c ? c->state : m->state;
+    snprintf(state, sizeof state, "%s", wb__model_state_name(st));
     snprintf(dev, sizeof dev, "%d", c ? c->device : m->device);
     snprintf(tensors, sizeof tensors, "%u", m->tensors);
-    snprintf(bytes, sizeof bytes, "%llu", (unsigned long long)m->bytes);
+    wbctl_fmt_size(bytes, sizeof bytes, m->bytes);
     snprintf(leases, sizeof leases, "%u", c ? c->leases : m->leases);
     if (m->state == WBPROTO__MODEL_STATE__MODEL_LOADING) {
-        /* While loading, LOAD_S shows how far it got. */
-        if (m->bytes)
-            snprintf(secs, sizeof secs, "%.0f%%",
+        /* While loading, STATE shows how far it got. */
+        if (m->bytes && st == WBPROTO__MODEL_STATE__MODEL_LOADING)
+            snprintf(state, sizeof state, "%s %.0f%%", wb__model_state_name(st),
                      100.0 * (double)m->loaded_bytes / (double)m->bytes);
-        else
-            snprintf(secs, sizeof secs, "-");
-        snprintf(gbps, sizeof gbps, "-");
+        snprintf(secs, sizeof secs, "-");
+        snprintf(rate, sizeof rate, "-");
     } else {
         snprintf(secs, sizeof secs, "%.3f", m->load_seconds);
-        snprintf(gbps, sizeof gbps, "%.2f", m->load_gbps);
+        wbctl_fmt_gbps(rate, sizeof rate, m->load_gbps);
     }
-    if (c && state == WBPROTO__MODEL_STATE__MODEL_FAILED)
-        snprintf(bytes, sizeof bytes, "0");
+    if (c && st == WBPROTO__MODEL_STATE__MODEL_FAILED)
+        wbctl_fmt_size(bytes, sizeof bytes, 0);
     /* A broker that predates Slab.transport says nothing: "-". */
-    wbctl_table_add(t, m->name, wb__model_state_name(state), wb__backend_name(m->backend), dev,
-                    tensors, bytes, leases, secs, gbps,
-                    m->transport && m->transport[0] ? m->transport : "-",
-                    m->access && m->access[0] ? m->access : "-");
+    wbctl_table_add(t, m->name, state, wb__backend_name(m->backend), dev, tensors, bytes, leases,
+                    secs, rate, m->transport && m->transport[0] ? m->transport : "-",
+                    m->access && m->access[0] ? m->access : "-", m->path);
 }
 
 void wbctl_model_row(wbctl_table *t, const Wbproto__ModelInfo *m)

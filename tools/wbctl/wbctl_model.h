@@ -6,8 +6,12 @@
 #include "wbctl_out.h"
 #include "wire.h"
 
-#define WBCTL_MODEL_COLUMNS 11
+/* Every column of the models table (-o wide); the default view shows
+ * some of them. */
+#define WBCTL_MODEL_COLUMNS 12
 
+/* The header of table t (made with .ncols = WBCTL_MODEL_COLUMNS): the
+ * default columns, or every one when t->wide. */
 void wbctl_model_header(wbctl_table *t);
 /* One row, or one per device for a model on devices. */
 void wbctl_model_row(wbctl_table *t, const Wbproto__ModelInfo *m);
@@ -15,7 +19,7 @@ void wbctl_model_row(wbctl_table *t, const Wbproto__ModelInfo *m);
  * "NAME failed to load: why" for the record of a failed load. */
 void wbctl_model_failures(const Wbproto__ModelInfo *m);
 json_t *wbctl_model_json(const Wbproto__ModelInfo *m);
-/* One line per load for people: how each stage did. */
+/* One line per load for people: how each stage did, rates in GiB/s. */
 void wbctl_print_stages(const Wbproto__ModelInfo *m);
 
 #endif

@@ -129,33 +129,61 @@ char *wbctl_escape(const char *s)
     return out;
 }
 
-void wbctl_table_add(wbctl_table *t, ...)
+/* Adds a row of t->ncols strings (escaped copies). */
+static void table_addv(wbctl_table *t, const char *const *cells)
 {
     if (t->nrows == t->cap) {
         size_t cap = t->cap ? 2 * t->cap : 8;
-        char **cells = realloc(t->cells, cap * t->ncols * sizeof *cells);
-        if (!cells)
+        char **more = realloc(t->cells, cap * t->ncols * sizeof *more);
+        if (!more)
             return;
-        t->cells = cells;
+        t->cells = more;
         t->cap = cap;
     }
+    /* Cells hold what peers chose (process names, paths): escaped, so that
+     * none can drive the terminal. */
+    for (size_t i = 0; i < t->ncols; i++)
+        t->cells[t->nrows * t->ncols + i] = wbctl_escape(cells[i]);
+    t->nrows++;
+}
+
+void wbctl_table_columns(wbctl_table *t, const wbctl_column *cols, size_t n)
+{
+    if (n > WBCTL_TABLE_MAX_COLS)
+        n = WBCTL_TABLE_MAX_COLS;
+    t->ncols = n;
+    t->hidden = 0;
+    const char *names[WBCTL_TABLE_MAX_COLS];
+    for (size_t c = 0; c < n; c++) {
+        names[c] = cols[c].name;
+        if (cols[c].wide_only && !t->wide)
+            t->hidden |= 1u << c;
+    }
+    table_addv(t, names);
+}
+
+void wbctl_table_add(wbctl_table *t, ...)
+{
+    const char *cells[WBCTL_TABLE_MAX_COLS];
     va_list ap;
     va_start(ap, t);
-    for (size_t i = 0; i < t->ncols; i++) {
-        /* Cells hold what peers chose (process names, paths): escaped, so
-         * that none can drive the terminal. */
-        const char *s = va_arg(ap, const char *);
-        t->cells[t->nrows * t->ncols + i] = wbctl_escape(s);
-    }
+    for (size_t i = 0; i < t->ncols && i < WBCTL_TABLE_MAX_COLS; i++)
+        cells[i] = va_arg(ap, const char *);
     va_end(ap);
-    t->nrows++;
+    table_addv(t, cells);
 }
 
 void wbctl_table_print(wbctl_table *t)
 {
-    size_t width[16] = {0};
+    size_t width[WBCTL_TABLE_MAX_COLS] = {0};
+    size_t ncols = t->ncols < WBCTL_TABLE_MAX_COLS ? t->ncols : WBCTL_TABLE_MAX_COLS;
+    size_t last = 0; /* the last column shown: not padded */
+    for (size_t c = 0; c < ncols; c++) {
+        if (!(t->hidden & (1u << c)))
+            last = c;
+    }
     for (size_t r = 0; r < t->nrows; r++) {
-        for (size_t c = 0; c < t->ncols && c < 16; c++) {
+        for (size_t c = 0; c < ncols; c++) {
             const char *s = t->cells[r * t->ncols + c];
             size_t n = s ? strlen(s) : 0;
             if (n > width[c])
@@ -163,9 +191,11 @@ void wbctl_table_print(wbctl_table *t)
         }
     }
     for (size_t r = 0; r < t->nrows; r++) {
-        for (size_t c = 0; c < t->ncols; c++) {
+        for (size_t c = 0; c < ncols; c++) {
             const char *s = t->cells[r * t->ncols + c];
-            if (c + 1 < t->ncols)
+            if (t->hidden & (1u << c))
+                continue;
+            if (c < last)
                 printf("%-*s  ", (int)width[c], s ? s : "");
             else
                 printf("%s\n", s ? s : "");
@@ -176,6 +206,64 @@ void wbctl_table_print(wbctl_table *t)
     free(t->cells);
     t->cells = NULL;
     t->nrows = t->cap = 0;
+}
+
+/* v bytes (or bytes a second) in the largest IEC unit that leaves it at
+ * least 1, with one decimal; a value that would print as 1024.0 goes to the
+ * next unit. */
+static void fmt_iec(char *buf, size_t size, double v, const char *suffix)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    if (v < 1023.5) {
+        snprintf(buf, size, "%.0f B%s", v, suffix);
+        return;
+    }
+    size_t u = 0;
+    while (u + 1 < sizeof units / sizeof units[0] && v >= 1023.95) {
+        v /= 1024;
+        u++;
+    }
+    snprintf(buf, size, "%.1f %s%s", v, units[u], suffix);
+}
+
+const char *wbctl_fmt_size(char *buf, size_t size, uint64_t bytes)
+{
+    if (bytes < 1024)
+        snprintf(buf, size, "%u B", (unsigned)bytes);
+    else
+        fmt_iec(buf, size, (double)bytes, "");
+    return buf;
+}
+
+const char *wbctl_fmt_rate(char *buf, size_t size, double bytes_per_second)
+{
+    fmt_iec(buf, size, bytes_per_second > 0 ? bytes_per_second : 0, "/s");
+    return buf;
+}
+
+const char *wbctl_fmt_gbps(char *buf, size_t size, double gbps)
+{
+    return wbctl_fmt_rate(buf, size, gbps * 1e9);
+}
+
+/* v to the nearest multiple of 1/scale, halves away from zero (without
+ * libm); values too large for that to matter stay as they are. */
+static double round_to(double v, double scale)
+{
+    double x = v * scale;
+    if (!isfinite(x) || x > 9e15 || x < -9e15)
+        return v;
+    return (double)(long long)(x + (x < 0 ? -0.5 : 0.5)) / scale;
+}
+
+double wbctl_round_secs(double seconds)
+{
+    return round_to(seconds, 1e6);
+}
+
+double wbctl_round_time(double epoch_seconds)
+{
+    return round_to(epoch_seconds, 1e3);
 }
 
 json_t *wbctl_jstr(const char *s)
@@ -195,7 +283,7 @@ int wbctl_print_json(json_t *j)
         fprintf(stderr, "wbctl: out of memory\n");
         return 1;
     }
-    char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    char *s = json_dumps(j, WBCTL_JSON_FLAGS);
     json_decref(j);
     if (!s) {
         fprintf(stderr, "wbctl: out of memory\n");
@@ -211,7 +299,7 @@ int wbctl_print_json(json_t *j)
 }
 
 /* As wbctl_print_json dumps. */
-#define JSON_FLAGS (JSON_INDENT(2) | JSON_PRESERVE_ORDER)
+#define JSON_FLAGS WBCTL_JSON_FLAGS
 
 /* Makes room for `more` bytes at the end of a->out. */
 static int out_reserve(wbctl_json_array *a, size_t more)

@@ -10,21 +10,60 @@
 #include <stdio.h>
 #include <stdint.h>
 
-/* A plain table: rows of strings, columns padded to their widest cell. */
+#define WBCTL_TABLE_MAX_COLS 32
+
+/* A plain table: rows of strings, columns padded to their widest cell.
+ * Every row holds every column; those the default view leaves out are
+ * hidden when printed unless the table is wide. */
 typedef struct wbctl_table {
     size_t ncols, nrows, cap;
     char **cells;
+    int wide;        /* set before the header: print every column (-o wide) */
+    uint32_t hidden; /* bit c: column c is not printed */
 } wbctl_table;
 
+/* One column: its header and whether only -o wide shows it. */
+typedef struct wbctl_column {
+    const char *name;
+    int wide_only;
+} wbctl_column;
+
+/* Starts table t with columns cols[0..n) (at most WBCTL_TABLE_MAX_COLS):
+ * sets ncols, hides the wide-only columns unless t->wide, and adds the
+ * header row. */
+void wbctl_table_columns(wbctl_table *t, const wbctl_column *cols, size_t n);
 /* Adds a row of t->ncols strings (escaped copies). */
 void wbctl_table_add(wbctl_table *t, ...);
-/* Prints the rows, columns padded to their widest cell, and empties t. */
+/* Prints the rows, the columns not hidden padded to their widest cell, and
+ * empties t. */
 void wbctl_table_print(wbctl_table *t);
+
+/* Sizes for people, in one unit family (IEC, powers of 1024): "512 B",
+ * "1.5 KiB", "2.0 GiB", up to EiB. The tables, the stage line and the
+ * progress bar all print sizes through this. Returns buf. */
+const char *wbctl_fmt_size(char *buf, size_t size, uint64_t bytes);
+/* A rate in bytes per second the same way: "1.5 GiB/s"; "0 B/s" for zero
+ * or less (or not a number). Returns buf. */
+const char *wbctl_fmt_rate(char *buf, size_t size, double bytes_per_second);
+/* A broker's GB/s figure (10^9 bytes a second, as the protocol sends
+ * rates) as wbctl_fmt_rate shows it. Returns buf. */
+const char *wbctl_fmt_gbps(char *buf, size_t size, double gbps);
+
+/* How every JSON document is dumped: indented, keys in insertion order,
+ * and reals with 15 significant digits, which print what the value was
+ * rounded to (0.1, not 0.10000000000000001). */
+#define WBCTL_JSON_FLAGS (JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15))
+
+/* Seconds for JSON: durations and rates rounded to 6 decimals (a
+ * microsecond), times since the epoch to 3 (a millisecond, which keeps
+ * them within 15 digits). Numbers of bytes and counts stay integers. */
+double wbctl_round_secs(double seconds);
+double wbctl_round_time(double epoch_seconds);
 
 /* A peer's string as a JSON string: exact when it is valid UTF-8. */
 json_t *wbctl_jstr(const char *s);
-/* Prints j (indented) and drops it; 0, or 1 when out of memory (j NULL
- * included) or stdout could not be written (said on stderr). */
+/* Prints j (WBCTL_JSON_FLAGS) and drops it; 0, or 1 when out of memory (j
+ * NULL included) or stdout could not be written (said on stderr). */
 int wbctl_print_json(json_t *j);
 
 /* A JSON array built one element at a time: the bytes wbctl_print_json

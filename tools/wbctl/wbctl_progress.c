@@ -1,6 +1,7 @@
 #include "wbctl_progress.h"
 
 #include "rpc.h"
+#include "wbctl_out.h"
 #include "wire.h"
 
 #include <pthread.h>
@@ -31,14 +32,6 @@ static double mono_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static void human_bytes(char *buf, size_t n, unsigned long long b)
-{
-    if (b >= (1ull << 30))
-        snprintf(buf, n, "%.2f GiB", (double)b / (double)(1ull << 30));
-    else
-        snprintf(buf, n, "%.1f MiB", (double)b / (double)(1ull << 20));
-}
-
 /* One line: name, bar, percent, bytes, rate and time left. */
 static void draw(wbctl_progress *p, unsigned long long done, unsigned long long total,
                  double elapsed)
@@ -51,12 +44,12 @@ static void draw(wbctl_progress *p, unsigned long long done, unsigned long long 
     for (int i = 0; i < BAR_COLS; i++)
         bar[i] = i < fill ? '#' : ' ';
     bar[BAR_COLS] = '\0';
-    human_bytes(have, sizeof have, done);
-    human_bytes(all, sizeof all, total);
-    double gbps = elapsed > 0 ? (double)done / elapsed / 1e9 : 0;
-    snprintf(rate, sizeof rate, "%.2f GB/s", gbps);
-    if (gbps > 0 && total > done)
-        snprintf(eta, sizeof eta, "ETA %.0fs", (double)(total - done) / (gbps * 1e9));
+    wbctl_fmt_size(have, sizeof have, done);
+    wbctl_fmt_size(all, sizeof all, total);
+    double bps = elapsed > 0 ? (double)done / elapsed : 0;
+    wbctl_fmt_rate(rate, sizeof rate, bps);
+    if (bps > 0 && total > done)
+        snprintf(eta, sizeof eta, "ETA %.0fs", (double)(total - done) / bps);
     else
         snprintf(eta, sizeof eta, "ETA -");
     printf("\rloading %s [%s] %3.0f%% %s / %s  %s  %s\033[K", p->name, bar, frac * 100, have, all,

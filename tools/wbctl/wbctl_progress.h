@@ -1,6 +1,7 @@
 /* wbctl load's progress bar: while the load request waits for its deferred
  * reply, a thread polls list_models on a second connection and redraws one
- * line (percent, GB/s, ETA) on stdout. Only when stdout is a terminal. */
+ * line (percent, sizes and rate in IEC units as the tables print them, ETA)
+ * on stdout. Only when stdout is a terminal. */
 #ifndef WBCTL_PROGRESS_H
 #define WBCTL_PROGRESS_H
 
