@@ -273,6 +273,9 @@ err_is unknown "wbctl: unload: no model named 'nosuch'"
 expect_rc 2 badname "$WBCTL" --socket "$SOCK" load --no-wait "bad name!" "$WB_TMP/second.safetensors"
 err_has badname "wbctl: load: model name \"bad name!\" is not 1 to"
 misuse_ends badname load
+# The same refusal of a load that waits for its reply.
+expect_rc 2 badname_wait "$WBCTL" --socket "$SOCK" load "bad name!" "$WB_TMP/second.safetensors"
+err_has badname_wait "wbctl: load: model name \"bad name!\" is not 1 to"
 expect_rc 2 badplace "$WBCTL" --socket "$SOCK" load place "$WB_TMP/second.safetensors@0,,1"
 err_has badplace "wbctl load: placement '0,,1': position 3: an empty item"
 misuse_ends badplace load

@@ -92,7 +92,9 @@ static int report_failure(const char *op, const wb_err *e, Wbproto__Reply **rep)
     free(msg);
     if (*rep) {
         wb__reply_free(rep);
-        return WBCTL_EXIT_REFUSED;
+        /* A name or placement the user typed wrong is misuse, as for
+         * every other command. */
+        return wbctl_refusal_exit(e->code);
     }
     return WBCTL_EXIT_UNAVAILABLE;
 }
