@@ -48,7 +48,8 @@ typedef struct wb_lease wb_lease;
 
 typedef struct wb_client_options {
     /* Broker socket path; NULL or "" resolves $WB_SOCKET, then
-     * $XDG_RUNTIME_DIR/wbroker/broker.sock, then /run/wbroker/broker.sock. */
+     * $XDG_RUNTIME_DIR/wbroker/broker.sock, then /run/wbroker/broker.sock
+     * as root, else /tmp/wbroker-UID/broker.sock (UID: the effective uid). */
     const char *socket_path;
     /* Per-request timeout in milliseconds; 0 means $WB_TIMEOUT_MS or 5000. */
     int timeout_ms;

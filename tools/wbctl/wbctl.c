@@ -52,12 +52,13 @@ static void usage(FILE *out)
                  "  -h, --help         print this help\n");
     fprintf(out, "\nRun 'wbctl COMMAND --help' for a command's options. models, leases and\n"
                  "containers take a model name (MODEL, or --model MODEL) to list its rows only.\n"
-                 "The socket is --socket, else $WB_SOCKET, else "
-                 "$XDG_RUNTIME_DIR/wbroker/broker.sock (root: /run/wbroker/broker.sock).\n"
+                 "The socket is --socket, else $WB_SOCKET, else\n"
+                 "$XDG_RUNTIME_DIR/wbroker/broker.sock, else /run/wbroker/broker.sock as root,\n"
+                 "else /tmp/wbroker-UID/broker.sock.\n"
                  "Exit codes: 0 ok, 1 refused by the broker, 2 misuse (the broker's WB_EINVAL\n"
                  "included), 65 malformed input, 66 missing input, 69 no broker answers,\n"
-                 "74 a read error, 75 stopped waiting (the operation goes on in the broker),\n"
-                 "77 permission denied on the socket, 130 interrupted.\n");
+                 "70 an internal error, 74 a read error, 75 stopped waiting (the operation\n"
+                 "goes on in the broker), 77 permission denied on the socket, 130 interrupted.\n");
 }
 
 /* The command names, for the messages that list them. */

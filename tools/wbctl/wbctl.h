@@ -2,9 +2,9 @@
  *
  * Exit codes (sysexits where one fits): 0 success, 1 the broker refused,
  * 2 misuse (the broker's WB_EINVAL included: a request typed wrong),
- * 65 malformed input, 66 missing input, 69 no broker answers, 74 a read
- * error, 75 stopped waiting (the operation goes on in the broker), 77 this
- * process may not connect to the socket, 130 interrupted (SIGINT). */
+ * 65 malformed input, 66 missing input, 69 no broker answers, 70 an
+ * internal error (inspect), 74 a read error, 75 stopped waiting (the operation goes on in the
+ * broker), 77 this process may not connect to the socket, 130 interrupted (SIGINT). */
 #ifndef WBCTL_H
 #define WBCTL_H
 
@@ -17,6 +17,7 @@ enum {
     WBCTL_EXIT_DATAERR = 65,
     WBCTL_EXIT_NOINPUT = 66,
     WBCTL_EXIT_UNAVAILABLE = 69,
+    WBCTL_EXIT_SOFTWARE = 70,
     WBCTL_EXIT_IOERR = 74,
     WBCTL_EXIT_TEMPFAIL = 75,
     WBCTL_EXIT_NOPERM = 77,

@@ -12,9 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* sysexits: an internal failure. */
-#define EXIT_SOFTWARE 70
-
 static const wbctl_spec spec = {
     .synopsis = "inspect [--json] PATH",
     .about =
@@ -24,7 +21,7 @@ static const wbctl_spec spec = {
         "--json prints {\"metadata\": {...}, \"tensors\": [{\"name\", \"dtype\", \"shape\",\n"
         "\"file\", \"offset\", \"nbytes\"}]}; offsets are absolute byte offsets in the file.\n\n"
         "Exit codes: 0 valid, 2 misuse, 65 malformed checkpoint, 66 missing file,\n"
-        "74 read error.",
+        "70 internal error, 74 read error.",
     .min_args = 1,
     .max_args = 1,
     .arg_names = (const char *const[]){"PATH"},
@@ -43,7 +40,7 @@ static int exit_code(int status)
     case WB_EINVAL:
         return WBCTL_EXIT_USAGE;
     default:
-        return EXIT_SOFTWARE;
+        return WBCTL_EXIT_SOFTWARE;
     }
 }
 
@@ -189,7 +186,7 @@ int wbctl_inspect(const wbctl_globals *g, int argc, char **argv)
         json_t *root = build_json(t);
         if (!root) {
             fprintf(stderr, "wbctl: inspect: out of memory building the JSON output\n");
-            code = EXIT_SOFTWARE;
+            code = WBCTL_EXIT_SOFTWARE;
         } else {
             if (json_dumpf(root, stdout, JSON_INDENT(2)) != 0)
                 code = WBCTL_EXIT_IOERR;
