@@ -1,7 +1,7 @@
 #include "sidechannel.h"
 
 #include "conn.h"
-#include "fdwire.h"
+#include "fdchan_wire.h"
 #include "log.h"
 #include "peer.h"
 #include "ratelog.h"
@@ -26,7 +26,7 @@ struct wb_side_conn {
     uint64_t serial;
     wb_peer_creds creds;
     char creds_error[WB_ERR_MSG_MAX];
-    uint8_t in[WB_FDWIRE_REQUEST_LEN];
+    uint8_t in[WB_FDCHAN_REQUEST_LEN];
     size_t in_len;
     int64_t accepted_ms;
     int answered; /* a request was served: the handshake deadline no longer applies */
@@ -58,10 +58,10 @@ int wb__side_listen(wb_sidechan *s, wb_broker *b, const char *socket_path,
     s->max_sessions_per_uid = opt->max_sessions_per_uid ? opt->max_sessions_per_uid : 1;
     s->handshake_ms = opt->handshake_ms;
     struct sockaddr_un sun = {.sun_family = AF_UNIX};
-    if (wb__fdwire_path(socket_path, s->path, sizeof s->path) != WB_OK ||
+    if (wb__fdchan_path(socket_path, s->path, sizeof s->path) != WB_OK ||
         strlen(s->path) >= sizeof sun.sun_path)
         return wb__err_set(err, WB_EINVAL,
-                           "the descriptor channel's path %s" WB_FDWIRE_SUFFIX
+                           "the descriptor channel's path %s" WB_FDCHAN_SUFFIX
                            " does not fit a socket address (%zu bytes at most)",
                            socket_path, sizeof sun.sun_path - 1);
     int rc = wb__socket_prepare(s->path, err);
@@ -160,12 +160,12 @@ static size_t find_serial(const wb_sidechan *s, uint64_t serial)
 static int send_reply(wb_side_conn *c, int32_t status, const int *fds, uint32_t n_fds,
                       const char *msg)
 {
-    uint8_t buf[WB_FDWIRE_REPLY_MAX];
-    size_t len = wb__fdwire_reply_pack(buf, status, n_fds, msg);
+    uint8_t buf[WB_FDCHAN_REPLY_MAX];
+    size_t len = wb__fdchan_reply_pack(buf, status, n_fds, msg);
     struct iovec iov = {.iov_base = buf, .iov_len = len};
     union {
         struct cmsghdr h;
-        char space[CMSG_SPACE(sizeof(int) * WB_FDWIRE_MAX_FDS)];
+        char space[CMSG_SPACE(sizeof(int) * WB_FDCHAN_MAX_FDS)];
     } ctl;
     struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
     if (n_fds) {
@@ -252,7 +252,7 @@ static int judge(wb_sidechan *s, wb_side_conn *c, const uint8_t *id, int *fds, u
     }
     const wb_model *m = l->model;
     const wb_backend *be = m->backend;
-    if (!be->slab_fd || m->data.n_slabs > WB_FDWIRE_MAX_FDS) {
+    if (!be->slab_fd || m->data.n_slabs > WB_FDCHAN_MAX_FDS) {
         snprintf(msg, size, "model '%.80s' has no slab descriptors (transport %s)", m->name,
                  wb__backend_transport(be));
         return WB_ENOSYS;
@@ -348,11 +348,11 @@ static int conn_readable(wb_sidechan *s, size_t i)
         c->in_len = 0;
         uint8_t id[WB_LEASE_ID_LEN];
         wb_err err;
-        char msg[WB_FDWIRE_MSG_MAX + 1];
-        int fds[WB_FDWIRE_MAX_FDS];
+        char msg[WB_FDCHAN_MSG_MAX + 1];
+        int fds[WB_FDCHAN_MAX_FDS];
         uint32_t n_fds = 0;
         int kind = 0;
-        int rc = wb__fdwire_request_parse(c->in, sizeof c->in, &kind, id, &err);
+        int rc = wb__fdchan_request_parse(c->in, sizeof c->in, &kind, id, &err);
         if (rc != WB_OK) {
             s->b->stats.malformed_messages++;
             char q[WB_ERR_MSG_MAX + 64];
@@ -370,14 +370,14 @@ static int conn_readable(wb_sidechan *s, size_t i)
         if (refuse) {
             rc = WB_EPERM;
             snprintf(msg, sizeof msg, "%.200s", c->creds_error);
-        } else if (kind == WB_FDWIRE_REQ_SESSION) {
+        } else if (kind == WB_FDCHAN_REQ_SESSION) {
             rc = session_token(s, c, msg, sizeof msg);
         } else {
             rc = judge(s, c, id, fds, &n_fds, msg, sizeof msg);
         }
         if (rc == WB_EPERM) {
             s->b->stats.requests_refused++;
-            char q[WB_FDWIRE_MSG_MAX + 64];
+            char q[WB_FDCHAN_MSG_MAX + 64];
             wb_warn_peer("peer_refused", c->creds.uid, "reason=fd_channel pid=%u uid=%u error=%s",
                          c->creds.pid, c->creds.uid, wb__log_quote(q, sizeof q, msg));
         }

@@ -3,7 +3,7 @@
  * lease fetches the descriptors of its slabs (SCM_RIGHTS). It is bound only
  * when the backend hands slabs out as descriptors (--host-slab memfd).
  *
- * A request is a lease id or a session token request (common/fdwire.h, 20
+ * A request is a lease id or a session token request (common/fdchan_wire.h, 20
  * bytes); nothing else is accepted. The broker answers with the lease's descriptors only when the
  * connection's SO_PEERCRED (read at accept) is the lease's holder, the same
  * pid and uid; otherwise a status and a reason that the client reports. A
@@ -22,7 +22,7 @@
  * acts as nobody, and its end reclaims nothing, since its pid may name
  * another process by then; that process's leases end with its own pidfd.
  *
- * Sessions: a connection may ask for its session token (fdwire.h); the
+ * Sessions: a connection may ask for its session token (fdchan_wire.h); the
  * client presents it in its ZeroMQ hello, and wb__side_bind then names
  * the ZeroMQ connection's peer by this connection. That is how a process
  * whose pid the broker cannot see (pid 0 from SO_PEERCRED: another pid

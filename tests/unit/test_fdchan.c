@@ -7,7 +7,7 @@
  * the request as malformed and the client reports it. */
 #include "broker.h"
 #include "fdchan.h"
-#include "fdwire.h"
+#include "fdchan_wire.h"
 #include "sidechannel.h"
 
 #include <check.h>
@@ -138,10 +138,10 @@ static void *old_broker(void *arg)
     int fd = accept(lfd, NULL, NULL);
     if (fd < 0)
         return NULL;
-    uint8_t req[WB_FDWIRE_REQUEST_LEN];
+    uint8_t req[WB_FDCHAN_REQUEST_LEN];
     ssize_t n = recv(fd, req, sizeof req, MSG_WAITALL);
-    uint8_t buf[WB_FDWIRE_REPLY_MAX];
-    size_t len = wb__fdwire_reply_pack(
+    uint8_t buf[WB_FDCHAN_REPLY_MAX];
+    size_t len = wb__fdchan_reply_pack(
         buf, WB_EPROTO, 0,
         n == (ssize_t)sizeof req ? "descriptor request does not start with \"WBF1\"" : "short");
     (void)!send(fd, buf, len, MSG_NOSIGNAL);

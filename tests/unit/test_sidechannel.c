@@ -9,7 +9,7 @@
  * session's token binds only its own connection's uid and pid, and its end
  * reclaims every lease of its identity. */
 #include "broker_fixture.h"
-#include "fdwire.h"
+#include "fdchan_wire.h"
 #include "sidechannel.h"
 
 #include <errno.h>
@@ -104,8 +104,8 @@ static void pump(wb_sidechan *s, int cfd)
 typedef struct answer {
     int32_t status;
     uint32_t n_fds;
-    int fds[WB_FDWIRE_MAX_FDS];
-    char msg[WB_FDWIRE_MSG_MAX + 1];
+    int fds[WB_FDCHAN_MAX_FDS];
+    char msg[WB_FDCHAN_MSG_MAX + 1];
     int eof;
 } answer;
 
@@ -115,11 +115,11 @@ static answer ask(wb_sidechan *s, int cfd, const uint8_t *raw, size_t len)
     memset(&a, 0, sizeof a);
     ck_assert_int_eq(send(cfd, raw, len, MSG_NOSIGNAL), (ssize_t)len);
     pump(s, cfd);
-    uint8_t hdr[WB_FDWIRE_HEADER_LEN];
+    uint8_t hdr[WB_FDCHAN_HEADER_LEN];
     struct iovec iov = {.iov_base = hdr, .iov_len = sizeof hdr};
     union {
         struct cmsghdr h;
-        char space[CMSG_SPACE(sizeof(int) * WB_FDWIRE_MAX_FDS)];
+        char space[CMSG_SPACE(sizeof(int) * WB_FDCHAN_MAX_FDS)];
     } ctl;
     struct msghdr mh = {
         .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.space, .msg_controllen = sizeof ctl};
@@ -136,7 +136,7 @@ static answer ask(wb_sidechan *s, int cfd, const uint8_t *raw, size_t len)
     }
     uint32_t announced, ml;
     wb_err err;
-    ck_assert_int_eq(wb__fdwire_header_parse(hdr, &a.status, &announced, &ml, &err), WB_OK);
+    ck_assert_int_eq(wb__fdchan_header_parse(hdr, &a.status, &announced, &ml, &err), WB_OK);
     ck_assert_uint_eq(announced, a.n_fds);
     if (ml)
         ck_assert_int_eq(recv(cfd, a.msg, ml, MSG_DONTWAIT), (ssize_t)ml);
@@ -145,8 +145,8 @@ static answer ask(wb_sidechan *s, int cfd, const uint8_t *raw, size_t len)
 
 static answer ask_id(wb_sidechan *s, int cfd, const uint8_t *id)
 {
-    uint8_t req[WB_FDWIRE_REQUEST_LEN];
-    wb__fdwire_request_pack(req, id);
+    uint8_t req[WB_FDCHAN_REQUEST_LEN];
+    wb__fdchan_request_pack(req, id);
     return ask(s, cfd, req, sizeof req);
 }
 
@@ -292,8 +292,8 @@ START_TEST(test_session)
     setup_side(&b, &s);
     wb_model *m = memfd_model(&b, "m");
     int cfd = connect_side();
-    uint8_t req[WB_FDWIRE_REQUEST_LEN];
-    wb__fdwire_session_request_pack(req);
+    uint8_t req[WB_FDCHAN_REQUEST_LEN];
+    wb__fdchan_session_request_pack(req);
     answer a = ask(&s, cfd, req, sizeof req);
     ck_assert_int_eq(a.status, WB_OK);
     ck_assert_uint_eq(a.n_fds, 0);
@@ -393,7 +393,7 @@ START_TEST(test_hostile_input)
     wb_sidechan s;
     setup_side(&b, &s);
     int cfd = connect_side();
-    uint8_t junk[WB_FDWIRE_REQUEST_LEN];
+    uint8_t junk[WB_FDCHAN_REQUEST_LEN];
     memset(junk, 'Z', sizeof junk);
     answer a = ask(&s, cfd, junk, sizeof junk);
     ck_assert_int_eq(a.status, WB_EPROTO);
