@@ -53,7 +53,7 @@ typedef struct wb_backend {
      * sealed, wb__shm_seal). */
     int (*slab_seal)(wb_slab *slab, wb_err *err);
     /* May be NULL. The descriptor a client receives for the slab on the
-     * descriptor channel (sidechannel.h), or -1 when clients reach the slab
+     * descriptor channel (fdchan_server.h), or -1 when clients reach the slab
      * by its name or handle. The slab keeps it; the channel sends copies. */
     int (*slab_fd)(const wb_slab *slab);
     /* How clients reach a slab (Slab.transport): "shm" (a name in

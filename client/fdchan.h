@@ -1,4 +1,4 @@
-/* The client's end of the broker's descriptor channel (broker/sidechannel.h,
+/* The client's end of the broker's descriptor channel (broker/fdchan_server.h,
  * wire layout in common/fdchan_wire.h): the descriptors of a lease's slabs,
  * fetched by lease id over the unix socket "<broker socket>.fd".
  *
