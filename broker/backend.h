@@ -76,7 +76,7 @@ typedef struct wb_backend {
     wb_copy_engine *engine;
     /* May be NULL (host). The copy engine of `device` (its own stream and one
      * event per staging buffer) for loads to several devices at once
-     * (copy_fanout.h); `engine` is --device's. Others are started on first
+     * (stage_fanout.h); `engine` is --device's. Others are started on first
      * use and kept until the backend is freed. Called by the loader thread. */
     int (*device_engine)(const struct wb_backend *be, int device, wb_copy_engine **out,
                          wb_err *err);
