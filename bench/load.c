@@ -36,9 +36,9 @@
  * cudaMemcpyBatchAsync) on the default ring, nothing else running. */
 #include "backend.h"
 #include "loader.h"
-#include "ntcopy.h"
 #include "safetensors.h"
 #include "stage.h"
+#include "stage_ntcopy.h"
 
 #include <cuda_runtime_api.h>
 #include <jansson.h>
@@ -1090,7 +1090,7 @@ int main(int argc, char **argv)
     json_object_set_new(root, "date", json_string(date));
     json_object_set_new(root, "gpu", json_string(prop.name));
     json_object_set_new(root, "cpus", json_integer(sysconf(_SC_NPROCESSORS_ONLN)));
-    json_object_set_new(root, "nt_copy", json_string(wb__nt_copy_kind()));
+    json_object_set_new(root, "nt_copy", json_string(wb__stage_ntcopy_kind()));
     json_object_set_new(root, "file", json_string(o.file));
     json_object_set_new(root, "runs", json_integer(o.runs));
     json_object_set_new(root, "keep_loads", json_boolean(o.keep_loads));

@@ -53,7 +53,7 @@ typedef struct wb_backend {
      * sealed, wb__shm_seal). */
     int (*slab_seal)(wb_slab *slab, wb_err *err);
     /* May be NULL. The descriptor a client receives for the slab on the
-     * descriptor channel (sidechannel.h), or -1 when clients reach the slab
+     * descriptor channel (fdchan_server.h), or -1 when clients reach the slab
      * by its name or handle. The slab keeps it; the channel sends copies. */
     int (*slab_fd)(const wb_slab *slab);
     /* How clients reach a slab (Slab.transport): "shm" (a name in
@@ -76,7 +76,7 @@ typedef struct wb_backend {
     wb_copy_engine *engine;
     /* May be NULL (host). The copy engine of `device` (its own stream and one
      * event per staging buffer) for loads to several devices at once
-     * (copy_fanout.h); `engine` is --device's. Others are started on first
+     * (stage_fanout.h); `engine` is --device's. Others are started on first
      * use and kept until the backend is freed. Called by the loader thread. */
     int (*device_engine)(const struct wb_backend *be, int device, wb_copy_engine **out,
                          wb_err *err);

@@ -1,6 +1,6 @@
 #include "leases.h"
 
-#include "fdwire.h"
+#include "fdchan_wire.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -211,7 +211,7 @@ int wb__leases_grant(wb_lease_table *t, struct wb_model *model, const wb_peer_cr
         }
         wb_err perr;
         /* A peer known by its session has no pid to watch: its session's
-         * connection is the proof of its end (sidechannel.h). */
+         * connection is the proof of its end (fdchan_server.h). */
         int session = WB_IS_SESSION_ID(c->pid);
         int fd = -1;
         if (!session && t->hint_pidfd >= 0 && t->hint_pid == c->pid) {

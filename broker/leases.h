@@ -15,7 +15,7 @@
  * uid, and the process the peer record's pidfd watches (the broker reclaims
  * a pid's leases before acting for a new process that reuses the pid). A
  * peer whose pid the broker cannot see is known by a session id in place
- * of the pid (WB_IS_SESSION_ID, common/fdwire.h): its record has no pidfd
+ * of the pid (WB_IS_SESSION_ID, common/fdchan_wire.h): its record has no pidfd
  * and no name from /proc; the session's end reclaims its leases. */
 #ifndef WB_BROKER_LEASES_H
 #define WB_BROKER_LEASES_H

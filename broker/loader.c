@@ -1,8 +1,8 @@
 #include "loader.h"
 
-#include "copy_fanout.h"
 #include "log.h"
 #include "safetensors.h"
+#include "stage_fanout.h"
 #include "wire.h"
 
 #include <errno.h>
@@ -269,8 +269,8 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
     wb_model_data d = {0};
     inputs in = {0};
     wb_stage_tensor *st = NULL;
-    wb_fanout_target targets[WB_GPU_MAX];
-    wb_fanout fanout;
+    wb_stage_fanout_target targets[WB_GPU_MAX];
+    wb_stage_fanout fanout;
     wb_staging fan_ring;
     uint64_t size = 0;
     double t1 = mono_seconds();
@@ -325,7 +325,7 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
         /* Each device copies through its own engine; the file is read once
          * and every chunk goes to every device. */
         for (unsigned k = 0; k < n_devs; k++) {
-            targets[k] = (wb_fanout_target){
+            targets[k] = (wb_stage_fanout_target){
                 .device = devs[k], .dst = d.slabs[k].dev_ptr, .copy_seconds = -1};
             if (d.copies[k].state != WBPROTO__MODEL_STATE__MODEL_READY) {
                 targets[k].failed = 1;
@@ -341,7 +341,7 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
                 fail_copy(be, &d, k, &targets[k].err);
             }
         }
-        if ((rc = wb__fanout_init(&fanout, targets, n_devs, err)) != WB_OK)
+        if ((rc = wb__stage_fanout_init(&fanout, targets, n_devs, err)) != WB_OK)
             goto done;
         if (mode == WB_STAGE_STAGED) {
             fan_ring = *be->staging;

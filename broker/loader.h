@@ -30,7 +30,7 @@ typedef struct wb_load_opts {
     int device;
     /* May be NULL: `device` alone. The devices the copies go to (the
      * broker's ordinals, at most WB_GPU_MAX), one slab each; the file is read
-     * once and copied to all of them in parallel (copy_fanout.h). A device
+     * once and copied to all of them in parallel (stage_fanout.h). A device
      * that fails gets a failed copy and the others stay ready. The host
      * backend ignores them and makes one copy in host memory. */
     const int *devices;

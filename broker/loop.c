@@ -1,12 +1,12 @@
 #include "loop.h"
 
+#include "fdchan_server.h"
 #include "log.h"
 #include "metrics.h"
 #include "ops.h"
 #include "ops_admin.h"
 #include "paths.h"
 #include "ratelog.h"
-#include "sidechannel.h"
 #include "signals.h"
 #include "wire.h"
 
@@ -46,13 +46,13 @@ typedef struct loop {
     uint64_t *serials; /* connections with events, in this round */
     uint32_t *revents;
     /* The descriptor channel, when the backend hands out descriptors. */
-    wb_sidechan side;
-    int have_side;
+    wb_fdchan_server fdchan;
+    int have_fdchan;
 } loop;
 
 /* epoll data of the fixed descriptors; a connection's is its serial with
  * EV_CONN set. */
-enum { EV_LISTEN = 1, EV_SIGNAL, EV_LOADER, EV_DEATH, EV_SIDE };
+enum { EV_LISTEN = 1, EV_SIGNAL, EV_LOADER, EV_DEATH, EV_FDCHAN };
 #define EV_CONN (1ull << 63)
 
 /* Packs and sends a reply to the connection `ident` as one ZMTP frame. A
@@ -145,20 +145,20 @@ static void refuse_and_close(loop *L, wb_conn *c, const wb_zmtp_msg *m, const ch
 static int peer_identity(loop *L, wb_conn *c, const Wbproto__Request *req, wb_err *err)
 {
     int ended = 0;
-    if (c->session && !(L->have_side && wb__side_session_alive(&L->side, c->session))) {
+    if (c->session && !(L->have_fdchan && wb__fdchan_session_alive(&L->fdchan, c->session))) {
         c->creds = c->kernel;
         c->session = 0;
         ended = 1;
     }
     if (req->body_case == WBPROTO__REQUEST__BODY_HELLO && req->hello->session.len > 0) {
-        if (!L->have_side)
+        if (!L->have_fdchan)
             return wb__err_set(err, WB_EINVAL,
                                "the hello carries a session token, but this broker has no "
                                "descriptor channel (it has one with --host-slab memfd)");
         wb_peer_creds id;
         uint64_t serial;
-        int rc = wb__side_bind(&L->side, &c->kernel, req->hello->session.data,
-                               req->hello->session.len, &id, &serial, err);
+        int rc = wb__fdchan_bind(&L->fdchan, &c->kernel, req->hello->session.data,
+                                 req->hello->session.len, &id, &serial, err);
         if (rc != WB_OK)
             return rc;
         if (c->session && c->session != serial)
@@ -177,7 +177,7 @@ static int peer_identity(loop *L, wb_conn *c, const Wbproto__Request *req, wb_er
         return wb__err_set(err, WB_EPERM,
                            "the descriptor channel session this connection was bound to has "
                            "ended; say hello again with a new session token");
-    if (!L->have_side)
+    if (!L->have_fdchan)
         return wb__err_set(err, WB_EPERM,
                            "the peer's pid is not visible from the broker (uid %u, another pid "
                            "namespace) and this broker has no descriptor channel to know it by "
@@ -187,7 +187,7 @@ static int peer_identity(loop *L, wb_conn *c, const Wbproto__Request *req, wb_er
                        "the peer's pid is not visible from the broker (uid %u, another pid "
                        "namespace): its hello must carry the session token of the descriptor "
                        "channel %s",
-                       c->kernel.uid, L->side.path);
+                       c->kernel.uid, L->fdchan.path);
 }
 
 /* A complete request from connection c (wb_conns' on_message): decoded,
@@ -472,14 +472,14 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
         goto out_unlink;
     }
     if (b->cfg.backend->slab_fd) {
-        L.have_side = 1;
-        if ((rc = wb__side_listen(&L.side, b, socket_path, opt, err)) != WB_OK)
+        L.have_fdchan = 1;
+        if ((rc = wb__fdchan_listen(&L.fdchan, b, socket_path, opt, err)) != WB_OK)
             goto out_unlink;
-        if (add_fixed(L.ep, L.side.ep, EV_SIDE) != 0) {
+        if (add_fixed(L.ep, L.fdchan.ep, EV_FDCHAN) != 0) {
             rc = wb__err_errno(err, WB_EIO, errno, "setting up the epoll set");
             goto out_unlink;
         }
-        wb_info("fd_channel", "socket=%s", wb__log_quote(q, sizeof q, L.side.path));
+        wb_info("fd_channel", "socket=%s", wb__log_quote(q, sizeof q, L.fdchan.path));
     }
     b->loader = &L.loader;
 
@@ -521,7 +521,7 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
             break;
         }
         if (pr > 0) {
-            int listen = 0, signals = 0, loads = 0, deaths = 0, side = 0;
+            int listen = 0, signals = 0, loads = 0, deaths = 0, fdchan = 0;
             size_t k = 0;
             for (int i = 0; i < pr; i++) {
                 uint64_t tag = L.evs[i].data.u64;
@@ -533,7 +533,7 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
                     signals |= tag == EV_SIGNAL;
                     loads |= tag == EV_LOADER;
                     deaths |= tag == EV_DEATH;
-                    side |= tag == EV_SIDE;
+                    fdchan |= tag == EV_FDCHAN;
                 }
             }
             if (signals)
@@ -542,16 +542,16 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
              * the dead process's leases in this same round. */
             if (deaths)
                 handle_deaths(&L);
-            if (side)
-                wb__side_handle(&L.side);
+            if (fdchan)
+                wb__fdchan_handle(&L.fdchan);
             if (loads)
                 handle_loads(&L);
             handle_conns(&L, k);
             if (listen)
                 wb__conns_accept(&L.conns);
         }
-        if (L.have_side)
-            wb__side_expire(&L.side);
+        if (L.have_fdchan)
+            wb__fdchan_expire(&L.fdchan);
         b->stats.connections = (uint32_t)L.conns.n;
         wb__broker_pace_heartbeats(b, L.conns.n, b->now_ms());
         /* The stale scan walks every lease: on a timer, not per message. */
@@ -577,8 +577,8 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
             L.stop ? wb__signal_name(L.stop, signame, sizeof signame) : "none");
 
 out_unlink:
-    if (L.have_side)
-        wb__side_destroy(&L.side);
+    if (L.have_fdchan)
+        wb__fdchan_destroy(&L.fdchan);
     wb__conns_destroy(&L.conns);
     if (L.sigfd >= 0)
         close(L.sigfd);

@@ -1,6 +1,6 @@
 #include "ops.h"
 
-#include "fdwire.h"
+#include "fdchan_wire.h"
 #include "log.h"
 #include "ops_admin.h"
 #include "ops_list.h"

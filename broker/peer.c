@@ -1,6 +1,6 @@
 #include "peer.h"
 
-#include "fdwire.h"
+#include "fdchan_wire.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -44,7 +44,7 @@ typedef struct wb_peer_creds {
     uint32_t uid;
     uint32_t gid; /* the effective gid at connect (SO_PEERCRED) */
     /* The process id, or for a peer known by its descriptor channel session
-     * an id at or above WB_SESSION_ID_BASE (common/fdwire.h). */
+     * an id at or above WB_SESSION_ID_BASE (common/fdchan_wire.h). */
     uint32_t pid;
     /* 1 when the kernel gave uid and gid but pid 0: the peer lives in a pid
      * namespace the broker cannot see into (known is 0 until a session

@@ -1,6 +1,6 @@
 #include "quota.h"
 
-#include "fdwire.h"
+#include "fdchan_wire.h"
 #include "peer.h"
 #include "safetensors.h"
 #include "wire.h"

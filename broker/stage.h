@@ -62,7 +62,7 @@ typedef enum wb_stage_read {
     /* memcpy from a read-only shared mapping of the file, populated a chunk
      * at a time (MADV_POPULATE_READ) and dropped after it. */
     WB_STAGE_READ_MMAP = 2,
-    /* The same with non-temporal stores (ntcopy.h): the buffer is not read
+    /* The same with non-temporal stores (stage_ntcopy.h): the buffer is not read
      * for ownership first. Blocks are checksummed from the mapping, which
      * the copy has just brought into the cache; the buffer's bytes are not
      * there. */

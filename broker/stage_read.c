@@ -2,7 +2,7 @@
  * checksum them. */
 #include "stage_impl.h"
 
-#include "ntcopy.h"
+#include "stage_ntcopy.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -99,7 +99,7 @@ static int guarded(const mapped_op *op)
     bus_guard = &jb;
     if (op->dst) {
         if (op->nt)
-            wb__nt_copy(op->dst, op->src, op->n);
+            wb__stage_ntcopy(op->dst, op->src, op->n);
         else if (op->n)
             memcpy(op->dst, op->src, op->n);
     }

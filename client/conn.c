@@ -5,7 +5,7 @@
 #include "client_impl.h"
 
 #include "fdchan.h"
-#include "fdwire.h"
+#include "fdchan_wire.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -65,7 +65,7 @@ static void session_locked(wb_client *c, char *why, size_t size)
     why[0] = '\0';
     char path[WB_RPC_PATH_MAX + 8];
     struct stat st;
-    if (wb__fdwire_path(c->rpc.path, path, sizeof path) != WB_OK || stat(path, &st) != 0 ||
+    if (wb__fdchan_path(c->rpc.path, path, sizeof path) != WB_OK || stat(path, &st) != 0 ||
         !S_ISSOCK(st.st_mode))
         return;
     wb_err e;

@@ -1,6 +1,6 @@
 #include "fdchan.h"
 
-#include "fdwire.h"
+#include "fdchan_wire.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -143,23 +143,23 @@ static void close_all(int *fds, size_t n)
 
 /* One exchange on a connected channel. *broken is set when the connection
  * cannot be used any more (the caller drops it). */
-static int exchange(chan *c, const uint8_t req[WB_FDWIRE_REQUEST_LEN], const char *what, int *fds,
-                    size_t max_fds, size_t *n_fds, char msg[WB_FDWIRE_MSG_MAX + 1], int *broken,
+static int exchange(chan *c, const uint8_t req[WB_FDCHAN_REQUEST_LEN], const char *what, int *fds,
+                    size_t max_fds, size_t *n_fds, char msg[WB_FDCHAN_MSG_MAX + 1], int *broken,
                     wb_err *err)
 {
     *broken = 1;
     ssize_t n;
     do {
-        n = send(c->fd, req, WB_FDWIRE_REQUEST_LEN, MSG_NOSIGNAL);
+        n = send(c->fd, req, WB_FDCHAN_REQUEST_LEN, MSG_NOSIGNAL);
     } while (n < 0 && errno == EINTR);
-    if (n != (ssize_t)WB_FDWIRE_REQUEST_LEN)
+    if (n != (ssize_t)WB_FDCHAN_REQUEST_LEN)
         return wb__err_errno(err, WB_ECONN, n < 0 ? errno : EPIPE,
                              "descriptor channel %s: sending the request", c->path);
-    uint8_t hdr[WB_FDWIRE_HEADER_LEN];
+    uint8_t hdr[WB_FDCHAN_HEADER_LEN];
     struct iovec iov = {.iov_base = hdr, .iov_len = sizeof hdr};
     union {
         struct cmsghdr h;
-        char space[CMSG_SPACE(sizeof(int) * WB_FDWIRE_MAX_FDS)];
+        char space[CMSG_SPACE(sizeof(int) * WB_FDCHAN_MAX_FDS)];
     } ctl;
     struct msghdr mh = {
         .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.space, .msg_controllen = sizeof ctl};
@@ -167,13 +167,13 @@ static int exchange(chan *c, const uint8_t req[WB_FDWIRE_REQUEST_LEN], const cha
         n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC | MSG_WAITALL);
     } while (n < 0 && errno == EINTR);
     /* Whatever came, descriptors first: they must not leak. */
-    int got[WB_FDWIRE_MAX_FDS];
+    int got[WB_FDCHAN_MAX_FDS];
     size_t n_got = 0;
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
         if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
             continue;
         size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t j = 0; j < k && n_got < WB_FDWIRE_MAX_FDS; j++)
+        for (size_t j = 0; j < k && n_got < WB_FDCHAN_MAX_FDS; j++)
             memcpy(&got[n_got++], CMSG_DATA(cm) + j * sizeof(int), sizeof(int));
     }
     if (n != (ssize_t)sizeof hdr) {
@@ -187,7 +187,7 @@ static int exchange(chan *c, const uint8_t req[WB_FDWIRE_REQUEST_LEN], const cha
     }
     int32_t status;
     uint32_t want, msg_len;
-    int rc = wb__fdwire_header_parse(hdr, &status, &want, &msg_len, err);
+    int rc = wb__fdchan_header_parse(hdr, &status, &want, &msg_len, err);
     msg[0] = '\0';
     if (rc == WB_OK && msg_len) {
         do {
@@ -227,9 +227,9 @@ static int exchange(chan *c, const uint8_t req[WB_FDWIRE_REQUEST_LEN], const cha
  * (chan_mu; the fork handlers registered once). */
 static int lock_channels(const char *socket_path, char *path, size_t size, wb_err *err)
 {
-    if (wb__fdwire_path(socket_path, path, size) != WB_OK)
+    if (wb__fdchan_path(socket_path, path, size) != WB_OK)
         return wb__err_set(err, WB_EINVAL,
-                           "the descriptor channel's path %s" WB_FDWIRE_SUFFIX " is too long",
+                           "the descriptor channel's path %s" WB_FDCHAN_SUFFIX " is too long",
                            socket_path);
     pthread_once(&atfork_once, register_atfork);
     pthread_mutex_lock(&chan_mu);
@@ -253,9 +253,9 @@ int wb__fdchan_fetch(const char *socket_path, const uint8_t *lease_id, int timeo
         if (rc != WB_OK)
             break;
         int broken = 0;
-        uint8_t req[WB_FDWIRE_REQUEST_LEN];
-        char msg[WB_FDWIRE_MSG_MAX + 1];
-        wb__fdwire_request_pack(req, lease_id);
+        uint8_t req[WB_FDCHAN_REQUEST_LEN];
+        char msg[WB_FDCHAN_MSG_MAX + 1];
+        wb__fdchan_request_pack(req, lease_id);
         rc = exchange(c, req, "the descriptors", fds, max_fds, n_fds, msg, &broken, err);
         if (!broken)
             break;
@@ -281,12 +281,12 @@ int wb__fdchan_session(const char *socket_path, int timeout_ms, uint8_t *token, 
             memcpy(token, c->token, WB_SESSION_TOKEN_LEN);
             break;
         }
-        int broken = 0, fds[WB_FDWIRE_MAX_FDS];
+        int broken = 0, fds[WB_FDCHAN_MAX_FDS];
         size_t n_fds = 0;
-        uint8_t req[WB_FDWIRE_REQUEST_LEN];
-        char msg[WB_FDWIRE_MSG_MAX + 1];
-        wb__fdwire_session_request_pack(req);
-        rc = exchange(c, req, "a session", fds, WB_FDWIRE_MAX_FDS, &n_fds, msg, &broken, err);
+        uint8_t req[WB_FDCHAN_REQUEST_LEN];
+        char msg[WB_FDCHAN_MSG_MAX + 1];
+        wb__fdchan_session_request_pack(req);
+        rc = exchange(c, req, "a session", fds, WB_FDCHAN_MAX_FDS, &n_fds, msg, &broken, err);
         close_all(fds, n_fds);
         if (rc == WB_OK && n_fds == 0) {
             wb_err perr;
@@ -316,7 +316,7 @@ int wb__fdchan_session(const char *socket_path, int timeout_ms, uint8_t *token, 
 int wb__fdchan_session_open(const char *socket_path, const uint8_t *token)
 {
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
-    if (wb__fdwire_path(socket_path, path, sizeof path) != WB_OK)
+    if (wb__fdchan_path(socket_path, path, sizeof path) != WB_OK)
         return 0;
     int open = 0;
     pthread_mutex_lock(&chan_mu);

@@ -1,5 +1,5 @@
-/* The client's end of the broker's descriptor channel (broker/sidechannel.h,
- * wire layout in common/fdwire.h): the descriptors of a lease's slabs,
+/* The client's end of the broker's descriptor channel (broker/fdchan_server.h,
+ * wire layout in common/fdchan_wire.h): the descriptors of a lease's slabs,
  * fetched by lease id over the unix socket "<broker socket>.fd".
  *
  * One connection per broker socket and process, opened at the first fetch
@@ -11,7 +11,7 @@
  * connections are close-on-exec: exec ends them too (the mappings go with
  * the old image).
  *
- * The same connection carries the process's session (fdwire.h): its token
+ * The same connection carries the process's session (fdchan_wire.h): its token
  * goes in every hello, and names the process to a broker that cannot see
  * its pid (another pid namespace). */
 #ifndef WB_FDCHAN_H

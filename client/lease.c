@@ -6,7 +6,7 @@
 #include "client_impl.h"
 #include "devlist.h"
 #include "fdchan.h"
-#include "fdwire.h"
+#include "fdchan_wire.h"
 #include "gpu.h"
 #include "mapcache.h"
 
@@ -243,7 +243,7 @@ static int map_slabs(wb_client *c, const char *model, const Wbproto__Lease *pl, 
     if (!l->maps)
         return wb__client_fail(c, WB_ENOMEM, "acquire '%s': out of memory", model);
     /* Slabs handed out as descriptors come in one fetch for the lease. */
-    int fds[WB_FDWIRE_MAX_FDS];
+    int fds[WB_FDCHAN_MAX_FDS];
     size_t n_fds = 0, want_fds = 0;
     for (size_t i = 0; i < pl->n_slabs; i++) {
         const Wbproto__Slab *s = pl->slabs[i];
@@ -260,7 +260,7 @@ static int map_slabs(wb_client *c, const char *model, const Wbproto__Lease *pl, 
     if (want_fds) {
         wb_err e;
         int rc = wb__fdchan_fetch(c->rpc.path, pl->id.data, c->rpc.timeout_ms, fds,
-                                  WB_FDWIRE_MAX_FDS, &n_fds, &e);
+                                  WB_FDCHAN_MAX_FDS, &n_fds, &e);
         if (rc != WB_OK)
             return wb__client_fail(c, rc, "acquire '%s': %s", model, e.msg);
         if (n_fds != pl->n_slabs) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A raw client of the broker's descriptor channel (common/fdwire.h) for the
+"""A raw client of the broker's descriptor channel (common/fdchan_wire.h) for the
 integration tests: it asks for a lease's descriptors as any process could,
 whoever holds the lease, and reports the broker's exact answer.
 

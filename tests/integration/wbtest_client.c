@@ -70,7 +70,7 @@
 #include "wb/client.h"
 
 #include "fdchan.h"
-#include "fdwire.h"
+#include "fdchan_wire.h"
 #include "paths.h"
 #include "rpc.h"
 #include "wire.h"
@@ -607,10 +607,10 @@ static int cmd_acquire_plain(const char *model)
             memcpy(id, rep->acquire->lease->id.data, WB_LEASE_ID_LEN);
         wb__reply_free(&rep);
     }
-    int fds[WB_FDWIRE_MAX_FDS];
+    int fds[WB_FDCHAN_MAX_FDS];
     size_t n_fds = 0;
     if (rc == WB_OK)
-        rc = wb__fdchan_fetch(rpc.path, id, 0, fds, WB_FDWIRE_MAX_FDS, &n_fds, &err);
+        rc = wb__fdchan_fetch(rpc.path, id, 0, fds, WB_FDCHAN_MAX_FDS, &n_fds, &err);
     if (rc != WB_OK) {
         printf("error=%s\n", err.msg);
         wb__rpc_close(&rpc);

@@ -1,5 +1,5 @@
 /* The client's end of the descriptor channel (client/fdchan.h) against the
- * broker's (broker/sidechannel.h) on a real socket, the broker side pumped
+ * broker's (broker/fdchan_server.h) on a real socket, the broker side pumped
  * by a thread: a process gets one session token per connection, the same
  * on every ask, that the broker binds to this process; the session stays
  * open until the broker closes its end, after which the next ask connects
@@ -7,8 +7,8 @@
  * the request as malformed and the client reports it. */
 #include "broker.h"
 #include "fdchan.h"
-#include "fdwire.h"
-#include "sidechannel.h"
+#include "fdchan_server.h"
+#include "fdchan_wire.h"
 
 #include <check.h>
 
@@ -41,7 +41,7 @@ static wb_peer_creds me(void)
 }
 
 typedef struct pump {
-    wb_sidechan *s;
+    wb_fdchan_server *s;
     pthread_t t;
     atomic_int stop;
 } pump;
@@ -50,13 +50,13 @@ static void *pump_main(void *arg)
 {
     pump *p = arg;
     while (!atomic_load(&p->stop)) {
-        wb__side_handle(p->s);
+        wb__fdchan_handle(p->s);
         usleep(500);
     }
     return NULL;
 }
 
-static void pump_start(pump *p, wb_sidechan *s)
+static void pump_start(pump *p, wb_fdchan_server *s)
 {
     p->s = s;
     atomic_init(&p->stop, 0);
@@ -72,18 +72,18 @@ static void pump_stop(pump *p)
 START_TEST(test_session_per_connection)
 {
     wb_broker b;
-    wb_sidechan s;
+    wb_fdchan_server s;
     broker_init(&b);
     snprintf(dir, sizeof dir, "/tmp/wbfdc.XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(dir));
     snprintf(sock_path, sizeof sock_path, "%s/broker.sock", dir);
     wb_err err;
-    ck_assert_int_eq(wb__side_listen(&s, &b, sock_path,
-                                     &(wb_loop_options){.max_peers = 8,
-                                                        .max_per_uid = 8,
-                                                        .max_sessions_per_uid = 8,
-                                                        .handshake_ms = 1000},
-                                     &err),
+    ck_assert_int_eq(wb__fdchan_listen(&s, &b, sock_path,
+                                       &(wb_loop_options){.max_peers = 8,
+                                                          .max_per_uid = 8,
+                                                          .max_sessions_per_uid = 8,
+                                                          .handshake_ms = 1000},
+                                       &err),
                      WB_OK);
     pump p;
     pump_start(&p, &s);
@@ -101,19 +101,19 @@ START_TEST(test_session_per_connection)
     /* The broker knows the token as this process's. */
     wb_peer_creds self = me(), out;
     uint64_t serial;
-    ck_assert_int_eq(wb__side_bind(&s, &self, t1, sizeof t1, &out, &serial, &err), WB_OK);
+    ck_assert_int_eq(wb__fdchan_bind(&s, &self, t1, sizeof t1, &out, &serial, &err), WB_OK);
     ck_assert_uint_eq(out.pid, self.pid);
 
     /* The broker goes away and another takes the path: the old session is
      * over, the next ask gets a new one. */
-    wb__side_destroy(&s);
+    wb__fdchan_destroy(&s);
     ck_assert_int_eq(wb__fdchan_session_open(sock_path, t1), 0);
-    ck_assert_int_eq(wb__side_listen(&s, &b, sock_path,
-                                     &(wb_loop_options){.max_peers = 8,
-                                                        .max_per_uid = 8,
-                                                        .max_sessions_per_uid = 8,
-                                                        .handshake_ms = 1000},
-                                     &err),
+    ck_assert_int_eq(wb__fdchan_listen(&s, &b, sock_path,
+                                       &(wb_loop_options){.max_peers = 8,
+                                                          .max_per_uid = 8,
+                                                          .max_sessions_per_uid = 8,
+                                                          .handshake_ms = 1000},
+                                       &err),
                      WB_OK);
     pump_start(&p, &s);
     uint8_t t2[WB_SESSION_TOKEN_LEN];
@@ -122,9 +122,9 @@ START_TEST(test_session_per_connection)
     ck_assert_int_eq(wb__fdchan_session_open(sock_path, t2), 1);
     ck_assert_int_eq(wb__fdchan_session_open(sock_path, t1), 0);
     pump_stop(&p);
-    ck_assert_int_eq(wb__side_bind(&s, &self, t1, sizeof t1, &out, &serial, &err), WB_EPERM);
-    ck_assert_int_eq(wb__side_bind(&s, &self, t2, sizeof t2, &out, &serial, &err), WB_OK);
-    wb__side_destroy(&s);
+    ck_assert_int_eq(wb__fdchan_bind(&s, &self, t1, sizeof t1, &out, &serial, &err), WB_EPERM);
+    ck_assert_int_eq(wb__fdchan_bind(&s, &self, t2, sizeof t2, &out, &serial, &err), WB_OK);
+    wb__fdchan_destroy(&s);
     wb__broker_destroy(&b);
     rmdir(dir);
 }
@@ -138,10 +138,10 @@ static void *old_broker(void *arg)
     int fd = accept(lfd, NULL, NULL);
     if (fd < 0)
         return NULL;
-    uint8_t req[WB_FDWIRE_REQUEST_LEN];
+    uint8_t req[WB_FDCHAN_REQUEST_LEN];
     ssize_t n = recv(fd, req, sizeof req, MSG_WAITALL);
-    uint8_t buf[WB_FDWIRE_REPLY_MAX];
-    size_t len = wb__fdwire_reply_pack(
+    uint8_t buf[WB_FDCHAN_REPLY_MAX];
+    size_t len = wb__fdchan_reply_pack(
         buf, WB_EPROTO, 0,
         n == (ssize_t)sizeof req ? "descriptor request does not start with \"WBF1\"" : "short");
     (void)!send(fd, buf, len, MSG_NOSIGNAL);
@@ -181,19 +181,19 @@ END_TEST
 START_TEST(test_brokers_come_and_go)
 {
     wb_broker b;
-    wb_sidechan s;
+    wb_fdchan_server s;
     broker_init(&b);
     snprintf(dir, sizeof dir, "/tmp/wbfdc.XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(dir));
     wb_err err;
     for (int k = 0; k < 12; k++) {
         snprintf(sock_path, sizeof sock_path, "%s/broker%d.sock", dir, k);
-        ck_assert_int_eq(wb__side_listen(&s, &b, sock_path,
-                                         &(wb_loop_options){.max_peers = 8,
-                                                            .max_per_uid = 8,
-                                                            .max_sessions_per_uid = 8,
-                                                            .handshake_ms = 1000},
-                                         &err),
+        ck_assert_int_eq(wb__fdchan_listen(&s, &b, sock_path,
+                                           &(wb_loop_options){.max_peers = 8,
+                                                              .max_per_uid = 8,
+                                                              .max_sessions_per_uid = 8,
+                                                              .handshake_ms = 1000},
+                                           &err),
                          WB_OK);
         pump p;
         pump_start(&p, &s);
@@ -201,7 +201,7 @@ START_TEST(test_brokers_come_and_go)
         int rc = wb__fdchan_session(sock_path, 2000, t, &err);
         ck_assert_msg(rc == WB_OK, "broker %d: %s", k, err.msg);
         pump_stop(&p);
-        wb__side_destroy(&s);
+        wb__fdchan_destroy(&s);
     }
     wb__broker_destroy(&b);
     char cmd[128];

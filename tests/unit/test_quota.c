@@ -6,7 +6,7 @@
  * would clash with it. */
 #undef _FORTIFY_SOURCE
 #include "broker_fixture.h"
-#include "fdwire.h"
+#include "fdchan_wire.h"
 #include "ops.h"
 #include "quota.h"
 #include "wire.h"

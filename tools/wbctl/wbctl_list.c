@@ -1,7 +1,7 @@
 /* wbctl's listings: models, leases, containers and the broker's counters. */
 #include "wbctl.h"
 
-#include "fdwire.h"
+#include "fdchan_wire.h"
 
 #include "wbctl_call.h"
 #include "wbctl_model.h"

@@ -1,6 +1,6 @@
 #include "wbctl_out.h"
 
-#include "fdwire.h"
+#include "fdchan_wire.h"
 #include "utf8.h"
 
 #include "wbctl.h"

@@ -1,9 +1,9 @@
-/* Non-temporal copies (ntcopy.h). Each kind copies a head with memcpy up to
+/* Non-temporal copies (stage_ntcopy.h). Each kind copies a head with memcpy up to
  * the first aligned destination address, the body in aligned streaming
  * stores (unaligned loads: the source's alignment is the file's), the tail
  * with memcpy, then fences. Short copies are plain memcpy: streaming a few
  * lines saves nothing and costs a fence. */
-#include "ntcopy.h"
+#include "stage_ntcopy.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -93,7 +93,7 @@ __attribute__((target("avx2"))) static void copy_avx2(void *dst, const void *src
 }
 #endif
 
-wb_nt_copy_fn wb__nt_copy_get(const char *kind)
+wb_stage_ntcopy_fn wb__stage_ntcopy_get(const char *kind)
 {
     if (strcmp(kind, "memcpy") == 0)
         return copy_memcpy;
@@ -107,7 +107,7 @@ wb_nt_copy_fn wb__nt_copy_get(const char *kind)
     return NULL;
 }
 
-static wb_nt_copy_fn chosen;
+static wb_stage_ntcopy_fn chosen;
 static const char *chosen_kind;
 static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
 
@@ -115,20 +115,20 @@ static void choose(void)
 {
     static const char *const kinds[] = {"avx2", "sse2", "memcpy"};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
-        if ((chosen = wb__nt_copy_get(kinds[i])) != NULL) {
+        if ((chosen = wb__stage_ntcopy_get(kinds[i])) != NULL) {
             chosen_kind = kinds[i];
             return;
         }
     }
 }
 
-void wb__nt_copy(void *dst, const void *src, size_t n)
+void wb__stage_ntcopy(void *dst, const void *src, size_t n)
 {
     pthread_once(&choose_once, choose);
     chosen(dst, src, n);
 }
 
-const char *wb__nt_copy_kind(void)
+const char *wb__stage_ntcopy_kind(void)
 {
     pthread_once(&choose_once, choose);
     return chosen_kind;

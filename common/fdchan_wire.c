@@ -1,4 +1,4 @@
-#include "fdwire.h"
+#include "fdchan_wire.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -16,48 +16,48 @@ static uint32_t get32(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-int wb__fdwire_path(const char *socket_path, char *out, size_t size)
+int wb__fdchan_path(const char *socket_path, char *out, size_t size)
 {
-    int n = snprintf(out, size, "%s" WB_FDWIRE_SUFFIX, socket_path);
+    int n = snprintf(out, size, "%s" WB_FDCHAN_SUFFIX, socket_path);
     return n < 0 || (size_t)n >= size ? WB_EINVAL : WB_OK;
 }
 
-void wb__fdwire_request_pack(uint8_t out[WB_FDWIRE_REQUEST_LEN], const uint8_t *lease_id)
+void wb__fdchan_request_pack(uint8_t out[WB_FDCHAN_REQUEST_LEN], const uint8_t *lease_id)
 {
-    memcpy(out, WB_FDWIRE_MAGIC, 4);
+    memcpy(out, WB_FDCHAN_MAGIC, 4);
     memcpy(out + 4, lease_id, WB_LEASE_ID_LEN);
 }
 
-void wb__fdwire_session_request_pack(uint8_t out[WB_FDWIRE_REQUEST_LEN])
+void wb__fdchan_session_request_pack(uint8_t out[WB_FDCHAN_REQUEST_LEN])
 {
-    memset(out, 0, WB_FDWIRE_REQUEST_LEN);
-    memcpy(out, WB_FDWIRE_SESSION, 4);
+    memset(out, 0, WB_FDCHAN_REQUEST_LEN);
+    memcpy(out, WB_FDCHAN_SESSION, 4);
 }
 
-int wb__fdwire_request_parse(const uint8_t *buf, size_t len, int *kind, uint8_t *lease_id,
+int wb__fdchan_request_parse(const uint8_t *buf, size_t len, int *kind, uint8_t *lease_id,
                              wb_err *err)
 {
     *kind = 0;
-    if (len != WB_FDWIRE_REQUEST_LEN)
+    if (len != WB_FDCHAN_REQUEST_LEN)
         return wb__err_set(err, WB_EPROTO, "descriptor request has %zu bytes, not %d", len,
-                           WB_FDWIRE_REQUEST_LEN);
-    if (memcmp(buf, WB_FDWIRE_SESSION, 4) == 0) {
+                           WB_FDCHAN_REQUEST_LEN);
+    if (memcmp(buf, WB_FDCHAN_SESSION, 4) == 0) {
         for (size_t i = 4; i < len; i++) {
             if (buf[i] != 0)
                 return wb__err_set(err, WB_EPROTO,
                                    "session request: byte %zu is 0x%02x, the 16 bytes after "
-                                   "\"" WB_FDWIRE_SESSION "\" must be zero",
+                                   "\"" WB_FDCHAN_SESSION "\" must be zero",
                                    i, buf[i]);
         }
-        *kind = WB_FDWIRE_REQ_SESSION;
+        *kind = WB_FDCHAN_REQ_SESSION;
         return WB_OK;
     }
-    if (memcmp(buf, WB_FDWIRE_MAGIC, 4) != 0)
+    if (memcmp(buf, WB_FDCHAN_MAGIC, 4) != 0)
         return wb__err_set(err, WB_EPROTO,
-                           "descriptor request does not start with \"" WB_FDWIRE_MAGIC
-                           "\" or \"" WB_FDWIRE_SESSION "\"");
+                           "descriptor request does not start with \"" WB_FDCHAN_MAGIC
+                           "\" or \"" WB_FDCHAN_SESSION "\"");
     memcpy(lease_id, buf + 4, WB_LEASE_ID_LEN);
-    *kind = WB_FDWIRE_REQ_LEASE;
+    *kind = WB_FDCHAN_REQ_LEASE;
     return WB_OK;
 }
 
@@ -97,36 +97,36 @@ int wb__session_token_parse(const char *hex, uint8_t token[WB_SESSION_TOKEN_LEN]
     return WB_OK;
 }
 
-size_t wb__fdwire_reply_pack(uint8_t out[WB_FDWIRE_REPLY_MAX], int32_t status, uint32_t n_fds,
+size_t wb__fdchan_reply_pack(uint8_t out[WB_FDCHAN_REPLY_MAX], int32_t status, uint32_t n_fds,
                              const char *msg)
 {
     size_t ml = msg ? strlen(msg) : 0;
-    if (ml > WB_FDWIRE_MSG_MAX)
-        ml = WB_FDWIRE_MSG_MAX;
-    memcpy(out, WB_FDWIRE_MAGIC, 4);
+    if (ml > WB_FDCHAN_MSG_MAX)
+        ml = WB_FDCHAN_MSG_MAX;
+    memcpy(out, WB_FDCHAN_MAGIC, 4);
     put32(out + 4, (uint32_t)status);
     put32(out + 8, n_fds);
     put32(out + 12, (uint32_t)ml);
     if (ml)
-        memcpy(out + WB_FDWIRE_HEADER_LEN, msg, ml);
-    return WB_FDWIRE_HEADER_LEN + ml;
+        memcpy(out + WB_FDCHAN_HEADER_LEN, msg, ml);
+    return WB_FDCHAN_HEADER_LEN + ml;
 }
 
-int wb__fdwire_header_parse(const uint8_t hdr[WB_FDWIRE_HEADER_LEN], int32_t *status,
+int wb__fdchan_header_parse(const uint8_t hdr[WB_FDCHAN_HEADER_LEN], int32_t *status,
                             uint32_t *n_fds, uint32_t *msg_len, wb_err *err)
 {
-    if (memcmp(hdr, WB_FDWIRE_MAGIC, 4) != 0)
+    if (memcmp(hdr, WB_FDCHAN_MAGIC, 4) != 0)
         return wb__err_set(err, WB_EPROTO,
-                           "descriptor reply does not start with \"" WB_FDWIRE_MAGIC "\"");
+                           "descriptor reply does not start with \"" WB_FDCHAN_MAGIC "\"");
     *status = (int32_t)get32(hdr + 4);
     *n_fds = get32(hdr + 8);
     *msg_len = get32(hdr + 12);
-    if (*n_fds > WB_FDWIRE_MAX_FDS)
+    if (*n_fds > WB_FDCHAN_MAX_FDS)
         return wb__err_set(err, WB_EPROTO, "descriptor reply announces %u descriptors, at most %d",
-                           *n_fds, WB_FDWIRE_MAX_FDS);
-    if (*msg_len > WB_FDWIRE_MSG_MAX)
+                           *n_fds, WB_FDCHAN_MAX_FDS);
+    if (*msg_len > WB_FDCHAN_MSG_MAX)
         return wb__err_set(err, WB_EPROTO,
                            "descriptor reply announces a %u-byte message, at most %d", *msg_len,
-                           WB_FDWIRE_MSG_MAX);
+                           WB_FDCHAN_MSG_MAX);
     return WB_OK;
 }

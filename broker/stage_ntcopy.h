@@ -5,24 +5,24 @@
  * (read for ownership) and then evict the source's lines for it. Streaming
  * stores write whole lines straight to memory.
  *
- * wb__nt_copy picks the widest kind the CPU has, once (AVX2, else SSE2;
+ * wb__stage_ntcopy picks the widest kind the CPU has, once (AVX2, else SSE2;
  * memcpy on other architectures), and ends with a store fence, so that the
  * bytes are visible to any thread or device that is handed the buffer
  * afterwards. Any alignment and size; src and dst must not overlap. */
-#ifndef WB_BROKER_NTCOPY_H
-#define WB_BROKER_NTCOPY_H
+#ifndef WB_BROKER_STAGE_NTCOPY_H
+#define WB_BROKER_STAGE_NTCOPY_H
 
 #include <stddef.h>
 
-typedef void (*wb_nt_copy_fn)(void *dst, const void *src, size_t n);
+typedef void (*wb_stage_ntcopy_fn)(void *dst, const void *src, size_t n);
 
-void wb__nt_copy(void *dst, const void *src, size_t n);
+void wb__stage_ntcopy(void *dst, const void *src, size_t n);
 
-/* The implementation wb__nt_copy uses: "avx2", "sse2" or "memcpy". */
-const char *wb__nt_copy_kind(void);
+/* The implementation wb__stage_ntcopy uses: "avx2", "sse2" or "memcpy". */
+const char *wb__stage_ntcopy_kind(void);
 
 /* One implementation by name ("avx2", "sse2", "memcpy"), or NULL when this
  * CPU or build lacks it; for tests and benchmarks that check each. */
-wb_nt_copy_fn wb__nt_copy_get(const char *kind);
+wb_stage_ntcopy_fn wb__stage_ntcopy_get(const char *kind);
 
 #endif

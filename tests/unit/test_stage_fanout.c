@@ -8,9 +8,9 @@
  * queue or to finish a copy gets a failed copy with its reason while the
  * others stay ready; a load fails only when no device is left. These fakes
  * are not evidence that CUDA copies work: tests/gpu/multidevice.sh is. */
-#include "copy_fanout.h"
 #include "loader.h"
 #include "safetensors.h"
+#include "stage_fanout.h"
 
 #include <check.h>
 #include <xxhash.h>
@@ -378,11 +378,11 @@ START_TEST(the_fanout_engine_alone)
     uint8_t a[64] = {0}, b[64] = {0}, src[16];
     for (int i = 0; i < 16; i++)
         src[i] = (uint8_t)(i + 1);
-    wb_fanout_target t[2] = {{.device = 0, .engine = &gpus[0].engine, .dst = a},
-                             {.device = 1, .engine = &gpus[1].engine, .dst = b}};
-    wb_fanout f;
+    wb_stage_fanout_target t[2] = {{.device = 0, .engine = &gpus[0].engine, .dst = a},
+                                   {.device = 1, .engine = &gpus[1].engine, .dst = b}};
+    wb_stage_fanout f;
     wb_err err;
-    ck_assert_int_eq(wb__fanout_init(&f, t, 2, &err), WB_OK);
+    ck_assert_int_eq(wb__stage_fanout_init(&f, t, 2, &err), WB_OK);
     ck_assert_ptr_eq(f.base, a);
     ck_assert_ptr_null(f.engine.host_register); /* the fakes cannot register */
     gpus[1].lag = 2;
@@ -392,15 +392,15 @@ START_TEST(the_fanout_engine_alone)
     ck_assert_int_eq(f.engine.query(f.engine.ctx, 1, &err), 1);
     ck_assert_mem_eq(a + 32, src, 16);
     ck_assert_mem_eq(b + 32, src, 16);
-    ck_assert_uint_eq(wb__fanout_live(&f), 2);
+    ck_assert_uint_eq(wb__stage_fanout_live(&f), 2);
     /* No usable target: every device's reason. */
     t[0].failed = t[1].failed = 1;
     wb__err_set(&t[0].err, WB_ENOGPU, "no stream");
     wb__err_set(&t[1].err, WB_ENOMEM, "no memory");
-    ck_assert_int_eq(wb__fanout_init(&f, t, 2, &err), WB_ENOGPU);
+    ck_assert_int_eq(wb__stage_fanout_init(&f, t, 2, &err), WB_ENOGPU);
     ck_assert_str_eq(err.msg,
                      "the load failed on every device: device 0: no stream; device 1: no memory");
-    ck_assert_int_eq(wb__fanout_init(&f, t, 0, &err), WB_EINVAL);
+    ck_assert_int_eq(wb__stage_fanout_init(&f, t, 0, &err), WB_EINVAL);
     ck_assert_str_eq(err.msg, "no device to load to");
 }
 END_TEST
@@ -415,12 +415,12 @@ START_TEST(a_batch_reaches_every_device_at_its_own_offset)
         memset(src[i], 0x10 * (i + 1), sizeof src[i]);
     gpus[0].engine.submit_many = g_submit_many;
     gpus[2].fail_submit_at = 2;
-    wb_fanout_target t[3] = {{.device = 0, .engine = &gpus[0].engine, .dst = a},
-                             {.device = 1, .engine = &gpus[1].engine, .dst = b},
-                             {.device = 2, .engine = &gpus[2].engine, .dst = c}};
-    wb_fanout f;
+    wb_stage_fanout_target t[3] = {{.device = 0, .engine = &gpus[0].engine, .dst = a},
+                                   {.device = 1, .engine = &gpus[1].engine, .dst = b},
+                                   {.device = 2, .engine = &gpus[2].engine, .dst = c}};
+    wb_stage_fanout f;
     wb_err err;
-    ck_assert_int_eq(wb__fanout_init(&f, t, 3, &err), WB_OK);
+    ck_assert_int_eq(wb__stage_fanout_init(&f, t, 3, &err), WB_OK);
     ck_assert_ptr_nonnull(f.engine.submit_many);
     wb_copy cp[3] = {{.buf = 0, .src = src[0], .dst = f.base + 0, .len = 8},
                      {.buf = 2, .src = src[1], .dst = f.base + 40, .len = 8},
@@ -429,7 +429,7 @@ START_TEST(a_batch_reaches_every_device_at_its_own_offset)
     ck_assert_uint_eq(gpus[0].batches, 1);
     ck_assert_uint_eq(gpus[0].submits, 3);
     ck_assert_uint_eq(gpus[1].submits, 3);
-    ck_assert_uint_eq(wb__fanout_live(&f), 2);
+    ck_assert_uint_eq(wb__stage_fanout_live(&f), 2);
     ck_assert_int_eq(t[2].failed, 1);
     ck_assert_str_eq(t[2].err.msg, "fake device 2: copy 2 refused");
     for (int k = 0; k < 3; k++)
@@ -453,7 +453,7 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("copy_fanout");
+    Suite *s = suite_create("stage_fanout");
     TCase *tc = tcase_create("core");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 60);

@@ -1,4 +1,4 @@
-/* The descriptor channel (broker/sidechannel.h) on a real socket in a
+/* The descriptor channel (broker/fdchan_server.h) on a real socket in a
  * scratch directory, with this test process as the client: the holder of a
  * lease gets its slab's sealed memfd and reads the model's bytes through
  * it; an unknown id, another process's lease and a model without
@@ -9,8 +9,8 @@
  * session's token binds only its own connection's uid and pid, and its end
  * reclaims every lease of its identity. */
 #include "broker_fixture.h"
-#include "fdwire.h"
-#include "sidechannel.h"
+#include "fdchan_server.h"
+#include "fdchan_wire.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -56,25 +56,25 @@ static wb_model *memfd_model(wb_broker *b, const char *name)
     return m;
 }
 
-static void setup_side(wb_broker *b, wb_sidechan *s)
+static void setup_side(wb_broker *b, wb_fdchan_server *s)
 {
     fixture_broker(b, 1000, 5000);
     snprintf(dir, sizeof dir, "/tmp/wbside.XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(dir));
     snprintf(sock_path, sizeof sock_path, "%s/broker.sock", dir);
     wb_err err;
-    ck_assert_int_eq(wb__side_listen(s, b, sock_path,
-                                     &(wb_loop_options){.max_peers = 8,
-                                                        .max_per_uid = 8,
-                                                        .max_sessions_per_uid = 8,
-                                                        .handshake_ms = 300},
-                                     &err),
+    ck_assert_int_eq(wb__fdchan_listen(s, b, sock_path,
+                                       &(wb_loop_options){.max_peers = 8,
+                                                          .max_per_uid = 8,
+                                                          .max_sessions_per_uid = 8,
+                                                          .handshake_ms = 300},
+                                       &err),
                      WB_OK);
 }
 
-static void teardown_side(wb_broker *b, wb_sidechan *s)
+static void teardown_side(wb_broker *b, wb_fdchan_server *s)
 {
-    wb__side_destroy(s);
+    wb__fdchan_destroy(s);
     wb__broker_destroy(b);
     rmdir(dir);
 }
@@ -91,10 +91,10 @@ static int connect_side(void)
 
 /* Lets the broker's side run until the client has something to read (or
  * about a second has passed). */
-static void pump(wb_sidechan *s, int cfd)
+static void pump(wb_fdchan_server *s, int cfd)
 {
     for (int i = 0; i < 200; i++) {
-        wb__side_handle(s);
+        wb__fdchan_handle(s);
         struct pollfd p = {.fd = cfd, .events = POLLIN};
         if (poll(&p, 1, 5) > 0)
             return;
@@ -104,22 +104,22 @@ static void pump(wb_sidechan *s, int cfd)
 typedef struct answer {
     int32_t status;
     uint32_t n_fds;
-    int fds[WB_FDWIRE_MAX_FDS];
-    char msg[WB_FDWIRE_MSG_MAX + 1];
+    int fds[WB_FDCHAN_MAX_FDS];
+    char msg[WB_FDCHAN_MSG_MAX + 1];
     int eof;
 } answer;
 
-static answer ask(wb_sidechan *s, int cfd, const uint8_t *raw, size_t len)
+static answer ask(wb_fdchan_server *s, int cfd, const uint8_t *raw, size_t len)
 {
     answer a;
     memset(&a, 0, sizeof a);
     ck_assert_int_eq(send(cfd, raw, len, MSG_NOSIGNAL), (ssize_t)len);
     pump(s, cfd);
-    uint8_t hdr[WB_FDWIRE_HEADER_LEN];
+    uint8_t hdr[WB_FDCHAN_HEADER_LEN];
     struct iovec iov = {.iov_base = hdr, .iov_len = sizeof hdr};
     union {
         struct cmsghdr h;
-        char space[CMSG_SPACE(sizeof(int) * WB_FDWIRE_MAX_FDS)];
+        char space[CMSG_SPACE(sizeof(int) * WB_FDCHAN_MAX_FDS)];
     } ctl;
     struct msghdr mh = {
         .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.space, .msg_controllen = sizeof ctl};
@@ -136,17 +136,17 @@ static answer ask(wb_sidechan *s, int cfd, const uint8_t *raw, size_t len)
     }
     uint32_t announced, ml;
     wb_err err;
-    ck_assert_int_eq(wb__fdwire_header_parse(hdr, &a.status, &announced, &ml, &err), WB_OK);
+    ck_assert_int_eq(wb__fdchan_header_parse(hdr, &a.status, &announced, &ml, &err), WB_OK);
     ck_assert_uint_eq(announced, a.n_fds);
     if (ml)
         ck_assert_int_eq(recv(cfd, a.msg, ml, MSG_DONTWAIT), (ssize_t)ml);
     return a;
 }
 
-static answer ask_id(wb_sidechan *s, int cfd, const uint8_t *id)
+static answer ask_id(wb_fdchan_server *s, int cfd, const uint8_t *id)
 {
-    uint8_t req[WB_FDWIRE_REQUEST_LEN];
-    wb__fdwire_request_pack(req, id);
+    uint8_t req[WB_FDCHAN_REQUEST_LEN];
+    wb__fdchan_request_pack(req, id);
     return ask(s, cfd, req, sizeof req);
 }
 
@@ -163,7 +163,7 @@ static wb_lease_rec *grant(wb_broker *b, wb_model *m, wb_peer_creds c)
 START_TEST(test_holder_gets_sealed_memfd)
 {
     wb_broker b;
-    wb_sidechan s;
+    wb_fdchan_server s;
     setup_side(&b, &s);
     struct stat st;
     ck_assert_int_eq(stat(s.path, &st), 0);
@@ -203,7 +203,7 @@ END_TEST
 START_TEST(test_refusals)
 {
     wb_broker b;
-    wb_sidechan s;
+    wb_fdchan_server s;
     setup_side(&b, &s);
     wb_model *m = memfd_model(&b, "m");
     wb_model *named = fixture_model(&b, "named");
@@ -251,7 +251,7 @@ END_TEST
 START_TEST(test_eof_reclaims)
 {
     wb_broker b;
-    wb_sidechan s;
+    wb_fdchan_server s;
     setup_side(&b, &s);
     wb_model *m = memfd_model(&b, "m");
     wb_lease_rec *fetched = grant(&b, m, me());
@@ -268,7 +268,7 @@ START_TEST(test_eof_reclaims)
      * it is reclaimed, the other one stays. */
     close(cfd);
     for (int i = 0; i < 200 && s.n; i++) {
-        wb__side_handle(&s);
+        wb__fdchan_handle(&s);
         usleep(1000);
     }
     ck_assert_uint_eq(s.n, 0);
@@ -281,19 +281,19 @@ START_TEST(test_eof_reclaims)
 END_TEST
 
 /* A session: one token per connection, the same on every request;
- * wb__side_bind accepts it only from the kernel identity of the connection
+ * wb__fdchan_bind accepts it only from the kernel identity of the connection
  * that got it (uid, and pid where visible), refuses a wrong size or an
  * unknown token; when the connection ends the session is gone and every
  * lease of its identity is reclaimed, fetched through it or not. */
 START_TEST(test_session)
 {
     wb_broker b;
-    wb_sidechan s;
+    wb_fdchan_server s;
     setup_side(&b, &s);
     wb_model *m = memfd_model(&b, "m");
     int cfd = connect_side();
-    uint8_t req[WB_FDWIRE_REQUEST_LEN];
-    wb__fdwire_session_request_pack(req);
+    uint8_t req[WB_FDCHAN_REQUEST_LEN];
+    wb__fdchan_session_request_pack(req);
     answer a = ask(&s, cfd, req, sizeof req);
     ck_assert_int_eq(a.status, WB_OK);
     ck_assert_uint_eq(a.n_fds, 0);
@@ -310,22 +310,22 @@ START_TEST(test_session)
     ck_assert_int_eq(other.status, WB_OK);
     ck_assert_str_ne(other.msg, a.msg);
     close(cfd2);
-    wb__side_handle(&s);
+    wb__fdchan_handle(&s);
 
     wb_peer_creds kernel = me(), out;
     uint64_t serial = 0;
-    ck_assert_int_eq(wb__side_bind(&s, &kernel, token, sizeof token, &out, &serial, &err), WB_OK);
+    ck_assert_int_eq(wb__fdchan_bind(&s, &kernel, token, sizeof token, &out, &serial, &err), WB_OK);
     ck_assert_int_eq(out.known, 1);
     ck_assert_uint_eq(out.pid, kernel.pid);
     ck_assert_uint_eq(out.uid, kernel.uid);
     ck_assert_int_eq(out.pid_hidden, 0);
     ck_assert_uint_ne(serial, 0);
-    ck_assert_int_eq(wb__side_session_alive(&s, serial), 1);
+    ck_assert_int_eq(wb__fdchan_session_alive(&s, serial), 1);
 
     char want[300];
     wb_peer_creds wrong_uid = kernel;
     wrong_uid.uid = kernel.uid + 1;
-    ck_assert_int_eq(wb__side_bind(&s, &wrong_uid, token, sizeof token, &out, &serial, &err),
+    ck_assert_int_eq(wb__fdchan_bind(&s, &wrong_uid, token, sizeof token, &out, &serial, &err),
                      WB_EPERM);
     snprintf(want, sizeof want,
              "the session token belongs to uid %u (session %u), not to this connection's uid %u",
@@ -333,14 +333,14 @@ START_TEST(test_session)
     ck_assert_str_eq(err.msg, want);
     wb_peer_creds wrong_pid = kernel;
     wrong_pid.pid = kernel.pid + 1;
-    ck_assert_int_eq(wb__side_bind(&s, &wrong_pid, token, sizeof token, &out, &serial, &err),
+    ck_assert_int_eq(wb__fdchan_bind(&s, &wrong_pid, token, sizeof token, &out, &serial, &err),
                      WB_EPERM);
     snprintf(want, sizeof want,
              "the session token belongs to pid %u, not to this connection's pid %u", kernel.pid,
              kernel.pid + 1);
     ck_assert_str_eq(err.msg, want);
     wb_peer_creds hidden = {.uid = kernel.uid, .gid = kernel.gid, .pid_hidden = 1};
-    ck_assert_int_eq(wb__side_bind(&s, &hidden, token, sizeof token, &out, &serial, &err),
+    ck_assert_int_eq(wb__fdchan_bind(&s, &hidden, token, sizeof token, &out, &serial, &err),
                      WB_EPERM);
     snprintf(want, sizeof want,
              "the session token belongs to pid %u, not to this connection's pid hidden (another "
@@ -348,15 +348,15 @@ START_TEST(test_session)
              kernel.pid);
     ck_assert_str_eq(err.msg, want);
     wb_peer_creds unread = {0};
-    ck_assert_int_eq(wb__side_bind(&s, &unread, token, sizeof token, &out, &serial, &err),
+    ck_assert_int_eq(wb__fdchan_bind(&s, &unread, token, sizeof token, &out, &serial, &err),
                      WB_EPERM);
     ck_assert_str_eq(err.msg, "the broker could not read the peer's credentials");
-    ck_assert_int_eq(wb__side_bind(&s, &kernel, token, 15, &out, &serial, &err), WB_EINVAL);
+    ck_assert_int_eq(wb__fdchan_bind(&s, &kernel, token, 15, &out, &serial, &err), WB_EINVAL);
     ck_assert_str_eq(err.msg, "the session token has 15 bytes, not 16");
     uint8_t forged[WB_SESSION_TOKEN_LEN];
     memcpy(forged, token, sizeof forged);
     forged[15] ^= 1;
-    ck_assert_int_eq(wb__side_bind(&s, &kernel, forged, sizeof forged, &out, &serial, &err),
+    ck_assert_int_eq(wb__fdchan_bind(&s, &kernel, forged, sizeof forged, &out, &serial, &err),
                      WB_EPERM);
     snprintf(want, sizeof want,
              "no session on the descriptor channel %s has this token (its connection ended, or "
@@ -370,18 +370,18 @@ START_TEST(test_session)
     grant(&b, m, kernel);
     grant(&b, m, kernel);
     ck_assert_uint_eq(b.leases.n_leases, 2);
-    ck_assert_int_eq(wb__side_bind(&s, &kernel, token, sizeof token, &out, &serial, &err), WB_OK);
+    ck_assert_int_eq(wb__fdchan_bind(&s, &kernel, token, sizeof token, &out, &serial, &err), WB_OK);
     close(cfd);
     for (int i = 0; i < 100 && s.n > 0; i++) {
-        wb__side_handle(&s);
+        wb__fdchan_handle(&s);
         usleep(1000);
     }
     ck_assert_uint_eq(s.n, 0);
     ck_assert_uint_eq(b.leases.n_leases, 0);
     ck_assert_uint_eq(b.stats.leases_reclaimed, 2);
     ck_assert_uint_eq(m->leases, 0);
-    ck_assert_int_eq(wb__side_session_alive(&s, serial), 0);
-    ck_assert_int_eq(wb__side_bind(&s, &kernel, token, sizeof token, &out, &serial, &err),
+    ck_assert_int_eq(wb__fdchan_session_alive(&s, serial), 0);
+    ck_assert_int_eq(wb__fdchan_bind(&s, &kernel, token, sizeof token, &out, &serial, &err),
                      WB_EPERM);
     teardown_side(&b, &s);
 }
@@ -390,10 +390,10 @@ END_TEST
 START_TEST(test_hostile_input)
 {
     wb_broker b;
-    wb_sidechan s;
+    wb_fdchan_server s;
     setup_side(&b, &s);
     int cfd = connect_side();
-    uint8_t junk[WB_FDWIRE_REQUEST_LEN];
+    uint8_t junk[WB_FDCHAN_REQUEST_LEN];
     memset(junk, 'Z', sizeof junk);
     answer a = ask(&s, cfd, junk, sizeof junk);
     ck_assert_int_eq(a.status, WB_EPROTO);
@@ -409,10 +409,10 @@ START_TEST(test_hostile_input)
     ck_assert_int_eq(send(cfd, "WBF1", 4, 0), 4);
     pump(&s, cfd);
     ck_assert_uint_eq(s.n, 1);
-    wb__side_expire(&s);
+    wb__fdchan_expire(&s);
     ck_assert_uint_eq(s.n, 1);
     advance_ms(301);
-    wb__side_expire(&s);
+    wb__fdchan_expire(&s);
     ck_assert_uint_eq(s.n, 0);
     ck_assert_int_eq(recv(cfd, &c, 1, MSG_DONTWAIT), 0);
     close(cfd);
@@ -422,7 +422,7 @@ START_TEST(test_hostile_input)
     for (int i = 0; i < 9; i++)
         fds[i] = connect_side();
     for (int i = 0; i < 20; i++)
-        wb__side_handle(&s);
+        wb__fdchan_handle(&s);
     ck_assert_uint_eq(s.n, 8);
     ck_assert_uint_eq(b.stats.peers_refused, 1);
     for (int i = 0; i < 9; i++)
@@ -434,7 +434,7 @@ END_TEST
 int main(void)
 {
     (void)shm_name_exists; /* broker_fixture.h's, for named slabs */
-    Suite *su = suite_create("sidechannel");
+    Suite *su = suite_create("fdchan_server");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_holder_gets_sealed_memfd);
     tcase_add_test(tc, test_refusals);

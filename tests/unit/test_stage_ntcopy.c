@@ -1,8 +1,8 @@
-/* Non-temporal copies (broker/ntcopy.h): every implementation this CPU has
+/* Non-temporal copies (broker/stage_ntcopy.h): every implementation this CPU has
  * copies exactly what memcpy copies, for every size from 0 up past a few
  * vector widths and every alignment of source and destination, and touches
  * no byte outside the destination. */
-#include "ntcopy.h"
+#include "stage_ntcopy.h"
 
 #include <check.h>
 
@@ -29,7 +29,7 @@ static void fill(uint8_t *p, size_t n, uint32_t seed)
 
 /* Copies n bytes from src + soff to dst + doff with fn and checks them
  * against memcpy's result and the guards on both sides. */
-static void check_one(wb_nt_copy_fn fn, const char *kind, size_t n, size_t soff, size_t doff)
+static void check_one(wb_stage_ntcopy_fn fn, const char *kind, size_t n, size_t soff, size_t doff)
 {
     ck_assert_uint_le(n, 1u << 30);
     if (n > (1u << 30))
@@ -55,7 +55,7 @@ START_TEST(test_sizes_and_alignments)
 {
     unsigned have = 0;
     for (size_t k = 0; k < N_KINDS; k++) {
-        wb_nt_copy_fn fn = wb__nt_copy_get(kinds[k]);
+        wb_stage_ntcopy_fn fn = wb__stage_ntcopy_get(kinds[k]);
         if (!fn)
             continue;
         have++;
@@ -70,12 +70,12 @@ START_TEST(test_sizes_and_alignments)
         }
     }
     /* memcpy always exists, and x86-64 always has SSE2. */
-    ck_assert_ptr_nonnull(wb__nt_copy_get("memcpy"));
+    ck_assert_ptr_nonnull(wb__stage_ntcopy_get("memcpy"));
 #if defined(__x86_64__)
-    ck_assert_ptr_nonnull(wb__nt_copy_get("sse2"));
+    ck_assert_ptr_nonnull(wb__stage_ntcopy_get("sse2"));
     ck_assert_uint_ge(have, 2);
 #endif
-    ck_assert_ptr_null(wb__nt_copy_get("avx9000"));
+    ck_assert_ptr_null(wb__stage_ntcopy_get("avx9000"));
 }
 END_TEST
 
@@ -84,7 +84,7 @@ START_TEST(test_large)
 {
     static const size_t sizes[] = {4096, 65536 + 1, (1u << 20) + 17, (3u << 20) - 5};
     for (size_t k = 0; k < N_KINDS; k++) {
-        wb_nt_copy_fn fn = wb__nt_copy_get(kinds[k]);
+        wb_stage_ntcopy_fn fn = wb__stage_ntcopy_get(kinds[k]);
         if (!fn)
             continue;
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
@@ -96,26 +96,26 @@ START_TEST(test_large)
 }
 END_TEST
 
-/* wb__nt_copy uses the widest kind this CPU has, and copies. */
+/* wb__stage_ntcopy uses the widest kind this CPU has, and copies. */
 START_TEST(test_dispatch)
 {
-    const char *kind = wb__nt_copy_kind();
+    const char *kind = wb__stage_ntcopy_kind();
     ck_assert_ptr_nonnull(kind);
-    ck_assert_ptr_nonnull(wb__nt_copy_get(kind));
+    ck_assert_ptr_nonnull(wb__stage_ntcopy_get(kind));
 #if defined(__x86_64__)
     __builtin_cpu_init();
     ck_assert_str_eq(kind, __builtin_cpu_supports("avx2") ? "avx2" : "sse2");
 #else
     ck_assert_str_eq(kind, "memcpy");
 #endif
-    check_one(wb__nt_copy, kind, 100000, 5, 11);
-    check_one(wb__nt_copy, kind, 0, 0, 0);
+    check_one(wb__stage_ntcopy, kind, 100000, 5, 11);
+    check_one(wb__stage_ntcopy, kind, 0, 0, 0);
 }
 END_TEST
 
 static Suite *suite(void)
 {
-    Suite *s = suite_create("ntcopy");
+    Suite *s = suite_create("stage_ntcopy");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_sizes_and_alignments);

@@ -1,11 +1,11 @@
-#include "copy_fanout.h"
+#include "stage_fanout.h"
 
 #include <stdio.h>
 #include <string.h>
 
-void wb__fanout_fail(wb_fanout *f, unsigned i, const wb_err *why)
+void wb__stage_fanout_fail(wb_stage_fanout *f, unsigned i, const wb_err *why)
 {
-    wb_fanout_target *t = &f->t[i];
+    wb_stage_fanout_target *t = &f->t[i];
     if (t->failed)
         return;
     t->failed = 1;
@@ -14,7 +14,7 @@ void wb__fanout_fail(wb_fanout *f, unsigned i, const wb_err *why)
         t->err.code = WB_EIO;
 }
 
-unsigned wb__fanout_live(const wb_fanout *f)
+unsigned wb__stage_fanout_live(const wb_stage_fanout *f)
 {
     unsigned n = 0;
     for (unsigned i = 0; i < f->n; i++)
@@ -23,7 +23,7 @@ unsigned wb__fanout_live(const wb_fanout *f)
 }
 
 /* The engine's error once no device is left: every device's reason. */
-static int all_failed(const wb_fanout *f, wb_err *err)
+static int all_failed(const wb_stage_fanout *f, wb_err *err)
 {
     if (f->n == 1)
         return wb__err_set(err, f->t[0].err.code, "%s", f->t[0].err.msg);
@@ -42,39 +42,39 @@ static int all_failed(const wb_fanout *f, wb_err *err)
 
 static int fan_begin(void *ctx, wb_err *err)
 {
-    wb_fanout *f = ctx;
+    wb_stage_fanout *f = ctx;
     for (unsigned i = 0; i < f->n; i++) {
-        wb_fanout_target *t = &f->t[i];
+        wb_stage_fanout_target *t = &f->t[i];
         wb_err e;
         if (!t->failed && t->engine->begin && t->engine->begin(t->engine->ctx, &e) != WB_OK)
-            wb__fanout_fail(f, i, &e);
+            wb__stage_fanout_fail(f, i, &e);
     }
-    return wb__fanout_live(f) ? WB_OK : all_failed(f, err);
+    return wb__stage_fanout_live(f) ? WB_OK : all_failed(f, err);
 }
 
 static int fan_submit(void *ctx, int buf, const void *src, void *dst, size_t len, wb_err *err)
 {
-    wb_fanout *f = ctx;
+    wb_stage_fanout *f = ctx;
     size_t off = (size_t)((uint8_t *)dst - f->base);
     for (unsigned i = 0; i < f->n; i++) {
-        wb_fanout_target *t = &f->t[i];
+        wb_stage_fanout_target *t = &f->t[i];
         wb_err e;
         if (!t->failed &&
             t->engine->submit(t->engine->ctx, buf, src, t->dst + off, len, &e) != WB_OK)
-            wb__fanout_fail(f, i, &e);
+            wb__stage_fanout_fail(f, i, &e);
     }
-    return wb__fanout_live(f) ? WB_OK : all_failed(f, err);
+    return wb__stage_fanout_live(f) ? WB_OK : all_failed(f, err);
 }
 
 /* One batch to every device still in the load, each at its own slab. */
 static int fan_submit_many(void *ctx, const wb_copy *cp, unsigned n, wb_err *err)
 {
-    wb_fanout *f = ctx;
+    wb_stage_fanout *f = ctx;
     if (n == 0 || n > WB_STAGE_MAX_BATCH)
         return wb__err_set(err, WB_EINTERNAL, "a batch of %u copies", n);
     wb_copy mine[WB_STAGE_MAX_BATCH];
     for (unsigned i = 0; i < f->n; i++) {
-        wb_fanout_target *t = &f->t[i];
+        wb_stage_fanout_target *t = &f->t[i];
         if (t->failed)
             continue;
         for (unsigned k = 0; k < n; k++) {
@@ -83,28 +83,28 @@ static int fan_submit_many(void *ctx, const wb_copy *cp, unsigned n, wb_err *err
         }
         wb_err e;
         if (wb__copy_submit_many(t->engine, mine, n, &e) != WB_OK)
-            wb__fanout_fail(f, i, &e);
+            wb__stage_fanout_fail(f, i, &e);
     }
-    return wb__fanout_live(f) ? WB_OK : all_failed(f, err);
+    return wb__stage_fanout_live(f) ? WB_OK : all_failed(f, err);
 }
 
 /* Done when every device still in the load is done with the buffer. */
 static int fan_query(void *ctx, int buf, wb_err *err)
 {
-    wb_fanout *f = ctx;
+    wb_stage_fanout *f = ctx;
     int done = 1;
     for (unsigned i = 0; i < f->n; i++) {
-        wb_fanout_target *t = &f->t[i];
+        wb_stage_fanout_target *t = &f->t[i];
         if (t->failed)
             continue;
         wb_err e;
         int q = t->engine->query(t->engine->ctx, buf, &e);
         if (q < 0)
-            wb__fanout_fail(f, i, &e);
+            wb__stage_fanout_fail(f, i, &e);
         else if (q == 0)
             done = 0;
     }
-    if (!wb__fanout_live(f))
+    if (!wb__stage_fanout_live(f))
         return all_failed(f, err);
     return done;
 }
@@ -113,10 +113,10 @@ static int fan_query(void *ctx, int buf, wb_err *err)
  * a slab that the loader is about to free. */
 static int fan_finish(void *ctx, double *device_seconds, wb_err *err)
 {
-    wb_fanout *f = ctx;
+    wb_stage_fanout *f = ctx;
     *device_seconds = -1;
     for (unsigned i = 0; i < f->n; i++) {
-        wb_fanout_target *t = &f->t[i];
+        wb_stage_fanout_target *t = &f->t[i];
         wb_err e;
         double s = -1;
         int was_failed = t->failed;
@@ -127,21 +127,21 @@ static int fan_finish(void *ctx, double *device_seconds, wb_err *err)
         if (was_failed)
             continue;
         if (rc != WB_OK) {
-            wb__fanout_fail(f, i, &e);
+            wb__stage_fanout_fail(f, i, &e);
             continue;
         }
         t->copy_seconds = s;
         if (s > *device_seconds)
             *device_seconds = s;
     }
-    return wb__fanout_live(f) ? WB_OK : all_failed(f, err);
+    return wb__stage_fanout_live(f) ? WB_OK : all_failed(f, err);
 }
 
 /* A mapping is registered once, through the first device still in the load;
  * the backends register it portable, so every device copies from it. */
 static int fan_register(void *ctx, void *addr, size_t len, wb_err *err)
 {
-    wb_fanout *f = ctx;
+    wb_stage_fanout *f = ctx;
     for (unsigned i = 0; i < f->n; i++) {
         if (!f->t[i].failed)
             return f->t[i].engine->host_register(f->t[i].engine->ctx, addr, len, err);
@@ -151,7 +151,7 @@ static int fan_register(void *ctx, void *addr, size_t len, wb_err *err)
 
 static void fan_unregister(void *ctx, void *addr)
 {
-    wb_fanout *f = ctx;
+    wb_stage_fanout *f = ctx;
     for (unsigned i = 0; i < f->n; i++) {
         if (!f->t[i].failed) {
             f->t[i].engine->host_unregister(f->t[i].engine->ctx, addr);
@@ -160,7 +160,8 @@ static void fan_unregister(void *ctx, void *addr)
     }
 }
 
-int wb__fanout_init(wb_fanout *f, wb_fanout_target *targets, unsigned n, wb_err *err)
+int wb__stage_fanout_init(wb_stage_fanout *f, wb_stage_fanout_target *targets, unsigned n,
+                          wb_err *err)
 {
     memset(f, 0, sizeof *f);
     f->t = targets;

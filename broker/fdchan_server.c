@@ -1,7 +1,7 @@
-#include "sidechannel.h"
+#include "fdchan_server.h"
 
 #include "conn.h"
-#include "fdwire.h"
+#include "fdchan_wire.h"
 #include "log.h"
 #include "peer.h"
 #include "ratelog.h"
@@ -19,14 +19,14 @@
 
 /* Lease ids one connection remembers (for the reclaim at its end); ids of
  * leases that ended are dropped first when the list is full. */
-#define SIDE_MAX_IDS 4096
+#define FDCHAN_MAX_IDS 4096
 
-struct wb_side_conn {
+struct wb_fdchan_conn {
     int fd;
     uint64_t serial;
     wb_peer_creds creds;
     char creds_error[WB_ERR_MSG_MAX];
-    uint8_t in[WB_FDWIRE_REQUEST_LEN];
+    uint8_t in[WB_FDCHAN_REQUEST_LEN];
     size_t in_len;
     int64_t accepted_ms;
     int answered; /* a request was served: the handshake deadline no longer applies */
@@ -38,7 +38,7 @@ struct wb_side_conn {
     int has_token;
     int hidden;
     /* The process that connected, where its pid is visible (-1 else); see
-     * sidechannel.h. */
+     * fdchan_server.h. */
     int pidfd;
     /* Refused at accept (a uid on no allow list, a process already gone):
      * its first request gets this, then the connection is closed. */
@@ -47,8 +47,8 @@ struct wb_side_conn {
 
 #define TAG_LISTEN UINT64_MAX
 
-int wb__side_listen(wb_sidechan *s, wb_broker *b, const char *socket_path,
-                    const wb_loop_options *opt, wb_err *err)
+int wb__fdchan_listen(wb_fdchan_server *s, wb_broker *b, const char *socket_path,
+                      const wb_loop_options *opt, wb_err *err)
 {
     memset(s, 0, sizeof *s);
     s->b = b;
@@ -58,10 +58,10 @@ int wb__side_listen(wb_sidechan *s, wb_broker *b, const char *socket_path,
     s->max_sessions_per_uid = opt->max_sessions_per_uid ? opt->max_sessions_per_uid : 1;
     s->handshake_ms = opt->handshake_ms;
     struct sockaddr_un sun = {.sun_family = AF_UNIX};
-    if (wb__fdwire_path(socket_path, s->path, sizeof s->path) != WB_OK ||
+    if (wb__fdchan_path(socket_path, s->path, sizeof s->path) != WB_OK ||
         strlen(s->path) >= sizeof sun.sun_path)
         return wb__err_set(err, WB_EINVAL,
-                           "the descriptor channel's path %s" WB_FDWIRE_SUFFIX
+                           "the descriptor channel's path %s" WB_FDCHAN_SUFFIX
                            " does not fit a socket address (%zu bytes at most)",
                            socket_path, sizeof sun.sun_path - 1);
     int rc = wb__socket_prepare(s->path, err);
@@ -93,7 +93,7 @@ int wb__side_listen(wb_sidechan *s, wb_broker *b, const char *socket_path,
     return WB_OK;
 }
 
-static void conn_free(wb_side_conn *c)
+static void conn_free(wb_fdchan_conn *c)
 {
     if (c->fd >= 0)
         close(c->fd);
@@ -106,9 +106,9 @@ static void conn_free(wb_side_conn *c)
 /* The end of a connection: the kernel closed it when its process died, or
  * the process closed it. Either way the leases fetched through it that this
  * process still holds are of no more use to anyone. */
-static void conn_close(wb_sidechan *s, size_t i, const char *why)
+static void conn_close(wb_fdchan_server *s, size_t i, const char *why)
 {
-    wb_side_conn *c = s->v[i];
+    wb_fdchan_conn *c = s->v[i];
     wb_broker *b = s->b;
     size_t reclaimed = 0;
     if (!c->answered)
@@ -146,7 +146,7 @@ static void conn_close(wb_sidechan *s, size_t i, const char *why)
     s->v[i] = s->v[--s->n];
 }
 
-static size_t find_serial(const wb_sidechan *s, uint64_t serial)
+static size_t find_serial(const wb_fdchan_server *s, uint64_t serial)
 {
     for (size_t i = 0; i < s->n; i++) {
         if (s->v[i]->serial == serial)
@@ -157,15 +157,15 @@ static size_t find_serial(const wb_sidechan *s, uint64_t serial)
 
 /* Sends one reply, descriptors attached. A peer whose socket buffer is
  * full does not read its replies: it is disconnected (returns -1). */
-static int send_reply(wb_side_conn *c, int32_t status, const int *fds, uint32_t n_fds,
+static int send_reply(wb_fdchan_conn *c, int32_t status, const int *fds, uint32_t n_fds,
                       const char *msg)
 {
-    uint8_t buf[WB_FDWIRE_REPLY_MAX];
-    size_t len = wb__fdwire_reply_pack(buf, status, n_fds, msg);
+    uint8_t buf[WB_FDCHAN_REPLY_MAX];
+    size_t len = wb__fdchan_reply_pack(buf, status, n_fds, msg);
     struct iovec iov = {.iov_base = buf, .iov_len = len};
     union {
         struct cmsghdr h;
-        char space[CMSG_SPACE(sizeof(int) * WB_FDWIRE_MAX_FDS)];
+        char space[CMSG_SPACE(sizeof(int) * WB_FDCHAN_MAX_FDS)];
     } ctl;
     struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
     if (n_fds) {
@@ -189,7 +189,7 @@ static int send_reply(wb_side_conn *c, int32_t status, const int *fds, uint32_t 
 
 /* Remembers that this connection fetched lease `id`. When the list is full,
  * ids of leases that ended are dropped first. */
-static int remember(wb_sidechan *s, wb_side_conn *c, const uint8_t *id)
+static int remember(wb_fdchan_server *s, wb_fdchan_conn *c, const uint8_t *id)
 {
     for (size_t k = 0; k < c->n_ids; k++) {
         if (memcmp(c->ids[k], id, WB_LEASE_ID_LEN) == 0)
@@ -205,7 +205,7 @@ static int remember(wb_sidechan *s, wb_side_conn *c, const uint8_t *id)
         c->n_ids = kept;
     }
     if (c->n_ids == c->cap_ids) {
-        if (c->cap_ids >= SIDE_MAX_IDS)
+        if (c->cap_ids >= FDCHAN_MAX_IDS)
             return WB_ELIMIT;
         size_t cap = c->cap_ids ? c->cap_ids * 2 : 8;
         void *v = realloc(c->ids, cap * WB_LEASE_ID_LEN);
@@ -219,8 +219,8 @@ static int remember(wb_sidechan *s, wb_side_conn *c, const uint8_t *id)
 }
 
 /* Judges one request; fills fds (borrowed from the slabs) or a refusal. */
-static int judge(wb_sidechan *s, wb_side_conn *c, const uint8_t *id, int *fds, uint32_t *n_fds,
-                 char *msg, size_t size)
+static int judge(wb_fdchan_server *s, wb_fdchan_conn *c, const uint8_t *id, int *fds,
+                 uint32_t *n_fds, char *msg, size_t size)
 {
     wb_broker *b = s->b;
     char hex[9];
@@ -252,7 +252,7 @@ static int judge(wb_sidechan *s, wb_side_conn *c, const uint8_t *id, int *fds, u
     }
     const wb_model *m = l->model;
     const wb_backend *be = m->backend;
-    if (!be->slab_fd || m->data.n_slabs > WB_FDWIRE_MAX_FDS) {
+    if (!be->slab_fd || m->data.n_slabs > WB_FDCHAN_MAX_FDS) {
         snprintf(msg, size, "model '%.80s' has no slab descriptors (transport %s)", m->name,
                  wb__backend_transport(be));
         return WB_ENOSYS;
@@ -269,7 +269,7 @@ static int judge(wb_sidechan *s, wb_side_conn *c, const uint8_t *id, int *fds, u
         snprintf(msg, size,
                  rc == WB_ELIMIT ? "this connection holds %d leases' descriptors already"
                                  : "out of memory (%d leases)",
-                 SIDE_MAX_IDS);
+                 FDCHAN_MAX_IDS);
         return rc;
     }
     *n_fds = (uint32_t)m->data.n_slabs;
@@ -279,7 +279,7 @@ static int judge(wb_sidechan *s, wb_side_conn *c, const uint8_t *id, int *fds, u
 
 /* Hands out the connection's session token (made at the first request).
  * The token goes nowhere else: not in logs, not in replies to others. */
-static int session_token(wb_sidechan *s, wb_side_conn *c, char *msg, size_t size)
+static int session_token(wb_fdchan_server *s, wb_fdchan_conn *c, char *msg, size_t size)
 {
     wb_err err;
     if (!c->creds.known) {
@@ -327,12 +327,12 @@ static int session_token(wb_sidechan *s, wb_side_conn *c, char *msg, size_t size
     return WB_OK;
 }
 
-/* Reads and answers at most WB_SIDE_REQUESTS_PER_TURN requests; returns
+/* Reads and answers at most WB_FDCHAN_REQUESTS_PER_TURN requests; returns
  * -1 when the connection was closed. */
-static int conn_readable(wb_sidechan *s, size_t i)
+static int conn_readable(wb_fdchan_server *s, size_t i)
 {
-    wb_side_conn *c = s->v[i];
-    for (int answered = 0; answered < WB_SIDE_REQUESTS_PER_TURN;) {
+    wb_fdchan_conn *c = s->v[i];
+    for (int answered = 0; answered < WB_FDCHAN_REQUESTS_PER_TURN;) {
         ssize_t n = recv(c->fd, c->in + c->in_len, sizeof c->in - c->in_len, MSG_DONTWAIT);
         if (n < 0 && errno == EINTR)
             continue;
@@ -348,11 +348,11 @@ static int conn_readable(wb_sidechan *s, size_t i)
         c->in_len = 0;
         uint8_t id[WB_LEASE_ID_LEN];
         wb_err err;
-        char msg[WB_FDWIRE_MSG_MAX + 1];
-        int fds[WB_FDWIRE_MAX_FDS];
+        char msg[WB_FDCHAN_MSG_MAX + 1];
+        int fds[WB_FDCHAN_MAX_FDS];
         uint32_t n_fds = 0;
         int kind = 0;
-        int rc = wb__fdwire_request_parse(c->in, sizeof c->in, &kind, id, &err);
+        int rc = wb__fdchan_request_parse(c->in, sizeof c->in, &kind, id, &err);
         if (rc != WB_OK) {
             s->b->stats.malformed_messages++;
             char q[WB_ERR_MSG_MAX + 64];
@@ -370,14 +370,14 @@ static int conn_readable(wb_sidechan *s, size_t i)
         if (refuse) {
             rc = WB_EPERM;
             snprintf(msg, sizeof msg, "%.200s", c->creds_error);
-        } else if (kind == WB_FDWIRE_REQ_SESSION) {
+        } else if (kind == WB_FDCHAN_REQ_SESSION) {
             rc = session_token(s, c, msg, sizeof msg);
         } else {
             rc = judge(s, c, id, fds, &n_fds, msg, sizeof msg);
         }
         if (rc == WB_EPERM) {
             s->b->stats.requests_refused++;
-            char q[WB_FDWIRE_MSG_MAX + 64];
+            char q[WB_FDCHAN_MSG_MAX + 64];
             wb_warn_peer("peer_refused", c->creds.uid, "reason=fd_channel pid=%u uid=%u error=%s",
                          c->creds.pid, c->creds.uid, wb__log_quote(q, sizeof q, msg));
         }
@@ -404,7 +404,7 @@ static int conn_readable(wb_sidechan *s, size_t i)
  * then closed) while fewer than WB_REFUSED_PER_UID connections of its uid
  * are; a uid at --max-peers-per-uid (root and the broker's own uid aside)
  * is closed at once. Returns 0 when the connection is to be closed now. */
-static int admit(wb_sidechan *s, wb_side_conn *c)
+static int admit(wb_fdchan_server *s, wb_fdchan_conn *c)
 {
     wb_broker *b = s->b;
     wb_err aerr;
@@ -430,7 +430,7 @@ static int admit(wb_sidechan *s, wb_side_conn *c)
     }
     unsigned same = 0, refused = 0;
     for (size_t i = 0; i < s->n; i++) {
-        const wb_side_conn *o = s->v[i];
+        const wb_fdchan_conn *o = s->v[i];
         if (o->creds.known == c->creds.known && o->creds.uid == c->creds.uid) {
             same++;
             refused += o->refused != 0;
@@ -452,9 +452,9 @@ static int admit(wb_sidechan *s, wb_side_conn *c)
     return 1;
 }
 
-static void side_accept(wb_sidechan *s)
+static void fdchan_accept(wb_fdchan_server *s)
 {
-    for (int round = 0; round < WB_SIDE_EVENTS_PER_TURN; round++) {
+    for (int round = 0; round < WB_FDCHAN_EVENTS_PER_TURN; round++) {
         int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0)
             return; /* EAGAIN, or EMFILE: the next round tries again */
@@ -466,7 +466,7 @@ static void side_accept(wb_sidechan *s)
         }
         if (s->n == s->cap) {
             size_t cap = s->cap ? s->cap * 2 : 16;
-            wb_side_conn **v = realloc(s->v, cap * sizeof *v);
+            wb_fdchan_conn **v = realloc(s->v, cap * sizeof *v);
             if (!v) {
                 close(fd);
                 continue;
@@ -474,7 +474,7 @@ static void side_accept(wb_sidechan *s)
             s->v = v;
             s->cap = cap;
         }
-        wb_side_conn *c = calloc(1, sizeof *c);
+        wb_fdchan_conn *c = calloc(1, sizeof *c);
         if (!c) {
             close(fd);
             continue;
@@ -512,16 +512,16 @@ static void side_accept(wb_sidechan *s)
     }
 }
 
-void wb__side_handle(wb_sidechan *s)
+void wb__fdchan_handle(wb_fdchan_server *s)
 {
     /* One round a turn of the loop: level-triggered, the channel's
      * descriptor stays readable while anything is left, and the main
      * socket's connections are served in between. */
-    struct epoll_event ev[WB_SIDE_EVENTS_PER_TURN];
-    int n = epoll_wait(s->ep, ev, WB_SIDE_EVENTS_PER_TURN, 0);
+    struct epoll_event ev[WB_FDCHAN_EVENTS_PER_TURN];
+    int n = epoll_wait(s->ep, ev, WB_FDCHAN_EVENTS_PER_TURN, 0);
     for (int k = 0; k < n; k++) {
         if (ev[k].data.u64 == TAG_LISTEN) {
-            side_accept(s);
+            fdchan_accept(s);
             continue;
         }
         size_t i = find_serial(s, ev[k].data.u64);
@@ -530,7 +530,7 @@ void wb__side_handle(wb_sidechan *s)
     }
 }
 
-void wb__side_expire(wb_sidechan *s)
+void wb__fdchan_expire(wb_fdchan_server *s)
 {
     /* Most connections have asked already and stay for their process's
      * life: no walk unless one has not. */
@@ -538,7 +538,7 @@ void wb__side_expire(wb_sidechan *s)
         return;
     int64_t now = s->b->now_ms();
     for (size_t i = 0; i < s->n;) {
-        wb_side_conn *c = s->v[i];
+        wb_fdchan_conn *c = s->v[i];
         if (!c->answered && now - c->accepted_ms > (int64_t)s->handshake_ms) {
             s->b->stats.peers_disconnected++;
             conn_close(s, i, "no_request_in_time");
@@ -558,8 +558,8 @@ static int token_eq(const uint8_t *a, const uint8_t *b)
     return d == 0;
 }
 
-int wb__side_bind(wb_sidechan *s, const wb_peer_creds *kernel, const uint8_t *token, size_t len,
-                  wb_peer_creds *out, uint64_t *serial, wb_err *err)
+int wb__fdchan_bind(wb_fdchan_server *s, const wb_peer_creds *kernel, const uint8_t *token,
+                    size_t len, wb_peer_creds *out, uint64_t *serial, wb_err *err)
 {
     *serial = 0;
     if (len != WB_SESSION_TOKEN_LEN)
@@ -567,7 +567,7 @@ int wb__side_bind(wb_sidechan *s, const wb_peer_creds *kernel, const uint8_t *to
                            WB_SESSION_TOKEN_LEN);
     if (!kernel->known && !kernel->pid_hidden)
         return wb__err_set(err, WB_EPERM, "the broker could not read the peer's credentials");
-    wb_side_conn *c = NULL;
+    wb_fdchan_conn *c = NULL;
     for (size_t i = 0; i < s->n; i++) {
         if (s->v[i]->has_token && token_eq(s->v[i]->token, token))
             c = s->v[i];
@@ -599,12 +599,12 @@ int wb__side_bind(wb_sidechan *s, const wb_peer_creds *kernel, const uint8_t *to
     return WB_OK;
 }
 
-int wb__side_session_alive(const wb_sidechan *s, uint64_t serial)
+int wb__fdchan_session_alive(const wb_fdchan_server *s, uint64_t serial)
 {
     return find_serial(s, serial) != SIZE_MAX;
 }
 
-void wb__side_destroy(wb_sidechan *s)
+void wb__fdchan_destroy(wb_fdchan_server *s)
 {
     if (!s)
         return;

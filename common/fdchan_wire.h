@@ -20,8 +20,8 @@
  * see (another pid namespace) is known by its session, and its leases end
  * when this connection ends. A broker without sessions answers "WBS1" as a
  * malformed request, so a client falls back to a hello without a token. */
-#ifndef WB_FDWIRE_H
-#define WB_FDWIRE_H
+#ifndef WB_FDCHAN_WIRE_H
+#define WB_FDCHAN_WIRE_H
 
 #include "err.h"
 #include "wire.h"
@@ -29,14 +29,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define WB_FDWIRE_MAGIC       "WBF1"
-#define WB_FDWIRE_SESSION     "WBS1"
-#define WB_FDWIRE_REQUEST_LEN (4 + WB_LEASE_ID_LEN)
-#define WB_FDWIRE_HEADER_LEN  16
-#define WB_FDWIRE_MSG_MAX     240
-#define WB_FDWIRE_REPLY_MAX   (WB_FDWIRE_HEADER_LEN + WB_FDWIRE_MSG_MAX)
+#define WB_FDCHAN_MAGIC       "WBF1"
+#define WB_FDCHAN_SESSION     "WBS1"
+#define WB_FDCHAN_REQUEST_LEN (4 + WB_LEASE_ID_LEN)
+#define WB_FDCHAN_HEADER_LEN  16
+#define WB_FDCHAN_MSG_MAX     240
+#define WB_FDCHAN_REPLY_MAX   (WB_FDCHAN_HEADER_LEN + WB_FDCHAN_MSG_MAX)
 /* Descriptors one reply may carry (slabs of one lease). */
-#define WB_FDWIRE_MAX_FDS 16
+#define WB_FDCHAN_MAX_FDS 16
 /* A session token's bytes, and its length as hex in a reply. */
 #define WB_SESSION_TOKEN_LEN 16
 #define WB_SESSION_TOKEN_HEX (2 * WB_SESSION_TOKEN_LEN)
@@ -47,20 +47,20 @@
 #define WB_SESSION_ID_BASE    0x80000000u
 #define WB_IS_SESSION_ID(pid) ((uint32_t)(pid) >= WB_SESSION_ID_BASE)
 /* The channel's path beside the broker's socket. */
-#define WB_FDWIRE_SUFFIX ".fd"
+#define WB_FDCHAN_SUFFIX ".fd"
 
 /* Builds the channel's path, "<socket>.fd". WB_EINVAL when it does not fit
  * `size` bytes. */
-int wb__fdwire_path(const char *socket_path, char *out, size_t size);
+int wb__fdchan_path(const char *socket_path, char *out, size_t size);
 
 /* What a request asks for. */
-enum { WB_FDWIRE_REQ_LEASE = 1, WB_FDWIRE_REQ_SESSION = 2 };
+enum { WB_FDCHAN_REQ_LEASE = 1, WB_FDCHAN_REQ_SESSION = 2 };
 
-void wb__fdwire_request_pack(uint8_t out[WB_FDWIRE_REQUEST_LEN], const uint8_t *lease_id);
-void wb__fdwire_session_request_pack(uint8_t out[WB_FDWIRE_REQUEST_LEN]);
+void wb__fdchan_request_pack(uint8_t out[WB_FDCHAN_REQUEST_LEN], const uint8_t *lease_id);
+void wb__fdchan_session_request_pack(uint8_t out[WB_FDCHAN_REQUEST_LEN]);
 /* Checks a whole request and says which kind it is (*kind); a lease
  * request's id goes to lease_id. WB_EPROTO naming what is wrong. */
-int wb__fdwire_request_parse(const uint8_t *buf, size_t len, int *kind, uint8_t *lease_id,
+int wb__fdchan_request_parse(const uint8_t *buf, size_t len, int *kind, uint8_t *lease_id,
                              wb_err *err);
 
 /* A token as the 32 lowercase hex digits of a session reply's message,
@@ -69,13 +69,13 @@ void wb__session_token_hex(const uint8_t token[WB_SESSION_TOKEN_LEN],
                            char out[WB_SESSION_TOKEN_HEX + 1]);
 int wb__session_token_parse(const char *hex, uint8_t token[WB_SESSION_TOKEN_LEN], wb_err *err);
 
-/* Packs a reply (the message cut at WB_FDWIRE_MSG_MAX bytes); returns its
- * length, at most WB_FDWIRE_REPLY_MAX. */
-size_t wb__fdwire_reply_pack(uint8_t out[WB_FDWIRE_REPLY_MAX], int32_t status, uint32_t n_fds,
+/* Packs a reply (the message cut at WB_FDCHAN_MSG_MAX bytes); returns its
+ * length, at most WB_FDCHAN_REPLY_MAX. */
+size_t wb__fdchan_reply_pack(uint8_t out[WB_FDCHAN_REPLY_MAX], int32_t status, uint32_t n_fds,
                              const char *msg);
 /* Reads a reply header: WB_EPROTO for a wrong magic, a message longer than
- * WB_FDWIRE_MSG_MAX or more than WB_FDWIRE_MAX_FDS descriptors. */
-int wb__fdwire_header_parse(const uint8_t hdr[WB_FDWIRE_HEADER_LEN], int32_t *status,
+ * WB_FDCHAN_MSG_MAX or more than WB_FDCHAN_MAX_FDS descriptors. */
+int wb__fdchan_header_parse(const uint8_t hdr[WB_FDCHAN_HEADER_LEN], int32_t *status,
                             uint32_t *n_fds, uint32_t *msg_len, wb_err *err);
 
 #endif
