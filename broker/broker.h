@@ -103,12 +103,6 @@ typedef struct wb_broker {
     struct wb_metrics *metrics;
     /* Background loads; NULL runs loads inline (preloads, unit tests). */
     wb_loader *loader;
-    /* The second frame of the reply being made (an acquire's tensor table,
-     * Lease.tensor_table_in_frame), or NULL: set by the op, sent and
-     * cleared with the reply. It points into the model, which outlives the
-     * send (what the socket does not take at once is copied). */
-    const void *reply_frame;
-    size_t reply_frame_len;
 } wb_broker;
 
 int64_t wb__clock_mono_ms(void);
