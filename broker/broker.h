@@ -106,12 +106,6 @@ typedef struct wb_broker {
     /* May be NULL; polled by the load of wb__broker_preload, nonzero stops
      * it (a stop signal while wbrokerd starts). */
     const atomic_int *cancel_preloads;
-    /* The second frame of the reply being made (an acquire's tensor table,
-     * Lease.tensor_table_in_frame), or NULL: set by the op, sent and
-     * cleared with the reply. It points into the model, which outlives the
-     * send (what the socket does not take at once is copied). */
-    const void *reply_frame;
-    size_t reply_frame_len;
 } wb_broker;
 
 int64_t wb__clock_mono_ms(void);

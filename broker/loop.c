@@ -4,7 +4,6 @@
 #include "log.h"
 #include "metrics.h"
 #include "ops.h"
-#include "ops_admin.h"
 #include "paths.h"
 #include "ratelog.h"
 #include "signals.h"
@@ -55,31 +54,27 @@ typedef struct loop {
 enum { EV_LISTEN = 1, EV_SIGNAL, EV_LOADER, EV_DEATH, EV_FDCHAN };
 #define EV_CONN (1ull << 63)
 
-/* Packs and sends a reply to the connection `ident` as one ZMTP frame. A
- * peer that went away loses it; a peer that leaves --max-queued-replies
- * messages unread loses it and is disconnected (replies_dropped counts
- * both). `op` is the request's body field number (0: undecodable), for the
- * per-operation counters. */
-static void send_reply(loop *L, uint32_t op, const void *ident, size_t ident_len,
-                       Wbproto__Reply *rep, wb_arena *a)
+/* Packs and sends reply `r` to the connection `ident`: its message, and its
+ * second frame when it has one. A peer that went away loses it; a peer that
+ * leaves --max-queued-replies messages unread loses it and is disconnected
+ * (replies_dropped counts both). `op` is the request's body field number (0:
+ * undecodable), for the per-operation counters. */
+static void send_reply(loop *L, uint32_t op, const void *ident, size_t ident_len, wb_ops_reply *r)
 {
     wb_broker *b = L->b;
-    const void *frame = b->reply_frame;
-    size_t frame_len = frame ? b->reply_frame_len : 0;
-    b->reply_frame = NULL;
-    b->reply_frame_len = 0;
+    Wbproto__Reply *rep = &r->msg;
     size_t len = 0;
     uint8_t *buf = wb__reply_pack(rep, &len);
-    if (buf && len + frame_len > b->limits.max_message) {
+    if (buf && len + r->frame_len > b->limits.max_message) {
         free(buf);
-        frame = NULL;
-        len += frame_len;
+        len += r->frame_len;
         char msg[160];
         snprintf(msg, sizeof msg,
                  "the reply would take %zu bytes, over the %llu-byte message limit "
                  "(--max-message-bytes)",
                  len, (unsigned long long)b->limits.max_message);
-        wb__ops_error(rep, a, rep->id, WB_ELIMIT, msg);
+        /* The error drops the frame too. */
+        wb__ops_error(r, rep->id, WB_ELIMIT, msg);
         buf = wb__reply_pack(rep, &len);
     }
     b->stats.requests_total++;
@@ -93,7 +88,7 @@ static void send_reply(loop *L, uint32_t op, const void *ident, size_t ident_len
         wb_error("reply_dropped", "reason=out_of_memory id=%llu", (unsigned long long)rep->id);
         return;
     }
-    int rc = wb__conns_send(&L->conns, ident, ident_len, buf, len, frame, frame_len);
+    int rc = wb__conns_send(&L->conns, ident, ident_len, buf, len, r->frame, r->frame_len);
     free(buf);
     if (rc == WB_OK)
         return;
@@ -123,16 +118,15 @@ static void refuse_and_close(loop *L, wb_conn *c, const wb_zmtp_msg *m, const ch
                              int code, const char *msg)
 {
     wb_broker *b = L->b;
-    wb_arena arena = {0};
-    Wbproto__Reply rep = WBPROTO__REPLY__INIT;
+    wb_ops_reply r = WB_OPS_REPLY_INIT;
     uint64_t ident = c->serial;
     char q[WB_ERR_MSG_MAX + 64];
     b->stats.requests_refused++;
     wb_warn_peer("peer_refused", c->kernel.uid, "reason=%s uid=%u pid=%u error=%s", reason,
                  c->kernel.uid, c->kernel.pid, wb__log_quote(q, sizeof q, msg));
-    wb__ops_error(&rep, &arena, wb__request_scan_id(m->data, m->len), code, msg);
-    send_reply(L, 0, &ident, sizeof ident, &rep, &arena);
-    wb__arena_free(&arena);
+    wb__ops_error(&r, wb__request_scan_id(m->data, m->len), code, msg);
+    send_reply(L, 0, &ident, sizeof ident, &r);
+    wb__ops_reply_free(&r);
     wb__conns_close(&L->conns, ident, msg);
 }
 
@@ -196,8 +190,7 @@ static void handle_request(void *ctx, wb_conn *c, const wb_zmtp_msg *m)
 {
     loop *L = ctx;
     wb_broker *b = L->b;
-    wb_arena arena = {0};
-    Wbproto__Reply rep = WBPROTO__REPLY__INIT;
+    wb_ops_reply r = WB_OPS_REPLY_INIT;
     Wbproto__Request *req = NULL;
     uint64_t id = 0;
     wb_err err;
@@ -225,12 +218,12 @@ static void handle_request(void *ctx, wb_conn *c, const wb_zmtp_msg *m)
         wb_warn_peer("bad_message", c->kernel.uid,
                      "reason=decode pid=%u bytes=%zu id=%llu error=%s", c->creds.pid, m->len,
                      (unsigned long long)id, wb__log_quote(q, sizeof q, err.msg));
-        wb__ops_error(&rep, &arena, id, rc, err.msg);
+        wb__ops_error(&r, id, rc, err.msg);
     } else if ((rc = peer_identity(L, c, req, &err)) != WB_OK) {
         b->stats.requests_refused++;
         wb_warn_peer("peer_refused", c->kernel.uid, "reason=credentials uid=%u error=%s",
                      c->kernel.uid, wb__log_quote(q, sizeof q, err.msg));
-        wb__ops_error(&rep, &arena, id, rc, err.msg);
+        wb__ops_error(&r, id, rc, err.msg);
         /* A peer without a usable identity is told why and closed; one
          * whose session ended may say hello again with a new token. */
         close_after = !c->creds.known && !c->kernel.pid_hidden;
@@ -238,19 +231,19 @@ static void handle_request(void *ctx, wb_conn *c, const wb_zmtp_msg *m)
         /* A lease granted now watches this connection's own process. */
         b->leases.hint_pid = c->creds.pid;
         b->leases.hint_pidfd = c->session ? -1 : c->pidfd;
-        int deferred = wb__ops_handle(b, &c->creds, req, &ident, sizeof ident, &arena, &rep) ==
-                       WB_OPS_DEFERRED;
+        int deferred =
+            wb__ops_handle(b, &c->creds, req, &ident, sizeof ident, &r) == WB_OPS_DEFERRED;
         b->leases.hint_pidfd = -1;
         if (deferred) {
             /* A load: the reply goes out when the loader is done. */
             wb__request_free(&req);
-            wb__arena_free(&arena);
+            wb__ops_reply_free(&r);
             return;
         }
     }
-    send_reply(L, req ? (uint32_t)req->body_case : 0, &ident, sizeof ident, &rep, &arena);
+    send_reply(L, req ? (uint32_t)req->body_case : 0, &ident, sizeof ident, &r);
     wb__request_free(&req);
-    wb__arena_free(&arena);
+    wb__ops_reply_free(&r);
     if (close_after)
         wb__conns_close(&L->conns, ident, err.msg);
 }
@@ -264,11 +257,10 @@ static void handle_loads(loop *L)
         wb_model *model;
         wb__broker_finish_load(L->b, job, &model);
         if (job->ident) {
-            wb_arena arena = {0};
-            Wbproto__Reply rep = WBPROTO__REPLY__INIT;
-            wb__ops_load_done(L->b, job, model, &arena, &rep);
-            send_reply(L, WBPROTO__REQUEST__BODY_LOAD, job->ident, job->ident_len, &rep, &arena);
-            wb__arena_free(&arena);
+            wb_ops_reply r = WB_OPS_REPLY_INIT;
+            wb__ops_load_done(L->b, job, model, &r);
+            send_reply(L, WBPROTO__REQUEST__BODY_LOAD, job->ident, job->ident_len, &r);
+            wb__ops_reply_free(&r);
         }
         wb__load_job_free(&job);
     }
@@ -410,12 +402,11 @@ static void shutdown_loads(loop *L)
         wb_load_job *job = list;
         list = job->next;
         if (job->ident) {
-            wb_arena arena = {0};
-            Wbproto__Reply rep = WBPROTO__REPLY__INIT;
-            wb__ops_error(&rep, &arena, job->request_id, WB_ESTATE,
+            wb_ops_reply r = WB_OPS_REPLY_INIT;
+            wb__ops_error(&r, job->request_id, WB_ESTATE,
                           "the broker is stopping; the load was abandoned");
-            send_reply(L, WBPROTO__REQUEST__BODY_LOAD, job->ident, job->ident_len, &rep, &arena);
-            wb__arena_free(&arena);
+            send_reply(L, WBPROTO__REQUEST__BODY_LOAD, job->ident, job->ident_len, &r);
+            wb__ops_reply_free(&r);
         }
         wb__load_job_free(&job);
     }

@@ -1,13 +1,16 @@
-/* Request handlers: (broker state, peer credentials, decoded request) ->
- * reply. No sockets here; the event loop packs and sends what they build.
+/* Request handlers as the event loop sees them: (broker state, peer
+ * credentials, decoded request) -> reply. No sockets here; the loop packs
+ * and sends what they build.
  *
- * Replies are built in an arena (arena.h): everything a handler allocates for
- * one reply is freed at once after packing, while strings and arrays that
- * belong to the broker (tensor tables, names) are pointed to, not copied.
+ * Each request gets its own reply context (wb_ops_reply): the Reply message,
+ * the arena everything the handler allocates for it lives in (freed at once
+ * after packing; strings and arrays that belong to the broker, such as tensor
+ * tables and names, are pointed to, not copied), and the second frame the
+ * reply may carry. Nothing of a reply is kept in the broker between requests.
  *
- * This file dispatches and answers the lease operations (hello, acquire,
- * release, heartbeat); listings are in ops_list.c, the administrator's load
- * and unload in ops_admin.c. */
+ * ops.c dispatches; the handlers are in ops_lease.c (hello, acquire, release,
+ * heartbeat), ops_list.c (listings) and ops_admin.c (load, unload), and the
+ * reply helpers in ops_reply.c; ops_impl.h is their private header. */
 #ifndef WB_BROKER_OPS_H
 #define WB_BROKER_OPS_H
 
@@ -22,54 +25,45 @@
 /* Returned by wb__ops_handle when the reply comes later (a load). */
 #define WB_OPS_DEFERRED 1
 
-/* Handles one request from a peer whose credentials are known. `rep` must be
- * initialised (wbproto__reply__init); the handler sets version, id, status,
- * error and body. `ident` is the requester's transport identity, copied for
- * deferred replies. Returns 0, or WB_OPS_DEFERRED when the reply will come
- * from wb__ops_load_done. */
+/* One request's reply, from the handler to the send. `msg` and what it
+ * points to live in `arena` or in broker state. `frame`, when not NULL, is
+ * sent unchanged after the message as its second frame (an acquire's tensor
+ * table, Lease.tensor_table_in_frame); it points into the model, which
+ * outlives the send (what the socket does not take at once is copied). An
+ * error reply carries no frame. The caller owns the context;
+ * wb__ops_reply_free releases what it holds. */
+typedef struct wb_ops_reply {
+    Wbproto__Reply msg;
+    wb_arena arena;
+    const void *frame;
+    size_t frame_len; /* 0 without a frame */
+} wb_ops_reply;
+
+#define WB_OPS_REPLY_INIT                                                                          \
+    {                                                                                              \
+        .msg = WBPROTO__REPLY__INIT                                                                \
+    }
+
+/* Frees the context's arena and makes it an empty one again (as
+ * WB_OPS_REPLY_INIT), so that nothing of this reply reaches another. */
+void wb__ops_reply_free(wb_ops_reply *r);
+
+/* Handles one request from a peer whose credentials are known, into `r`
+ * (empty: WB_OPS_REPLY_INIT); the handler sets the message's version, id,
+ * status, error and body, and the frame. `ident` is the requester's transport
+ * identity, copied for deferred replies. Returns 0, or WB_OPS_DEFERRED when
+ * the reply will come from wb__ops_load_done (r then holds nothing to send). */
 int wb__ops_handle(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request *req,
-                   const void *ident, size_t ident_len, wb_arena *a, Wbproto__Reply *rep);
+                   const void *ident, size_t ident_len, wb_ops_reply *r);
 
-/* Fills an error reply (for requests refused before any handler runs). */
-void wb__ops_error(Wbproto__Reply *rep, wb_arena *a, uint64_t id, int status, const char *msg);
+/* Makes `r` an error reply to request `id` (for requests refused before any
+ * handler runs, and for a reply that would not fit): any body and frame are
+ * dropped. `msg` NULL: wb_strerror(status). */
+void wb__ops_error(wb_ops_reply *r, uint64_t id, int status, const char *msg);
 
-/* Fills a ModelInfo from a model, copying strings into the arena. Returns
- * NULL when out of memory. */
-Wbproto__ModelInfo *wb__ops_model_info(const wb_model *m, int state, wb_arena *a);
-
-/* For the handler modules (ops_list.c, ops_admin.c). */
-
-/* Sets an error status with a formatted message and drops any body; 0. */
-int wb__ops_fail(Wbproto__Reply *rep, wb_arena *a, int status, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-/* wb__ops_fail with WB_ENOMEM. */
-int wb__ops_oom(Wbproto__Reply *rep, wb_arena *a);
-/* A string no peer checked (a process name from /proc, a path from the
- * command line, a message quoting them) as the reply may carry it: s
- * itself when it is valid UTF-8, else a copy in the arena with each
- * invalid byte as U+FFFD, so that strict decoders can read every listing.
- * NULL when out of memory; "" for NULL. */
-const char *wb__ops_utf8(wb_arena *a, const char *s);
-/* Whether the peer is on the administrator list. */
-int wb__ops_is_admin(const wb_broker *b, const wb_peer_creds *peer);
-/* Refuses an administrator operation (`verb`) from a peer that is not one,
- * logged with the list it failed. */
-int wb__ops_refuse_admin(wb_broker *b, const wb_peer_creds *peer, const char *verb,
-                         Wbproto__Reply *rep, wb_arena *a);
-/* Which of a copy's packed Lease tails a reply carries. */
-enum wb_lease_tail {
-    WB_TAIL_TENSORS, /* lease_tail: the tensors as messages */
-    WB_TAIL_TABLE,   /* the compact table inside (wb_model.table, not a tail) */
-    WB_TAIL_CACHED,  /* cached_tail: tensor_table_cached, no table */
-    WB_TAIL_FRAME,   /* frame_tail: tensor_table_in_frame, the table follows */
-    WB_TAIL_SHARED,  /* shared_tail: tensor_table_slab, the table in shared memory */
-};
-/* Points the Lease `lw` (id already set) at one of the packed tails of the
- * model's copy `copy` (wb_model.wire[copy]): it then packs to the same
- * bytes as a Lease with model, the copy's slab and tensors (or
- * tensor_table, or tensor_table_cached) filled in. WB_EINVAL when the model
- * has no such tail, WB_ENOMEM; lw is untouched then. */
-int wb__ops_lease_tail(const wb_model *m, unsigned copy, enum wb_lease_tail which,
-                       Wbproto__Lease *lw, wb_arena *a);
+/* Builds into `r` the deferred reply of a finished load job (after
+ * wb__broker_finish_load has recorded its outcome; `model` is what it
+ * returned). */
+void wb__ops_load_done(wb_broker *b, const wb_load_job *job, wb_model *model, wb_ops_reply *r);
 
 #endif

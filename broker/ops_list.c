@@ -1,4 +1,6 @@
-#include "ops_list.h"
+/* The listings: leases, containers, models and the counters, and a model
+ * as they show it (wb__ops_model_info, also in load and unload replies). */
+#include "ops_impl.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -91,8 +93,9 @@ static int cmp_ref(const void *x, const void *y)
  * with the leases it binds: the records are sorted once, O(R log R) for R
  * records, and each entry's lease array is sized from its own group. */
 int wb__ops_list_containers(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request *req,
-                            wb_arena *a, Wbproto__Reply *rep)
+                            wb_ops_reply *r)
 {
+    wb_arena *a = &r->arena;
     const wb_lease_table *t = &b->leases;
     int admin = wb__ops_is_admin(b, peer);
     size_t n_refs = 0;
@@ -101,12 +104,12 @@ int wb__ops_list_containers(wb_broker *b, const wb_peer_creds *peer, const Wbpro
     container_ref *refs = wb__arena_alloc(a, (n_refs ? n_refs : 1) * sizeof *refs);
     Wbproto__ListContainersReply *lr = wb__arena_alloc(a, sizeof *lr);
     if (!refs || !lr)
-        return wb__ops_oom(rep, a);
+        return wb__ops_oom(r);
     size_t k = 0;
     for (size_t i = 0; i < t->n_leases; i++) {
         const wb_lease_rec *l = t->leases[i];
-        for (uint32_t r = 0; r < l->n_records; r++)
-            refs[k++] = (container_ref){l->pid, l->records[r].id, l, &l->records[r]};
+        for (uint32_t j = 0; j < l->n_records; j++)
+            refs[k++] = (container_ref){l->pid, l->records[j].id, l, &l->records[j]};
     }
     qsort(refs, n_refs, sizeof *refs, cmp_ref);
     size_t total = 0;
@@ -118,7 +121,7 @@ int wb__ops_list_containers(wb_broker *b, const wb_peer_creds *peer, const Wbpro
     size_t cap = page_cap(total, offset, req->list_containers->limit);
     Wbproto__ContainerInfo **list = wb__arena_alloc(a, (cap ? cap : 1) * sizeof *list);
     if (!list)
-        return wb__ops_oom(rep, a);
+        return wb__ops_oom(r);
     size_t budget = list_budget(b), used = 0, n = 0, group = 0, i = 0;
     while (i < n_refs && n < cap) {
         size_t end = i + 1;
@@ -134,13 +137,13 @@ int wb__ops_list_containers(wb_broker *b, const wb_peer_creds *peer, const Wbpro
         Wbproto__ContainerLease *cls = wb__arena_alloc(a, m * sizeof *cls);
         Wbproto__ContainerLease **clp = wb__arena_alloc(a, m * sizeof *clp);
         if (!ci || !cls || !clp)
-            return wb__ops_oom(rep, a);
+            return wb__ops_oom(r);
         wbproto__container_info__init(ci);
         ci->pid = g->pid;
         /* /proc's comm is any bytes the process chose. */
         ci->process_name = (char *)wb__ops_utf8(a, g->lease->comm);
         if (!ci->process_name)
-            return wb__ops_oom(rep, a);
+            return wb__ops_oom(r);
         ci->container_id = g->cid;
         ci->aoti_api = (char *)g->rec->aoti_api;
         ci->pinned_async_copy = g->rec->pinned_async_copy;
@@ -184,14 +187,15 @@ int wb__ops_list_containers(wb_broker *b, const wb_peer_creds *peer, const Wbpro
     lr->containers = n ? list : NULL;
     lr->total = (uint32_t)total;
     lr->next_offset = page_next(offset, n, total);
-    rep->body_case = WBPROTO__REPLY__BODY_LIST_CONTAINERS;
-    rep->list_containers = lr;
+    r->msg.body_case = WBPROTO__REPLY__BODY_LIST_CONTAINERS;
+    r->msg.list_containers = lr;
     return 0;
 }
 
 int wb__ops_list_leases(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request *req,
-                        wb_arena *a, Wbproto__Reply *rep)
+                        wb_ops_reply *r)
 {
+    wb_arena *a = &r->arena;
     const wb_lease_table *t = &b->leases;
     int admin = wb__ops_is_admin(b, peer);
     size_t total = t->n_leases;
@@ -201,7 +205,7 @@ int wb__ops_list_leases(wb_broker *b, const wb_peer_creds *peer, const Wbproto__
     Wbproto__LeaseInfo *infos = wb__arena_alloc(a, (cap ? cap : 1) * sizeof *infos);
     Wbproto__LeaseInfo **ptrs = wb__arena_alloc(a, (cap ? cap : 1) * sizeof *ptrs);
     if (!lr || !infos || !ptrs)
-        return wb__ops_oom(rep, a);
+        return wb__ops_oom(r);
     wbproto__list_leases_reply__init(lr);
     size_t budget = list_budget(b), used = 0, n = 0;
     for (; n < cap; n++) {
@@ -216,7 +220,7 @@ int wb__ops_list_leases(wb_broker *b, const wb_peer_creds *peer, const Wbproto__
         /* /proc's comm is any bytes the process chose. */
         li->process_name = (char *)wb__ops_utf8(a, l->comm);
         if (!li->process_name)
-            return wb__ops_oom(rep, a);
+            return wb__ops_oom(r);
         li->state = l->state;
         li->containers = l->containers;
         li->slabs = 1; /* the copy's one slab */
@@ -236,10 +240,10 @@ int wb__ops_list_leases(wb_broker *b, const wb_peer_creds *peer, const Wbproto__
         if (l->n_records) {
             Wbproto__ContainerRecord **recs = wb__arena_alloc(a, l->n_records * sizeof *recs);
             if (!recs)
-                return wb__ops_oom(rep, a);
-            for (uint32_t r = 0; r < l->n_records; r++) {
-                if (!(recs[r] = record_info(&l->records[r], a)))
-                    return wb__ops_oom(rep, a);
+                return wb__ops_oom(r);
+            for (uint32_t j = 0; j < l->n_records; j++) {
+                if (!(recs[j] = record_info(&l->records[j], a)))
+                    return wb__ops_oom(r);
             }
             li->container_records = recs;
             li->n_container_records = l->n_records;
@@ -261,36 +265,106 @@ int wb__ops_list_leases(wb_broker *b, const wb_peer_creds *peer, const Wbproto__
     lr->leases = n ? ptrs : NULL;
     lr->total = (uint32_t)total;
     lr->next_offset = page_next(offset, n, total);
-    rep->body_case = WBPROTO__REPLY__BODY_LIST_LEASES;
-    rep->list_leases = lr;
+    r->msg.body_case = WBPROTO__REPLY__BODY_LIST_LEASES;
+    r->msg.list_leases = lr;
     return 0;
 }
 
-int wb__ops_list_models(wb_broker *b, wb_arena *a, Wbproto__Reply *rep)
+Wbproto__ModelInfo *wb__ops_model_info(const wb_model *m, int state, wb_arena *a)
 {
+    Wbproto__ModelInfo *mi = wb__arena_alloc(a, sizeof *mi);
+    if (!mi)
+        return NULL;
+    wbproto__model_info__init(mi);
+    mi->name = wb__arena_strdup(a, m->name);
+    /* A preloaded model's path comes from the command line: any bytes. */
+    char *path = wb__arena_strdup(a, m->path);
+    mi->path = path ? (char *)wb__ops_utf8(a, path) : NULL;
+    if (!mi->name || !mi->path)
+        return NULL;
+    mi->state = state;
+    mi->backend = m->backend->proto;
+    mi->device = m->device;
+    mi->tensors = (uint32_t)m->data.n_tensors;
+    mi->bytes = m->data.bytes;
+    mi->slab_bytes = m->data.slab_bytes;
+    mi->leases = m->leases;
+    mi->load_seconds = m->data.load_seconds;
+    mi->load_gbps = m->data.load_gbps;
+    mi->transport = (char *)wb__backend_transport(m->backend);
+    mi->access = (char *)wb__backend_access(m->backend);
+    if (m->error) {
+        /* A load error may quote a path from the command line. */
+        char *why = wb__arena_strdup(a, m->error);
+        if (!why || !(mi->error = (char *)wb__ops_utf8(a, why)))
+            return NULL;
+    }
+    wb__load_fill_model_info(m, mi);
+    /* One entry per device: while loading (or after a failed load), the
+     * devices asked for, in the model's state. */
+    int planned = m->state == WBPROTO__MODEL_STATE__MODEL_LOADING || !m->data.copies;
+    size_t nc = planned ? m->n_devices : m->data.n_copies;
+    Wbproto__ModelCopy **cp = nc ? wb__arena_alloc(a, nc * sizeof *cp) : NULL;
+    Wbproto__ModelCopy *cv = nc ? wb__arena_alloc(a, nc * sizeof *cv) : NULL;
+    if (nc && (!cp || !cv))
+        return NULL;
+    for (size_t k = 0; k < nc; k++) {
+        Wbproto__ModelCopy *c = &cv[k];
+        wbproto__model_copy__init(c);
+        cp[k] = c;
+        if (planned) {
+            c->device = m->devices[k];
+            c->state = state;
+            continue;
+        }
+        const wb_model_copy *mc = &m->data.copies[k];
+        c->device = mc->device;
+        /* Copied: an unload's reply may outlive the model. */
+        c->device_uuid = wb__arena_strdup(a, mc->uuid);
+        char *why = wb__arena_strdup(a, mc->error);
+        c->error = why ? (char *)wb__ops_utf8(a, why) : NULL;
+        if (!c->device_uuid || !c->error)
+            return NULL;
+        c->state = mc->state;
+        /* A draining model's copies drain with it. */
+        if (mc->state == WBPROTO__MODEL_STATE__MODEL_READY &&
+            state != WBPROTO__MODEL_STATE__MODEL_READY)
+            c->state = state;
+        c->slab_bytes = m->data.slabs[k].size;
+        c->leases = mc->leases;
+        c->copy_seconds = mc->copy_seconds;
+    }
+    mi->n_copies = nc;
+    mi->copies = cp;
+    return mi;
+}
+
+int wb__ops_list_models(wb_broker *b, wb_ops_reply *r)
+{
+    wb_arena *a = &r->arena;
     size_t n = b->models.n;
     Wbproto__ListModelsReply *lr = wb__arena_alloc(a, sizeof *lr);
     Wbproto__ModelInfo **ptrs = wb__arena_alloc(a, (n ? n : 1) * sizeof *ptrs);
     if (!lr || !ptrs)
-        return wb__ops_oom(rep, a);
+        return wb__ops_oom(r);
     wbproto__list_models_reply__init(lr);
     size_t i = 0;
     for (wb_model *m = b->models.head; m && i < n; m = m->next) {
         if (!(ptrs[i++] = wb__ops_model_info(m, m->state, a)))
-            return wb__ops_oom(rep, a);
+            return wb__ops_oom(r);
     }
     lr->n_models = i;
     lr->models = i ? ptrs : NULL;
-    rep->body_case = WBPROTO__REPLY__BODY_LIST_MODELS;
-    rep->list_models = lr;
+    r->msg.body_case = WBPROTO__REPLY__BODY_LIST_MODELS;
+    r->msg.list_models = lr;
     return 0;
 }
 
-int wb__ops_stats(wb_broker *b, wb_arena *a, Wbproto__Reply *rep)
+int wb__ops_stats(wb_broker *b, wb_ops_reply *r)
 {
-    Wbproto__StatsReply *s = wb__arena_alloc(a, sizeof *s);
+    Wbproto__StatsReply *s = wb__arena_alloc(&r->arena, sizeof *s);
     if (!s)
-        return wb__ops_oom(rep, a);
+        return wb__ops_oom(r);
     wbproto__stats_reply__init(s);
     const wb_broker_stats *st = &b->stats;
     s->uptime_seconds = (double)(b->now_ms() - b->started_ms) / 1000.0;
@@ -320,7 +394,7 @@ int wb__ops_stats(wb_broker *b, wb_arena *a, Wbproto__Reply *rep)
     s->peers_refused = st->peers_refused;
     s->peers_disconnected = st->peers_disconnected;
     s->connections = st->connections;
-    rep->body_case = WBPROTO__REPLY__BODY_STATS;
-    rep->stats = s;
+    r->msg.body_case = WBPROTO__REPLY__BODY_STATS;
+    r->msg.stats = s;
     return 0;
 }

@@ -213,46 +213,45 @@ static inline wb_peer_creds me(void)
     return creds((uint32_t)geteuid(), (uint32_t)getegid(), (uint32_t)getpid());
 }
 
-/* Handles one request on the broker, checks that the reply answers it, and
- * returns the reply as a client would decode it: packed and decoded again
- * into *decoded, whose previous reply is freed. The arena holding the
- * handler's reply is emptied afterwards. */
-/* Bytes of the last reply fixture_call packed. */
-static size_t fixture_reply_len;
-
-static inline Wbproto__Reply *fixture_call(wb_broker *b, wb_arena *a, Wbproto__Reply **decoded,
-                                           const wb_peer_creds *peer, const Wbproto__Request *req,
-                                           const uint8_t *ident, size_t ident_len)
-{
-    Wbproto__Reply rep = WBPROTO__REPLY__INIT;
-    /* As the loop does: a reply's second frame is the op's to set. */
-    b->reply_frame = NULL;
-    b->reply_frame_len = 0;
-    ck_assert_int_eq(wb__ops_handle(b, peer, req, ident, ident_len, a, &rep), 0);
-    ck_assert_uint_eq(rep.id, req->id);
-    ck_assert_uint_eq(rep.version, WB_PROTOCOL_VERSION);
-    size_t len;
-    uint8_t *buf = wb__reply_pack(&rep, &len);
-    ck_assert_ptr_nonnull(buf);
-    fixture_reply_len = len;
-    wb__reply_free(decoded);
-    wb_err err;
-    ck_assert_msg(wb__reply_decode(buf, len, decoded, &err) == WB_OK, "reply: %s", err.msg);
-    free(buf);
-    wb__arena_free(a);
-    return *decoded;
-}
-
-/* A broker, the arena its handlers answer in, the last decoded reply and a
- * scratch directory under /tmp, removed with everything in it at the end. */
+/* A broker, the last reply as a client decoded it with what came beside it,
+ * and a scratch directory under /tmp, removed with everything in it at the
+ * end. */
 typedef struct broker_fixture {
     wb_broker b;
-    wb_arena a;
     Wbproto__Reply *decoded;
+    size_t reply_len;  /* bytes of the last reply's message */
+    const void *frame; /* the last reply's second frame, or NULL */
+    size_t frame_len;
     char dir[64];
     uint64_t next_id;
     uint8_t ident[2]; /* the connection identity requests come from */
 } broker_fixture;
+
+/* Handles one request on the broker in a reply context of its own, as the
+ * loop does, checks that the reply answers it, and returns the reply as a
+ * client would decode it: packed and decoded again into f->decoded, whose
+ * previous reply is freed. The reply's length and frame are kept in f; the
+ * context is freed. */
+static inline Wbproto__Reply *fixture_call(broker_fixture *f, const wb_peer_creds *peer,
+                                           const Wbproto__Request *req)
+{
+    wb_ops_reply r = WB_OPS_REPLY_INIT;
+    ck_assert_int_eq(wb__ops_handle(&f->b, peer, req, f->ident, sizeof f->ident, &r), 0);
+    ck_assert_uint_eq(r.msg.id, req->id);
+    ck_assert_uint_eq(r.msg.version, WB_PROTOCOL_VERSION);
+    size_t len;
+    uint8_t *buf = wb__reply_pack(&r.msg, &len);
+    ck_assert_ptr_nonnull(buf);
+    f->reply_len = len;
+    f->frame = r.frame;
+    f->frame_len = r.frame_len;
+    wb__reply_free(&f->decoded);
+    wb_err err;
+    ck_assert_msg(wb__reply_decode(buf, len, &f->decoded, &err) == WB_OK, "reply: %s", err.msg);
+    free(buf);
+    wb__ops_reply_free(&r);
+    return f->decoded;
+}
 
 /* Sets up a broker (heartbeat 200 ms, stale after 1000 ms) and makes
  * /tmp/wbtest-TAG-XXXXXX. */
@@ -268,7 +267,6 @@ static inline void fixture_open(broker_fixture *f, const char *tag)
 static inline void fixture_close(broker_fixture *f)
 {
     wb__reply_free(&f->decoded);
-    wb__arena_free(&f->a);
     wb__broker_destroy(&f->b);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", f->dir);
@@ -281,7 +279,36 @@ static inline Wbproto__Reply *fixture_send(broker_fixture *f, const wb_peer_cred
 {
     req->version = WB_PROTOCOL_VERSION;
     req->id = ++f->next_id;
-    return fixture_call(&f->b, &f->a, &f->decoded, peer, req, f->ident, sizeof f->ident);
+    return fixture_call(f, peer, req);
+}
+
+/* A request whose body has no fields: hello, a listing of leases or
+ * models, or (any other `body`) the counters. */
+static inline Wbproto__Reply *fixture_simple(broker_fixture *f, const wb_peer_creds *peer, int body)
+{
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__HelloRequest h = WBPROTO__HELLO_REQUEST__INIT;
+    Wbproto__ListLeasesRequest ll = WBPROTO__LIST_LEASES_REQUEST__INIT;
+    Wbproto__ListModelsRequest lm = WBPROTO__LIST_MODELS_REQUEST__INIT;
+    Wbproto__StatsRequest st = WBPROTO__STATS_REQUEST__INIT;
+    req.body_case = body;
+    switch (body) {
+    case WBPROTO__REQUEST__BODY_HELLO:
+        h.client = "unit test";
+        req.hello = &h;
+        break;
+    case WBPROTO__REQUEST__BODY_LIST_LEASES:
+        req.list_leases = &ll;
+        break;
+    case WBPROTO__REQUEST__BODY_LIST_MODELS:
+        req.list_models = &lm;
+        break;
+    default:
+        req.body_case = WBPROTO__REQUEST__BODY_STATS;
+        req.stats = &st;
+        break;
+    }
+    return fixture_send(f, peer, &req);
 }
 
 static inline Wbproto__Reply *fixture_acquire(broker_fixture *f, const wb_peer_creds *peer,

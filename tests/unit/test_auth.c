@@ -8,7 +8,6 @@
 #include "broker_fixture.h"
 #include "loader.h"
 #include "ops.h"
-#include "ops_admin.h"
 #include "wire.h"
 
 #include <check.h>
@@ -487,10 +486,10 @@ START_TEST(checks_run_on_the_loader)
     req.id = 77;
     req.body_case = WBPROTO__REQUEST__BODY_LOAD;
     req.load = &lr;
-    Wbproto__Reply rep = WBPROTO__REPLY__INIT;
-    ck_assert_int_eq(wb__ops_handle(&F.b, &admin, &req, F.ident, sizeof F.ident, &F.a, &rep),
+    wb_ops_reply rep = WB_OPS_REPLY_INIT;
+    ck_assert_int_eq(wb__ops_handle(&F.b, &admin, &req, F.ident, sizeof F.ident, &rep),
                      WB_OPS_DEFERRED);
-    wb__arena_free(&F.a);
+    wb__ops_reply_free(&rep);
     const wb_model *m = wb__models_find(&F.b.models, "x");
     ck_assert_ptr_nonnull(m);
     ck_assert_int_eq(m->state, WBPROTO__MODEL_STATE__MODEL_LOADING);
@@ -507,16 +506,16 @@ START_TEST(checks_run_on_the_loader)
     ck_assert_int_eq(wb__broker_finish_load(&F.b, job, &ready), WB_EPERM);
     ck_assert_int_eq(job->refused, 1);
     ck_assert_ptr_null(ready);
-    Wbproto__Reply done = WBPROTO__REPLY__INIT;
-    wb__ops_load_done(&F.b, job, ready, &F.a, &done);
-    ck_assert_uint_eq(done.id, 77);
-    ck_assert_int_eq(done.status, WB_EPERM);
+    wb_ops_reply done = WB_OPS_REPLY_INIT;
+    wb__ops_load_done(&F.b, job, ready, &done);
+    ck_assert_uint_eq(done.msg.id, 77);
+    ck_assert_int_eq(done.msg.status, WB_EPERM);
     snprintf(want, sizeof want,
              "uid %u (gid 4321) may not read %s (mode 0600, owner uid %u, gid %u); the broker "
              "loads only what the requesting user can read",
              admin.uid, path, (unsigned)geteuid(), (unsigned)getegid());
-    ck_assert_str_eq(done.error, want);
-    wb__arena_free(&F.a);
+    ck_assert_str_eq(done.msg.error, want);
+    wb__ops_reply_free(&done);
     wb__load_job_free(&job);
     ck_assert_ptr_null(wb__models_find(&F.b.models, "x"));
     ck_assert_uint_eq(F.b.stats.loads_total, 0);
@@ -524,9 +523,9 @@ START_TEST(checks_run_on_the_loader)
     /* Readable, it loads through the same path. */
     ck_assert_int_eq(chmod(path, 0644), 0);
     req.id = 78;
-    ck_assert_int_eq(wb__ops_handle(&F.b, &admin, &req, F.ident, sizeof F.ident, &F.a, &rep),
+    ck_assert_int_eq(wb__ops_handle(&F.b, &admin, &req, F.ident, sizeof F.ident, &rep),
                      WB_OPS_DEFERRED);
-    wb__arena_free(&F.a);
+    wb__ops_reply_free(&rep);
     ck_assert_int_eq(poll(&pfd, 1, 30000), 1);
     job = wb__loader_take_done(&l);
     ck_assert_ptr_nonnull(job);

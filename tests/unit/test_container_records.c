@@ -48,7 +48,7 @@ static Wbproto__Reply *call(const wb_peer_creds *peer, Wbproto__Request *req)
     ck_assert_msg(wb__request_decode(qbuf, qlen, &dreq, &id, &err) == WB_OK, "request: %s",
                   err.msg);
     free(qbuf);
-    Wbproto__Reply *r = fixture_call(&F.b, &F.a, &F.decoded, peer, dreq, F.ident, sizeof F.ident);
+    Wbproto__Reply *r = fixture_call(&F, peer, dreq);
     wb__request_free(&dreq);
     return r;
 }
@@ -374,8 +374,8 @@ static size_t list_all(int containers, const wb_peer_creds *viewer, uint32_t lim
         }
         Wbproto__Reply *rep = call(viewer, &req);
         ck_assert_int_eq(rep->status, 0);
-        ck_assert_msg(fixture_reply_len <= F.b.limits.max_message, "page of %zu bytes over %llu",
-                      fixture_reply_len, (unsigned long long)F.b.limits.max_message);
+        ck_assert_msg(F.reply_len <= F.b.limits.max_message, "page of %zu bytes over %llu",
+                      F.reply_len, (unsigned long long)F.b.limits.max_message);
         size_t n = containers ? rep->list_containers->n_containers : rep->list_leases->n_leases;
         ck_assert_uint_gt(n, 0);
         if (limit)
