@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Plots of the GPU evidence benchmarks, from the files tests/gpu/stall.sh,
+"""Plots of the GPU evidence benchmarks, from the files bench/gpu/stall.sh,
 memory.sh and attach.sh write.
 
   bench/plot.py DIR... [--out OUTDIR]

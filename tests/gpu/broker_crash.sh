@@ -13,54 +13,24 @@
 set -uo pipefail
 
 OUT=${1:?usage: tests/gpu/broker_crash.sh OUT}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BIN=${WB_GPU_BIN:-$ROOT/.device/lead/bin}
-LIB=${WB_GPU_LIB:-$ROOT/.device/lead/lib}
-WORK=${WB_GPU_WORK:-/tmp/wbcrash}
+WB_GPU_BIN=${WB_GPU_BIN:-$ROOT/.device/lead/bin}
+WB_GPU_LIB=${WB_GPU_LIB:-$ROOT/.device/lead/lib}
+WB_GPU_WORK=${WB_GPU_WORK:-/tmp/wbcrash}
+LOG_NAME=crash.log
+# shellcheck source=tests/gpu/lib.sh
+. "$(dirname "$0")/lib.sh"
+export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$ROOT/.device/ao/fallback
+export WB_TIMEOUT_MS=1000
 SOCK=$WORK/broker.sock
 WORKERS=3
-mkdir -p "$WORK"
-TORCH_LIB=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
-export LD_LIBRARY_PATH=$LIB:$ROOT/.device/lib:$TORCH_LIB:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$ROOT/.device/ao/fallback
-export WB_TIMEOUT_MS=1000
-FAILS=()
-PIDS=()
+# Short heartbeats and stale window: the workers notice the dead broker soon.
+BROKER_ARGS=(--backend cuda --heartbeat-ms 100 --stale-ms 1000)
+need_bins "$WBROKERD" "$WBCTL" "$DEMO"
 
-say() { printf '[%3ds] %s\n' "$SECONDS" "$*" | tee -a "$OUT/crash.log"; }
-fail() {
-  say "FAIL: $*"
-  FAILS+=("$*")
-}
-cleanup() {
-  local p
-  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
-}
-trap cleanup EXIT
-
-# wait_for SECONDS CMD...: polls CMD every 0.1 s.
-wait_for() {
-  local deadline=$((SECONDS + $1))
-  shift
-  while [ "$SECONDS" -lt "$deadline" ]; do
-    "$@" && return 0
-    sleep 0.1
-  done
-  return 1
-}
-model_ready() { "$BIN/wbctl" --socket "$SOCK" models --json 2>/dev/null | grep -q '"state": *"ready"'; }
 all_have() {
   local i
   for i in $(seq 1 "$WORKERS"); do grep -q "$1" "$OUT/w$i.out" || return 1; done
-}
-
-start_broker() {
-  "$BIN/wbrokerd" --backend cuda --socket "$SOCK" --heartbeat-ms 100 --stale-ms 1000 \
-    --model "crash=$WORK/model.safetensors" >>"$OUT/broker$1.log" 2>&1 &
-  BROKER=$!
-  PIDS+=("$BROKER")
-  wait_for 60 model_ready || fail "broker $1 did not load the model ($(tail -n 2 "$OUT/broker$1.log"))"
 }
 
 say "writing a 1 GiB bf16 checkpoint with safetensors"
@@ -73,10 +43,10 @@ t["scalar"] = torch.tensor(3.0)
 save_file(t, sys.argv[1], metadata={"format": "pt"})
 PY
 
-start_broker 1
+start_broker "$SOCK" "$OUT/broker1.log" --model "crash=$WORK/model.safetensors"
 say "broker 1 (pid $BROKER) ready"
 for i in $(seq 1 "$WORKERS"); do
-  "$BIN/wb-demo-worker" --socket "$SOCK" --model crash --reacquire --verify-every 200 \
+  "$DEMO" --socket "$SOCK" --model crash --reacquire --verify-every 200 \
     --hold 12 >"$OUT/w$i.out" 2>&1 &
   W[i]=$!
   PIDS+=("${W[i]}")
@@ -91,10 +61,10 @@ for i in $(seq 1 "$WORKERS"); do
 done
 grep -l "verify failed" "$OUT"/w*.out && fail "a verification failed after the broker died"
 
-start_broker 2
+start_broker "$SOCK" "$OUT/broker2.log" --model "crash=$WORK/model.safetensors"
 say "broker 2 (pid $BROKER) ready"
 wait_for 30 all_have "^reacquired lease " || fail "the workers did not reacquire"
-leases=$("$BIN/wbctl" --socket "$SOCK" leases --json | grep -c '"id"')
+leases=$(ctl leases --json | grep -c '"id"')
 [ "$leases" = "$WORKERS" ] || fail "broker 2 lists $leases leases, expected $WORKERS"
 rcs=()
 for i in $(seq 1 "$WORKERS"); do
@@ -103,11 +73,10 @@ for i in $(seq 1 "$WORKERS"); do
 done
 say "worker exit codes: ${rcs[*]}"
 for rc in "${rcs[@]}"; do [ "$rc" = 0 ] || fail "a worker exited with $rc"; done
-wait_for 10 sh -c "! '$BIN/wbctl' --socket '$SOCK' leases --json | grep -q '\"id\"'" ||
+wait_for 10 sh -c "! '$WBCTL' --socket '$SOCK' leases --json | grep -q '\"id\"'" ||
   fail "leases remain after the workers ended"
 verifs=$(cat "$OUT"/w*.out | sed -n 's/^verifications passed: \([0-9]*\).*/\1/p' | awk '{s += $1} END {print s + 0}')
-kill -TERM "$BROKER"
-wait "$BROKER"
+stop_broker
 brc=$?
 [ "$brc" = 0 ] || fail "broker 2 exited with $brc on SIGTERM"
 

@@ -6,12 +6,12 @@
 #
 #   tests/gpu/defaults.sh OUT      writes OUT/defaults.json (about 20 s)
 #
-# Environment: as bench_lib.sh.
+# Environment: as tests/gpu/lib.sh.
 set -uo pipefail
 OUT=${1:?usage: tests/gpu/defaults.sh OUT}
 LOG_NAME=defaults.log
-source "$(dirname "$0")/bench_lib.sh"
-DEMO=$BIN/wb-demo-worker
+# shellcheck source=tests/gpu/lib.sh
+. "$(dirname "$0")/lib.sh"
 need_bins "$WBROKERD" "$WBCTL" "$DEMO"
 
 CK=$WORK/defaults.safetensors

@@ -36,8 +36,8 @@ set -uo pipefail
 
 OUT=${1:?usage: tests/gpu/multidevice.sh OUT}
 LOG_NAME=multidevice.log
-# shellcheck source=tests/gpu/bench_lib.sh
-. "$(dirname "$0")/bench_lib.sh"
+# shellcheck source=tests/gpu/lib.sh
+. "$(dirname "$0")/lib.sh"
 WORK=$WORK/multidevice
 BUDGET=${WB_GPU_BUDGET_S:-240}
 LOAD_GIB=${WB_MD_LOAD_GIB:-8}
@@ -46,15 +46,11 @@ SOCK=$WORK/broker.sock
 RES=$OUT/results.jsonl
 mkdir -p "$WORK"
 : >"$RES"
-DEMO=$BIN/wb-demo-worker
 NOT_RUN=()
 
 pass() { say "ok: $*"; }
-over_budget() { [ "$SECONDS" -ge "$BUDGET" ]; }
 
-for b in "$WBROKERD" "$WBCTL" "$WORKER" "$DEMO"; do
-  [ -x "$b" ] || { say "missing $b"; exit 2; }
-done
+need_bins "$WBROKERD" "$WBCTL" "$WORKER" "$DEMO"
 NGPU=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | grep -c '^GPU-')
 [ "$NGPU" -ge 1 ] || { say "no GPU visible"; exit 2; }
 nvidia-smi --query-gpu=index,name,uuid,memory.total --format=csv,noheader | tee -a "$LOG" >&2
@@ -111,19 +107,12 @@ for ((i = 0; i < NGPU; i++)); do MEM0[i]=$(mem_used "$i"); done
 PORT=$((20000 + RANDOM % 20000))
 MARGS=()
 [ "$METRICS" = 1 ] && MARGS=(--metrics "127.0.0.1:$PORT")
-"$WBROKERD" --backend cuda --socket "$SOCK" --heartbeat-ms 200 --stale-ms 3000 "${MARGS[@]}" \
+start_broker "$SOCK" "$OUT/broker.log" "${MARGS[@]}" \
   --model "fp32_base0=$WORK/fp32_base.safetensors@0" \
   --model "fp32_base=$WORK/fp32_base.safetensors@all" \
   --model "fp32_head_a=$WORK/fp32_head_a.safetensors@all" \
   --model "fp32_head_b=$WORK/fp32_head_b.safetensors@all" \
-  --model "big=$WORK/big.safetensors@0" >"$OUT/broker.log" 2>&1 &
-BROKER=$!
-PIDS+=("$BROKER")
-all_ready() { [ "$(ctl models --json | py "sum(m['state'] == 'ready' for m in d)")" = 5 ]; }
-if ! wait_for 120 all_ready; then
-  say "the broker did not load the models: $(tail -n 5 "$OUT/broker.log")"
-  exit 1
-fi
+  --model "big=$WORK/big.safetensors@0" || exit 1
 ctl models --json >"$OUT/models.json"
 ctl models >"$OUT/models.txt"
 cat "$OUT/models.txt" >>"$LOG"
@@ -186,7 +175,7 @@ run_worker() {
     --iterations 3 >"$OUT/$name.out" 2>"$OUT/$name.err"
   local rc=$?
   [ "$rc" = 0 ] || { fail "worker $name exited with $rc: $(tail -n 3 "$OUT/$name.err")"; return 1; }
-  python3 "$ROOT/tests/gpu/check_outputs.py" 1e-3 "$WORK/fp32_${v}_ref.safetensors" \
+  python3 "$GPU_TESTS/check_outputs.py" 1e-3 "$WORK/fp32_${v}_ref.safetensors" \
     "$WORK/out_$name.safetensors" >"$OUT/acc_$name.json" ||
     { fail "worker $name outputs differ from eager: $(cat "$OUT/acc_$name.json")"; return 1; }
   local res
@@ -261,7 +250,7 @@ if [ "$NGPU" -ge 2 ]; then
   for ((i = 0; i < 2; i++)); do
     kill -TERM "${WP[$i]}"
     wait "${WP[$i]}" || fail "worker on device $i exited with $?"
-    python3 "$ROOT/tests/gpu/check_outputs.py" 1e-3 "$WORK/fp32_a_ref.safetensors" \
+    python3 "$GPU_TESTS/check_outputs.py" 1e-3 "$WORK/fp32_a_ref.safetensors" \
       "$WORK/out_dev$i.safetensors" >"$OUT/acc_dev$i.json" ||
       fail "worker on device $i: outputs differ: $(cat "$OUT/acc_dev$i.json")"
     record "{\"acc_dev$i\": $(cat "$OUT/acc_dev$i.json")}"
@@ -353,8 +342,7 @@ else
   NOT_RUN+=("two GPUs: workers per device under CUDA_VISIBLE_DEVICES, device memory per GPU, a model on device 0 from a process on device 1 (with and without --allow-peer), load throughput to two devices (multi_device): this machine has $NGPU GPU")
 fi
 
-kill -TERM "$BROKER"
-wait "$BROKER"
+stop_broker
 rc=$?
 [ "$rc" = 0 ] || fail "the broker exited with $rc after SIGTERM"
 grep -E 'event=(device|backend|model_ready|placement)' "$OUT/broker.log" >>"$LOG"
@@ -385,5 +373,4 @@ for n in not_run:
     print("not run: " + n)
 print("%-28s %s" % ("result", "PASS" if fails == 0 else "FAIL (%d)" % fails))
 PY
-for f in "${FAILS[@]}"; do echo "failed: $f" | tee -a "$LOG"; done
-[ "${#FAILS[@]}" = 0 ]
+finish

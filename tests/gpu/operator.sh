@@ -9,11 +9,12 @@
 #
 #   tests/gpu/operator.sh OUT      writes OUT/operator.json (about 90 s)
 #
-# Environment: as bench_lib.sh; WB_OP_GIB (the large checkpoint, default 32).
+# Environment: as tests/gpu/lib.sh; WB_OP_GIB (the large checkpoint, default 32).
 set -uo pipefail
 OUT=${1:?usage: tests/gpu/operator.sh OUT}
 LOG_NAME=operator.log
-source "$(dirname "$0")/bench_lib.sh"
+# shellcheck source=tests/gpu/lib.sh
+. "$(dirname "$0")/lib.sh"
 need_bins "$WBROKERD" "$WBCTL"
 GIB=${WB_OP_GIB:-32}
 RES=$OUT/operator.jsonl

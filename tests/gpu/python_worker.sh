@@ -22,20 +22,14 @@ WB_GPU_BIN=${2:-${WB_GPU_BIN:-$ROOT/.device/lead/bin}}
 WB_GPU_LIB=${3:-${WB_GPU_LIB:-$ROOT/.device/lead/lib}}
 WB_GPU_WORK=${WB_GPU_WORK:-/tmp/wbpy}
 LOG_NAME=python_worker.log
-# shellcheck source=tests/gpu/bench_lib.sh
-. "$(dirname "$0")/bench_lib.sh"
+# shellcheck source=tests/gpu/lib.sh
+. "$(dirname "$0")/lib.sh"
 GIB=${WB_PY_BACKBONE_GIB:-2}
-SOCK=$WORK/broker.sock
 # The package from this tree, over the staged libwbclient.
 export PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH}
 export WB_CLIENT_LIBRARY=$LIB # the directory: libwbclient.so.0, else libwbclient.so
 
-model_ready() { [ "$(ctl models --json | python3 -c "import json,sys; print(next((m['state'] for m in json.load(sys.stdin) if m['name'] == '$1'), ''))")" = ready ]; }
-has_line() { grep -q -- "$2" "$1"; }
-
-for b in "$BIN/wbrokerd" "$BIN/wbctl" "$BIN/wb-aoti-worker"; do
-  [ -x "$b" ] || { say "missing $b"; exit 2; }
-done
+need_bins "$WBROKERD" "$WBCTL" "$WORKER"
 [ -e "$LIB/libwbclient.so.0" ] || [ -e "$LIB/libwbclient.so" ] || { say "no libwbclient.so in $LIB"; exit 2; }
 python3 -c 'import weightbroker, torch; assert torch.cuda.is_available()' 2>>"$LOG" ||
   { say "python3 cannot import weightbroker and torch with CUDA (see $LOG)"; exit 2; }
@@ -44,17 +38,12 @@ say "compiling the bf16 family (backbone $GIB GiB) with $(python3 -c 'import tor
 python3 "$ROOT/examples/compile_models.py" "$WORK" --family bf16 --backbone-gib "$GIB" --dim 8192 \
   >>"$LOG" 2>&1 || { say "compile_models.py failed (see $LOG)"; exit 1; }
 
-"$BIN/wbrokerd" --backend cuda --socket "$SOCK" --heartbeat-ms 200 --stale-ms 3000 \
-  --model "pybase=$WORK/bf16_base.safetensors" --model "pyhead=$WORK/bf16_head_a.safetensors" \
-  >"$OUT/py_broker.log" 2>&1 &
-BROKER=$!
-PIDS+=("$BROKER")
-wait_for 120 model_ready pybase && wait_for 60 model_ready pyhead ||
-  { say "the broker did not load the models ($(tail -n 3 "$OUT/py_broker.log"))"; exit 1; }
+start_broker "$WORK/broker.sock" "$OUT/py_broker.log" \
+  --model "pybase=$WORK/bf16_base.safetensors" --model "pyhead=$WORK/bf16_head_a.safetensors" || exit 1
 mem_broker=$(mem_used)
 say "broker ready; device memory used: $mem_broker"
 
-python3 "$ROOT/tests/gpu/python_worker.py" --socket "$SOCK" --base pybase --head pyhead \
+python3 "$GPU_TESTS/python_worker.py" --socket "$SOCK" --base pybase --head pyhead \
   --pt2 "$WORK/bf16_a.pt2" --base-file "$WORK/bf16_base.safetensors" \
   --input "$WORK/bf16_input.safetensors" --ref "$WORK/bf16_a_ref.safetensors" \
   --output "$OUT/py_out.safetensors" --result "$OUT/py_worker.json" >"$OUT/py_worker.out" 2>&1 &
@@ -91,7 +80,7 @@ print("leases and containers listed for both workers")
 PY
   fail "wbctl does not list both workers: $(cat "$OUT/py_listing.txt")"
 
-python3 "$ROOT/tests/gpu/check_outputs.py" 0.02 "$WORK/bf16_a_ref.safetensors" \
+python3 "$GPU_TESTS/check_outputs.py" 0.02 "$WORK/bf16_a_ref.safetensors" \
   "$OUT/py_out.safetensors" "$OUT/c_out.safetensors" >"$OUT/py_outputs.json" ||
   fail "outputs differ from eager: $(cat "$OUT/py_outputs.json")"
 same=$(python3 -c 'import sys, torch; from safetensors.torch import load_file as l
@@ -108,8 +97,7 @@ c_rc=$?
 [ "$c_rc" = 0 ] || fail "the C worker exited with $c_rc"
 wait_for 10 sh -c "! '$BIN/wbctl' --socket '$SOCK' leases --json | grep -q '\"id\"'" ||
   fail "leases remain after both workers ended"
-kill -TERM "$BROKER"
-wait "$BROKER" || fail "the broker exited with $? on SIGTERM"
+stop_broker || fail "the broker exited with $? on SIGTERM"
 
 python3 - "$OUT" "$mem_broker" "$mem_py" "$mem_both" "$same" "${#FAILS[@]}" <<'PY'
 import datetime, json, os, sys

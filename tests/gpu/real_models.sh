@@ -38,9 +38,10 @@ WB_GPU_BIN=${WB_GPU_BIN:-$STAGE/bin}
 WB_GPU_LIB=${WB_GPU_LIB:-$STAGE/lib}
 WB_GPU_WORK=${WB_GPU_WORK:-/tmp/wbreal}
 # Paths, say, wait_for, wait_exit, need_bins, PIDS and cleanup, ORPHAN_KILL,
-# LD_LIBRARY_PATH (fallback/ beside lib/ last); the log is OUT/run.log.
-# shellcheck source=tests/gpu/bench_lib.sh
-source "$HERE/bench_lib.sh"
+# the budget's within, LD_LIBRARY_PATH (fallback/ beside lib/ last); the log
+# is OUT/run.log.
+# shellcheck source=tests/gpu/lib.sh
+. "$HERE/lib.sh"
 export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$ROOT/../lib
 BUDGET=${WB_REAL_BUDGET_S:-480}
 LOGS=$WORK/logs
@@ -48,19 +49,6 @@ mkdir -p "$LOGS"
 # weightbroker.compile, from this tree (as `pip install ./python` puts it).
 export PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH}
 trap 'cleanup; tar -C "$WORK" -czf "$OUT/logs.tar.gz" logs 2>/dev/null' EXIT
-# left: seconds of the budget left, at least 5.
-left() {
-  local l=$((BUDGET - SECONDS))
-  [ "$l" -lt 5 ] && l=5
-  echo "$l"
-}
-# within SECS: SECS, or what is left of the budget when that is less.
-within() {
-  local l
-  l=$(left)
-  [ "$1" -lt "$l" ] && l=$1
-  echo "$l"
-}
 
 need_bins "$WBROKERD" "$WBCTL" "$WORKER"
 reusable() {
@@ -144,7 +132,7 @@ PY
     return 1
   fi
   "$WBCTL" --socket "$sock" models --json >"$LOGS/models_$backend.json"
-  python3 "$ROOT/tests/gpu/gpumem.py" >"$LOGS/mem_before_$backend.json" 2>/dev/null
+  python3 "$GPU_TESTS/gpumem.py" >"$LOGS/mem_before_$backend.json" 2>/dev/null
   # One line per worker to start: case name, index, worker options.
   local plan
   plan=$(python3 - "$WORK/cases.json" "$devf" <<'PY'
@@ -183,7 +171,7 @@ PY
   }
   wait_for "$(within 90)" allready "${outs[@]}" || say "not every $backend worker became ready or exited"
   sleep 1
-  python3 "$ROOT/tests/gpu/gpumem.py" >"$LOGS/mem_serving_$backend.json" 2>/dev/null
+  python3 "$GPU_TESTS/gpumem.py" >"$LOGS/mem_serving_$backend.json" 2>/dev/null
   "$WBCTL" --socket "$sock" containers --json >"$LOGS/containers_$backend.json"
   "$WBCTL" --socket "$sock" containers >"$LOGS/containers_$backend.txt"
   # One deadline for all of them: they stop in parallel.

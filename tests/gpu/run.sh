@@ -24,64 +24,16 @@
 set -uo pipefail
 
 OUT=${1:?usage: tests/gpu/run.sh OUT}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BIN=${WB_GPU_BIN:-$ROOT/.device/ao/bin}
-LIB=${WB_GPU_LIB:-$ROOT/.device/ao/lib}
-WORK=${WB_GPU_WORK:-/tmp/wbgpu}
+# shellcheck source=tests/gpu/lib.sh
+. "$(dirname "$0")/lib.sh"
 GIB=${WB_BACKBONE_GIB:-4.25}
 BUDGET=${WB_GPU_BUDGET_S:-330}
-SOCK=$WORK/broker.sock
-LOG=$OUT/run.log
 RES=$OUT/results.jsonl # one JSON object per line, merged at the end
-mkdir -p "$WORK"
-: >"$LOG"
 : >"$RES"
-export PYTHONUNBUFFERED=1
-
-TORCH_LIB=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
-# fallback/ holds Debian builds of libraries a machine may lack; the
-# system's own come first.
-export LD_LIBRARY_PATH=$LIB:$ROOT/.device/lib:$TORCH_LIB:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$LIB/../fallback
-WBROKERD=$BIN/wbrokerd
-WBCTL=$BIN/wbctl
-WORKER=$BIN/wb-aoti-worker
-PIDS=()
-FAILS=()
-
-say() { printf '[%4ds] %s\n' "$SECONDS" "$*" | tee -a "$LOG" >&2; }
-fail() {
-  say "FAIL: $*"
-  FAILS+=("$*")
-}
-record() { printf '%s\n' "$1" >>"$RES"; } # record JSON
-cleanup() {
-  local p
-  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  wait 2>/dev/null
-}
-trap cleanup EXIT
-mem_used() { python3 "$ROOT/tests/gpu/gpumem.py" | python3 -c 'import json,sys; print(json.load(sys.stdin)["used"])'; }
-ctl() { "$WBCTL" --socket "$SOCK" "$@"; }
-jq_py() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
-# wait_for SECS CMD...: polls CMD every 0.1 s.
-wait_for() {
-  local until=$((SECONDS + $1))
-  shift
-  while ! "$@" >/dev/null 2>&1; do
-    [ "$SECONDS" -ge "$until" ] && return 1
-    sleep 0.1
-  done
-}
-has_line() { grep -q -- "$2" "$1"; }
 result_of() { grep '^result ' "$1" | tail -n 1 | cut -d' ' -f2-; }
 
-for b in "$WBROKERD" "$WBCTL" "$WORKER"; do
-  [ -x "$b" ] || { say "missing $b"; exit 2; }
-  ldd "$b" | grep -q "not found" && say "$(basename "$b") lacks: $(ldd "$b" | grep "not found" | tr -s ' \t\n' ' ')"
-done
-python3 "$ROOT/tests/gpu/gpumem.py" >"$OUT/gpu.json" || { say "no GPU visible"; exit 2; }
+need_bins "$WBROKERD" "$WBCTL" "$WORKER"
+gpu_json "$OUT/gpu.json"
 say "gpu: $(cat "$OUT/gpu.json")"
 say "torch: $(python3 -c 'import torch; print(torch.__version__)') libs: $TORCH_LIB"
 
@@ -123,18 +75,8 @@ MODELS=()
 for m in bf16_base bf16_head_a bf16_head_b fp32_base fp32_head_a fp32_head_b; do
   MODELS+=(--model "$m=$WORK/$m.safetensors")
 done
-"$WBROKERD" --backend cuda --device 0 --socket "$SOCK" --heartbeat-ms 200 --stale-ms 3000 \
-  "${MODELS[@]}" >"$OUT/broker.log" 2>&1 &
-BROKER=$!
-PIDS+=("$BROKER")
-all_ready() {
-  [ "$(ctl models --json | jq_py "sum(m['state'] == 'ready' for m in d)")" = 6 ]
-}
 BROKER_OK=1
-if ! wait_for 180 all_ready; then
-  fail "the cuda broker did not load the 6 models: $(tail -n 5 "$OUT/broker.log")"
-  BROKER_OK=0
-fi
+start_broker "$WORK/broker.sock" "$OUT/broker.log" "${MODELS[@]}" || BROKER_OK=0
 if [ "$BROKER_OK" = 1 ]; then
   ctl models --json >"$OUT/models.json"
   record "{\"models\": $(cat "$OUT/models.json")}"
@@ -166,7 +108,7 @@ if [ "$BROKER_OK" = 1 ]; then
   done
   sleep 1
   M2=$(mem_used)
-  python3 "$ROOT/tests/gpu/gpumem.py" >"$OUT/gpu_sharing.json"
+  python3 "$GPU_TESTS/gpumem.py" >"$OUT/gpu_sharing.json"
   say "4 bf16 workers serving: device memory used $M2 (+$((M2 - M1)) over the broker)"
   ctl containers --json >"$OUT/containers.json"
   ctl leases --json >"$OUT/leases_sharing.json"
@@ -186,7 +128,7 @@ if [ "$BROKER_OK" = 1 ]; then
   victim=${WPID[a2]}
   kill -KILL "$victim"
   t0=$(date +%s%N)
-  gone() { [ "$(ctl leases --json | jq_py "len([l for l in d if l['pid'] == $victim])")" = 0 ]; }
+  gone() { [ "$(ctl leases --json | py "len([l for l in d if l['pid'] == $victim])")" = 0 ]; }
   if wait_for 10 gone; then
     ms=$((($(date +%s%N) - t0) / 1000000))
     say "leases of the killed worker $victim reclaimed after ${ms} ms"
@@ -210,14 +152,14 @@ if [ "$BROKER_OK" = 1 ]; then
   wait "$victim" 2>/dev/null
 
   # Accuracy against eager PyTorch.
-  python3 "$ROOT/tests/gpu/check_outputs.py" 1e-3 "$WORK/fp32_a_ref.safetensors" \
+  python3 "$GPU_TESTS/check_outputs.py" 1e-3 "$WORK/fp32_a_ref.safetensors" \
     "$WORK/out_fp32_a.safetensors" >"$OUT/acc_fp32_a.json" || fail "fp32 a: $(cat "$OUT/acc_fp32_a.json")"
-  python3 "$ROOT/tests/gpu/check_outputs.py" 1e-3 "$WORK/fp32_b_ref.safetensors" \
+  python3 "$GPU_TESTS/check_outputs.py" 1e-3 "$WORK/fp32_b_ref.safetensors" \
     "$WORK/out_fp32_b.safetensors" >"$OUT/acc_fp32_b.json" || fail "fp32 b: $(cat "$OUT/acc_fp32_b.json")"
-  python3 "$ROOT/tests/gpu/check_outputs.py" 1e-2 "$WORK/bf16_a_ref.safetensors" \
+  python3 "$GPU_TESTS/check_outputs.py" 1e-2 "$WORK/bf16_a_ref.safetensors" \
     "$WORK/out_bf16_a1.safetensors" "$WORK/out_bf16_a2.safetensors" >"$OUT/acc_bf16_a.json" ||
     fail "bf16 a: $(cat "$OUT/acc_bf16_a.json")"
-  python3 "$ROOT/tests/gpu/check_outputs.py" 1e-2 "$WORK/bf16_b_ref.safetensors" \
+  python3 "$GPU_TESTS/check_outputs.py" 1e-2 "$WORK/bf16_b_ref.safetensors" \
     "$WORK/out_bf16_b1.safetensors" "$WORK/out_bf16_b2.safetensors" >"$OUT/acc_bf16_b.json" ||
     fail "bf16 b: $(cat "$OUT/acc_bf16_b.json")"
   for f in fp32_a fp32_b bf16_a bf16_b; do
@@ -246,7 +188,7 @@ if [ "$BROKER_OK" = 1 ]; then
     PIDS+=("$epid")
     if wait_for 120 has_line "$OUT/embedded_leased.out" "^ready"; then
       sleep 0.5
-      python3 "$ROOT/tests/gpu/gpumem.py" >"$OUT/gpu_embedded_leased.json"
+      python3 "$GPU_TESTS/gpumem.py" >"$OUT/gpu_embedded_leased.json"
       record "{\"embedded_leased_pid\": $epid}"
     else
       fail "embedded library on leases not ready: $(tail -n 3 "$OUT/embedded_leased.err")"
@@ -255,13 +197,12 @@ if [ "$BROKER_OK" = 1 ]; then
     wait "$epid" || fail "embedded library on leases exited with $?"
     record "{\"embedded_leased\": $(result_of "$OUT/embedded_leased.out")}"
     grep -h "container_embedded" "$OUT/embedded_leased.err" | tee -a "$LOG" >&2
-    python3 "$ROOT/tests/gpu/check_outputs.py" 1e-2 "$WORK/bf16_a_ref.safetensors" \
+    python3 "$GPU_TESTS/check_outputs.py" 1e-2 "$WORK/bf16_a_ref.safetensors" \
       "$WORK/out_embedded_leased.safetensors" >"$OUT/acc_embedded_leased.json" ||
       fail "embedded on leases: $(cat "$OUT/acc_embedded_leased.json")"
     record "{\"acc_embedded_leased\": $(cat "$OUT/acc_embedded_leased.json")}"
   fi
-  kill -TERM "$BROKER"
-  wait "$BROKER"
+  stop_broker
   say "broker stopped with status $?"
 fi
 
@@ -293,12 +234,12 @@ for name in a1 a2 b1 b2; do
   wait "${LPID[$name]}" || fail "unshared worker $name exited with $?"
   record "{\"local_$name\": $(result_of "$OUT/local_$name.out")}"
 done
-python3 "$ROOT/tests/gpu/check_outputs.py" 1e-2 "$WORK/bf16_a_ref.safetensors" \
+python3 "$GPU_TESTS/check_outputs.py" 1e-2 "$WORK/bf16_a_ref.safetensors" \
   "$WORK/out_local_a1.safetensors" >"$OUT/acc_local_a.json" || fail "unshared a: $(cat "$OUT/acc_local_a.json")"
 record "{\"acc_local_a\": $(cat "$OUT/acc_local_a.json")}"
 
 # ---- 4. the embedded baseline ---------------------------------------------------
-if [ "$EMBEDDED" = 1 ] && [ "$SECONDS" -lt "$BUDGET" ]; then
+if [ "$EMBEDDED" = 1 ] && ! over_budget; then
   for i in 1 2; do
     AOTI_LOG_LOADING=1 "$WORKER" --device cuda:0 --torch-lib "$TORCH_LIB" --own-constants \
       --aoti "$WORK/bf16_a_embedded.pt2" --input "$WORK/bf16_input.safetensors" \
@@ -307,9 +248,9 @@ if [ "$EMBEDDED" = 1 ] && [ "$SECONDS" -lt "$BUDGET" ]; then
     rc=$?
     [ "$rc" = 0 ] || { fail "embedded run $i exited with $rc: $(tail -n 3 "$OUT/embedded_$i.err")"; break; }
     record "{\"attach_embedded\": $(result_of "$OUT/embedded_$i.out")}"
-    [ "$SECONDS" -lt "$BUDGET" ] || break
+    over_budget && break
   done
-  python3 "$ROOT/tests/gpu/check_outputs.py" 1e-2 "$WORK/bf16_a_ref.safetensors" \
+  python3 "$GPU_TESTS/check_outputs.py" 1e-2 "$WORK/bf16_a_ref.safetensors" \
     "$WORK/out_embedded_1.safetensors" >"$OUT/acc_embedded.json" || fail "embedded: $(cat "$OUT/acc_embedded.json")"
   record "{\"acc_embedded\": $(cat "$OUT/acc_embedded.json")}"
   say "attach embedded: $(grep -h '^attach' "$OUT"/embedded_[0-9]*.out | sed 's/ bound_bytes.*//' | tr '\n' ';')"
@@ -322,12 +263,11 @@ fi
 if [ "${WB_GPU_SKIP_REAL:-0}" != 1 ]; then
   cleanup
   PIDS=()
-  WB_GPU_BIN=$BIN WB_GPU_LIB=$LIB WB_GPU_WORK=$WORK/real bash "$ROOT/tests/gpu/real_models.sh" \
+  WB_GPU_BIN=$BIN WB_GPU_LIB=$LIB WB_GPU_WORK=$WORK/real bash "$GPU_TESTS/real_models.sh" \
     "$OUT/real_models" || fail "real models: see real_models/real_models.json"
 fi
 
 # ---- 6. results ----------------------------------------------------------------
-python3 "$ROOT/tests/gpu/summarize.py" "$RES" "$OUT/gpu.json" "$OUT/share.json" \
+python3 "$GPU_TESTS/summarize.py" "$RES" "$OUT/gpu.json" "$OUT/share.json" \
   "${#FAILS[@]}" | tee -a "$LOG"
-for f in "${FAILS[@]}"; do echo "failed: $f" | tee -a "$LOG"; done
-[ "${#FAILS[@]}" = 0 ]
+finish

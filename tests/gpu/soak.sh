@@ -46,15 +46,15 @@
 # Environment: WB_SOAK_SECONDS (per slab kind, default 120), WB_SOAK_WORKERS
 # (6), WB_SOAK_SEED (20261201, printed), WB_SOAK_SLABS ("ipc vmm"),
 # WB_SOAK_ITERATIONS (3), WB_SOAK_TOLERANCE (1e-3), WB_SOAK_MEM_TOL_MIB (16),
-# WB_SOAK_RSS_TOL_KIB (4096), WB_SOAK_FD_TOL (2), and bench_lib.sh's
+# WB_SOAK_RSS_TOL_KIB (4096), WB_SOAK_FD_TOL (2), and tests/gpu/lib.sh's
 # WB_GPU_BIN, WB_GPU_LIB, WB_GPU_WORK. With the defaults it takes about
 # 6 minutes, the first compile (about 80-100 s) included.
 set -uo pipefail
 
 OUT=${1:?usage: tests/gpu/soak.sh OUT}
 LOG_NAME=soak.log
-# shellcheck source=tests/gpu/bench_lib.sh
-. "$(dirname "$0")/bench_lib.sh"
+# shellcheck source=tests/gpu/lib.sh
+. "$(dirname "$0")/lib.sh"
 SECS=${WB_SOAK_SECONDS:-120}
 NW=${WB_SOAK_WORKERS:-6}
 SEED=${WB_SOAK_SEED:-20261201}
@@ -64,7 +64,7 @@ TOL=${WB_SOAK_TOLERANCE:-1e-3}
 MEM_TOL=${WB_SOAK_MEM_TOL_MIB:-16}
 RSS_TOL=${WB_SOAK_RSS_TOL_KIB:-4096}
 FD_TOL=${WB_SOAK_FD_TOL:-2}
-SOAK_PY=$ROOT/tests/gpu/soak.py
+SOAK_PY=$GPU_TESTS/soak.py
 READY_MS=90000 # spawn to "ready"
 TERM_MS=30000  # SIGTERM to exit
 DRAIN_MS=120000
@@ -103,7 +103,7 @@ done
 # given to someone else since is ever signalled.
 SLOT_PID=()
 for ((s = 0; s < NW; s++)); do SLOT_PID[s]=0; done
-# shellcheck disable=SC2317 # called by bench_lib.sh's EXIT trap
+# shellcheck disable=SC2317 # called by lib.sh's EXIT trap
 cleanup() {
   local p
   for p in "${SLOT_PID[@]}" "${PIDS[@]}"; do [ "$p" != 0 ] && kill -KILL "$p" 2>/dev/null; done
@@ -133,7 +133,7 @@ jn() { if [[ ${1:-} =~ ^-?[0-9]+$ ]]; then printf '%s' "$1"; else printf null; f
 gpu_sample() {
   local s
   MEM_MIB='' GPU_PROCS=''
-  s=$(python3 "$ROOT/tests/gpu/gpumem.py" | py "'%d %d' % (d['used'] >> 20, len(d['procs']))") || return 1
+  s=$(python3 "$GPU_TESTS/gpumem.py" | py "'%d %d' % (d['used'] >> 20, len(d['procs']))") || return 1
   read -r MEM_MIB GPU_PROCS <<<"$s"
 }
 # mem_settle SECS [MAX_MIB MAX_PROCS]: samples until used memory and the
@@ -450,13 +450,13 @@ soak_kind() {
 
   # Against eager PyTorch, both variants at once.
   if [ "${#OUTS_A[@]}" -gt 0 ]; then
-    python3 "$ROOT/tests/gpu/check_outputs.py" "$TOL" "$WORK/fp32_a_ref.safetensors" "${OUTS_A[@]}" \
+    python3 "$GPU_TESTS/check_outputs.py" "$TOL" "$WORK/fp32_a_ref.safetensors" "${OUTS_A[@]}" \
       >"$KDIR/acc_a.json" 2>"$KDIR/acc_a.err" &
     checks+=("$!")
     PIDS+=("$!")
   fi
   if [ "${#OUTS_B[@]}" -gt 0 ]; then
-    python3 "$ROOT/tests/gpu/check_outputs.py" "$TOL" "$WORK/fp32_b_ref.safetensors" "${OUTS_B[@]}" \
+    python3 "$GPU_TESTS/check_outputs.py" "$TOL" "$WORK/fp32_b_ref.safetensors" "${OUTS_B[@]}" \
       >"$KDIR/acc_b.json" 2>"$KDIR/acc_b.err" &
     checks+=("$!")
     PIDS+=("$!")
@@ -517,7 +517,7 @@ PY
 # ---- the run ---------------------------------------------------------------------------
 need_bins "$WBROKERD" "$WBCTL" "$WORKER"
 gpu_sample || { say "no GPU visible (tests/gpu/gpumem.py failed)"; exit 2; }
-GPU_NAME=$(python3 "$ROOT/tests/gpu/gpumem.py" | py "d['name']")
+GPU_NAME=$(python3 "$GPU_TESTS/gpumem.py" | py "d['name']")
 mem_settle 10
 IDLE0=$MEM_MIB IDLE_PROCS=$GPU_PROCS
 say "seed $SEED; $NW workers, $SECS s per slab kind ($SLABS); gpu: $GPU_NAME, idle device memory $IDLE0 MiB"

@@ -36,8 +36,8 @@ set -uo pipefail
 
 OUT=${1:?usage: tests/gpu/vmm.sh OUT}
 LOG_NAME=vmm.log
-# shellcheck source=tests/gpu/bench_lib.sh
-. "$(dirname "$0")/bench_lib.sh"
+# shellcheck source=tests/gpu/lib.sh
+. "$(dirname "$0")/lib.sh"
 ROUNDS=${WB_VMM_ROUNDS:-7}
 BUDGET=${WB_GPU_BUDGET_S:-270}
 VSOCK=$WORK/vmm.sock
@@ -45,19 +45,11 @@ ISOCK=$WORK/ipc.sock
 RES=$OUT/vmm_results.jsonl
 : >"$RES"
 
-n_ready() { "$BIN/wbctl" --socket "$1" models --json | py "sum(m['state'] == 'ready' for m in d)"; }
-all_ready() { [ "$(n_ready "$1")" = "$2" ]; }
-# ready_or_gone SOCKET N PID: the broker has N ready models, or has exited.
-ready_or_gone() { all_ready "$1" "$2" || ! kill -0 "$3" 2>/dev/null; }
 # serving_or_gone NAME PID: the worker printed "ready", or has exited.
 serving_or_gone() { has_line "$OUT/$1.out" "^ready" || ! kill -0 "$2" 2>/dev/null; }
 
-for b in wbrokerd wbctl wb-aoti-worker wb_vmm_check; do
-  [ -x "$BIN/$b" ] || {
-    say "missing $BIN/$b (build with CUDA; wb_vmm_check is build/tests/wb_vmm_check)"
-    exit 2
-  }
-done
+[ -x "$BIN/wb_vmm_check" ] || { say "missing $BIN/wb_vmm_check (build with CUDA: build/tests/wb_vmm_check)"; exit 2; }
+need_bins "$WBROKERD" "$WBCTL" "$WORKER" "$BIN/wb_vmm_check"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$OUT/gpu.txt" 2>&1 ||
   { say "no GPU visible"; exit 2; }
 say "gpu: $(cat "$OUT/gpu.txt")"
@@ -71,10 +63,10 @@ else
   cpid=
   say "reusing the compiled fp32 family in $WORK"
 fi
-python3 "$ROOT/tests/gpu/vmm_models.py" mutated "$WORK" >"$OUT/compile_mut.log" 2>&1 &
+python3 "$GPU_TESTS/vmm_models.py" mutated "$WORK" >"$OUT/compile_mut.log" 2>&1 &
 mpid=$!
 PIDS+=("$mpid")
-python3 "$ROOT/tests/gpu/vmm_models.py" slabs "$WORK" >"$OUT/slabs.log" 2>&1 ||
+python3 "$GPU_TESTS/vmm_models.py" slabs "$WORK" >"$OUT/slabs.log" 2>&1 ||
   { say "could not write the timing checkpoints: $(tail -n 3 "$OUT/slabs.log")"; exit 1; }
 if [ -n "$cpid" ]; then
   wait "$cpid" || { say "fp32 compile failed: $(tail -n 20 "$OUT/compile_fp32.log")"; exit 1; }
@@ -89,24 +81,14 @@ say "inputs ready: $(cat "$OUT/slabs.log") $(tail -n 1 "$OUT/compile_mut.log")"
 MODELS=(--model "fp32_base=$WORK/fp32_base.safetensors" --model "fp32_head_a=$WORK/fp32_head_a.safetensors"
   --model "fp32_head_b=$WORK/fp32_head_b.safetensors" --model "t256m=$WORK/t256m.safetensors"
   --model "t1g=$WORK/t1g.safetensors" --model "t4g=$WORK/t4g.safetensors")
-NMODELS=6
 if [ "$MUT" = 1 ]; then
   MODELS+=(--model "mut=$WORK/mut.safetensors")
-  NMODELS=7
 fi
 
-# start_broker NAME SOCKET SLAB: a cuda broker; BROKER holds its pid.
-start_broker() {
-  rm -f "$2" "$2.fd"
-  "$BIN/wbrokerd" --backend cuda --cuda-slab "$3" --device 0 --socket "$2" --heartbeat-ms 200 \
-    --stale-ms 3000 "${MODELS[@]}" >"$OUT/broker_$1.log" 2>&1 &
-  BROKER=$!
-  PIDS+=("$BROKER")
-  wait_for 120 ready_or_gone "$2" "$NMODELS" "$BROKER"
-  if ! all_ready "$2" "$NMODELS"; then
-    fail "broker $1 did not load the $NMODELS models: $(tail -n 5 "$OUT/broker_$1.log")"
-    return 1
-  fi
+# slab_broker NAME SOCKET SLAB: a cuda broker of every model with
+# --cuda-slab SLAB (start_broker: BROKER holds its pid).
+slab_broker() {
+  start_broker "$2" "$OUT/broker_$1.log" --cuda-slab "$3" "${MODELS[@]}" || return 1
   say "broker $1 (pid $BROKER, --cuda-slab $3) ready: $(grep -o 'event=backend.*' "$OUT/broker_$1.log" | head -n 1)"
 }
 
@@ -134,7 +116,7 @@ timings() {
 
 # ---- 2. the vmm broker -------------------------------------------------------------
 VMM_OK=0
-start_broker vmm "$VSOCK" vmm && VMM_OK=1
+slab_broker vmm "$VSOCK" vmm && VMM_OK=1
 if [ "$VMM_OK" = 1 ]; then
   "$BIN/wbctl" --socket "$VSOCK" models >>"$LOG"
   "$BIN/wbctl" --socket "$VSOCK" models --json >"$OUT/models_vmm.json"
@@ -186,7 +168,7 @@ if [ "$VMM_OK" = 1 ]; then
   done
 
   # ---- 6. a model that writes a constant ---------------------------------------------
-  if [ "$MUT" = 1 ] && [ "$SECONDS" -lt "$BUDGET" ]; then
+  if [ "$MUT" = 1 ] && ! over_budget; then
     "$BIN/wb-aoti-worker" --socket "$VSOCK" --device cuda:0 --torch-lib "$TORCH_LIB" --model mut \
       --aoti "$WORK/mut.pt2" --input "$WORK/mut_input.safetensors" >"$OUT/mut_refused.out" 2>"$OUT/mut_refused.err"
     rc=$?
@@ -225,14 +207,13 @@ if [ "$VMM_OK" = 1 ]; then
 fi
 
 # ---- 8. legacy IPC: the same timings and workers -----------------------------------------
-if start_broker ipc "$ISOCK" ipc; then
-  if [ "$SECONDS" -lt "$BUDGET" ]; then timings "$ISOCK" ipc; else say "ipc timings skipped (budget)"; fi
+if slab_broker ipc "$ISOCK" ipc; then
+  if ! over_budget; then timings "$ISOCK" ipc; else say "ipc timings skipped (budget)"; fi
   for n in ipc_a1:a ipc_a2:a ipc_b1:b; do
     start_worker "${n%%:*}" "$ISOCK" "${n#*:}" --iterations 3
     wait "$LAST" || fail "worker ${n%%:*} exited with $?: $(tail -n 3 "$OUT/${n%%:*}.err")"
   done
-  kill -TERM "$BROKER"
-  wait "$BROKER" || fail "the ipc broker exited with $? on SIGTERM"
+  stop_broker || fail "the ipc broker exited with $? on SIGTERM"
 fi
 if [ "$VMM_OK" = 1 ]; then
   python3 - "$WORK" >"$OUT/bitwise.json" <<'PY' || fail "vmm and ipc outputs differ: $(cat "$OUT/bitwise.json")"
@@ -251,7 +232,7 @@ PY
   say "bitwise: $(cat "$OUT/bitwise.json")"
   record "{\"bitwise\": $(cat "$OUT/bitwise.json")}"
   for v in a b; do
-    python3 "$ROOT/tests/gpu/check_outputs.py" 1e-3 "$WORK/fp32_${v}_ref.safetensors" \
+    python3 "$GPU_TESTS/check_outputs.py" 1e-3 "$WORK/fp32_${v}_ref.safetensors" \
       "$WORK/out_vmm_${v}1.safetensors" >"$OUT/acc_$v.json" || fail "vmm $v against eager: $(cat "$OUT/acc_$v.json")"
     record "{\"acc_$v\": $(cat "$OUT/acc_$v.json")}"
     say "against eager ($v): $(cat "$OUT/acc_$v.json")"
@@ -282,5 +263,4 @@ for k, v in res["checks"].items():
     print(f"{k}: {json.dumps(v)}")
 print("failures:", res["failures"])
 PY
-for f in "${FAILS[@]}"; do echo "failed: $f" | tee -a "$LOG"; done
-[ "${#FAILS[@]}" = 0 ]
+finish

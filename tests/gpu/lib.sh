@@ -1,10 +1,18 @@
 # shellcheck shell=bash disable=SC2034
 # (SC2034: the variables set here are for the scripts that source it.)
-# Shared by the GPU scripts (stall.sh, attach.sh, memory.sh, vmm.sh, soak.sh,
-# multidevice.sh; sourced, after OUT is set): paths, logging, waiting, the
-# broker, the test models. A script may set LOG_NAME (the log's file name in
-# OUT, default run.log) before sourcing it, and RES (a JSON-lines file that
-# record() appends to).
+# The preamble of every GPU script, the correctness scripts of tests/gpu/ and
+# the benchmarks of bench/gpu/ alike (sourced after OUT is set): paths of the
+# binaries and libraries, OUT and the log, logging and failures, waiting,
+# the broker, the budget, the test models.
+#
+# A script may set before sourcing it:
+#   LOG_NAME      the log's file name in OUT (default run.log)
+#   WB_GPU_BIN, WB_GPU_LIB, WB_GPU_WORK  defaults of its own (see below)
+#   GPU_TORCH=0   torch is not needed: TORCH_LIB is left empty
+#   GPU_LD_PATH=0 LD_LIBRARY_PATH is left as the caller set it
+# and after: RES (a JSON-lines file that record() appends to), BUDGET (the
+# seconds after which optional steps are skipped: over_budget, budget_left,
+# within), BROKER_ARGS (start_broker's options before the script's own).
 #
 # Environment: WB_GPU_BIN, WB_GPU_LIB (default .device/ao/{bin,lib}),
 # WB_GPU_WORK (scratch, default /tmp/wbgpu).
@@ -12,6 +20,8 @@
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+GPU_TESTS=$ROOT/tests/gpu
+GPU_BENCH=$ROOT/bench/gpu
 BIN=${WB_GPU_BIN:-$ROOT/.device/ao/bin}
 LIB=${WB_GPU_LIB:-$ROOT/.device/ao/lib}
 WORK=${WB_GPU_WORK:-/tmp/wbgpu}
@@ -19,15 +29,25 @@ LOG=$OUT/${LOG_NAME:-run.log}
 mkdir -p "$WORK"
 : >"$LOG"
 export PYTHONUNBUFFERED=1
-TORCH_LIB=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))') ||
-  { echo "no torch in python3" >&2; exit 2; }
-export LD_LIBRARY_PATH=$LIB:$ROOT/.device/lib:$TORCH_LIB:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$LIB/../fallback
+TORCH_LIB=
+if [ "${GPU_TORCH:-1}" != 0 ]; then
+  TORCH_LIB=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))') ||
+    { echo "no torch in python3" >&2; exit 2; }
+fi
+# fallback/ holds Debian builds of libraries a machine may lack; the
+# system's own come first.
+if [ "${GPU_LD_PATH:-1}" != 0 ]; then
+  export LD_LIBRARY_PATH=$LIB:$ROOT/.device/lib${TORCH_LIB:+:$TORCH_LIB}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$LIB/../fallback
+fi
 WBROKERD=$BIN/wbrokerd
 WBCTL=$BIN/wbctl
 WORKER=$BIN/wb-aoti-worker
+DEMO=$BIN/wb-demo-worker
 PROBE=$BIN/wb_bench_attach
 PIDS=()
 FAILS=()
+BUDGET=
+BROKER_ARGS=(--backend cuda --device 0 --heartbeat-ms 200 --stale-ms 3000)
 # A prefix for long-lived children: with it the kernel SIGKILLs them when
 # this script dies, even of a SIGKILL that runs no trap (setpriv, where it
 # has --pdeathsig).
@@ -38,6 +58,12 @@ say() { printf '[%4ds] %s\n' "$SECONDS" "$*" | tee -a "$LOG" >&2; }
 fail() {
   say "FAIL: $*"
   FAILS+=("$*")
+}
+# finish: every failure into the log, last; the script's status (0: none).
+finish() {
+  local f
+  for f in "${FAILS[@]}"; do echo "failed: $f" | tee -a "$LOG"; done
+  [ "${#FAILS[@]}" = 0 ]
 }
 cleanup() {
   local p
@@ -60,10 +86,29 @@ record() { printf '%s\n' "$1" >>"${RES:?record needs RES}"; }
 py() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 count_lines() { grep -c -- "$2" "$1" 2>/dev/null || true; }
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
+# gpu_json FILE: NVML's view of GPU 0 (gpumem.py) into FILE; exits 2 when
+# no GPU is visible.
+gpu_json() { python3 "$GPU_TESTS/gpumem.py" >"$1" || { say "no GPU visible"; exit 2; }; }
 # mem_used [GPU]: NVML's used bytes of a GPU (default 0).
 # shellcheck disable=SC2120
-mem_used() { python3 "$ROOT/tests/gpu/gpumem.py" ${1:+"$1"} | py "d['used']"; }
+mem_used() { python3 "$GPU_TESTS/gpumem.py" ${1:+"$1"} | py "d['used']"; }
 ctl() { "$WBCTL" --socket "$SOCK" "$@"; }
+
+# The budget (BUDGET seconds since the script started; none when empty).
+over_budget() { [ -n "$BUDGET" ] && [ "$SECONDS" -ge "$BUDGET" ]; }
+# budget_left: seconds of the budget left, at least 5.
+budget_left() {
+  local l=$((BUDGET - SECONDS))
+  [ "$l" -lt 5 ] && l=5
+  echo "$l"
+}
+# within SECS: SECS, or what is left of the budget when that is less.
+within() {
+  local l
+  l=$(budget_left)
+  [ "$1" -lt "$l" ] && l=$1
+  echo "$l"
+}
 
 # need_bins BIN...: every one executable and its libraries found.
 need_bins() {
@@ -78,21 +123,24 @@ need_bins() {
 }
 
 # start_broker SOCK LOGFILE [--model NAME=PATH ...] [other wbrokerd options]:
-# a cuda broker; waits until every model given is ready (up to 180 s). Sets
-# BROKER and SOCK.
+# a broker with BROKER_ARGS (a cuda one on device 0 unless the script says
+# otherwise) and these options; waits until every model given is ready (up
+# to 180 s). Sets BROKER and SOCK.
 start_broker() {
   SOCK=$1
   local blog=$2 n=0 a
   shift 2
   for a in "$@"; do [ "$a" = --model ] && n=$((n + 1)); done
   BROKER_MODELS=$n
-  rm -f "$SOCK"
-  "${ORPHAN_KILL[@]}" "$WBROKERD" --backend cuda --device 0 --socket "$SOCK" --heartbeat-ms 200 \
-    --stale-ms 3000 "$@" >"$blog" 2>&1 &
+  rm -f "$SOCK" "$SOCK.fd"
+  "${ORPHAN_KILL[@]}" "$WBROKERD" "${BROKER_ARGS[@]}" --socket "$SOCK" "$@" >"$blog" 2>&1 &
   BROKER=$!
   PIDS+=("$BROKER")
   wait_for 180 broker_ready_or_gone
-  broker_ready || { fail "the broker did not load its $n models: $(tail -n 5 "$blog")"; return 1; }
+  broker_ready || {
+    fail "the broker ($(basename "$blog")) did not load its $n models: $(tail -n 5 "$blog")"
+    return 1
+  }
 }
 
 broker_ready() {

@@ -3,7 +3,7 @@
 # that loads its own weights, by model size and by tensor count, on the GPU
 # test machine (prebuilt binaries, as tests/gpu/run.sh).
 #
-#   tests/gpu/attach.sh OUT
+#   bench/gpu/attach.sh OUT
 #
 # By size (WB_ATTACH_GIBS, "0.1 1 8", empty for none: the bf16 backbone of
 # examples/compile_models.py, variant a; 0.1 gives its smallest, one
@@ -60,9 +60,9 @@
 # run WB_ATTACH_BUDGET_S (540) seconds.
 set -uo pipefail
 
-OUT=${1:?usage: tests/gpu/attach.sh OUT}
-# shellcheck source=tests/gpu/bench_lib.sh
-. "$(dirname "$0")/bench_lib.sh"
+OUT=${1:?usage: bench/gpu/attach.sh OUT}
+# shellcheck source=tests/gpu/lib.sh
+. "$(dirname "$0")/../../tests/gpu/lib.sh"
 read -r -a GIBS <<<"${WB_ATTACH_GIBS-0.1 1 8}"
 read -r -a COUNTS <<<"${WB_ATTACH_COUNTS-100 10000 100000}"
 COUNT_BYTES=${WB_ATTACH_COUNT_BYTES:-1e8}
@@ -76,7 +76,7 @@ RES=$OUT/runs.jsonl
 : >"$RES"
 
 need_bins "$WBROKERD" "$WBCTL" "$WORKER"
-python3 "$ROOT/tests/gpu/gpumem.py" >"$OUT/gpu.json" || { say "no GPU visible"; exit 2; }
+gpu_json "$OUT/gpu.json"
 
 # is_big G: a size whose files go to BIG_DIR.
 is_big() { python3 -c "import sys; sys.exit(not float('$1') > 16)"; }
@@ -125,7 +125,7 @@ for g in "${GIBS[@]}"; do
   PIDS+=("$!")
 done
 for k in "${COUNTS[@]}"; do
-  python3 "$ROOT/tests/gpu/make_checkpoint.py" "$WORK/attach_n$k.safetensors" \
+  python3 "$GPU_BENCH/make_checkpoint.py" "$WORK/attach_n$k.safetensors" \
     --bytes "$COUNT_BYTES" --tensors "$k" >>"$OUT/checkpoints.log" 2>&1 ||
     fail "cannot write the $k-tensor checkpoint: $(tail -n 2 "$OUT/checkpoints.log")"
 done
@@ -141,7 +141,7 @@ say "compiled: $(for g in "${GIBS[@]}"; do printf '%s GiB %s; ' "$g" "$(cat "$(m
 run_worker() {
   local kind=$1 size=$2 dir=$3 run=$4 t0 t1 rc
   shift 4
-  if [ "$SECONDS" -ge "$BUDGET" ]; then
+  if over_budget; then
     fail "$kind at $size GiB, run $run: not run, the budget of $BUDGET s is spent"
     return 1
   fi
@@ -227,7 +227,6 @@ else
   say "no $PROBE: the tensor-count part is not measured"
 fi
 
-python3 "$ROOT/tests/gpu/attach_summary.py" "$RES" "$OUT/attach.json" --gpu "$OUT/gpu.json" |
+python3 "$GPU_BENCH/attach_summary.py" "$RES" "$OUT/attach.json" --gpu "$OUT/gpu.json" |
   tee -a "$LOG" || fail "summary"
-for f in "${FAILS[@]}"; do echo "failed: $f" | tee -a "$LOG"; done
-[ "${#FAILS[@]}" = 0 ]
+finish

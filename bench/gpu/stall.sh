@@ -2,9 +2,9 @@
 # How much other work on the GPU stalls a process that serves: the stall
 # benchmark, on the GPU test machine (prebuilt binaries, as tests/gpu/run.sh).
 #
-#   tests/gpu/stall.sh OUT
+#   bench/gpu/stall.sh OUT
 #
-# The victim (tests/gpu/stall_victim.py, torch) runs bf16 matmuls of about
+# The victim (bench/gpu/stall_victim.py, torch) runs bf16 matmuls of about
 # 1.5 ms an iteration, waits for its stream after each and records every
 # iteration's wall time. It runs twice: on the legacy default stream and on
 # a non-blocking stream. Each time, these conditions run one after another,
@@ -40,13 +40,13 @@
 # checkpoint), to check the loader's effect on a victim after a change to it;
 # it writes OUT/stall_load.json and OUT/stall_load_series_*.json.gz.
 #
-# Writes OUT/stall.json (tests/gpu/stall_summary.py: p50/p99/max per
+# Writes OUT/stall.json (bench/gpu/stall_summary.py: p50/p99/max per
 # condition and stream, p99_ratio against the baseline of the same stream,
 # p99_ratio_to_floor for the attach and broker conditions against the floor
 # with as many processes), OUT/stall_series_{legacy,nonblocking}.json.gz
 # (every iteration, for bench/plot.py), logs; prints the table last.
 #
-# Environment: as bench_lib.sh; WB_STALL_GIB (the model, 2), WB_STALL_LOAD_GIB
+# Environment: as tests/gpu/lib.sh; WB_STALL_GIB (the model, 2), WB_STALL_LOAD_GIB
 # (the broker's load, 8), WB_STALL_REPS (repetitions of the single-process
 # attaches, 5; the 8-process ones half as many, the floor's twice as many
 # as the attaches of its process count), WB_STALL_BUDGET_S
@@ -54,9 +54,9 @@
 # About 4-5 minutes: compiling ~80 s, each stream mode ~70 s.
 set -uo pipefail
 
-OUT=${1:?usage: tests/gpu/stall.sh OUT}
-# shellcheck source=tests/gpu/bench_lib.sh
-. "$(dirname "$0")/bench_lib.sh"
+OUT=${1:?usage: bench/gpu/stall.sh OUT}
+# shellcheck source=tests/gpu/lib.sh
+. "$(dirname "$0")/../../tests/gpu/lib.sh"
 GIB=${WB_STALL_GIB:-2}
 LOAD_GIB=${WB_STALL_LOAD_GIB:-8}
 REPS=${WB_STALL_REPS:-5}
@@ -74,13 +74,13 @@ FIFO=$WORK/stall.ctl
 
 need_bins "$WBROKERD" "$WBCTL" "$WORKER"
 [ -x "$PROBE" ] || say "no $PROBE: the floor uses python ctypes instead"
-python3 "$ROOT/tests/gpu/gpumem.py" >"$OUT/gpu.json" || { say "no GPU visible"; exit 2; }
+gpu_json "$OUT/gpu.json"
 say "gpu: $(cat "$OUT/gpu.json")"
 
 # ---- models and the checkpoint the broker loads ------------------------------
 MODELS=(--model "bf16_base=$MD/bf16_base.safetensors" --model "bf16_head_a=$MD/bf16_head_a.safetensors")
 write_big() {
-  python3 "$ROOT/tests/gpu/make_checkpoint.py" "$BIG" --bytes "$((LOAD_GIB << 30))" --tensors 152 \
+  python3 "$GPU_BENCH/make_checkpoint.py" "$BIG" --bytes "$((LOAD_GIB << 30))" --tensors 152 \
     >"$OUT/checkpoint.json" 2>&1
 }
 if [ "$SET" = load ]; then
@@ -150,7 +150,7 @@ inproc() {
 no_model() { ! ctl models --json | grep -q "\"name\": *\"$1\""; }
 
 reps() { # reps N: N, or 1 once the budget is spent
-  if [ "$SECONDS" -lt "$BUDGET" ]; then echo "$1"; else echo 1; fi
+  if over_budget; then echo 1; else echo "$1"; fi
 }
 
 run_mode() {
@@ -159,7 +159,7 @@ run_mode() {
   rm -f "$FIFO"
   mkfifo "$FIFO"
   exec 3<>"$FIFO"
-  python3 "$ROOT/tests/gpu/stall_victim.py" --stream "$mode" --control "$FIFO" \
+  python3 "$GPU_BENCH/stall_victim.py" --stream "$mode" --control "$FIFO" \
     --series "$OUT/${PREFIX}_series_$mode.json.gz" --scratch "$WORK/stall_unpacked" \
     >"$VOUT" 2>"$OUT/victim_$mode.err" &
   local vpid=$!
@@ -251,7 +251,6 @@ if [ "$SET" = vmm ]; then
 fi
 rm -rf "$BIG" "$WORK/stall_unpacked" # disk, quick to make again
 
-python3 "$ROOT/tests/gpu/stall_summary.py" "$OUT/$PREFIX.json" "$OUT"/"$PREFIX"_series_*.json.gz \
+python3 "$GPU_BENCH/stall_summary.py" "$OUT/$PREFIX.json" "$OUT"/"$PREFIX"_series_*.json.gz \
   --floor "$FLOOR_IMPL" --gpu "$OUT/gpu.json" | tee -a "$LOG" || fail "summary"
-for f in "${FAILS[@]}"; do echo "failed: $f" | tee -a "$LOG"; done
-[ "${#FAILS[@]}" = 0 ]
+finish

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The stall benchmark's figures from the victim's series files
-(tests/gpu/stall.sh).
+(bench/gpu/stall.sh).
 
   stall_summary.py OUT.json SERIES.json.gz... [--floor TEXT] [--gpu GPU.json]
 

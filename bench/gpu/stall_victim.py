@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The victim of the stall benchmark (tests/gpu/stall.sh): a process that
+"""The victim of the stall benchmark (bench/gpu/stall.sh): a process that
 serves steadily and records every iteration.
 
   stall_victim.py --stream legacy|nonblocking --control FIFO --series OUT.json.gz

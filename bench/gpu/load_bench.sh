@@ -7,80 +7,69 @@
 # loads, each verified), the pinned peak and page cache -> user memory, in
 # one run. Writes logs and OUTDIR/load.json, and prints a ratio table last.
 #
-# usage: tests/gpu/load_bench.sh BINDIR OUTDIR [bench options...]
+# usage: bench/gpu/load_bench.sh BINDIR OUTDIR [bench options...]
 # Without bench options: --runs 5 --sweep --cold. BINDIR holds wbrokerd, wbctl,
 # wb_cuda_check and wb_bench_load, built on a development machine with CUDA;
-# the runtime libraries they need are in LD_LIBRARY_PATH.
+# the runtime libraries they need are in LD_LIBRARY_PATH (left as it is;
+# torch is not needed). The log is OUTDIR/check.txt.
 # Environment: WB_BENCH_DIR (scratch, default /tmp/wb-gpu-load; the 8 GiB
 # checkpoint is written there once and reused while it is there),
 # WB_BENCH_GIB (8), WB_BENCH_BUDGET_S (the benchmark's limit, 300 s).
 # Expected to take 3 to 5 minutes on the H200 host.
 set -uo pipefail
-BIN=${1:?usage: load_bench.sh BINDIR OUTDIR [bench options]}
+BINDIR=${1:?usage: load_bench.sh BINDIR OUTDIR [bench options]}
 OUT=${2:?usage: load_bench.sh BINDIR OUTDIR [bench options]}
 shift 2
 if [ "$#" = 0 ]; then
   set -- --runs 5 --sweep --cold
 fi
-SRC=$(cd "$(dirname "$0")/../.." && pwd)
-WORK=${WB_BENCH_DIR:-/tmp/wb-gpu-load}
-SOCK=$WORK/broker.sock
+WB_GPU_BIN=$BINDIR
+WB_GPU_WORK=${WB_BENCH_DIR:-/tmp/wb-gpu-load}
+LOG_NAME=check.txt
+GPU_TORCH=0
+GPU_LD_PATH=0
+# shellcheck source=tests/gpu/lib.sh
+. "$(dirname "$0")/../../tests/gpu/lib.sh"
 BIG=$WORK/load.safetensors
 BUDGET=${WB_BENCH_BUDGET_S:-300}
-mkdir -p "$WORK" "$OUT"
-status=0
-say() { printf '[%4ds] %s\n' "$SECONDS" "$*" | tee -a "$OUT/check.txt"; }
-failed() {
-  say "FAIL: $*"
-  status=1
-}
+# The broker's own defaults: device, heartbeats and stale window.
+BROKER_ARGS=(--backend cuda)
+need_bins "$WBROKERD" "$WBCTL" "$BIN/wb_cuda_check" "$BIN/wb_bench_load"
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/check.txt"
-"$BIN/wb_bench_load" --file "$BIG" --gib "${WB_BENCH_GIB:-8}" --write-only | tee -a "$OUT/check.txt"
-[ "${PIPESTATUS[0]}" = 0 ] || failed "writing the checkpoint"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$LOG"
+"$BIN/wb_bench_load" --file "$BIG" --gib "${WB_BENCH_GIB:-8}" --write-only | tee -a "$LOG"
+[ "${PIPESTATUS[0]}" = 0 ] || fail "writing the checkpoint"
 say "checkpoint ready"
 
 # 1. The broker on the cuda backend, with the official fixtures and the big
 # file: first with its defaults, then with the other loader options.
-D=$SRC/tests/data/official
+D=$ROOT/tests/data/official
 broker_check() { # TAG [wbrokerd options...]
-  local tag=$1 log="$OUT/broker_$1.log" broker rc
+  local tag=$1 rc m
   shift
-  rm -f "$SOCK"
-  "$BIN/wbrokerd" --backend cuda --socket "$SOCK" "$@" \
+  start_broker "$WORK/broker.sock" "$OUT/broker_$tag.log" "$@" \
     --model gpt2="$D/gpt2/model.safetensors" --model sharded="$D/gpt2_sharded" \
-    --model dtypes="$D/all_dtypes.safetensors" --model big="$BIG" >"$log" 2>&1 &
-  broker=$!
-  for _ in $(seq 1 600); do
-    [ -S "$SOCK" ] && "$BIN/wbctl" --socket "$SOCK" stats >/dev/null 2>&1 && break
-    kill -0 "$broker" 2>/dev/null || break
-    sleep 0.1
-  done
-  if ! kill -0 "$broker" 2>/dev/null; then
-    failed "[$tag] wbrokerd --backend cuda $* exited: $(tail -3 "$log")"
-    return
-  fi
+    --model dtypes="$D/all_dtypes.safetensors" --model big="$BIG" || return
   for m in gpt2:"$D/gpt2/model.safetensors" sharded:"$D/gpt2_sharded" \
     dtypes:"$D/all_dtypes.safetensors" big:"$BIG"; do
     timeout 120 "$BIN/wb_cuda_check" "$SOCK" "${m%%:*}" "${m#*:}" 2>&1 | tail -5 |
-      sed "s/^/[$tag] /" | tee -a "$OUT/check.txt"
-    [ "${PIPESTATUS[0]}" = 0 ] || failed "[$tag] wb_cuda_check ${m%%:*}"
+      sed "s/^/[$tag] /" | tee -a "$LOG"
+    [ "${PIPESTATUS[0]}" = 0 ] || fail "[$tag] wb_cuda_check ${m%%:*}"
   done
   if [ "$tag" = default ]; then
     # A load through wbctl on a terminal: the progress bar.
-    script -qec "$BIN/wbctl --socket $SOCK load big2 $BIG" /dev/null >"$OUT/wbctl_load_tty.txt" 2>&1 ||
-      failed "wbctl load big2"
-    tr '\r' '\n' <"$OUT/wbctl_load_tty.txt" | tail -6 | tee -a "$OUT/check.txt"
-    "$BIN/wbctl" --socket "$SOCK" models --json >"$OUT/models.json" || failed "wbctl models"
-    "$BIN/wbctl" --socket "$SOCK" stats >>"$OUT/check.txt" || failed "wbctl stats"
-    "$BIN/wbctl" --socket "$SOCK" models | tee -a "$OUT/check.txt"
+    script -qec "$WBCTL --socket $SOCK load big2 $BIG" /dev/null >"$OUT/wbctl_load_tty.txt" 2>&1 ||
+      fail "wbctl load big2"
+    tr '\r' '\n' <"$OUT/wbctl_load_tty.txt" | tail -6 | tee -a "$LOG"
+    ctl models --json >"$OUT/models.json" || fail "wbctl models"
+    ctl stats >>"$LOG" || fail "wbctl stats"
+    ctl models | tee -a "$LOG"
   fi
-  kill -TERM "$broker"
-  wait "$broker"
+  stop_broker
   rc=$?
-  [ "$rc" = 0 ] || failed "[$tag] wbrokerd exited with $rc after SIGTERM"
-  grep -E "event=(backend|load_stage|model_ready)" "$log" | grep -E "backend|model=big" |
-    sed "s/^/[$tag] /" | tee -a "$OUT/check.txt"
+  [ "$rc" = 0 ] || fail "[$tag] wbrokerd exited with $rc after SIGTERM"
+  grep -E "event=(backend|load_stage|model_ready)" "$OUT/broker_$tag.log" | grep -E "backend|model=big" |
+    sed "s/^/[$tag] /" | tee -a "$LOG"
 }
 broker_check default
 say "default broker checked"
@@ -92,12 +81,12 @@ say "broker variants checked"
 timeout -k 10 "$BUDGET" "$BIN/wb_bench_load" --file "$BIG" --gib "${WB_BENCH_GIB:-8}" \
   --out "$OUT/load.json" "$@" 2>&1 | tee "$OUT/bench.txt"
 rc=${PIPESTATUS[0]}
-[ "$rc" = 0 ] || failed "wb_bench_load exited with $rc$([ "$rc" = 124 ] && echo " (over ${BUDGET}s)")"
+[ "$rc" = 0 ] || fail "wb_bench_load exited with $rc$([ "$rc" = 124 ] && echo " (over ${BUDGET}s)")"
 rm -f "$BIG" "$BIG.cold"
 
 # 3. The table: each variant against the pinned peak and page cache -> user.
 if [ -s "$OUT/load.json" ]; then
-  python3 - "$OUT/load.json" <<'PY' | tee -a "$OUT/check.txt" || failed "reading load.json"
+  python3 - "$OUT/load.json" <<'PY' | tee -a "$LOG" || fail "reading load.json"
 import json, sys
 r = json.load(open(sys.argv[1]))
 g = r["gbps"]
@@ -129,7 +118,7 @@ if b:
     print(f"best: {b['name']} {b['gbps']:.2f} GB/s = {b['over_pinned_peak']:.3f} ({b['wbrokerd_options']})")
 PY
 else
-  failed "no load.json"
+  fail "no load.json"
 fi
-say "load_bench: $([ "$status" = 0 ] && echo PASS || echo FAIL)"
-exit "$status"
+say "load_bench: $([ "${#FAILS[@]}" = 0 ] && echo PASS || echo FAIL)"
+finish

@@ -3,7 +3,7 @@
 # for N = 1, 2, 4, 8 workers of one variant, on the GPU test machine
 # (prebuilt binaries, as tests/gpu/run.sh).
 #
-#   tests/gpu/memory.sh OUT
+#   bench/gpu/memory.sh OUT
 #
 # The model: the bf16 family of examples/compile_models.py with a backbone
 # of WB_MEMORY_GIB GiB (2), variant a. Sharing: a cuda broker holds the base
@@ -18,12 +18,12 @@
 # before its workers), and per-worker figures; prints a table last. About
 # 2-3 minutes (compiling ~50 s unless WB_GPU_WORK already holds the models).
 #
-# Environment: as bench_lib.sh; WB_MEMORY_GIB, WB_MEMORY_NS ("1 2 4 8").
+# Environment: as tests/gpu/lib.sh; WB_MEMORY_GIB, WB_MEMORY_NS ("1 2 4 8").
 set -uo pipefail
 
-OUT=${1:?usage: tests/gpu/memory.sh OUT}
-# shellcheck source=tests/gpu/bench_lib.sh
-. "$(dirname "$0")/bench_lib.sh"
+OUT=${1:?usage: bench/gpu/memory.sh OUT}
+# shellcheck source=tests/gpu/lib.sh
+. "$(dirname "$0")/../../tests/gpu/lib.sh"
 GIB=${WB_MEMORY_GIB:-2}
 read -r -a NS <<<"${WB_MEMORY_NS:-1 2 4 8}"
 MD=$WORK/models_${GIB}gib # shared with stall.sh when the sizes agree
@@ -31,7 +31,7 @@ RES=$OUT/points.jsonl
 : >"$RES"
 
 need_bins "$WBROKERD" "$WBCTL" "$WORKER"
-python3 "$ROOT/tests/gpu/gpumem.py" >"$OUT/gpu.json" || { say "no GPU visible"; exit 2; }
+gpu_json "$OUT/gpu.json"
 models "$MD" "$GIB" || exit 1
 cat "$MD"/bf16_base.safetensors "$MD"/bf16_head_a.safetensors >/dev/null # page cache
 
@@ -116,5 +116,4 @@ for p in d["points"]:
     print(f"{p['n']:3d} {s / G if s is not None else float('nan'):12.2f} "
           f"{o / G if o is not None else float('nan'):9.2f} {p.get('own_over_sharing', float('nan')):11}")
 EOF
-for f in "${FAILS[@]}"; do echo "failed: $f" | tee -a "$LOG"; done
-[ "${#FAILS[@]}" = 0 ]
+finish

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""attach.json from tests/gpu/attach.sh's runs.jsonl: medians per way and
+"""attach.json from bench/gpu/attach.sh's runs.jsonl: medians per way and
 size (wb-aoti-worker runs) and per way and tensor count (wb_bench_attach
 runs), the floor and what lies beyond it.
 
