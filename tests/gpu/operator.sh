@@ -133,17 +133,19 @@ with c.lease("dtypes") as l:
                 pass
     r["error"] = err
     gc.collect()
-    with safe_open(path, "pt") as f:
-        for n, v in views.items():
-            try:
-                want = f.get_tensor(n)
-            except Exception:  # a dtype this safetensors cannot read back
-                unread.append(n)
-                continue
-            same = v.device.type == "cuda" and v.dtype == want.dtype and \
-                torch.equal(v.cpu().reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8))
-            if same:
-                ok.append(n)
+
+    def compare():  # its locals (each view, each expected tensor) end with it
+        with safe_open(path, "pt") as f:
+            for n, v in views.items():
+                try:
+                    want = f.get_tensor(n)
+                except Exception:  # a dtype this safetensors cannot read back
+                    unread.append(n)
+                    continue
+                if v.device.type == "cuda" and v.dtype == want.dtype and torch.equal(
+                        v.cpu().reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)):
+                    ok.append(n)
+    compare()
     r["checked"] = len(views)
     r["equal"] = len(ok)
     r["unreadable"] = unread
