@@ -1,8 +1,10 @@
 #include "conn.h"
 
+#include "clock.h"
 #include "log.h"
 #include "paths.h"
 #include "ratelog.h"
+#include "wire.h"
 
 #include <errno.h>
 #include <fcntl.h>

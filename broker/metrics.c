@@ -1,6 +1,7 @@
 #include "metrics.h"
 
 #include "buildinfo.h"
+#include "clock.h"
 #include "connguard.h"
 #include "log.h"
 #include "wire.h"
