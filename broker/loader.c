@@ -1,5 +1,6 @@
 #include "loader.h"
 
+#include "clock.h"
 #include "log.h"
 #include "safetensors.h"
 #include "stage_fanout.h"
@@ -15,15 +16,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
-
-static double mono_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* Copies the table's description of the tensors and lays them out in one
  * slab; returns the slab size through *size. */
@@ -236,7 +229,7 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
 {
     const wb_backend *be = o->backend;
     memset(out, 0, sizeof *out);
-    double t0 = mono_seconds();
+    double t0 = wb__clock_mono_s();
     int mode = be->load_mode ? be->load_mode : WB_STAGE_DIRECT;
     if (mode == WB_STAGE_STAGED && !be->staging)
         return wb__err_set(err, WB_EINTERNAL, "backend %s has no staging ring", be->name);
@@ -273,7 +266,7 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
     wb_stage_fanout fanout;
     wb_staging fan_ring;
     uint64_t size = 0;
-    double t1 = mono_seconds();
+    double t1 = wb__clock_mono_s();
     d.open_seconds = t1 - t0;
     if ((rc = layout(table, &d, &size, err)) != WB_OK)
         goto done;
@@ -303,7 +296,7 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
     }
     if ((rc = alloc_copies(o, devs, n_devs, size, &d, err)) != WB_OK)
         goto done;
-    double t2 = mono_seconds();
+    double t2 = wb__clock_mono_s();
     d.alloc_seconds = t2 - t1;
 
     wb_stage_job job = {
@@ -355,7 +348,7 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
     if (mode == WB_STAGE_MAPPED && be->stage.register_threads == 0) {
         if ((rc = inputs_register(&in, job.engine, table, err)) != WB_OK)
             goto done;
-        d.register_seconds = mono_seconds() - t2;
+        d.register_seconds = wb__clock_mono_s() - t2;
     }
     slab_ref ref = {be, &d.slabs[0]};
     if (mode == WB_STAGE_DIRECT) {
@@ -393,9 +386,9 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
         d.slab_bytes += d.slabs[k].size;
     }
     inputs_close(&in);
-    d.read_seconds = mono_seconds() - t2;
+    d.read_seconds = wb__clock_mono_s() - t2;
     d.read_threads = d.stage.threads;
-    d.load_seconds = mono_seconds() - t0;
+    d.load_seconds = wb__clock_mono_s() - t0;
     d.load_gbps = d.load_seconds > 0 ? (double)d.bytes / d.load_seconds / 1e9 : 0.0;
     *out = d;
     memset(&d, 0, sizeof d);

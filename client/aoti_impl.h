@@ -148,7 +148,6 @@ int wb__aoti_bind_symbols(wb_container *c);
 int wb__aoti_read_own_data(wb_container *c, uint64_t allocated);
 /* Loads torch's libraries from `dir` (RTLD_GLOBAL), in dependency order. */
 int wb__aoti_preload_torch(wb_container *c, const char *dir);
-double wb__aoti_mono_now(void);
 
 /* aoti_bind.c: reads the constant table of c->h; binds every constant that
  * is not folded by the rules of aoti_bind.h; the (name, handle) pairs of the

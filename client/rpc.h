@@ -111,7 +111,4 @@ int wb__rpc_default_timeout(void);
  * (a day), nothing else around it. WB_OK with *ms set, else WB_EINVAL. */
 int wb__rpc_parse_timeout(const char *text, int *ms);
 
-/* Monotonic clock in milliseconds. */
-int64_t wb__now_ms(void);
-
 #endif
