@@ -1,5 +1,6 @@
 #include "broker.h"
 
+#include "auth_files.h"
 #include "clock.h"
 #include "log.h"
 #include "placement.h"

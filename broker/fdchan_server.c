@@ -1,5 +1,6 @@
 #include "fdchan_server.h"
 
+#include "auth_groups.h"
 #include "conn.h"
 #include "fdchan_wire.h"
 #include "log.h"

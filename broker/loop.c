@@ -1,5 +1,6 @@
 #include "loop.h"
 
+#include "auth_groups.h"
 #include "clock.h"
 #include "fdchan_server.h"
 #include "log.h"
