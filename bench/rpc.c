@@ -28,6 +28,7 @@
 #include "wb/client.h"
 
 #include "paths.h"
+#include "tensor_table.h"
 #include "wire.h"
 
 #include <errno.h>

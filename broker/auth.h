@@ -16,7 +16,8 @@
  * pidfd is checked again after the read, so a pid reused meanwhile never
  * lends its groups (wb__auth_read_groups). Where they cannot be read (the
  * pid is hidden in another pid namespace, /proc shows another process),
- * the primary gid alone is matched and refusals say so. */
+ * the primary gid alone is matched and refusals say so (auth_groups.h).
+ * What a load may open is judged by file access instead (auth_files.h). */
 #ifndef WB_BROKER_AUTH_H
 #define WB_BROKER_AUTH_H
 
@@ -30,6 +31,9 @@ typedef struct wb_id_list {
     uint32_t *ids; /* owned, sorted, no duplicates */
     size_t n;
 } wb_id_list;
+
+/* 1 if id is on the list. */
+int wb__auth_id_listed(const wb_id_list *l, uint32_t id);
 
 typedef enum wb_auth_list {
     WB_AUTH_CLIENT_UIDS,
@@ -81,6 +85,10 @@ const char *wb__auth_describe_admins(const wb_auth *a, char *buf, size_t size);
  * peer's pid is not visible from the broker (another pid namespace)".
  * Returns buf. */
 const char *wb__auth_describe_gids(const wb_peer_creds *p, char *buf, size_t size);
+/* The same for a primary gid `gid` and supplementary groups g of process
+ * `pid`; with say_none 0, nothing is said when there are none. */
+const char *wb__auth_describe_groups(uint32_t gid, uint32_t pid, const wb_peer_groups *g,
+                                     int say_none, char *buf, size_t size);
 
 /* The peer's groups as one log field's value: "27,100", "none", or
  * "unread:pid_hidden" (the wb_groups_state). Returns buf. */
@@ -98,98 +106,5 @@ int wb__auth_check_client(const wb_auth *a, const wb_peer_creds *peer, wb_err *e
  * with "; matched gid ..." when an administrator gid list is set. */
 int wb__auth_refuse_admin(const wb_auth *a, const wb_peer_creds *peer, const char *verb,
                           wb_err *err);
-
-/* The ids of a /proc/<pid>/status text. */
-typedef struct wb_proc_ids {
-    uint32_t uid[4]; /* real, effective, saved set, filesystem */
-    uint32_t gid[4];
-    size_t n_groups; /* supplementary groups on the Groups: line */
-} wb_proc_ids;
-
-/* The most groups a Groups: line may hold (the kernel's NGROUPS_MAX). */
-#define WB_PROC_GROUPS_MAX 65536
-
-/* Parses the Uid:, Gid: and Groups: lines of a /proc/<pid>/status text
- * (`len` bytes, not necessarily terminated; other lines are skipped). The
- * first `cap` groups, in the order given, go to groups[] (NULL when cap is
- * 0); ids->n_groups counts them all. WB_OK, or WB_EFORMAT naming the fault:
- * a line missing or given twice, a field that is not a decimal id below
- * 2^32 - 1, more than WB_PROC_GROUPS_MAX groups. */
-int wb__auth_parse_status(const char *text, size_t len, wb_proc_ids *ids, uint32_t *groups,
-                          size_t cap, wb_err *err);
-
-/* Reads the supplementary groups of the process at the other end of a
- * connection just accepted into c->groups (c: its SO_PEERCRED credentials;
- * pidfd: the one taken at accept, -1 when none). /proc/<pid>/status is read
- * only while the pidfd says the process lives, /proc/self/fdinfo of the
- * pidfd must show the same pid where the kernel shows one (so that /proc is
- * the broker's pid namespace's), the status must show the connection's
- * effective uid and gid, and the pidfd is checked again after the read:
- * otherwise the groups read may be another process's, and none are kept
- * (state says why). A process in more than WB_PEER_GROUPS_MAX keeps those
- * on a's administrator gid list first, then the client one, then the
- * lowest others. Returns c->groups.state. */
-int wb__auth_read_groups(const wb_auth *a, wb_peer_creds *c, int pidfd);
-
-/* Checks a path the broker is asked to load, before any loading starts.
- * Symbolic links are followed (checkpoints in Hugging Face caches are links
- * into blobs/), and what counts is the final target: a regular file the
- * broker can read, or a directory it can search and read (a sharded
- * checkpoint). Device files, FIFOs, sockets and anything else are refused
- * with WB_EINVAL naming the resolved path and its type; a missing path is
- * WB_ENOTFOUND "no such file: PATH"; one the broker may not read is
- * WB_EPERM. On success the resolved path is written to `resolved` (size at
- * least WB_PATH_MAX + 1) and *is_dir tells a directory. */
-int wb__auth_check_load_path(const char *path, char *resolved, size_t size, int *is_dir,
-                             wb_err *err);
-
-/* Whose access a load is judged by. Root peers may load anything the broker
- * can read (enforce 0), as may the operator's own --model loads (no peer).
- * Every other peer must itself be able to read each file the load opens.
- *
- * The judgement uses the mode bits with the kernel's owner / group / other
- * rule for the peer's uid, its primary gid from SO_PEERCRED and the
- * supplementary groups read at accept (wb__auth_read_groups; the primary
- * gid alone where they could not be read). POSIX ACLs and capabilities are
- * not consulted: a file readable only through those is refused, never the
- * other way round. */
-typedef struct wb_load_access {
-    int enforce;
-    uint32_t uid;
-    uint32_t gid;
-    uint32_t pid; /* for messages */
-    wb_peer_groups groups;
-} wb_load_access;
-
-/* The access of a requesting peer; NULL (a preload) judges nobody. */
-wb_load_access wb__auth_load_access(const wb_peer_creds *peer);
-
-/* Checks a fully resolved path (no links; as from realpath) for the peer:
- * search on every directory above it, read on a file, read and search on a
- * directory. WB_OK, or WB_EPERM "uid 1000 (gid 1000) may not read /x (mode
- * 0600, owner uid 0, gid 0); ..." naming the component at fault (and the
- * supplementary groups, when there are: "(gid 1000, supplementary groups 27)",
- * or "(gid 1000 only; supplementary groups could not be read because
- * ...)"). */
-int wb__auth_check_peer_path(const wb_load_access *a, const char *resolved, wb_err *err);
-
-/* The same check on an open file (a wb_st_file_check; arg is a const
- * wb_load_access *): read on the file the descriptor holds, and search on
- * every directory above where it really lies (/proc/self/fd), so that a link
- * swapped after a path check cannot lead the load elsewhere. */
-int wb__auth_check_peer_fd(void *arg, int fd, const char *path, wb_err *err);
-
-/* The group the broker's slabs should have so that peers that can reach the
- * socket can also map them: the socket directory's group when the directory
- * is set-group-ID (a socket made in it inherits that group), else -1 (keep
- * the broker's own group). `socket_path` is the socket's path. The kernel
- * lets members open the socket and the named slabs by their primary or a
- * supplementary group alike; memfd and cuda-vmm slabs come as descriptors,
- * with no file permission to pass. */
-int64_t wb__auth_slab_group(const char *socket_path);
-
-/* Gives a host slab (by shm name) to group `gid`, keeping its mode 0640, so
- * that members of the group may map it read-only. */
-int wb__auth_share_slab(const char *shm_name, uint32_t gid, wb_err *err);
 
 #endif

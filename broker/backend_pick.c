@@ -2,21 +2,14 @@
  * ipc|vmm and --host-slab shm|memfd. */
 #include "backend_pick.h"
 
+#include "clock.h"
 #include "log.h"
 
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 /* The host backend with the broker's loader settings; one per process. */
 static wb_backend host_configured;
-
-static double mono_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static const wb_backend *host_with(const wb_stage_config *stage, int memfd)
 {
@@ -79,7 +72,7 @@ int wb__backend_pick(const char *requested, int device, const wb_stage_config *s
     wb_cuda_options o = {.device = device, .slab = slab, .load_mode = load_mode, .stage = *stage};
     wb_backend *cuda = NULL;
     wb_err cerr;
-    double t0 = mono_seconds();
+    double t0 = wb__clock_mono_s();
     rc = wb__backend_cuda_new(&o, &cuda, &cerr);
     if (rc == WB_ENOSYS && cuda_slab == WB_CUDA_SLAB_AUTO) {
         /* The default asks for read-only slabs where the device has them;
@@ -103,7 +96,7 @@ int wb__backend_pick(const char *requested, int device, const wb_stage_config *s
     char why[64];
     snprintf(why, sizeof why, "%d usable GPU%s", count, count == 1 ? "" : "s");
     *out = cuda;
-    log_choice(cuda, requested, device, why, mono_seconds() - t0);
+    log_choice(cuda, requested, device, why, wb__clock_mono_s() - t0);
     return WB_OK;
 }
 

@@ -1,5 +1,7 @@
 #include "broker.h"
 
+#include "auth_files.h"
+#include "clock.h"
 #include "log.h"
 #include "placement.h"
 #include "wire.h"
@@ -9,22 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <time.h>
 #include <unistd.h>
-
-int64_t wb__clock_mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-double wb__clock_wall(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 void wb__broker_init(wb_broker *b, const wb_broker_config *cfg)
 {

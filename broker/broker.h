@@ -6,6 +6,7 @@
 
 #include "auth.h"
 #include "backend.h"
+#include "broker_stats.h"
 #include "leases.h"
 #include "loader.h"
 #include "models.h"
@@ -40,40 +41,6 @@ typedef struct wb_heartbeat_pace {
     int64_t old_until_ms; /* old_stale_ms applies before this time */
 } wb_heartbeat_pace;
 
-/* Requests answered with one status for one operation. `op` is the field
- * number of the Request's body (wbproto__request__descriptor names it), 0
- * for a request that could not be decoded. */
-typedef struct wb_request_count {
-    uint32_t op;
-    int32_t status;
-    uint64_t n;
-} wb_request_count;
-
-/* Distinct (operation, status) pairs counted; more are not told apart. */
-#define WB_REQUEST_COUNTERS 128
-
-typedef struct wb_broker_stats {
-    uint64_t requests_total;
-    uint64_t requests_failed;
-    uint64_t malformed_messages;
-    uint64_t replies_dropped;
-    uint64_t leases_granted;
-    uint64_t leases_released;
-    uint64_t leases_reclaimed;
-    uint64_t requests_refused;   /* peers not on the allow lists */
-    uint64_t limit_refusals;     /* requests refused with WB_ELIMIT */
-    uint64_t peers_refused;      /* connections closed at once: --max-peers reached */
-    uint64_t peers_disconnected; /* connections closed for breaking a transport bound */
-    uint32_t connections;        /* connections open now (the loop keeps it) */
-    uint64_t loads_total;
-    uint64_t loads_failed;
-    uint64_t loads_cancelled; /* stopped by an unload; not in loads_total */
-    uint64_t load_bytes_total;
-    double load_seconds_total;
-    wb_request_count by_op[WB_REQUEST_COUNTERS];
-    size_t n_by_op;
-} wb_broker_stats;
-
 struct wb_metrics;
 
 typedef struct wb_broker {
@@ -107,9 +74,6 @@ typedef struct wb_broker {
      * it (a stop signal while wbrokerd starts). */
     const atomic_int *cancel_preloads;
 } wb_broker;
-
-int64_t wb__clock_mono_ms(void);
-double wb__clock_wall(void);
 
 void wb__broker_init(wb_broker *b, const wb_broker_config *cfg);
 

@@ -1,8 +1,10 @@
 #include "conn.h"
 
+#include "clock.h"
 #include "log.h"
 #include "paths.h"
 #include "ratelog.h"
+#include "wire.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -26,21 +28,9 @@ static int make_parents(const char *path, wb_err *err)
     if (!slash || slash == dir)
         return WB_OK;
     *slash = '\0';
-    for (char *p = dir + 1;; p++) {
-        int end = *p == '\0';
-        if (*p != '/' && !end)
-            continue;
-        *p = '\0';
-        if (mkdir(dir, 0750) == 0) {
-            if (chmod(dir, 0750) != 0)
-                return wb__err_errno(err, WB_EIO, errno, "chmod %s", dir);
-        } else if (errno != EEXIST) {
-            return wb__err_errno(err, WB_EIO, errno, "cannot create directory %s", dir);
-        }
-        if (end)
-            break;
-        *p = '/';
-    }
+    int rc = wb__mkdir_p(dir, 0, 0750, 1, err);
+    if (rc != WB_OK)
+        return rc;
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
         return wb__err_set(err, WB_EIO, "%s is not a directory", dir);

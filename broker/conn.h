@@ -7,7 +7,7 @@
 #ifndef WB_BROKER_CONN_H
 #define WB_BROKER_CONN_H
 
-#include "broker.h"
+#include "broker_stats.h"
 #include "err.h"
 #include "peer.h"
 #include "zmtp.h"

@@ -1,10 +1,12 @@
 #include "fdchan_server.h"
 
+#include "auth_groups.h"
 #include "conn.h"
 #include "fdchan_wire.h"
 #include "log.h"
 #include "peer.h"
 #include "ratelog.h"
+#include "text.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -322,7 +324,7 @@ static int session_token(wb_fdchan_server *s, wb_fdchan_conn *c, char *msg, size
                  wb__peer_name(c->creds.pid, id, sizeof id), c->creds.uid, c->creds.gid);
     }
     char hex[WB_SESSION_TOKEN_HEX + 1];
-    wb__session_token_hex(c->token, hex);
+    wb__text_hex(hex, sizeof hex, c->token, WB_SESSION_TOKEN_LEN);
     snprintf(msg, size, "%s", hex);
     return WB_OK;
 }

@@ -1,6 +1,7 @@
 #include "leases.h"
 
 #include "fdchan_wire.h"
+#include "text.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -48,15 +49,7 @@ void wb__leases_destroy(wb_lease_table *t)
 
 const char *wb__lease_id_short(const uint8_t *id, char out[9])
 {
-    snprintf(out, 9, "%02x%02x%02x%02x", id[0], id[1], id[2], id[3]);
-    return out;
-}
-
-const char *wb__lease_id_hex(const uint8_t *id, char out[33])
-{
-    for (int i = 0; i < WB_LEASE_ID_LEN; i++)
-        snprintf(out + 2 * i, 3, "%02x", id[i]);
-    return out;
+    return wb__text_hex(out, 9, id, 4);
 }
 
 /* Binary search: the index of id, or where it would be inserted. */

@@ -172,9 +172,8 @@ void wb__leases_quota_use(const wb_lease_table *t, const wb_peer_creds *c, uint3
 /* Number of leases in a state (WBPROTO__LEASE_STATE__*). */
 size_t wb__leases_count_state(const wb_lease_table *t, int state);
 
-/* The first four bytes of an id as 8 hex digits, for logs and messages. */
+/* The first four bytes of an id as 8 hex digits, for logs and messages
+ * (the whole id: wb__text_hex). */
 const char *wb__lease_id_short(const uint8_t *id, char out[9]);
-/* The whole id as 32 hex digits. */
-const char *wb__lease_id_hex(const uint8_t *id, char out[33]);
 
 #endif

@@ -1,5 +1,7 @@
 #include "loader.h"
 
+#include "auth_files.h"
+#include "clock.h"
 #include "log.h"
 #include "safetensors.h"
 #include "stage_fanout.h"
@@ -9,21 +11,11 @@
 #include <fcntl.h>
 #include <malloc.h>
 #include <sys/stat.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
-
-static double mono_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* Copies the table's description of the tensors and lays them out in one
  * slab; returns the slab size through *size. */
@@ -236,7 +228,7 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
 {
     const wb_backend *be = o->backend;
     memset(out, 0, sizeof *out);
-    double t0 = mono_seconds();
+    double t0 = wb__clock_mono_s();
     int mode = be->load_mode ? be->load_mode : WB_STAGE_DIRECT;
     if (mode == WB_STAGE_STAGED && !be->staging)
         return wb__err_set(err, WB_EINTERNAL, "backend %s has no staging ring", be->name);
@@ -273,7 +265,7 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
     wb_stage_fanout fanout;
     wb_staging fan_ring;
     uint64_t size = 0;
-    double t1 = mono_seconds();
+    double t1 = wb__clock_mono_s();
     d.open_seconds = t1 - t0;
     if ((rc = layout(table, &d, &size, err)) != WB_OK)
         goto done;
@@ -303,7 +295,7 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
     }
     if ((rc = alloc_copies(o, devs, n_devs, size, &d, err)) != WB_OK)
         goto done;
-    double t2 = mono_seconds();
+    double t2 = wb__clock_mono_s();
     d.alloc_seconds = t2 - t1;
 
     wb_stage_job job = {
@@ -355,7 +347,7 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
     if (mode == WB_STAGE_MAPPED && be->stage.register_threads == 0) {
         if ((rc = inputs_register(&in, job.engine, table, err)) != WB_OK)
             goto done;
-        d.register_seconds = mono_seconds() - t2;
+        d.register_seconds = wb__clock_mono_s() - t2;
     }
     slab_ref ref = {be, &d.slabs[0]};
     if (mode == WB_STAGE_DIRECT) {
@@ -393,9 +385,9 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
         d.slab_bytes += d.slabs[k].size;
     }
     inputs_close(&in);
-    d.read_seconds = mono_seconds() - t2;
+    d.read_seconds = wb__clock_mono_s() - t2;
     d.read_threads = d.stage.threads;
-    d.load_seconds = mono_seconds() - t0;
+    d.load_seconds = wb__clock_mono_s() - t0;
     d.load_gbps = d.load_seconds > 0 ? (double)d.bytes / d.load_seconds / 1e9 : 0.0;
     *out = d;
     memset(&d, 0, sizeof d);
@@ -637,173 +629,4 @@ void wb__load_fill_stats(const wb_backend *be, const wb_model_registry *models,
         s->loading_bytes += atomic_load(&m->job->progress.landed);
         s->loading_total_bytes += atomic_load(&m->job->progress.total);
     }
-}
-
-wb_load_job *wb__load_job_new(const char *name, const char *path, const wb_backend *be, int device,
-                              const void *ident, size_t ident_len, uint64_t request_id)
-{
-    wb_load_job *j = calloc(1, sizeof *j);
-    if (!j)
-        return NULL;
-    j->name = strdup(name);
-    j->path = strdup(path);
-    if (ident && ident_len) {
-        j->ident = malloc(ident_len);
-        if (j->ident) {
-            memcpy(j->ident, ident, ident_len);
-            j->ident_len = ident_len;
-        }
-    }
-    if (!j->name || !j->path || (ident && ident_len && !j->ident)) {
-        wb__load_job_free(&j);
-        return NULL;
-    }
-    j->backend = be;
-    j->device = device;
-    j->request_id = request_id;
-    atomic_init(&j->cancel, 0);
-    atomic_init(&j->progress.total, 0);
-    atomic_init(&j->progress.landed, 0);
-    return j;
-}
-
-void wb__load_job_free(wb_load_job **jp)
-{
-    if (!jp || !*jp)
-        return;
-    wb_load_job *j = *jp;
-    wb__model_data_free(&j->data, j->backend);
-    free(j->name);
-    free(j->path);
-    free(j->ident);
-    free(j);
-    *jp = NULL;
-}
-
-static void append(wb_load_job **list, wb_load_job *job)
-{
-    job->next = NULL;
-    while (*list)
-        list = &(*list)->next;
-    *list = job;
-}
-
-static void *loader_main(void *arg)
-{
-    wb_loader *l = arg;
-    pthread_mutex_lock(&l->mu);
-    for (;;) {
-        while (!l->stop && !l->queue)
-            pthread_cond_wait(&l->cv, &l->mu);
-        if (l->stop)
-            break;
-        wb_load_job *j = l->queue;
-        l->queue = j->next;
-        j->next = NULL;
-        l->current = j;
-        pthread_mutex_unlock(&l->mu);
-
-        wb__load_job_run(j, NULL);
-
-        pthread_mutex_lock(&l->mu);
-        l->current = NULL;
-        append(&l->done, j);
-        uint64_t one = 1;
-        ssize_t w = write(l->efd, &one, sizeof one);
-        (void)w;
-    }
-    pthread_mutex_unlock(&l->mu);
-    return NULL;
-}
-
-int wb__loader_start(wb_loader *l, wb_err *err)
-{
-    memset(l, 0, sizeof *l);
-    l->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (l->efd < 0)
-        return wb__err_errno(err, WB_EIO, errno, "eventfd for load completions");
-    pthread_mutex_init(&l->mu, NULL);
-    pthread_cond_init(&l->cv, NULL);
-    int e = pthread_create(&l->thread, NULL, loader_main, l);
-    if (e != 0) {
-        close(l->efd);
-        l->efd = -1;
-        pthread_mutex_destroy(&l->mu);
-        pthread_cond_destroy(&l->cv);
-        return wb__err_errno(err, WB_EIO, e, "starting the loader thread");
-    }
-    l->running = 1;
-    return WB_OK;
-}
-
-void wb__loader_submit(wb_loader *l, wb_load_job *job)
-{
-    pthread_mutex_lock(&l->mu);
-    append(&l->queue, job);
-    pthread_cond_signal(&l->cv);
-    pthread_mutex_unlock(&l->mu);
-}
-
-int wb__loader_cancel(wb_loader *l, wb_load_job *job)
-{
-    int queued = 0;
-    pthread_mutex_lock(&l->mu);
-    for (wb_load_job **p = &l->queue; *p; p = &(*p)->next) {
-        if (*p != job)
-            continue;
-        *p = job->next;
-        job->rc = wb__err_set(&job->err, WB_ESTATE,
-                              "the load of '%s' was cancelled before it started", job->name);
-        append(&l->done, job);
-        uint64_t one = 1;
-        ssize_t w = write(l->efd, &one, sizeof one);
-        (void)w;
-        queued = 1;
-        break;
-    }
-    if (!queued)
-        atomic_store(&job->cancel, 1);
-    pthread_mutex_unlock(&l->mu);
-    return queued;
-}
-
-wb_load_job *wb__loader_take_done(wb_loader *l)
-{
-    uint64_t v;
-    ssize_t r = read(l->efd, &v, sizeof v);
-    (void)r;
-    pthread_mutex_lock(&l->mu);
-    wb_load_job *list = l->done;
-    l->done = NULL;
-    pthread_mutex_unlock(&l->mu);
-    return list;
-}
-
-wb_load_job *wb__loader_stop(wb_loader *l)
-{
-    if (!l->running)
-        return NULL;
-    pthread_mutex_lock(&l->mu);
-    if (l->current)
-        atomic_store(&l->current->cancel, 1);
-    l->stop = 1;
-    pthread_cond_signal(&l->cv);
-    pthread_mutex_unlock(&l->mu);
-    pthread_join(l->thread, NULL);
-    l->running = 0;
-
-    wb_load_job *list = l->done;
-    l->done = NULL;
-    for (wb_load_job *j = l->queue; j;) {
-        wb_load_job *next = j->next;
-        j->rc = wb__err_set(&j->err, WB_ESTATE, "the broker stopped before loading '%s'", j->name);
-        append(&list, j);
-        j = next;
-    }
-    l->queue = NULL;
-    close(l->efd);
-    l->efd = -1;
-    pthread_mutex_destroy(&l->mu);
-    pthread_cond_destroy(&l->cv);
-    return list;
 }

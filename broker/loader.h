@@ -13,7 +13,7 @@
 #ifndef WB_BROKER_LOADER_H
 #define WB_BROKER_LOADER_H
 
-#include "auth.h"
+#include "auth_files.h"
 #include "backend.h"
 #include "err.h"
 #include "models.h"

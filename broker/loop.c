@@ -1,5 +1,7 @@
 #include "loop.h"
 
+#include "auth_groups.h"
+#include "clock.h"
 #include "fdchan_server.h"
 #include "log.h"
 #include "metrics.h"
@@ -16,7 +18,6 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/signalfd.h>
-#include <time.h>
 #include <unistd.h>
 
 #ifdef WB_HAVE_SYSTEMD
@@ -291,11 +292,9 @@ static void reload_config(loop *L)
         wb_info("config_reload", "result=skipped note=\"nothing to reload\"");
         return;
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
     char state[128];
     snprintf(state, sizeof state, "RELOADING=1\nMONOTONIC_USEC=%llu\nSTATUS=reloading",
-             (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000);
+             (unsigned long long)wb__clock_mono_us());
     notify_systemd(state);
     L->reload->fn(L->reload->ctx, L->b);
     notify_systemd("READY=1\nSTATUS=serving");

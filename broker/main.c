@@ -4,6 +4,7 @@
  *
  * parse -> validate -> run: the options (options.c) are read and checked as
  * a whole before anything starts. */
+#include "auth_files.h"
 #include "backend_pick.h"
 #include "broker.h"
 #include "gpu.h"

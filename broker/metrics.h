@@ -136,4 +136,8 @@ int wb__metrics_parse_btime(const char *text, size_t len, uint64_t *btime, wb_er
  * figure cannot be read. start_time_seconds < 0: read it now. Any thread. */
 void wb__metrics_render_process(FILE *f, double start_time_seconds);
 
+/* process_start_time_seconds: the boot time and the process's start in
+ * clock ticks after it. -1 when either cannot be read. */
+double wb__metrics_start_time(void);
+
 #endif

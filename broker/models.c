@@ -1,6 +1,7 @@
 #include "models.h"
 
 #include "log.h"
+#include "tensor_table.h"
 #include "wire.h"
 
 #include <stdlib.h>

@@ -11,6 +11,7 @@
 #include "quota.h"
 
 #include <stddef.h>
+#include <stdio.h>
 
 #define WB_EXIT_USAGE 2
 /* sysexits.h's EX_CONFIG: the configuration file is wrong. */
@@ -131,5 +132,12 @@ void wb__options_free(wb_options *o);
 /* Reports why the broker cannot start or go on. In the JSON log format it
  * is a log line like the others, so that a log collector keeps it. */
 void wb__fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* wbrokerd --help: every option, with its defaults, to `out`
+ * (options_usage.c). */
+void wb__options_usage(FILE *out);
+/* wbrokerd --version: the common version block with this build's optional
+ * features (+systemd, +metrics), to stdout. */
+void wb__options_print_version(void);
 
 #endif

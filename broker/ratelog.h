@@ -8,7 +8,7 @@
 #ifndef WB_BROKER_RATELOG_H
 #define WB_BROKER_RATELOG_H
 
-#include "broker.h"
+#include "clock.h"
 #include "log.h"
 
 #include <stdint.h>

@@ -272,7 +272,7 @@ static int check_job(const wb_stage_job *j, wb_err *err)
 int wb__stage_run(wb_stage_job *job, wb_stage_stats *st, wb_err *err)
 {
     memset(st, 0, sizeof *st);
-    double t_start = now_s();
+    double t_start = wb__clock_mono_s();
     int rc = check_job(job, err);
     if (rc != WB_OK)
         return rc;
@@ -302,7 +302,7 @@ int wb__stage_run(wb_stage_job *job, wb_stage_stats *st, wb_err *err)
                 job->tensors[i].xxh3 = hash_once(NULL, 0);
         }
         rc = wb__stage_run_mapped(&c, st, err);
-        st->seconds = now_s() - t_start;
+        st->seconds = wb__clock_mono_s() - t_start;
         ctx_free(&c);
         return rc;
     }
@@ -389,7 +389,7 @@ int wb__stage_run(wb_stage_job *job, wb_stage_stats *st, wb_err *err)
     rc = c.rc;
     if (rc != WB_OK)
         *err = c.err;
-    st->seconds = now_s() - t_start;
+    st->seconds = wb__clock_mono_s() - t_start;
     ctx_free(&c);
     return rc;
 }

@@ -13,13 +13,7 @@
 
 static void nap(ctx *c)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_nsec += COPIER_NAP_NS;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    struct timespec ts = wb__clock_mono_deadline(COPIER_NAP_NS);
     pthread_cond_timedwait(&c->copier_cv, &c->mu, &ts);
 }
 
@@ -79,7 +73,7 @@ void wb__stage_run_copier(ctx *c, double *copy_seconds, uint64_t *calls)
             }
             if (!started) {
                 started = 1;
-                first = now_s();
+                first = wb__clock_mono_s();
             }
             unsigned k = 0;
             for (; k < WB_STAGE_MAX_BATCH && i + k < m; k++) {
@@ -116,7 +110,7 @@ void wb__stage_run_copier(ctx *c, double *copy_seconds, uint64_t *calls)
             in_head = (in_head + 1) % n;
             in_count--;
             add_landed(c, c->buf_chunk[b]->bytes);
-            last = now_s();
+            last = wb__clock_mono_s();
             wb__stage_release_buffer(c, b);
             progressed = 1;
         }

@@ -5,10 +5,10 @@
 #ifndef WB_BROKER_STAGE_IMPL_H
 #define WB_BROKER_STAGE_IMPL_H
 
+#include "clock.h"
 #include "stage.h"
 
 #include <pthread.h>
-#include <time.h>
 #include <xxhash.h>
 #if defined(__x86_64__) || defined(__i386__)
 /* Picks the widest vector unit at run time (AVX2, AVX-512): the checksum of
@@ -99,13 +99,6 @@ typedef struct reader {
 
 /* The small helpers every stage calls on its hot path are inline, so that
  * splitting the pipeline into files costs no calls. */
-
-static inline double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static inline int stopped(const ctx *c)
 {

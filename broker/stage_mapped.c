@@ -23,9 +23,9 @@ static void *hasher_main(void *arg)
         if (k >= h->n)
             break;
         wb_stage_tensor *t = &j->tensors[h->order[k]];
-        double t0 = now_s();
+        double t0 = wb__clock_mono_s();
         t->xxh3 = hash_once(j->maps[t->file] + t->file_offset, t->nbytes);
-        h->st.hash += now_s() - t0;
+        h->st.hash += wb__clock_mono_s() - t0;
     }
     return NULL;
 }
@@ -83,10 +83,10 @@ static void *registrar_main(void *arg)
         int ok = 0;
         if (!stopped(r->c)) {
             wb_err err;
-            double t0 = now_s();
+            double t0 = wb__clock_mono_s();
             int rc =
                 e->host_register(e->ctx, (void *)(j->maps[p->file] + p->off), (size_t)p->len, &err);
-            rt->busy += now_s() - t0;
+            rt->busy += wb__clock_mono_s() - t0;
             if (rc != WB_OK) {
                 wb_err e2;
                 wb__err_set(&e2, rc, "%s: bytes %llu to %llu: %s", j->files[p->file],
@@ -118,9 +118,9 @@ static void *registrar_main(void *arg)
             pthread_cond_wait(&r->cv, &r->mu);
         pthread_mutex_unlock(&r->mu);
         if (atomic_load(&p->state) == 1) {
-            double t0 = now_s();
+            double t0 = wb__clock_mono_s();
             e->host_unregister(e->ctx, (void *)(j->maps[p->file] + p->off));
-            rt->busy += now_s() - t0;
+            rt->busy += wb__clock_mono_s() - t0;
         }
     }
     return NULL;

@@ -253,10 +253,10 @@ static int read_pread(ctx *c, reader_stats *rs, const seg *s, uint8_t *p, uint64
         XXH3_64bits_reset(local);
     for (uint64_t done = 0; done < s->len;) {
         uint64_t n = s->len - done < blk ? s->len - done : blk;
-        double t0 = now_s();
+        double t0 = wb__clock_mono_s();
         int rc = read_full(j->fds[t->file], p + done, n, t->file_offset + from + done,
                            j->files[t->file], t->name, err);
-        double t1 = now_s();
+        double t1 = wb__clock_mono_s();
         rs->read += t1 - t0;
         if (rc != WB_OK)
             return rc;
@@ -268,12 +268,12 @@ static int read_pread(ctx *c, reader_stats *rs, const seg *s, uint8_t *p, uint64
             h->hashed = done;
         }
         if (streaming || !whole)
-            rs->hash += now_s() - t1;
+            rs->hash += wb__clock_mono_s() - t1;
     }
     if (whole) {
-        double t0 = now_s();
+        double t0 = wb__clock_mono_s();
         t->xxh3 = streaming ? XXH3_64bits_digest(local) : hash_once(p, s->len);
-        rs->hash += now_s() - t0;
+        rs->hash += wb__clock_mono_s() - t0;
     }
     return WB_OK;
 }
@@ -296,9 +296,9 @@ static int read_mapped(ctx *c, reader_stats *rs, const seg *s, uint8_t *p, uint6
                            file, t->name, (unsigned long long)flen,
                            (unsigned long long)(at + s->len));
     const uint8_t *src = c->src_maps[t->file] + at;
-    double t0 = now_s();
+    double t0 = wb__clock_mono_s();
     int rc = populate(src, s->len, file, t->name, at, err);
-    rs->read += now_s() - t0;
+    rs->read += wb__clock_mono_s() - t0;
     if (rc != WB_OK)
         return rc;
     uint64_t blk = j->cfg.read_block;
@@ -307,11 +307,11 @@ static int read_mapped(ctx *c, reader_stats *rs, const seg *s, uint8_t *p, uint6
         XXH3_64bits_reset(local);
     for (uint64_t done = 0; done < s->len;) {
         uint64_t n = s->len - done < blk ? s->len - done : blk;
-        double t1 = now_s();
+        double t1 = wb__clock_mono_s();
         mapped_op op = {.dst = p + done, .src = src + done, .n = (size_t)n, .nt = c->nt};
         if (guarded(&op))
             return shrank(err, file, t->name, at + done);
-        double t2 = now_s();
+        double t2 = wb__clock_mono_s();
         rs->read += t2 - t1;
         mapped_op hop = {0}; /* a small whole tensor is checksummed below */
         if (streaming) {
@@ -325,10 +325,10 @@ static int read_mapped(ctx *c, reader_stats *rs, const seg *s, uint8_t *p, uint6
         if (hop.src && guarded(&hop))
             return shrank(err, file, t->name, at + done);
         done += n;
-        rs->hash += now_s() - t2;
+        rs->hash += wb__clock_mono_s() - t2;
     }
     if (whole) {
-        double t3 = now_s();
+        double t3 = wb__clock_mono_s();
         if (streaming) {
             t->xxh3 = XXH3_64bits_digest(local);
         } else {
@@ -336,11 +336,11 @@ static int read_mapped(ctx *c, reader_stats *rs, const seg *s, uint8_t *p, uint6
             if (guarded(&op))
                 return shrank(err, file, t->name, at);
         }
-        rs->hash += now_s() - t3;
+        rs->hash += wb__clock_mono_s() - t3;
     }
-    double t4 = now_s();
+    double t4 = wb__clock_mono_s();
     drop_range(src, s->len);
-    rs->read += now_s() - t4;
+    rs->read += wb__clock_mono_s() - t4;
     return WB_OK;
 }
 
@@ -382,13 +382,13 @@ static int finish_hash(ctx *c, reader_stats *rs, const chunk *ch, const uint8_t 
         return 0;
     if (h->hashed < s->len) {
         lane *ln = &c->lanes[c->lane_of[s->tensor]];
-        double t0 = now_s();
+        double t0 = wb__clock_mono_s();
         pthread_mutex_lock(&ln->mu);
         while (!my_turn(c, s) && !stopped(c))
             pthread_cond_wait(&ln->cv, &ln->mu);
         int gone = !my_turn(c, s);
         pthread_mutex_unlock(&ln->mu);
-        double t1 = now_s();
+        double t1 = wb__clock_mono_s();
         rs->wait += t1 - t0;
         if (gone)
             return 1;
@@ -396,7 +396,7 @@ static int finish_hash(ctx *c, reader_stats *rs, const chunk *ch, const uint8_t 
          * ticket's release and acquire order the turns. */
         XXH3_64bits_update(c->states[s->tensor], base + s->rel + h->hashed,
                            (size_t)(s->len - h->hashed));
-        rs->hash += now_s() - t1;
+        rs->hash += wb__clock_mono_s() - t1;
     }
     if (s->piece + 1 == c->pieces[s->tensor])
         c->job->tensors[s->tensor].xxh3 = XXH3_64bits_digest(c->states[s->tensor]);
@@ -414,9 +414,9 @@ static int prepare(ctx *c, reader_stats *rs, size_t ci, wb_err *err)
         return WB_OK;
     uint64_t from = ci ? c->chunks[ci].slab_off : 0;
     uint64_t to = ci + 1 < c->n_chunks ? c->chunks[ci + 1].slab_off : UINT64_MAX;
-    double t0 = now_s();
+    double t0 = wb__clock_mono_s();
     int rc = j->prepare(j->prepare_ctx, from, to - from, err);
-    rs->read += now_s() - t0;
+    rs->read += wb__clock_mono_s() - t0;
     return rc;
 }
 

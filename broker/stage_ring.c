@@ -7,7 +7,7 @@
 
 int wb__stage_take_buffer(ctx *c, reader_stats *rs)
 {
-    double t0 = now_s();
+    double t0 = wb__clock_mono_s();
     pthread_mutex_lock(&c->mu);
     while (c->n_free == 0 && !stopped(c))
         pthread_cond_wait(&c->free_cv, &c->mu);
@@ -15,7 +15,7 @@ int wb__stage_take_buffer(ctx *c, reader_stats *rs)
     if (!stopped(c))
         b = (int)c->free_stack[--c->n_free];
     pthread_mutex_unlock(&c->mu);
-    rs->wait += now_s() - t0;
+    rs->wait += wb__clock_mono_s() - t0;
     return b;
 }
 

@@ -5,6 +5,7 @@
 #include "aoti_impl.h"
 
 #include "aoti_pkg.h"
+#include "clock.h"
 #include "log.h"
 #include "safetensors.h"
 
@@ -16,20 +17,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 
 #ifdef WB_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
 
 static atomic_uint_fast64_t next_container_id = 1;
-
-static double wall_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static int parse_device(wb_container *c, const char *dev, int any_device_tensor)
 {
@@ -182,7 +175,7 @@ static int check_proxy_executor(wb_container *c)
 static int create(wb_container *c, wb_lease *const *leases, size_t n_leases, const char *model_path,
                   const wb_container_options *o)
 {
-    double t0 = wb__aoti_mono_now();
+    double t0 = wb__clock_mono_s();
     int rc = check_args(c, leases, n_leases, model_path, o);
     if (rc != WB_OK)
         return rc;
@@ -210,10 +203,10 @@ static int create(wb_container *c, wb_lease *const *leases, size_t n_leases, con
     if (o->torch_lib_dir && o->torch_lib_dir[0] &&
         (rc = wb__aoti_preload_torch(c, o->torch_lib_dir)))
         return rc;
-    double t_lib = wb__aoti_mono_now();
+    double t_lib = wb__clock_mono_s();
     if ((rc = wb__aoti_locate(model_path, o->work_dir, &c->so_path, &c->tmpdir, &c->err)))
         return rc;
-    c->info.library_seconds = wb__aoti_mono_now() - t_lib;
+    c->info.library_seconds = wb__clock_mono_s() - t_lib;
     if ((rc = set_cubin_dir(c)))
         return rc;
     if ((rc = check_proxy_executor(c)))
@@ -226,9 +219,9 @@ static int create(wb_container *c, wb_lease *const *leases, size_t n_leases, con
         (rc = wb__aoti_rules_init(&c->rules, o->aliases, o->strip_prefix, o->prefix, o->mutated,
                                   o->constants_file, root, model_path, &c->err)))
         return rc;
-    t_lib = wb__aoti_mono_now();
+    t_lib = wb__clock_mono_s();
     c->lib = dlopen(c->so_path, RTLD_NOW | RTLD_LOCAL);
-    c->info.library_seconds += wb__aoti_mono_now() - t_lib;
+    c->info.library_seconds += wb__clock_mono_s() - t_lib;
     if (!c->lib) {
         const char *e = dlerror();
         return wb__aoti_fail(
@@ -276,7 +269,7 @@ static int create(wb_container *c, wb_lease *const *leases, size_t n_leases, con
     c->rec.unbound_constants = (uint32_t)c->info.unbound_constants;
     c->rec.package_bytes = c->info.package_bytes;
     c->rec.embedded_bytes = c->info.embedded_bytes;
-    c->rec.created_at = wall_now();
+    c->rec.created_at = wb__clock_wall();
     c->rec.model_path = c->model_path;
     for (size_t i = 0; i < n_leases; i++)
         wb__lease_publish(leases[i], &c->rec, c->lease_bytes[i], c->lease_tensors[i]);
@@ -288,7 +281,7 @@ static int create(wb_container *c, wb_lease *const *leases, size_t n_leases, con
     c->info.pinned_async_copy = c->rec.pinned_async_copy;
     c->info.n_constants = c->n_bind;
     c->info.created_at = c->rec.created_at;
-    c->info.create_seconds = wb__aoti_mono_now() - t0;
+    c->info.create_seconds = wb__clock_mono_s() - t0;
     char q[600];
     wb__cinfo("container_ready",
               "model=%s api=%s device=%s constants=%zu bound=%zu leased=%zu aliased=%zu "

@@ -15,19 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 
 /* The smallest linked constants blob that can be an mmap'd-weights header;
  * smaller ones (a library compiled with its constants outside holds one
  * placeholder byte) are taken as holding nothing. */
 #define AOTI_BLOB_HEADER_MIN 8
-
-double wb__aoti_mono_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* The model path as a log value (quoted when it has spaces). */
 const char *wb__aoti_qpath(const wb_container *c, char *buf, size_t size)

@@ -5,6 +5,7 @@
  * container's CUDA stream. */
 #include "aoti_impl.h"
 
+#include "clock.h"
 #include "log.h"
 
 #include <stdio.h>
@@ -129,7 +130,7 @@ static int update_user_managed(wb_container *c, int64_t free1)
     if (!pairs)
         return wb__aoti_fail(c, WB_ENOMEM, "out of memory");
     if (own && !kept && c->f.swap && c->f.free_inactive) {
-        double t0 = wb__aoti_mono_now();
+        double t0 = wb__clock_mono_s();
         wb__cwarn("container_embedded_constants",
                   "model=%s bytes=%llu note=\"the model library loaded its own copy of its "
                   "constants; replacing it with the shared tensors and freeing it\"",
@@ -150,7 +151,7 @@ static int update_user_managed(wb_container *c, int64_t free1)
         if (rc == WB_OK)
             rc = wb__aoti_sync_stream(c);
         c->info.embedded_bytes = own;
-        c->info.embedded_free_seconds = wb__aoti_mono_now() - t0;
+        c->info.embedded_free_seconds = wb__clock_mono_s() - t0;
         int64_t free2 = device_free_bytes(c);
         if (rc == WB_OK)
             wb__cwarn("container_embedded_freed",

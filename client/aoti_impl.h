@@ -2,16 +2,17 @@
  * AOTI binding's files share. aoti.c: the public container API and creation
  * order; aoti_abi.c: loading the model library and binding its C ABI, what
  * data of its own it holds, tensor functions; aoti_bind.c: which tensor each
- * constant binds to; aoti_missing.c: the error for constants bound by
- * nothing; aoti_create.c: the creation strategies (external constants,
- * user-managed update, own constants). */
+ * constant binds to, by the rules of aoti_rules.c (aoti_rules.h);
+ * aoti_missing.c: the error for constants bound by nothing; aoti_create.c:
+ * the creation strategies (external constants, user-managed update, own
+ * constants). */
 #ifndef WB_AOTI_IMPL_H
 #define WB_AOTI_IMPL_H
 
 #include "wb/container.h"
 
 #include "aoti_abi.h"
-#include "aoti_bind.h"
+#include "aoti_rules.h"
 #include "clog.h"
 #include "lease.h"
 
@@ -148,10 +149,9 @@ int wb__aoti_bind_symbols(wb_container *c);
 int wb__aoti_read_own_data(wb_container *c, uint64_t allocated);
 /* Loads torch's libraries from `dir` (RTLD_GLOBAL), in dependency order. */
 int wb__aoti_preload_torch(wb_container *c, const char *dir);
-double wb__aoti_mono_now(void);
 
 /* aoti_bind.c: reads the constant table of c->h; binds every constant that
- * is not folded by the rules of aoti_bind.h; the (name, handle) pairs of the
+ * is not folded by the rules of aoti_rules.h; the (name, handle) pairs of the
  * bound ones (calloc'd); frees the bindings (after the container). */
 int wb__aoti_read_constants(wb_container *c);
 int wb__aoti_bind_constants(wb_container *c, const wb_container_options *o);

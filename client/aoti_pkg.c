@@ -1,5 +1,7 @@
 #include "aoti_pkg.h"
 
+#include "paths.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -43,21 +45,20 @@ static int make_dirs(const char *root, const char *rel, int last, wb_err *err)
     if (n < 0 || (size_t)n >= sizeof buf)
         return wb__err_set(err, WB_EFORMAT, "package entry '%s': path too long", rel);
     size_t start = strlen(root) + 1;
-    for (size_t i = start; buf[i]; i++) {
-        if (buf[i] != '/')
-            continue;
-        buf[i] = '\0';
-        if (mkdir(buf, 0700) != 0 && errno != EEXIST)
-            return wb__err_errno(err, WB_EIO, errno, "package entry '%s': mkdir %s", rel, buf);
-        buf[i] = '/';
-    }
     if (last) {
-        size_t len = strlen(buf);
+        size_t len = (size_t)n;
         while (len > start && buf[len - 1] == '/')
             buf[--len] = '\0';
-        if (len > start && mkdir(buf, 0700) != 0 && errno != EEXIST)
-            return wb__err_errno(err, WB_EIO, errno, "package entry '%s': mkdir %s", rel, buf);
+    } else {
+        char *slash = strrchr(buf + start, '/');
+        if (!slash)
+            return WB_OK;
+        *slash = '\0';
     }
+    wb_err e;
+    int rc = wb__mkdir_p(buf, start - 1, 0700, 0, &e);
+    if (rc != WB_OK)
+        return wb__err_set(err, rc, "package entry '%s': %s", rel, e.msg);
     return WB_OK;
 }
 

@@ -2,6 +2,7 @@
  * over the connection (conn.c) and the leases (lease.h). */
 #include "client_impl.h"
 
+#include "clock.h"
 #include "clog.h"
 #include "lease.h"
 #include "log.h"
@@ -15,11 +16,11 @@
 #include <time.h>
 
 /* The clock of clients connected from now on (wb__client_clock). */
-static int64_t (*client_clock)(void) = wb__now_ms;
+static int64_t (*client_clock)(void) = wb__clock_mono_ms;
 
 void wb__client_clock(int64_t (*now_ms)(void))
 {
-    client_clock = now_ms ? now_ms : wb__now_ms;
+    client_clock = now_ms ? now_ms : wb__clock_mono_ms;
 }
 
 WB_EXPORT void wb_client_options_init(wb_client_options *opts)
@@ -185,19 +186,6 @@ WB_EXPORT int wb_client_heartbeat(wb_client *client)
     return rc;
 }
 
-static struct timespec deadline_after(uint32_t ms)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    return ts;
-}
-
 /* What the heartbeat thread waits for next, on the client's clock: the
  * next beat while connected, the next reconnection attempt while not (no
  * beat goes out meanwhile: waking for one would only spin until the
@@ -229,7 +217,8 @@ static void *heartbeat_main(void *arg)
         int64_t left = heartbeat_next(c, beat_at) - now;
         if (left > 0) {
             atomic_store(&c->hb_idle_ms, now);
-            struct timespec until = deadline_after(left > UINT32_MAX ? UINT32_MAX : (uint32_t)left);
+            int64_t wait_ms = left > UINT32_MAX ? UINT32_MAX : left;
+            struct timespec until = wb__clock_mono_deadline(wait_ms * 1000000);
             while (!c->hb_stop && !c->hb_kick) {
                 if (pthread_cond_timedwait(&c->hb_cond, &c->hb_mu, &until) == ETIMEDOUT)
                     break;

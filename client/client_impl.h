@@ -78,7 +78,7 @@ struct wb_client {
     wb_err err[WB_CLIENT_MSGS];
     atomic_uint err_last;
     /* The clock of the heartbeat thread's schedule, the reconnection backoff
-     * and the lingering mappings: wb__now_ms, or a test's (wb__client_clock).
+     * and the lingering mappings: wb__clock_mono_ms, or a test's (wb__client_clock).
      * An exchange's own waits are real time (zmq_poll). */
     int64_t (*now_ms)(void);
     atomic_int connected;
@@ -153,7 +153,7 @@ int wb__client_fail(wb_client *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* For tests: the clock of the clients connected from now on (NULL: back to
- * wb__now_ms), a monotonic millisecond count above 0. Call it before
+ * wb__clock_mono_ms), a monotonic millisecond count above 0. Call it before
  * connecting, from one thread. */
 void wb__client_clock(int64_t (*now_ms)(void));
 

@@ -9,6 +9,7 @@
 #include "fdchan_wire.h"
 #include "gpu.h"
 #include "mapcache.h"
+#include "text.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -95,16 +96,6 @@ static int slab_local_device(const Wbproto__Slab *s, int *local, wb_err *err)
     if (!l)
         return err->code;
     return wb__devlist_map(l, s->device, s->device_uuid, local, err);
-}
-
-static void hex_id(const uint8_t *id, char out[2 * WB_LEASE_ID_BYTES + 1])
-{
-    static const char digits[] = "0123456789abcdef";
-    for (size_t i = 0; i < WB_LEASE_ID_BYTES; i++) {
-        out[2 * i] = digits[id[i] >> 4];
-        out[2 * i + 1] = digits[id[i] & 15];
-    }
-    out[2 * WB_LEASE_ID_BYTES] = '\0';
 }
 
 static void lease_free(wb_lease *l)
@@ -368,7 +359,7 @@ static int acquire_once(wb_client *client, const char *model, const char *uuid,
     }
     if (l) {
         memcpy(l->id, pl->id.data, WB_LEASE_ID_BYTES);
-        hex_id(l->id, l->id_hex);
+        wb__text_hex(l->id_hex, sizeof l->id_hex, l->id, WB_LEASE_ID_BYTES);
         wb__lease_containers_init(l);
         atomic_init(&l->orphaned, 0);
         l->model = strdup(model);

@@ -12,6 +12,7 @@
 #include "mapcache.h"
 #include "names.h"
 #include "rpc.h"
+#include "tensor_table.h"
 #include "wire.h"
 
 #include <pthread.h>

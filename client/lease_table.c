@@ -8,6 +8,7 @@
 #include "lease.h"
 
 #include "client_impl.h"
+#include "tensor_table.h"
 
 #include <pthread.h>
 #include <stdlib.h>

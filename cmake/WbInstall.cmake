@@ -15,10 +15,11 @@ set(WB_CMAKE_PACKAGE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/wbclient)
 if(TARGET wbclient AND TARGET wbclient_static)
   # The in-tree static library holds only the client's own objects (the tests
   # link wbcommon beside it). The installed one must stand alone, so it is a
-  # separate archive of the client's, wbcommon's and the generated protocol
-  # code's objects, built beside it under the same file name.
+  # separate archive of the client's, wbrpc's, wbcommon's and the generated
+  # protocol code's objects, built beside it under the same file name.
   add_library(wbclient_archive STATIC
-    $<TARGET_OBJECTS:wbclient_static> $<TARGET_OBJECTS:wbcommon> $<TARGET_OBJECTS:wbproto>)
+    $<TARGET_OBJECTS:wbclient_static> $<TARGET_OBJECTS:wbrpc> $<TARGET_OBJECTS:wbcommon>
+    $<TARGET_OBJECTS:wbproto>)
   set_target_properties(wbclient_archive PROPERTIES
     OUTPUT_NAME wbclient
     EXPORT_NAME wbclient_static
@@ -41,7 +42,7 @@ if(TARGET wbclient AND TARGET wbclient_static)
   set(WB_PC_MODULE_OF_LIBZIP libzip)
   set(WB_PC_MODULES)
   set(WB_PACKAGE_CUDA_DIR "")
-  foreach(part wbclient_static wbcommon wbproto)
+  foreach(part wbclient_static wbrpc wbcommon wbproto)
     get_target_property(links ${part} LINK_LIBRARIES)
     foreach(lib IN LISTS links)
       if(lib MATCHES "^PkgConfig::(.+)$")

@@ -61,17 +61,6 @@ int wb__fdchan_request_parse(const uint8_t *buf, size_t len, int *kind, uint8_t 
     return WB_OK;
 }
 
-void wb__session_token_hex(const uint8_t token[WB_SESSION_TOKEN_LEN],
-                           char out[WB_SESSION_TOKEN_HEX + 1])
-{
-    static const char digits[] = "0123456789abcdef";
-    for (size_t i = 0; i < WB_SESSION_TOKEN_LEN; i++) {
-        out[2 * i] = digits[token[i] >> 4];
-        out[2 * i + 1] = digits[token[i] & 15];
-    }
-    out[WB_SESSION_TOKEN_HEX] = '\0';
-}
-
 static int hexval(char c)
 {
     if (c >= '0' && c <= '9')

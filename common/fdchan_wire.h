@@ -63,10 +63,8 @@ void wb__fdchan_session_request_pack(uint8_t out[WB_FDCHAN_REQUEST_LEN]);
 int wb__fdchan_request_parse(const uint8_t *buf, size_t len, int *kind, uint8_t *lease_id,
                              wb_err *err);
 
-/* A token as the 32 lowercase hex digits of a session reply's message,
- * and back: WB_EPROTO when `hex` is not exactly that. */
-void wb__session_token_hex(const uint8_t token[WB_SESSION_TOKEN_LEN],
-                           char out[WB_SESSION_TOKEN_HEX + 1]);
+/* A token from the 32 lowercase hex digits of a session reply's message
+ * (wb__text_hex writes them): WB_EPROTO when `hex` is not exactly that. */
 int wb__session_token_parse(const char *hex, uint8_t token[WB_SESSION_TOKEN_LEN], wb_err *err);
 
 /* Packs a reply (the message cut at WB_FDCHAN_MSG_MAX bytes); returns its

@@ -2,8 +2,12 @@
 
 #include "wb/status.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -32,4 +36,27 @@ int wb__socket_endpoint(const char *path, char *buf, size_t size)
 {
     int n = snprintf(buf, size, "ipc://%s", path);
     return (n < 0 || (size_t)n >= size) ? WB_EINVAL : WB_OK;
+}
+
+int wb__mkdir_p(const char *path, size_t skip, mode_t mode, int exact, wb_err *err)
+{
+    char dir[PATH_MAX];
+    size_t len = strlen(path);
+    if (len >= sizeof dir)
+        return wb__err_set(err, WB_EINVAL, "path is too long: %.64s...", path);
+    memcpy(dir, path, len + 1);
+    for (size_t i = skip + 1; i <= len; i++) {
+        if (dir[i] != '/' && dir[i] != '\0')
+            continue;
+        dir[i] = '\0';
+        if (mkdir(dir, mode) == 0) {
+            if (exact && chmod(dir, mode) != 0)
+                return wb__err_errno(err, WB_EIO, errno, "chmod %s", dir);
+        } else if (errno != EEXIST) {
+            return wb__err_errno(err, WB_EIO, errno, "cannot create directory %s", dir);
+        }
+        if (i < len)
+            dir[i] = '/';
+    }
+    return WB_OK;
 }

@@ -1,5 +1,7 @@
 #include "shm.h"
 
+#include "text.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -76,8 +78,8 @@ static int make_name(char *buf, size_t size)
     if (random_bytes(rnd, sizeof rnd) != 0)
         return -1;
     int n = snprintf(buf, size, "/" WB_SHM_PREFIX "%ld-", (long)getpid());
-    for (size_t i = 0; i < sizeof rnd && n > 0 && (size_t)n + 2 < size; i++)
-        n += snprintf(buf + n, size - (size_t)n, "%02x", rnd[i]);
+    if (n > 0 && (size_t)n < size)
+        wb__text_hex(buf + n, size - (size_t)n, rnd, sizeof rnd);
     return 0;
 }
 

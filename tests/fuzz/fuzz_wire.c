@@ -5,6 +5,8 @@
  * of either must be UTF-8; anything else traps so the fuzzer reports it. */
 #include "wire.h"
 
+#include "tensor_table.h"
+
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,6 +1,8 @@
 /* The FAKE broker of the client's unit tests (see fake_broker.h). */
 #include "fake_broker.h"
 
+#include "tensor_table.h"
+
 #include <check.h>
 #include <errno.h>
 #include <stdio.h>

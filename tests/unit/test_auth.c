@@ -5,6 +5,8 @@
  * accepted (symbolic links to regular files, directories) and refused
  * (FIFOs, devices), and giving slabs to the socket directory's group. */
 #include "auth.h"
+#include "auth_files.h"
+#include "auth_groups.h"
 #include "broker_fixture.h"
 #include "loader.h"
 #include "ops.h"

@@ -6,6 +6,8 @@
  * not fit is refused. */
 #include "fdchan_wire.h"
 
+#include "text.h"
+
 #include <check.h>
 
 #include <string.h>
@@ -55,7 +57,7 @@ START_TEST(test_session_token_hex)
     for (int i = 0; i < WB_SESSION_TOKEN_LEN; i++)
         t[i] = (uint8_t)(i * 29 + 250);
     char hex[WB_SESSION_TOKEN_HEX + 1];
-    wb__session_token_hex(t, hex);
+    wb__text_hex(hex, sizeof hex, t, WB_SESSION_TOKEN_LEN);
     ck_assert_str_eq(hex, "fa1734516e8ba8c5e2ff1c39567390ad");
     wb_err err;
     ck_assert_int_eq(wb__session_token_parse(hex, back, &err), WB_OK);

@@ -5,6 +5,7 @@
 #include "broker.h"
 #include "broker_fixture.h"
 #include "leases.h"
+#include "text.h"
 
 #include <check.h>
 
@@ -82,7 +83,7 @@ START_TEST(test_grant_and_find)
         ck_assert_int_lt(memcmp(t.leases[i - 1]->id, t.leases[i]->id, WB_LEASE_ID_LEN), 0);
 
     char hex[33], s8[9];
-    wb__lease_id_hex(l1->id, hex);
+    wb__text_hex(hex, sizeof hex, l1->id, WB_LEASE_ID_LEN);
     wb__lease_id_short(l1->id, s8);
     ck_assert_uint_eq(strlen(hex), 32);
     ck_assert_int_eq(strncmp(hex, s8, 8), 0);

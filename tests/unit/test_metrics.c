@@ -13,6 +13,7 @@
  * scrape. */
 #include "broker_fixture.h"
 #include "buildinfo.h"
+#include "clock.h"
 #include "metrics.h"
 #include "wire.h"
 

@@ -6,6 +6,7 @@
  * test_ops_list and test_ops_admin. */
 #include "broker_fixture.h"
 #include "ops.h"
+#include "tensor_table.h"
 #include "wire.h"
 
 #include <check.h>

@@ -6,6 +6,7 @@
  * packs into bytes the client-side decoder accepts. */
 #include "broker_fixture.h"
 #include "ops_impl.h"
+#include "tensor_table.h"
 #include "wire.h"
 
 #include <check.h>

@@ -3,6 +3,8 @@
  * message that names the field. */
 #include "wire.h"
 
+#include "tensor_table.h"
+
 #include <check.h>
 
 #include <stdint.h>

@@ -41,18 +41,15 @@ typedef struct wbctl_globals {
     const char *output_opt;  /* the option that chose `output` ("--json", "-o wide"), or NULL */
 } wbctl_globals;
 
-/* A string from a peer made safe for a terminal: printable ASCII and valid
- * UTF-8 stay, a backslash becomes "\\", every control character (C0,
- * DEL, C1) and byte of invalid UTF-8 is shown as \xNN, and every
- * character that reorders or hides text (Unicode format characters such as
- * the bidi overrides U+202A..U+202E and isolates U+2066..U+2069, the
- * zero-width U+200B..U+200F, U+2060 and U+FEFF; the line and paragraph
- * separators U+2028, U+2029) as \u{XXXX}. Returns a malloc'd string the
+/* A string from a peer made safe for a terminal, as wb__text_escape
+ * (text.h) writes it: control characters, invalid UTF-8 and characters
+ * that reorder or hide text shown as escapes. Returns a malloc'd string the
  * caller frees, or NULL when out of memory. */
 char *wbctl_escape(const char *s);
 
 /* The string as valid UTF-8 for JSON output: every byte of invalid UTF-8
- * becomes U+FFFD (jansson refuses invalid strings). Malloc'd, or NULL. */
+ * becomes U+FFFD (wb__utf8_repair; jansson refuses invalid strings).
+ * Malloc'd, or NULL. */
 char *wbctl_utf8(const char *s);
 
 /* Each subcommand gets argv starting at its own name (argv[0] = "inspect")

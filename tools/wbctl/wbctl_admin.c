@@ -1,6 +1,7 @@
 /* wbctl's administrator commands: load, unload and cancel. */
 #include "wbctl.h"
 
+#include "clock.h"
 #include "wbctl_call.h"
 #include "placement.h"
 #include "wbctl_model.h"
@@ -126,18 +127,18 @@ static int load_and_wait(const wbctl_globals *g, const char *name, Wbproto__Requ
     sigaction(SIGINT, &sa, &old_sa);
     /* On a terminal, a progress bar while the broker loads. */
     wbctl_progress *bar = json ? NULL : wbctl_progress_start(g->socket_path, name);
-    int64_t start = wb__now_ms(), next_watch = start + WATCH_MS;
+    int64_t start = wb__clock_mono_ms(), next_watch = start + WATCH_MS;
     int how = WAIT_REPLY, gone = 0;
     for (;;) {
         int slice = SLICE_MS;
         if (g->timeout_ms > 0) {
-            int64_t left = start + g->timeout_ms - wb__now_ms();
+            int64_t left = start + g->timeout_ms - wb__clock_mono_ms();
             slice = left < slice ? (left > 0 ? (int)left : 0) : slice;
         }
         rc = wb__rpc_wait(&rpc, id, WBPROTO__REQUEST__BODY_LOAD, slice, rep, &e);
         if (rc != WB_ETIMEDOUT)
             break;
-        int64_t now = wb__now_ms();
+        int64_t now = wb__clock_mono_ms();
         if (interrupted) {
             how = WAIT_INTERRUPTED;
             break;
@@ -149,7 +150,7 @@ static int load_and_wait(const wbctl_globals *g, const char *name, Wbproto__Requ
         if (now < next_watch)
             continue;
         int w = watch(g, name, &we);
-        next_watch = wb__now_ms() + WATCH_MS;
+        next_watch = wb__clock_mono_ms() + WATCH_MS;
         if (w == WATCH_DEAD) {
             how = WAIT_DEAD;
             break;

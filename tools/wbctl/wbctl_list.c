@@ -1,7 +1,9 @@
 /* wbctl's listings: models, leases, containers and the broker's counters. */
 #include "wbctl.h"
 
+#include "clock.h"
 #include "fdchan_wire.h"
+#include "text.h"
 
 #include "wbctl_call.h"
 #include "wbctl_model.h"
@@ -266,7 +268,7 @@ int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
     if (rc >= 0)
         return rc;
     int json = args.output == WBCTL_OUT_JSON;
-    double now = wbctl_now();
+    double now = wb__clock_wall();
     wbctl_json_array arr;
     wbctl_json_array_init(&arr);
     wbctl_jrow row = {0};
@@ -280,7 +282,7 @@ int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
             if (!wanted(args.model, l->model))
                 continue;
             char id[2 * WB_LEASE_ID_LEN + 1];
-            wbctl_hex(&l->id, id, sizeof id);
+            wb__text_hex(id, sizeof id, l->id.data, l->id.len);
             double age = now - l->granted_at;
             double since = now - l->last_heartbeat;
             if (age < 0)
@@ -347,7 +349,7 @@ static json_t *container_json(const Wbproto__ContainerInfo *c, uint64_t shared)
     for (size_t k = 0; k < c->n_leases; k++) {
         const Wbproto__ContainerLease *cl = c->leases[k];
         char id[2 * WB_LEASE_ID_LEN + 1];
-        wbctl_hex(&cl->lease_id, id, sizeof id);
+        wb__text_hex(id, sizeof id, cl->lease_id.data, cl->lease_id.len);
         json_t *lo = json_object();
         json_object_set_new(lo, "lease_id", json_string(id));
         json_object_set_new(lo, "model", wbctl_jstr(cl->model));
@@ -401,7 +403,7 @@ int wbctl_containers(const wbctl_globals *g, int argc, char **argv)
     if (rc >= 0)
         return rc;
     int json = args.output == WBCTL_OUT_JSON;
-    double now = wbctl_now();
+    double now = wb__clock_wall();
     wbctl_json_array arr;
     wbctl_json_array_init(&arr);
     wbctl_table t = {.wide = args.output == WBCTL_OUT_WIDE};

@@ -1,6 +1,7 @@
 #include "wbctl_out.h"
 
 #include "fdchan_wire.h"
+#include "text.h"
 #include "utf8.h"
 
 #include "wbctl.h"
@@ -11,61 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-/* The length of the valid UTF-8 sequence at s (2 to 4 bytes, no overlong
- * form, no surrogate, at most U+10FFFF; a NUL ends it), or 0 (ASCII
- * included); C1 controls count as invalid unless allow_c1. */
-static size_t utf8_seq(const unsigned char *s, int allow_c1)
-{
-    if (s[0] < 0x80)
-        return 0;
-    size_t n = wb__utf8_seq(s, strnlen((const char *)s, 4));
-    /* C1 controls (U+0080..U+009F, C2 80..C2 9F): some terminals act on
-     * them. */
-    if (!allow_c1 && n == 2 && s[0] == 0xc2 && s[1] <= 0x9f)
-        return 0;
-    return n;
-}
-
-static size_t utf8_len(const unsigned char *s)
-{
-    return utf8_seq(s, 0);
-}
-
-/* The code point of the valid n-byte sequence at s. */
-static unsigned utf8_cp(const unsigned char *s, size_t n)
-{
-    unsigned cp = s[0] & (n == 2 ? 0x1f : n == 3 ? 0x0f : 0x07);
-    for (size_t i = 1; i < n; i++)
-        cp = (cp << 6) | (s[i] & 0x3f);
-    return cp;
-}
-
-/* Characters that change how the text around them shows without being
- * seen: Unicode's format characters (general category Cf: bidi embeddings,
- * overrides, isolates and marks, zero-width spaces and joiners, the byte
- * order mark, the soft hyphen, invisible operators, tags), and the line and
- * paragraph separators, which some terminals and viewers break lines at. */
-static const struct {
-    unsigned lo, hi;
-} hidden[] = {
-    {0x00ad, 0x00ad},   {0x0600, 0x0605},   {0x061c, 0x061c},   {0x06dd, 0x06dd},
-    {0x070f, 0x070f},   {0x0890, 0x0891},   {0x08e2, 0x08e2},   {0x180e, 0x180e},
-    {0x200b, 0x200f},   {0x2028, 0x202e},   {0x2060, 0x2064},   {0x2066, 0x206f},
-    {0xfeff, 0xfeff},   {0xfff9, 0xfffb},   {0x110bd, 0x110bd}, {0x110cd, 0x110cd},
-    {0x13430, 0x1343f}, {0x1bca0, 0x1bca3}, {0x1d173, 0x1d17a}, {0xe0001, 0xe0001},
-    {0xe0020, 0xe007f},
-};
-
-static int is_hidden(unsigned cp)
-{
-    for (size_t i = 0; i < sizeof hidden / sizeof hidden[0] && cp >= hidden[i].lo; i++) {
-        if (cp <= hidden[i].hi)
-            return 1;
-    }
-    return 0;
-}
 
 char *wbctl_utf8(const char *s)
 {
@@ -74,58 +20,16 @@ char *wbctl_utf8(const char *s)
     char *out = malloc(3 * strlen(s) + 1);
     if (!out)
         return NULL;
-    const unsigned char *p = (const unsigned char *)s;
-    size_t o = 0, n;
-    while (*p) {
-        if (*p < 0x80) {
-            out[o++] = (char)*p++;
-        } else if ((n = utf8_seq(p, 1)) > 0) {
-            memcpy(out + o, p, n);
-            o += n;
-            p += n;
-        } else {
-            memcpy(out + o, "\xef\xbf\xbd", 3);
-            o += 3;
-            p++;
-        }
-    }
-    out[o] = '\0';
-    return out;
+    return wb__utf8_repair(out, s);
 }
 
 char *wbctl_escape(const char *s)
 {
-    if (!s)
-        s = "";
-    size_t len = strlen(s);
-    /* Every byte may become four: \xNN, or \u{00ad} for two bytes. */
-    char *out = malloc(4 * len + 1);
+    size_t size = WB_TEXT_ESCAPE_MAX(s ? strlen(s) : 0);
+    char *out = malloc(size);
     if (!out)
         return NULL;
-    const unsigned char *p = (const unsigned char *)s;
-    size_t o = 0;
-    while (*p) {
-        size_t n;
-        if (*p == '\\') {
-            out[o++] = '\\';
-            out[o++] = '\\';
-            p++;
-        } else if (*p >= 0x20 && *p < 0x7f) {
-            out[o++] = (char)*p++;
-        } else if (*p >= 0x80 && (n = utf8_len(p)) > 0) {
-            unsigned cp = utf8_cp(p, n);
-            if (is_hidden(cp)) {
-                o += (size_t)sprintf(out + o, "\\u{%04x}", cp);
-            } else {
-                memcpy(out + o, p, n);
-                o += n;
-            }
-            p += n;
-        } else {
-            o += (size_t)sprintf(out + o, "\\x%02x", *p++);
-        }
-    }
-    out[o] = '\0';
+    wb__text_escape(out, size, s, 0);
     return out;
 }
 
@@ -486,13 +390,6 @@ void wbctl_jrow_free(wbctl_jrow *r)
     *r = (wbctl_jrow){0};
 }
 
-double wbctl_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 void wbctl_fmt_age(char *buf, size_t size, double seconds)
 {
     long s = seconds > 0 ? (long)seconds : 0;
@@ -502,17 +399,6 @@ void wbctl_fmt_age(char *buf, size_t size, double seconds)
         snprintf(buf, size, "%ldm%02lds", s / 60, s % 60);
     else
         snprintf(buf, size, "%ldh%02ldm%02lds", s / 3600, (s / 60) % 60, s % 60);
-}
-
-void wbctl_hex(const ProtobufCBinaryData *b, char *out, size_t size)
-{
-    static const char digits[] = "0123456789abcdef";
-    size_t o = 0;
-    for (size_t i = 0; i < b->len && o + 2 < size; i++) {
-        out[o++] = digits[b->data[i] >> 4];
-        out[o++] = digits[b->data[i] & 15];
-    }
-    out[o] = '\0';
 }
 
 const char *wbctl_fmt_pid(char *buf, size_t size, uint32_t pid)

@@ -129,8 +129,6 @@ json_t *wbctl_jrow_set(wbctl_jrow *r, const wbctl_jfield *f, size_t n);
 /* Drops r's object. */
 void wbctl_jrow_free(wbctl_jrow *r);
 
-/* The time now, in seconds since the epoch. */
-double wbctl_now(void);
 /* An age as "42s", "3m07s" or "2h05m00s". */
 void wbctl_fmt_age(char *buf, size_t size, double seconds);
 /* A holder's pid as shown: "1234", or "conn:N" for a holder the broker
@@ -139,7 +137,5 @@ void wbctl_fmt_age(char *buf, size_t size, double seconds);
 const char *wbctl_fmt_pid(char *buf, size_t size, uint32_t pid);
 /* Adds "pid" (the number as sent) and, for a session, "session": "conn:N". */
 void wbctl_json_pid(json_t *o, uint32_t pid);
-/* Bytes as lower-case hex, cut to fit `size`. */
-void wbctl_hex(const ProtobufCBinaryData *b, char *out, size_t size);
 
 #endif

@@ -1,5 +1,6 @@
 #include "wbctl_progress.h"
 
+#include "clock.h"
 #include "rpc.h"
 #include "wbctl_out.h"
 #include "wire.h"
@@ -24,13 +25,6 @@ struct wbctl_progress {
     char *socket_path;
     char *name;
 };
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* One line: name, bar, percent, bytes, rate and time left. */
 static void draw(wbctl_progress *p, unsigned long long done, unsigned long long total,
@@ -89,7 +83,7 @@ static void *run(void *arg)
     wb__rpc rpc;
     wb_err err;
     int open = wb__rpc_open(&rpc, p->socket_path, 2000, &err) == WB_OK;
-    double t0 = mono_s();
+    double t0 = wb__clock_mono_s();
     unsigned long long done = 0, total = 0;
     pthread_mutex_lock(&p->mu);
     draw(p, 0, 0, 0);
@@ -98,7 +92,7 @@ static void *run(void *arg)
         if (open && poll_model(&rpc, p->name, &done, &total)) {
             pthread_mutex_lock(&p->mu);
             if (!p->stop)
-                draw(p, done, total, mono_s() - t0);
+                draw(p, done, total, wb__clock_mono_s() - t0);
             pthread_mutex_unlock(&p->mu);
         }
         struct timespec ts;

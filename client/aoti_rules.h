@@ -17,8 +17,8 @@
  * package or package directory as weightbroker/constants.safetensors (at
  * its top or one folder down, under the archive name); beside
  * the model path as <model path>.wb.safetensors. */
-#ifndef WB_AOTI_BIND_H
-#define WB_AOTI_BIND_H
+#ifndef WB_AOTI_RULES_H
+#define WB_AOTI_RULES_H
 
 #include "err.h"
 #include "safetensors.h"

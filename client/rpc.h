@@ -1,6 +1,8 @@
 /* Synchronous request/reply exchanges with the broker over a ZeroMQ DEALER.
  *
- * Internal to libwbclient and wbctl; not part of the public API. One wb__rpc
+ * Internal to libwbclient and wbctl, which link it as the wbrpc library (the
+ * only code that calls libzmq: the broker speaks ZMTP itself and links
+ * neither); not part of the public API. One wb__rpc
  * is not thread-safe: its owner serialises calls (the client holds its mutex
  * around every call). Every request gets a fresh id; replies with other ids
  * are discarded. On a timeout the socket is closed and re-created, so that a
@@ -108,8 +110,5 @@ int wb__rpc_default_timeout(void);
 /* A timeout as text: a decimal number of milliseconds from 1 to 86400000
  * (a day), nothing else around it. WB_OK with *ms set, else WB_EINVAL. */
 int wb__rpc_parse_timeout(const char *text, int *ms);
-
-/* Monotonic clock in milliseconds. */
-int64_t wb__now_ms(void);
 
 #endif

@@ -1,5 +1,6 @@
 #include "rpc.h"
 
+#include "clock.h"
 #include "paths.h"
 
 #include <errno.h>
@@ -11,18 +12,10 @@
 #include <stdio.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
 #define DEFAULT_TIMEOUT_MS 5000
-
-int64_t wb__now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 int wb__rpc_parse_timeout(const char *text, int *ms)
 {
@@ -250,7 +243,7 @@ void wb__rpc_close(wb__rpc *rpc)
 static int wait_socket(wb__rpc *rpc, short events, int64_t deadline, wb_err *err)
 {
     for (;;) {
-        int64_t left = deadline - wb__now_ms();
+        int64_t left = deadline - wb__clock_mono_ms();
         if (left < 0)
             left = 0;
         zmq_pollitem_t item = {.socket = rpc->sock, .events = events};
@@ -387,7 +380,7 @@ static int recv_reply(wb__rpc *rpc, uint64_t want_id, int any_id, int64_t deadli
         /* A blocking receive bounded by the time left (ZMQ_RCVTIMEO is
          * read at each call and costs no system call to set), instead of a
          * poll and then a receive. */
-        int64_t left = deadline - wb__now_ms();
+        int64_t left = deadline - wb__clock_mono_ms();
         int wait = left > 0 ? (int)left : 0;
         zmq_setsockopt(rpc->sock, ZMQ_RCVTIMEO, &wait, sizeof wait);
         zmq_msg_t msg;
@@ -427,7 +420,7 @@ static int recv_reply(wb__rpc *rpc, uint64_t want_id, int any_id, int64_t deadli
 static int exchange(wb__rpc *rpc, const uint8_t *buf, size_t len, uint64_t want_id, int any_id,
                     int timeout_ms, Wbproto__Reply **out, wb__frame **frame, wb_err *err)
 {
-    int64_t deadline = wb__now_ms() + timeout_ms;
+    int64_t deadline = wb__clock_mono_ms() + timeout_ms;
     int rc = send_buf(rpc, buf, len, deadline, err);
     if (rc == WB_OK)
         rc = recv_reply(rpc, want_id, any_id, deadline, out, frame, err);
@@ -497,7 +490,7 @@ int wb__rpc_send(wb__rpc *rpc, Wbproto__Request *req, int timeout_ms, uint64_t *
     uint8_t *buf = wb__request_pack(req, &len);
     if (!buf)
         return wb__err_set(err, WB_ENOMEM, "out of memory encoding a request");
-    int rc = send_buf(rpc, buf, len, wb__now_ms() + timeout_ms, err);
+    int rc = send_buf(rpc, buf, len, wb__clock_mono_ms() + timeout_ms, err);
     free(buf);
     return rc == WB_ETIMEDOUT ? timed_out(rpc, timeout_ms, err) : rc;
 }
@@ -506,8 +499,8 @@ int wb__rpc_wait(wb__rpc *rpc, uint64_t id, int body, int timeout_ms, Wbproto__R
                  wb_err *err)
 {
     *out = NULL;
-    int rc =
-        recv_reply(rpc, id, 0, wb__now_ms() + (timeout_ms > 0 ? timeout_ms : 0), out, NULL, err);
+    int rc = recv_reply(rpc, id, 0, wb__clock_mono_ms() + (timeout_ms > 0 ? timeout_ms : 0), out,
+                        NULL, err);
     if (rc == WB_ETIMEDOUT)
         return wb__err_set(err, WB_ETIMEDOUT, "no reply from the broker at %s yet", rpc->path);
     if (rc != WB_OK)

@@ -1,0 +1,32 @@
+/* What wire.c and wire_scan.c share: the decoding of a request in steps
+ * (wb__request_decode_ex is wire.c's), and the field paths of messages. */
+#ifndef WB_WIRE_IMPL_H
+#define WB_WIRE_IMPL_H
+
+#include "err.h"
+#include "wb.pb-c.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Bytes protobuf-c would refuse as well (wb__wire_scan_request). */
+#define WB_WIRE_MALFORMED 1
+
+/* Walks a request's bytes before they are decoded: every message's fields
+ * counted against what it may hold, each repeated field against its bound
+ * (wb__request_bound), no allocation. WB_OK; WB_EPROTO naming the field
+ * ("heartbeat has 5000 leases, at most 4096"); WB_WIRE_MALFORMED. */
+int wb__wire_scan_request(const uint8_t *buf, size_t len, wb_err *err);
+
+/* Unpacks bytes that wb__wire_scan_request passed, protobuf-c's allocations
+ * counted against wb__request_budget(len): NULL when it refuses them, with
+ * *over set when the budget ran out; *peak is the most bytes held at once.
+ * Free the request with wb__wire_free_request. */
+Wbproto__Request *wb__wire_unpack_request(const uint8_t *buf, size_t len, size_t *peak, int *over);
+void wb__wire_free_request(Wbproto__Request *req);
+
+/* Appends "name" or "name[k]" (k != SIZE_MAX) to the path of len bytes;
+ * returns the new length (the path is cut short rather than overflowed). */
+size_t wb__wire_path_push(char *path, size_t cap, size_t len, const char *name, size_t k);
+
+#endif
