@@ -1,5 +1,6 @@
 #include "wire.h"
 
+#include "alloc.h"
 #include "devlist.h"
 #include "placement.h"
 #include "shm.h"
@@ -511,10 +512,11 @@ static int scan_message(const ProtobufCMessageDescriptor *d, const uint8_t *p, s
 
 /* protobuf-c's allocations while decoding one request, counted against a
  * budget: each block carries its size in front, so that a free can count
- * it back. With a NULL budget (freeing a request) nothing is counted. */
+ * it back. With a NULL budget (freeing a request) nothing is counted.
+ * `over`: refused for the budget; `nomem`: the allocator said no. */
 typedef struct wire_budget {
     size_t used, peak, limit;
-    int over;
+    int over, nomem;
 } wire_budget;
 
 #define WIRE_BLOCK_HEADER alignof(max_align_t)
@@ -529,9 +531,12 @@ static void *budget_alloc(void *data, size_t size)
         b->over = 1;
         return NULL;
     }
-    unsigned char *p = malloc(total);
-    if (!p)
+    unsigned char *p = wb__malloc(total);
+    if (!p) {
+        if (b)
+            b->nomem = 1;
         return NULL;
+    }
     memcpy(p, &total, sizeof total);
     if (b) {
         b->used += total;
@@ -594,6 +599,9 @@ int wb__request_decode_ex(const uint8_t *buf, size_t len, Wbproto__Request **out
         *peak = budget.peak;
     if (!req) {
         *id = wb__request_scan_id(buf, len);
+        if (budget.nomem && !budget.over)
+            return wb__err_set(err, WB_ENOMEM, "out of memory decoding a request of %zu bytes",
+                               len);
         if (budget.over)
             return wb__err_set(err, WB_EPROTO,
                                "decoding the request would take more than %zu bytes (%zu bytes "
@@ -1023,6 +1031,23 @@ static int check_reply_body(const Wbproto__Reply *rep, wb_err *err)
     }
 }
 
+/* protobuf-c says NULL for both a malformed reply and a failed allocation:
+ * these note the second (data: an int set to 1). A reply is freed with
+ * wb__protobuf_allocator, which frees the same way. */
+static void *reply_alloc(void *data, size_t size)
+{
+    void *p = wb__malloc(size);
+    if (!p)
+        *(int *)data = 1;
+    return p;
+}
+
+static void reply_free(void *data, void *p)
+{
+    (void)data;
+    free(p);
+}
+
 int wb__reply_decode(const uint8_t *buf, size_t len, Wbproto__Reply **out, wb_err *err)
 {
     *out = NULL;
@@ -1031,7 +1056,11 @@ int wb__reply_decode(const uint8_t *buf, size_t len, Wbproto__Reply **out, wb_er
     if (len > WB_MAX_MESSAGE)
         return wb__err_set(err, WB_EPROTO, "reply of %zu bytes exceeds the limit of %u bytes", len,
                            WB_MAX_MESSAGE);
-    Wbproto__Reply *rep = wbproto__reply__unpack(NULL, len, buf);
+    int nomem = 0;
+    ProtobufCAllocator noting = {reply_alloc, reply_free, &nomem};
+    Wbproto__Reply *rep = wbproto__reply__unpack(&noting, len, buf);
+    if (!rep && nomem)
+        return wb__err_set(err, WB_ENOMEM, "out of memory decoding a reply of %zu bytes", len);
     if (!rep)
         return wb__err_set(err, WB_EPROTO, "reply does not decode as wbproto.Reply (%zu bytes)",
                            len);
@@ -1045,7 +1074,7 @@ int wb__reply_decode(const uint8_t *buf, size_t len, Wbproto__Reply **out, wb_er
     else if ((rc = check_strings(&rep->base, "reply", err)) == WB_OK)
         rc = check_reply_body(rep, err);
     if (rc != WB_OK) {
-        wbproto__reply__free_unpacked(rep, NULL);
+        wbproto__reply__free_unpacked(rep, &wb__protobuf_allocator);
         return rc;
     }
     *out = rep;
@@ -1055,7 +1084,7 @@ int wb__reply_decode(const uint8_t *buf, size_t len, Wbproto__Reply **out, wb_er
 void wb__reply_free(Wbproto__Reply **rep)
 {
     if (rep && *rep) {
-        wbproto__reply__free_unpacked(*rep, NULL);
+        wbproto__reply__free_unpacked(*rep, &wb__protobuf_allocator);
         *rep = NULL;
     }
 }
