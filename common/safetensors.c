@@ -3,6 +3,7 @@
  * the parser (safetensors_parse.c). Only headers are ever read here. */
 #include "safetensors.h"
 
+#include "alloc.h"
 #include "safetensors_index.h"
 
 #include <jansson.h>
@@ -297,8 +298,11 @@ static int read_index_json(const reader *r, const char *path, json_t **out, int 
             goto out;
     }
     json_error_t je;
+    unsigned long failures = wb__alloc_jansson_failures();
     *out = json_loadb(buf, size, JSON_REJECT_DUPLICATES, &je);
-    if (!*out)
+    if (wb__st_json_nomem(out, &je, failures))
+        rc = wb__st_fail(err, WB_ENOMEM, path, "out of memory parsing the JSON index");
+    else if (!*out)
         rc = wb__st_fail(err, WB_EFORMAT, path,
                          "malformed JSON index: %s (line %d, column %d, byte %d)", je.text, je.line,
                          je.column, je.position);

@@ -5,6 +5,7 @@
  * wb__st_parse_header directly. */
 #include "safetensors_parse.h"
 
+#include "alloc.h"
 #include "names.h"
 
 #include <jansson.h>
@@ -32,6 +33,18 @@ int wb__st_fail(wb_err *err, int code, const char *file, const char *fmt, ...)
     wb__err_vsetp(err, code, name, fmt, ap);
     va_end(ap);
     return code;
+}
+
+int wb__st_json_nomem(json_t **root, const json_error_t *je, unsigned long failures_before)
+{
+    int nomem =
+        wb__alloc_jansson_failures() != failures_before ||
+        (!*root && (json_error_code(je) == json_error_out_of_memory || je->text[0] == '\0'));
+    if (nomem) {
+        json_decref(*root);
+        *root = NULL;
+    }
+    return nomem;
 }
 
 const char *wb__st_json_kind(const json_t *v)
@@ -640,8 +653,11 @@ int wb__st_parse_header(wb_st_table *table, uint32_t file_index, const char *dis
                            hdr[0]);
 
     json_error_t je;
+    unsigned long failures = wb__alloc_jansson_failures();
     json_t *root = json_loadb((const char *)hdr, (size_t)n,
                               JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK, &je);
+    if (wb__st_json_nomem(&root, &je, failures))
+        return wb__st_fail(err, WB_ENOMEM, file, "out of memory parsing the JSON header");
     if (!root) {
         const char *hint = "";
         switch (json_error_code(&je)) {
