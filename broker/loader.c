@@ -29,11 +29,12 @@ static double mono_seconds(void)
  * slab; returns the slab size through *size. */
 static int layout(const wb_st_table *table, wb_model_data *d, uint64_t *size, wb_err *err)
 {
-    d->n_tensors = table->n_tensors;
     d->tensors = calloc(table->n_tensors ? table->n_tensors : 1, sizeof *d->tensors);
     if (!d->tensors)
         return wb__err_set(err, WB_ENOMEM, "out of memory for a table of %zu tensors",
                            table->n_tensors);
+    /* Counted once there is an array to free them from. */
+    d->n_tensors = table->n_tensors;
     uint64_t off = 0;
     for (size_t i = 0; i < table->n_tensors; i++) {
         const wb_st_tensor *st = &table->tensors[i];
