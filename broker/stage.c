@@ -308,12 +308,13 @@ int wb__stage_run(wb_stage_job *job, wb_stage_stats *st, wb_err *err)
     }
 
     unsigned threads = job->cfg.read_threads;
-    c.n_lanes = threads;
     c.lanes = calloc(threads, sizeof *c.lanes);
     if (!c.lanes) {
         ctx_free(&c);
         return wb__stage_oom(err, "lanes");
     }
+    /* Counted once they exist: ctx_free destroys n_lanes locks. */
+    c.n_lanes = threads;
     for (unsigned i = 0; i < threads; i++) {
         pthread_mutex_init(&c.lanes[i].mu, NULL);
         pthread_cond_init(&c.lanes[i].cv, NULL);
