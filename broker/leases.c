@@ -314,6 +314,9 @@ int wb__leases_release(wb_lease_table *t, const wb_peer_creds *c, const uint8_t 
 void wb__leases_set_records(wb_lease_table *t, wb_lease_rec *l, wb_container_rec *records,
                             uint32_t n, uint64_t bytes)
 {
+    /* No records (none sent, or their copy failed) cost nothing. */
+    if (!records)
+        bytes = 0;
     wb_peer_rec *p = wb__leases_peer(t, l->pid);
     if (p) {
         p->record_bytes -= l->record_bytes < p->record_bytes ? l->record_bytes : p->record_bytes;
@@ -322,7 +325,7 @@ void wb__leases_set_records(wb_lease_table *t, wb_lease_rec *l, wb_container_rec
     free(l->records);
     l->records = records;
     l->n_records = records ? n : 0;
-    l->record_bytes = records ? bytes : 0;
+    l->record_bytes = bytes;
 }
 
 int wb__leases_heartbeat(wb_lease_table *t, const wb_peer_creds *c, const uint8_t *id,
