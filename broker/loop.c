@@ -214,9 +214,11 @@ static void handle_request(void *ctx, wb_conn *c, const wb_zmtp_msg *m)
     int rc = wb__request_decode(m->data, m->len, &req, &id, &err);
     int close_after = 0;
     if (rc != WB_OK) {
-        b->stats.malformed_messages++;
-        wb_warn_peer("bad_message", c->kernel.uid,
-                     "reason=decode pid=%u bytes=%zu id=%llu error=%s", c->creds.pid, m->len,
+        /* Out of memory is the broker's trouble, not a malformed message. */
+        if (rc != WB_ENOMEM)
+            b->stats.malformed_messages++;
+        wb_warn_peer("bad_message", c->kernel.uid, "reason=%s pid=%u bytes=%zu id=%llu error=%s",
+                     rc == WB_ENOMEM ? "out_of_memory" : "decode", c->creds.pid, m->len,
                      (unsigned long long)id, wb__log_quote(q, sizeof q, err.msg));
         wb__ops_error(&r, id, rc, err.msg);
     } else if ((rc = peer_identity(L, c, req, &err)) != WB_OK) {
