@@ -67,7 +67,7 @@ int wb__peer_creds_from_fd(int fd, wb_peer_creds *out, wb_err *err);
  * pidfd_open of the pid, kept only when that process lives and has the
  * uid SO_PEERCRED gave (so a pid reused by another user's process before
  * the accept is not taken for the peer; a reuse within the same uid is not
- * told apart there, see README "Security and limits"). Returns the
+ * told apart there, see docs/security.md). Returns the
  * descriptor, or a negative WB_E* code with err saying why (WB_EPERM: the
  * process that connected is gone). */
 int wb__peer_pidfd(int sockfd, const wb_peer_creds *c, wb_err *err);

@@ -2,10 +2,10 @@
 
 #include "utf8.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -66,6 +66,7 @@ typedef struct jbuf {
     size_t len;
     size_t end;
     int full;
+    int dropped;
 } jbuf;
 
 static void jput(jbuf *b, const char *s, size_t n)
@@ -82,9 +83,16 @@ static void jput(jbuf *b, const char *s, size_t n)
 static void jescape(jbuf *b, const char *s, size_t n)
 {
     const unsigned char *u = (const unsigned char *)s;
-    for (size_t i = 0; i < n;) {
+    for (size_t i = 0; i < n && !b->full;) {
         char tmp[8];
-        if (u[i] == '"' || u[i] == '\\') {
+        size_t run = 0;
+        while (i + run < n && u[i + run] >= 0x20 && u[i + run] < 0x7f && u[i + run] != '"' &&
+               u[i + run] != '\\')
+            run++;
+        if (run) {
+            jput(b, s + i, run);
+            i += run;
+        } else if (u[i] == '"' || u[i] == '\\') {
             tmp[0] = '\\';
             tmp[1] = (char)u[i];
             jput(b, tmp, 2);
@@ -107,52 +115,153 @@ static void jescape(jbuf *b, const char *s, size_t n)
     }
 }
 
-/* Appends ,"key":"value" as a whole or not at all. */
-static void jfield(jbuf *b, const char *key, size_t klen, const char *val, size_t vlen)
+static int hexval(char c)
 {
-    size_t mark = b->len;
-    jput(b, b->len > 1 ? ",\"" : "\"", b->len > 1 ? 2 : 1);
-    jescape(b, key, klen);
-    jput(b, "\":\"", 3);
-    jescape(b, val, vlen);
-    jput(b, "\"", 1);
-    if (b->full)
-        b->len = mark;
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
 }
 
-/* Undoes wb__log_quote on the quoted value starting at *pp (after its
- * opening quote), writing the bytes to out; moves *pp past the closing quote
- * (or to the end of an unterminated value). Returns the length. */
-static size_t unquote(const char **pp, char *out, size_t size)
+/* Undoes wb__log_quote: s[0..n) is "..." (wb__log_is_quoted); writes the
+ * bytes it stands for to out (n bytes at least). Returns their length. */
+static size_t unquote(const char *s, size_t n, char *out)
 {
-    const char *p = *pp;
     size_t o = 0;
-    while (*p && *p != '"') {
-        char c = *p++;
-        if (c == '\\' && (*p == '"' || *p == '\\')) {
-            c = *p++;
-        } else if (c == '\\' && *p == 'x' && p[1] && p[2]) {
-            char hex[3] = {p[1], p[2], 0};
-            char *end;
-            long v = strtol(hex, &end, 16);
-            if (*end == '\0') {
-                c = (char)v;
-                p += 3;
+    for (size_t i = 1; i + 1 < n; i++) {
+        char c = s[i];
+        if (c == '\\' && i + 2 < n) {
+            char d = s[i + 1];
+            int hi, lo;
+            if (d == '"' || d == '\\') {
+                c = d;
+                i++;
+            } else if (d == 'x' && i + 4 < n && (hi = hexval(s[i + 2])) >= 0 &&
+                       (lo = hexval(s[i + 3])) >= 0) {
+                c = (char)(hi << 4 | lo);
+                i += 3;
             }
         }
-        if (o < size)
-            out[o++] = c;
+        out[o++] = c;
     }
-    if (*p == '"')
-        p++;
-    *pp = p;
     return o;
 }
 
-size_t wb__log_json_line(char *out, size_t size, const char *ts, const char *level,
-                         const char *prog, const char *event, const char *kv)
+/* Appends ,"key": as the start of a field. */
+static void jkey(jbuf *b, const char *key, size_t klen)
 {
-    static const char tail[] = ",\"truncated\":\"true\"}\n";
+    jput(b, b->len > 1 ? ",\"" : "\"", b->len > 1 ? 2 : 1);
+    jescape(b, key, klen);
+    jput(b, "\":", 2);
+}
+
+/* Ends a field begun at mark: kept whole, or taken back. */
+static void jdone(jbuf *b, size_t mark)
+{
+    if (b->full) {
+        b->len = mark;
+        b->full = 0;
+        b->dropped = 1;
+    }
+}
+
+/* ,"key":"value", a quoted value unquoted first. */
+static void jstring(jbuf *b, const char *key, size_t klen, const char *val, size_t vlen, int quoted)
+{
+    size_t mark = b->len;
+    jkey(b, key, klen);
+    jput(b, "\"", 1);
+    char raw[WB_LOG_TEXT_SIZE];
+    if (quoted && vlen >= 2 && vlen <= sizeof raw) {
+        jescape(b, raw, unquote(val, vlen, raw));
+    } else {
+        jescape(b, val, vlen);
+    }
+    jput(b, "\"", 1);
+    jdone(b, mark);
+}
+
+/* ,"key":number */
+static void jnumber(jbuf *b, const wb_log_field *fd)
+{
+    size_t mark = b->len;
+    jkey(b, fd->key, fd->klen);
+    char num[32];
+    if (fd->type == WB_LOG_INT) {
+        jput(b, num, (size_t)snprintf(num, sizeof num, "%lld", fd->v.i));
+    } else if (fd->type == WB_LOG_UINT) {
+        jput(b, num, (size_t)snprintf(num, sizeof num, "%llu", fd->v.u));
+    } else if (!isfinite(fd->v.d)) {
+        jput(b, "null", 4);
+    } else {
+        /* The digits the text shows, without its flags and width (which
+         * could make it no JSON number: +1, 001, 1.). */
+        char spec[8] = "%.*L?";
+        spec[4] = fd->conv;
+        int prec = fd->prec < 0 ? 6 : fd->prec;
+        char small[64];
+        int n = snprintf(small, sizeof small, spec, prec, fd->v.d);
+        if (n < 0 || b->full || b->len + (size_t)n > b->end) {
+            b->full = 1;
+        } else {
+            /* A long one (%f of 1e300) is printed again in place. */
+            char *at = b->p + b->len;
+            if ((size_t)n < sizeof small)
+                memcpy(at, small, (size_t)n);
+            else
+                snprintf(at, (size_t)n + 1, spec, prec, fd->v.d);
+            b->len += (size_t)n;
+            /* Always a fraction or an exponent (%g of 100, %.0f): readers
+             * that tell integers from reals keep one type per field. */
+            if (!memchr(at, '.', (size_t)n) && !memchr(at, 'e', (size_t)n) &&
+                !memchr(at, 'E', (size_t)n))
+                jput(b, ".0", 2);
+        }
+    }
+    jdone(b, mark);
+}
+
+/* Reads optional fields: the next key=value pair or word of t[0..n) from
+ * *i (a key of other characters than a format's keys may have makes a
+ * word). Returns 1 for a pair, 2 for a word, 0 at the end. */
+static int next_pair(const char *t, size_t n, size_t *i, const char **key, size_t *klen,
+                     const char **val, size_t *vlen)
+{
+    while (*i < n && t[*i] == ' ')
+        (*i)++;
+    if (*i >= n)
+        return 0;
+    size_t s = *i, e = s;
+    int in_q = 0;
+    while (e < n && (in_q || t[e] != ' ')) {
+        if (t[e] == '"')
+            in_q = !in_q;
+        else if (t[e] == '\\' && in_q && e + 1 < n)
+            e++;
+        e++;
+    }
+    *i = e;
+    size_t k = s;
+    while (k < e && t[k] != '=' && t[k] != '"')
+        k++;
+    *key = t + s;
+    if (k < e && t[k] == '=' && wb__log_is_key(t + s, k - s)) {
+        *klen = k - s;
+        *val = t + k + 1;
+        *vlen = e - k - 1;
+        return 1;
+    }
+    *klen = e - s;
+    return 2;
+}
+
+static size_t render_json(const wb_log_fields *f, char *out, size_t size, const char *ts,
+                          const char *level, const char *prog, const char *event)
+{
+    static const char tail[] = ",\"truncated\":true}\n";
     if (size < sizeof tail + 2) {
         if (size)
             out[0] = '\0';
@@ -160,71 +269,131 @@ size_t wb__log_json_line(char *out, size_t size, const char *ts, const char *lev
     }
     jbuf b = {.p = out, .len = 0, .end = size - sizeof tail};
     jput(&b, "{", 1);
-    jfield(&b, "ts", 2, ts, strlen(ts));
-    jfield(&b, "level", 5, level, strlen(level));
-    jfield(&b, "prog", 4, prog, strlen(prog));
-    jfield(&b, "event", 5, event, strlen(event));
-    char text[2048];
-    size_t text_len = 0;
-    int dropped = b.full;
-    const char *p = kv ? kv : "";
-    while (*p) {
-        while (*p == ' ')
-            p++;
-        if (!*p)
+    jstring(&b, "ts", 2, ts, strlen(ts), 0);
+    jstring(&b, "level", 5, level, strlen(level), 0);
+    jstring(&b, "prog", 4, prog, strlen(prog), 0);
+    jstring(&b, "event", 5, event, strlen(event), 0);
+    int words = 0;
+    for (unsigned i = 0; i < f->n; i++) {
+        const wb_log_field *fd = &f->f[i];
+        const char *t = f->text + fd->off;
+        switch (fd->type) {
+        case WB_LOG_STRING:
+            jstring(&b, fd->key, fd->klen, t, fd->len, fd->quoted);
             break;
-        const char *key = p;
-        while (*p && *p != '=' && *p != ' ')
-            p++;
-        size_t klen = (size_t)(p - key);
-        if (*p != '=' || klen == 0) {
-            /* A word that is not key=value: keep it in "text". */
-            while (*p && *p != ' ')
-                p++;
-            size_t wlen = (size_t)(p - key);
-            if (text_len + wlen + 1 < sizeof text) {
-                if (text_len)
-                    text[text_len++] = ' ';
-                memcpy(text + text_len, key, wlen);
-                text_len += wlen;
+        case WB_LOG_INT:
+        case WB_LOG_UINT:
+        case WB_LOG_REAL:
+            jnumber(&b, fd);
+            break;
+        case WB_LOG_FIELDS: {
+            const char *key, *val;
+            size_t klen, vlen, at = 0;
+            int r;
+            while ((r = next_pair(t, fd->len, &at, &key, &klen, &val, &vlen)) != 0) {
+                if (r == 1)
+                    jstring(&b, key, klen, val, vlen, wb__log_is_quoted(val, vlen));
+                else
+                    words++;
             }
-            continue;
+            break;
         }
-        p++;
-        char val[4096];
-        size_t vlen;
-        if (*p == '"') {
-            p++;
-            vlen = unquote(&p, val, sizeof val);
-        } else {
-            const char *v = p;
-            while (*p && *p != ' ')
-                p++;
-            vlen = (size_t)(p - v);
-            if (vlen > sizeof val)
-                vlen = sizeof val;
-            memcpy(val, v, vlen);
+        case WB_LOG_WORD:
+            words += fd->len > 0;
+            break;
         }
-        b.full = 0;
-        jfield(&b, key, klen, val, vlen);
-        dropped |= b.full;
     }
-    if (text_len) {
-        b.full = 0;
-        jfield(&b, "text", 4, text, text_len);
-        dropped |= b.full;
+    if (words) {
+        /* The words outside key=value, in one string. */
+        size_t mark = b.len;
+        int n = 0;
+        jkey(&b, "text", 4);
+        jput(&b, "\"", 1);
+        for (unsigned i = 0; i < f->n; i++) {
+            const wb_log_field *fd = &f->f[i];
+            const char *t = f->text + fd->off;
+            if (fd->type == WB_LOG_WORD && fd->len > 0) {
+                if (n++)
+                    jput(&b, " ", 1);
+                jescape(&b, t, fd->len);
+            } else if (fd->type == WB_LOG_FIELDS) {
+                const char *key, *val;
+                size_t klen, vlen, at = 0;
+                int r;
+                while ((r = next_pair(t, fd->len, &at, &key, &klen, &val, &vlen)) != 0) {
+                    if (r != 2)
+                        continue;
+                    if (n++)
+                        jput(&b, " ", 1);
+                    jescape(&b, key, klen);
+                }
+            }
+        }
+        jput(&b, "\"", 1);
+        jdone(&b, mark);
     }
     /* The room kept at the end is always there for the closing part. */
     b.end = size - 1;
-    b.full = 0;
-    if (dropped && b.len <= 1)
-        jput(&b, tail + 1, sizeof tail - 2); /* no field before it: no comma */
-    else if (dropped)
-        jput(&b, tail, sizeof tail - 1);
+    if (b.dropped || f->dropped)
+        jput(&b, tail + (b.len <= 1), sizeof tail - 1 - (b.len <= 1)); /* no comma first */
     else
         jput(&b, "}\n", 2);
     out[b.len] = '\0';
     return b.len;
+}
+
+/* The text line: the fixed fields, a space and the tail when the format
+ * was not empty, cut to size - 1 bytes as snprintf cuts. */
+static size_t render_text(const wb_log_fields *f, char *line, size_t size, const char *ts,
+                          const char *level, const char *prog, const char *event)
+{
+    if (size < 2)
+        return 0;
+    int n = snprintf(line, size, "ts=%s level=%s prog=%s event=%s", ts, level, prog, event);
+    if (n < 0) {
+        line[0] = '\0';
+        return 0;
+    }
+    size_t len = (size_t)n < size ? (size_t)n : size - 1;
+    if (f->has_tail && len < size - 2) {
+        line[len++] = ' ';
+        size_t m = f->len < size - 1 - len ? f->len : size - 1 - len;
+        memcpy(line + len, f->text, m);
+        len += m;
+    }
+    line[len] = '\0';
+    return len;
+}
+
+size_t wb__log_render(const wb_log_fields *f, wb_log_format format, char *out, size_t size,
+                      const char *ts, const char *level, const char *prog, const char *event)
+{
+    ts = ts ? ts : "";
+    level = level ? level : "";
+    prog = prog ? prog : "wb";
+    event = event ? event : "";
+    if (format == WB_LOG_JSON)
+        return render_json(f, out, size, ts, level, prog, event);
+    if (size < 3) {
+        if (size)
+            out[0] = '\0';
+        return 0;
+    }
+    size_t len = render_text(f, out, size - 1, ts, level, prog, event);
+    out[len++] = '\n';
+    out[len] = '\0';
+    return len;
+}
+
+/* The time as both formats write it: 2026-11-30T07:31:02.123Z. */
+static void timestamp(char *out, size_t size)
+{
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    snprintf(out, size, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900, tm.tm_mon + 1,
+             tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
 }
 
 size_t wb__log_format_line(char *line, size_t size, const char *prog, wb_log_level level,
@@ -232,59 +401,31 @@ size_t wb__log_format_line(char *line, size_t size, const char *prog, wb_log_lev
 {
     if (size < 2)
         return 0;
-    struct timespec ts;
-    struct tm tm;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    gmtime_r(&ts.tv_sec, &tm);
+    char ts[96];
+    timestamp(ts, sizeof ts);
     int lv = (int)level < 0 || level >= WB_LOG_OFF ? WB_LOG_ERROR : (int)level;
-    int n =
-        snprintf(line, size, "ts=%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ level=%s prog=%s event=%s",
-                 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                 ts.tv_nsec / 1000000, level_names[lv], prog ? prog : "wb", event);
-    if (n < 0) {
-        line[0] = '\0';
-        return 0;
-    }
-    size_t len = (size_t)n < size ? (size_t)n : size - 1;
-    if (fmt && fmt[0] && len < size - 2) {
-        line[len++] = ' ';
-        int m = vsnprintf(line + len, size - len, fmt, ap);
-        if (m > 0)
-            len += (size_t)m < size - len ? (size_t)m : size - len - 1;
-    }
-    line[len] = '\0';
-    return len;
+    wb_log_fields f;
+    wb__log_vfields(&f, fmt, ap);
+    return render_text(&f, line, size, ts, level_names[lv], prog ? prog : "wb", event ? event : "");
 }
 
 void wb__log(wb_log_level level, const char *event, const char *fmt, ...)
 {
     if ((int)level < atomic_load(&log_level) || level >= WB_LOG_OFF)
         return;
-
-    /* Two bytes are kept for the newline and the NUL. */
-    char line[4096];
+    wb_log_fields f;
     va_list ap;
     va_start(ap, fmt);
-    size_t len = wb__log_format_line(line, sizeof line - 1, log_prog, level, event, fmt, ap);
+    wb__log_vfields(&f, fmt, ap);
     va_end(ap);
-    if (atomic_load(&log_format) == WB_LOG_JSON) {
-        /* The text line is built first, then parsed back: every call site
-         * keeps its key=value format string. The timestamp is the text
-         * line's, so both formats agree. */
-        char tsbuf[64];
-        const char *sp = strchr(line, ' ');
-        snprintf(tsbuf, sizeof tsbuf, "%.*s", sp && sp - line > 3 ? (int)(sp - line - 3) : 0,
-                 line + 3);
-        const char *kv = strstr(line, " event=");
-        kv = kv ? kv + strlen(" event=") + strlen(event) : "";
-        char json[8192];
-        size_t jlen =
-            wb__log_json_line(json, sizeof json, tsbuf, level_names[level], log_prog, event, kv);
-        ssize_t w = write(STDERR_FILENO, json, jlen);
-        (void)w;
-        return;
-    }
-    line[len++] = '\n';
+    char ts[96];
+    timestamp(ts, sizeof ts);
+    /* A text line is at most 4095 bytes with its newline, as it always was;
+     * a JSON one at most 8 KiB. */
+    char line[8192];
+    wb_log_format format = (wb_log_format)atomic_load(&log_format);
+    size_t len = wb__log_render(&f, format, line, format == WB_LOG_JSON ? sizeof line : 4096, ts,
+                                level_names[level], log_prog, event);
     ssize_t w = write(STDERR_FILENO, line, len);
     (void)w;
 }

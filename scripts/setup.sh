@@ -6,7 +6,7 @@ set -euo pipefail
 # Build and run-time libraries (see README, "Dependencies", for why each).
 pkgs=(
   build-essential cmake pkg-config
-  libzmq3-dev                     # transport: ZeroMQ ROUTER/DEALER over ipc://
+  libzmq3-dev                     # the clients' transport: DEALER sockets on ipc://
   libprotobuf-c-dev protobuf-c-compiler  # wire format: proto/wb.proto
   libjansson-dev                  # JSON: safetensors headers, index files, --json output
   libxxhash-dev                   # XXH3-64 checksums of tensors

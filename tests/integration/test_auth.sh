@@ -3,7 +3,7 @@
 # to with setpriv):
 # * the socket's directory is set-group-ID to nobody's group, so the socket
 #   (0660) and the slabs (0640) the broker makes get that group: the
-#   deployment the README describes;
+#   deployment docs/security.md describes ("Who may connect");
 # * by default only root and the broker's own user are served: nobody is
 #   refused with WB_EPERM and a message naming the allowed ids, and the
 #   broker logs it;

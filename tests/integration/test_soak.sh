@@ -7,7 +7,7 @@
 # left, that granted = released + reclaimed, that every verification passed,
 # that the broker never died, that its descriptors came back to where they
 # started and that its RSS did not grow after warm-up by more than 1 MiB
-# (see wbsoak.c and README, "Security and limits"). Then the broker stops
+# (see wbsoak.c and docs/security.md). Then the broker stops
 # cleanly and leaves no shared-memory object behind. WB_SOAK_JSON=PATH keeps
 # the counts.
 source "$(dirname "$0")/lib.sh"

@@ -143,8 +143,9 @@ class TestCommandLine(unittest.TestCase):
         self.assertTrue(r.stdout.strip().startswith(sys.prefix + os.sep), r.stdout)
         rc, out, err = run_cli(["--help"])
         self.assertEqual((rc, err), (0, ""))
-        self.assertTrue(out.startswith("usage: python3 -m weightbroker.compile [-h] COMMAND ..."),
-                        out)
+        self.assertTrue(
+            out.startswith("usage: python3 -m weightbroker.compile [-h] [--version] COMMAND ..."),
+            out)
         self.assertIn("compile_package(module, inputs, path, checkpoint=...", " ".join(out.split()))
         rc, out, err = run_cli(["hf", "--help"])
         self.assertEqual((rc, err), (0, ""))
@@ -157,6 +158,17 @@ class TestCommandLine(unittest.TestCase):
             rc, out, err = run_cli(args, no_torch=True)
             self.assertEqual((rc, err), (0, ""), args)
             self.assertTrue(out.startswith("usage: python3 -m weightbroker.compile"), out)
+
+    def test_version(self):
+        import weightbroker
+        import torch
+        rc, out, err = run_cli(["--version"])
+        self.assertEqual((rc, err), (0, ""))
+        self.assertEqual(out, "%s %s (torch %s)\n" % (PROG, weightbroker.__version__,
+                                                      torch.__version__))
+        rc, out, err = run_cli(["--version"], no_torch=True)
+        self.assertEqual((rc, err), (0, ""))
+        self.assertEqual(out, "%s %s (no torch)\n" % (PROG, weightbroker.__version__))
 
     def test_without_torch_the_compile_says_so(self):
         rc, out, err = run_cli(["hf", self.ckpt, self.out], no_torch=True)
@@ -195,9 +207,9 @@ class TestCommandLine(unittest.TestCase):
         with open(os.path.join(bad, "model.safetensors"), "wb") as f:
             f.write(b"\x04\x00\x00\x00\x00\x00\x00\x00[1] ")
         cases = [
-            ([], "usage: python3 -m weightbroker.compile [-h] COMMAND ...",
+            ([], "usage: python3 -m weightbroker.compile [-h] [--version] COMMAND ...",
              "the following arguments are required: COMMAND", PROG),
-            (["onnx"], "usage: python3 -m weightbroker.compile [-h] COMMAND ...",
+            (["onnx"], "usage: python3 -m weightbroker.compile [-h] [--version] COMMAND ...",
              "argument COMMAND: invalid choice: 'onnx' (choose from 'hf')", PROG),
             (["hf", self.ckpt], HF_USAGE, "the following arguments are required: OUT.pt2", None),
             (["hf", os.path.join(self.tmp, "nope"), self.out], HF_USAGE,

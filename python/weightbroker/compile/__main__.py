@@ -24,6 +24,24 @@ class MissingModuleError(RuntimeError):
     """A module the command needs (transformers) is not installed."""
 
 
+class _Version(argparse.Action):
+    """--version: the package's version and the torch it would compile with
+    (torch is imported only when it is asked for)."""
+
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from .. import __version__
+        try:
+            import torch
+            t = "torch %s" % torch.__version__
+        except ImportError:
+            t = "no torch"
+        print("%s %s (%s)" % (PROG, __version__, t))
+        parser.exit(0)
+
+
 def parser():
     ap = argparse.ArgumentParser(
         prog=PROG,
@@ -34,6 +52,8 @@ def parser():
         "weightbroker/constants.safetensors.",
         epilog="From Python, any torch.nn.Module: weightbroker.compile.compile_package(module, "
         "inputs, path, checkpoint=..., strip_prefix=..., dynamic_batch=..., dynamic_seq=...).")
+    ap.add_argument("--version", action=_Version,
+                    help="print the package's and torch's versions and exit")
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
     sub.required = True
     hf = sub.add_parser(
