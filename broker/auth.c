@@ -1,5 +1,6 @@
 #include "auth.h"
 
+#include "alloc.h"
 #include "wire.h"
 
 #include <errno.h>
@@ -51,7 +52,7 @@ static int insert_id(wb_id_list *l, uint32_t id)
 {
     if (has_id(l, id))
         return 0;
-    uint32_t *grown = realloc(l->ids, (l->n + 1) * sizeof *grown);
+    uint32_t *grown = wb__realloc(l->ids, (l->n + 1) * sizeof *grown);
     if (!grown)
         return -1;
     l->ids = grown;
@@ -114,7 +115,7 @@ static int parse_id(const char *s, uint32_t *out)
 static int resolve_name(wb_auth_list which, const char *name, const char *option, uint32_t *out,
                         wb_err *err)
 {
-    char *buf = malloc(AUTH_NSS_BUF);
+    char *buf = wb__malloc(AUTH_NSS_BUF);
     if (!buf)
         return wb__err_set(err, WB_ENOMEM, "%s: out of memory resolving '%s'", option, name);
     int e;
@@ -184,7 +185,7 @@ int wb__auth_add(wb_auth *a, wb_auth_list which, const char *text, const char *o
                 rc = wb__err_set(err, WB_EINVAL, "%s: more than %d entries", option, AUTH_MAX_IDS);
                 break;
             }
-            uint32_t *grown = malloc(cap * 2 * sizeof *grown);
+            uint32_t *grown = wb__malloc(cap * 2 * sizeof *grown);
             if (!grown) {
                 rc = wb__err_set(err, WB_ENOMEM, "%s: out of memory", option);
                 break;
@@ -204,7 +205,7 @@ int wb__auth_add(wb_auth *a, wb_auth_list which, const char *text, const char *o
     wb_id_list *l = &a->lists[which];
     wb_id_list saved = {.ids = NULL, .n = l->n};
     if (rc == WB_OK && l->n) {
-        saved.ids = malloc(l->n * sizeof *saved.ids);
+        saved.ids = wb__malloc(l->n * sizeof *saved.ids);
         if (!saved.ids)
             rc = wb__err_set(err, WB_ENOMEM, "%s: out of memory", option);
         else
@@ -560,7 +561,7 @@ static ssize_t read_proc_file(const char *path, char **out, size_t max)
     if (fd < 0)
         return -1;
     size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
+    char *buf = wb__malloc(cap);
     for (;;) {
         if (!buf) {
             close(fd);
@@ -574,7 +575,7 @@ static ssize_t read_proc_file(const char *path, char **out, size_t max)
                 errno = EFBIG;
                 return -1;
             }
-            char *grown = realloc(buf, cap * 2);
+            char *grown = wb__realloc(buf, cap * 2);
             if (!grown)
                 free(buf);
             buf = grown;
@@ -711,7 +712,7 @@ int wb__auth_read_groups(const wb_auth *a, wb_peer_creds *c, int pidfd)
     wb_err perr;
     int rc = wb__auth_parse_status(text, (size_t)len, &ids, small, 256, &perr);
     if (rc == WB_OK && ids.n_groups > 256) {
-        all = malloc(ids.n_groups * sizeof *all);
+        all = wb__malloc(ids.n_groups * sizeof *all);
         rc = all ? wb__auth_parse_status(text, (size_t)len, &ids, all, ids.n_groups, &perr)
                  : WB_ENOMEM;
     }

@@ -1,5 +1,6 @@
 #include "leases.h"
 
+#include "alloc.h"
 #include "fdchan_wire.h"
 
 #include <errno.h>
@@ -121,7 +122,7 @@ static int grow(void **arr, size_t *cap, size_t need, size_t elem)
     size_t ncap = *cap ? *cap * 2 : 16;
     while (ncap < need)
         ncap *= 2;
-    void *p = realloc(*arr, ncap * elem);
+    void *p = wb__realloc(*arr, ncap * elem);
     if (!p)
         return -1;
     *arr = p;
@@ -187,7 +188,7 @@ int wb__leases_grant(wb_lease_table *t, struct wb_model *model, const wb_peer_cr
         grow((void **)&t->peers, &t->cap_peers, t->n_peers + 1, sizeof *t->peers) != 0)
         return wb__err_set(err, WB_ENOMEM, "out of memory growing the lease table");
 
-    wb_lease_rec *l = calloc(1, sizeof *l);
+    wb_lease_rec *l = wb__calloc(1, sizeof *l);
     if (!l)
         return wb__err_set(err, WB_ENOMEM, "out of memory for a lease");
     size_t pos;
@@ -204,7 +205,7 @@ int wb__leases_grant(wb_lease_table *t, struct wb_model *model, const wb_peer_cr
     size_t ppos = peer_pos(t, c->pid, &pfound);
     wb_peer_rec *p = pfound ? t->peers[ppos] : NULL;
     if (!p) {
-        p = calloc(1, sizeof *p);
+        p = wb__calloc(1, sizeof *p);
         if (!p) {
             free(l);
             return wb__err_set(err, WB_ENOMEM, "out of memory for a peer record");

@@ -1,5 +1,6 @@
 #include "loader.h"
 
+#include "alloc.h"
 #include "log.h"
 #include "safetensors.h"
 #include "stage_fanout.h"
@@ -29,7 +30,7 @@ static double mono_seconds(void)
  * slab; returns the slab size through *size. */
 static int layout(const wb_st_table *table, wb_model_data *d, uint64_t *size, wb_err *err)
 {
-    d->tensors = calloc(table->n_tensors ? table->n_tensors : 1, sizeof *d->tensors);
+    d->tensors = wb__calloc(table->n_tensors ? table->n_tensors : 1, sizeof *d->tensors);
     if (!d->tensors)
         return wb__err_set(err, WB_ENOMEM, "out of memory for a table of %zu tensors",
                            table->n_tensors);
@@ -39,14 +40,14 @@ static int layout(const wb_st_table *table, wb_model_data *d, uint64_t *size, wb
     for (size_t i = 0; i < table->n_tensors; i++) {
         const wb_st_tensor *st = &table->tensors[i];
         wb_model_tensor *t = &d->tensors[i];
-        t->name = strdup(st->name);
+        t->name = wb__strdup(st->name);
         if (!t->name)
             return wb__err_set(err, WB_ENOMEM, "out of memory copying tensor names");
         const char *dt = wb__dtype_name(st->dtype);
         snprintf(t->dtype, sizeof t->dtype, "%s", dt ? dt : "?");
         t->ndim = st->ndim;
         if (st->ndim) {
-            t->shape = malloc(st->ndim * sizeof *t->shape);
+            t->shape = wb__malloc(st->ndim * sizeof *t->shape);
             if (!t->shape)
                 return wb__err_set(err, WB_ENOMEM, "out of memory copying tensor shapes");
             memcpy(t->shape, st->shape, st->ndim * sizeof *t->shape);
@@ -96,10 +97,10 @@ static int inputs_open(inputs *in, const wb_st_table *table, int mapped,
                        const wb_load_access *access, wb_err *err)
 {
     uint32_t n = table->n_files;
-    in->fds = malloc((n ? n : 1) * sizeof *in->fds);
-    in->maps = calloc(n ? n : 1, sizeof *in->maps);
-    in->lens = calloc(n ? n : 1, sizeof *in->lens);
-    in->registered = calloc(n ? n : 1, sizeof *in->registered);
+    in->fds = wb__malloc((n ? n : 1) * sizeof *in->fds);
+    in->maps = wb__calloc(n ? n : 1, sizeof *in->maps);
+    in->lens = wb__calloc(n ? n : 1, sizeof *in->lens);
+    in->registered = wb__calloc(n ? n : 1, sizeof *in->registered);
     if (!in->fds || !in->maps || !in->lens || !in->registered)
         return wb__err_set(err, WB_ENOMEM, "out of memory opening %u files", n);
     for (uint32_t i = 0; i < n; i++)
@@ -176,8 +177,8 @@ static int alloc_copies(const wb_load_opts *o, const int *devs, unsigned n, uint
                         wb_model_data *d, wb_err *err)
 {
     const wb_backend *be = o->backend;
-    d->slabs = calloc(n, sizeof *d->slabs);
-    d->copies = calloc(n, sizeof *d->copies);
+    d->slabs = wb__calloc(n, sizeof *d->slabs);
+    d->copies = wb__calloc(n, sizeof *d->copies);
     if (!d->slabs || !d->copies)
         return wb__err_set(err, WB_ENOMEM, "out of memory for %u copies", n);
     d->n_slabs = d->n_copies = n;
@@ -284,7 +285,7 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
     }
     if ((rc = inputs_open(&in, table, mode == WB_STAGE_MAPPED, o->access, err)) != WB_OK)
         goto done;
-    st = calloc(table->n_tensors ? table->n_tensors : 1, sizeof *st);
+    st = wb__calloc(table->n_tensors ? table->n_tensors : 1, sizeof *st);
     if (!st) {
         rc = wb__err_set(err, WB_ENOMEM, "out of memory preparing the load of %s", path);
         goto done;
@@ -643,13 +644,13 @@ void wb__load_fill_stats(const wb_backend *be, const wb_model_registry *models,
 wb_load_job *wb__load_job_new(const char *name, const char *path, const wb_backend *be, int device,
                               const void *ident, size_t ident_len, uint64_t request_id)
 {
-    wb_load_job *j = calloc(1, sizeof *j);
+    wb_load_job *j = wb__calloc(1, sizeof *j);
     if (!j)
         return NULL;
-    j->name = strdup(name);
-    j->path = strdup(path);
+    j->name = wb__strdup(name);
+    j->path = wb__strdup(path);
     if (ident && ident_len) {
-        j->ident = malloc(ident_len);
+        j->ident = wb__malloc(ident_len);
         if (j->ident) {
             memcpy(j->ident, ident, ident_len);
             j->ident_len = ident_len;

@@ -1,5 +1,6 @@
 #include "loop.h"
 
+#include "alloc.h"
 #include "fdchan_server.h"
 #include "log.h"
 #include "metrics.h"
@@ -352,15 +353,15 @@ static int sync_conns(loop *L)
     L->conns.interest_changed = 0;
     if (L->cap_evs < L->conns.n + 8) {
         size_t cap = (L->conns.n + 8) * 2;
-        struct epoll_event *evs = realloc(L->evs, cap * sizeof *evs);
+        struct epoll_event *evs = wb__realloc(L->evs, cap * sizeof *evs);
         if (!evs)
             return -1;
         L->evs = evs;
-        uint64_t *serials = realloc(L->serials, cap * sizeof *serials);
+        uint64_t *serials = wb__realloc(L->serials, cap * sizeof *serials);
         if (!serials)
             return -1;
         L->serials = serials;
-        uint32_t *rev = realloc(L->revents, cap * sizeof *rev);
+        uint32_t *rev = wb__realloc(L->revents, cap * sizeof *rev);
         if (!rev)
             return -1;
         L->revents = rev;

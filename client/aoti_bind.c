@@ -3,6 +3,7 @@
  * every constant of a container by them. */
 #include "aoti_bind.h"
 
+#include "alloc.h"
 #include "aoti_impl.h"
 #include "log.h"
 #include "names.h"
@@ -38,7 +39,7 @@ static char *trimmed(const char *s, size_t n)
     }
     while (n && isspace((unsigned char)s[n - 1]))
         n--;
-    return strndup(s, n);
+    return wb__strndup(s, n);
 }
 
 int wb__aoti_aliases_parse(wb__aoti_rules *rules, const char *list, int from_file, const char *what,
@@ -71,7 +72,7 @@ int wb__aoti_aliases_parse(wb__aoti_rules *rules, const char *list, int from_fil
             return rc;
         }
         free(item);
-        wb__alias *a = realloc(rules->aliases, (rules->n_aliases + 1) * sizeof *a);
+        wb__alias *a = wb__realloc(rules->aliases, (rules->n_aliases + 1) * sizeof *a);
         if (!a) {
             free(name);
             free(target);
@@ -104,7 +105,7 @@ static int set_str(char **dst, const char *src, wb_err *err)
     if (!src)
         return WB_OK;
     free(*dst);
-    *dst = strdup(src);
+    *dst = wb__strdup(src);
     return *dst ? WB_OK : wb__err_set(err, WB_ENOMEM, "out of memory");
 }
 
@@ -136,7 +137,7 @@ static int add_names(char **set, const char *list, wb_err *err)
     if (!list || !list[0])
         return WB_OK;
     size_t have = *set ? strlen(*set) : 0;
-    char *n = realloc(*set, have + strlen(list) + 3);
+    char *n = wb__realloc(*set, have + strlen(list) + 3);
     if (!n)
         return wb__err_set(err, WB_ENOMEM, "out of memory");
     if (!have)
@@ -202,7 +203,7 @@ int wb__aoti_rules_init(wb__aoti_rules *r, const char *aliases, const char *stri
     if (path[0]) {
         if ((rc = wb__st_open(path, &r->extra, err)) != WB_OK)
             return rc;
-        if (!(r->extra_path = strdup(path)))
+        if (!(r->extra_path = wb__strdup(path)))
             return wb__err_set(err, WB_ENOMEM, "out of memory");
         char what[PATH_MAX + 64];
         snprintf(what, sizeof what, "constants file %s (%s)", path, META_ALIASES);
@@ -263,7 +264,7 @@ int wb__aoti_extra_read(const wb__aoti_rules *r, const wb_st_tensor *t, void **o
 {
     *out = NULL;
     const char *file = r->extra->files[t->file];
-    void *buf = malloc(t->nbytes ? t->nbytes : 1);
+    void *buf = wb__malloc(t->nbytes ? t->nbytes : 1);
     if (!buf)
         return wb__err_set(err, WB_ENOMEM, "out of memory reading '%s' from %s", t->name, file);
     int fd = open(file, O_RDONLY | O_CLOEXEC);
@@ -295,7 +296,7 @@ int wb__aoti_read_constants(wb_container *c)
     size_t n = 0;
     if (c->f.num_constants(c->h, &n) != 0)
         return wb__aoti_runtime_fail(c, "AOTInductorModelContainerGetNumConstants", NULL);
-    c->bind = calloc(n ? n : 1, sizeof *c->bind);
+    c->bind = wb__calloc(n ? n : 1, sizeof *c->bind);
     if (!c->bind)
         return wb__aoti_fail(c, WB_ENOMEM, "out of memory");
     c->n_bind = n;
@@ -319,8 +320,8 @@ int wb__aoti_read_constants(wb_container *c)
         b->type = folded ? 4 : 1;
         if (c->f.constant_type && c->f.constant_type(c->h, i, &b->type) != 0)
             return wb__aoti_runtime_fail(c, "AOTInductorModelContainerGetConstantType", name);
-        b->name = strdup(name);
-        b->fqn = strdup(fqn && fqn[0] ? fqn : name);
+        b->name = wb__strdup(name);
+        b->fqn = wb__strdup(fqn && fqn[0] ? fqn : name);
         if (!b->name || !b->fqn)
             return wb__aoti_fail(c, WB_ENOMEM, "out of memory");
     }
@@ -517,7 +518,7 @@ static int guard_mutated(wb_container *c, const wb_container_options *o, binding
                              b->fqn, s->where);
 #endif
     } else {
-        if (!(b->private_host = malloc(n ? n : 1)))
+        if (!(b->private_host = wb__malloc(n ? n : 1)))
             return wb__aoti_fail(c, WB_ENOMEM, "out of memory copying constant '%s'", b->fqn);
         memcpy(b->private_host, s->data, n);
         copy = b->private_host;
@@ -697,7 +698,7 @@ int wb__aoti_bind_constants(wb_container *c, const wb_container_options *o)
                           wb__aoti_qpath(c, q, sizeof q), b->fqn, wb__aoti_type_name(b->type));
                 continue;
             }
-            if (!missing && !(missing = malloc(c->n_bind * sizeof *missing)))
+            if (!missing && !(missing = wb__malloc(c->n_bind * sizeof *missing)))
                 return wb__aoti_fail(c, WB_ENOMEM, "out of memory");
             missing[n_missing++] = i;
             continue;
@@ -784,7 +785,7 @@ size_t wb__aoti_count_kept(const wb_container *c)
 /* The (name, handle) pairs of the bound constants. */
 AOTInductorConstantMapEntry *wb__aoti_make_pairs(wb_container *c, size_t *n)
 {
-    AOTInductorConstantMapEntry *p = calloc(c->n_bind ? c->n_bind : 1, sizeof *p);
+    AOTInductorConstantMapEntry *p = wb__calloc(c->n_bind ? c->n_bind : 1, sizeof *p);
     *n = 0;
     if (!p)
         return NULL;

@@ -1,5 +1,6 @@
 #include "rpc.h"
 
+#include "alloc.h"
 #include "paths.h"
 
 #include <errno.h>
@@ -104,7 +105,7 @@ static int denied(const char *path, const char *what, const struct stat *st, wb_
     char owner[140], groups[256] = "";
     owner_names(owner, sizeof owner, st->st_uid, st->st_gid);
     int n = getgroups(0, NULL);
-    gid_t *list = n > 0 ? malloc((size_t)n * sizeof *list) : NULL;
+    gid_t *list = n > 0 ? wb__malloc((size_t)n * sizeof *list) : NULL;
     n = list ? getgroups(n, list) : 0;
     size_t used = 0;
     for (int i = 0; i < n && used < sizeof groups; i++) {
@@ -317,7 +318,7 @@ static int recv_one(wb__rpc *rpc, zmq_msg_t *msg, wb__frame **frame, wb_err *err
         return 1;
     if (frame) {
         /* The frames of one message arrive together: the second is there. */
-        wb__frame *f = malloc(sizeof *f);
+        wb__frame *f = wb__malloc(sizeof *f);
         if (!f) {
             /* The frame is dropped with the reply, not left to be read as
              * the next one. */

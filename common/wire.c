@@ -717,7 +717,7 @@ uint8_t *wb__tensor_table_pack(Wbproto__Tensor *const *tensors, size_t n, size_t
     uint64_t total = WB_TABLE_HEADER + (uint64_t)n * WB_TABLE_RECORD + dims * 8 + strings;
     if (n > UINT32_MAX || total > UINT32_MAX)
         return NULL;
-    uint8_t *buf = calloc(1, (size_t)total);
+    uint8_t *buf = wb__calloc(1, (size_t)total);
     if (!buf)
         return NULL;
     uint8_t *rec = buf + WB_TABLE_HEADER;
@@ -1093,7 +1093,7 @@ uint8_t *wb__request_pack(const Wbproto__Request *req, size_t *len)
 {
     size_t n = wbproto__request__get_packed_size(req);
     /* One spare byte so that an empty message still gets a real buffer. */
-    uint8_t *buf = malloc(n + 1);
+    uint8_t *buf = wb__malloc(n + 1);
     if (!buf)
         return NULL;
     *len = wbproto__request__pack(req, buf);
@@ -1103,7 +1103,7 @@ uint8_t *wb__request_pack(const Wbproto__Request *req, size_t *len)
 uint8_t *wb__reply_pack(const Wbproto__Reply *rep, size_t *len)
 {
     size_t n = wbproto__reply__get_packed_size(rep);
-    uint8_t *buf = malloc(n + 1);
+    uint8_t *buf = wb__malloc(n + 1);
     if (!buf)
         return NULL;
     *len = wbproto__reply__pack(rep, buf);

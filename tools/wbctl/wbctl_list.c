@@ -1,6 +1,7 @@
 /* wbctl's listings: models, leases, containers and the broker's counters. */
 #include "wbctl.h"
 
+#include "alloc.h"
 #include "fdchan_wire.h"
 
 #include "wbctl_call.h"
@@ -83,7 +84,7 @@ static int list_fetch(const wbctl_globals *g, int argc, char **argv, const char 
             pages_free(out);
             return rc;
         }
-        Wbproto__Reply **reps = realloc(out->reps, (out->n + 1) * sizeof *reps);
+        Wbproto__Reply **reps = wb__realloc(out->reps, (out->n + 1) * sizeof *reps);
         if (!reps) {
             wb__reply_free(&rep);
             wb__rpc_close(&rpc);
