@@ -5,8 +5,8 @@
  * Memory from them is freed with free(); free is not wrapped, as freeing
  * cannot fail and the hook counts allocations only. The allocators are
  * thread-safe; unarmed, the hook costs one relaxed atomic load per call.
- * tests/check_alloc_calls.sh fails the build's tests on a direct call
- * anywhere else. */
+ * The test lint.alloc_calls (scripts/alloc_calls.py) fails on a direct
+ * call anywhere else; `scripts/alloc_calls.py --fix` renames them. */
 #ifndef WB_ALLOC_H
 #define WB_ALLOC_H
 

@@ -137,6 +137,9 @@ static inline oom_result oom_run(const oom_op *op)
                 op->teardown(op->ctx);
         }
     }
+    /* An operation that allocates nothing through the hook tests nothing:
+     * a direct malloc somewhere (lint.alloc_calls) or a wrong operation. */
+    ck_assert_msg(res.points > 0, "%s: no allocation went through the hook", op->name);
     printf("oom %s: %ld allocation points at %ld sites, %ld runs (%ld carried on)\n", op->name,
            res.points, res.sites, res.runs, res.carried_on);
     if (getenv("WB_OOM_SITES"))
