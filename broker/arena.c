@@ -1,5 +1,7 @@
 #include "arena.h"
 
+#include "alloc.h"
+
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -10,7 +12,7 @@ void *wb__arena_alloc(wb_arena *a, size_t n)
 {
     if (n > SIZE_MAX - sizeof(wb_arena_block))
         return NULL;
-    wb_arena_block *blk = calloc(1, sizeof *blk + n);
+    wb_arena_block *blk = wb__calloc(1, sizeof *blk + n);
     if (!blk)
         return NULL;
     blk->next = a->head;

@@ -1,5 +1,7 @@
 #include "auth.h"
 
+#include "alloc.h"
+#include "wire.h"
 #include <errno.h>
 #include <grp.h>
 #include <pwd.h>
@@ -44,7 +46,7 @@ static int insert_id(wb_id_list *l, uint32_t id)
 {
     if (wb__auth_id_listed(l, id))
         return 0;
-    uint32_t *grown = realloc(l->ids, (l->n + 1) * sizeof *grown);
+    uint32_t *grown = wb__realloc(l->ids, (l->n + 1) * sizeof *grown);
     if (!grown)
         return -1;
     l->ids = grown;
@@ -107,7 +109,7 @@ static int parse_id(const char *s, uint32_t *out)
 static int resolve_name(wb_auth_list which, const char *name, const char *option, uint32_t *out,
                         wb_err *err)
 {
-    char *buf = malloc(AUTH_NSS_BUF);
+    char *buf = wb__malloc(AUTH_NSS_BUF);
     if (!buf)
         return wb__err_set(err, WB_ENOMEM, "%s: out of memory resolving '%s'", option, name);
     int e;
@@ -177,7 +179,7 @@ int wb__auth_add(wb_auth *a, wb_auth_list which, const char *text, const char *o
                 rc = wb__err_set(err, WB_EINVAL, "%s: more than %d entries", option, AUTH_MAX_IDS);
                 break;
             }
-            uint32_t *grown = malloc(cap * 2 * sizeof *grown);
+            uint32_t *grown = wb__malloc(cap * 2 * sizeof *grown);
             if (!grown) {
                 rc = wb__err_set(err, WB_ENOMEM, "%s: out of memory", option);
                 break;
@@ -197,7 +199,7 @@ int wb__auth_add(wb_auth *a, wb_auth_list which, const char *text, const char *o
     wb_id_list *l = &a->lists[which];
     wb_id_list saved = {.ids = NULL, .n = l->n};
     if (rc == WB_OK && l->n) {
-        saved.ids = malloc(l->n * sizeof *saved.ids);
+        saved.ids = wb__malloc(l->n * sizeof *saved.ids);
         if (!saved.ids)
             rc = wb__err_set(err, WB_ENOMEM, "%s: out of memory", option);
         else

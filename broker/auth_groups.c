@@ -2,6 +2,8 @@
  * pidfd proves which process that pid names (auth_groups.h). */
 #include "auth_groups.h"
 
+#include "alloc.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -109,7 +111,7 @@ static ssize_t read_proc_file(const char *path, char **out, size_t max)
     if (fd < 0)
         return -1;
     size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
+    char *buf = wb__malloc(cap);
     for (;;) {
         if (!buf) {
             close(fd);
@@ -123,7 +125,7 @@ static ssize_t read_proc_file(const char *path, char **out, size_t max)
                 errno = EFBIG;
                 return -1;
             }
-            char *grown = realloc(buf, cap * 2);
+            char *grown = wb__realloc(buf, cap * 2);
             if (!grown)
                 free(buf);
             buf = grown;
@@ -260,7 +262,7 @@ int wb__auth_read_groups(const wb_auth *a, wb_peer_creds *c, int pidfd)
     wb_err perr;
     int rc = wb__auth_parse_status(text, (size_t)len, &ids, small, 256, &perr);
     if (rc == WB_OK && ids.n_groups > 256) {
-        all = malloc(ids.n_groups * sizeof *all);
+        all = wb__malloc(ids.n_groups * sizeof *all);
         rc = all ? wb__auth_parse_status(text, (size_t)len, &ids, all, ids.n_groups, &perr)
                  : WB_ENOMEM;
     }

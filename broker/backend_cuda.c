@@ -6,6 +6,7 @@
  * non-blocking stream whose per-buffer events tell the loader when a buffer
  * may be refilled.
  * Nothing here issues a pageable or synchronous copy. */
+#include "alloc.h"
 #include "backend.h"
 #include "backend_vmm.h"
 #include "log.h"
@@ -482,7 +483,7 @@ static int dev_engine_start(dev_engine *d, int device, unsigned buffers, wb_err 
         return cuda_fail(err, WB_ENOGPU, e, what);
     }
     if (buffers) {
-        d->events = calloc(buffers, sizeof *d->events);
+        d->events = wb__calloc(buffers, sizeof *d->events);
         if (!d->events)
             return wb__err_set(err, WB_ENOMEM, "out of memory for the staging ring's events");
         d->n_events = buffers;
@@ -527,7 +528,7 @@ static int cuda_device_engine(const wb_backend *be, int device, wb_copy_engine *
     pthread_mutex_lock(&s->mu);
     int rc = WB_OK;
     if (!s->others[device]) {
-        dev_engine *d = calloc(1, sizeof *d);
+        dev_engine *d = wb__calloc(1, sizeof *d);
         if (!d) {
             rc = wb__err_set(err, WB_ENOMEM, "out of memory starting device %d", device);
         } else if ((rc = dev_engine_start(d, device, s->buffers, err)) != WB_OK) {
@@ -589,7 +590,7 @@ int wb__backend_cuda_new(const wb_cuda_options *opts, wb_backend **out, wb_err *
     if (opts->slab == WB_CUDA_SLAB_VMM && (rc = wb__vmm_start(opts->device, &granularity, err)))
         return rc;
 
-    cuda_state *s = calloc(1, sizeof *s);
+    cuda_state *s = wb__calloc(1, sizeof *s);
     if (!s)
         return wb__err_set(err, WB_ENOMEM, "out of memory starting the cuda backend");
     pthread_mutex_init(&s->mu, NULL);
@@ -599,7 +600,7 @@ int wb__backend_cuda_new(const wb_cuda_options *opts, wb_backend **out, wb_err *
         goto fail;
     if (mode == WB_STAGE_STAGED) {
         size_t total = (size_t)cfg.chunk_bytes * cfg.buffers;
-        s->staging.bufs = calloc(cfg.buffers, sizeof *s->staging.bufs);
+        s->staging.bufs = wb__calloc(cfg.buffers, sizeof *s->staging.bufs);
         if (!s->staging.bufs) {
             rc = wb__err_set(err, WB_ENOMEM, "out of memory for the staging ring");
             goto fail;

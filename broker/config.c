@@ -1,5 +1,6 @@
 #include "config.h"
 
+#include "alloc.h"
 #include "models.h"
 #include "names.h"
 
@@ -93,13 +94,13 @@ static int add_arg(parser *p, char *arg, int line)
         return out_of_memory(p);
     if (p->n_args == p->cap_args) {
         int cap = p->cap_args ? p->cap_args * 2 : 16;
-        char **args = realloc(p->args, (size_t)cap * sizeof *args);
+        char **args = wb__realloc(p->args, (size_t)cap * sizeof *args);
         if (!args) {
             free(arg);
             return out_of_memory(p);
         }
         p->args = args;
-        int *lines = realloc(p->lines, (size_t)cap * sizeof *lines);
+        int *lines = wb__realloc(p->lines, (size_t)cap * sizeof *lines);
         if (!lines) {
             free(arg);
             return out_of_memory(p);
@@ -118,7 +119,7 @@ __attribute__((format(printf, 1, 2))) static char *str_printf(const char *fmt, .
     va_list ap;
     va_start(ap, fmt);
     char *s = NULL;
-    if (vasprintf(&s, fmt, ap) < 0)
+    if (wb__vasprintf(&s, fmt, ap) < 0)
         s = NULL;
     va_end(ap);
     return s;
@@ -142,10 +143,10 @@ static int first_time(parser *p, seen_key **list, size_t *n, const char *name, c
             return -1;
         }
     }
-    seen_key *grown = realloc(*list, (*n + 1) * sizeof **list);
+    seen_key *grown = wb__realloc(*list, (*n + 1) * sizeof **list);
     if (grown)
         *list = grown;
-    if (!grown || !(grown[*n].name = strdup(name))) {
+    if (!grown || !(grown[*n].name = wb__strdup(name))) {
         out_of_memory(p);
         return -1;
     }
@@ -522,7 +523,7 @@ static void model_key(parser *p, const char *name, const char *value)
         fail_at(p, p->lineno, "'%s' of [%s] is empty", name, section);
         return;
     }
-    if (!(*slot = strdup(value)))
+    if (!(*slot = wb__strdup(value)))
         out_of_memory(p);
 }
 
@@ -598,7 +599,7 @@ int wb__config_load(const char *file, const struct option *opts, const char *con
         parser_free(&p);
         return p.rc;
     }
-    cfg->file = strdup(file);
+    cfg->file = wb__strdup(file);
     if (!cfg->file) {
         parser_free(&p);
         return wb__err_set(err, WB_ENOMEM, "%s: out of memory", file);

@@ -1,6 +1,7 @@
 #include "conn.h"
 
 #include "clock.h"
+#include "alloc.h"
 #include "log.h"
 #include "paths.h"
 #include "ratelog.h"
@@ -229,7 +230,7 @@ static int conn_send(wb_conns *cs, wb_conn *c, const struct iovec *iov, int n, c
         if (done == total)
             return WB_OK;
     }
-    outbuf *o = malloc(sizeof *o + total - done);
+    outbuf *o = wb__malloc(sizeof *o + total - done);
     if (!o)
         return WB_ENOMEM;
     o->next = NULL;
@@ -423,14 +424,14 @@ void wb__conns_accept(wb_conns *cs)
         wb_conn *c = NULL;
         if (cs->n == cs->cap) {
             size_t cap = cs->cap ? cs->cap * 2 : 16;
-            wb_conn **p = realloc(cs->v, cap * sizeof *p);
+            wb_conn **p = wb__realloc(cs->v, cap * sizeof *p);
             if (p) {
                 cs->v = p;
                 cs->cap = cap;
             }
         }
         if (cs->n < cs->cap)
-            c = calloc(1, sizeof *c);
+            c = wb__calloc(1, sizeof *c);
         if (!c) {
             close(fd);
             if (pidfd >= 0)

@@ -1,5 +1,7 @@
 #include "connguard.h"
 
+#include "alloc.h"
+
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,7 +53,7 @@ static void append(wb_connguard *g, wb_guarded *c)
 
 wb_guarded *wb__connguard_add(wb_connguard *g, int fd, const struct sockaddr *addr, int64_t now)
 {
-    wb_guarded *c = calloc(1, sizeof *c);
+    wb_guarded *c = wb__calloc(1, sizeof *c);
     if (!c)
         return NULL;
     c->fd = fd;

@@ -1,6 +1,7 @@
 #include "fdchan_server.h"
 
 #include "auth_groups.h"
+#include "alloc.h"
 #include "conn.h"
 #include "fdchan_wire.h"
 #include "log.h"
@@ -210,7 +211,7 @@ static int remember(wb_fdchan_server *s, wb_fdchan_conn *c, const uint8_t *id)
         if (c->cap_ids >= FDCHAN_MAX_IDS)
             return WB_ELIMIT;
         size_t cap = c->cap_ids ? c->cap_ids * 2 : 8;
-        void *v = realloc(c->ids, cap * WB_LEASE_ID_LEN);
+        void *v = wb__realloc(c->ids, cap * WB_LEASE_ID_LEN);
         if (!v)
             return WB_ENOMEM;
         c->ids = v;
@@ -468,7 +469,7 @@ static void fdchan_accept(wb_fdchan_server *s)
         }
         if (s->n == s->cap) {
             size_t cap = s->cap ? s->cap * 2 : 16;
-            wb_fdchan_conn **v = realloc(s->v, cap * sizeof *v);
+            wb_fdchan_conn **v = wb__realloc(s->v, cap * sizeof *v);
             if (!v) {
                 close(fd);
                 continue;
@@ -476,7 +477,7 @@ static void fdchan_accept(wb_fdchan_server *s)
             s->v = v;
             s->cap = cap;
         }
-        wb_fdchan_conn *c = calloc(1, sizeof *c);
+        wb_fdchan_conn *c = wb__calloc(1, sizeof *c);
         if (!c) {
             close(fd);
             continue;

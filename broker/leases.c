@@ -1,5 +1,6 @@
 #include "leases.h"
 
+#include "alloc.h"
 #include "fdchan_wire.h"
 #include "text.h"
 
@@ -114,7 +115,7 @@ static int grow(void **arr, size_t *cap, size_t need, size_t elem)
     size_t ncap = *cap ? *cap * 2 : 16;
     while (ncap < need)
         ncap *= 2;
-    void *p = realloc(*arr, ncap * elem);
+    void *p = wb__realloc(*arr, ncap * elem);
     if (!p)
         return -1;
     *arr = p;
@@ -180,7 +181,7 @@ int wb__leases_grant(wb_lease_table *t, struct wb_model *model, const wb_peer_cr
         grow((void **)&t->peers, &t->cap_peers, t->n_peers + 1, sizeof *t->peers) != 0)
         return wb__err_set(err, WB_ENOMEM, "out of memory growing the lease table");
 
-    wb_lease_rec *l = calloc(1, sizeof *l);
+    wb_lease_rec *l = wb__calloc(1, sizeof *l);
     if (!l)
         return wb__err_set(err, WB_ENOMEM, "out of memory for a lease");
     size_t pos;
@@ -197,7 +198,7 @@ int wb__leases_grant(wb_lease_table *t, struct wb_model *model, const wb_peer_cr
     size_t ppos = peer_pos(t, c->pid, &pfound);
     wb_peer_rec *p = pfound ? t->peers[ppos] : NULL;
     if (!p) {
-        p = calloc(1, sizeof *p);
+        p = wb__calloc(1, sizeof *p);
         if (!p) {
             free(l);
             return wb__err_set(err, WB_ENOMEM, "out of memory for a peer record");
@@ -307,6 +308,9 @@ int wb__leases_release(wb_lease_table *t, const wb_peer_creds *c, const uint8_t 
 void wb__leases_set_records(wb_lease_table *t, wb_lease_rec *l, wb_container_rec *records,
                             uint32_t n, uint64_t bytes)
 {
+    /* No records (none sent, or their copy failed) cost nothing. */
+    if (!records)
+        bytes = 0;
     wb_peer_rec *p = wb__leases_peer(t, l->pid);
     if (p) {
         p->record_bytes -= l->record_bytes < p->record_bytes ? l->record_bytes : p->record_bytes;
@@ -315,7 +319,7 @@ void wb__leases_set_records(wb_lease_table *t, wb_lease_rec *l, wb_container_rec
     free(l->records);
     l->records = records;
     l->n_records = records ? n : 0;
-    l->record_bytes = records ? bytes : 0;
+    l->record_bytes = bytes;
 }
 
 int wb__leases_heartbeat(wb_lease_table *t, const wb_peer_creds *c, const uint8_t *id,

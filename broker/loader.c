@@ -2,6 +2,7 @@
 
 #include "auth_files.h"
 #include "clock.h"
+#include "alloc.h"
 #include "log.h"
 #include "safetensors.h"
 #include "stage_fanout.h"
@@ -21,23 +22,24 @@
  * slab; returns the slab size through *size. */
 static int layout(const wb_st_table *table, wb_model_data *d, uint64_t *size, wb_err *err)
 {
-    d->n_tensors = table->n_tensors;
-    d->tensors = calloc(table->n_tensors ? table->n_tensors : 1, sizeof *d->tensors);
+    d->tensors = wb__calloc(table->n_tensors ? table->n_tensors : 1, sizeof *d->tensors);
     if (!d->tensors)
         return wb__err_set(err, WB_ENOMEM, "out of memory for a table of %zu tensors",
                            table->n_tensors);
+    /* Counted once there is an array to free them from. */
+    d->n_tensors = table->n_tensors;
     uint64_t off = 0;
     for (size_t i = 0; i < table->n_tensors; i++) {
         const wb_st_tensor *st = &table->tensors[i];
         wb_model_tensor *t = &d->tensors[i];
-        t->name = strdup(st->name);
+        t->name = wb__strdup(st->name);
         if (!t->name)
             return wb__err_set(err, WB_ENOMEM, "out of memory copying tensor names");
         const char *dt = wb__dtype_name(st->dtype);
         snprintf(t->dtype, sizeof t->dtype, "%s", dt ? dt : "?");
         t->ndim = st->ndim;
         if (st->ndim) {
-            t->shape = malloc(st->ndim * sizeof *t->shape);
+            t->shape = wb__malloc(st->ndim * sizeof *t->shape);
             if (!t->shape)
                 return wb__err_set(err, WB_ENOMEM, "out of memory copying tensor shapes");
             memcpy(t->shape, st->shape, st->ndim * sizeof *t->shape);
@@ -87,10 +89,10 @@ static int inputs_open(inputs *in, const wb_st_table *table, int mapped,
                        const wb_load_access *access, wb_err *err)
 {
     uint32_t n = table->n_files;
-    in->fds = malloc((n ? n : 1) * sizeof *in->fds);
-    in->maps = calloc(n ? n : 1, sizeof *in->maps);
-    in->lens = calloc(n ? n : 1, sizeof *in->lens);
-    in->registered = calloc(n ? n : 1, sizeof *in->registered);
+    in->fds = wb__malloc((n ? n : 1) * sizeof *in->fds);
+    in->maps = wb__calloc(n ? n : 1, sizeof *in->maps);
+    in->lens = wb__calloc(n ? n : 1, sizeof *in->lens);
+    in->registered = wb__calloc(n ? n : 1, sizeof *in->registered);
     if (!in->fds || !in->maps || !in->lens || !in->registered)
         return wb__err_set(err, WB_ENOMEM, "out of memory opening %u files", n);
     for (uint32_t i = 0; i < n; i++)
@@ -167,8 +169,8 @@ static int alloc_copies(const wb_load_opts *o, const int *devs, unsigned n, uint
                         wb_model_data *d, wb_err *err)
 {
     const wb_backend *be = o->backend;
-    d->slabs = calloc(n, sizeof *d->slabs);
-    d->copies = calloc(n, sizeof *d->copies);
+    d->slabs = wb__calloc(n, sizeof *d->slabs);
+    d->copies = wb__calloc(n, sizeof *d->copies);
     if (!d->slabs || !d->copies)
         return wb__err_set(err, WB_ENOMEM, "out of memory for %u copies", n);
     d->n_slabs = d->n_copies = n;
@@ -275,7 +277,7 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
     }
     if ((rc = inputs_open(&in, table, mode == WB_STAGE_MAPPED, o->access, err)) != WB_OK)
         goto done;
-    st = calloc(table->n_tensors ? table->n_tensors : 1, sizeof *st);
+    st = wb__calloc(table->n_tensors ? table->n_tensors : 1, sizeof *st);
     if (!st) {
         rc = wb__err_set(err, WB_ENOMEM, "out of memory preparing the load of %s", path);
         goto done;

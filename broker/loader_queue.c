@@ -3,6 +3,8 @@
  * eventfd (loader.h). loader.c runs each job. */
 #include "loader.h"
 
+#include "alloc.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -13,13 +15,13 @@
 wb_load_job *wb__load_job_new(const char *name, const char *path, const wb_backend *be, int device,
                               const void *ident, size_t ident_len, uint64_t request_id)
 {
-    wb_load_job *j = calloc(1, sizeof *j);
+    wb_load_job *j = wb__calloc(1, sizeof *j);
     if (!j)
         return NULL;
-    j->name = strdup(name);
-    j->path = strdup(path);
+    j->name = wb__strdup(name);
+    j->path = wb__strdup(path);
     if (ident && ident_len) {
-        j->ident = malloc(ident_len);
+        j->ident = wb__malloc(ident_len);
         if (j->ident) {
             memcpy(j->ident, ident, ident_len);
             j->ident_len = ident_len;

@@ -2,6 +2,7 @@
 
 #include "auth_groups.h"
 #include "clock.h"
+#include "alloc.h"
 #include "fdchan_server.h"
 #include "log.h"
 #include "metrics.h"
@@ -215,9 +216,11 @@ static void handle_request(void *ctx, wb_conn *c, const wb_zmtp_msg *m)
     int rc = wb__request_decode(m->data, m->len, &req, &id, &err);
     int close_after = 0;
     if (rc != WB_OK) {
-        b->stats.malformed_messages++;
-        wb_warn_peer("bad_message", c->kernel.uid,
-                     "reason=decode pid=%u bytes=%zu id=%llu error=%s", c->creds.pid, m->len,
+        /* Out of memory is the broker's trouble, not a malformed message. */
+        if (rc != WB_ENOMEM)
+            b->stats.malformed_messages++;
+        wb_warn_peer("bad_message", c->kernel.uid, "reason=%s pid=%u bytes=%zu id=%llu error=%s",
+                     rc == WB_ENOMEM ? "out_of_memory" : "decode", c->creds.pid, m->len,
                      (unsigned long long)id, wb__log_quote(q, sizeof q, err.msg));
         wb__ops_error(&r, id, rc, err.msg);
     } else if ((rc = peer_identity(L, c, req, &err)) != WB_OK) {
@@ -349,15 +352,15 @@ static int sync_conns(loop *L)
     L->conns.interest_changed = 0;
     if (L->cap_evs < L->conns.n + 8) {
         size_t cap = (L->conns.n + 8) * 2;
-        struct epoll_event *evs = realloc(L->evs, cap * sizeof *evs);
+        struct epoll_event *evs = wb__realloc(L->evs, cap * sizeof *evs);
         if (!evs)
             return -1;
         L->evs = evs;
-        uint64_t *serials = realloc(L->serials, cap * sizeof *serials);
+        uint64_t *serials = wb__realloc(L->serials, cap * sizeof *serials);
         if (!serials)
             return -1;
         L->serials = serials;
-        uint32_t *rev = realloc(L->revents, cap * sizeof *rev);
+        uint32_t *rev = wb__realloc(L->revents, cap * sizeof *rev);
         if (!rev)
             return -1;
         L->revents = rev;

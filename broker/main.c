@@ -5,6 +5,7 @@
  * parse -> validate -> run: the options (options.c) are read and checked as
  * a whole before anything starts. */
 #include "auth_files.h"
+#include "alloc.h"
 #include "backend_pick.h"
 #include "broker.h"
 #include "gpu.h"
@@ -290,6 +291,8 @@ out:
 int main(int argc, char **argv)
 {
     wb__log_set_prog("wbrokerd");
+    /* The process is ours: jansson allocates as the rest does. */
+    wb__alloc_use_for_jansson();
     wb_options o;
     wb__options_init(&o);
     int rc = wb__options_parse(&o, argc, argv);

@@ -1,6 +1,8 @@
 #include "metrics.h"
 
 #include "clock.h"
+#include "alloc.h"
+#include "buildinfo.h"
 #include "connguard.h"
 #include "log.h"
 
@@ -180,7 +182,7 @@ char *wb__metrics_page(wb_metrics *m, size_t *len)
 char *wb__metrics_snapshot(wb_metrics *m, size_t *len)
 {
     pthread_mutex_lock(&m->mu);
-    char *copy = malloc(m->len + 1);
+    char *copy = wb__malloc(m->len + 1);
     if (copy) {
         memcpy(copy, m->text ? m->text : "", m->len);
         copy[m->len] = '\0';
@@ -445,7 +447,7 @@ int wb__metrics_start(const char *spec, unsigned request_timeout_ms, const wb_br
     if (getsockname(fd, (struct sockaddr *)&bound, &blen) == 0)
         port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
                                                  : ((struct sockaddr_in *)&bound)->sin_port);
-    wb_metrics *m = calloc(1, sizeof *m);
+    wb_metrics *m = wb__calloc(1, sizeof *m);
     if (!m) {
         close(fd);
         return wb__err_set(err, WB_ENOMEM, "metrics: out of memory");

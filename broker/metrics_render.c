@@ -4,6 +4,7 @@
  * (wb__metrics_render_process). metrics.c publishes and serves them. */
 #include "metrics.h"
 
+#include "alloc.h"
 #include "buildinfo.h"
 #include "wire.h"
 
@@ -350,7 +351,7 @@ double wb__metrics_start_time(void)
     ssize_t an = -1;
     for (; cap <= 16u << 20; cap *= 4) {
         free(all);
-        all = malloc(cap);
+        all = wb__malloc(cap);
         if (!all)
             break;
         an = read_small("/proc/stat", all, cap);

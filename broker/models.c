@@ -1,5 +1,6 @@
 #include "models.h"
 
+#include "alloc.h"
 #include "log.h"
 #include "tensor_table.h"
 #include "wire.h"
@@ -28,11 +29,11 @@ void wb__model_data_free(wb_model_data *d, const wb_backend *be)
 
 wb_model *wb__model_new(const char *name, const char *path, const wb_backend *be, int device)
 {
-    wb_model *m = calloc(1, sizeof *m);
+    wb_model *m = wb__calloc(1, sizeof *m);
     if (!m)
         return NULL;
-    m->name = strdup(name);
-    m->path = strdup(path);
+    m->name = wb__strdup(name);
+    m->path = wb__strdup(path);
     if (!m->name || !m->path) {
         free(m->name);
         free(m->path);
@@ -102,7 +103,7 @@ void wb__model_fail(wb_model *m, const char *why)
     wb__model_data_free(&m->data, m->backend);
     free(m->error);
     /* Out of memory: the record still says that it failed. */
-    m->error = strdup(why && why[0] ? why : "the load failed");
+    m->error = wb__strdup(why && why[0] ? why : "the load failed");
     m->state = WBPROTO__MODEL_STATE__MODEL_FAILED;
     m->job = NULL;
 }
@@ -132,7 +133,7 @@ static void wire_pack_copy(wb_model *m, uint32_t k, const uint8_t *table, size_t
     lease.id.data = NULL;
     lease.id.len = 0;
     size_t tail = wbproto__lease__get_packed_size(&lease);
-    w->lease_tail = malloc(tail ? tail : 1);
+    w->lease_tail = wb__malloc(tail ? tail : 1);
     if (w->lease_tail)
         w->lease_tail_len = wbproto__lease__pack(&lease, w->lease_tail);
     if (table) {
@@ -144,13 +145,13 @@ static void wire_pack_copy(wb_model *m, uint32_t k, const uint8_t *table, size_t
         lease.tensors = NULL;
         lease.tensor_table_cached = 1;
         tail = wbproto__lease__get_packed_size(&lease);
-        w->cached_tail = malloc(tail);
+        w->cached_tail = wb__malloc(tail);
         if (w->cached_tail)
             w->cached_tail_len = wbproto__lease__pack(&lease, w->cached_tail);
         lease.tensor_table_cached = 0;
         lease.tensor_table_in_frame = 1;
         tail = wbproto__lease__get_packed_size(&lease);
-        w->frame_tail = malloc(tail);
+        w->frame_tail = wb__malloc(tail);
         if (w->frame_tail)
             w->frame_tail_len = wbproto__lease__pack(&lease, w->frame_tail);
     }
@@ -158,7 +159,7 @@ static void wire_pack_copy(wb_model *m, uint32_t k, const uint8_t *table, size_t
         lease.tensor_table_in_frame = 0;
         lease.tensor_table_slab = &m->table_slab;
         tail = wbproto__lease__get_packed_size(&lease);
-        w->shared_tail = malloc(tail);
+        w->shared_tail = wb__malloc(tail);
         if (w->shared_tail)
             w->shared_tail_len = wbproto__lease__pack(&lease, w->shared_tail);
     }
@@ -206,7 +207,7 @@ int wb__model_adopt(wb_model *m, wb_model_data *data, wb_err *err)
     /* Data built without copies (one slab per device, as before copies
      * existed): each slab is a ready copy. */
     if (data->n_copies == 0 && data->n_slabs) {
-        data->copies = calloc(data->n_slabs, sizeof *data->copies);
+        data->copies = wb__calloc(data->n_slabs, sizeof *data->copies);
         if (!data->copies)
             return wb__err_set(err, WB_ENOMEM, "out of memory describing model '%s'", m->name);
         data->n_copies = data->n_slabs;
@@ -220,9 +221,9 @@ int wb__model_adopt(wb_model *m, wb_model_data *data, wb_err *err)
         return wb__err_set(err, WB_EINTERNAL, "model '%s': %zu copies for %u slabs", m->name, nc,
                            data->n_slabs);
     /* calloc(0) may return NULL; allocate at least one element. */
-    wb_model_wire *wire = calloc(nc, sizeof *wire);
-    Wbproto__Tensor *tensors = calloc(nt ? nt : 1, sizeof *tensors);
-    Wbproto__Tensor **tensor_ptrs = calloc(nt ? nt : 1, sizeof *tensor_ptrs);
+    wb_model_wire *wire = wb__calloc(nc, sizeof *wire);
+    Wbproto__Tensor *tensors = wb__calloc(nt ? nt : 1, sizeof *tensors);
+    Wbproto__Tensor **tensor_ptrs = wb__calloc(nt ? nt : 1, sizeof *tensor_ptrs);
     if (!wire || !tensors || !tensor_ptrs) {
         free(wire);
         free(tensors);

@@ -37,6 +37,8 @@ typedef struct wb_ops_reply {
     wb_arena arena;
     const void *frame;
     size_t frame_len; /* 0 without a frame */
+    /* An error message when the arena has no room for it (ASCII). */
+    char errbuf[WB_ERR_MSG_MAX];
 } wb_ops_reply;
 
 #define WB_OPS_REPLY_INIT                                                                          \

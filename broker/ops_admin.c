@@ -39,7 +39,11 @@ void wb__ops_load_done(wb_broker *b, const wb_load_job *job, wb_model *model, wb
     Wbproto__LoadReply *lr = wb__arena_alloc(a, sizeof *lr);
     Wbproto__ModelInfo *mi = wb__ops_model_info(model, model->state, a);
     if (!lr || !mi) {
-        wb__ops_oom(r);
+        /* The load is done and stays: the error says so. */
+        wb__ops_fail(r, WB_ENOMEM,
+                     "model '%s' is loaded (%s), but out of memory building the reply; `wbctl "
+                     "models` lists it",
+                     model->name, wb__model_state_name(model->state));
         return;
     }
     wbproto__load_reply__init(lr);
@@ -172,13 +176,15 @@ int wb__ops_unload(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Reque
             return wb__ops_oom(r);
         wb__broker_free_model(b, m);
     } else {
+        /* The reply is made first: a refused unload leaves the model as
+         * it was. */
+        if (!(ur->model = wb__ops_model_info(m, WBPROTO__MODEL_STATE__MODEL_DRAINING, a)))
+            return wb__ops_oom(r);
         if (m->state != WBPROTO__MODEL_STATE__MODEL_DRAINING) {
             m->state = WBPROTO__MODEL_STATE__MODEL_DRAINING;
             wb_info("model_draining", "model=%s leases=%u", wb__log_quote(q, sizeof q, name),
                     m->leases);
         }
-        if (!(ur->model = wb__ops_model_info(m, m->state, a)))
-            return wb__ops_oom(r);
     }
     r->msg.body_case = WBPROTO__REPLY__BODY_UNLOAD;
     r->msg.unload = ur;

@@ -3,6 +3,7 @@
  * container records they carry. */
 #include "ops_impl.h"
 
+#include "alloc.h"
 #include "log.h"
 #include "ratelog.h"
 
@@ -245,7 +246,7 @@ static wb_container_rec *records_copy(const Wbproto__LeaseBeat *beat, size_t siz
     size_t n = beat->n_container_records;
     if (n == 0)
         return NULL;
-    wb_container_rec *recs = malloc(size);
+    wb_container_rec *recs = wb__malloc(size);
     if (!recs)
         return NULL;
     char *str = (char *)(recs + n);

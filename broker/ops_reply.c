@@ -5,7 +5,7 @@
 #include <stdarg.h>
 #include <string.h>
 
-static char oom_message[] = "out of memory building the reply";
+static const char oom_message[] = "out of memory building the reply";
 
 void wb__ops_reply_free(wb_ops_reply *r)
 {
@@ -35,9 +35,19 @@ void wb__ops_error(wb_ops_reply *r, uint64_t id, int status, const char *msg)
     r->frame_len = 0;
     /* A message may quote a path or a name the broker did not get from a
      * peer (its command line, a file): UTF-8 before it goes out. */
-    char *s = wb__arena_strdup(&r->arena, msg ? msg : wb_strerror(status));
+    const char *text = msg ? msg : wb_strerror(status);
+    char *s = wb__arena_strdup(&r->arena, text);
     const char *t = s ? wb__ops_utf8(&r->arena, s) : NULL;
-    rep->error = t ? (char *)t : oom_message;
+    if (!t) {
+        /* Out of memory: the message all the same, in the context's own
+         * buffer, its bytes past ASCII as '?' (always UTF-8). */
+        size_t i = 0;
+        for (; text[i] && i + 1 < sizeof r->errbuf; i++)
+            r->errbuf[i] = (unsigned char)text[i] < 0x80 ? text[i] : '?';
+        r->errbuf[i] = '\0';
+        t = r->errbuf;
+    }
+    rep->error = (char *)t;
 }
 
 int wb__ops_fail(wb_ops_reply *r, int status, const char *fmt, ...)

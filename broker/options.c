@@ -1,6 +1,7 @@
 #include "options.h"
 
 #include "auth_files.h"
+#include "alloc.h"
 #include "log.h"
 #include "metrics.h"
 #include "paths.h"
@@ -239,9 +240,9 @@ static void free_argv(char ***argv, int argc)
 /* A deep copy of argv (NULL-terminated), or NULL when out of memory. */
 static char **copy_argv(int argc, char *const *argv)
 {
-    char **c = calloc((size_t)argc + 1, sizeof *c);
+    char **c = wb__calloc((size_t)argc + 1, sizeof *c);
     for (int i = 0; c && i < argc; i++) {
-        if (!(c[i] = strdup(argv[i]))) {
+        if (!(c[i] = wb__strdup(argv[i]))) {
             free_argv(&c, i);
             return NULL;
         }
@@ -294,7 +295,7 @@ static int add_model(wb_options *o, char *arg)
     if (k < o->n_models && (from_file || !o->models[k].from_file))
         return misuse(o, "--model: model '%s' is given twice", ma.name);
     if (k == o->n_models) {
-        wb_preload *grown = realloc(o->models, (o->n_models + 1) * sizeof *grown);
+        wb_preload *grown = wb__realloc(o->models, (o->n_models + 1) * sizeof *grown);
         if (!grown)
             return fail_with(o, 1, "out of memory");
         o->models = grown;
@@ -515,7 +516,7 @@ int wb__options_parse(wb_options *o, int argc, char **argv)
             o->av = NULL;
             return fail_with(o, WB_EXIT_CONFIG, "%s", cerr.msg);
         }
-        char **av = calloc((size_t)argc + (size_t)o->config.n_args + 1, sizeof *av);
+        char **av = wb__calloc((size_t)argc + (size_t)o->config.n_args + 1, sizeof *av);
         if (!av) {
             o->av = NULL;
             return fail_with(o, 1, "out of memory");

@@ -3,6 +3,8 @@
  * readers and runs the copier or the mapped copies (see stage.h). */
 #include "stage_impl.h"
 
+#include "alloc.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,8 +185,8 @@ static int mostly_cached(const uint8_t *p, uint64_t len)
 static void src_maps_open(ctx *c)
 {
     const wb_stage_job *j = c->job;
-    c->src_maps = calloc(j->n_files ? j->n_files : 1, sizeof *c->src_maps);
-    c->src_lens = calloc(j->n_files ? j->n_files : 1, sizeof *c->src_lens);
+    c->src_maps = wb__calloc(j->n_files ? j->n_files : 1, sizeof *c->src_maps);
+    c->src_lens = wb__calloc(j->n_files ? j->n_files : 1, sizeof *c->src_lens);
     if (!c->src_maps || !c->src_lens)
         return; /* every file read with pread */
     for (uint32_t i = 0; i < j->n_files; i++) {
@@ -308,12 +310,13 @@ int wb__stage_run(wb_stage_job *job, wb_stage_stats *st, wb_err *err)
     }
 
     unsigned threads = job->cfg.read_threads;
-    c.n_lanes = threads;
-    c.lanes = calloc(threads, sizeof *c.lanes);
+    c.lanes = wb__calloc(threads, sizeof *c.lanes);
     if (!c.lanes) {
         ctx_free(&c);
         return wb__stage_oom(err, "lanes");
     }
+    /* Counted once they exist: ctx_free destroys n_lanes locks. */
+    c.n_lanes = threads;
     for (unsigned i = 0; i < threads; i++) {
         pthread_mutex_init(&c.lanes[i].mu, NULL);
         pthread_cond_init(&c.lanes[i].cv, NULL);
@@ -340,10 +343,10 @@ int wb__stage_run(wb_stage_job *job, wb_stage_stats *st, wb_err *err)
     if (job->mode == WB_STAGE_STAGED) {
         unsigned nb = job->staging->n;
         st->buffers = nb;
-        c.free_stack = malloc(nb * sizeof *c.free_stack);
-        c.fill_q = malloc(nb * sizeof *c.fill_q);
-        c.pending = calloc(nb, sizeof *c.pending);
-        c.buf_chunk = calloc(nb, sizeof *c.buf_chunk);
+        c.free_stack = wb__malloc(nb * sizeof *c.free_stack);
+        c.fill_q = wb__malloc(nb * sizeof *c.fill_q);
+        c.pending = wb__calloc(nb, sizeof *c.pending);
+        c.buf_chunk = wb__calloc(nb, sizeof *c.buf_chunk);
         if (!c.free_stack || !c.fill_q || !c.pending || !c.buf_chunk) {
             ctx_free(&c);
             return wb__stage_oom(err, "buffer tables");
@@ -354,7 +357,7 @@ int wb__stage_run(wb_stage_job *job, wb_stage_stats *st, wb_err *err)
         c.n_free = nb;
     }
 
-    reader *rs = calloc(threads, sizeof *rs);
+    reader *rs = wb__calloc(threads, sizeof *rs);
     if (!rs) {
         ctx_free(&c);
         return wb__stage_oom(err, "reader threads");

@@ -2,6 +2,8 @@
  * engine and frees it when its copy is done. */
 #include "stage_impl.h"
 
+#include "alloc.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
@@ -22,8 +24,8 @@ void wb__stage_run_copier(ctx *c, double *copy_seconds, uint64_t *calls)
     wb_staging *sg = c->job->staging;
     wb_copy_engine *e = &sg->engine;
     unsigned n = sg->n;
-    unsigned *inflight = malloc(n * sizeof *inflight);
-    unsigned *batch = malloc(n * sizeof *batch);
+    unsigned *inflight = wb__malloc(n * sizeof *inflight);
+    unsigned *batch = wb__malloc(n * sizeof *batch);
     wb_copy cps[WB_STAGE_MAX_BATCH];
     unsigned hold = c->job->cfg.copy_batch;
     if (hold < 1 || hold > WB_STAGE_MAX_BATCH)

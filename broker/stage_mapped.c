@@ -2,6 +2,8 @@
  * hasher threads checksum the tensors. */
 #include "stage_impl.h"
 
+#include "alloc.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -147,7 +149,7 @@ static int make_pieces(registrar *r, const wb_stage_job *j, size_t *first_piece)
         if (j->maps[f])
             n += (size_t)((j->map_lens[f] + piece_bytes - 1) / piece_bytes);
     }
-    r->pieces = calloc(n ? n : 1, sizeof *r->pieces);
+    r->pieces = wb__calloc(n ? n : 1, sizeof *r->pieces);
     if (!r->pieces)
         return -1;
     for (uint32_t f = 0; f < j->n_files; f++) {
@@ -170,9 +172,9 @@ int wb__stage_run_mapped(ctx *c, wb_stage_stats *st, wb_err *err)
     wb_stage_job *j = c->job;
     wb_copy_engine *e = j->engine;
     size_t n = j->n_tensors;
-    size_t *order = malloc((n ? n : 1) * sizeof *order);
+    size_t *order = wb__malloc((n ? n : 1) * sizeof *order);
     unsigned threads = j->cfg.read_threads;
-    hasher *hs = calloc(threads, sizeof *hs);
+    hasher *hs = wb__calloc(threads, sizeof *hs);
     if (!order || !hs) {
         free(order);
         free(hs);
@@ -210,8 +212,8 @@ int wb__stage_run_mapped(ctx *c, wb_stage_stats *st, wb_err *err)
         atomic_init(&reg.next, 0);
         atomic_init(&reg.next_un, 0);
         atomic_init(&reg.copies_done, 0);
-        first_piece = calloc(j->n_files ? j->n_files : 1, sizeof *first_piece);
-        rts = calloc(nreg, sizeof *rts);
+        first_piece = wb__calloc(j->n_files ? j->n_files : 1, sizeof *first_piece);
+        rts = wb__calloc(nreg, sizeof *rts);
         if (!first_piece || !rts || make_pieces(&reg, j, first_piece) != 0) {
             rc = wb__err_set(err, WB_ENOMEM, "out of memory planning the registration");
             goto join;

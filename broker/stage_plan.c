@@ -1,6 +1,8 @@
 /* Planning: cuts the tensors into chunks and spreads them over the lanes. */
 #include "stage_impl.h"
 
+#include "alloc.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,15 +43,15 @@ int wb__stage_plan(ctx *c, unsigned lanes, wb_err *err)
         n_data++;
         max_chunks += (size_t)((j->tensors[i].nbytes + cb - 1) / cb);
     }
-    size_t *idx = malloc((n_data ? n_data : 1) * sizeof *idx);
-    unit *units = malloc((max_chunks ? max_chunks : 1) * sizeof *units);
-    c->chunks = malloc((max_chunks ? max_chunks : 1) * sizeof *c->chunks);
-    c->segs = malloc((max_chunks + n_data + 1) * sizeof *c->segs);
-    c->order = malloc((max_chunks ? max_chunks : 1) * sizeof *c->order);
-    c->pieces = calloc(n ? n : 1, sizeof *c->pieces);
-    c->lane_of = calloc(n ? n : 1, sizeof *c->lane_of);
-    c->ticket = calloc(n ? n : 1, sizeof *c->ticket);
-    c->states = calloc(n ? n : 1, sizeof *c->states);
+    size_t *idx = wb__malloc((n_data ? n_data : 1) * sizeof *idx);
+    unit *units = wb__malloc((max_chunks ? max_chunks : 1) * sizeof *units);
+    c->chunks = wb__malloc((max_chunks ? max_chunks : 1) * sizeof *c->chunks);
+    c->segs = wb__malloc((max_chunks + n_data + 1) * sizeof *c->segs);
+    c->order = wb__malloc((max_chunks ? max_chunks : 1) * sizeof *c->order);
+    c->pieces = wb__calloc(n ? n : 1, sizeof *c->pieces);
+    c->lane_of = wb__calloc(n ? n : 1, sizeof *c->lane_of);
+    c->ticket = wb__calloc(n ? n : 1, sizeof *c->ticket);
+    c->states = wb__calloc(n ? n : 1, sizeof *c->states);
     int rc = WB_OK;
     if (!idx || !units || !c->chunks || !c->segs || !c->order || !c->pieces || !c->lane_of ||
         !c->ticket || !c->states) {
@@ -149,7 +151,7 @@ int wb__stage_plan(ctx *c, unsigned lanes, wb_err *err)
     for (unsigned l = 0; l < lanes; l++)
         start[l + 1] = start[l] + per_lane[l];
     memcpy(fill, start, sizeof fill);
-    size_t *seq = malloc((c->n_chunks ? c->n_chunks : 1) * sizeof *seq);
+    size_t *seq = wb__malloc((c->n_chunks ? c->n_chunks : 1) * sizeof *seq);
     if (!seq) {
         rc = wb__stage_oom(err, "claim order");
         goto out;

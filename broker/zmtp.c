@@ -1,5 +1,7 @@
 #include "zmtp.h"
 
+#include "alloc.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -200,7 +202,7 @@ int wb__zmtp_feed(wb_zmtp *z, const void *data, size_t len, wb_err *err)
             cap *= 2;
         if (cap > hold_limit(z))
             cap = hold_limit(z);
-        uint8_t *p = realloc(z->buf, cap);
+        uint8_t *p = wb__realloc(z->buf, cap);
         if (!p)
             return wb__err_set(err, WB_ENOMEM, "out of memory buffering %zu bytes", z->len + len);
         z->buf = p;

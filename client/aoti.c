@@ -4,6 +4,7 @@
  * container API and the order of creation; see aoti_impl.h for the others. */
 #include "aoti_impl.h"
 
+#include "alloc.h"
 #include "aoti_pkg.h"
 #include "clock.h"
 #include "log.h"
@@ -140,7 +141,7 @@ static int set_cubin_dir(wb_container *c)
     const char *slash = strrchr(c->so_path, '/');
     if (!slash)
         return WB_OK;
-    c->cubin_dir = strndup(c->so_path, (size_t)(slash - c->so_path));
+    c->cubin_dir = wb__strndup(c->so_path, (size_t)(slash - c->so_path));
     return c->cubin_dir ? WB_OK : wb__aoti_fail(c, WB_ENOMEM, "out of memory");
 }
 
@@ -179,10 +180,10 @@ static int create(wb_container *c, wb_lease *const *leases, size_t n_leases, con
     int rc = check_args(c, leases, n_leases, model_path, o);
     if (rc != WB_OK)
         return rc;
-    c->model_path = strdup(model_path);
-    c->leases = calloc(n_leases ? n_leases : 1, sizeof *c->leases);
-    c->lease_bytes = calloc(n_leases ? n_leases : 1, sizeof *c->lease_bytes);
-    c->lease_tensors = calloc(n_leases ? n_leases : 1, sizeof *c->lease_tensors);
+    c->model_path = wb__strdup(model_path);
+    c->leases = wb__calloc(n_leases ? n_leases : 1, sizeof *c->leases);
+    c->lease_bytes = wb__calloc(n_leases ? n_leases : 1, sizeof *c->lease_bytes);
+    c->lease_tensors = wb__calloc(n_leases ? n_leases : 1, sizeof *c->lease_tensors);
     if (!c->model_path || !c->leases || !c->lease_bytes || !c->lease_tensors)
         return wb__aoti_fail(c, WB_ENOMEM, "out of memory");
     c->n_leases = n_leases;
@@ -313,7 +314,7 @@ WB_EXPORT int wb_container_create(wb_lease *const *leases, size_t n_leases, cons
     *out = NULL;
     wb_container_options defaults;
     wb_container_options_init(&defaults);
-    wb_container *c = calloc(1, sizeof *c);
+    wb_container *c = wb__calloc(1, sizeof *c);
     if (!c)
         return WB_ENOMEM;
     *out = c;

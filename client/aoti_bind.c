@@ -1,6 +1,7 @@
 /* Binding every constant of a container: each to a leased tensor by the
  * rules of aoti_rules.h, to a private copy, or to the package's constants
  * file, refusing what would break a shared slab. */
+#include "alloc.h"
 #include "aoti_impl.h"
 
 #include "log.h"
@@ -21,7 +22,7 @@ int wb__aoti_read_constants(wb_container *c)
     size_t n = 0;
     if (c->f.num_constants(c->h, &n) != 0)
         return wb__aoti_runtime_fail(c, "AOTInductorModelContainerGetNumConstants", NULL);
-    c->bind = calloc(n ? n : 1, sizeof *c->bind);
+    c->bind = wb__calloc(n ? n : 1, sizeof *c->bind);
     if (!c->bind)
         return wb__aoti_fail(c, WB_ENOMEM, "out of memory");
     c->n_bind = n;
@@ -45,8 +46,8 @@ int wb__aoti_read_constants(wb_container *c)
         b->type = folded ? 4 : 1;
         if (c->f.constant_type && c->f.constant_type(c->h, i, &b->type) != 0)
             return wb__aoti_runtime_fail(c, "AOTInductorModelContainerGetConstantType", name);
-        b->name = strdup(name);
-        b->fqn = strdup(fqn && fqn[0] ? fqn : name);
+        b->name = wb__strdup(name);
+        b->fqn = wb__strdup(fqn && fqn[0] ? fqn : name);
         if (!b->name || !b->fqn)
             return wb__aoti_fail(c, WB_ENOMEM, "out of memory");
     }
@@ -243,7 +244,7 @@ static int guard_mutated(wb_container *c, const wb_container_options *o, binding
                              b->fqn, s->where);
 #endif
     } else {
-        if (!(b->private_host = malloc(n ? n : 1)))
+        if (!(b->private_host = wb__malloc(n ? n : 1)))
             return wb__aoti_fail(c, WB_ENOMEM, "out of memory copying constant '%s'", b->fqn);
         memcpy(b->private_host, s->data, n);
         copy = b->private_host;
@@ -416,7 +417,7 @@ int wb__aoti_bind_constants(wb_container *c, const wb_container_options *o)
                           wb__aoti_qpath(c, q, sizeof q), b->fqn, wb__aoti_type_name(b->type));
                 continue;
             }
-            if (!missing && !(missing = malloc(c->n_bind * sizeof *missing)))
+            if (!missing && !(missing = wb__malloc(c->n_bind * sizeof *missing)))
                 return wb__aoti_fail(c, WB_ENOMEM, "out of memory");
             missing[n_missing++] = i;
             continue;
@@ -503,7 +504,7 @@ size_t wb__aoti_count_kept(const wb_container *c)
 /* The (name, handle) pairs of the bound constants. */
 AOTInductorConstantMapEntry *wb__aoti_make_pairs(wb_container *c, size_t *n)
 {
-    AOTInductorConstantMapEntry *p = calloc(c->n_bind ? c->n_bind : 1, sizeof *p);
+    AOTInductorConstantMapEntry *p = wb__calloc(c->n_bind ? c->n_bind : 1, sizeof *p);
     *n = 0;
     if (!p)
         return NULL;

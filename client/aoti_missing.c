@@ -3,6 +3,8 @@
  * most of them) to the leases, and the fixes for the rest. */
 #include "aoti_impl.h"
 
+#include "alloc.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +36,7 @@ __attribute__((format(printf, 2, 3))) static void mb_add(msgbuf *m, const char *
         size_t cap = m->cap ? m->cap : 1024;
         while (cap <= m->len + (size_t)w)
             cap *= 2;
-        char *n = realloc(m->s, cap);
+        char *n = wb__realloc(m->s, cap);
         if (!n) {
             m->oom = 1;
             return;
@@ -138,7 +140,7 @@ static size_t best_rule(wb_container *c, const size_t *missing, size_t n_missing
         add_candidate(strips, &ns, wrappers[i]);
         add_candidate(prefixes, &np, wrappers[i]);
     }
-    const char **names = malloc((c->n_bind ? c->n_bind : 1) * sizeof *names);
+    const char **names = wb__malloc((c->n_bind ? c->n_bind : 1) * sizeof *names);
     if (names) {
         size_t n = 0;
         for (size_t i = 0; i < c->n_bind; i++) {
@@ -151,7 +153,7 @@ static size_t best_rule(wb_container *c, const size_t *missing, size_t n_missing
     for (size_t k = 0; k < c->n_leases; k++) {
         const wb__tensor_entry *t = wb__lease_tensors(c->leases[k]);
         size_t n = c->leases[k]->n_tensors;
-        const char **ln = t && n ? malloc(n * sizeof *ln) : NULL;
+        const char **ln = t && n ? wb__malloc(n * sizeof *ln) : NULL;
         if (!ln)
             continue;
         for (size_t i = 0; i < n; i++)
@@ -202,8 +204,8 @@ static void add_missing(msgbuf *m, const wb_container *c, const binding *b, int 
 int wb__aoti_report_missing(wb_container *c, const size_t *missing, size_t n)
 {
     /* The candidate prefixes live here until the message is written. */
-    char(*store)[3][256] = calloc(1 + c->n_leases, sizeof *store);
-    char *hit = calloc(n ? n : 1, 1);
+    char(*store)[3][256] = wb__calloc(1 + c->n_leases, sizeof *store);
+    char *hit = wb__calloc(n ? n : 1, 1);
     if (!store || !hit) {
         free(store);
         free(hit);

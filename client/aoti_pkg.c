@@ -1,6 +1,7 @@
 #include "aoti_pkg.h"
 
 #include "paths.h"
+#include "alloc.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -139,7 +140,7 @@ int wb__aoti_unzip(const char *zip_path, const char *dest_dir, wb_err *err)
                              "refusing to unpack it",
                              zip_path, (long long)i, name ? name : "(no name)");
     }
-    char *buf = rc == WB_OK ? malloc(COPY_BUF) : NULL;
+    char *buf = rc == WB_OK ? wb__malloc(COPY_BUF) : NULL;
     if (rc == WB_OK && !buf)
         rc = wb__err_set(err, WB_ENOMEM, "package %s: out of memory", zip_path);
     for (zip_int64_t i = 0; i < n && rc == WB_OK; i++) {
@@ -226,11 +227,11 @@ static void find_libs(const char *dir, int depth, candidates *c)
             find_libs(path, depth + 1, c);
         } else if (S_ISREG(st.st_mode) && ends_with(e->d_name, ".so")) {
             if (c->n < MAX_CANDIDATES)
-                c->paths[c->n] = strdup(path);
+                c->paths[c->n] = wb__strdup(path);
             c->n++;
             if (strstr(path, "/data/aotinductor/")) {
                 if (!c->pkg)
-                    c->pkg = strdup(path);
+                    c->pkg = wb__strdup(path);
                 c->n_pkg++;
             }
         }
@@ -296,7 +297,7 @@ int wb__aoti_locate(const char *path, const char *work_dir, char **so_path, char
                             "\x7f"
                             "ELF",
                             4)) {
-        *so_path = strdup(path);
+        *so_path = wb__strdup(path);
         return *so_path ? WB_OK : wb__err_set(err, WB_ENOMEM, "out of memory");
     }
     if (got != 4 || memcmp(magic, "PK\x03\x04", 4) != 0)
@@ -320,7 +321,7 @@ int wb__aoti_locate(const char *path, const char *work_dir, char **so_path, char
         wb__aoti_rmtree(tmpl);
         return rc;
     }
-    *tmpdir = strdup(tmpl);
+    *tmpdir = wb__strdup(tmpl);
     if (!*tmpdir) {
         free(*so_path);
         *so_path = NULL;

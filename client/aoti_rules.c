@@ -2,6 +2,8 @@
  * (tied weights) and the package's constants file (aoti_rules.h). */
 #include "aoti_rules.h"
 
+#include "alloc.h"
+
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -29,7 +31,7 @@ static char *trimmed(const char *s, size_t n)
     }
     while (n && isspace((unsigned char)s[n - 1]))
         n--;
-    return strndup(s, n);
+    return wb__strndup(s, n);
 }
 
 int wb__aoti_aliases_parse(wb__aoti_rules *rules, const char *list, int from_file, const char *what,
@@ -62,7 +64,7 @@ int wb__aoti_aliases_parse(wb__aoti_rules *rules, const char *list, int from_fil
             return rc;
         }
         free(item);
-        wb__alias *a = realloc(rules->aliases, (rules->n_aliases + 1) * sizeof *a);
+        wb__alias *a = wb__realloc(rules->aliases, (rules->n_aliases + 1) * sizeof *a);
         if (!a) {
             free(name);
             free(target);
@@ -95,7 +97,7 @@ static int set_str(char **dst, const char *src, wb_err *err)
     if (!src)
         return WB_OK;
     free(*dst);
-    *dst = strdup(src);
+    *dst = wb__strdup(src);
     return *dst ? WB_OK : wb__err_set(err, WB_ENOMEM, "out of memory");
 }
 
@@ -127,7 +129,7 @@ static int add_names(char **set, const char *list, wb_err *err)
     if (!list || !list[0])
         return WB_OK;
     size_t have = *set ? strlen(*set) : 0;
-    char *n = realloc(*set, have + strlen(list) + 3);
+    char *n = wb__realloc(*set, have + strlen(list) + 3);
     if (!n)
         return wb__err_set(err, WB_ENOMEM, "out of memory");
     if (!have)
@@ -193,7 +195,7 @@ int wb__aoti_rules_init(wb__aoti_rules *r, const char *aliases, const char *stri
     if (path[0]) {
         if ((rc = wb__st_open(path, &r->extra, err)) != WB_OK)
             return rc;
-        if (!(r->extra_path = strdup(path)))
+        if (!(r->extra_path = wb__strdup(path)))
             return wb__err_set(err, WB_ENOMEM, "out of memory");
         char what[PATH_MAX + 64];
         snprintf(what, sizeof what, "constants file %s (%s)", path, META_ALIASES);
@@ -254,7 +256,7 @@ int wb__aoti_extra_read(const wb__aoti_rules *r, const wb_st_tensor *t, void **o
 {
     *out = NULL;
     const char *file = r->extra->files[t->file];
-    void *buf = malloc(t->nbytes ? t->nbytes : 1);
+    void *buf = wb__malloc(t->nbytes ? t->nbytes : 1);
     if (!buf)
         return wb__err_set(err, WB_ENOMEM, "out of memory reading '%s' from %s", t->name, file);
     int fd = open(file, O_RDONLY | O_CLOEXEC);

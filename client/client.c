@@ -3,6 +3,7 @@
 #include "client_impl.h"
 
 #include "clock.h"
+#include "alloc.h"
 #include "clog.h"
 #include "lease.h"
 #include "log.h"
@@ -121,8 +122,8 @@ static int heartbeat_locked(wb_client *c, wb_err *err)
     }
     if (n > WB_MAX_BEATS)
         n = WB_MAX_BEATS;
-    Wbproto__LeaseBeat *beats = calloc(n ? n : 1, sizeof *beats);
-    Wbproto__LeaseBeat **ptrs = calloc(n ? n : 1, sizeof *ptrs);
+    Wbproto__LeaseBeat *beats = wb__calloc(n ? n : 1, sizeof *beats);
+    Wbproto__LeaseBeat **ptrs = wb__calloc(n ? n : 1, sizeof *ptrs);
     if (!beats || !ptrs) {
         free(beats);
         free(ptrs);
@@ -294,7 +295,7 @@ WB_EXPORT int wb_client_connect(const wb_client_options *opts, wb_client **out)
     wb_client_options_init(&defaults);
     if (!opts)
         opts = &defaults;
-    wb_client *c = calloc(1, sizeof *c);
+    wb_client *c = wb__calloc(1, sizeof *c);
     if (!c)
         return WB_ENOMEM;
     pthread_mutex_init(&c->mu, NULL);

@@ -3,6 +3,7 @@
  * tensor table comes from lease_table.c, lookups are lease_find.c's. */
 #include "lease.h"
 
+#include "alloc.h"
 #include "client_impl.h"
 #include "devlist.h"
 #include "fdchan.h"
@@ -230,7 +231,7 @@ static int slab_is_fd(int kind)
 
 static int map_slabs(wb_client *c, const char *model, const Wbproto__Lease *pl, wb_lease *l)
 {
-    l->maps = calloc(pl->n_slabs ? pl->n_slabs : 1, sizeof *l->maps);
+    l->maps = wb__calloc(pl->n_slabs ? pl->n_slabs : 1, sizeof *l->maps);
     if (!l->maps)
         return wb__client_fail(c, WB_ENOMEM, "acquire '%s': out of memory", model);
     /* Slabs handed out as descriptors come in one fetch for the lease. */
@@ -353,7 +354,7 @@ static int acquire_once(wb_client *client, const char *model, const char *uuid,
     if (!pl) {
         rc = wb__client_fail(client, WB_EPROTO, "acquire '%s': the reply carries no lease", model);
     } else if ((rc = validate_lease(client, model, pl)) == WB_OK) {
-        l = calloc(1, sizeof *l);
+        l = wb__calloc(1, sizeof *l);
         if (!l)
             rc = wb__client_fail(client, WB_ENOMEM, "acquire '%s': out of memory", model);
     }
@@ -362,7 +363,7 @@ static int acquire_once(wb_client *client, const char *model, const char *uuid,
         wb__text_hex(l->id_hex, sizeof l->id_hex, l->id, WB_LEASE_ID_BYTES);
         wb__lease_containers_init(l);
         atomic_init(&l->orphaned, 0);
-        l->model = strdup(model);
+        l->model = wb__strdup(model);
         if (!l->model)
             rc = wb__client_fail(client, WB_ENOMEM, "acquire '%s': out of memory", model);
         if (rc == WB_OK)

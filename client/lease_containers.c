@@ -5,6 +5,7 @@
  * under. */
 #include "lease.h"
 
+#include "alloc.h"
 #include "client_impl.h"
 
 #include <stdio.h>
@@ -90,7 +91,7 @@ WB_EXPORT unsigned wb_lease_containers(const wb_lease *lease)
 
 int wb__lease_attach(wb_lease *lease, const wb__container_rec *rec, wb_err *err)
 {
-    wb__lease_use *u = calloc(1, sizeof *u);
+    wb__lease_use *u = wb__calloc(1, sizeof *u);
     if (!u)
         return wb__err_set(err, WB_ENOMEM, "out of memory registering a container on lease %.8s",
                            lease->id_hex);
@@ -163,7 +164,7 @@ void wb__lease_beat_free(Wbproto__LeaseBeat *beat)
  * names the model. Malloc'd; NULL when out of memory. */
 static char *record_path(const char *path)
 {
-    char *fixed = malloc(3 * strlen(path) + 1);
+    char *fixed = wb__malloc(3 * strlen(path) + 1);
     if (!fixed)
         return NULL;
     wb__utf8_repair(fixed, path);
@@ -173,7 +174,7 @@ static char *record_path(const char *path)
     size_t from = len - (WB_MAX_RECORD_PATH - 4);
     while ((fixed[from] & 0xc0) == 0x80)
         from++;
-    char *out = malloc(WB_MAX_RECORD_PATH);
+    char *out = wb__malloc(WB_MAX_RECORD_PATH);
     if (out)
         snprintf(out, WB_MAX_RECORD_PATH, "...%s", fixed + from);
     free(fixed);
@@ -193,14 +194,14 @@ int wb__lease_fill_beat(wb_lease *lease, Wbproto__LeaseBeat *beat)
         pthread_mutex_unlock(&lease->mu);
         return WB_OK;
     }
-    beat->container_records = calloc(n, sizeof *beat->container_records);
+    beat->container_records = wb__calloc(n, sizeof *beat->container_records);
     int rc = beat->container_records ? WB_OK : WB_ENOMEM;
     for (const wb__lease_use *u = lease->uses; u && rc == WB_OK; u = u->next) {
         if (!u->published)
             continue;
         if (beat->n_container_records == n)
             break;
-        Wbproto__ContainerRecord *r = calloc(1, sizeof *r);
+        Wbproto__ContainerRecord *r = wb__calloc(1, sizeof *r);
         if (!r) {
             rc = WB_ENOMEM;
             break;
@@ -208,7 +209,7 @@ int wb__lease_fill_beat(wb_lease *lease, Wbproto__LeaseBeat *beat)
         wbproto__container_record__init(r);
         beat->container_records[beat->n_container_records++] = r;
         r->container_id = u->rec->id;
-        r->aoti_api = strdup(u->rec->aoti_api);
+        r->aoti_api = wb__strdup(u->rec->aoti_api);
         r->model_path = record_path(u->rec->model_path ? u->rec->model_path : "");
         r->pinned_async_copy = u->rec->pinned_async_copy != 0;
         r->bound_bytes = u->bound_bytes;

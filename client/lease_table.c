@@ -7,6 +7,7 @@
  * the lease a table of its own (own_tensors). */
 #include "lease.h"
 
+#include "alloc.h"
 #include "client_impl.h"
 #include "tensor_table.h"
 
@@ -78,7 +79,7 @@ static wb__table *table_new(const char *model, const uint8_t *bytes, size_t len,
                             Wbproto__Reply **rep, wb__frame **frame, wb__map **map)
 {
     int copy = ((uintptr_t)bytes & 7) != 0;
-    wb__table *t = calloc(1, sizeof *t + (copy ? (len + 7) & ~(size_t)7 : 0));
+    wb__table *t = wb__calloc(1, sizeof *t + (copy ? (len + 7) & ~(size_t)7 : 0));
     if (!t)
         return NULL;
     t->bytes = copy ? memcpy(t->copy, bytes, len) : bytes;
@@ -92,8 +93,8 @@ static wb__table *table_new(const char *model, const uint8_t *bytes, size_t len,
         if (r.slab >= t->n_slabs)
             t->n_slabs = (size_t)r.slab + 1;
     }
-    t->model = strdup(model);
-    t->slab_need = calloc(t->n_slabs ? t->n_slabs : 1, sizeof *t->slab_need);
+    t->model = wb__strdup(model);
+    t->slab_need = wb__calloc(t->n_slabs ? t->n_slabs : 1, sizeof *t->slab_need);
     if (!t->model || !t->slab_need) {
         free(t->model);
         free(t->slab_need);
@@ -136,7 +137,7 @@ static const wb__tensor_entry *table_entries(wb__table *t)
     pthread_mutex_lock(&t->mu);
     e = atomic_load_explicit(&t->entries, memory_order_relaxed);
     size_t n = t->n_entries;
-    if (!e && (e = malloc((n ? n : 1) * sizeof *e)) != NULL) {
+    if (!e && (e = wb__malloc((n ? n : 1) * sizeof *e)) != NULL) {
         const char *str = wb__tensor_table_strings(t->bytes);
         const uint64_t *dims = wb__tensor_table_dims(t->bytes);
         const uint8_t *rec = t->bytes + WB_TABLE_HEADER;
@@ -276,7 +277,7 @@ int wb__lease_build_tensors(wb_client *c, const char *model, const Wbproto__Leas
         chars += strlen(t->name) + strlen(t->dtype) + 2;
     }
     size_t size = (n ? n : 1) * sizeof *l->own_tensors + dims * sizeof(uint64_t) + chars;
-    l->own_tensors = malloc(size);
+    l->own_tensors = wb__malloc(size);
     if (!l->own_tensors)
         return wb__client_fail(c, WB_ENOMEM, "acquire '%s': out of memory", model);
     uint64_t *shape = (uint64_t *)(l->own_tensors + (n ? n : 1));

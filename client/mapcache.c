@@ -1,5 +1,6 @@
 #include "mapcache.h"
 
+#include "alloc.h"
 #include "clog.h"
 
 #include "shm.h"
@@ -79,7 +80,7 @@ static int get_host(const char *key, const char *shm_name, int fd, uint64_t size
         pthread_mutex_unlock(&cache_mu);
         return rc;
     }
-    m = calloc(1, sizeof *m);
+    m = wb__calloc(1, sizeof *m);
     if (!m) {
         pthread_mutex_unlock(&cache_mu);
         return wb__err_set(err, WB_ENOMEM, "out of memory mapping %s", what);
@@ -289,7 +290,7 @@ int wb__mapcache_get_vmm(int fd, int device, uint64_t size, const char *what, wb
                        "toolkit not found at build time)",
                        what, device);
 #else
-    wb__map *m = calloc(1, sizeof *m);
+    wb__map *m = wb__calloc(1, sizeof *m);
     if (!m)
         return wb__err_set(err, WB_ENOMEM, "out of memory mapping %s", what);
     m->cuda = MAP_CUDA_VMM;
@@ -337,7 +338,7 @@ int wb__mapcache_get_cuda(const uint8_t *handle, size_t handle_len, int device, 
         pthread_mutex_unlock(&cache_mu);
         return rc;
     }
-    m = calloc(1, sizeof *m);
+    m = wb__calloc(1, sizeof *m);
     if (!m) {
         pthread_mutex_unlock(&cache_mu);
         return wb__err_set(err, WB_ENOMEM, "out of memory opening a cuda slab");

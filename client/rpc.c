@@ -1,5 +1,6 @@
 #include "rpc.h"
 
+#include "alloc.h"
 #include "clock.h"
 #include "paths.h"
 
@@ -97,7 +98,7 @@ static int denied(const char *path, const char *what, const struct stat *st, wb_
     char owner[140], groups[256] = "";
     owner_names(owner, sizeof owner, st->st_uid, st->st_gid);
     int n = getgroups(0, NULL);
-    gid_t *list = n > 0 ? malloc((size_t)n * sizeof *list) : NULL;
+    gid_t *list = n > 0 ? wb__malloc((size_t)n * sizeof *list) : NULL;
     n = list ? getgroups(n, list) : 0;
     size_t used = 0;
     for (int i = 0; i < n && used < sizeof groups; i++) {
@@ -296,7 +297,7 @@ static void drop_rest(wb__rpc *rpc, zmq_msg_t *msg)
 /* Reads one message. Returns 1 with the payload in msg (and, when `frame`
  * is not NULL and the message has two frames, the second in *frame), 0 if
  * it was a message of more frames than that (discarded), or a negative
- * code. */
+ * code (the message discarded whole). */
 static int recv_one(wb__rpc *rpc, zmq_msg_t *msg, wb__frame **frame, wb_err *err)
 {
     if (zmq_msg_recv(msg, rpc->sock, 0) < 0) {
@@ -310,8 +311,14 @@ static int recv_one(wb__rpc *rpc, zmq_msg_t *msg, wb__frame **frame, wb_err *err
         return 1;
     if (frame) {
         /* The frames of one message arrive together: the second is there. */
-        wb__frame *f = malloc(sizeof *f);
-        if (f && zmq_msg_init(&f->msg) == 0) {
+        wb__frame *f = wb__malloc(sizeof *f);
+        if (!f) {
+            /* The frame is dropped with the reply, not left to be read as
+             * the next one. */
+            drop_rest(rpc, msg);
+            return wb__err_set(err, WB_ENOMEM, "out of memory receiving a reply from the broker");
+        }
+        if (zmq_msg_init(&f->msg) == 0) {
             if (zmq_msg_recv(&f->msg, rpc->sock, ZMQ_DONTWAIT) >= 0 && !zmq_msg_more(&f->msg)) {
                 *frame = f;
                 return 1;
@@ -401,6 +408,8 @@ static int recv_reply(wb__rpc *rpc, uint64_t want_id, int any_id, int64_t deadli
         zmq_msg_close(&msg);
         if (rc != WB_OK) {
             wb__frame_free(&second);
+            if (rc == WB_ENOMEM)
+                return wb__err_set(err, rc, "reply from the broker at %s: %s", rpc->path, derr.msg);
             return wb__err_set(err, rc, "malformed reply from the broker at %s: %s", rpc->path,
                                derr.msg);
         }

@@ -1,5 +1,7 @@
 #include "names.h"
 
+#include "alloc.h"
+
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,7 +76,7 @@ wb__names_hash *wb__names_hash_new(const void *records, size_t n, size_t stride,
     size_t slots = 16;
     while (slots < 2 * n)
         slots *= 2;
-    wb__names_hash *h = calloc(1, sizeof *h + slots * sizeof h->slot[0]);
+    wb__names_hash *h = wb__calloc(1, sizeof *h + slots * sizeof h->slot[0]);
     if (!h)
         return NULL;
     h->mask = slots - 1;

@@ -3,6 +3,7 @@
  * the parser (safetensors_parse.c). Only headers are ever read here. */
 #include "safetensors.h"
 
+#include "alloc.h"
 #include "safetensors_index.h"
 
 #include <jansson.h>
@@ -138,7 +139,7 @@ static int read_header(wb_st_table *table, uint32_t file_index, int fd, const st
         rc = wb__st_parse_header(table, file_index, path, head, got, size, err);
         goto out;
     }
-    buf = malloc((size_t)(8 + n));
+    buf = wb__malloc((size_t)(8 + n));
     if (!buf) {
         rc = wb__st_fail(err, WB_ENOMEM, path, "out of memory for a %" PRIu64 "-byte header", n);
         goto out;
@@ -156,7 +157,7 @@ out:
 static char *path_join(const char *prefix, size_t prefix_len, const char *name)
 {
     size_t nl = strlen(name);
-    char *s = malloc(prefix_len + nl + 1);
+    char *s = wb__malloc(prefix_len + nl + 1);
     if (!s)
         return NULL;
     memcpy(s, prefix, prefix_len);
@@ -274,7 +275,7 @@ static int read_index_json(const reader *r, const char *path, json_t **out, int 
         goto out;
     }
     size_t size = (size_t)st.st_size;
-    buf = malloc(size ? size : 1);
+    buf = wb__malloc(size ? size : 1);
     if (!buf) {
         rc = wb__st_fail(err, WB_ENOMEM, path, "out of memory reading the index");
         goto out;
@@ -297,8 +298,11 @@ static int read_index_json(const reader *r, const char *path, json_t **out, int 
             goto out;
     }
     json_error_t je;
+    unsigned long failures = wb__alloc_jansson_failures();
     *out = json_loadb(buf, size, JSON_REJECT_DUPLICATES, &je);
-    if (!*out)
+    if (wb__st_json_nomem(out, &je, failures))
+        rc = wb__st_fail(err, WB_ENOMEM, path, "out of memory parsing the JSON index");
+    else if (!*out)
         rc = wb__st_fail(err, WB_EFORMAT, path,
                          "malformed JSON index: %s (line %d, column %d, byte %d)", je.text, je.line,
                          je.column, je.position);
@@ -320,7 +324,7 @@ static int add_index_metadata(wb_st_table *table, const char *path, json_t *meta
     size_t n = json_object_size(meta);
     if (n == 0)
         return 0;
-    table->meta = calloc(n, sizeof *table->meta);
+    table->meta = wb__calloc(n, sizeof *table->meta);
     if (!table->meta)
         return wb__st_fail(err, WB_ENOMEM, path, "out of memory reading metadata");
     const char *key;
@@ -349,8 +353,8 @@ static int add_index_metadata(wb_st_table *table, const char *path, json_t *meta
                                key, wb__st_json_kind(value));
         }
         wb_st_meta *mm = &table->meta[table->n_meta];
-        mm->key = strdup(key);
-        mm->value = strdup(text);
+        mm->key = wb__strdup(key);
+        mm->value = wb__strdup(text);
         table->n_meta++;
         if (!mm->key || !mm->value)
             return wb__st_fail(err, WB_ENOMEM, path, "out of memory reading metadata");
@@ -441,7 +445,7 @@ static int open_index(const reader *r, const char *path, wb_st_table **out, wb_e
         goto out;
     }
     size_t n_map = json_object_size(wm);
-    shards = malloc((n_map ? n_map : 1) * sizeof *shards);
+    shards = wb__malloc((n_map ? n_map : 1) * sizeof *shards);
     if (!shards) {
         rc = wb__st_fail(err, WB_ENOMEM, path, "out of memory reading the weight_map");
         goto out;
@@ -489,7 +493,7 @@ static int open_index(const reader *r, const char *path, wb_st_table **out, wb_e
         goto out;
     }
 
-    table = calloc(1, sizeof *table);
+    table = wb__calloc(1, sizeof *table);
     if (!table) {
         rc = wb__st_fail(err, WB_ENOMEM, path, "out of memory");
         goto out;
@@ -500,7 +504,9 @@ static int open_index(const reader *r, const char *path, wb_st_table **out, wb_e
 
     const char *slash = strrchr(path, '/');
     size_t prefix_len = slash ? (size_t)(slash - path) + 1 : 0;
-    index_dir = slash == path ? strdup("/") : slash ? strndup(path, prefix_len - 1) : strdup(".");
+    index_dir = slash == path ? wb__strdup("/")
+                : slash       ? wb__strndup(path, prefix_len - 1)
+                              : wb__strdup(".");
     if (!index_dir) {
         rc = wb__st_fail(err, WB_ENOMEM, path, "out of memory");
         goto out;
@@ -576,7 +582,7 @@ static int open_single(const reader *r, const char *path, wb_st_table **out, wb_
         close(fd);
         return rc;
     }
-    wb_st_table *table = calloc(1, sizeof *table);
+    wb_st_table *table = wb__calloc(1, sizeof *table);
     if (!table) {
         close(fd);
         return wb__err_set(err, WB_ENOMEM, "out of memory opening " FILEF, path);
@@ -601,7 +607,7 @@ static int open_dir(const reader *r, const char *path, wb_st_table **out, wb_err
     while (len > 1 && path[len - 1] == '/')
         len--;
     int root = len == 1 && path[0] == '/';
-    char *prefix = malloc(len + 2);
+    char *prefix = wb__malloc(len + 2);
     if (!prefix)
         return wb__err_set(err, WB_ENOMEM, "out of memory opening " FILEF, path);
     memcpy(prefix, path, len);

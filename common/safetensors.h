@@ -13,7 +13,8 @@
  * model.safetensors.index.json (or a single model.safetensors), or an index
  * file. On success *out is a new table owned by the caller (free with
  * wb__st_table_free). Returns WB_ENOTFOUND for a missing path, WB_EIO for a
- * read error, WB_EFORMAT for malformed input. */
+ * read error, WB_EFORMAT for malformed input, WB_ENOMEM when memory ran out
+ * (jansson's included, where it allocates through wb__malloc). */
 int wb__st_open(const char *path, wb_st_table **out, wb_err *err);
 
 /* Asked about each file the reader opens (the index, every shard), with the

@@ -5,6 +5,7 @@
  * wb__st_parse_header directly. */
 #include "safetensors_parse.h"
 
+#include "alloc.h"
 #include "names.h"
 
 #include <jansson.h>
@@ -32,6 +33,18 @@ int wb__st_fail(wb_err *err, int code, const char *file, const char *fmt, ...)
     wb__err_vsetp(err, code, name, fmt, ap);
     va_end(ap);
     return code;
+}
+
+int wb__st_json_nomem(json_t **root, const json_error_t *je, unsigned long failures_before)
+{
+    int nomem =
+        wb__alloc_jansson_failures() != failures_before ||
+        (!*root && (json_error_code(je) == json_error_out_of_memory || je->text[0] == '\0'));
+    if (nomem) {
+        json_decref(*root);
+        *root = NULL;
+    }
+    return nomem;
 }
 
 const char *wb__st_json_kind(const json_t *v)
@@ -249,8 +262,8 @@ static int validate_tensor(const char *file, const char *name, json_t *entry, pe
                            name, off[0], off[1], off[1] - off[0], wb__dtype_name((wb_dtype)dt),
                            format_shape(sbuf, sizeof sbuf, shape, (uint32_t)ndim), nbytes);
 
-    out->name = strdup(name);
-    out->shape = ndim ? malloc(ndim * sizeof *out->shape) : NULL;
+    out->name = wb__strdup(name);
+    out->shape = ndim ? wb__malloc(ndim * sizeof *out->shape) : NULL;
     if (!out->name || (ndim && !out->shape)) {
         free(out->name);
         free(out->shape);
@@ -275,7 +288,7 @@ static int validate_metadata(const char *file, json_t *meta, pending_meta **out,
                            "__metadata__ is %s, expected an object of strings",
                            wb__st_json_kind(meta));
     size_t n = json_object_size(meta);
-    pending_meta *m = calloc(n ? n : 1, sizeof *m);
+    pending_meta *m = wb__calloc(n ? n : 1, sizeof *m);
     if (!m)
         return wb__st_fail(err, WB_ENOMEM, file, "out of memory reading __metadata__");
     size_t i = 0;
@@ -290,8 +303,8 @@ static int validate_metadata(const char *file, json_t *meta, pending_meta **out,
                                "strings",
                                key, wb__st_json_kind(value));
         }
-        m[i].key = strdup(key);
-        m[i].value = strdup(json_string_value(value));
+        m[i].key = wb__strdup(key);
+        m[i].value = wb__strdup(json_string_value(value));
         i++;
         if (!m[i - 1].key || !m[i - 1].value) {
             pending_free(NULL, 0, m, i);
@@ -353,7 +366,7 @@ static int check_coverage(const char *file, pending *p, size_t n, uint64_t data_
                 "%" PRIu64 " trailing bytes after the header, which lists no tensors", data_size);
         return 0;
     }
-    pending **order = malloc(n * sizeof *order);
+    pending **order = wb__malloc(n * sizeof *order);
     if (!order)
         return wb__st_fail(err, WB_ENOMEM, file, "out of memory checking data offsets");
     for (size_t i = 0; i < n; i++)
@@ -413,14 +426,14 @@ static int check_new_names(const wb_st_table *table, const char *file, pending *
     size_t *old = table->by_name;
     size_t *tmp = NULL;
     if (!old) {
-        tmp = malloc(table->n_tensors * sizeof *tmp);
+        tmp = wb__malloc(table->n_tensors * sizeof *tmp);
         if (!tmp)
             return wb__st_fail(err, WB_ENOMEM, file, "out of memory checking tensor names");
         wb__names_sort(tmp, table->tensors, table->n_tensors, sizeof *table->tensors,
                        offsetof(wb_st_tensor, name));
         old = tmp;
     }
-    pending **mine = malloc(n * sizeof *mine);
+    pending **mine = wb__malloc(n * sizeof *mine);
     if (!mine) {
         free(tmp);
         return wb__st_fail(err, WB_ENOMEM, file, "out of memory checking tensor names");
@@ -486,14 +499,14 @@ static int commit(wb_st_table *table, uint32_t file_index, const char *file, uin
 
     size_t old_n = table->n_tensors, new_n = old_n + n;
     if (n) {
-        wb_st_tensor *t = realloc(table->tensors, new_n * sizeof *t);
+        wb_st_tensor *t = wb__realloc(table->tensors, new_n * sizeof *t);
         if (!t)
             return wb__st_fail(err, WB_ENOMEM, file, "out of memory adding %zu tensors", n);
         table->tensors = t;
     }
     size_t *by_name = NULL;
     if (new_n) {
-        by_name = malloc(new_n * sizeof *by_name);
+        by_name = wb__malloc(new_n * sizeof *by_name);
         if (!by_name)
             return wb__st_fail(err, WB_ENOMEM, file, "out of memory indexing tensors");
     }
@@ -502,7 +515,7 @@ static int commit(wb_st_table *table, uint32_t file_index, const char *file, uin
         if (!meta_has(table, m[i].key))
             n_new_meta++;
     if (n_new_meta) {
-        wb_st_meta *mm = realloc(table->meta, (table->n_meta + n_new_meta) * sizeof *mm);
+        wb_st_meta *mm = wb__realloc(table->meta, (table->n_meta + n_new_meta) * sizeof *mm);
         if (!mm) {
             free(by_name);
             return wb__st_fail(err, WB_ENOMEM, file, "out of memory adding metadata");
@@ -512,16 +525,16 @@ static int commit(wb_st_table *table, uint32_t file_index, const char *file, uin
     char *name_copy = NULL;
     if (file_index == table->n_files) {
         uint32_t nf = table->n_files + 1;
-        char **files = realloc(table->files, nf * sizeof *files);
+        char **files = wb__realloc(table->files, nf * sizeof *files);
         if (files)
             table->files = files;
-        uint64_t *sizes = files ? realloc(table->file_sizes, nf * sizeof *sizes) : NULL;
+        uint64_t *sizes = files ? wb__realloc(table->file_sizes, nf * sizeof *sizes) : NULL;
         if (sizes)
             table->file_sizes = sizes;
-        uint64_t *starts = sizes ? realloc(table->data_starts, nf * sizeof *starts) : NULL;
+        uint64_t *starts = sizes ? wb__realloc(table->data_starts, nf * sizeof *starts) : NULL;
         if (starts)
             table->data_starts = starts;
-        name_copy = starts ? strdup(file) : NULL;
+        name_copy = starts ? wb__strdup(file) : NULL;
         if (!name_copy) {
             free(by_name);
             return wb__st_fail(err, WB_ENOMEM, file, "out of memory adding the file");
@@ -535,7 +548,7 @@ static int commit(wb_st_table *table, uint32_t file_index, const char *file, uin
     } else if (!table->files[file_index]) {
         /* A slot that a caller reserved without a name gets this one; a failed
          * strdup only leaves the slot unnamed. */
-        table->files[file_index] = strdup(file);
+        table->files[file_index] = wb__strdup(file);
     }
     table->file_sizes[file_index] = file_size;
     table->data_starts[file_index] = data_start;
@@ -640,8 +653,11 @@ int wb__st_parse_header(wb_st_table *table, uint32_t file_index, const char *dis
                            hdr[0]);
 
     json_error_t je;
+    unsigned long failures = wb__alloc_jansson_failures();
     json_t *root = json_loadb((const char *)hdr, (size_t)n,
                               JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK, &je);
+    if (wb__st_json_nomem(&root, &je, failures))
+        return wb__st_fail(err, WB_ENOMEM, file, "out of memory parsing the JSON header");
     if (!root) {
         const char *hint = "";
         switch (json_error_code(&je)) {
@@ -689,7 +705,7 @@ int wb__st_parse_header(wb_st_table *table, uint32_t file_index, const char *dis
     }
 
     size_t nkeys = json_object_size(root);
-    p = calloc(nkeys ? nkeys : 1, sizeof *p);
+    p = wb__calloc(nkeys ? nkeys : 1, sizeof *p);
     if (!p) {
         rc = wb__st_fail(err, WB_ENOMEM, file, "out of memory reading %zu header entries", nkeys);
         goto out;

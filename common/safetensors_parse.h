@@ -36,4 +36,13 @@ uint64_t wb__st_load_le64(const uint8_t *p);
 /* "an object", "a string", ... for messages about JSON values. */
 const char *wb__st_json_kind(const json_t *v);
 
+/* Whether json_loadb's answer *root (NULL or not) is to be dropped for
+ * memory: an allocation of jansson's failed since wb__alloc_jansson_failures()
+ * said `failures_before` (jansson reports most as a syntax error, and one in
+ * its lexer's buffer it ignores, dropping a character from a string it goes
+ * on to return), or jansson says so itself (its out-of-memory code, or no
+ * error set at all: its lexer could not allocate). Frees and clears *root
+ * then. */
+int wb__st_json_nomem(json_t **root, const json_error_t *je, unsigned long failures_before);
+
 #endif

@@ -1,5 +1,6 @@
 #include "tensor_table.h"
 
+#include "alloc.h"
 #include "utf8.h"
 #include "wire.h"
 
@@ -36,7 +37,7 @@ uint8_t *wb__tensor_table_pack(Wbproto__Tensor *const *tensors, size_t n, size_t
     uint64_t total = WB_TABLE_HEADER + (uint64_t)n * WB_TABLE_RECORD + dims * 8 + strings;
     if (n > UINT32_MAX || total > UINT32_MAX)
         return NULL;
-    uint8_t *buf = calloc(1, (size_t)total);
+    uint8_t *buf = wb__calloc(1, (size_t)total);
     if (!buf)
         return NULL;
     uint8_t *rec = buf + WB_TABLE_HEADER;

@@ -1,5 +1,6 @@
 #include "wire.h"
 
+#include "alloc.h"
 #include "devlist.h"
 #include "placement.h"
 #include "shm.h"
@@ -508,6 +509,23 @@ static int check_reply_body(const Wbproto__Reply *rep, wb_err *err)
     }
 }
 
+/* protobuf-c says NULL for both a malformed reply and a failed allocation:
+ * these note the second (data: an int set to 1). A reply is freed with
+ * wb__protobuf_allocator, which frees the same way. */
+static void *reply_alloc(void *data, size_t size)
+{
+    void *p = wb__malloc(size);
+    if (!p)
+        *(int *)data = 1;
+    return p;
+}
+
+static void reply_free(void *data, void *p)
+{
+    (void)data;
+    free(p);
+}
+
 int wb__reply_decode(const uint8_t *buf, size_t len, Wbproto__Reply **out, wb_err *err)
 {
     *out = NULL;
@@ -516,7 +534,11 @@ int wb__reply_decode(const uint8_t *buf, size_t len, Wbproto__Reply **out, wb_er
     if (len > WB_MAX_MESSAGE)
         return wb__err_set(err, WB_EPROTO, "reply of %zu bytes exceeds the limit of %u bytes", len,
                            WB_MAX_MESSAGE);
-    Wbproto__Reply *rep = wbproto__reply__unpack(NULL, len, buf);
+    int nomem = 0;
+    ProtobufCAllocator noting = {reply_alloc, reply_free, &nomem};
+    Wbproto__Reply *rep = wbproto__reply__unpack(&noting, len, buf);
+    if (!rep && nomem)
+        return wb__err_set(err, WB_ENOMEM, "out of memory decoding a reply of %zu bytes", len);
     if (!rep)
         return wb__err_set(err, WB_EPROTO, "reply does not decode as wbproto.Reply (%zu bytes)",
                            len);
@@ -530,7 +552,7 @@ int wb__reply_decode(const uint8_t *buf, size_t len, Wbproto__Reply **out, wb_er
     else if ((rc = check_strings(&rep->base, "reply", err)) == WB_OK)
         rc = check_reply_body(rep, err);
     if (rc != WB_OK) {
-        wbproto__reply__free_unpacked(rep, NULL);
+        wbproto__reply__free_unpacked(rep, &wb__protobuf_allocator);
         return rc;
     }
     *out = rep;
@@ -540,7 +562,7 @@ int wb__reply_decode(const uint8_t *buf, size_t len, Wbproto__Reply **out, wb_er
 void wb__reply_free(Wbproto__Reply **rep)
 {
     if (rep && *rep) {
-        wbproto__reply__free_unpacked(*rep, NULL);
+        wbproto__reply__free_unpacked(*rep, &wb__protobuf_allocator);
         *rep = NULL;
     }
 }
@@ -549,7 +571,7 @@ uint8_t *wb__request_pack(const Wbproto__Request *req, size_t *len)
 {
     size_t n = wbproto__request__get_packed_size(req);
     /* One spare byte so that an empty message still gets a real buffer. */
-    uint8_t *buf = malloc(n + 1);
+    uint8_t *buf = wb__malloc(n + 1);
     if (!buf)
         return NULL;
     *len = wbproto__request__pack(req, buf);
@@ -559,7 +581,7 @@ uint8_t *wb__request_pack(const Wbproto__Request *req, size_t *len)
 uint8_t *wb__reply_pack(const Wbproto__Reply *rep, size_t *len)
 {
     size_t n = wbproto__reply__get_packed_size(rep);
-    uint8_t *buf = malloc(n + 1);
+    uint8_t *buf = wb__malloc(n + 1);
     if (!buf)
         return NULL;
     *len = wbproto__reply__pack(rep, buf);

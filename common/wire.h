@@ -52,8 +52,9 @@ uint64_t wb__request_scan_id(const uint8_t *buf, size_t len);
 
 /* Decodes and validates a request. On success *out is owned by the caller
  * (free with wb__request_free). On failure returns WB_EPROTO or WB_EVERSION
- * with a message; *id is set to the request id when it could be read (so the
- * error reply can echo it), else 0.
+ * (WB_ENOMEM when memory ran out) with a message; *id is set to the
+ * request id when it could be read (so the error reply can echo it), else
+ * 0.
  *
  * What a peer can make the decoder do before anything is checked is
  * bounded: the wire bytes are walked first and a repeated field with more
@@ -82,9 +83,9 @@ uint32_t wb__request_bound(const ProtobufCMessageDescriptor *msg, uint32_t field
  * bytes (see WB_REQUEST_BUDGET_*). */
 size_t wb__request_budget(size_t len);
 
-/* Same for replies, as a client receives them (every string field valid
- * UTF-8 too, "list_models.models[0].copies[1].error is not valid UTF-8
- * (byte 3)"; the replies' sizes are the broker's to bound). */
+/* Same for replies, as a client receives them (WB_ENOMEM too; every
+ * string field valid UTF-8, "list_models.models[0].copies[1].error is not
+ * valid UTF-8 (byte 3)"; the replies' sizes are the broker's to bound). */
 int wb__reply_decode(const uint8_t *buf, size_t len, Wbproto__Reply **out, wb_err *err);
 void wb__reply_free(Wbproto__Reply **rep);
 

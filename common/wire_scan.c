@@ -5,6 +5,7 @@
  * wire.c validates what comes out. */
 #include "wire.h"
 
+#include "alloc.h"
 #include "wire_impl.h"
 
 #include <limits.h>
@@ -301,7 +302,7 @@ static void *budget_alloc(void *data, size_t size)
         b->over = 1;
         return NULL;
     }
-    unsigned char *p = malloc(total);
+    unsigned char *p = wb__malloc(total);
     if (!p)
         return NULL;
     memcpy(p, &total, sizeof total);

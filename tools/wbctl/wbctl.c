@@ -1,6 +1,7 @@
 /* wbctl: the weightbroker admin CLI. */
 #include "wbctl.h"
 
+#include "alloc.h"
 #include "buildinfo.h"
 #include "log.h"
 #include "names.h"
@@ -106,6 +107,7 @@ static int finish(int rc)
 
 int main(int argc, char **argv)
 {
+    wb__alloc_use_for_jansson();
     wbctl_globals g = {0};
     static const struct option opts[] = {
         {"socket", required_argument, NULL, 's'},

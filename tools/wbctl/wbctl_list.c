@@ -2,6 +2,7 @@
 #include "wbctl.h"
 
 #include "clock.h"
+#include "alloc.h"
 #include "fdchan_wire.h"
 #include "text.h"
 
@@ -85,7 +86,7 @@ static int list_fetch(const wbctl_globals *g, int argc, char **argv, const char 
             pages_free(out);
             return rc;
         }
-        Wbproto__Reply **reps = realloc(out->reps, (out->n + 1) * sizeof *reps);
+        Wbproto__Reply **reps = wb__realloc(out->reps, (out->n + 1) * sizeof *reps);
         if (!reps) {
             wb__reply_free(&rep);
             wb__rpc_close(&rpc);

@@ -1,5 +1,6 @@
 #include "wbctl_out.h"
 
+#include "alloc.h"
 #include "fdchan_wire.h"
 #include "text.h"
 #include "utf8.h"
@@ -17,7 +18,7 @@ char *wbctl_utf8(const char *s)
 {
     if (!s)
         s = "";
-    char *out = malloc(3 * strlen(s) + 1);
+    char *out = wb__malloc(3 * strlen(s) + 1);
     if (!out)
         return NULL;
     return wb__utf8_repair(out, s);
@@ -26,7 +27,7 @@ char *wbctl_utf8(const char *s)
 char *wbctl_escape(const char *s)
 {
     size_t size = WB_TEXT_ESCAPE_MAX(s ? strlen(s) : 0);
-    char *out = malloc(size);
+    char *out = wb__malloc(size);
     if (!out)
         return NULL;
     wb__text_escape(out, size, s, 0);
@@ -38,7 +39,7 @@ static void table_addv(wbctl_table *t, const char *const *cells)
 {
     if (t->nrows == t->cap) {
         size_t cap = t->cap ? 2 * t->cap : 8;
-        char **more = realloc(t->cells, cap * t->ncols * sizeof *more);
+        char **more = wb__realloc(t->cells, cap * t->ncols * sizeof *more);
         if (!more)
             return;
         t->cells = more;
@@ -213,7 +214,7 @@ static int out_reserve(wbctl_json_array *a, size_t more)
     size_t cap = a->cap ? a->cap : 1 << 16;
     while (cap - a->len < more)
         cap *= 2;
-    char *p = realloc(a->out, cap);
+    char *p = wb__realloc(a->out, cap);
     if (!p)
         return -1;
     a->out = p;
@@ -332,8 +333,8 @@ static int field_set(wbctl_jrow *r, size_t k, const wbctl_jfield *f)
 static int row_build(wbctl_jrow *r, const wbctl_jfield *f, size_t n)
 {
     wbctl_jrow_free(r);
-    r->vals = calloc(n, sizeof *r->vals);
-    r->present = calloc(n, 1);
+    r->vals = wb__calloc(n, sizeof *r->vals);
+    r->present = wb__calloc(n, 1);
     r->o = json_object();
     r->n = n;
     int rc = r->vals && r->present && r->o ? 0 : -1;

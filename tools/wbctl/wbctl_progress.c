@@ -1,6 +1,7 @@
 #include "wbctl_progress.h"
 
 #include "clock.h"
+#include "alloc.h"
 #include "rpc.h"
 #include "wbctl_out.h"
 #include "wire.h"
@@ -115,11 +116,11 @@ wbctl_progress *wbctl_progress_start(const char *socket_path, const char *name)
 {
     if (!isatty(STDOUT_FILENO))
         return NULL;
-    wbctl_progress *p = calloc(1, sizeof *p);
+    wbctl_progress *p = wb__calloc(1, sizeof *p);
     if (!p)
         return NULL;
-    p->name = strdup(name);
-    p->socket_path = socket_path ? strdup(socket_path) : NULL;
+    p->name = wb__strdup(name);
+    p->socket_path = socket_path ? wb__strdup(socket_path) : NULL;
     if (!p->name || (socket_path && !p->socket_path)) {
         free(p->name);
         free(p->socket_path);

@@ -2,6 +2,7 @@
  * facts as JSON. Needs no broker. */
 #include "wbctl.h"
 
+#include "alloc.h"
 #include "buildinfo.h"
 #include "wbctl_call.h"
 #include "wbctl_out.h"
@@ -15,7 +16,7 @@
 static json_t *backends_json(void)
 {
     json_t *a = json_array();
-    char *list = strdup(wb__build_backends());
+    char *list = wb__strdup(wb__build_backends());
     char *save = NULL;
     for (char *w = list ? strtok_r(list, " ", &save) : NULL; w && a; w = strtok_r(NULL, " ", &save))
         json_array_append_new(a, json_string(w));
