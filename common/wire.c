@@ -260,12 +260,16 @@ int wb__request_decode_ex(const uint8_t *buf, size_t len, Wbproto__Request **out
         return rc;
     }
     size_t held = 0;
-    int over = 0;
-    Wbproto__Request *req = rc == WB_OK ? wb__wire_unpack_request(buf, len, &held, &over) : NULL;
+    int over = 0, nomem = 0;
+    Wbproto__Request *req =
+        rc == WB_OK ? wb__wire_unpack_request(buf, len, &held, &over, &nomem) : NULL;
     if (peak)
         *peak = held;
     if (!req) {
         *id = wb__request_scan_id(buf, len);
+        if (nomem)
+            return wb__err_set(err, WB_ENOMEM, "out of memory decoding a request of %zu bytes",
+                               len);
         if (over)
             return wb__err_set(err, WB_EPROTO,
                                "decoding the request would take more than %zu bytes (%zu bytes "

@@ -20,9 +20,11 @@ int wb__wire_scan_request(const uint8_t *buf, size_t len, wb_err *err);
 
 /* Unpacks bytes that wb__wire_scan_request passed, protobuf-c's allocations
  * counted against wb__request_budget(len): NULL when it refuses them, with
- * *over set when the budget ran out; *peak is the most bytes held at once.
- * Free the request with wb__wire_free_request. */
-Wbproto__Request *wb__wire_unpack_request(const uint8_t *buf, size_t len, size_t *peak, int *over);
+ * *over set when the budget ran out and *nomem when the allocator said no;
+ * *peak is the most bytes held at once. Free the request with
+ * wb__wire_free_request. */
+Wbproto__Request *wb__wire_unpack_request(const uint8_t *buf, size_t len, size_t *peak, int *over,
+                                          int *nomem);
 void wb__wire_free_request(Wbproto__Request *req);
 
 /* Appends "name" or "name[k]" (k != SIZE_MAX) to the path of len bytes;

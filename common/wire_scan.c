@@ -287,7 +287,7 @@ static int scan_message(const ProtobufCMessageDescriptor *d, const uint8_t *p, s
  * it back. With a NULL budget (freeing a request) nothing is counted. */
 typedef struct wire_budget {
     size_t used, peak, limit;
-    int over;
+    int over, nomem; /* refused for the budget; the allocator said no */
 } wire_budget;
 
 #define WIRE_BLOCK_HEADER alignof(max_align_t)
@@ -303,8 +303,11 @@ static void *budget_alloc(void *data, size_t size)
         return NULL;
     }
     unsigned char *p = wb__malloc(total);
-    if (!p)
+    if (!p) {
+        if (b)
+            b->nomem = 1;
         return NULL;
+    }
     memcpy(p, &total, sizeof total);
     if (b) {
         b->used += total;
@@ -337,13 +340,15 @@ int wb__wire_scan_request(const uint8_t *buf, size_t len, wb_err *err)
     return scan_message(&wbproto__request__descriptor, buf, len, path, sizeof path, 0, err);
 }
 
-Wbproto__Request *wb__wire_unpack_request(const uint8_t *buf, size_t len, size_t *peak, int *over)
+Wbproto__Request *wb__wire_unpack_request(const uint8_t *buf, size_t len, size_t *peak, int *over,
+                                          int *nomem)
 {
     wire_budget budget = {.limit = wb__request_budget(len)};
     ProtobufCAllocator counted = {budget_alloc, budget_free, &budget};
     Wbproto__Request *req = wbproto__request__unpack(&counted, len, buf);
     *peak = budget.peak;
     *over = budget.over;
+    *nomem = budget.nomem && !budget.over;
     return req;
 }
 

@@ -202,7 +202,7 @@ wait_for model_ready second || fail "the file's model second did not become read
 # start_broker passes --heartbeat-ms 100 --stale-ms 600; the file's JSON log
 # format, which no flag overrides, is in effect.
 listen=$(grep '"event":"listen"' "$BROKER_LOG") || fail "no JSON listen line: the file's log-format was ignored"
-[ "$(json "d['heartbeat_ms'], d['stale_ms'], d['socket']" <<<"$listen")" = "('100', '600', '$SOCK')" ] ||
+[ "$(json "d['heartbeat_ms'], d['stale_ms'], d['socket']" <<<"$listen")" = "(100, 600, '$SOCK')" ] ||
   fail "flags did not override the file: $listen"
 stop_broker
 
