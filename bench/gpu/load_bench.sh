@@ -47,7 +47,9 @@ D=$ROOT/tests/data/official
 broker_check() { # TAG [wbrokerd options...]
   local tag=$1 rc m
   shift
-  start_broker "$WORK/broker.sock" "$OUT/broker_$tag.log" "$@" \
+  # wb_cuda_check reads the slab through its CUDA IPC handle: the legacy
+  # transport (the default, cuda-vmm, passes descriptors instead).
+  start_broker "$WORK/broker.sock" "$OUT/broker_$tag.log" --cuda-slab ipc "$@" \
     --model gpt2="$D/gpt2/model.safetensors" --model sharded="$D/gpt2_sharded" \
     --model dtypes="$D/all_dtypes.safetensors" --model big="$BIG" || return
   for m in gpt2:"$D/gpt2/model.safetensors" sharded:"$D/gpt2_sharded" \
