@@ -464,6 +464,15 @@ int wb__rpc_call(wb__rpc *rpc, Wbproto__Request *req, int timeout_ms, Wbproto__R
     return wb__rpc_call_frame(rpc, req, timeout_ms, out, NULL, err);
 }
 
+/* Gives req this protocol's version and the connection's next id, and
+ * encodes it; NULL when out of memory. */
+static uint8_t *stamp_and_pack(wb__rpc *rpc, Wbproto__Request *req, size_t *len)
+{
+    req->version = WB_PROTOCOL_VERSION;
+    req->id = rpc->next_id++;
+    return wb__request_pack(req, len);
+}
+
 int wb__rpc_call_frame(wb__rpc *rpc, Wbproto__Request *req, int timeout_ms, Wbproto__Reply **out,
                        wb__frame **frame, wb_err *err)
 {
@@ -472,10 +481,8 @@ int wb__rpc_call_frame(wb__rpc *rpc, Wbproto__Request *req, int timeout_ms, Wbpr
         *frame = NULL;
     if (timeout_ms <= 0)
         timeout_ms = rpc->timeout_ms;
-    req->version = WB_PROTOCOL_VERSION;
-    req->id = rpc->next_id++;
     size_t len = 0;
-    uint8_t *buf = wb__request_pack(req, &len);
+    uint8_t *buf = stamp_and_pack(rpc, req, &len);
     if (!buf)
         return wb__err_set(err, WB_ENOMEM, "out of memory encoding a request");
     int rc = exchange(rpc, buf, len, req->id, 0, timeout_ms, out, frame, err);
@@ -492,11 +499,9 @@ int wb__rpc_send(wb__rpc *rpc, Wbproto__Request *req, int timeout_ms, uint64_t *
 {
     if (timeout_ms <= 0)
         timeout_ms = rpc->timeout_ms;
-    req->version = WB_PROTOCOL_VERSION;
-    req->id = rpc->next_id++;
-    *id = req->id;
     size_t len = 0;
-    uint8_t *buf = wb__request_pack(req, &len);
+    uint8_t *buf = stamp_and_pack(rpc, req, &len);
+    *id = req->id;
     if (!buf)
         return wb__err_set(err, WB_ENOMEM, "out of memory encoding a request");
     int rc = send_buf(rpc, buf, len, wb__clock_mono_ms() + timeout_ms, err);

@@ -1,5 +1,6 @@
 #include "log.h"
 
+#include "text.h"
 #include "utf8.h"
 
 #include <math.h>
@@ -115,17 +116,6 @@ static void jescape(jbuf *b, const char *s, size_t n)
     }
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* Undoes wb__log_quote: s[0..n) is "..." (wb__log_is_quoted); writes the
  * bytes it stands for to out (n bytes at least). Returns their length. */
 static size_t unquote(const char *s, size_t n, char *out)
@@ -139,8 +129,8 @@ static size_t unquote(const char *s, size_t n, char *out)
             if (d == '"' || d == '\\') {
                 c = d;
                 i++;
-            } else if (d == 'x' && i + 4 < n && (hi = hexval(s[i + 2])) >= 0 &&
-                       (lo = hexval(s[i + 3])) >= 0) {
+            } else if (d == 'x' && i + 4 < n && (hi = wb__text_hex_digit(s[i + 2])) >= 0 &&
+                       (lo = wb__text_hex_digit(s[i + 3])) >= 0) {
                 c = (char)(hi << 4 | lo);
                 i += 3;
             }

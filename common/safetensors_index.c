@@ -4,6 +4,8 @@
  * root's weight_map. */
 #include "safetensors_index.h"
 
+#include "text.h"
+
 #include <stdbool.h>
 #include <string.h>
 
@@ -33,17 +35,6 @@ static bool is_object(const scan *s)
     return (s->objects[d / 8] >> (d % 8)) & 1u;
 }
 
-static int hex_value(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* The string body s[0, n) (between the quotes, escapes undecoded) spells
  * "weight_map" once decoded. */
 static bool is_map_key(const char *s, size_t n)
@@ -61,7 +52,7 @@ static bool is_map_key(const char *s, size_t n)
                     return false;
                 unsigned v = 0;
                 for (int h = 0; h < 4; h++) {
-                    int x = hex_value(s[i + 2 + h]);
+                    int x = wb__text_hex_digit(s[i + 2 + h]);
                     if (x < 0)
                         return false;
                     v = v * 16 + (unsigned)x;

@@ -6,6 +6,17 @@
 #include <stdio.h>
 #include <string.h>
 
+int wb__text_hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
 char *wb__text_hex(char *out, size_t size, const void *bytes, size_t n)
 {
     static const char digits[] = "0123456789abcdef";

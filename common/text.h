@@ -11,6 +11,9 @@
  * when size >= 2 * n + 1). Returns out. */
 char *wb__text_hex(char *out, size_t size, const void *bytes, size_t n);
 
+/* The value of one hex digit, either case: 0 to 15, or -1. */
+int wb__text_hex_digit(char c);
+
 /* wb__text_escape's flags. QUOTE: '"' becomes \" as well, for a value
  * shown between double quotes (a log line's). */
 #define WB_TEXT_ESCAPE_QUOTE 1u

@@ -25,6 +25,22 @@ START_TEST(test_hex)
 }
 END_TEST
 
+/* Either case; everything else is not a digit. */
+START_TEST(test_hex_digit)
+{
+    const char *digits = "0123456789abcdef", *upper = "ABCDEF";
+    for (int i = 0; i < 16; i++)
+        ck_assert_int_eq(wb__text_hex_digit(digits[i]), i);
+    for (int i = 0; i < 6; i++)
+        ck_assert_int_eq(wb__text_hex_digit(upper[i]), 10 + i);
+    const char *not_digits = "gG/:@`x \0";
+    for (const char *c = not_digits; *c; c++)
+        ck_assert_int_eq(wb__text_hex_digit(*c), -1);
+    ck_assert_int_eq(wb__text_hex_digit('\0'), -1);
+    ck_assert_int_eq(wb__text_hex_digit((char)0xc3), -1);
+}
+END_TEST
+
 START_TEST(test_escape_bounded)
 {
     char out[64];
@@ -98,6 +114,7 @@ int main(void)
     Suite *s = suite_create("text");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_hex);
+    tcase_add_test(tc, test_hex_digit);
     tcase_add_test(tc, test_escape_bounded);
     tcase_add_test(tc, test_escape_quote);
     tcase_add_test(tc, test_escape_max);
