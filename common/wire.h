@@ -30,6 +30,8 @@
 #define WB_MAX_CONTAINER_RECORDS 16   /* per lease in one heartbeat */
 #define WB_MAX_RECORD_API        64   /* bytes of aoti_api, NUL included */
 #define WB_MAX_RECORD_PATH       1024 /* bytes of model_path, NUL included */
+/* Models one connection may subscribe to (SubscribeRequest). */
+#define WB_MAX_SUBSCRIPTIONS 64
 /* Fields on the wire in one message of a request beyond its own (each
  * once, a repeated one up to its bound): a newer peer's fields this broker
  * does not know, or a field given again. */
