@@ -243,6 +243,25 @@ shm_count() {
   echo "$n"
 }
 
+# use_slow_broker US: brokers started from now on read through
+# libwbtest_slowread.so, which makes each read of tensor data sleep US
+# microseconds, so that a load of a few MiB takes seconds.
+use_slow_broker() {
+  local shim=$WB_BIN_DIR/tests/libwbtest_slowread.so
+  [ -f "$shim" ] || fail "missing $shim (build every target first)"
+  export WB_TEST_PREAD_DELAY_US=$1
+  # ASan refuses to start with a library preloaded before its runtime
+  # unless told not to check.
+  cat >"$WB_TMP/slowbroker.sh" <<EOF
+#!/bin/sh
+export LD_PRELOAD="$shim\${LD_PRELOAD:+:\$LD_PRELOAD}"
+export ASAN_OPTIONS="\${ASAN_OPTIONS:+\$ASAN_OPTIONS:}verify_asan_link_order=0"
+exec "$WBROKERD" "\$@"
+EOF
+  chmod +x "$WB_TMP/slowbroker.sh"
+  WBROKERD=$WB_TMP/slowbroker.sh
+}
+
 # start_broker ARGS...: starts wbrokerd on $SOCK with the test timings plus
 # ARGS, and waits until it answers. A test about named /dev/shm slabs sets
 # HOST_SLAB=shm first (the broker's default is sealed memfds).

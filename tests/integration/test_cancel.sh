@@ -12,20 +12,8 @@
 # each read of tensor data sleep, so that a load of 32 MiB takes seconds.
 source "$(dirname "$0")/lib.sh"
 
-SLOWREAD=$WB_BIN_DIR/tests/libwbtest_slowread.so
-[ -f "$SLOWREAD" ] || fail "missing $SLOWREAD (build every target first)"
 # 128 reads of 256 KiB at 30 ms each: about 4 s for the big checkpoint.
-export WB_TEST_PREAD_DELAY_US=30000
-cat >"$WB_TMP/slowbroker.sh" <<EOF
-#!/bin/sh
-# ASan refuses to start with a library preloaded before its runtime unless
-# told not to check.
-export LD_PRELOAD="$SLOWREAD\${LD_PRELOAD:+:\$LD_PRELOAD}"
-export ASAN_OPTIONS="\${ASAN_OPTIONS:+\$ASAN_OPTIONS:}verify_asan_link_order=0"
-exec "$WBROKERD" "\$@"
-EOF
-chmod +x "$WB_TMP/slowbroker.sh"
-WBROKERD=$WB_TMP/slowbroker.sh
+use_slow_broker 30000
 HOST_SLAB=shm
 
 # One U8 tensor of N bytes (zeros, a sparse file).
