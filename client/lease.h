@@ -143,6 +143,14 @@ struct wb_lease {
      * table uses the table's); NULL until then. */
     _Atomic(wb__names_hash *) by_name;
     atomic_int orphaned;
+    /* Lease.version: the model's version this lease pins (0 from a broker
+     * that predates versions). */
+    uint32_t version;
+    /* The options it was acquired with, so that a follower acquires the
+     * next version for the same device (wb_container_follow). */
+    int opt_device;
+    int opt_allow_peer;
+    char opt_uuid[48];
     /* The container state: one lock for the count, the records and the
      * `ending` flag, so that wb_lease_release decides under the same lock
      * that registrations change under (lease_containers.c). */
