@@ -8,9 +8,9 @@
  * are discarded, except a VersionNotice (Reply.id 0, body `notice`, sent
  * unsolicited to a connection that subscribed), which goes to the rpc's
  * notice hook wherever it is read: while waiting for a reply, in the drain
- * that ends every exchange, or in wb__rpc_drain. On a timeout the socket is closed and re-created, so that a
- * late reply or a request still queued for a dead broker cannot be mistaken
- * for the answer to a later request. */
+ * that ends every exchange, or in wb__rpc_drain. On a timeout the socket is closed and re-created,
+ * so that a late reply or a request still queued for a dead broker cannot be mistaken for the
+ * answer to a later request. */
 #ifndef WB_RPC_H
 #define WB_RPC_H
 

@@ -38,9 +38,9 @@ int wb__rpc_decode_versions(const uint8_t *buf, size_t len, Wbproto__Reply **out
     Wbproto__Reply *rep = wbproto__reply__unpack(&wb__protobuf_allocator, len, buf);
     if (!rep)
         return WB_EPROTO;
-    int ok = rep->version == WB_PROTOCOL_VERSION && rep->status == 0 &&
-             (!rep->error || wb__utf8_invalid_at(rep->error, strlen(rep->error)) ==
-                                 strlen(rep->error));
+    int ok =
+        rep->version == WB_PROTOCOL_VERSION && rep->status == 0 &&
+        (!rep->error || wb__utf8_invalid_at(rep->error, strlen(rep->error)) == strlen(rep->error));
     if (ok && rep->body_case == WBPROTO__REPLY__BODY_NOTICE)
         ok = notice_ok(rep->notice);
     else if (ok && rep->body_case == WBPROTO__REPLY__BODY_SUBSCRIBE)

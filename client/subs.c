@@ -175,8 +175,10 @@ int wb__subs_resend_locked(wb_client *c, wb_err *err)
     pthread_mutex_lock(&c->sub_mu);
     unsigned n = 0;
     char(*names)[WB_NAME_MAX + 1] = wb__malloc((c->n_subs ? c->n_subs : 1) * sizeof *names);
-    for (struct wb__sub *s = c->subs; names && s; s = s->next)
-        memcpy(names[n++], s->model, sizeof s->model);
+    for (struct wb__sub *s = c->subs; names && s; s = s->next) {
+        if (s->gen != c->rpc.generation)
+            memcpy(names[n++], s->model, sizeof s->model);
+    }
     pthread_mutex_unlock(&c->sub_mu);
     if (!names)
         return wb__err_set(err, WB_ENOMEM, "subscriptions: out of memory");
@@ -206,8 +208,12 @@ int wb__subs_resend_locked(wb_client *c, wb_err *err)
             wake(c);
     }
     free(names);
-    if (rc == WB_OK && c->rpc.generation == gen)
+    if (rc == WB_OK && c->rpc.generation == gen) {
         c->sub_gen = gen;
+        /* The heartbeat thread polls the new socket from now on. */
+        if (n)
+            wb__client_wake(c);
+    }
     return rc;
 }
 
@@ -238,10 +244,11 @@ WB_EXPORT int wb_client_subscribe(wb_client *c, const char *model, wb_version_fn
         wb__client_fail(c, rc, "subscribe '%s': %s", model, e.msg);
     pthread_mutex_lock(&c->sub_mu);
     struct wb__sub *s = find_sub(c, model);
-    int send = rc == WB_OK && (!s || s->gen != c->rpc.generation);
+    int send = rc == WB_OK && (!s || s->gen != c->rpc.generation), first = 0;
     if (!s && c->n_subs >= WB_MAX_SUBSCRIPTIONS) {
-        rc = wb__client_fail(c, WB_ELIMIT, "subscribe '%s': this client has %u subscriptions, at "
-                                           "most %d",
+        rc = wb__client_fail(c, WB_ELIMIT,
+                             "subscribe '%s': this client has %u subscriptions, at "
+                             "most %d",
                              model, c->n_subs, WB_MAX_SUBSCRIPTIONS);
         send = 0;
     } else if (!s && rc == WB_OK) {
@@ -253,11 +260,14 @@ WB_EXPORT int wb_client_subscribe(wb_client *c, const char *model, wb_version_fn
         s->next = c->subs;
         c->subs = s;
         c->n_subs++;
-        atomic_store(&c->has_subs, 1);
+        first = !atomic_exchange(&c->has_subs, 1);
     }
     if (s && send)
         s->noticed = 0;
     pthread_mutex_unlock(&c->sub_mu);
+    /* The heartbeat thread polls the socket from now on. */
+    if (first)
+        wb__client_wake(c);
     uint32_t v = 0;
     if (send) {
         int refused = 0;

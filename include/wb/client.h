@@ -243,8 +243,8 @@ typedef void (*wb_version_fn)(void *arg, const char *model, uint32_t version, ui
  * not know the request); WB_ELIMIT beyond WB_MAX_SUBSCRIPTIONS (64) models
  * per client; WB_EINVAL for a NULL callback or a bad name; a failed
  * exchange (WB_ECONN, WB_ETIMEDOUT) subscribes nothing. */
-WB_EXPORT int wb_client_subscribe(wb_client *client, const char *model, wb_version_fn fn,
-                                  void *arg, uint32_t *current);
+WB_EXPORT int wb_client_subscribe(wb_client *client, const char *model, wb_version_fn fn, void *arg,
+                                  uint32_t *current);
 
 /* Removes the callback (fn, arg) of `model`; the model's last callback
  * unsubscribes from the broker. Once it returns, fn is not called with arg
