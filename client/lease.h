@@ -47,6 +47,10 @@ typedef struct wb__container_rec {
     uint64_t package_bytes;
     double created_at;
     const char *model_path;
+    /* Versions swapped in (wb_container_update) and the last swap's time
+     * in microseconds; written by the update, read by heartbeats. */
+    atomic_uint swaps;
+    _Atomic uint64_t last_swap_us;
 } wb__container_rec;
 
 /* One container's use of one lease: how much of the lease it binds. */
