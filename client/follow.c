@@ -104,8 +104,8 @@ static void follow_one(struct wb__follower *f, const char *model, uint32_t want)
                    "model=%s lease_model=%s version=%u step=update error=\"%s\"",
                    wb__aoti_qpath(c, q, sizeof q), wb__log_quote(qm, sizeof qm, model),
                    wb_lease_version(nl), wb_container_errmsg(c));
-        count_error(c);
         wb_lease_release(&nl);
+        count_error(c);
         return;
     }
     /* The container no longer uses the old lease (one an update could not

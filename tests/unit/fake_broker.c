@@ -51,8 +51,8 @@ static void fill_lease(fake_broker *f, Wbproto__Lease *lease, Wbproto__Slab *sla
     lease->id.data = id;
     lease->id.len = WB_LEASE_ID_LEN;
     lease->model = (char *)model;
-    uint32_t v = atomic_load(&f->version);
-    wb_shm *vs = v < FAKE_MAX_VERSIONS ? atomic_load(&f->version_slab[v]) : NULL;
+    uint32_t v = strcmp(model, "demo") == 0 ? atomic_load(&f->version) : 0;
+    wb_shm *vs = v ? atomic_load(&f->version_slab[v % FAKE_MAX_VERSIONS]) : NULL;
     wb_shm *use = vs ? vs : f->slab;
     lease->version = v;
     slab->index = 0;
@@ -218,7 +218,7 @@ static void answer(fake_broker *f, zmq_msg_t *ident, const Wbproto__Request *req
             atomic_fetch_add(&f->n_asked_table, 1);
         if (req->acquire->tensor_table_shared)
             atomic_fetch_add(&f->n_asked_shared, 1);
-        if (strcmp(req->acquire->model, "demo") != 0) {
+        if (strcmp(req->acquire->model, "demo") != 0 && strcmp(req->acquire->model, "other") != 0) {
             rep.status = WB_ENOTFOUND;
             rep.error = "no model named 'nosuch'";
             break;
@@ -293,6 +293,15 @@ static void answer(fake_broker *f, zmq_msg_t *ident, const Wbproto__Request *req
         atomic_store(&f->last_beats, (int)req->heartbeat->n_leases);
         if (req->heartbeat->n_leases > 0)
             atomic_store(&f->last_containers, req->heartbeat->leases[0]->containers);
+        atomic_store(&f->last_swaps, 0);
+        for (size_t i = 0; i < req->heartbeat->n_leases; i++) {
+            const Wbproto__LeaseBeat *lb = req->heartbeat->leases[i];
+            for (size_t k = 0; k < lb->n_container_records; k++) {
+                atomic_store(&f->last_swaps, lb->container_records[k]->swaps);
+                atomic_store(&f->last_swap_us,
+                             (int64_t)(lb->container_records[k]->last_swap_ms * 1000.0));
+            }
+        }
         for (size_t i = 0; i < req->heartbeat->n_leases && hb.n_unknown_leases < 16; i++) {
             const ProtobufCBinaryData *lid = &req->heartbeat->leases[i]->lease_id;
             /* Only leases this instance granted are known. */

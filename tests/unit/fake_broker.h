@@ -104,13 +104,18 @@ typedef struct fake_broker {
     atomic_int n_asked_shared, n_shared_sent;
     wb_shm shared_table;
     atomic_uint last_containers; /* of the first lease in the last heartbeat */
-    atomic_int last_beats;       /* leases in the last heartbeat */
+    /* ContainerRecord.swaps and last_swap_ms (in microseconds) of the last
+     * record in the last heartbeat (0 without one). */
+    atomic_uint last_swaps;
+    _Atomic int64_t last_swap_us;
+    atomic_int last_beats; /* leases in the last heartbeat */
     uint8_t released_id[WB_LEASE_ID_LEN];
     uint8_t next_id; /* the last byte of the next lease id, less one */
 
-    /* Versions of model "demo": leases carry `version` (0: say nothing, as
-     * a broker that predates versions) and, when version_slab[version] is
-     * set, are granted on that slab instead of `slab` (same tensors). */
+    /* Versions of model "demo" ("other", also granted, has none): leases
+     * carry `version` (0: say nothing, as a broker that predates versions)
+     * and, when version_slab[version % FAKE_MAX_VERSIONS] is set, are
+     * granted on that slab instead of `slab` (same tensors). */
     atomic_uint version;
     _Atomic(wb_shm *) version_slab[FAKE_MAX_VERSIONS];
     /* Subscriptions: enum fake_sub_mode; the subscribers (under sub_mu);
@@ -137,7 +142,7 @@ typedef struct fake_broker {
 
 /* Starts the fake on socket `path`, granting leases on `slab` (which the
  * caller owns) with the given tensors (at most FAKE_MAX_TENSORS) of model
- * "demo"; any other model is refused with WB_ENOTFOUND. */
+ * "demo" (and "other"); any other model is refused with WB_ENOTFOUND. */
 void fake_broker_start(fake_broker *f, const char *path, wb_shm *slab, uint32_t heartbeat_ms,
                        uint64_t instance, const fake_tensor *tensors, size_t n_tensors);
 
