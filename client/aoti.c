@@ -180,6 +180,9 @@ static int create(wb_container *c, wb_lease *const *leases, size_t n_leases, con
     int rc = check_args(c, leases, n_leases, model_path, o);
     if (rc != WB_OK)
         return rc;
+    c->own_constants = o->own_constants != 0;
+    if ((rc = wb__aoti_keep_options(c, o)))
+        return rc;
     c->model_path = wb__strdup(model_path);
     c->leases = wb__calloc(n_leases ? n_leases : 1, sizeof *c->leases);
     c->lease_bytes = wb__calloc(n_leases ? n_leases : 1, sizeof *c->lease_bytes);
@@ -272,6 +275,8 @@ static int create(wb_container *c, wb_lease *const *leases, size_t n_leases, con
     c->rec.embedded_bytes = c->info.embedded_bytes;
     c->rec.created_at = wb__clock_wall();
     c->rec.model_path = c->model_path;
+    c->version = n_leases ? wb_lease_version(leases[0]) : 0;
+    c->info.version = c->version;
     for (size_t i = 0; i < n_leases; i++)
         wb__lease_publish(leases[i], &c->rec, c->lease_bytes[i], c->lease_tensors[i]);
 
@@ -318,7 +323,9 @@ WB_EXPORT int wb_container_create(wb_lease *const *leases, size_t n_leases, cons
     if (!c)
         return WB_ENOMEM;
     *out = c;
-    int rc = create(c, leases, n_leases, model_path, opts ? opts : &defaults);
+    int rc = wb__aoti_locks_init(c);
+    if (rc == WB_OK)
+        rc = create(c, leases, n_leases, model_path, opts ? opts : &defaults);
     if (rc == WB_OK) {
         c->err.code = WB_OK;
         c->err.msg[0] = '\0';
@@ -336,6 +343,15 @@ WB_EXPORT int wb_container_create(wb_lease *const *leases, size_t n_leases, cons
 WB_EXPORT int wb_container_run(wb_container *c, wb_aten_tensor *inputs, size_t n_in,
                                wb_aten_tensor *outputs, size_t n_out, void *stream)
 {
+    return wb_container_run_versioned(c, inputs, n_in, outputs, n_out, stream, NULL);
+}
+
+/* The run lock is held shared around the model's Run (see aoti_update.c):
+ * the version read under it is the one the run uses. */
+WB_EXPORT int wb_container_run_versioned(wb_container *c, wb_aten_tensor *inputs, size_t n_in,
+                                         wb_aten_tensor *outputs, size_t n_out, void *stream,
+                                         uint32_t *version)
+{
     if (!c)
         return WB_EINVAL;
     if (!c->h)
@@ -349,8 +365,14 @@ WB_EXPORT int wb_container_run(wb_container *c, wb_aten_tensor *inputs, size_t n
         return wb__aoti_fail(c, WB_EINVAL, "run: model %s gives %zu outputs, room for %zu given",
                              c->model_path, c->info.n_outputs, n_out);
     void *s = stream ? stream : c->stream;
-    if (c->f.run(c->h, (AtenTensorHandle *)inputs, n_in, (AtenTensorHandle *)outputs, n_out,
-                 (AOTInductorStreamHandle)s, NULL) != 0)
+    pthread_rwlock_rdlock(&c->run_lock);
+    if (version)
+        *version = c->version;
+    wb__aoti_note_stream(c, s);
+    int rc = c->f.run(c->h, (AtenTensorHandle *)inputs, n_in, (AtenTensorHandle *)outputs, n_out,
+                      (AOTInductorStreamHandle)s, NULL);
+    pthread_rwlock_unlock(&c->run_lock);
+    if (rc != 0)
         return wb__aoti_runtime_fail(c, "AOTInductorModelContainerRun", NULL);
     return WB_OK;
 }
@@ -361,6 +383,8 @@ WB_EXPORT void wb_container_destroy(wb_container **cp)
         return;
     wb_container *c = *cp;
     *cp = NULL;
+    /* The follower goes first: it may be swapping. */
+    wb__aoti_follow_stop(c);
     if (c->h && c->f.del)
         c->f.del(c->h);
     c->h = NULL;
@@ -370,6 +394,14 @@ WB_EXPORT void wb_container_destroy(wb_container **cp)
         for (size_t i = 0; i < c->n_leases; i++)
             wb__lease_detach(c->leases[i], &c->rec);
     }
+    for (size_t i = 0; i < c->n_held; i++)
+        wb__lease_detach(c->held[i], &c->rec);
+    /* A container that followed owns its leases. */
+    for (size_t i = 0; c->owns_leases && i < c->n_leases; i++)
+        wb_lease_release(&c->leases[i]);
+    for (size_t i = 0; c->owns_leases && i < c->n_held; i++)
+        wb_lease_release(&c->held[i]);
+    free(c->held);
 #ifdef WB_HAVE_CUDA
     if (c->own_stream && c->stream)
         cudaStreamDestroy((cudaStream_t)c->stream);
@@ -387,6 +419,13 @@ WB_EXPORT void wb_container_destroy(wb_container **cp)
     free(c->lease_bytes);
     free(c->lease_tensors);
     free(c->long_msg);
+    for (size_t i = 0; i < c->n_caller; i++) {
+        free((char *)c->caller[i].fqn);
+        free((char *)c->caller[i].dtype);
+        free((uint64_t *)c->caller[i].shape);
+    }
+    free(c->caller);
+    wb__aoti_locks_free(c);
     free(c);
 }
 
@@ -406,6 +445,12 @@ WB_EXPORT int wb_container_get_info(const wb_container *c, wb_container_info *ou
 {
     if (!c || !out)
         return WB_EINVAL;
+    /* The lock is part of the container's state, not of its value. */
+    wb_container *m = (wb_container *)c;
+    if (m->locks_ready)
+        pthread_mutex_lock(&m->update_mu);
     *out = c->info;
+    if (m->locks_ready)
+        pthread_mutex_unlock(&m->update_mu);
     return WB_OK;
 }

@@ -518,20 +518,25 @@ AOTInductorConstantMapEntry *wb__aoti_make_pairs(wb_container *c, size_t *n)
     return p;
 }
 
+void wb__aoti_free_binding_array(const wb_container *c, binding *bind, size_t n)
+{
+    for (size_t i = 0; bind && i < n; i++) {
+        if (bind[i].handle && c->f.delete_tensor)
+            c->f.delete_tensor(bind[i].handle);
+        free(bind[i].private_host);
+#ifdef WB_HAVE_CUDA
+        if (bind[i].private_dev)
+            cudaFree(bind[i].private_dev);
+#endif
+        free(bind[i].name);
+        free(bind[i].fqn);
+    }
+    free(bind);
+}
+
 void wb__aoti_free_bindings(wb_container *c)
 {
-    for (size_t i = 0; i < c->n_bind; i++) {
-        if (c->bind[i].handle && c->f.delete_tensor)
-            c->f.delete_tensor(c->bind[i].handle);
-        free(c->bind[i].private_host);
-#ifdef WB_HAVE_CUDA
-        if (c->bind[i].private_dev)
-            cudaFree(c->bind[i].private_dev);
-#endif
-        free(c->bind[i].name);
-        free(c->bind[i].fqn);
-    }
-    free(c->bind);
+    wb__aoti_free_binding_array(c, c->bind, c->n_bind);
     c->bind = NULL;
     c->n_bind = 0;
 }

@@ -16,6 +16,8 @@
 #include "clog.h"
 #include "lease.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #define API_EXTERNAL "CreateWithExternalConstants"
@@ -67,6 +69,12 @@ typedef struct aoti_fns {
     aoti_code_fn device_type_cpu;    /* optional */
     aoti_code_fn device_type_cuda;   /* optional */
 } aoti_fns;
+
+/* Distinct streams a container remembers between updates (runs' streams,
+ * waited for after a swap); beyond that an update waits for the device. */
+#define WB_CONTAINER_STREAMS 32
+
+struct wb__follower;
 
 /* How a constant was bound. */
 enum { WB_BIND_NONE, WB_BIND_LEASED, WB_BIND_ALIASED, WB_BIND_CALLER, WB_BIND_PACKAGE };
@@ -123,7 +131,51 @@ struct wb_container {
     int own_known;
     wb__container_rec rec;
     wb_container_info info;
+    int own_constants;
+    /* The caller tensors of the options, copied (with their names, dtypes
+     * and shapes) for the bindings of an update; the memory is the
+     * caller's. */
+    wb_container_tensor *caller;
+    size_t n_caller;
+    int copy_mutated;
+
+    /* Runs and swaps (aoti_update.c). update_mu serialises updates (and
+     * the reads of `info` by wb_container_get_info). run_lock: every run
+     * holds it shared around the model's Run, the swap exclusive, so that a
+     * run sees one version whole; writers are preferred, so a stream of
+     * runs cannot starve a swap. `version` (the first lease's) is written
+     * under it exclusive and read shared. `streams`: the CUDA streams runs
+     * used since the last update, under streams_mu (a leaf). */
+    int locks_ready;
+    pthread_mutex_t update_mu;
+    pthread_rwlock_t run_lock;
+    uint32_t version;
+    pthread_mutex_t streams_mu;
+    void *streams[WB_CONTAINER_STREAMS];
+    size_t n_streams;
+    int streams_overflow;
+    /* follow.c: the follower, and whether the container owns its leases
+     * (wb_container_follow makes it so: destroy releases them). */
+    struct wb__follower *follower;
+    int owns_leases;
+    /* Leases an update replaced but could not wait for (a CUDA stream that
+     * failed): still registered, let go (and released when owned) at
+     * destroy. */
+    wb_lease **held;
+    size_t n_held;
 };
+
+/* aoti_update.c: sets up and frees the run and update locks; notes the
+ * stream a run used (CUDA only). */
+int wb__aoti_locks_init(wb_container *c);
+void wb__aoti_locks_free(wb_container *c);
+void wb__aoti_note_stream(wb_container *c, void *stream);
+/* Copies what an update's bindings need of the creation's options (the
+ * caller tensors' descriptions, copy_mutated). */
+int wb__aoti_keep_options(wb_container *c, const wb_container_options *o);
+/* follow.c: stops and joins the follower (before destroy frees
+ * anything); harmless without one. */
+void wb__aoti_follow_stop(wb_container *c);
 
 /* The model path as a log value (quoted when it has spaces). */
 const char *wb__aoti_qpath(const wb_container *c, char *buf, size_t size);
@@ -169,6 +221,9 @@ void wb__aoti_lease_names(const wb_container *c, char *buf, size_t size);
 int wb__aoti_report_missing(wb_container *c, const size_t *missing, size_t n);
 AOTInductorConstantMapEntry *wb__aoti_make_pairs(wb_container *c, size_t *n);
 void wb__aoti_free_bindings(wb_container *c);
+/* Frees n bindings made for c (their wrappers, private copies and names)
+ * and the array. */
+void wb__aoti_free_binding_array(const wb_container *c, binding *bind, size_t n);
 size_t wb__aoti_count_folded(const wb_container *c, uint64_t *bytes);
 
 /* aoti_create.c: the creation strategies, and the container's stream. */

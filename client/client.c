@@ -10,11 +10,14 @@
 #include "mapcache.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
+#include <unistd.h>
 
 /* The clock of clients connected from now on (wb__client_clock). */
 static int64_t (*client_clock)(void) = wb__clock_mono_ms;
@@ -35,8 +38,10 @@ static void kick_heartbeat(wb_client *c)
 {
     pthread_mutex_lock(&c->hb_mu);
     c->hb_kick = 1;
-    pthread_cond_signal(&c->hb_cond);
     pthread_mutex_unlock(&c->hb_mu);
+    uint64_t one = 1;
+    while (write(c->hb_wake, &one, sizeof one) < 0 && errno == EINTR)
+        ;
 }
 
 void wb__client_wake(wb_client *c)
@@ -160,8 +165,10 @@ static int heartbeat_locked(wb_client *c, wb_err *err)
         return wb__err_set(err, rc, "heartbeat: %s", e.msg);
     }
     const Wbproto__HeartbeatReply *hr = rep->heartbeat;
-    if (hr)
+    if (hr) {
         wb__client_set_pace(c, hr->heartbeat_interval_ms, hr->stale_after_ms);
+        wb__subs_apply_beat(c, hr);
+    }
     for (size_t k = 0; hr && k < hr->n_unknown_leases; k++) {
         if (hr->unknown_leases[k].len != WB_LEASE_ID_BYTES)
             continue;
@@ -184,6 +191,10 @@ WB_EXPORT int wb_client_heartbeat(wb_client *client)
     pthread_mutex_unlock(&client->mu);
     if (rc != WB_OK)
         wb__client_fail(client, rc, "%s", e.msg);
+    /* Without the heartbeat thread, the callbacks of the versions heard
+     * run here, on the caller's thread. */
+    if (!client->hb_started)
+        wb__subs_dispatch(client);
     return rc;
 }
 
@@ -198,35 +209,54 @@ static int64_t heartbeat_next(wb_client *c, int64_t beat_at)
     return due && due < at ? due : at;
 }
 
-/* Sleeps on a condition variable rather than in sleep() so that destroy can
- * stop the thread at once. A failed heartbeat only clears `connected`: the
- * thread has no caller to report to, and the client's message belongs to
- * the application's own calls. While disconnected it wakes for each
+/* Sleeps in poll(2) rather than in sleep() so that destroy can stop the
+ * thread at once. A failed heartbeat only clears `connected`: the thread
+ * has no caller to report to, and the client's message belongs to the
+ * application's own calls. While disconnected it wakes for each
  * reconnection attempt (50 ms after the loss, then doubling up to 2 s) and,
  * once reconnected, sends a heartbeat at once so that leases the broker does
  * not know are marked orphaned. It also wakes when a lingering mapping is
- * due (wb__client_linger), which sends nothing. Every wake reads the clock
- * again, so a kick or a wait that ends early does nothing that is not due. */
+ * due (wb__client_linger), which sends nothing. With subscriptions it also
+ * polls the socket (ZMQ_FD, edge-triggered), reads what came under the
+ * client's lock (the notices go to subs.c) and runs the callbacks with no
+ * lock held; a notice that another thread's exchange read wakes it too.
+ * Every wake reads the clock again, so a kick or a wait that ends early
+ * does nothing that is not due. */
 static void *heartbeat_main(void *arg)
 {
     wb_client *c = arg;
     int64_t beat_at = c->hb_first_ms;
-    pthread_mutex_lock(&c->hb_mu);
-    while (!c->hb_stop) {
+    for (;;) {
+        pthread_mutex_lock(&c->hb_mu);
+        int stop = c->hb_stop;
         c->hb_kick = 0;
+        pthread_mutex_unlock(&c->hb_mu);
+        if (stop)
+            break;
+        uint64_t drained;
+        while (read(c->hb_wake, &drained, sizeof drained) < 0 && errno == EINTR)
+            ;
+        int sock_fd = -1;
+        if (atomic_load(&c->has_subs)) {
+            wb_err e;
+            pthread_mutex_lock(&c->mu);
+            wb__rpc_drain(&c->rpc);
+            if (atomic_load(&c->connected) && wb__subs_resend_locked(c, &e) != WB_OK)
+                atomic_store(&c->connected, 0);
+            sock_fd = wb__rpc_fd(&c->rpc);
+            pthread_mutex_unlock(&c->mu);
+        }
+        wb__subs_dispatch(c);
         int64_t now = c->now_ms();
         int64_t left = heartbeat_next(c, beat_at) - now;
         if (left > 0) {
             atomic_store(&c->hb_idle_ms, now);
-            int64_t wait_ms = left > UINT32_MAX ? UINT32_MAX : left;
-            struct timespec until = wb__clock_mono_deadline(wait_ms * 1000000);
-            while (!c->hb_stop && !c->hb_kick) {
-                if (pthread_cond_timedwait(&c->hb_cond, &c->hb_mu, &until) == ETIMEDOUT)
-                    break;
-            }
+            struct pollfd p[2] = {{.fd = c->hb_wake, .events = POLLIN},
+                                  {.fd = sock_fd, .events = POLLIN}};
+            int wait_ms = left > INT32_MAX ? INT32_MAX : (int)left;
+            poll(p, sock_fd >= 0 ? 2 : 1, wait_ms);
             continue;
         }
-        pthread_mutex_unlock(&c->hb_mu);
         wb_err e;
         pthread_mutex_lock(&c->mu);
         now = c->now_ms();
@@ -244,27 +274,23 @@ static void *heartbeat_main(void *arg)
         if (atomic_load(&c->linger_due_ms))
             wb__client_linger_sweep(c, c->now_ms());
         pthread_mutex_unlock(&c->mu);
-        pthread_mutex_lock(&c->hb_mu);
+        wb__subs_dispatch(c);
     }
-    pthread_mutex_unlock(&c->hb_mu);
     return NULL;
 }
 
 static int start_heartbeat(wb_client *c)
 {
-    pthread_condattr_t attr;
-    if (pthread_condattr_init(&attr) != 0)
-        return wb__client_fail(c, WB_ENOMEM, "cannot start the heartbeat thread");
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    int rc = pthread_cond_init(&c->hb_cond, &attr);
-    pthread_condattr_destroy(&attr);
-    if (rc != 0)
-        return wb__client_fail(c, WB_ENOMEM, "cannot start the heartbeat thread: %s", strerror(rc));
+    c->hb_wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (c->hb_wake < 0)
+        return wb__client_fail(c, WB_ENOMEM, "cannot start the heartbeat thread: eventfd: %s",
+                               strerror(errno));
     pthread_mutex_init(&c->hb_mu, NULL);
     c->hb_first_ms = c->now_ms() + atomic_load(&c->heartbeat_ms);
-    rc = pthread_create(&c->hb_thread, NULL, heartbeat_main, c);
+    int rc = pthread_create(&c->hb_thread, NULL, heartbeat_main, c);
     if (rc != 0) {
-        pthread_cond_destroy(&c->hb_cond);
+        close(c->hb_wake);
+        c->hb_wake = -1;
         pthread_mutex_destroy(&c->hb_mu);
         return wb__client_fail(c, WB_ENOMEM, "cannot start the heartbeat thread: %s", strerror(rc));
     }
@@ -278,11 +304,14 @@ static void stop_heartbeat(wb_client *c)
         return;
     pthread_mutex_lock(&c->hb_mu);
     c->hb_stop = 1;
-    pthread_cond_signal(&c->hb_cond);
     pthread_mutex_unlock(&c->hb_mu);
+    uint64_t one = 1;
+    while (write(c->hb_wake, &one, sizeof one) < 0 && errno == EINTR)
+        ;
     pthread_join(c->hb_thread, NULL);
-    pthread_cond_destroy(&c->hb_cond);
     pthread_mutex_destroy(&c->hb_mu);
+    close(c->hb_wake);
+    c->hb_wake = -1;
     c->hb_started = 0;
 }
 
@@ -311,7 +340,9 @@ WB_EXPORT int wb_client_connect(const wb_client_options *opts, wb_client **out)
     *out = c;
 
     wb_err e;
+    c->hb_wake = -1;
     int rc = wb__rpc_open(&c->rpc, opts->socket_path, opts->timeout_ms, &e);
+    wb__subs_init(c);
     if (rc != WB_OK)
         return wb__client_fail(c, rc, "%s", e.msg);
     c->on_restart = orphan_all;
@@ -367,6 +398,7 @@ WB_EXPORT void wb_client_destroy(wb_client **client)
     wb__client_linger_sweep(c, INT64_MAX);
     pthread_mutex_unlock(&c->mu);
     wb__rpc_close(&c->rpc);
+    wb__subs_free(c);
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->err_mu);
     free(c);

@@ -8,16 +8,24 @@
  *                     lingering mappings. Held across every exchange with
  *                     the broker, so whoever waits for it may wait a whole
  *                     request timeout: acquire, release once it is allowed,
- *                     heartbeats, reconnection and destroy take it; lookups,
- *                     accessors, verification, container registrations and
- *                     the messages of their failures never do.
+ *                     heartbeats, reconnection, subscriptions and destroy
+ *                     take it, and the heartbeat thread to read notices off
+ *                     the socket; lookups, accessors, verification,
+ *                     container registrations, container runs and updates
+ *                     and the messages of their failures never do.
  *   chan_mu           (fdchan.c) the process's descriptor channels. Held
  *                     across an exchange on a channel, always under
  *                     wb_client.mu (an acquire's fetch, the hello's session)
  *                     or across fork().
  *   cache_mu          (mapcache.c) the process's slab mappings; held while
  *                     mapping or unmapping one, never across an exchange.
- *   wb_client.hb_mu   the heartbeat thread's stop and kick flags (hb_cond).
+ *   wb_client.hb_mu   the heartbeat thread's stop and kick flags.
+ *   wb_client.sub_mu  (subs.c) the subscriptions: models, their callbacks,
+ *                     the versions known and announced, whether callbacks
+ *                     run now. Taken under wb_client.mu by the notice hook,
+ *                     heartbeat replies and (un)subscribe, and alone by the
+ *                     callbacks' dispatch, which calls the callbacks with no
+ *                     lock held.
  *   wb_lease.mu       (lease.h) a lease's containers, and the name index of
  *                     a lease without a shared table.
  *   wb__table.mu      (lease.h) a shared table's entries and name index.
@@ -28,11 +36,19 @@
  *                     cache_mu: a warning at destroy or while unmapping).
  *   kept_mu           (verify.c) the kept device verifiers; held across a
  *                     tensor's device copies.
+ *   container locks   (aoti_impl.h) a container's update_mu (serialises
+ *                     updates, taken before the others), run_lock (a
+ *                     rwlock: runs shared, the swap exclusive), streams_mu
+ *                     and follow_mu (leaves). A container's updates take
+ *                     wb_lease.mu under update_mu (registrations) and never
+ *                     wb_client.mu; a follower thread takes wb_client.mu
+ *                     (acquire, release) with none of them held.
  * Order: a lock is taken only while holding none, or only locks it is
  * listed under here:
- *   wb_client.mu > chan_mu, cache_mu, hb_mu, wb_lease.mu, err_mu
+ *   wb_client.mu > chan_mu, cache_mu, hb_mu, sub_mu, wb_lease.mu, err_mu
  *   cache_mu > clog_mu (a warning while unmapping)
- * Every other pair is never nested: err_mu, hb_mu, wb_lease.mu,
+ *   update_mu > run_lock, streams_mu, wb_lease.mu, clog_mu
+ * Every other pair is never nested: err_mu, hb_mu, sub_mu, wb_lease.mu,
  * wb__table.mu, clog_mu and kept_mu are leaves (nothing is taken under
  * them), and the heartbeat thread lets go of hb_mu before it takes
  * wb_client.mu. The once-only initialisers (lease.c's device list,
@@ -62,6 +78,7 @@
 #define WB_CLIENT_MSGS 4
 
 struct wb__map;
+struct wb__sub;
 
 struct wb_client {
     /* Held around every exchange with the broker and every change of the
@@ -121,16 +138,18 @@ struct wb_client {
      * that granted the leases. */
     void (*on_restart)(wb_client *c);
 
-    /* The heartbeat thread sleeps on hb_cond so destroy can wake it, and so
-     * can a lingering mapping due before its next beat or a test that moved
-     * the clock (hb_kick). The first beat is due at `hb_first_ms`, an
-     * interval after the hello, however late the thread starts;
-     * `hb_idle_ms` is the clock's reading when the thread last found
-     * nothing due and went to sleep. */
+    /* The heartbeat thread sleeps in poll(2) on `hb_wake` (an eventfd) so
+     * destroy can wake it, and so can a lingering mapping due before its
+     * next beat, a notice read by another thread, or a test that moved the
+     * clock (hb_kick); with subscriptions it also polls the socket's
+     * ZMQ_FD, so that a notice wakes it at once. The first beat is due at
+     * `hb_first_ms`, an interval after the hello, however late the thread
+     * starts; `hb_idle_ms` is the clock's reading when the thread last
+     * found nothing due and went to sleep. */
     int hb_started;
     pthread_t hb_thread;
     pthread_mutex_t hb_mu;
-    pthread_cond_t hb_cond;
+    int hb_wake;
     int hb_stop;
     int hb_kick;
     int64_t hb_first_ms;
@@ -145,7 +164,37 @@ struct wb_client {
     struct wb__map *linger[WB_LINGER_MAPS];
     int64_t linger_until[WB_LINGER_MAPS];
     _Atomic int64_t linger_due_ms;
+
+    /* Subscriptions (subs.c), under sub_mu. `sub_gen` is the rpc socket
+     * generation they were sent on: another one (a reconnection, a socket
+     * re-created after a timeout) is a new connection to the broker, which
+     * knows none of them, so they are sent again. `sub_pending`: a version
+     * to announce (read without the lock by the heartbeat thread). */
+    pthread_mutex_t sub_mu;
+    pthread_cond_t sub_cond;
+    struct wb__sub *subs;
+    unsigned n_subs;
+    uint64_t sub_gen;
+    int sub_dispatching; /* callbacks are running, on sub_dispatcher */
+    pthread_t sub_dispatcher;
+    atomic_int sub_pending;
+    atomic_int has_subs;
 };
+
+/* subs.c: the subscriptions' state. wb__subs_init/free at connect and
+ * destroy (free after the heartbeat thread stopped). wb__subs_on_notice is
+ * the rpc's notice hook (under c->mu). wb__subs_apply_beat records a
+ * heartbeat reply's current versions (under c->mu). wb__subs_resend_locked
+ * sends every subscription again when the socket is not the one they were
+ * sent on (under c->mu; a failed exchange is returned, a refusal is not).
+ * wb__subs_dispatch calls the callbacks of versions not yet announced;
+ * the caller holds no lock of the library. */
+void wb__subs_init(wb_client *c);
+void wb__subs_free(wb_client *c);
+void wb__subs_on_notice(void *arg, const Wbproto__VersionNotice *n);
+void wb__subs_apply_beat(wb_client *c, const Wbproto__HeartbeatReply *hr);
+int wb__subs_resend_locked(wb_client *c, wb_err *err);
+void wb__subs_dispatch(wb_client *c);
 
 /* Stores a message in the client (when there is one) and returns code.
  * Takes err_mu only: callers may hold client->mu or not. */

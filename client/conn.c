@@ -139,6 +139,9 @@ int wb__client_reconnect_locked(wb_client *c, int *restarted, wb_err *err)
     int rc = wb__rpc_reopen(&c->rpc, err);
     if (rc == WB_OK)
         rc = hello_locked(c, restarted, err);
+    /* The new connection knows none of the subscriptions. */
+    if (rc == WB_OK)
+        rc = wb__subs_resend_locked(c, err);
     if (rc == WB_OK) {
         atomic_fetch_add(&c->reconnects, 1);
         return WB_OK;

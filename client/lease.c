@@ -363,6 +363,11 @@ static int acquire_once(wb_client *client, const char *model, const char *uuid,
         wb__text_hex(l->id_hex, sizeof l->id_hex, l->id, WB_LEASE_ID_BYTES);
         wb__lease_containers_init(l);
         atomic_init(&l->orphaned, 0);
+        l->version = pl->version;
+        l->opt_device = o->device;
+        l->opt_allow_peer = o->allow_peer;
+        if (o->device_uuid)
+            snprintf(l->opt_uuid, sizeof l->opt_uuid, "%s", o->device_uuid);
         l->model = wb__strdup(model);
         if (!l->model)
             rc = wb__client_fail(client, WB_ENOMEM, "acquire '%s': out of memory", model);
@@ -479,6 +484,11 @@ WB_EXPORT void wb_lease_id_hex(const wb_lease *lease, char out[33])
         return;
     }
     memcpy(out, lease->id_hex, sizeof lease->id_hex);
+}
+
+WB_EXPORT uint32_t wb_lease_version(const wb_lease *lease)
+{
+    return lease ? lease->version : 0;
 }
 
 WB_EXPORT int wb_lease_orphaned(const wb_lease *lease)

@@ -47,6 +47,10 @@ typedef struct wb__container_rec {
     uint64_t package_bytes;
     double created_at;
     const char *model_path;
+    /* Versions swapped in (wb_container_update) and the last swap's time
+     * in microseconds; written by the update, read by heartbeats. */
+    atomic_uint swaps;
+    _Atomic uint64_t last_swap_us;
 } wb__container_rec;
 
 /* One container's use of one lease: how much of the lease it binds. */
@@ -143,6 +147,14 @@ struct wb_lease {
      * table uses the table's); NULL until then. */
     _Atomic(wb__names_hash *) by_name;
     atomic_int orphaned;
+    /* Lease.version: the model's version this lease pins (0 from a broker
+     * that predates versions). */
+    uint32_t version;
+    /* The options it was acquired with, so that a follower acquires the
+     * next version for the same device (wb_container_follow). */
+    int opt_device;
+    int opt_allow_peer;
+    char opt_uuid[48];
     /* The container state: one lock for the count, the records and the
      * `ending` flag, so that wb_lease_release decides under the same lock
      * that registrations change under (lease_containers.c). */

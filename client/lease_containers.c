@@ -224,6 +224,8 @@ int wb__lease_fill_beat(wb_lease *lease, Wbproto__LeaseBeat *beat)
         r->unbound_constants = u->rec->unbound_constants;
         r->package_bytes = u->rec->package_bytes;
         r->created_at = u->rec->created_at;
+        r->swaps = atomic_load(&u->rec->swaps);
+        r->last_swap_ms = (double)atomic_load(&u->rec->last_swap_us) / 1000.0;
         if (!r->aoti_api || !r->model_path)
             rc = WB_ENOMEM;
     }

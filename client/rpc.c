@@ -61,6 +61,7 @@ static int open_socket(wb__rpc *rpc, wb_err *err)
         return wb__err_set(err, WB_ECONN, "cannot connect to %s: %s", rpc->path, zmq_strerror(e));
     }
     rpc->sock = s;
+    rpc->generation++;
     return WB_OK;
 }
 
@@ -376,6 +377,64 @@ static int send_buf(wb__rpc *rpc, const uint8_t *buf, size_t len, int64_t deadli
     }
 }
 
+/* Decodes a reply, with the subscription bodies common/wire.c does not
+ * know (rpc_versions.c). */
+static int decode(const zmq_msg_t *msg, Wbproto__Reply **rep, wb_err *err)
+{
+    const uint8_t *data = zmq_msg_data((zmq_msg_t *)msg);
+    size_t size = zmq_msg_size((zmq_msg_t *)msg);
+    int rc = wb__reply_decode(data, size, rep, err);
+    if (rc == WB_EPROTO && wb__rpc_decode_versions(data, size, rep) == WB_OK)
+        return WB_OK;
+    return rc;
+}
+
+/* An unsolicited notice: handed to the hook and freed. 1 when `rep` was
+ * one. */
+static int take_notice(wb__rpc *rpc, Wbproto__Reply **rep)
+{
+    if ((*rep)->id != 0 || (*rep)->body_case != WBPROTO__REPLY__BODY_NOTICE || !(*rep)->notice)
+        return 0;
+    if (rpc->on_notice)
+        rpc->on_notice(rpc->notice_arg, (*rep)->notice);
+    wb__reply_free(rep);
+    return 1;
+}
+
+int wb__rpc_drain(wb__rpc *rpc)
+{
+    int n = 0;
+    if (!rpc->sock)
+        return 0;
+    for (;;) {
+        zmq_msg_t msg;
+        zmq_msg_init(&msg);
+        if (zmq_msg_recv(&msg, rpc->sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&msg);
+            return n;
+        }
+        int more = zmq_msg_more(&msg);
+        Wbproto__Reply *rep = NULL;
+        wb_err ignored;
+        if (!more && decode(&msg, &rep, &ignored) == WB_OK) {
+            n += take_notice(rpc, &rep);
+            wb__reply_free(&rep);
+        }
+        if (more)
+            drop_rest(rpc, &msg);
+        zmq_msg_close(&msg);
+    }
+}
+
+int wb__rpc_fd(const wb__rpc *rpc)
+{
+    int fd = -1;
+    size_t len = sizeof fd;
+    if (!rpc->sock || zmq_getsockopt(rpc->sock, ZMQ_FD, &fd, &len) != 0)
+        return -1;
+    return fd;
+}
+
 /* Receives the reply to `want_id` (any reply with any_id) until `deadline`.
  * WB_ETIMEDOUT (nothing set in err) when none came in time. */
 static int recv_reply(wb__rpc *rpc, uint64_t want_id, int any_id, int64_t deadline,
@@ -404,7 +463,7 @@ static int recv_reply(wb__rpc *rpc, uint64_t want_id, int any_id, int64_t deadli
         }
         Wbproto__Reply *rep = NULL;
         wb_err derr;
-        int rc = wb__reply_decode(zmq_msg_data(&msg), zmq_msg_size(&msg), &rep, &derr);
+        int rc = decode(&msg, &rep, &derr);
         zmq_msg_close(&msg);
         if (rc != WB_OK) {
             wb__frame_free(&second);
@@ -412,6 +471,10 @@ static int recv_reply(wb__rpc *rpc, uint64_t want_id, int any_id, int64_t deadli
                 return wb__err_set(err, rc, "reply from the broker at %s: %s", rpc->path, derr.msg);
             return wb__err_set(err, rc, "malformed reply from the broker at %s: %s", rpc->path,
                                derr.msg);
+        }
+        if (take_notice(rpc, &rep)) {
+            wb__frame_free(&second);
+            continue;
         }
         if (!any_id && rep->id != want_id) {
             /* A late answer to an earlier request: not ours. */
@@ -433,6 +496,8 @@ static int exchange(wb__rpc *rpc, const uint8_t *buf, size_t len, uint64_t want_
     int rc = send_buf(rpc, buf, len, deadline, err);
     if (rc == WB_OK)
         rc = recv_reply(rpc, want_id, any_id, deadline, out, frame, err);
+    if (rc == WB_OK)
+        wb__rpc_drain(rpc); /* notices that came with or after the reply */
     return rc == WB_ETIMEDOUT ? timed_out(rpc, timeout_ms, err) : rc;
 }
 
@@ -519,6 +584,7 @@ int wb__rpc_wait(wb__rpc *rpc, uint64_t id, int body, int timeout_ms, Wbproto__R
         return wb__err_set(err, WB_ETIMEDOUT, "no reply from the broker at %s yet", rpc->path);
     if (rc != WB_OK)
         return rc;
+    wb__rpc_drain(rpc);
     return check_reply(out, body, err);
 }
 

@@ -5,9 +5,12 @@
  * neither); not part of the public API. One wb__rpc
  * is not thread-safe: its owner serialises calls (the client holds its mutex
  * around every call). Every request gets a fresh id; replies with other ids
- * are discarded. On a timeout the socket is closed and re-created, so that a
- * late reply or a request still queued for a dead broker cannot be mistaken
- * for the answer to a later request. */
+ * are discarded, except a VersionNotice (Reply.id 0, body `notice`, sent
+ * unsolicited to a connection that subscribed), which goes to the rpc's
+ * notice hook wherever it is read: while waiting for a reply, in the drain
+ * that ends every exchange, or in wb__rpc_drain. On a timeout the socket is closed and re-created,
+ * so that a late reply or a request still queued for a dead broker cannot be mistaken for the
+ * answer to a later request. */
 #ifndef WB_RPC_H
 #define WB_RPC_H
 
@@ -24,6 +27,10 @@
 #define WB_RPC_RECONNECT_MIN_MS 50
 #define WB_RPC_RECONNECT_MAX_MS 2000
 
+/* Called with each VersionNotice read on the socket, on the thread that
+ * read it (the rpc's owner, under its lock); the notice is freed after. */
+typedef void (*wb__rpc_notice_fn)(void *arg, const Wbproto__VersionNotice *notice);
+
 typedef struct wb__rpc {
     void *ctx;
     void *sock; /* NULL after a failed re-creation; the next call retries */
@@ -32,6 +39,12 @@ typedef struct wb__rpc {
     uint64_t next_id;
     int timeout_ms; /* default for calls that pass 0 */
     int denied;     /* the last open or reopen failed: this process may not connect */
+    /* Counts the sockets opened: each is a new connection to the broker,
+     * which knows nothing of the last one's subscriptions. */
+    uint64_t generation;
+    /* NULL: notices are discarded like replies to nobody. */
+    wb__rpc_notice_fn on_notice;
+    void *notice_arg;
 } wb__rpc;
 
 /* Resolves the socket path (see wb__socket_path: `socket_path` may be NULL),
@@ -102,6 +115,23 @@ int wb__rpc_call_frame(wb__rpc *rpc, Wbproto__Request *req, int timeout_ms, Wbpr
  * with *out set). For tests and diagnostics of the broker's decoder. */
 int wb__rpc_call_raw(wb__rpc *rpc, const uint8_t *buf, size_t len, int timeout_ms,
                      Wbproto__Reply **out, wb_err *err);
+
+/* Reads every message the socket holds now without waiting: notices go
+ * to the hook, anything else (a late reply) is dropped. Returns how many
+ * notices it handed on. */
+int wb__rpc_drain(wb__rpc *rpc);
+
+/* The socket's ZMQ_FD, for poll(2) (edge-triggered: after it polls
+ * readable, wb__rpc_drain reads what came), or -1 without a socket. It
+ * changes when the socket is re-created (a timeout, a reopen). */
+int wb__rpc_fd(const wb__rpc *rpc);
+
+/* rpc_versions.c: a reply whose body is SubscribeReply or VersionNotice,
+ * decoded and checked (common/wire.c refuses such a body): WB_OK with *out
+ * set, or WB_EPROTO. wb__rpc_notice_valid checks a notice inside another
+ * reply (HeartbeatReply.current_versions). */
+int wb__rpc_decode_versions(const uint8_t *buf, size_t len, Wbproto__Reply **out);
+int wb__rpc_notice_valid(const Wbproto__VersionNotice *notice);
 
 /* Default per-request timeout: $WB_TIMEOUT_MS when wb__rpc_parse_timeout
  * accepts it, else 5000. */

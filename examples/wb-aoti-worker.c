@@ -10,6 +10,19 @@
  *   wb-aoti-worker --local-weights FILE [--local-weights FILE ...] --aoti PATH ...
  *   wb-aoti-worker --uninit-weights FILE [--uninit-weights FILE ...] --aoti PATH ...
  *   wb-aoti-worker --own-constants --aoti PATH.so ...
+ *   wb-aoti-worker --model BASE --aoti PATH --input FILE --serve --follow
+ *                  [--version-outputs DIR]
+ *
+ * --follow (with --model) follows new versions of the leased models while
+ * it serves (wb_container_follow: the container then owns the leases and
+ * swaps each new version in between runs). Each run reports the version it
+ * used (wb_container_run_versioned); the worker counts, per version, its
+ * runs and the outputs that differ bitwise from that version's first one
+ * (exit 3 if any differ), --version-outputs DIR writes each version's first
+ * output to DIR/output_v<N>.safetensors, and the result line gains
+ * "versions" (runs and changed outputs per version) and "swaps" (when the
+ * notice came and when the swap was done, in Unix seconds, and how long the
+ * swap took).
  *
  * --mutated FQN,... names constants the compiled graph writes (besides the
  * package's "weightbroker.mutated"): binding them to a lease is refused;
@@ -56,6 +69,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -76,6 +90,8 @@
 #define MAX_IO         16
 #define MAX_ITERATIONS 100000000L
 #define OPT_VERSION    256 /* long-only options */
+#define OPT_VOUT       257
+#define MAX_VERSIONS   64
 
 typedef struct host_tensor {
     char name[64];
@@ -96,6 +112,57 @@ typedef struct st_file {
 
 static volatile sig_atomic_t stop;
 
+/* One version seen while following: its runs, the outputs that differed
+ * from its first, that first output, and when it came. */
+typedef struct version_rec {
+    uint32_t version;
+    long runs, changed;
+    void *first[MAX_IO];
+    double notice_at, swapped_at, swap_ms;
+} version_rec;
+
+/* When the client heard of each version (the subscription's callback, on
+ * the client's heartbeat thread). */
+static pthread_mutex_t notice_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    uint32_t version;
+    double at;
+} notices[MAX_VERSIONS];
+static size_t n_notices;
+
+static double wall_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void on_notice(void *arg, const char *model, uint32_t version, uint32_t previous)
+{
+    (void)arg;
+    (void)model;
+    (void)previous;
+    pthread_mutex_lock(&notice_mu);
+    if (n_notices < MAX_VERSIONS) {
+        notices[n_notices].version = version;
+        notices[n_notices].at = wall_s();
+        n_notices++;
+    }
+    pthread_mutex_unlock(&notice_mu);
+}
+
+static double notice_at(uint32_t version)
+{
+    double at = 0;
+    pthread_mutex_lock(&notice_mu);
+    for (size_t i = 0; i < n_notices; i++) {
+        if (notices[i].version == version)
+            at = notices[i].at;
+    }
+    pthread_mutex_unlock(&notice_mu);
+    return at;
+}
+
 static void on_signal(int sig)
 {
     (void)sig;
@@ -112,65 +179,72 @@ static double now_ms(void)
 /* Every option of parse()'s table, with its argument and default. */
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: wb-aoti-worker --model BASE [--model HEAD ...] --aoti PATH [options]\n"
-                 "       wb-aoti-worker --local-weights FILE [...] --aoti PATH [options]\n"
-                 "       wb-aoti-worker --uninit-weights FILE [...] --aoti PATH [options]\n"
-                 "       wb-aoti-worker --own-constants --aoti PATH [options]\n"
-                 "\n"
-                 "Serves one AOTInductor model variant: builds its container on the weights of\n"
-                 "one source, runs it on --input and writes --output.\n"
-                 "\n"
-                 "Weights (exactly one source; --model and the files up to 16 times each):\n"
-                 "  --model NAME           lease the broker's model NAME and bind the package's\n"
-                 "                         constants to its tensors, no copy (a base, then heads)\n"
-                 "  --local-weights FILE   load the safetensors file's tensors into this\n"
-                 "                         process's own memory instead of leasing them (the\n"
-                 "                         unshared baseline)\n"
-                 "  --uninit-weights FILE  bind the file's tensors (read from its header only) to\n"
-                 "                         memory of this process left uninitialised: the floor\n"
-                 "                         of the first output, meaningless outputs\n"
-                 "  --own-constants        the model library loads its own embedded constants\n"
-                 "\n"
-                 "Model:\n"
-                 "  --aoti PATH            the AOTInductor package (.pt2), its unpacked directory\n"
-                 "                         or its model library (.so); required\n"
-                 "  --device DEV           cpu, cuda or cuda:N (default: $WB_WORKER_DEVICE when\n"
-                 "                         it names a cuda device, else cpu; a model on CUDA\n"
-                 "                         weights needs it)\n"
-                 "  --torch-lib DIR        load torch's libraries from DIR before the model\n"
-                 "                         (default: the dynamic linker's search path)\n"
-                 "  --alias NAME=TARGET    bind constant NAME to tensor TARGET, such as a tied\n"
-                 "                         weight (repeatable; added to the package's own)\n"
-                 "  --strip-prefix P       remove P from the start of constant names to find\n"
-                 "                         them in the leases (default: none)\n"
-                 "  --prefix P             then add P to them (default: none)\n"
-                 "  --constants FILE       the constants no checkpoint has (default: the\n"
-                 "                         package's weightbroker/constants.safetensors)\n"
-                 "  --mutated FQN,...      constants the compiled graph writes, besides the\n"
-                 "                         package's list: binding them to a lease is refused\n"
-                 "  --copy-mutated         bind those to private copies instead\n"
-                 "\n"
-                 "Running:\n"
-                 "  --input FILE           safetensors file of the inputs input0, input1, ...\n"
-                 "                         (default: none, the container is only built)\n"
-                 "  --output FILE          write the outputs output0, ... to FILE (default: none)\n"
-                 "  --iterations N         run N times on --input, timed (default: 1)\n"
-                 "  --serve                then run until SIGTERM or SIGINT, counting outputs\n"
-                 "                         that differ from the first (needs --input)\n"
-                 "  --verify               check every leased tensor against the broker's\n"
-                 "                         checksum before running\n"
-                 "  --socket PATH          the broker's socket (default: $WB_SOCKET, else\n"
-                 "                         $XDG_RUNTIME_DIR/wbroker/broker.sock, else\n"
-                 "                         /run/wbroker/broker.sock as root, else\n"
-                 "                         /tmp/wbroker-UID/broker.sock)\n"
-                 "  --version              print the version and build, then exit\n"
-                 "  -h, --help             print this help, then exit\n"
-                 "\n"
-                 "Prints \"attach ...\" once the container is ready, \"ready\" when serving and\n"
-                 "one \"result {json}\" line at the end. $WB_TIMEOUT_MS: each broker request's\n"
-                 "timeout (default 5000).\n"
-                 "Exit status: 0 success, 1 broker or model failure, 2 bad usage (also a model\n"
-                 "on CUDA without --device), 3 outputs changed while serving.\n");
+    fprintf(out,
+            "usage: wb-aoti-worker --model BASE [--model HEAD ...] --aoti PATH [options]\n"
+            "       wb-aoti-worker --local-weights FILE [...] --aoti PATH [options]\n"
+            "       wb-aoti-worker --uninit-weights FILE [...] --aoti PATH [options]\n"
+            "       wb-aoti-worker --own-constants --aoti PATH [options]\n"
+            "\n"
+            "Serves one AOTInductor model variant: builds its container on the weights of\n"
+            "one source, runs it on --input and writes --output.\n"
+            "\n"
+            "Weights (exactly one source; --model and the files up to 16 times each):\n"
+            "  --model NAME           lease the broker's model NAME and bind the package's\n"
+            "                         constants to its tensors, no copy (a base, then heads)\n"
+            "  --local-weights FILE   load the safetensors file's tensors into this\n"
+            "                         process's own memory instead of leasing them (the\n"
+            "                         unshared baseline)\n"
+            "  --uninit-weights FILE  bind the file's tensors (read from its header only) to\n"
+            "                         memory of this process left uninitialised: the floor\n"
+            "                         of the first output, meaningless outputs\n"
+            "  --own-constants        the model library loads its own embedded constants\n"
+            "\n"
+            "Model:\n"
+            "  --aoti PATH            the AOTInductor package (.pt2), its unpacked directory\n"
+            "                         or its model library (.so); required\n"
+            "  --device DEV           cpu, cuda or cuda:N (default: $WB_WORKER_DEVICE when\n"
+            "                         it names a cuda device, else cpu; a model on CUDA\n"
+            "                         weights needs it)\n"
+            "  --torch-lib DIR        load torch's libraries from DIR before the model\n"
+            "                         (default: the dynamic linker's search path)\n"
+            "  --alias NAME=TARGET    bind constant NAME to tensor TARGET, such as a tied\n"
+            "                         weight (repeatable; added to the package's own)\n"
+            "  --strip-prefix P       remove P from the start of constant names to find\n"
+            "                         them in the leases (default: none)\n"
+            "  --prefix P             then add P to them (default: none)\n"
+            "  --constants FILE       the constants no checkpoint has (default: the\n"
+            "                         package's weightbroker/constants.safetensors)\n"
+            "  --mutated FQN,...      constants the compiled graph writes, besides the\n"
+            "                         package's list: binding them to a lease is refused\n"
+            "  --copy-mutated         bind those to private copies instead\n"
+            "\n"
+            "Running:\n"
+            "  --input FILE           safetensors file of the inputs input0, input1, ...\n"
+            "                         (default: none, the container is only built)\n"
+            "  --output FILE          write the outputs output0, ... to FILE (default: none)\n"
+            "  --iterations N         run N times on --input, timed (default: 1)\n"
+            "  --serve                then run until SIGTERM or SIGINT, counting outputs\n"
+            "                         that differ from the first (needs --input)\n"
+            "  --follow               swap in each new version of the leased models while\n"
+            "                         serving, counting runs and changed outputs per\n"
+            "                         version (needs --model)\n"
+            "  --version-outputs DIR  with --follow, write each version's first output to\n"
+            "                         DIR/output_v<N>.safetensors (default: none)\n"
+            "  --verify               check every leased tensor against the broker's\n"
+            "                         checksum before running\n"
+            "  --socket PATH          the broker's socket (default: $WB_SOCKET, else\n"
+            "                         $XDG_RUNTIME_DIR/wbroker/broker.sock, else\n"
+            "                         /run/wbroker/broker.sock as root, else\n"
+            "                         /tmp/wbroker-UID/broker.sock)\n"
+            "  --version              print the version and build, then exit\n"
+            "  -h, --help             print this help, then exit\n"
+            "\n"
+            "Prints \"attach ...\" once the container is ready, \"ready\" when serving and\n"
+            "one \"result {json}\" line at the end. $WB_TIMEOUT_MS: each broker request's\n"
+            "timeout (default 5000).\n"
+            "Exit status: 0 success, 1 broker or model failure, 2 bad usage (also a model\n"
+            "on CUDA without --device), 3 outputs changed while serving (with --follow: within\n"
+            "a version).\n");
 }
 
 /* A misused command line: what was wrong, then where help is. Returns
@@ -422,7 +496,66 @@ typedef struct worker {
     double t_total;
     double run_ms_first, run_ms_median;
     long served, mismatches;
+    int follow;
+    const char *version_outputs;
+    version_rec versions[MAX_VERSIONS];
+    size_t n_versions;
 } worker;
+
+static int write_st(const char *path, host_tensor *t, size_t n);
+
+/* --follow: the run's outputs (in the host buffers `got`) counted against
+ * the first output of the version that run used. */
+static int count_version(worker *w, uint32_t v, void *const *got, size_t n_out)
+{
+    version_rec *r = NULL;
+    for (size_t i = 0; i < w->n_versions && !r; i++) {
+        if (w->versions[i].version == v)
+            r = &w->versions[i];
+    }
+    if (!r) {
+        if (w->n_versions == MAX_VERSIONS) {
+            fprintf(stderr, "wb-aoti-worker: more than %d versions\n", MAX_VERSIONS);
+            return -1;
+        }
+        r = &w->versions[w->n_versions++];
+        r->version = v;
+        wb_container_info info;
+        wb_container_get_info(w->c, &info);
+        if (info.swaps && info.version == v) {
+            r->notice_at = notice_at(v);
+            r->swapped_at = info.last_swap_at;
+            r->swap_ms = info.last_swap_ms;
+        }
+    }
+    if (r->runs++ == 0) {
+        host_tensor t[MAX_IO];
+        for (size_t i = 0; i < n_out; i++) {
+            if (!(r->first[i] = malloc(w->out[i].nbytes ? w->out[i].nbytes : 1)))
+                return -1;
+            memcpy(r->first[i], got[i], w->out[i].nbytes);
+            t[i] = w->out[i];
+            t[i].data = r->first[i];
+        }
+        if (w->version_outputs) {
+            char path[4096];
+            snprintf(path, sizeof path, "%s/output_v%u.safetensors", w->version_outputs, v);
+            if (write_st(path, t, n_out) != 0) {
+                fprintf(stderr, "wb-aoti-worker: cannot write %s\n", path);
+                return -1;
+            }
+        }
+        return 0;
+    }
+    for (size_t i = 0; i < n_out; i++) {
+        if (memcmp(r->first[i], got[i], w->out[i].nbytes) != 0) {
+            r->changed++;
+            w->mismatches++;
+            break;
+        }
+    }
+    return 0;
+}
 
 /* One inference: wraps the inputs (already on the device for CUDA), runs,
  * copies outputs to host buffers. `check` compares with the stored outputs
@@ -450,7 +583,8 @@ static int run_once(worker *w, int check, double *ms)
     wb_container_get_info(w->c, &info);
     size_t n_out = info.n_outputs ? info.n_outputs : 1;
     double t0 = now_ms();
-    if (wb_container_run(w->c, in, n_in, out, n_out, w->stream) != WB_OK) {
+    uint32_t version = 0;
+    if (wb_container_run_versioned(w->c, in, n_in, out, n_out, w->stream, &version) != WB_OK) {
         fprintf(stderr, "wb-aoti-worker: run: %s\n", wb_container_errmsg(w->c));
         return -1;
     }
@@ -490,8 +624,15 @@ static int run_once(worker *w, int check, double *ms)
     if (rc == 0 && sync_stream(w->stream) != 0)
         rc = -1;
     *ms = now_ms() - t0;
+    if (w->follow && rc == 0) {
+        void *got[MAX_IO];
+        for (size_t i = 0; i < n_out; i++)
+            got[i] = check ? w->out[i].dev : w->out[i].data;
+        rc = count_version(w, version, got, n_out);
+    }
     for (size_t i = 0; i < n_out; i++) {
-        if (check && rc == 0 && memcmp(w->out[i].data, w->out[i].dev, w->out[i].nbytes) != 0)
+        if (!w->follow && check && rc == 0 &&
+            memcmp(w->out[i].data, w->out[i].dev, w->out[i].nbytes) != 0)
             w->mismatches++;
         wb_container_tensor_delete(w->c, out[i]);
     }
@@ -725,6 +866,23 @@ static int attach(worker *w)
     }
     w->t_container = now_ms() - t2;
     w->t_total = now_ms() - t0;
+    if (w->follow) {
+        /* Its own subscription, to note when each notice came; then the
+         * container follows, and owns the leases from now on. */
+        for (size_t i = 0; i < w->n_models; i++) {
+            if (wb_client_subscribe(w->client, w->models[i], on_notice, NULL, NULL) != WB_OK) {
+                fprintf(stderr, "wb-aoti-worker: --follow: %s\n", wb_client_errmsg(w->client));
+                return -1;
+            }
+        }
+        if ((rc = wb_container_follow(w->c, w->client)) != WB_OK) {
+            fprintf(stderr, "wb-aoti-worker: --follow: %s: %s\n", wb_status_name(rc),
+                    wb_container_errmsg(w->c));
+            return -1;
+        }
+        for (size_t i = 0; i < w->n_models; i++)
+            w->leases[i] = NULL;
+    }
     return 0;
 }
 
@@ -777,6 +935,28 @@ static void print_result(worker *w, int rc)
     json_object_set_new(o, "ms", t);
     json_object_set_new(o, "served", json_integer(w->served));
     json_object_set_new(o, "mismatches", json_integer(w->mismatches));
+    if (w->follow) {
+        json_t *vs = json_array(), *sw = json_array();
+        for (size_t i = 0; i < w->n_versions; i++) {
+            const version_rec *r = &w->versions[i];
+            json_t *v = json_object();
+            json_object_set_new(v, "version", json_integer(r->version));
+            json_object_set_new(v, "runs", json_integer(r->runs));
+            json_object_set_new(v, "changed", json_integer(r->changed));
+            json_array_append_new(vs, v);
+            if (r->swapped_at > 0) {
+                json_t *x = json_object();
+                json_object_set_new(x, "version", json_integer(r->version));
+                json_object_set_new(x, "notice_at", json_real(r->notice_at));
+                json_object_set_new(x, "swapped_at", json_real(r->swapped_at));
+                json_object_set_new(x, "swap_ms", json_real(r->swap_ms));
+                json_array_append_new(sw, x);
+            }
+        }
+        json_object_set_new(o, "versions", vs);
+        json_object_set_new(o, "swaps", sw);
+        json_object_set_new(o, "follow_errors", json_integer(info.follow_errors));
+    }
     char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     printf("result %s\n", s);
     fflush(stdout);
@@ -796,6 +976,8 @@ static int parse(worker *w, int argc, char **argv)
         {"output", required_argument, NULL, 'o'},
         {"iterations", required_argument, NULL, 'n'},
         {"serve", no_argument, NULL, 'S'},
+        {"follow", no_argument, NULL, 'F'},
+        {"version-outputs", required_argument, NULL, OPT_VOUT},
         {"verify", no_argument, NULL, 'V'},
         {"socket", required_argument, NULL, 's'},
         {"torch-lib", required_argument, NULL, 't'},
@@ -876,6 +1058,12 @@ static int parse(worker *w, int argc, char **argv)
                               MAX_ITERATIONS, optarg);
             break;
         }
+        case 'F':
+            w->follow = 1;
+            break;
+        case OPT_VOUT:
+            w->version_outputs = optarg;
+            break;
         case 'S':
             w->serve = 1;
             break;
@@ -915,6 +1103,10 @@ static int parse(worker *w, int argc, char **argv)
                       "--uninit-weights, --own-constants");
     if (w->serve && !w->input)
         return misuse("--serve needs --input");
+    if (w->follow && !w->n_models)
+        return misuse("--follow needs --model");
+    if (w->version_outputs && !w->follow)
+        return misuse("--version-outputs needs --follow");
     return 0;
 }
 
@@ -1046,11 +1238,16 @@ int main(int argc, char **argv)
             rc = EXIT_MISMATCH;
     }
     print_result(&w, rc);
+    /* With --follow the container owns the leases and releases them. */
     wb_container_destroy(&w.c);
     free_local(&w);
     for (size_t i = 0; i < w.n_models; i++) {
         if (w.leases[i] && wb_lease_release(&w.leases[i]) != WB_OK)
             fprintf(stderr, "wb-aoti-worker: release: %s\n", wb_client_errmsg(w.client));
+    }
+    for (size_t i = 0; i < w.n_versions; i++) {
+        for (size_t k = 0; k < MAX_IO; k++)
+            free(w.versions[i].first[k]);
     }
     wb_client_destroy(&w.client);
     return rc;

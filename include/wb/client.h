@@ -150,6 +150,11 @@ WB_EXPORT const uint8_t *wb_lease_id(const wb_lease *lease);
 WB_EXPORT void wb_lease_id_hex(const wb_lease *lease, char out[33]);
 /* 1 if the broker that granted this lease no longer knows it (restart). */
 WB_EXPORT int wb_lease_orphaned(const wb_lease *lease);
+/* The version of the model this lease pins (Lease.version: 1 for a model
+ * as loaded, 2, 3, ... for each rollout of its name). A lease keeps its
+ * version for its whole life; a newer one needs a new acquire. 0 from a
+ * broker that predates versions, and for NULL. */
+WB_EXPORT uint32_t wb_lease_version(const wb_lease *lease);
 
 typedef struct wb_tensor_view {
     const char *name;      /* owned by the lease */
@@ -202,6 +207,52 @@ WB_EXPORT int wb_lease_verify(const wb_lease *lease, size_t *bad_index);
 WB_EXPORT int wb_lease_container_add(wb_lease *lease);
 WB_EXPORT int wb_lease_container_remove(wb_lease *lease);
 WB_EXPORT unsigned wb_lease_containers(const wb_lease *lease);
+
+/* Versions. A model name points at its current version; a rollout makes a
+ * new one current (an acquire then gets it) while leases keep theirs. A
+ * client may subscribe to a model: the broker then tells it, on its
+ * connection, when a new version of that model becomes current.
+ *
+ * The callback of a subscription: `model` (owned by the library, valid
+ * during the call) has a new current version `version`; `previous` is the
+ * version this client knew as current before (the one wb_client_subscribe
+ * returned, or the last callback's), 0 when none. `arg` is the pointer given
+ * to wb_client_subscribe. */
+typedef void (*wb_version_fn)(void *arg, const char *model, uint32_t version, uint32_t previous);
+
+/* Subscribes to `model` (which need not exist yet) and adds fn(arg, ...) to
+ * its callbacks. The first subscription to a model sends one
+ * SubscribeRequest to the broker; further callbacks for the same model send
+ * nothing. After a reconnection (a broker restart, a re-created socket) the
+ * library subscribes again by itself. *current (may be NULL) gets the
+ * model's current version now, 0 when it has none.
+ *
+ * Callbacks run on the client's heartbeat thread (on a client made with
+ * no_heartbeat_thread, inside wb_client_heartbeat on the caller's thread),
+ * with no lock of the library held: a callback may acquire and release
+ * leases, but should return soon, as no heartbeat goes out while it runs
+ * (a swap belongs on a thread of its own: see wb_container_follow). Each
+ * callback is called once per new current version: the broker's notice
+ * and the current versions listed in its heartbeat replies (which catch up
+ * with a notice that was lost) are deduplicated, and a version equal to the
+ * last one announced is not announced again. A rollback, which makes an
+ * older version current, is announced like any other. The notice wakes the
+ * heartbeat thread as soon as it arrives.
+ *
+ * WB_ENOSYS, changing nothing, when the broker predates versions (it does
+ * not know the request); WB_ELIMIT beyond WB_MAX_SUBSCRIPTIONS (64) models
+ * per client; WB_EINVAL for a NULL callback or a bad name; a failed
+ * exchange (WB_ECONN, WB_ETIMEDOUT) subscribes nothing. */
+WB_EXPORT int wb_client_subscribe(wb_client *client, const char *model, wb_version_fn fn, void *arg,
+                                  uint32_t *current);
+
+/* Removes the callback (fn, arg) of `model`; the model's last callback
+ * unsubscribes from the broker. Once it returns, fn is not called with arg
+ * again, except that a callback running on this thread (an unsubscribe from
+ * inside a callback) finishes the announcements already under way.
+ * WB_ENOTFOUND when no such callback is subscribed. */
+WB_EXPORT int wb_client_unsubscribe(wb_client *client, const char *model, wb_version_fn fn,
+                                    void *arg);
 
 /* Logging. libwbclient reports events (a container built, constants that
  * could not be shared, a lease left mapped at destroy) as log lines; it

@@ -22,10 +22,16 @@
  * leases (which then refuses with WB_EBUSY; see wb/client.h, "Threads"). The
  * leases must not be released before a wb_container_create that names them
  * has started. On one container, wb_container_destroy must not overlap any
- * other call; libwbclient adds no lock around wb_container_run, so running
- * one container from several threads at once is as safe as the model's
- * runtime makes it (AOTInductor's container keeps opts.num_models instances
- * for that).
+ * other call. wb_container_run may run from several threads at once (each
+ * holds the container's run lock shared; how many run in parallel is the
+ * model runtime's: AOTInductor's container keeps opts.num_models
+ * instances), and concurrently with wb_container_update, which takes that
+ * lock exclusively only for the swap itself: a run sees one version of the
+ * weights whole, never a mix. Updates of one container are serialised.
+ *
+ * Versions: wb_container_update swaps a new version of a model's weights
+ * into a live container between runs; wb_container_follow does it for
+ * every version the broker announces (see each below).
  *
  * Streams: on CUDA, pass the stream to run on. Workers must not issue
  * synchronous copies (cudaMemcpy) or use the legacy default stream while
@@ -167,10 +173,77 @@ WB_EXPORT int wb_container_create(wb_lease *const *leases, size_t n_leases, cons
 WB_EXPORT int wb_container_run(wb_container *c, wb_aten_tensor *inputs, size_t n_in,
                                wb_aten_tensor *outputs, size_t n_out, void *stream);
 
+/* wb_container_run, and *version (may be NULL) gets the version of the
+ * container's first lease (wb_lease_version) whose weights this run used:
+ * read under the same lock as the run, so it is exact even while an update
+ * swaps versions. */
+WB_EXPORT int wb_container_run_versioned(wb_container *c, wb_aten_tensor *inputs, size_t n_in,
+                                         wb_aten_tensor *outputs, size_t n_out, void *stream,
+                                         uint32_t *version);
+
+/* Swaps new weights into a live container: each of the n leases replaces
+ * the container's lease of the same model name (the others stay). Every
+ * constant is bound again by the rules and checks of wb_container_create
+ * (dtype, size, missing constants, mutated constants) to the new leases'
+ * tensors; caller tensors are bound as they are, constants-file tensors
+ * are copied again (a constant the graph writes starts again from its
+ * source), constants bound by nothing keep the library's data. They go
+ * into the container's inactive constant buffer
+ * (UpdateUserManagedConstantBufferPairs with use_inactive), constant
+ * folding runs there when the model has folded constants, and the buffers
+ * are swapped (SwapConstantBuffer) under the run lock: runs in flight finish
+ * on the old version, later runs use the new one. On CUDA, before it
+ * returns, it waits for the work that runs queued before the swap on every
+ * stream they used since the last update (a stream given to
+ * wb_container_run must stay valid until then), so that nothing still
+ * reads the old weights; the library's private copy of the old folded
+ * constants is then freed.
+ *
+ * WB_OK: the container runs the new version, is registered on the new
+ * leases and no longer on the leases they replaced, which the caller may
+ * then release (wb_lease_release; a container that follows owns them, see
+ * wb_container_follow). Any failure changes nothing: the container keeps
+ * serving the old version, the new leases are not registered (the caller
+ * releases them). Errors: WB_EINVAL (NULL or repeated leases, a lease of a
+ * model the container does not use, a dtype or size mismatch; a container
+ * made with own_constants, which binds nothing that a lease could
+ * replace), WB_ENOTFOUND (a constant the new version lacks), WB_EPERM (a
+ * mutated constant), WB_ENOSYS (the model library exports no
+ * SwapConstantBuffer or UpdateUserManagedConstantBufferPairs: there is no
+ * inactive buffer, the old version stays), WB_EINTERNAL (the runtime
+ * failed). Runs may continue from other threads meanwhile; concurrent
+ * updates of one container wait for each other. */
+WB_EXPORT int wb_container_update(wb_container *c, wb_lease *const *new_leases, size_t n);
+
+/* Follows every model the container leases: subscribes to each on
+ * `client` (wb_client_subscribe) and, for each new current version, on a
+ * thread of the container's own (the follower; the heartbeat thread only
+ * wakes it), acquires the new version with the options of the lease it
+ * replaces (the same device), calls wb_container_update, then releases
+ * the old lease. When the acquire or the update fails, the container keeps
+ * the old version, the new lease is released, and the failure goes to the
+ * log handler (event container_follow_failed) and is counted
+ * (wb_container_info.follow_errors). A version announced while an update
+ * runs is taken next; versions announced meanwhile are skipped for the
+ * latest. A current version newer than the leases' when follow is called
+ * is swapped in at once.
+ *
+ * Ownership: from a successful call on, the container owns every lease it
+ * holds, the ones it was created on included: the caller must not release
+ * them (or any it passed to wb_container_update later), the follower
+ * releases each one it replaces, and wb_container_destroy stops the
+ * follower (joined before anything is freed) and then releases the leases
+ * the container holds. `client` must outlive the container. WB_ENOSYS
+ * (from wb_client_subscribe) with a broker that predates versions, WB_EBUSY
+ * when the container already follows, WB_EINVAL for a container without
+ * leases; on failure nothing changes (the caller still owns its leases). */
+WB_EXPORT int wb_container_follow(wb_container *c, wb_client *client);
+
 /* Deletes the model container, unregisters it from its leases (which may
  * then be released), frees the tensors wrapping leased memory, unloads the
- * model library and removes any unpacked package. Sets *c to NULL; NULL is
- * fine. */
+ * model library and removes any unpacked package. A container that follows
+ * (wb_container_follow) first stops its follower, and releases its leases
+ * after. Sets *c to NULL; NULL is fine. */
 WB_EXPORT void wb_container_destroy(wb_container **c);
 
 /* The message of the last failure on this container, of any length (one
@@ -214,9 +287,20 @@ typedef struct wb_container_info {
     /* Of create_seconds: finding the model library (unpacking a .pt2) and
      * dlopen, the part any process running the model pays. */
     double library_seconds;
+    /* The version of the first lease (0 from a broker that predates
+     * versions); versions swapped in by wb_container_update; how long the
+     * last swap took, from the start of the update to the old version no
+     * longer used by any run (its work on the streams done included). */
+    uint32_t version;
+    uint32_t swaps;
+    double last_swap_ms;
+    double last_swap_at; /* Unix seconds when the last swap's update returned; 0: none */
+    /* Versions the follower could not swap in (wb_container_follow). */
+    uint32_t follow_errors;
 } wb_container_info;
 
-/* Fills *out; strings belong to the container. */
+/* Fills *out; strings belong to the container. Waits for an update in
+ * progress. */
 WB_EXPORT int wb_container_get_info(const wb_container *c, wb_container_info *out);
 
 /* Tensor functions, so that callers need no libtorch headers. They use the

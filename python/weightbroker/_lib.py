@@ -98,6 +98,11 @@ class ContainerInfo(ctypes.Structure):
         ("n_inputs", ctypes.c_size_t),
         ("n_outputs", ctypes.c_size_t),
         ("library_seconds", ctypes.c_double),
+        ("version", ctypes.c_uint32),
+        ("swaps", ctypes.c_uint32),
+        ("last_swap_ms", ctypes.c_double),
+        ("last_swap_at", ctypes.c_double),
+        ("follow_errors", ctypes.c_uint32),
     ]
 
 
@@ -128,6 +133,10 @@ class LeaseOptions(ctypes.Structure):
     ]
 
 
+# void (*wb_version_fn)(void *arg, const char *model, uint32_t version, uint32_t previous)
+VERSION_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint32,
+                              ctypes.c_uint32)
+
 LEASE_DEVICE_CURRENT = -1
 LEASE_DEVICE_ANY = -2
 
@@ -149,6 +158,9 @@ _PROTOTYPES = {
     "wb_lease_model": (_STR, [_P]),
     "wb_lease_id_hex": (None, [_P, ctypes.c_char_p]),
     "wb_lease_orphaned": (_INT, [_P]),
+    "wb_lease_version": (ctypes.c_uint32, [_P]),
+    "wb_client_subscribe": (_INT, [_P, _STR, VERSION_FN, _P, ctypes.POINTER(ctypes.c_uint32)]),
+    "wb_client_unsubscribe": (_INT, [_P, _STR, VERSION_FN, _P]),
     "wb_lease_tensor_count": (ctypes.c_size_t, [_P]),
     "wb_lease_tensor": (_INT, [_P, ctypes.c_size_t, ctypes.POINTER(TensorView)]),
     "wb_lease_find": (_INT, [_P, _STR, ctypes.POINTER(TensorView)]),
@@ -159,6 +171,10 @@ _PROTOTYPES = {
     "wb_container_options_init": (None, [ctypes.POINTER(ContainerOptions)]),
     "wb_container_create": (_INT, [_PP, ctypes.c_size_t, _STR, ctypes.POINTER(ContainerOptions), _PP]),
     "wb_container_run": (_INT, [_P, _PP, ctypes.c_size_t, _PP, ctypes.c_size_t, _P]),
+    "wb_container_run_versioned": (_INT, [_P, _PP, ctypes.c_size_t, _PP, ctypes.c_size_t, _P,
+                                          ctypes.POINTER(ctypes.c_uint32)]),
+    "wb_container_update": (_INT, [_P, _PP, ctypes.c_size_t]),
+    "wb_container_follow": (_INT, [_P, _P]),
     "wb_container_destroy": (None, [_PP]),
     "wb_container_errmsg": (_STR, [_P]),
     "wb_container_stream": (_P, [_P]),

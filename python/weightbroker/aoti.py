@@ -11,7 +11,7 @@ import threading
 from . import _views
 from ._lib import (ContainerInfo, ContainerOptions, ContainerTensor, TensorDesc, check,
                    encode_name, lib, s)
-from .errors import BrokerError
+from .errors import BrokerError, BusyError, StateError
 
 _capsule_ptr = ctypes.pythonapi["PyCapsule_GetPointer"]
 _capsule_ptr.restype = ctypes.c_void_p
@@ -60,6 +60,7 @@ class Model:
         self.leases = list(leases)
         self._lock = threading.Lock()
         self._h = ctypes.c_void_p()
+        self._ran = ctypes.c_uint32()  # the version of the last run
         self._side = None  # see _stream
         if bridge is None:
             bridge = "torch" if _torch_bridge_available() else "wb"
@@ -132,11 +133,63 @@ class Model:
             msg = s(L.wb_container_errmsg(self._h))
             L.wb_container_destroy(ctypes.byref(self._h))
             check(rc, lambda: msg)
+        self._refresh_info()
+        self.device = self.info["device"]
+        self.following = False
+
+    def _refresh_info(self):
+        L = lib()
         info = ContainerInfo()
         L.wb_container_get_info(self._h, ctypes.byref(info))
         self.info = {name: (s(getattr(info, name)) if isinstance(getattr(info, name), bytes)
                             else getattr(info, name)) for name, _ in ContainerInfo._fields_}
-        self.device = self.info["device"]
+
+    @property
+    def version(self):
+        """The version of the model's first lease the next run uses."""
+        self._refresh_info()
+        return self.info["version"]
+
+    def update(self, leases):
+        """Swaps new weights in between runs (wb_container_update): each
+        lease of `leases` (a Lease or a list) replaces the model's lease of
+        the same model name. Runs in flight finish on the old weights; later
+        runs use the new ones; no run sees a mix. On success the model keeps
+        references to the new leases and no longer uses the old ones, which
+        the caller may then release; on failure (BrokerError) nothing
+        changed. Not for a model that follows versions (it owns its
+        leases)."""
+        L = lib()
+        h = self._handle()
+        if self.following:
+            raise StateError(-9, "WB_ESTATE", "model %s follows versions: its container swaps "
+                             "them itself" % self.path)
+        if not isinstance(leases, (list, tuple)):
+            leases = [leases]
+        leases = list(leases)
+        pins = [l._pin() for l in leases]
+        arr = (ctypes.c_void_p * max(len(leases), 1))(*[l._h for l in leases])
+        rc = L.wb_container_update(h, arr, len(leases))
+        del pins
+        self._fail(rc)
+        for new in leases:
+            self.leases = [new if old.model == new.model else old for old in self.leases]
+        self._refresh_info()
+
+    def _follow(self, client):
+        """wb_container_follow; the C container then owns the leases."""
+        L = lib()
+        for l in self.leases:
+            if l._views:
+                raise BusyError(-7, "WB_EBUSY", "lease %s on %r: %d tensor view(s) alive; a "
+                                "model that follows versions releases the lease"
+                                % (l.id, l.model, l._views))
+        self._fail(L.wb_container_follow(self._handle(), client._handle()))
+        for l in self.leases:
+            l._hand_over(self)
+        self._client = client  # kept: it must outlive the container
+        client._followers.add(self)
+        self.following = True
 
     def _handle(self):
         if not self._h:
@@ -191,7 +244,8 @@ class Model:
                        for c in _aoti.unsafe_alloc_void_ptrs_from_tensors(list(inputs))]
             ins = (ctypes.c_void_p * max(len(handles), 1))(*handles)
             # Inputs are stolen by the model, also on failure.
-            self._fail(L.wb_container_run(h, ins, len(handles), outs, n_out, s_ptr))
+            self._fail(L.wb_container_run_versioned(h, ins, len(handles), outs, n_out, s_ptr,
+                                                    ctypes.byref(self._ran)))
             result = _aoti.alloc_tensors_by_stealing_from_void_ptrs(
                 [_capsule_new(outs[i], None, None) for i in range(n_out)])
         else:
@@ -227,7 +281,8 @@ class Model:
             for i in range(len(inputs)):
                 L.wb_container_tensor_delete(h, ins[i])
             raise
-        self._fail(L.wb_container_run(h, ins, len(inputs), outs, n_out, s_ptr))
+        self._fail(L.wb_container_run_versioned(h, ins, len(inputs), outs, n_out, s_ptr,
+                                                ctypes.byref(self._ran)))
         result = []
         try:
             # The copies must follow the run on its own stream: on another
@@ -244,8 +299,15 @@ class Model:
                 L.wb_container_tensor_delete(h, outs[i])
         return result
 
+    @property
+    def last_run_version(self):
+        """The version of the weights the last call used
+        (wb_container_run_versioned)."""
+        return int(self._ran.value)
+
     def close(self):
-        """Destroys the container; its leases may then be released."""
+        """Destroys the container; its leases may then be released (a
+        model that follows versions releases them itself)."""
         with self._lock:
             if self._h:
                 lib().wb_container_destroy(ctypes.byref(self._h))
@@ -287,7 +349,7 @@ def _on_stream(device, handle):
 
 
 def load_aoti(path, leases, *, aliases=None, tensors=None, device=None, strip_prefix=None,
-              prefix=None, constants_file=None, **kwargs):
+              prefix=None, constants_file=None, follow=False, **kwargs):
     """Loads an AOTInductor package (.pt2, its unpacked directory, or the
     model .so) on the weights of `leases` (a Lease or a list) and returns a
     callable Model. The model's constants are bound by name to the leased
@@ -306,7 +368,26 @@ def load_aoti(path, leases, *, aliases=None, tensors=None, device=None, strip_pr
     (default: the leases' device). Keywords: torch_lib_dir ("auto": the
     imported torch's), num_models, work_dir, mutated, copy_mutated, bridge
     ("torch": torch's own tensor handles, zero copy; "wb": the runtime's
-    handles through libwbclient, outputs copied)."""
-    return Model(path, leases, aliases=aliases, tensors=tensors, device=device,
-                 strip_prefix=strip_prefix, prefix=prefix, constants_file=constants_file,
-                 **kwargs)
+    handles through libwbclient, outputs copied).
+
+    follow=True: the model follows new versions of its leases' models
+    (wb_container_follow, through the leases' client): each one the broker
+    makes current is swapped in between runs, on a thread of the C
+    library's. The model then owns its leases: they are no longer the
+    caller's (each Lease object reads as released), the model releases each
+    one it replaces and the rest at close(), and closing the client closes
+    the model first. BrokerError WB_ENOSYS from a broker that predates
+    versions (the leases stay the caller's)."""
+    model = Model(path, leases, aliases=aliases, tensors=tensors, device=device,
+                  strip_prefix=strip_prefix, prefix=prefix, constants_file=constants_file,
+                  **kwargs)
+    if follow:
+        if not model.leases:
+            model.close()
+            raise ValueError("load_aoti(follow=True) needs leases to follow")
+        try:
+            model._follow(model.leases[0]._client)
+        except Exception:
+            model.close()
+            raise
+    return model

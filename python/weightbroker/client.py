@@ -80,6 +80,8 @@ class Client:
         self._h = ctypes.c_void_p()
         self._lock = threading.RLock()
         self._leases = []
+        self._subs = []  # (model bytes, C callback): kept alive while subscribed
+        self._followers = weakref.WeakSet()  # models following through this client
         if name is not None:
             name = _lib.encode_name(name, "connect(): name")
         L = lib()
@@ -149,6 +151,41 @@ class Client:
             self._leases.append(lease)
         return lease
 
+    def subscribe(self, model, callback):
+        """Calls callback(model, version, previous) whenever a new version of
+        `model` becomes current on the broker (wb_client_subscribe); returns
+        the version current now (0: none). The callback runs on the C
+        library's heartbeat thread (with the GIL, taken for the call): it
+        should return soon. NotImplementedError-like BrokerError WB_ENOSYS
+        from a broker that predates versions. Returns a callable that
+        unsubscribes."""
+        name = _lib.encode_name(model, "subscribe(): model")
+        if not callable(callback):
+            raise TypeError("subscribe(): callback must be callable")
+
+        def trampoline(arg, m, version, previous):
+            try:
+                callback(s(m), int(version), int(previous))
+            except Exception:  # never let an exception unwind into C
+                sys.excepthook(*sys.exc_info())
+
+        fn = _lib.VERSION_FN(trampoline)
+        cur = ctypes.c_uint32()
+        L = lib()
+        with self._lock:
+            self._check(L.wb_client_subscribe(self._handle(), name, fn, None, ctypes.byref(cur)))
+            entry = (name, fn)
+            self._subs.append(entry)
+
+        def unsubscribe():
+            with self._lock:
+                if entry not in self._subs or not self._h:
+                    return
+                self._subs.remove(entry)
+                self._check(L.wb_client_unsubscribe(self._h, name, fn, None))
+        unsubscribe.current = int(cur.value)
+        return unsubscribe
+
     @property
     def leases(self):
         """The leases of this client not yet released."""
@@ -160,6 +197,13 @@ class Client:
         client open, while a lease still has models or tensor views."""
         if not self._h:
             return
+        # Models that follow versions use the client: they go first.
+        for model in list(self._followers):
+            model.close()
+        L = lib()
+        for name, fn in list(self._subs):
+            L.wb_client_unsubscribe(self._h, name, fn, None)
+        self._subs = []
         busy = []
         for lease in self.leases:
             try:
@@ -269,6 +313,29 @@ class Lease:
         """This process's CUDA ordinal of the leased copy, or -1 (host memory)."""
         with self._held() as h:
             return lib().wb_lease_device(h)
+
+    @property
+    def version(self):
+        """The model's version this lease pins (1 as loaded, then one more
+        per rollout); 0 from a broker that predates versions."""
+        with self._held() as h:
+            return int(lib().wb_lease_version(h))
+
+    def _hand_over(self, owner):
+        """The C lease now belongs to a following model's container (which
+        releases it): this object lets go of it. BusyError while tensor views
+        of it are alive (the container would unmap them)."""
+        with self._lock:
+            self._handle()
+            if self._views:
+                raise BusyError(-7, "WB_EBUSY", "lease %s on %r: %d tensor view(s) alive; a "
+                                "model that follows versions releases the lease" %
+                                (self.id, self.model, self._views))
+            self._h = ctypes.c_void_p()
+            self._owner = owner
+        with self._client._lock:
+            if self in self._client._leases:
+                self._client._leases.remove(self)
 
     @property
     def orphaned(self):

@@ -3,7 +3,7 @@
  * This is not PyTorch and proves nothing about real AOTI models: it exports
  * the same C entry points (container and aoti_torch_* tensor functions) so
  * that libwbclient's symbol selection, binding by name, checks and error
- * paths can be tested on machines without libtorch. It is built three times:
+ * paths can be tested on machines without libtorch. It is built in five flavours:
  *   fake_aoti_v211.so     like torch 2.11-2.13: CreateWithDevice +
  *                         UpdateUserManagedConstantBufferPairs only, and an
  *                         empty constants blob (_binary_constants_bin_start
@@ -14,6 +14,9 @@
  *   fake_aoti_v211emb.so  the same with a 4 KiB blob, as a library built
  *                         with its constants inside has (the spec's
  *                         `embedded` or `own` says what it really loads);
+ *   fake_aoti_v211noswap.so  like v211 without SwapConstantBuffer and
+ *                         FreeInactiveConstantBuffer (no inactive buffer
+ *                         to swap: wb_container_update is WB_ENOSYS);
  *   fake_aoti_v214.so     like torch >= 2.14: also CreateWithExternalConstants,
  *                         AOTInductorSetUsePinnedAsyncConstantsCopy,
  *                         AOTInductorGetLastError and
@@ -62,13 +65,28 @@
  *                               2 buffer, 3 tensor constant; OWN 1: the
  *                               creation loads data of its own for it,
  *                               filled with 0.5)
- *   folded NAME BYTES           a constant produced by folding */
+ *   folded NAME BYTES           a constant produced by folding
+ *   run_delay_us N              each Run takes about N microseconds,
+ *                               reading element k of every constant from
+ *                               the bound tensor's memory at k/elements of
+ *                               that time (memory unmapped, changed or
+ *                               swapped too early shows in the output)
+ *
+ * Concurrency, as upstream's container (model_container.h): Run holds the
+ * container's lock shared for its whole duration and reads the active
+ * buffer once; SwapConstantBuffer takes it exclusively; an update or a
+ * folding of the inactive buffer writes only that buffer (folding holds the
+ * lock shared, folding the active buffer exclusively). */
 #include <dlfcn.h>
+#include <errno.h>
+#include <stdatomic.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define EXPORT __attribute__((visibility("default")))
 #ifndef FAKE_AOTI_BLOB_BYTES
@@ -118,6 +136,8 @@ typedef struct fake_container {
     int active; /* 0 or 1 */
     int folded_ok[2];
     int load_called;
+    long run_delay_us;
+    pthread_rwlock_t lock;
 } fake_container;
 
 /* The constants blob upstream links into every model library (see the
@@ -132,11 +152,11 @@ __asm__(".section .rodata\n"
                                            "_binary_constants_bin_end:\n"
                                            ".previous\n");
 
-static int live_tensors;
+static _Atomic int live_tensors;
 static int pinned_async;
 static int pinned_at_create = -1;
 static int creates;
-static int fold_calls;
+static _Atomic int fold_calls;
 static long embedded_live;
 static long folded_live;
 static const char *last_error = "";
@@ -351,6 +371,8 @@ static int load_spec(fake_container *m)
             continue;
         if (sscanf(line, "mmap %d", &m->mmap) == 1)
             continue;
+        if (sscanf(line, "run_delay_us %ld", &m->run_delay_us) == 1)
+            continue;
         if (m->n_consts < MAX_CONSTS && sscanf(line, "const %63s %127s %d %lld %d %d", c->name,
                                                c->fqn, &dtype, &size, &type, &own) >= 4) {
             c->dtype = dtype;
@@ -471,6 +493,7 @@ static fake_container *new_container(void)
     creates++;
     pinned_at_create = pinned_async;
     last_container = m;
+    pthread_rwlock_init(&m->lock, NULL);
     return m;
 }
 
@@ -514,6 +537,7 @@ EXPORT int32_t AOTInductorModelContainerDelete(void *h)
     free_folded(m, 0);
     free_folded(m, 1);
     free_blob(m);
+    pthread_rwlock_destroy(&m->lock);
     free(m);
     return 0;
 }
@@ -661,13 +685,22 @@ EXPORT int32_t AOTInductorModelContainerRunConstantFolding(void *h, bool use_ina
     (void)stream;
     (void)proxy;
     fake_container *m = h;
-    return do_fold(m, use_inactive ? !m->active : m->active);
+    if (use_inactive)
+        pthread_rwlock_rdlock(&m->lock);
+    else
+        pthread_rwlock_wrlock(&m->lock);
+    int rc = do_fold(m, use_inactive ? !m->active : m->active);
+    pthread_rwlock_unlock(&m->lock);
+    return rc;
 }
 
+#ifndef FAKE_AOTI_NO_SWAP
 EXPORT int32_t AOTInductorModelContainerSwapConstantBuffer(void *h)
 {
     fake_container *m = h;
+    pthread_rwlock_wrlock(&m->lock);
     m->active = !m->active;
+    pthread_rwlock_unlock(&m->lock);
     return 0;
 }
 
@@ -685,6 +718,8 @@ EXPORT int32_t AOTInductorModelContainerFreeInactiveConstantBuffer(void *h)
     return 0;
 }
 
+#endif
+
 EXPORT int32_t AOTInductorModelContainerGetNumInputs(void *h, size_t *n)
 {
     (void)h;
@@ -699,6 +734,13 @@ EXPORT int32_t AOTInductorModelContainerGetNumOutputs(void *h, size_t *n)
     return 0;
 }
 
+static void pause_us(long us)
+{
+    struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
 EXPORT int32_t AOTInductorModelContainerRun(void *h, void **inputs, size_t n_in, void **outputs,
                                             size_t n_out, void *stream, void *proxy)
 {
@@ -707,6 +749,17 @@ EXPORT int32_t AOTInductorModelContainerRun(void *h, void **inputs, size_t n_in,
     fake_container *m = h;
     int rc = 0;
     fake_tensor *x = n_in == 1 ? tensor_ok(inputs[0]) : NULL;
+    pthread_rwlock_rdlock(&m->lock);
+    /* Upstream folds on the first run after an update, exclusively. */
+    if (has_folded(m) && !m->folded_ok[m->active]) {
+        pthread_rwlock_unlock(&m->lock);
+        pthread_rwlock_wrlock(&m->lock);
+        if (!m->folded_ok[m->active] && const_data(m, 0, m->active))
+            rc = do_fold(m, m->active);
+        pthread_rwlock_unlock(&m->lock);
+        pthread_rwlock_rdlock(&m->lock);
+    }
+    /* The active buffer, read once for the whole run. */
     int buf = m->active;
     const float *w = const_data(m, 0, buf), *b = const_data(m, 1, buf);
     const float *fw = NULL;
@@ -714,18 +767,15 @@ EXPORT int32_t AOTInductorModelContainerRun(void *h, void **inputs, size_t n_in,
         if (m->c[i].folded)
             fw = m->c[i].folded_data[buf];
     }
-    if (!x || n_out != 1 || x->dtype != DTYPE_F32 || x->ndim != 1 || x->sizes[0] != m->elements)
+    if (rc != 0)
+        ;
+    else if (!x || n_out != 1 || x->dtype != DTYPE_F32 || x->ndim != 1 ||
+             x->sizes[0] != m->elements)
         rc = failf("Run: expects one float32 input of `elements` values and one output");
     else if (!w || !b)
         rc = failf("Run: constants are not bound");
-    /* Upstream folds on the first run after an update. */
-    if (rc == 0 && has_folded(m) && !m->folded_ok[buf]) {
-        rc = do_fold(m, buf);
-        for (int i = 0; rc == 0 && i < m->n_consts; i++) {
-            if (m->c[i].folded)
-                fw = m->c[i].folded_data[buf];
-        }
-    }
+    else if (has_folded(m) && !fw)
+        rc = failf("Run: the folded constants were not built");
     for (int i = 2; rc == 0 && i < m->n_consts; i++) {
         if ((m->c[i].type == 2 || m->c[i].type == 3) && !const_data(m, i, buf))
             rc = failf(m->c[i].borrowed[buf]
@@ -738,7 +788,10 @@ EXPORT int32_t AOTInductorModelContainerRun(void *h, void **inputs, size_t n_in,
         rc = failf("out of memory");
     if (rc == 0) {
         const float *xd = x->data;
+        long step = m->run_delay_us > 0 ? m->run_delay_us / m->elements : 0;
         for (long k = 0; k < m->elements; k++) {
+            if (step)
+                pause_us(step);
             y[k] = xd[k] * (fw ? fw[k] / 2.0f : w[k]) + b[k];
             for (int i = 2; i < m->n_consts; i++) {
                 if (m->c[i].type == 2 || m->c[i].type == 3)
@@ -751,6 +804,7 @@ EXPORT int32_t AOTInductorModelContainerRun(void *h, void **inputs, size_t n_in,
         ((fake_tensor *)out)->owns = 1;
         outputs[0] = out;
     }
+    pthread_rwlock_unlock(&m->lock);
     /* Inputs are stolen, also on failure. */
     for (size_t i = 0; i < n_in; i++) {
         if (tensor_ok(inputs[i]))

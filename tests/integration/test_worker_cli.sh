@@ -39,7 +39,7 @@ check() {
     if [ "$arg" = required ]; then
       grep -qE -- "^  --$name [A-Z]" "$out.help" || fail "$prog --help does not name --$name's argument"
     else
-      grep -qE -- "^  (-[a-z], )?--$name( [A-Z]|[^ ])" "$out.help" &&
+      grep -qE -- "^  (-[a-z], )?--$name( [A-Z]|[^ a-z-])" "$out.help" &&
         fail "$prog --help gives --$name an argument it does not take"
     fi
   done <"$out.opts"

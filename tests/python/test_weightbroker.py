@@ -900,6 +900,88 @@ class TestModels(Base):
             self.assertIn("missing.pt2", cm.exception.message)
             self.assertEqual(base.containers, 0)
 
+    def has_versions(self, client):
+        """Whether the broker knows versions (subscriptions): the rollout
+        tests need one that does."""
+        try:
+            client.subscribe("base", lambda *a: None)()
+            return True
+        except wb.BrokerError as e:
+            self.assertEqual(e.name, "WB_ENOSYS")
+            self.assertIn("predates versions", e.message)
+            return False
+
+    def test_model_update_swaps_leases(self):
+        c = self.connect()
+        base, head = c.lease("base"), c.lease("head")
+        self.assertIn(base.version, (0, 1))  # 0 from a broker that predates versions
+        model = self.load(self.pt2, [base, head])
+        self.assertEqual(model.info["swaps"], 0)
+        base2 = c.lease("base")
+        model.update(base2)
+        self.assertEqual(model.info["swaps"], 1)
+        self.assertGreater(model.info["last_swap_ms"], 0)
+        self.assertEqual([l.model for l in model.leases], ["base", "head"])
+        self.assertIs(model.leases[0], base2)
+        self.assertEqual(base.containers, 0)
+        self.assertEqual(base2.containers, 1)
+        base.release()  # no longer used
+        (y,) = model(torch.tensor([1.0, 1.0, 2.0, 2.0]))
+        self.assertEqual(y.tolist(), [11, 22, 36, 48])
+        self.assertEqual(model.last_run_version, base2.version)
+        # A lease of a model it does not use: refused, nothing changed.
+        only_base = self.load(self.pt2, [base2], tensors={"model.bias": torch.zeros(4)})
+        head2 = c.lease("head")
+        with self.assertRaises(wb.BrokerError) as cm:
+            only_base.update([head2])
+        self.assertEqual(cm.exception.name, "WB_EINVAL")
+        self.assertIn("which the container does not use", cm.exception.message)
+        self.assertEqual(head2.containers, 0)
+        self.assertEqual(only_base.info["swaps"], 0)
+        only_base.close()
+        model.close()
+        for l in (base2, head, head2):
+            l.release()
+        self.assertEqual(self.broker.leases(), [])
+
+    def test_follow_needs_a_broker_with_versions(self):
+        c = self.connect()
+        base, head = c.lease("base"), c.lease("head")
+        if self.has_versions(c):
+            self.skipTest("the broker knows versions: test_follow_rollout covers it")
+        with self.assertRaises(wb.BrokerError) as cm:
+            self.load(self.pt2, [base, head], follow=True)
+        self.assertEqual(cm.exception.name, "WB_ENOSYS")
+        # The leases are still the caller's.
+        self.assertEqual(base.containers, 0)
+        base.release()
+        head.release()
+        self.assertEqual(self.broker.leases(), [])
+
+    def test_follow_rollout(self):
+        # Needs a broker with versions (RolloutRequest, SubscribeRequest):
+        # skipped against one that predates them.
+        c = self.connect()
+        if not self.has_versions(c):
+            self.skipTest("the broker predates versions")
+        seen = []
+        unsubscribe = c.subscribe("base", lambda m, v, p: seen.append((m, v, p)))
+        base, head = c.lease("base"), c.lease("head")
+        model = self.load(self.pt2, [base, head], follow=True)
+        self.assertTrue(model.following)
+        self.assertIsNone(base._h or None)  # owned by the model now
+        base2 = os.path.join(self.tmp, "base2.safetensors")
+        write_safetensors(base2, [("model.weight", "F32", (4,), f32([2, 4, 6, 8]))])
+        self.broker.ctl("rollout", "base", base2)
+        wait_for(lambda: model(torch.ones(4))[0].tolist() == [12, 24, 36, 48],
+                 "the new version swapped in")
+        self.assertEqual(model.last_run_version, 2)
+        self.assertEqual(seen, [("base", 2, 1)])
+        self.assertEqual(model.info["follow_errors"], 0)
+        unsubscribe()
+        model.close()
+        self.assertEqual(self.broker.leases(), [])
+
     def test_example_worker_serves_and_stops(self):
         # examples/python_worker.py as a separate process, on the fake.
         inp = os.path.join(self.tmp, "input.safetensors")

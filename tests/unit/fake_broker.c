@@ -1,10 +1,12 @@
 /* The FAKE broker of the client's unit tests (see fake_broker.h). */
 #include "fake_broker.h"
 
+#include "alloc.h"
 #include "tensor_table.h"
 
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +20,13 @@ int64_t test_now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int64_t test_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
 void test_sleep_ms(int ms)
@@ -42,8 +51,12 @@ static void fill_lease(fake_broker *f, Wbproto__Lease *lease, Wbproto__Slab *sla
     lease->id.data = id;
     lease->id.len = WB_LEASE_ID_LEN;
     lease->model = (char *)model;
+    uint32_t v = strcmp(model, "demo") == 0 ? atomic_load(&f->version) : 0;
+    wb_shm *vs = v ? atomic_load(&f->version_slab[v % FAKE_MAX_VERSIONS]) : NULL;
+    wb_shm *use = vs ? vs : f->slab;
+    lease->version = v;
     slab->index = 0;
-    slab->size = f->slab->size;
+    slab->size = use->size;
     if (atomic_load(&f->mode) == FAKE_CUDA) {
         slab->backend = WBPROTO__BACKEND__BACKEND_CUDA;
         slab->device = 0;
@@ -54,7 +67,7 @@ static void fill_lease(fake_broker *f, Wbproto__Lease *lease, Wbproto__Slab *sla
     } else {
         slab->backend = WBPROTO__BACKEND__BACKEND_HOST;
         slab->device = -1;
-        slab->shm_name = f->slab->name;
+        slab->shm_name = use->name;
     }
     if (f->transport)
         slab->transport = (char *)f->transport;
@@ -72,11 +85,94 @@ static void fill_lease(fake_broker *f, Wbproto__Lease *lease, Wbproto__Slab *sla
         t[i].slab = 0;
         t[i].offset = ft->offset;
         t[i].nbytes = ft->nbytes;
-        t[i].xxh3 = XXH3_64bits((const uint8_t *)f->slab->addr + ft->offset, ft->nbytes);
+        t[i].xxh3 = XXH3_64bits((const uint8_t *)use->addr + ft->offset, ft->nbytes);
         tensors[i] = &t[i];
     }
     lease->n_tensors = f->n_tensors;
     lease->tensors = tensors;
+}
+
+/* Records or drops a subscription of the connection `ident`. */
+static void subscribe(fake_broker *f, zmq_msg_t *ident, const char *model, int unsubscribe)
+{
+    pthread_mutex_lock(&f->sub_mu);
+    size_t len = zmq_msg_size(ident);
+    size_t found = f->n_subs;
+    for (size_t i = 0; i < f->n_subs; i++) {
+        if (f->subs[i].ident_len == len &&
+            memcmp(f->subs[i].ident, zmq_msg_data(ident), len) == 0 &&
+            strcmp(f->subs[i].model, model) == 0)
+            found = i;
+    }
+    if (unsubscribe && found < f->n_subs) {
+        f->subs[found] = f->subs[--f->n_subs];
+    } else if (!unsubscribe && found == f->n_subs && f->n_subs < FAKE_MAX_SUBS &&
+               len <= sizeof f->subs[0].ident) {
+        fake_sub *s = &f->subs[f->n_subs++];
+        memcpy(s->ident, zmq_msg_data(ident), len);
+        s->ident_len = len;
+        snprintf(s->model, sizeof s->model, "%s", model);
+    }
+    pthread_mutex_unlock(&f->sub_mu);
+}
+
+void fake_broker_forget_subs(fake_broker *f)
+{
+    pthread_mutex_lock(&f->sub_mu);
+    f->n_subs = 0;
+    pthread_mutex_unlock(&f->sub_mu);
+}
+
+static void send_reply(fake_broker *f, const uint8_t *ident, size_t ident_len,
+                       const Wbproto__Reply *rep)
+{
+    size_t len;
+    uint8_t *buf = wb__reply_pack(rep, &len);
+    ck_assert_ptr_nonnull(buf);
+    zmq_send(f->router, ident, ident_len, ZMQ_SNDMORE);
+    zmq_send(f->router, buf, len, 0);
+    free(buf);
+}
+
+/* The queued notice, to every subscriber of its model. */
+static void send_notices(fake_broker *f)
+{
+    Wbproto__VersionNotice n = WBPROTO__VERSION_NOTICE__INIT;
+    n.model = f->notify_model;
+    n.version = atomic_load(&f->notify_version);
+    n.previous_version = atomic_load(&f->notify_previous);
+    Wbproto__Reply rep = WBPROTO__REPLY__INIT;
+    rep.version = WB_PROTOCOL_VERSION;
+    rep.id = 0;
+    rep.body_case = WBPROTO__REPLY__BODY_NOTICE;
+    rep.notice = &n;
+    pthread_mutex_lock(&f->sub_mu);
+    for (size_t i = 0; i < f->n_subs; i++) {
+        if (strcmp(f->subs[i].model, f->notify_model) != 0)
+            continue;
+        if (atomic_load(&f->drop_notices)) {
+            atomic_fetch_add(&f->n_notices_dropped, 1);
+            continue;
+        }
+        atomic_store(&f->notice_sent_us, test_now_us());
+        send_reply(f, f->subs[i].ident, f->subs[i].ident_len, &rep);
+        atomic_fetch_add(&f->n_notices_sent, 1);
+    }
+    pthread_mutex_unlock(&f->sub_mu);
+}
+
+void fake_broker_notify(fake_broker *f, const char *model, uint32_t version, uint32_t previous)
+{
+    snprintf(f->notify_model, sizeof f->notify_model, "%s", model);
+    atomic_store(&f->notify_version, version);
+    atomic_store(&f->notify_previous, previous);
+    if (strcmp(model, "demo") == 0)
+        atomic_store(&f->version, version);
+    atomic_store(&f->notify_pending, 1);
+    char one = 1;
+    ck_assert_int_eq(write(f->wake[1], &one, 1), 1);
+    while (atomic_load(&f->notify_pending))
+        test_sleep_ms(1);
 }
 
 static void answer(fake_broker *f, zmq_msg_t *ident, const Wbproto__Request *req)
@@ -95,6 +191,9 @@ static void answer(fake_broker *f, zmq_msg_t *ident, const Wbproto__Request *req
     uint8_t id[WB_LEASE_ID_LEN], handle[64];
     Wbproto__ReleaseReply rel = WBPROTO__RELEASE_REPLY__INIT;
     Wbproto__HeartbeatReply hb = WBPROTO__HEARTBEAT_REPLY__INIT;
+    Wbproto__SubscribeReply sub = WBPROTO__SUBSCRIBE_REPLY__INIT;
+    Wbproto__VersionNotice cur[FAKE_MAX_SUBS], *curp[FAKE_MAX_SUBS];
+    char cur_model[FAKE_MAX_SUBS][64];
     ProtobufCBinaryData unknown[16];
     uint8_t *table = NULL, *frame = NULL;
     size_t frame_len = 0;
@@ -119,7 +218,7 @@ static void answer(fake_broker *f, zmq_msg_t *ident, const Wbproto__Request *req
             atomic_fetch_add(&f->n_asked_table, 1);
         if (req->acquire->tensor_table_shared)
             atomic_fetch_add(&f->n_asked_shared, 1);
-        if (strcmp(req->acquire->model, "demo") != 0) {
+        if (strcmp(req->acquire->model, "demo") != 0 && strcmp(req->acquire->model, "other") != 0) {
             rep.status = WB_ENOTFOUND;
             rep.error = "no model named 'nosuch'";
             break;
@@ -194,6 +293,15 @@ static void answer(fake_broker *f, zmq_msg_t *ident, const Wbproto__Request *req
         atomic_store(&f->last_beats, (int)req->heartbeat->n_leases);
         if (req->heartbeat->n_leases > 0)
             atomic_store(&f->last_containers, req->heartbeat->leases[0]->containers);
+        atomic_store(&f->last_swaps, 0);
+        for (size_t i = 0; i < req->heartbeat->n_leases; i++) {
+            const Wbproto__LeaseBeat *lb = req->heartbeat->leases[i];
+            for (size_t k = 0; k < lb->n_container_records; k++) {
+                atomic_store(&f->last_swaps, lb->container_records[k]->swaps);
+                atomic_store(&f->last_swap_us,
+                             (int64_t)(lb->container_records[k]->last_swap_ms * 1000.0));
+            }
+        }
         for (size_t i = 0; i < req->heartbeat->n_leases && hb.n_unknown_leases < 16; i++) {
             const ProtobufCBinaryData *lid = &req->heartbeat->leases[i]->lease_id;
             /* Only leases this instance granted are known. */
@@ -201,11 +309,41 @@ static void answer(fake_broker *f, zmq_msg_t *ident, const Wbproto__Request *req
                 unknown[hb.n_unknown_leases++] = *lid;
         }
         hb.unknown_leases = hb.n_unknown_leases ? unknown : NULL;
+        pthread_mutex_lock(&f->sub_mu);
+        for (size_t i = 0; i < f->n_subs && !atomic_load(&f->beat_versions_off); i++) {
+            if (f->subs[i].ident_len != zmq_msg_size(ident) ||
+                memcmp(f->subs[i].ident, zmq_msg_data(ident), f->subs[i].ident_len) != 0)
+                continue;
+            wbproto__version_notice__init(&cur[hb.n_current_versions]);
+            memcpy(cur_model[hb.n_current_versions], f->subs[i].model, 64);
+            cur[hb.n_current_versions].model = cur_model[hb.n_current_versions];
+            cur[hb.n_current_versions].version =
+                strcmp(f->subs[i].model, "demo") == 0 ? atomic_load(&f->version) : 0;
+            curp[hb.n_current_versions] = &cur[hb.n_current_versions];
+            hb.n_current_versions++;
+        }
+        pthread_mutex_unlock(&f->sub_mu);
+        hb.current_versions = hb.n_current_versions ? curp : NULL;
         hb.heartbeat_interval_ms = atomic_load(&f->pace_ms);
         hb.stale_after_ms = 5 * hb.heartbeat_interval_ms;
         rep.body_case = WBPROTO__REPLY__BODY_HEARTBEAT;
         rep.heartbeat = &hb;
         atomic_fetch_add(&f->n_heartbeat, 1);
+        break;
+    case WBPROTO__REQUEST__BODY_SUBSCRIBE:
+        if (atomic_load(&f->sub_mode) == FAKE_SUB_UNKNOWN) {
+            /* What a broker that predates versions answers. */
+            rep.status = WB_EPROTO;
+            rep.error = "request has no body";
+            break;
+        }
+        atomic_fetch_add(&f->n_subscribe, 1);
+        if (req->subscribe->unsubscribe)
+            atomic_fetch_add(&f->n_unsubscribe, 1);
+        subscribe(f, ident, req->subscribe->model, req->subscribe->unsubscribe);
+        sub.version = strcmp(req->subscribe->model, "demo") == 0 ? atomic_load(&f->version) : 0;
+        rep.body_case = WBPROTO__REPLY__BODY_SUBSCRIBE;
+        rep.subscribe = &sub;
         break;
     default:
         rep.status = WB_ENOSYS;
@@ -230,8 +368,20 @@ static void *fake_main(void *arg)
 {
     fake_broker *f = arg;
     while (!atomic_load(&f->stop)) {
-        zmq_pollitem_t item = {.socket = f->router, .events = ZMQ_POLLIN};
-        if (zmq_poll(&item, 1, 10) <= 0)
+        zmq_pollitem_t items[2] = {{.socket = f->router, .events = ZMQ_POLLIN},
+                                   {.fd = f->wake[0], .events = ZMQ_POLLIN}};
+        if (zmq_poll(items, 2, 10) <= 0)
+            continue;
+        if (items[1].revents & ZMQ_POLLIN) {
+            char buf[16];
+            while (read(f->wake[0], buf, sizeof buf) > 0)
+                ;
+            if (atomic_load(&f->notify_pending)) {
+                send_notices(f);
+                atomic_store(&f->notify_pending, 0);
+            }
+        }
+        if (!(items[0].revents & ZMQ_POLLIN))
             continue;
         zmq_msg_t ident, payload;
         zmq_msg_init(&ident);
@@ -239,10 +389,29 @@ static void *fake_main(void *arg)
         zmq_msg_recv(&ident, f->router, 0);
         zmq_msg_recv(&payload, f->router, 0);
         Wbproto__Request *req = NULL;
+        int own_decode = 0;
         uint64_t id;
         wb_err err;
         int rc =
             wb__request_decode(zmq_msg_data(&payload), zmq_msg_size(&payload), &req, &id, &err);
+        if (rc == WB_EPROTO && atomic_load(&f->sub_mode) == FAKE_SUB_ANSWER) {
+            /* common/wire.c does not know SubscribeRequest: the fake reads
+             * it itself. */
+            req = wbproto__request__unpack(&wb__protobuf_allocator, zmq_msg_size(&payload),
+                                           zmq_msg_data(&payload));
+            own_decode = 1;
+            if (req && req->body_case == WBPROTO__REQUEST__BODY_SUBSCRIBE && req->subscribe &&
+                req->subscribe->model)
+                rc = WB_OK;
+        } else if (rc == WB_EPROTO) {
+            /* As a broker that predates versions: an error reply. */
+            Wbproto__Reply rep = WBPROTO__REPLY__INIT;
+            rep.version = WB_PROTOCOL_VERSION;
+            rep.id = id;
+            rep.status = WB_EPROTO;
+            rep.error = err.msg;
+            send_reply(f, zmq_msg_data(&ident), zmq_msg_size(&ident), &rep);
+        }
         if (rc == WB_OK)
             atomic_fetch_add(&f->n_received, 1);
         if (rc == WB_OK && atomic_load(&f->mode) != FAKE_SILENT) {
@@ -251,7 +420,10 @@ static void *fake_main(void *arg)
                 test_sleep_ms(delay);
             answer(f, &ident, req);
         }
-        wb__request_free(&req);
+        if (own_decode && req)
+            wbproto__request__free_unpacked(req, &wb__protobuf_allocator);
+        else
+            wb__request_free(&req);
         zmq_msg_close(&ident);
         zmq_msg_close(&payload);
     }
@@ -269,6 +441,8 @@ void fake_broker_start(fake_broker *f, const char *path, wb_shm *slab, uint32_t 
     f->slab = slab;
     memcpy(f->tensors, tensors, n_tensors * sizeof *tensors);
     f->n_tensors = n_tensors;
+    pthread_mutex_init(&f->sub_mu, NULL);
+    ck_assert_int_eq(pipe2(f->wake, O_NONBLOCK | O_CLOEXEC), 0);
     f->ctx = zmq_ctx_new();
     f->router = zmq_socket(f->ctx, ZMQ_ROUTER);
     int linger = 0;
@@ -286,6 +460,9 @@ void fake_broker_stop(fake_broker *f)
     zmq_close(f->router);
     zmq_ctx_term(f->ctx);
     unlink(f->path);
+    close(f->wake[0]);
+    close(f->wake[1]);
+    pthread_mutex_destroy(&f->sub_mu);
     if (f->shared_table.addr) {
         wb__shm_unlink(&f->shared_table);
         wb__shm_unmap(&f->shared_table);

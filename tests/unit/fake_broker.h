@@ -39,7 +39,22 @@ typedef struct fake_tensor {
     uint64_t dim; /* the one dimension */
 } fake_tensor;
 
-#define FAKE_MAX_TENSORS 8
+#define FAKE_MAX_TENSORS  8
+#define FAKE_MAX_VERSIONS 16
+#define FAKE_MAX_SUBS     16
+
+/* How the fake answers SubscribeRequest. */
+enum fake_sub_mode {
+    FAKE_SUB_ANSWER,  /* as a broker with versions */
+    FAKE_SUB_UNKNOWN, /* as one that predates them: "request has no body" */
+};
+
+/* A connection's subscription: the ROUTER identity and the model. */
+typedef struct fake_sub {
+    uint8_t ident[64];
+    size_t ident_len;
+    char model[64];
+} fake_sub;
 
 typedef struct fake_broker {
     char path[160]; /* the socket */
@@ -89,16 +104,55 @@ typedef struct fake_broker {
     atomic_int n_asked_shared, n_shared_sent;
     wb_shm shared_table;
     atomic_uint last_containers; /* of the first lease in the last heartbeat */
-    atomic_int last_beats;       /* leases in the last heartbeat */
+    /* ContainerRecord.swaps and last_swap_ms (in microseconds) of the last
+     * record in the last heartbeat (0 without one). */
+    atomic_uint last_swaps;
+    _Atomic int64_t last_swap_us;
+    atomic_int last_beats; /* leases in the last heartbeat */
     uint8_t released_id[WB_LEASE_ID_LEN];
     uint8_t next_id; /* the last byte of the next lease id, less one */
+
+    /* Versions of model "demo" ("other", also granted, has none): leases
+     * carry `version` (0: say nothing, as a broker that predates versions)
+     * and, when version_slab[version % FAKE_MAX_VERSIONS] is set, are
+     * granted on that slab instead of `slab` (same tensors). */
+    atomic_uint version;
+    _Atomic(wb_shm *) version_slab[FAKE_MAX_VERSIONS];
+    /* Subscriptions: enum fake_sub_mode; the subscribers (under sub_mu);
+     * counts of SubscribeRequests (and of those that unsubscribed). */
+    atomic_int sub_mode;
+    pthread_mutex_t sub_mu;
+    fake_sub subs[FAKE_MAX_SUBS];
+    size_t n_subs;
+    atomic_int n_subscribe, n_unsubscribe;
+    /* Heartbeat replies list the current version of each model the
+     * connection subscribed to, unless this is set. */
+    atomic_int beat_versions_off;
+    /* Notices: fake_broker_notify queues one, the thread sends it to every
+     * subscriber of the model (drop_notices: counts it, sends nothing).
+     * notice_sent_us: CLOCK_MONOTONIC microseconds of the last send. */
+    int wake[2];
+    atomic_int notify_pending;
+    char notify_model[64];
+    atomic_uint notify_version, notify_previous;
+    atomic_int drop_notices;
+    atomic_int n_notices_sent, n_notices_dropped;
+    _Atomic int64_t notice_sent_us;
 } fake_broker;
 
 /* Starts the fake on socket `path`, granting leases on `slab` (which the
  * caller owns) with the given tensors (at most FAKE_MAX_TENSORS) of model
- * "demo"; any other model is refused with WB_ENOTFOUND. */
+ * "demo" (and "other"); any other model is refused with WB_ENOTFOUND. */
 void fake_broker_start(fake_broker *f, const char *path, wb_shm *slab, uint32_t heartbeat_ms,
                        uint64_t instance, const fake_tensor *tensors, size_t n_tensors);
+
+/* Makes `version` the current version of "demo" (new leases get it) and,
+ * for `model`'s subscribers, sends VersionNotice{model, version, previous}
+ * from the fake's thread; returns once it is sent (or dropped). */
+void fake_broker_notify(fake_broker *f, const char *model, uint32_t version, uint32_t previous);
+
+/* Forgets every subscription, as a broker does when the connection ends. */
+void fake_broker_forget_subs(fake_broker *f);
 
 /* Stops the thread and closes the socket; as after a crash, nothing listens
  * on the path any more. The slab is left to the caller. */
@@ -128,6 +182,7 @@ void fake_env_stop(fake_env *f);
 wb_client *fake_connect(const char *path, int no_heartbeat_thread, int timeout_ms);
 
 int64_t test_now_ms(void);
+int64_t test_now_us(void);
 void test_sleep_ms(int ms);
 
 #endif
