@@ -14,6 +14,9 @@
   version_peer.py noread SOCK MODEL SECONDS
       subscribes, prints "subscribed version=V", then reads nothing for
       SECONDS and exits
+  version_peer.py rollouts SOCK MODEL COUNT PATH...
+      COUNT rollouts of MODEL, one after another, from the PATHs in turn,
+      each waiting for its reply; prints "done=N failed=F max_ms=X"
 """
 import os
 import struct
@@ -216,6 +219,22 @@ def plain(path, seconds):
     print("unsolicited=%d heartbeats=%d" % (other, beats), flush=True)
 
 
+def rollouts(path, model, count, paths):
+    s = zmtp_peer.handshake(path)
+    rd = Reader(s)
+    done = failed = 0
+    worst = 0.0
+    for i in range(count):
+        body = field_bytes(1, model.encode()) + field_bytes(2, paths[i % len(paths)].encode())
+        t0 = time.time()
+        s.sendall(zmtp_peer.frame(request(i + 1, 41, body)))
+        _, status, _, _ = rd.wait_reply(i + 1, 10)
+        worst = max(worst, time.time() - t0)
+        done += 1
+        failed += status != 0
+    print("done=%d failed=%d max_ms=%d" % (done, failed, worst * 1000), flush=True)
+
+
 def noread(path, model, seconds):
     s, _ = do_subscribe(path, model)
     time.sleep(seconds)
@@ -229,6 +248,8 @@ def main():
         watch(path, a[0], float(a[1]))
     elif mode == "plain":
         plain(path, float(a[0]))
+    elif mode == "rollouts":
+        rollouts(path, a[0], int(a[1]), a[2:])
     elif mode == "noread":
         noread(path, a[0], float(a[1]))
     else:
