@@ -404,6 +404,127 @@ START_TEST(test_subscriptions)
 }
 END_TEST
 
+/* A heartbeat whose record of a container shows more swaps than before
+ * (on its lease, or a container new to the lease with swaps) is one swap:
+ * counted once, with its time in the histogram; the listing shows it. */
+static Wbproto__Reply *beat_swaps(const uint8_t *lease, uint32_t swaps, double ms)
+{
+    Wbproto__ContainerRecord rec = WBPROTO__CONTAINER_RECORD__INIT, *recs[1] = {&rec};
+    rec.container_id = 42;
+    rec.aoti_api = "AOTInductorModelContainerCreateWithDevice";
+    rec.swaps = swaps;
+    rec.last_swap_ms = ms;
+    Wbproto__LeaseBeat beat = WBPROTO__LEASE_BEAT__INIT, *beats[1] = {&beat};
+    beat.lease_id.data = (uint8_t *)lease;
+    beat.lease_id.len = 16;
+    beat.containers = 1;
+    beat.n_container_records = 1;
+    beat.container_records = recs;
+    Wbproto__HeartbeatRequest hb = WBPROTO__HEARTBEAT_REQUEST__INIT;
+    hb.n_leases = 1;
+    hb.leases = beats;
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_HEARTBEAT;
+    req.heartbeat = &hb;
+    return call_from(3, &req);
+}
+
+START_TEST(test_swaps)
+{
+    wb_peer_creds p = me();
+    load_demo();
+    Wbproto__Reply *r = fixture_acquire(&F, &p, "demo");
+    uint8_t lease[16];
+    memcpy(lease, r->acquire->lease->id.data, 16);
+    r = beat_swaps(lease, 0, 0);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_uint_eq(F.b.stats.container_swaps, 0);
+    r = beat_swaps(lease, 1, 12.5);
+    ck_assert_int_eq(r->status, 0);
+    r = beat_swaps(lease, 1, 12.5);
+    ck_assert_uint_eq(F.b.stats.container_swaps, 1);
+    /* 12.5 ms: the bucket up to 50 ms (the fourth). */
+    ck_assert_uint_eq(F.b.stats.swap_buckets[3], 1);
+    ck_assert(F.b.stats.swap_seconds_sum > 0.0124 && F.b.stats.swap_seconds_sum < 0.0126);
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__ListContainersRequest lc = WBPROTO__LIST_CONTAINERS_REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_LIST_CONTAINERS;
+    req.list_containers = &lc;
+    r = call_from(3, &req);
+    ck_assert_uint_eq(r->list_containers->n_containers, 1);
+    ck_assert_uint_eq(r->list_containers->containers[0]->swaps, 1);
+    ck_assert(r->list_containers->containers[0]->last_swap_ms == 12.5);
+    ck_assert_uint_eq(r->list_containers->containers[0]->leases[0]->version, 1);
+}
+END_TEST
+
+/* The wire checks of the new bodies: a notice is unsolicited (id and status
+ * 0) and names a model; a record's last swap time is a number of ms. */
+START_TEST(test_wire_checks)
+{
+    Wbproto__VersionNotice n = WBPROTO__VERSION_NOTICE__INIT;
+    n.model = "demo";
+    n.version = 2;
+    n.previous_version = 1;
+    Wbproto__Reply rep = WBPROTO__REPLY__INIT;
+    rep.version = WB_PROTOCOL_VERSION;
+    rep.body_case = WBPROTO__REPLY__BODY_NOTICE;
+    rep.notice = &n;
+    size_t len;
+    Wbproto__Reply *out = NULL;
+    wb_err err;
+    uint8_t *buf = wb__reply_pack(&rep, &len);
+    ck_assert_int_eq(wb__reply_decode(buf, len, &out, &err), WB_OK);
+    ck_assert_str_eq(out->notice->model, "demo");
+    wb__reply_free(&out);
+    free(buf);
+    rep.id = 5;
+    buf = wb__reply_pack(&rep, &len);
+    ck_assert_int_eq(wb__reply_decode(buf, len, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "a notice has id 5 and status 0, not 0 and 0");
+    free(buf);
+    rep.id = 0;
+    n.model = "";
+    buf = wb__reply_pack(&rep, &len);
+    ck_assert_int_eq(wb__reply_decode(buf, len, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "notice.model is empty");
+    free(buf);
+
+    Wbproto__ContainerRecord rec = WBPROTO__CONTAINER_RECORD__INIT, *recs[1] = {&rec};
+    rec.container_id = 1;
+    rec.aoti_api = "AOTInductorModelContainerCreateWithDevice";
+    rec.swaps = 1;
+    rec.last_swap_ms = -1;
+    uint8_t id[16] = {1};
+    Wbproto__LeaseBeat beat = WBPROTO__LEASE_BEAT__INIT, *beats[1] = {&beat};
+    beat.lease_id.data = id;
+    beat.lease_id.len = 16;
+    beat.containers = 1;
+    beat.n_container_records = 1;
+    beat.container_records = recs;
+    Wbproto__HeartbeatRequest hb = WBPROTO__HEARTBEAT_REQUEST__INIT;
+    hb.n_leases = 1;
+    hb.leases = beats;
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    req.version = WB_PROTOCOL_VERSION;
+    req.id = 3;
+    req.body_case = WBPROTO__REQUEST__BODY_HEARTBEAT;
+    req.heartbeat = &hb;
+    Wbproto__Request *rq = NULL;
+    uint64_t rid;
+    buf = wb__request_pack(&req, &len);
+    ck_assert_int_eq(wb__request_decode(buf, len, &rq, &rid, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "heartbeat.leases[0].container_records[0].last_swap_ms is -1, not a "
+                              "number of milliseconds from 0 to 8.64e+07");
+    free(buf);
+    rec.last_swap_ms = 12.5;
+    buf = wb__request_pack(&req, &len);
+    ck_assert_int_eq(wb__request_decode(buf, len, &rq, &rid, &err), WB_OK);
+    wb__request_free(&rq);
+    free(buf);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("versions");
@@ -414,6 +535,8 @@ int main(void)
     tcase_add_test(tc, test_failed_rollout);
     tcase_add_test(tc, test_does_not_fit);
     tcase_add_test(tc, test_subscriptions);
+    tcase_add_test(tc, test_wire_checks);
+    tcase_add_test(tc, test_swaps);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
