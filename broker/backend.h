@@ -80,6 +80,13 @@ typedef struct wb_backend {
      * use and kept until the backend is freed. Called by the loader thread. */
     int (*device_engine)(const struct wb_backend *be, int device, wb_copy_engine **out,
                          wb_err *err);
+    /* May be NULL. The bytes free now where `device`'s slabs are allocated
+     * (host: /dev/shm, or the memory available for memfds; cuda: the
+     * device's free memory, cudaMemGetInfo), and in `where` words naming
+     * it. The loader judges whether a load fits by it before allocating
+     * anything. Called by the loader thread. */
+    int (*mem_free)(const struct wb_backend *be, int device, uint64_t *bytes, char *where,
+                    size_t where_len, wb_err *err);
     void *priv; /* the backend's own state */
 } wb_backend;
 

@@ -116,6 +116,24 @@ static int set_device(int device, wb_err *err)
     return WB_OK;
 }
 
+/* What the device has free now: a rollout is judged by it before its
+ * slabs are allocated beside the current version's. */
+static int cuda_mem_free(const wb_backend *be, int device, uint64_t *bytes, char *where,
+                         size_t where_len, wb_err *err)
+{
+    (void)be;
+    int rc = set_device(device, err);
+    if (rc != WB_OK)
+        return rc;
+    size_t avail = 0, total = 0;
+    cudaError_t e = cudaMemGetInfo(&avail, &total);
+    if (e != cudaSuccess)
+        return cuda_fail(err, WB_EIO, e, "cudaMemGetInfo");
+    *bytes = avail;
+    snprintf(where, where_len, "device %d", device);
+    return WB_OK;
+}
+
 static int cuda_alloc(wb_slab *slab, int device, uint64_t size, wb_err *err)
 {
     memset(slab, 0, sizeof *slab);
@@ -633,6 +651,7 @@ int wb__backend_cuda_new(const wb_cuda_options *opts, wb_backend **out, wb_err *
     s->be.slab_dest = cuda_dest;
     s->be.slab_export = cuda_export;
     s->be.slab_free = cuda_slab_free;
+    s->be.mem_free = cuda_mem_free;
     s->be.transport = "cuda-ipc";
     s->be.access = "rw";
     if (opts->slab == WB_CUDA_SLAB_VMM) {

@@ -1,6 +1,12 @@
 #include "backend.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 static int host_alloc(wb_slab *slab, int device, uint64_t size, wb_err *err)
 {
@@ -70,6 +76,44 @@ static void host_free(wb_slab *slab)
     slab->size = 0;
 }
 
+/* Named slabs live in /dev/shm: what its file system has free. */
+static int shm_free(const wb_backend *be, int device, uint64_t *bytes, char *where,
+                    size_t where_len, wb_err *err)
+{
+    (void)be;
+    (void)device;
+    struct statvfs sv;
+    if (statvfs("/dev/shm", &sv) != 0)
+        return wb__err_errno(err, WB_EIO, errno, "statvfs /dev/shm");
+    *bytes = (uint64_t)sv.f_bavail * (uint64_t)sv.f_frsize;
+    snprintf(where, where_len, "host shared memory (/dev/shm)");
+    return WB_OK;
+}
+
+/* memfds take the memory the kernel can give: MemAvailable. */
+static int memfd_free(const wb_backend *be, int device, uint64_t *bytes, char *where,
+                      size_t where_len, wb_err *err)
+{
+    (void)be;
+    (void)device;
+    int fd = open("/proc/meminfo", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return wb__err_errno(err, WB_EIO, errno, "open /proc/meminfo");
+    char buf[8192];
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return wb__err_set(err, WB_EIO, "reading /proc/meminfo");
+    buf[n] = '\0';
+    const char *p = strstr(buf, "MemAvailable:");
+    if (!p)
+        return wb__err_set(err, WB_EIO, "/proc/meminfo has no MemAvailable");
+    unsigned long long kb = strtoull(p + strlen("MemAvailable:"), NULL, 10);
+    *bytes = (uint64_t)kb * 1024;
+    snprintf(where, where_len, "host memory (MemAvailable)");
+    return WB_OK;
+}
+
 const wb_backend wb__backend_host = {
     .name = "host",
     .proto = WBPROTO__BACKEND__BACKEND_HOST,
@@ -81,6 +125,7 @@ const wb_backend wb__backend_host = {
     .slab_free = host_free,
     .transport = "shm",
     .access = "ro",
+    .mem_free = shm_free,
 };
 
 const wb_backend wb__backend_host_memfd = {
@@ -96,4 +141,5 @@ const wb_backend wb__backend_host_memfd = {
     .slab_free = host_free,
     .transport = "memfd",
     .access = "ro",
+    .mem_free = memfd_free,
 };

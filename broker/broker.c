@@ -47,14 +47,21 @@ void wb__broker_destroy(wb_broker *b)
 {
     wb__leases_destroy(&b->leases);
     wb__models_clear(&b->models);
+    wb__subs_destroy(&b->subs);
     wb__auth_destroy(&b->auth);
 }
 
 void wb__broker_free_model(wb_broker *b, wb_model *m)
 {
     char q[300];
-    wb_info("model_freed", "model=%s bytes=%llu", wb__log_quote(q, sizeof q, m->name),
-            (unsigned long long)m->data.bytes);
+    wb__log_quote(q, sizeof q, m->name);
+    /* A version freed while another of its name serves. */
+    const wb_model *cur = wb__models_current(&b->models, m->name);
+    if (cur && cur != m)
+        wb_info("model_version_freed", "model=%s version=%u current=%u bytes=%llu", q, m->version,
+                cur->version, (unsigned long long)m->data.bytes);
+    wb_info("model_freed", "model=%s bytes=%llu version=%u", q, (unsigned long long)m->data.bytes,
+            m->version);
     wb__models_remove(&b->models, m);
     wb__model_free(&m);
 }
@@ -205,6 +212,17 @@ static void drop_loading(wb_broker *b, wb_model *m, const wb_load_job *job)
     wb__model_free(&m);
 }
 
+/* A rollout whose load failed or was refused: counted and logged; the
+ * current version serves on as it was. */
+static void rollout_failed(wb_broker *b, const wb_load_job *job)
+{
+    char q[300], qe[WB_ERR_MSG_MAX + 64];
+    b->stats.rollouts_failed++;
+    wb_warn("model_rollout_failed", "model=%s version=%u current=%u status=%s error=%s",
+            wb__log_quote(q, sizeof q, job->name), job->version, job->beside,
+            wb_status_name(job->rc), wb__log_quote(qe, sizeof qe, job->err.msg));
+}
+
 /* The end of a load whose model was unloaded while it ran: what it made
  * goes now, and its request learns who stopped it. */
 static int load_stopped(wb_load_job *job)
@@ -229,8 +247,10 @@ int wb__broker_finish_load(wb_broker *b, wb_load_job *job, wb_model **model)
     *model = NULL;
     if (job->cancelled)
         return load_stopped(job);
-    wb_model *m = wb__models_find(&b->models, job->name);
-    if (!m || m->state != WBPROTO__MODEL_STATE__MODEL_LOADING || m->job != job) {
+    wb_model *m = b->models.head;
+    while (m && m->job != job)
+        m = m->next;
+    if (!m || m->state != WBPROTO__MODEL_STATE__MODEL_LOADING) {
         /* Cannot happen: a loading model leaves the registry only through
          * wb__broker_cancel_load. Keep the broker consistent anyway. */
         wb__model_data_free(&job->data, job->backend);
@@ -243,6 +263,8 @@ int wb__broker_finish_load(wb_broker *b, wb_load_job *job, wb_model **model)
     if (job->refused) {
         /* Refused by its checks, before anything was read: not counted as
          * a load, and the name it reserved is free again. */
+        if (job->rollout)
+            rollout_failed(b, job);
         drop_loading(b, m, job);
         return job->rc;
     }
@@ -260,9 +282,11 @@ int wb__broker_finish_load(wb_broker *b, wb_load_job *job, wb_model **model)
         share_slabs(b, m);
     if (job->rc != WB_OK) {
         b->stats.loads_failed++;
-        wb_warn("model_load_failed", "model=%s status=%s error=%s",
+        wb_warn("model_load_failed", "model=%s status=%s error=%s version=%u",
                 wb__log_quote(q, sizeof q, job->name), wb_status_name(job->rc),
-                wb__log_quote(qe, sizeof qe, job->err.msg));
+                wb__log_quote(qe, sizeof qe, job->err.msg), job->version);
+        if (job->rollout)
+            rollout_failed(b, job);
         drop_loading(b, m, job);
         return job->rc;
     }
@@ -270,11 +294,11 @@ int wb__broker_finish_load(wb_broker *b, wb_load_job *job, wb_model **model)
     b->stats.load_seconds_total += m->data.load_seconds;
     wb_info("model_ready",
             "model=%s tensors=%zu bytes=%llu slab_bytes=%llu seconds=%.3f gbps=%.3f backend=%s "
-            "open_seconds=%.3f alloc_seconds=%.3f read_seconds=%.3f read_threads=%u",
+            "open_seconds=%.3f alloc_seconds=%.3f read_seconds=%.3f read_threads=%u version=%u",
             wb__log_quote(q, sizeof q, m->name), m->data.n_tensors,
             (unsigned long long)m->data.bytes, (unsigned long long)m->data.slab_bytes,
             m->data.load_seconds, m->data.load_gbps, m->backend->name, m->data.open_seconds,
-            m->data.alloc_seconds, m->data.read_seconds, m->data.read_threads);
+            m->data.alloc_seconds, m->data.read_seconds, m->data.read_threads, m->version);
     wb__load_log_stages(m->name, &m->data);
     /* Where the copies are; a copy that failed is a warning, not a failed
      * load: the others serve. */
@@ -291,6 +315,15 @@ int wb__broker_finish_load(wb_broker *b, wb_load_job *job, wb_model **model)
                     wb__log_quote(q, sizeof q, m->name), c->device, c->uuid[0] ? c->uuid : "-",
                     wb__log_quote(qe, sizeof qe, c->error));
     }
+    /* Current in the turn its load ends: new acquires get it from the next
+     * request on, and the version it replaces drains. */
+    if (job->rollout)
+        wb_info("model_version_ready", "model=%s version=%u previous=%u bytes=%llu seconds=%.3f", q,
+                m->version, job->beside, (unsigned long long)m->data.bytes, m->data.load_seconds);
+    job->previous = wb__broker_make_current(b, m);
+    job->current_at = b->now_wall();
+    if (job->rollout)
+        b->stats.rollouts_total++;
     *model = m;
     return WB_OK;
 }

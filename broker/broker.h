@@ -11,6 +11,7 @@
 #include "loader.h"
 #include "models.h"
 #include "quota.h"
+#include "subs.h"
 
 #include <stdint.h>
 
@@ -73,6 +74,12 @@ typedef struct wb_broker {
     /* May be NULL; polled by the load of wb__broker_preload, nonzero stops
      * it (a stop signal while wbrokerd starts). */
     const atomic_int *cancel_preloads;
+    /* The models each connection subscribed to, and how a VersionNotice
+     * reaches a connection (the loop's; NULL: nobody is told). It returns
+     * WB_OK when the notice was queued, else it was dropped. */
+    wb_subs subs;
+    int (*notify)(void *ctx, uint64_t serial, const Wbproto__VersionNotice *n);
+    void *notify_ctx;
 } wb_broker;
 
 void wb__broker_init(wb_broker *b, const wb_broker_config *cfg);
@@ -94,6 +101,18 @@ int wb__broker_lease_ended(wb_broker *b, wb_model *m, unsigned copy);
 
 /* Frees a model now: logs event=model_freed, removes it from the registry. */
 void wb__broker_free_model(wb_broker *b, wb_model *m);
+
+/* Makes the ready version m current (a load or rollout that finished, or a
+ * rollback): the version it replaces drains (freed at once without leases),
+ * every connection subscribed to its name is sent a VersionNotice
+ * (notices_sent, notices_dropped), and both are logged
+ * (event=model_version_current, event=model_version_draining). Returns the
+ * version it replaced, 0 when there was none. */
+uint32_t wb__broker_make_current(wb_broker *b, wb_model *m);
+
+/* The versions no longer current that still hold memory (draining while a
+ * version of their name is current). */
+size_t wb__broker_versions_draining(const wb_broker *b);
 
 /* Reclaims every lease of a process proven dead. Returns how many. */
 size_t wb__broker_reclaim_pid(wb_broker *b, uint32_t pid);

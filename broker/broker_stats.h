@@ -17,6 +17,14 @@ typedef struct wb_request_count {
     uint64_t n;
 } wb_request_count;
 
+/* The upper bounds, in seconds, of the swap time histogram's buckets (the
+ * last bucket, +Inf, after them). */
+#define WB_SWAP_BUCKETS 10
+#define WB_SWAP_BOUNDS                                                                             \
+    {                                                                                              \
+        0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0                                         \
+    }
+
 /* Distinct (operation, status) pairs counted; more are not told apart. */
 #define WB_REQUEST_COUNTERS 128
 
@@ -38,6 +46,19 @@ typedef struct wb_broker_stats {
     uint64_t loads_cancelled; /* stopped by an unload; not in loads_total */
     uint64_t load_bytes_total;
     double load_seconds_total;
+    /* Versions: rollouts made current, rollouts refused or failed,
+     * rollbacks, and the notices queued to subscribers or dropped (their
+     * queue had no room). */
+    uint64_t rollouts_total;
+    uint64_t rollouts_failed;
+    uint64_t rollbacks_total;
+    uint64_t notices_sent;
+    uint64_t notices_dropped;
+    /* Versions swapped into containers, as heartbeats report them, and a
+     * histogram of the swap times (wb_container_swap_seconds). */
+    uint64_t container_swaps;
+    uint64_t swap_buckets[WB_SWAP_BUCKETS]; /* not cumulative: one count per bucket */
+    double swap_seconds_sum;
     wb_request_count by_op[WB_REQUEST_COUNTERS];
     size_t n_by_op;
 } wb_broker_stats;

@@ -110,6 +110,8 @@ static wb_conn *conn_find(wb_conns *cs, const void *id, size_t id_len, size_t *i
 static void conn_remove(wb_conns *cs, size_t i)
 {
     wb_conn *c = cs->v[i];
+    if (cs->on_close)
+        cs->on_close(cs->ctx, c->serial);
     cs->buffered -= c->held;
     cs->queued_bytes -= c->queued_bytes;
     wb__zmtp_free(&c->z);
@@ -620,6 +622,27 @@ int wb__conns_send(wb_conns *cs, const void *ident, size_t ident_len, const void
         rc = WB_EIO;
     }
     return rc;
+}
+
+int wb__conns_offer(wb_conns *cs, uint64_t serial, const void *body, size_t len)
+{
+    wb_conn *c = conn_find(cs, &serial, sizeof serial, NULL);
+    if (!c)
+        return WB_ENOTFOUND;
+    if (c->closing || c->z.state != WB_ZMTP_READY)
+        return WB_ELIMIT;
+    uint8_t hdr[9];
+    size_t hl = wb__zmtp_frame_header(hdr, len, 0);
+    if (2 * (c->queued + 1) > cs->opt->max_queued_replies ||
+        2 * (c->queued_bytes + hl + len) > cs->opt->max_queued_bytes ||
+        2 * (cs->queued_bytes + hl + len) > cs->opt->max_queued_total)
+        return WB_ELIMIT;
+    struct iovec iov[2] = {{hdr, hl}, {(void *)body, len}};
+    char why[192];
+    /* A peer gone is removed when its end of file is read, not under the
+     * caller's walk of the subscriptions. */
+    int rc = conn_send(cs, c, iov, 2, why, sizeof why);
+    return rc == WB_EIO || rc == WB_ENOMEM ? rc : WB_OK;
 }
 
 void wb__conns_event(wb_conns *cs, uint64_t serial, int writable, int readable)

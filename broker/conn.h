@@ -93,6 +93,9 @@ struct wb_conns {
     wb_broker_stats *stats; /* peers_refused, peers_disconnected, malformed_messages */
     wb_conn_message_fn on_message;
     wb_conn_admit_fn admit; /* NULL: every connection is served */
+    /* May be NULL: told the serial of each connection that goes, whatever
+     * ended it (its subscriptions end with it). */
+    void (*on_close)(void *ctx, uint64_t serial);
     void *ctx;
     uint32_t exempt_uid; /* besides root, not bound by --max-peers-per-uid */
     int lfd;             /* the listening socket, -1 before wb__conns_listen */
@@ -148,6 +151,15 @@ long wb__conns_expire(wb_conns *cs);
  * WB_EIO when it is gone (both disconnect it). */
 int wb__conns_send(wb_conns *cs, const void *ident, size_t ident_len, const void *body, size_t len,
                    const void *frame, size_t frame_len);
+
+/* Queues one message the peer did not ask for (a VersionNotice) to
+ * connection `serial`, only while its queue has room to spare: fewer than
+ * half of --max-queued-replies messages and of --max-queued-bytes queued,
+ * and every peer's queues under half of --max-queued-bytes-total, so that
+ * the replies it asks for always find room. WB_OK; WB_ELIMIT when there is
+ * no room (the message is dropped, the peer stays connected); WB_ENOTFOUND;
+ * WB_EIO when the peer is gone (removed when its end of file is read). */
+int wb__conns_offer(wb_conns *cs, uint64_t serial, const void *body, size_t len);
 
 /* Closes every connection and the listening socket (the path stays). */
 void wb__conns_destroy(wb_conns *cs);

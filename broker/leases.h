@@ -55,6 +55,8 @@ typedef struct wb_container_rec {
     uint32_t leased_constants, aliased_constants, caller_constants, package_constants;
     uint32_t folded_constants, unbound_constants;
     int pinned_async_copy;
+    uint32_t swaps;      /* versions swapped into the container (ContainerRecord.swaps) */
+    double last_swap_ms; /* how long the last swap took */
     const char *aoti_api;
     const char *model_path;
 } wb_container_rec;

@@ -200,6 +200,49 @@ static int alloc_copies(const wb_load_opts *o, const int *devs, unsigned n, uint
     return WB_OK;
 }
 
+/* "4.60 GB (4600000000 bytes)" */
+static const char *fmt_bytes(char *buf, size_t size, uint64_t n)
+{
+    snprintf(buf, size, "%.2f GB (%llu bytes)", (double)n / 1e9, (unsigned long long)n);
+    return buf;
+}
+
+/* Whether a slab of `size` bytes fits on each device, by what the backend
+ * says is free there (mem_free; a backend without it, or a device it cannot
+ * tell, is not judged): refused WB_ENOMEM before any slab is allocated, the
+ * current version of a rollout untouched. */
+static int check_fits(const wb_load_opts *o, const char *path, const int *devs, unsigned n,
+                      uint64_t size, wb_err *err)
+{
+    const wb_backend *be = o->backend;
+    if (!be->mem_free)
+        return WB_OK;
+    for (unsigned k = 0; k < n; k++) {
+        uint64_t avail = 0;
+        char where[160] = "", what[WB_NAME_MAX + 64], need[64], have[64];
+        wb_err e;
+        if (be->mem_free(be, devs[k], &avail, where, sizeof where, &e) != WB_OK)
+            continue;
+        if (size <= avail)
+            continue;
+        if (o->beside)
+            snprintf(what, sizeof what,
+                     "rollout of '%s' (version %u) does not fit beside version %u",
+                     o->name ? o->name : path, o->version, o->beside);
+        else
+            snprintf(what, sizeof what, "load of '%s' does not fit", o->name ? o->name : path);
+        const wb_gpu_dev *g = o->gpus ? wb__devlist_find_index(o->gpus, devs[k]) : NULL;
+        if (devs[k] >= 0)
+            return wb__err_set(err, WB_ENOMEM, "%s on device %d (%s): needs %s, %s free", what,
+                               devs[k], g ? g->uuid : "no UUID known",
+                               fmt_bytes(need, sizeof need, size),
+                               fmt_bytes(have, sizeof have, avail));
+        return wb__err_set(err, WB_ENOMEM, "%s in %s: needs %s, %s free", what, where,
+                           fmt_bytes(need, sizeof need, size), fmt_bytes(have, sizeof have, avail));
+    }
+    return WB_OK;
+}
+
 /* Ends a copy that failed during the load: its reason, and its slab freed. */
 static void fail_copy(const wb_backend *be, wb_model_data *d, unsigned k, const wb_err *why)
 {
@@ -270,6 +313,8 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
     double t1 = wb__clock_mono_s();
     d.open_seconds = t1 - t0;
     if ((rc = layout(table, &d, &size, err)) != WB_OK)
+        goto done;
+    if ((rc = check_fits(o, path, devs, n_devs, size, err)) != WB_OK)
         goto done;
     if (o->progress) {
         atomic_store(&o->progress->landed, 0);
@@ -530,6 +575,9 @@ void wb__load_job_run(wb_load_job *job, const atomic_int *cancel)
                       .cancel = cancel,
                       .progress = &job->progress,
                       .access = &job->access};
+    o.name = job->name;
+    o.version = job->version;
+    o.beside = job->beside;
     load_check lc = {.job = job, .cancel = cancel};
     job->rc =
         load(job->path, &o, job->check ? open_checked : open_judged, &lc, &job->data, &job->err);

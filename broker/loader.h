@@ -42,6 +42,14 @@ typedef struct wb_load_opts {
      * (wb__auth_check_peer_fd), both when its header is read and when its
      * data is. */
     const wb_load_access *access;
+    /* For the message of a load that does not fit (NULL name: the path):
+     * the model, the version it would be, and the version it would sit
+     * beside (0: a load, not a rollout). Whether it fits is judged for
+     * every load, by the backend's mem_free where it has one, before any
+     * slab is allocated. */
+    const char *name;
+    uint32_t version;
+    uint32_t beside;
 } wb_load_opts;
 
 /* Loads `path` into a new slab per device. On success *out owns the slabs,
@@ -112,6 +120,17 @@ typedef struct wb_load_job {
     int keep_failed;
     int cancelled;
     uint32_t cancel_pid, cancel_uid;
+    /* The version this job loads, and for a rollout (RolloutRequest) the
+     * version that was current when it started (beside). `op`: the
+     * request's body (WBPROTO__REQUEST__BODY_LOAD or _ROLLOUT) its deferred
+     * reply answers. Once it finished: the version it replaced and when it
+     * became current (wall clock; 0: not current). */
+    uint32_t version;
+    uint32_t beside;
+    int rollout;
+    uint32_t op;
+    uint32_t previous;
+    double current_at;
     struct wb_load_job *next;
 } wb_load_job;
 

@@ -34,6 +34,8 @@ wb_load_job *wb__load_job_new(const char *name, const char *path, const wb_backe
     j->backend = be;
     j->device = device;
     j->request_id = request_id;
+    j->version = 1;
+    j->op = WBPROTO__REQUEST__BODY_LOAD;
     atomic_init(&j->cancel, 0);
     atomic_init(&j->progress.total, 0);
     atomic_init(&j->progress.landed, 0);

@@ -252,6 +252,32 @@ static void handle_request(void *ctx, wb_conn *c, const wb_zmtp_msg *m)
         wb__conns_close(&L->conns, ident, err.msg);
 }
 
+/* A connection that closed: its subscriptions end. */
+static void conn_closed(void *ctx, uint64_t serial)
+{
+    loop *L = ctx;
+    wb__subs_drop_conn(&L->b->subs, serial);
+}
+
+/* Sends a VersionNotice to connection `serial` as a Reply with id 0 and
+ * status 0, when its queue has room (wb__conns_offer); else it is dropped
+ * and the connection's next heartbeat reply carries the version. */
+static int send_notice(void *ctx, uint64_t serial, const Wbproto__VersionNotice *n)
+{
+    loop *L = ctx;
+    Wbproto__Reply rep = WBPROTO__REPLY__INIT;
+    rep.version = WB_PROTOCOL_VERSION;
+    rep.body_case = WBPROTO__REPLY__BODY_NOTICE;
+    rep.notice = (Wbproto__VersionNotice *)n;
+    size_t len = 0;
+    uint8_t *buf = wb__reply_pack(&rep, &len);
+    if (!buf)
+        return WB_ENOMEM;
+    int rc = wb__conns_offer(&L->conns, serial, buf, len);
+    free(buf);
+    return rc;
+}
+
 static void handle_loads(loop *L)
 {
     wb_load_job *list = wb__loader_take_done(&L->loader);
@@ -263,7 +289,7 @@ static void handle_loads(loop *L)
         if (job->ident) {
             wb_ops_reply r = WB_OPS_REPLY_INIT;
             wb__ops_load_done(L->b, job, model, &r);
-            send_reply(L, WBPROTO__REQUEST__BODY_LOAD, job->ident, job->ident_len, &r);
+            send_reply(L, job->op, job->ident, job->ident_len, &r);
             wb__ops_reply_free(&r);
         }
         wb__load_job_free(&job);
@@ -407,7 +433,7 @@ static void shutdown_loads(loop *L)
             wb_ops_reply r = WB_OPS_REPLY_INIT;
             wb__ops_error(&r, job->request_id, WB_ESTATE,
                           "the broker is stopping; the load was abandoned");
-            send_reply(L, WBPROTO__REQUEST__BODY_LOAD, job->ident, job->ident_len, &r);
+            send_reply(L, job->op, job->ident, job->ident_len, &r);
             wb__ops_reply_free(&r);
         }
         wb__load_job_free(&job);
@@ -422,6 +448,7 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
                          .stats = &b->stats,
                          .on_message = handle_request,
                          .admit = admit_peer,
+                         .on_close = conn_closed,
                          .ctx = &L,
                          .exempt_uid = b->euid,
                          .lfd = -1,
@@ -475,6 +502,8 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
         wb_info("fd_channel", "socket=%s", wb__log_quote(q, sizeof q, L.fdchan.path));
     }
     b->loader = &L.loader;
+    b->notify = send_notice;
+    b->notify_ctx = &L;
 
     wb_info("listen",
             "socket=%s backend=%s heartbeat_ms=%u stale_ms=%u pid=%u max_peers=%u "
@@ -561,6 +590,8 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
     wb__metrics_serving(b->metrics, 0);
     shutdown_loads(&L);
     b->loader = NULL;
+    b->notify = NULL;
+    b->notify_ctx = NULL;
     char signame[32];
     wb_info("stop",
             "leases_held=%zu leases_stale=%zu peers=%zu models=%zu replies_dropped=%llu signal=%s",

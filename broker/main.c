@@ -222,10 +222,11 @@ static int run(wb_options *o)
             wb__auth_describe_admins(&b.auth, admins, sizeof admins), (long long)b.slab_gid);
     wb_info("limits",
             "max_leases_per_client=%u max_models=%u max_tensors=%llu max_message_bytes=%llu "
-            "max_header_bytes=%llu max_shards=%llu",
+            "max_header_bytes=%llu max_shards=%llu max_versions=%u",
             b.limits.max_leases_per_client, b.limits.max_models,
             (unsigned long long)b.limits.max_tensors, (unsigned long long)b.limits.max_message,
-            (unsigned long long)b.limits.max_header, (unsigned long long)b.limits.max_shards);
+            (unsigned long long)b.limits.max_header, (unsigned long long)b.limits.max_shards,
+            b.limits.max_versions);
     /* A model that cannot be loaded is listed as failed, with its error,
      * while the broker serves the others (a missing checkpoint on one node
      * must not take every model of the node down), unless all are

@@ -82,10 +82,61 @@ static void per_model(FILE *f, const wb_broker *b, const char *name, const char 
             continue;
         fprintf(f, "%s{model=\"", name);
         put_label(f, m->name);
-        fputs("\"} ", f);
+        fprintf(f, "\",version=\"%u\"} ", m->version);
         put_double(f, value(m));
         fputc('\n', f);
     }
+}
+
+/* A version's state as `wbctl models` words it. */
+static const char *version_state(const wb_model *m)
+{
+    if (m->state == WBPROTO__MODEL_STATE__MODEL_READY)
+        return m->current ? "current" : "ready";
+    return wb__model_state_name(m->state);
+}
+
+/* wb_model_versions{model,state}: how many versions of each name are in
+ * each state (a name's records are few: --max-versions and a failed one). */
+static void model_versions(FILE *f, const wb_broker *b)
+{
+    header(f, "wb_model_versions", "gauge",
+           "Versions of each model by state (loading, current, draining, failed).");
+    for (const wb_model *m = b->models.head; m; m = m->next) {
+        const char *st = version_state(m);
+        int seen = 0;
+        for (const wb_model *o = b->models.head; o != m && !seen; o = o->next)
+            seen = strcmp(o->name, m->name) == 0 && strcmp(version_state(o), st) == 0;
+        if (seen)
+            continue;
+        unsigned n = 0;
+        for (const wb_model *o = m; o; o = o->next)
+            n += strcmp(o->name, m->name) == 0 && strcmp(version_state(o), st) == 0;
+        fputs("wb_model_versions{model=\"", f);
+        put_label(f, m->name);
+        fprintf(f, "\",state=\"%s\"} %u\n", st, n);
+    }
+}
+
+/* wb_container_swap_seconds: the swap times heartbeats reported. */
+static void swap_histogram(FILE *f, const wb_broker_stats *st)
+{
+    static const double bounds[] = WB_SWAP_BOUNDS;
+    header(f, "wb_container_swap_seconds", "histogram",
+           "How long containers took to swap to a new version (wb_container_update), as their "
+           "heartbeats reported it.");
+    unsigned long long cum = 0;
+    for (size_t k = 0; k < sizeof bounds / sizeof bounds[0]; k++) {
+        cum += st->swap_buckets[k];
+        fputs("wb_container_swap_seconds_bucket{le=\"", f);
+        put_double(f, bounds[k]);
+        fprintf(f, "\"} %llu\n", cum);
+    }
+    cum += st->swap_buckets[WB_SWAP_BUCKETS - 1];
+    fprintf(f, "wb_container_swap_seconds_bucket{le=\"+Inf\"} %llu\n", cum);
+    fputs("wb_container_swap_seconds_sum ", f);
+    put_double(f, st->swap_seconds_sum);
+    fprintf(f, "\nwb_container_swap_seconds_count %llu\n", cum);
 }
 
 static int by_op_status(const void *a, const void *b)
@@ -154,7 +205,8 @@ char *wb__metrics_render(const wb_broker *b, size_t *len)
                 continue;
             fputs("wb_model_bytes{model=\"", f);
             put_label(f, m->name);
-            fprintf(f, "\",device=\"%d\",backend=\"", m->data.copies[k].device);
+            fprintf(f, "\",version=\"%u\",device=\"%d\",backend=\"", m->version,
+                    m->data.copies[k].device);
             put_label(f, m->backend->name);
             fprintf(f, "\"} %llu\n", (unsigned long long)m->data.bytes);
         }
@@ -168,7 +220,7 @@ char *wb__metrics_render(const wb_broker *b, size_t *len)
             const wb_model_copy *c = &m->data.copies[k];
             fputs("wb_model_copies{model=\"", f);
             put_label(f, m->name);
-            fprintf(f, "\",device=\"%d\",uuid=\"", c->device);
+            fprintf(f, "\",version=\"%u\",device=\"%d\",uuid=\"", m->version, c->device);
             put_label(f, c->uuid);
             fprintf(f, "\",state=\"%s\"} 1\n", wb__model_state_name(c->state));
         }
@@ -182,9 +234,29 @@ char *wb__metrics_render(const wb_broker *b, size_t *len)
                 continue;
             fputs("wb_model_copy_leases{model=\"", f);
             put_label(f, m->name);
-            fprintf(f, "\",device=\"%d\"} %u\n", c->device, c->leases);
+            fprintf(f, "\",version=\"%u\",device=\"%d\"} %u\n", m->version, c->device, c->leases);
         }
     }
+
+    model_versions(f, b);
+    single(f, "wb_rollouts_total", "counter",
+           "Rollouts whose new version became current since the broker started.",
+           st->rollouts_total);
+    single(f, "wb_rollout_failures_total", "counter",
+           "Rollouts refused or whose load failed (the current version kept serving).",
+           st->rollouts_failed);
+    single(f, "wb_rollbacks_total", "counter", "Rollbacks: a previous version made current again.",
+           st->rollbacks_total);
+    single(f, "wb_versions_draining", "gauge",
+           "Versions no longer current that leases still hold (freed at their last lease).",
+           wb__broker_versions_draining(b));
+    single(f, "wb_notices_sent_total", "counter",
+           "Version notices queued to subscribed connections.", st->notices_sent);
+    single(f, "wb_notices_dropped_total", "counter",
+           "Version notices dropped: the subscriber's output queue had no room (its next "
+           "heartbeat reply carries the version).",
+           st->notices_dropped);
+    swap_histogram(f, st);
 
     single(f, "wb_loads_total", "counter",
            "Model loads finished since the broker started, successful or not.", st->loads_total);

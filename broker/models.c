@@ -41,6 +41,7 @@ wb_model *wb__model_new(const char *name, const char *path, const wb_backend *be
         return NULL;
     }
     m->state = WBPROTO__MODEL_STATE__MODEL_LOADING;
+    m->version = m->issued = 1;
     m->backend = be;
     m->device = device;
     m->n_devices = 1;
@@ -105,6 +106,7 @@ void wb__model_fail(wb_model *m, const char *why)
     /* Out of memory: the record still says that it failed. */
     m->error = wb__strdup(why && why[0] ? why : "the load failed");
     m->state = WBPROTO__MODEL_STATE__MODEL_FAILED;
+    m->current = 0;
     m->job = NULL;
 }
 
@@ -127,6 +129,7 @@ static void wire_pack_copy(wb_model *m, uint32_t k, const uint8_t *table, size_t
     lease.slabs = &w->slab_ptr;
     lease.n_tensors = m->data.n_tensors;
     lease.tensors = m->wire_tensor_ptrs;
+    lease.version = m->version;
     w->lease_size = wbproto__lease__get_packed_size(&lease);
     if (w->lease_size > m->wire_lease_size)
         m->wire_lease_size = w->lease_size;
@@ -281,6 +284,9 @@ int wb__model_adopt(wb_model *m, wb_model_data *data, wb_err *err)
     if (first_ready >= 0)
         m->device = m->data.copies[first_ready].device;
     m->state = WBPROTO__MODEL_STATE__MODEL_READY;
+    /* Ready is current: the broker demotes the version this one replaces
+     * in the same turn (wb__broker_make_current). */
+    m->current = 1;
     return WB_OK;
 }
 
@@ -343,20 +349,122 @@ int wb__model_pick_copy(const wb_model *m, int device_set, int device, const cha
                        m->name, want, have);
 }
 
+/* How well a record stands for its name (wb__models_find): higher wins. */
+static int stand_rank(const wb_model *m)
+{
+    switch (m->state) {
+    case WBPROTO__MODEL_STATE__MODEL_READY:
+        return m->current ? 5 : 3;
+    case WBPROTO__MODEL_STATE__MODEL_LOADING:
+        return 4;
+    case WBPROTO__MODEL_STATE__MODEL_DRAINING:
+        return 2;
+    default:
+        return 1;
+    }
+}
+
 wb_model *wb__models_find(const wb_model_registry *r, const char *name)
 {
+    wb_model *best = NULL;
     for (wb_model *m = r->head; m; m = m->next) {
-        if (strcmp(m->name, name) == 0)
+        if (strcmp(m->name, name) != 0)
+            continue;
+        int rank = stand_rank(m), have = best ? stand_rank(best) : 0;
+        if (rank > have || (rank == have && m->version > best->version))
+            best = m;
+    }
+    return best;
+}
+
+wb_model *wb__models_current(const wb_model_registry *r, const char *name)
+{
+    for (wb_model *m = r->head; m; m = m->next) {
+        if (m->current && m->state == WBPROTO__MODEL_STATE__MODEL_READY &&
+            strcmp(m->name, name) == 0)
             return m;
     }
     return NULL;
+}
+
+wb_model *wb__models_in_state(const wb_model_registry *r, const char *name, int state)
+{
+    wb_model *best = NULL;
+    for (wb_model *m = r->head; m; m = m->next) {
+        if (m->state == state && strcmp(m->name, name) == 0 &&
+            (!best || m->version > best->version))
+            best = m;
+    }
+    return best;
+}
+
+wb_model *wb__models_version(const wb_model_registry *r, const char *name, uint32_t version)
+{
+    for (wb_model *m = r->head; m; m = m->next) {
+        if (m->version == version && strcmp(m->name, name) == 0)
+            return m;
+    }
+    return NULL;
+}
+
+size_t wb__models_versions(const wb_model_registry *r, const char *name)
+{
+    size_t n = 0;
+    for (const wb_model *m = r->head; m; m = m->next)
+        n += m->state != WBPROTO__MODEL_STATE__MODEL_FAILED && strcmp(m->name, name) == 0;
+    return n;
+}
+
+uint32_t wb__models_issue(wb_model_registry *r, const char *name)
+{
+    uint32_t high = 0;
+    for (const wb_model *m = r->head; m; m = m->next) {
+        if (strcmp(m->name, name) == 0 && m->issued > high)
+            high = m->issued;
+    }
+    if (high == UINT32_MAX)
+        return high;
+    for (wb_model *m = r->head; m; m = m->next) {
+        if (strcmp(m->name, name) == 0)
+            m->issued = high + 1;
+    }
+    return high + 1;
+}
+
+/* Whether m is the first record of its name that `keep` accepts. */
+static int first_of_name(const wb_model_registry *r, const wb_model *m,
+                         int (*keep)(const wb_model *))
+{
+    const wb_model *first = r->head;
+    while (first != m && (!keep(first) || strcmp(first->name, m->name) != 0))
+        first = first->next;
+    return first == m;
+}
+
+static int any_record(const wb_model *m)
+{
+    (void)m;
+    return 1;
+}
+
+static int holds_something(const wb_model *m)
+{
+    return m->state != WBPROTO__MODEL_STATE__MODEL_FAILED;
+}
+
+size_t wb__models_names(const wb_model_registry *r)
+{
+    size_t n = 0;
+    for (const wb_model *m = r->head; m; m = m->next)
+        n += first_of_name(r, m, any_record);
+    return n;
 }
 
 size_t wb__models_held(const wb_model_registry *r)
 {
     size_t n = 0;
     for (const wb_model *m = r->head; m; m = m->next)
-        n += m->state != WBPROTO__MODEL_STATE__MODEL_FAILED;
+        n += holds_something(m) && first_of_name(r, m, holds_something);
     return n;
 }
 

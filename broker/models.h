@@ -93,6 +93,15 @@ typedef struct wb_model {
     char *name; /* owned */
     char *path; /* owned */
     int state;  /* WBPROTO__MODEL_STATE__* */
+    /* Versions: every version of a name is its own record. `version` is 1
+     * for a load, the next one issued for each rollout; `issued` is the
+     * highest version issued for the name while any record of it exists
+     * (wb__models_issue keeps it on every record of the name). `current`:
+     * the version new acquires get (MODEL_READY); a ready record is
+     * current once its load ends, until another version replaces it. */
+    uint32_t version;
+    uint32_t issued;
+    int current;
     const wb_backend *backend;
     int device; /* the first ready copy's (before the load: the first asked for); -1 for host */
     /* The devices asked for (the broker's ordinals), in order; one entry,
@@ -165,10 +174,29 @@ typedef struct wb_model_registry {
     size_t n;
 } wb_model_registry;
 
+/* The record that stands for a name: its current version, else one
+ * loading, else its highest draining version, else its failed record;
+ * NULL when the registry has none of that name. */
 wb_model *wb__models_find(const wb_model_registry *r, const char *name);
-/* Models that count against --max-models: every one but the records of
- * failed loads, which hold no memory. */
+/* The current version of a name (MODEL_READY and current), or NULL. */
+wb_model *wb__models_current(const wb_model_registry *r, const char *name);
+/* A version of the name in `state` (the highest such), or NULL. */
+wb_model *wb__models_in_state(const wb_model_registry *r, const char *name, int state);
+/* Version `version` of the name, or NULL. */
+wb_model *wb__models_version(const wb_model_registry *r, const char *name, uint32_t version);
+/* The versions of a name that count against --max-versions: loading,
+ * ready and draining ones (not a failed record, which holds no memory). */
+size_t wb__models_versions(const wb_model_registry *r, const char *name);
+/* The next version for a new record of the name: the highest issued while
+ * any record of it exists, plus one (1 for a name the registry does not
+ * hold). Every record of the name remembers it. */
+uint32_t wb__models_issue(wb_model_registry *r, const char *name);
+/* Models that count against --max-models: the names with a record that
+ * is not a failed one (the versions of one name count once; failed records
+ * hold no memory). */
 size_t wb__models_held(const wb_model_registry *r);
+/* Names in the registry, whatever their records' states. */
+size_t wb__models_names(const wb_model_registry *r);
 void wb__models_add(wb_model_registry *r, wb_model *m);
 /* Unlinks m from the registry; does not free it. */
 void wb__models_remove(wb_model_registry *r, wb_model *m);

@@ -22,6 +22,12 @@ static const char *op_name(int body)
         return "load";
     case WBPROTO__REQUEST__BODY_UNLOAD:
         return "unload";
+    case WBPROTO__REQUEST__BODY_ROLLOUT:
+        return "rollout";
+    case WBPROTO__REQUEST__BODY_ROLLBACK:
+        return "rollback";
+    case WBPROTO__REQUEST__BODY_SUBSCRIBE:
+        return "subscribe";
     default:
         return "other";
     }
@@ -60,7 +66,7 @@ int wb__ops_handle(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Reque
     case WBPROTO__REQUEST__BODY_RELEASE:
         return wb__ops_release(b, peer, req, r);
     case WBPROTO__REQUEST__BODY_HEARTBEAT:
-        return wb__ops_heartbeat(b, peer, req, r);
+        return wb__ops_heartbeat(b, peer, req, ident, ident_len, r);
     case WBPROTO__REQUEST__BODY_LIST_LEASES:
         return wb__ops_list_leases(b, peer, req, r);
     case WBPROTO__REQUEST__BODY_LIST_CONTAINERS:
@@ -73,6 +79,12 @@ int wb__ops_handle(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Reque
         return wb__ops_unload(b, peer, req, r);
     case WBPROTO__REQUEST__BODY_STATS:
         return wb__ops_stats(b, r);
+    case WBPROTO__REQUEST__BODY_ROLLOUT:
+        return wb__ops_rollout(b, peer, req, ident, ident_len, r);
+    case WBPROTO__REQUEST__BODY_ROLLBACK:
+        return wb__ops_rollback(b, peer, req, r);
+    case WBPROTO__REQUEST__BODY_SUBSCRIBE:
+        return wb__ops_subscribe(b, req, ident, ident_len, r);
     default:
         return wb__ops_fail(r, WB_EPROTO, "request has no body");
     }

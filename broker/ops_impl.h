@@ -38,8 +38,10 @@ int wb__ops_release(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Requ
                     wb_ops_reply *r);
 /* Liveness of the peer's leases and their container records, checked whole
  * before anything is applied. */
+/* The reply lists the current version of every model the connection
+ * (`ident`, its serial) subscribed to. */
 int wb__ops_heartbeat(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request *req,
-                      wb_ops_reply *r);
+                      const void *ident, size_t ident_len, wb_ops_reply *r);
 
 /* Which of a copy's packed Lease tails a reply carries. */
 enum wb_lease_tail {
@@ -78,6 +80,37 @@ int wb__ops_load(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request
                  const void *ident, size_t ident_len, wb_ops_reply *r);
 int wb__ops_unload(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request *req,
                    wb_ops_reply *r);
+/* A load to start (wb__ops_start_load): a LoadRequest's, or a rollout's
+ * (a new version beside the current one, `beside`). `replaces`: a failed
+ * record of the name, removed when the load starts. */
+typedef struct wb_load_start {
+    const char *name;
+    const char *path;
+    int devices[WB_GPU_MAX];
+    unsigned n_devices;
+    int no_wait;
+    int rollout;
+    uint32_t beside;
+    wb_model *replaces;
+} wb_load_start;
+/* Registers the loading model and hands its job to the loader (or runs it
+ * inline without one): the same checks (wb__broker_check_job), loader and
+ * replies for a load and a rollout. WB_OPS_DEFERRED, or 0 with the reply. */
+int wb__ops_start_load(wb_broker *b, const wb_peer_creds *peer, const wb_load_start *ls,
+                       const void *ident, size_t ident_len, wb_ops_reply *r);
+
+/* Versions (ops_version.c): rollout (a load beside the current version,
+ * deferred as a load is), rollback, and subscriptions (`ident`: the
+ * connection's serial). */
+int wb__ops_rollout(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request *req,
+                    const void *ident, size_t ident_len, wb_ops_reply *r);
+int wb__ops_rollback(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request *req,
+                     wb_ops_reply *r);
+int wb__ops_subscribe(wb_broker *b, const Wbproto__Request *req, const void *ident,
+                      size_t ident_len, wb_ops_reply *r);
+/* The serial of a connection identity (8 bytes), 0 when it is none. */
+uint64_t wb__ops_serial(const void *ident, size_t ident_len);
+
 /* Whether the peer is on the administrator list. */
 int wb__ops_is_admin(const wb_broker *b, const wb_peer_creds *peer);
 /* Refuses an administrator operation (`verb`) from a peer that is not one,

@@ -36,6 +36,7 @@ int wb__ops_lease_tail(const wb_model *m, unsigned copy, enum wb_lease_tail whic
         lw->slabs = (Wbproto__Slab **)&w->slab_ptr;
         lw->tensor_table.data = m->table;
         lw->tensor_table.len = m->table_len;
+        lw->version = m->version;
         return WB_OK;
     }
     const uint8_t *tail = which == WB_TAIL_CACHED   ? w->cached_tail
@@ -90,7 +91,11 @@ int wb__ops_acquire(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Requ
     wb_arena *a = &r->arena;
     const char *name = req->acquire->model;
     char q[300];
-    wb_model *m = wb__models_find(&b->models, name);
+    /* New leases are on the current version; one that stands for a name
+     * without a current version says why there is none. */
+    wb_model *m = wb__models_current(&b->models, name);
+    if (!m)
+        m = wb__models_find(&b->models, name);
     if (!m)
         return wb__ops_fail(r, WB_ENOTFOUND, "no model named '%s'", name);
     if (m->state == WBPROTO__MODEL_STATE__MODEL_LOADING)
@@ -146,8 +151,9 @@ int wb__ops_acquire(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Requ
     /* Per-lease lines are debug: at thousands of leases a second, info
      * lines cost the broker more than the grant itself. */
     if (wb__log_get_level() <= WB_LOG_DEBUG)
-        wb_debug("lease_grant", "lease=%s model=%s device=%d pid=%s uid=%u gid=%u comm=%s",
-                 wb__lease_id_short(l->id, hex), wb__log_quote(q, sizeof q, m->name),
+        wb_debug("lease_grant",
+                 "lease=%s model=%s version=%u device=%d pid=%s uid=%u gid=%u comm=%s",
+                 wb__lease_id_short(l->id, hex), wb__log_quote(q, sizeof q, m->name), m->version,
                  m->data.copies[copy].device, wb__peer_name(l->pid, qn, sizeof qn), l->uid, l->gid,
                  wb__log_quote(qc, sizeof qc, l->comm));
 
@@ -189,6 +195,7 @@ int wb__ops_acquire(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Requ
         lw->slabs = &m->wire[copy].slab_ptr;
         lw->n_tensors = m->data.n_tensors;
         lw->tensors = m->wire_tensor_ptrs;
+        lw->version = m->version;
     }
     ar->lease = lw;
     r->msg.body_case = WBPROTO__REPLY__BODY_ACQUIRE;
@@ -267,6 +274,8 @@ static wb_container_rec *records_copy(const Wbproto__LeaseBeat *beat, size_t siz
         c->created_at = r->created_at;
         c->bound_tensors = r->bound_tensors;
         c->pinned_async_copy = r->pinned_async_copy != 0;
+        c->swaps = r->swaps;
+        c->last_swap_ms = r->last_swap_ms;
         const char *path = r->model_path ? r->model_path : "";
         size_t la = strlen(r->aoti_api) + 1, lp = strlen(path) + 1;
         memcpy(str, r->aoti_api, la);
@@ -320,10 +329,82 @@ static int cmp_plan_lease(const void *x, const void *y)
     return pa < pb ? -1 : pa > pb;
 }
 
+/* The current version of each model the connection subscribed to, so that
+ * a notice it missed (dropped while its queue was full) reaches it now. */
+static int current_versions(const wb_broker *b, Wbproto__HeartbeatReply *hr, uint64_t serial,
+                            wb_arena *a)
+{
+    const wb_sub_conn *sc = wb__subs_of(&b->subs, serial);
+    if (!sc || sc->n == 0)
+        return WB_OK;
+    Wbproto__VersionNotice *v = wb__arena_alloc(a, sc->n * sizeof *v);
+    Wbproto__VersionNotice **vp = wb__arena_alloc(a, sc->n * sizeof *vp);
+    if (!v || !vp)
+        return WB_ENOMEM;
+    for (uint32_t k = 0; k < sc->n; k++) {
+        wbproto__version_notice__init(&v[k]);
+        v[k].model = sc->names[k];
+        const wb_model *cur = wb__models_current(&b->models, sc->names[k]);
+        v[k].version = cur ? cur->version : 0;
+        vp[k] = &v[k];
+    }
+    hr->current_versions = vp;
+    hr->n_current_versions = sc->n;
+    return WB_OK;
+}
+
+/* Observes one container swap: logged and counted in the histogram. */
+static void swap_seen(wb_broker *b, const wb_lease_rec *l, const Wbproto__ContainerRecord *c)
+{
+    static const double bounds[] = WB_SWAP_BOUNDS;
+    char q[300];
+    double secs = c->last_swap_ms / 1000.0;
+    size_t k = 0;
+    while (k < sizeof bounds / sizeof bounds[0] && secs > bounds[k])
+        k++;
+    b->stats.swap_buckets[k]++;
+    b->stats.swap_seconds_sum += secs;
+    b->stats.container_swaps++;
+    wb_info("container_swapped", "pid=%u container=%llu model=%s version=%u swaps=%u swap_ms=%.3f",
+            l->pid, (unsigned long long)c->container_id, wb__log_quote(q, sizeof q, l->model->name),
+            l->model->version, c->swaps, c->last_swap_ms);
+}
+
+/* A container whose swaps count grew since the broker last heard of it:
+ * on this lease (its record there had fewer), or new on this lease with
+ * swaps (it swapped onto this lease's version). A container reported on
+ * several leases of the beat counts once, at its first. */
+static void note_swaps(wb_broker *b, const wb_lease_rec *l, const Wbproto__LeaseBeat *beat,
+                       const Wbproto__HeartbeatRequest *hb, size_t i)
+{
+    for (size_t k = 0; k < beat->n_container_records; k++) {
+        const Wbproto__ContainerRecord *c = beat->container_records[k];
+        if (c->swaps == 0)
+            continue;
+        uint32_t before = 0;
+        int known = 0;
+        for (uint32_t j = 0; j < l->n_records; j++) {
+            if (l->records[j].id == c->container_id) {
+                before = l->records[j].swaps;
+                known = 1;
+            }
+        }
+        if (known && c->swaps <= before)
+            continue;
+        int earlier = 0;
+        for (size_t e = 0; e < i && !earlier; e++) {
+            for (size_t f = 0; f < hb->leases[e]->n_container_records; f++)
+                earlier |= hb->leases[e]->container_records[f]->container_id == c->container_id;
+        }
+        if (!earlier)
+            swap_seen(b, l, c);
+    }
+}
+
 /* A heartbeat is checked whole before anything is applied: a bad one
  * changes nothing (no liveness, no records). */
 int wb__ops_heartbeat(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request *req,
-                      wb_ops_reply *r)
+                      const void *ident, size_t ident_len, wb_ops_reply *r)
 {
     wb_arena *a = &r->arena;
     const Wbproto__HeartbeatRequest *hb = req->heartbeat;
@@ -388,6 +469,7 @@ int wb__ops_heartbeat(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Re
             continue;
         }
         wb_lease_rec *l = plan[i].lease;
+        note_swaps(b, l, beat, hb, i);
         wb_container_rec *recs = records_copy(beat, plan[i].size);
         if (!recs && beat->n_container_records)
             wb_warn("container_records_dropped", "reason=out_of_memory pid=%u", l->pid);
@@ -404,6 +486,8 @@ int wb__ops_heartbeat(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Re
     hr->unknown_leases = n_unknown ? unknown : NULL;
     hr->heartbeat_interval_ms = b->pace.interval_ms;
     hr->stale_after_ms = b->pace.stale_ms;
+    if (current_versions(b, hr, wb__ops_serial(ident, ident_len), a) != WB_OK)
+        return wb__ops_oom(r);
     r->msg.body_case = WBPROTO__REPLY__BODY_HEARTBEAT;
     r->msg.heartbeat = hr;
     return 0;

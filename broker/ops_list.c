@@ -69,6 +69,8 @@ static Wbproto__ContainerRecord *record_info(const wb_container_rec *c, wb_arena
     r->folded_constants = c->folded_constants;
     r->unbound_constants = c->unbound_constants;
     r->package_bytes = c->package_bytes;
+    r->swaps = c->swaps;
+    r->last_swap_ms = c->last_swap_ms;
     return r;
 }
 
@@ -158,12 +160,15 @@ int wb__ops_list_containers(wb_broker *b, const wb_peer_creds *peer, const Wbpro
         ci->folded_constants = g->rec->folded_constants;
         ci->unbound_constants = g->rec->unbound_constants;
         ci->package_bytes = g->rec->package_bytes;
+        ci->swaps = g->rec->swaps;
+        ci->last_swap_ms = g->rec->last_swap_ms;
         for (size_t j = 0; j < m; j++) {
             wbproto__container_lease__init(&cls[j]);
             cls[j].lease_id = shown_id(g[j].lease, peer, admin);
             cls[j].model = g[j].lease->model->name;
             cls[j].bound_bytes = g[j].rec->bound_bytes;
             cls[j].bound_tensors = g[j].rec->bound_tensors;
+            cls[j].version = g[j].lease->model->version;
             clp[j] = &cls[j];
         }
         ci->leases = clp;
@@ -214,6 +219,7 @@ int wb__ops_list_leases(wb_broker *b, const wb_peer_creds *peer, const Wbproto__
         wbproto__lease_info__init(li);
         li->id = shown_id(l, peer, admin);
         li->model = l->model->name;
+        li->version = l->model->version;
         li->pid = l->pid;
         li->uid = l->uid;
         li->gid = l->gid;
@@ -283,6 +289,8 @@ Wbproto__ModelInfo *wb__ops_model_info(const wb_model *m, int state, wb_arena *a
     if (!mi->name || !mi->path)
         return NULL;
     mi->state = state;
+    mi->version = m->version;
+    mi->current = m->current && state == WBPROTO__MODEL_STATE__MODEL_READY;
     mi->backend = m->backend->proto;
     mi->device = m->device;
     mi->tensors = (uint32_t)m->data.n_tensors;
@@ -378,7 +386,7 @@ int wb__ops_stats(wb_broker *b, wb_ops_reply *r)
         (uint32_t)wb__leases_count_state(&b->leases, WBPROTO__LEASE_STATE__LEASE_ACTIVE);
     s->leases_stale =
         (uint32_t)wb__leases_count_state(&b->leases, WBPROTO__LEASE_STATE__LEASE_STALE);
-    s->models = (uint32_t)b->models.n;
+    s->models = (uint32_t)wb__models_names(&b->models);
     for (wb_model *m = b->models.head; m; m = m->next)
         s->model_bytes += m->data.bytes;
     s->loads_total = st->loads_total;
@@ -386,6 +394,12 @@ int wb__ops_stats(wb_broker *b, wb_ops_reply *r)
     s->loads_cancelled = st->loads_cancelled;
     s->load_bytes_total = st->load_bytes_total;
     s->load_seconds_total = st->load_seconds_total;
+    s->rollouts_total = st->rollouts_total;
+    s->rollouts_failed = st->rollouts_failed;
+    s->rollbacks_total = st->rollbacks_total;
+    s->versions_draining = (uint32_t)wb__broker_versions_draining(b);
+    s->notices_sent = st->notices_sent;
+    s->notices_dropped = st->notices_dropped;
     s->peers = (uint32_t)b->leases.n_holders;
     wb__load_fill_stats(b->cfg.backend, &b->models, s);
     s->requests_refused = st->requests_refused;

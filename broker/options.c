@@ -95,6 +95,8 @@ static const num_opt num_opts[WB_NUM_OPTS] = {
                                         WB_METRICS_MIN_REQUEST_TIMEOUT_MS,
                                         WB_METRICS_MAX_REQUEST_TIMEOUT_MS,
                                         "a number of milliseconds from %ld to %ld", 200},
+    [WB_NUM_MAX_VERSIONS] = {"max-versions", 2, WB_MAX_VERSIONS_LIMIT, "a number from %ld to %ld",
+                             40},
 };
 static const struct option long_opts[] = {
     {"socket", required_argument, NULL, 's'},
@@ -122,6 +124,7 @@ static const struct option long_opts[] = {
     {"admin-gid", required_argument, NULL, OPT_ADMIN_GID},
     {"max-leases-per-client", required_argument, NULL, OPT_NUM + WB_NUM_MAX_LEASES},
     {"max-models", required_argument, NULL, OPT_NUM + WB_NUM_MAX_MODELS},
+    {"max-versions", required_argument, NULL, OPT_NUM + WB_NUM_MAX_VERSIONS},
     {"max-tensors", required_argument, NULL, OPT_NUM + WB_NUM_MAX_TENSORS},
     {"max-shards", required_argument, NULL, OPT_NUM + WB_NUM_MAX_SHARDS},
     {"max-message-bytes", required_argument, NULL, OPT_NUM + WB_NUM_MAX_MESSAGE},
@@ -697,6 +700,8 @@ void wb__options_limits(const wb_options *o, wb_limits *l)
         l->max_leases_per_client = (uint32_t)o->num[WB_NUM_MAX_LEASES];
     if (o->num[WB_NUM_MAX_MODELS])
         l->max_models = (uint32_t)o->num[WB_NUM_MAX_MODELS];
+    if (o->num[WB_NUM_MAX_VERSIONS])
+        l->max_versions = (uint32_t)o->num[WB_NUM_MAX_VERSIONS];
     if (o->num[WB_NUM_MAX_TENSORS])
         l->max_tensors = (uint64_t)o->num[WB_NUM_MAX_TENSORS];
     if (o->num[WB_NUM_MAX_SHARDS])

@@ -47,6 +47,7 @@ typedef enum wb_num_opt {
     WB_NUM_MAX_PER_UID,
     WB_NUM_MAX_SESSIONS_PER_UID,
     WB_NUM_METRICS_REQUEST_TIMEOUT,
+    WB_NUM_MAX_VERSIONS,
     WB_NUM_OPTS
 } wb_num_opt;
 

@@ -81,7 +81,10 @@ void wb__options_usage(FILE *out)
             "limits (each refusal is WB_ELIMIT naming the limit):\n"
             "  --max-leases-per-client N  leases one process may hold (default %d)\n"
             "  --max-models N         models held at once, loading and draining included\n"
-            "                         (default %d)\n"
+            "                         (default %d; the versions of one name count once)\n"
+            "  --max-versions N       versions of one model at once, loading, current and\n"
+            "                         draining: a rollout beyond is refused (2 to %d,\n"
+            "                         default %d)\n"
             "  --max-tensors N        tensors in one model, also entries of a shard index\n"
             "                         (default %d)\n"
             "  --max-shards N         shard files one index may name (default %d)\n"
@@ -132,9 +135,9 @@ void wb__options_usage(FILE *out)
             "removed; clients keep the memory they have mapped. SIGHUP reads the --config\n"
             "file again and applies its limits, access lists and log level.\n",
             WB_DEFAULT_HEARTBEAT_MS, WB_DEFAULT_STALE_MS, WB_DEFAULT_HEARTBEAT_RATE,
-            WB_DEFAULT_MAX_LEASES_PER_CLIENT, WB_DEFAULT_MAX_MODELS, WB_DEFAULT_MAX_TENSORS,
-            WB_DEFAULT_MAX_SHARDS, WB_MAX_MESSAGE, WB_MIN_MESSAGE, WB_ST_MAX_HEADER,
-            WB_METRICS_REQUEST_TIMEOUT_MS);
+            WB_DEFAULT_MAX_LEASES_PER_CLIENT, WB_DEFAULT_MAX_MODELS, WB_MAX_VERSIONS_LIMIT,
+            WB_DEFAULT_MAX_VERSIONS, WB_DEFAULT_MAX_TENSORS, WB_DEFAULT_MAX_SHARDS, WB_MAX_MESSAGE,
+            WB_MIN_MESSAGE, WB_ST_MAX_HEADER, WB_METRICS_REQUEST_TIMEOUT_MS);
 }
 
 void wb__options_print_version(void)

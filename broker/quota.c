@@ -15,6 +15,7 @@ void wb__limits_default(wb_limits *l)
 {
     l->max_leases_per_client = WB_DEFAULT_MAX_LEASES_PER_CLIENT;
     l->max_models = WB_DEFAULT_MAX_MODELS;
+    l->max_versions = WB_DEFAULT_MAX_VERSIONS;
     l->max_tensors = WB_DEFAULT_MAX_TENSORS;
     l->max_shards = WB_DEFAULT_MAX_SHARDS;
     l->max_message = WB_MAX_MESSAGE;

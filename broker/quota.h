@@ -12,7 +12,11 @@
 
 #define WB_DEFAULT_MAX_LEASES_PER_CLIENT 1024
 #define WB_DEFAULT_MAX_MODELS            64
-#define WB_DEFAULT_MAX_TENSORS           1000000
+/* Versions of one model name held at once (loading, current, draining):
+ * the current one and the one a rollout loads beside it. */
+#define WB_DEFAULT_MAX_VERSIONS 2
+#define WB_MAX_VERSIONS_LIMIT   64
+#define WB_DEFAULT_MAX_TENSORS  1000000
 /* Shard files one index may name: the largest public checkpoints have a few
  * hundred; each is opened, judged and read, and all stay open while the
  * load reads them. */
@@ -34,6 +38,7 @@ typedef struct wb_limits {
     uint64_t max_message;           /* bytes of one message, both directions */
     uint64_t max_header;            /* bytes of one safetensors header */
     uint64_t max_record_bytes;      /* container record bytes one pid may keep */
+    uint32_t max_versions;          /* versions of one name: loading, current, draining */
 } wb_limits;
 
 /* The defaults: 1024 leases per client, 64 models, 1,000,000 tensors,

@@ -12,8 +12,8 @@
 #include <sys/un.h>
 
 /* The numeric options that change live: the limits reload.h names. */
-static const wb_num_opt live_nums[] = {WB_NUM_MAX_LEASES, WB_NUM_MAX_MODELS, WB_NUM_MAX_TENSORS,
-                                       WB_NUM_MAX_SHARDS, WB_NUM_MAX_HEADER};
+static const wb_num_opt live_nums[] = {WB_NUM_MAX_LEASES,  WB_NUM_MAX_MODELS, WB_NUM_MAX_VERSIONS,
+                                       WB_NUM_MAX_TENSORS, WB_NUM_MAX_SHARDS, WB_NUM_MAX_HEADER};
 
 static int is_live(wb_num_opt k)
 {
@@ -32,6 +32,8 @@ static uint64_t limit_of(const wb_limits *l, wb_num_opt k)
         return l->max_leases_per_client;
     case WB_NUM_MAX_MODELS:
         return l->max_models;
+    case WB_NUM_MAX_VERSIONS:
+        return l->max_versions;
     case WB_NUM_MAX_TENSORS:
         return l->max_tensors;
     case WB_NUM_MAX_SHARDS:
@@ -176,6 +178,7 @@ void wb__reload_plan(const wb_options *running, const wb_broker *b, const wb_opt
     }
     plan->limits.max_leases_per_client = want.max_leases_per_client;
     plan->limits.max_models = want.max_models;
+    plan->limits.max_versions = want.max_versions;
     plan->limits.max_tensors = want.max_tensors;
     plan->limits.max_shards = want.max_shards;
     plan->limits.max_header = want.max_header;

@@ -4,7 +4,7 @@
  * between two turns, so that no request sees half of it:
  *
  *   the limits on what peers may make the broker hold: max-leases-per-client,
- *     max-models, max-tensors, max-shards, max-header-bytes;
+ *     max-models, max-versions, max-tensors, max-shards, max-header-bytes;
  *   the access lists: allow-uid, allow-gid, admin-uid, admin-gid;
  *   the log level.
  *

@@ -163,6 +163,13 @@ static int check_container_records(const char *field, Wbproto__ContainerRecord *
         if (len >= WB_MAX_RECORD_PATH)
             return wb__err_set(err, WB_EPROTO, "%s[%zu].model_path has %zu bytes, at most %d",
                                field, i, len, WB_MAX_RECORD_PATH - 1);
+        /* Milliseconds: not negative, and not NaN or infinite. */
+        double ms = recs[i]->last_swap_ms;
+        if (!(ms >= 0 && ms <= WB_MAX_SWAP_MS))
+            return wb__err_set(err, WB_EPROTO,
+                               "%s[%zu].last_swap_ms is %g, not a number of milliseconds from 0 "
+                               "to %g",
+                               field, i, ms, (double)WB_MAX_SWAP_MS);
     }
     return WB_OK;
 }
@@ -226,6 +233,24 @@ static int check_request_body(const Wbproto__Request *req, wb_err *err)
         if (!req->unload)
             return missing("unload", err);
         return check_name("unload.name", req->unload->name, err);
+    case WBPROTO__REQUEST__BODY_ROLLOUT:
+        /* rollout.name's character set is the operation's, as load's. */
+        if (!req->rollout)
+            return missing("rollout", err);
+        if ((rc = check_name("rollout.name", req->rollout->name, err)) != WB_OK)
+            return rc;
+        if (req->rollout->placement && strlen(req->rollout->placement) > WB_PLACEMENT_TEXT_MAX)
+            return wb__err_set(err, WB_EPROTO, "rollout.placement has %zu bytes, at most %d",
+                               strlen(req->rollout->placement), WB_PLACEMENT_TEXT_MAX);
+        return check_path("rollout.path", req->rollout->path, err);
+    case WBPROTO__REQUEST__BODY_ROLLBACK:
+        if (!req->rollback)
+            return missing("rollback", err);
+        return check_name("rollback.name", req->rollback->name, err);
+    case WBPROTO__REQUEST__BODY_SUBSCRIBE:
+        if (!req->subscribe)
+            return missing("subscribe", err);
+        return check_name("subscribe.model", req->subscribe->model, err);
     case WBPROTO__REQUEST__BODY_STATS:
         return req->stats ? WB_OK : missing("stats", err);
     case WBPROTO__REQUEST__BODY_LIST_CONTAINERS:
@@ -420,6 +445,23 @@ static int check_lease(const Wbproto__Lease *lease, wb_err *err)
     return WB_OK;
 }
 
+/* A VersionNotice (a notice's body, or an entry of a heartbeat reply's
+ * current_versions): a model name, and a version unless it says none. */
+static int check_notice(const char *field, const Wbproto__VersionNotice *n, wb_err *err)
+{
+    char name[160];
+    if (!n)
+        return missing(field, err);
+    snprintf(name, sizeof name, "%s.model", field);
+    int rc = check_name(name, n->model, err);
+    if (rc != WB_OK)
+        return rc;
+    if (n->previous_version && n->previous_version == n->version)
+        return wb__err_set(err, WB_EPROTO, "%s names version %u as both current and previous",
+                           field, n->version);
+    return WB_OK;
+}
+
 static int check_reply_body(const Wbproto__Reply *rep, wb_err *err)
 {
     char field[128];
@@ -439,6 +481,14 @@ static int check_reply_body(const Wbproto__Reply *rep, wb_err *err)
         for (size_t i = 0; i < rep->heartbeat->n_unknown_leases; i++) {
             snprintf(field, sizeof field, "heartbeat.unknown_leases[%zu]", i);
             if ((rc = check_lease_id(field, &rep->heartbeat->unknown_leases[i], err)) != WB_OK)
+                return rc;
+        }
+        if (rep->heartbeat->n_current_versions > WB_MAX_SUBSCRIPTIONS)
+            return wb__err_set(err, WB_EPROTO, "heartbeat has %zu current versions, at most %d",
+                               rep->heartbeat->n_current_versions, WB_MAX_SUBSCRIPTIONS);
+        for (size_t i = 0; i < rep->heartbeat->n_current_versions; i++) {
+            snprintf(field, sizeof field, "heartbeat.current_versions[%zu]", i);
+            if ((rc = check_notice(field, rep->heartbeat->current_versions[i], err)) != WB_OK)
                 return rc;
         }
         return WB_OK;
@@ -504,6 +554,22 @@ static int check_reply_body(const Wbproto__Reply *rep, wb_err *err)
         return check_name("unload.model.name", rep->unload->model->name, err);
     case WBPROTO__REPLY__BODY_STATS:
         return rep->stats ? WB_OK : missing("stats", err);
+    case WBPROTO__REPLY__BODY_ROLLOUT:
+        if (!rep->rollout || !rep->rollout->model)
+            return missing("rollout.model", err);
+        return check_name("rollout.model.name", rep->rollout->model->name, err);
+    case WBPROTO__REPLY__BODY_ROLLBACK:
+        if (!rep->rollback || !rep->rollback->model)
+            return missing("rollback.model", err);
+        return check_name("rollback.model.name", rep->rollback->model->name, err);
+    case WBPROTO__REPLY__BODY_SUBSCRIBE:
+        return rep->subscribe ? WB_OK : missing("subscribe", err);
+    case WBPROTO__REPLY__BODY_NOTICE:
+        /* Unsolicited: id 0 and status 0, nothing else. */
+        if (rep->id != 0 || rep->status != 0)
+            return wb__err_set(err, WB_EPROTO, "a notice has id %llu and status %d, not 0 and 0",
+                               (unsigned long long)rep->id, (int)rep->status);
+        return check_notice("notice", rep->notice, err);
     case WBPROTO__REPLY__BODY__NOT_SET:
     default:
         /* An error reply needs no body; a success always has one. */

@@ -30,6 +30,9 @@
 #define WB_MAX_CONTAINER_RECORDS 16   /* per lease in one heartbeat */
 #define WB_MAX_RECORD_API        64   /* bytes of aoti_api, NUL included */
 #define WB_MAX_RECORD_PATH       1024 /* bytes of model_path, NUL included */
+/* The longest swap a container record may report (ContainerRecord.
+ * last_swap_ms): a day. */
+#define WB_MAX_SWAP_MS 86400000.0
 /* Models one connection may subscribe to (SubscribeRequest). */
 #define WB_MAX_SUBSCRIPTIONS 64
 /* Fields on the wire in one message of a request beyond its own (each

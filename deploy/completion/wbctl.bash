@@ -77,11 +77,18 @@ _wbctl() {
     return 0
   fi
   case $cmd in
-    models | leases | containers | unload | cancel)
+    models | leases | containers | unload | cancel | rollback)
       [ "$npos" = 0 ] && mapfile -t COMPREPLY < <(compgen -W "$(_wbctl_models)" -- "$cur") ;;
     load)
       # NAME is new; PATH is a file or a directory.
       [ "$npos" = 1 ] && _wbctl_files "$cur" ;;
+    rollout)
+      # NAME is a model; PATH its new version's file or directory.
+      if [ "$npos" = 0 ]; then
+        mapfile -t COMPREPLY < <(compgen -W "$(_wbctl_models)" -- "$cur")
+      elif [ "$npos" = 1 ]; then
+        _wbctl_files "$cur"
+      fi ;;
     inspect)
       [ "$npos" = 0 ] && _wbctl_files "$cur" ;;
   esac

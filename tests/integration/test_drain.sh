@@ -20,7 +20,7 @@ out=$(ctl unload demo) || fail "wbctl unload demo failed"
 [ "$out" = "draining (1 lease)" ] || fail "unload printed '$out'"
 grep -q "event=model_draining" "$BROKER_LOG" || fail "no event=model_draining in the log"
 [ "$(model_state demo)" = draining ] || fail "model demo is not draining"
-ctl models | grep -q "^demo  *draining " || fail "the plain models table does not show draining"
+ctl models | grep -q "^demo  *1  *draining " || fail "the plain models table does not show draining"
 # Unloading again is harmless.
 out=$(ctl unload demo) || fail "a second unload of a draining model failed"
 [ "$out" = "draining (1 lease)" ] || fail "second unload printed '$out'"

@@ -50,7 +50,7 @@ ctl load plain "$WB_TMP/m.safetensors" >"$WB_TMP/plain.out" 2>"$WB_TMP/plain.err
 grep -q "loading plain" "$WB_TMP/plain.out" "$WB_TMP/plain.err" &&
   fail "wbctl load drew a progress bar on a pipe"
 grep -q $'\r' "$WB_TMP/plain.out" && fail "wbctl load wrote a carriage return on a pipe"
-grep -q "^plain  *ready  *host " "$WB_TMP/plain.out" || fail "load printed: $(cat "$WB_TMP/plain.out")"
+grep -q "^plain  *1  *current  *host " "$WB_TMP/plain.out" || fail "load printed: $(cat "$WB_TMP/plain.out")"
 grep -qE "^load: direct, [1-3] threads?; read [0-9.]+ (B|KiB|MiB|GiB|TiB)/s, hash [0-9.]+ (B|KiB|MiB|GiB|TiB)/s$" "$WB_TMP/plain.out" ||
   fail "load printed no stages line: $(cat "$WB_TMP/plain.out")"
 
@@ -79,7 +79,7 @@ if command -v script >/dev/null 2>&1; then
     >"$WB_TMP/tty.out" 2>&1 || fail "wbctl load on a terminal failed: $(cat "$WB_TMP/tty.out")"
   grep -aq "loading tty \[" "$WB_TMP/tty.out" || fail "no progress bar on a terminal: $(cat -v "$WB_TMP/tty.out")"
   grep -aq $'\r' "$WB_TMP/tty.out" || fail "the progress bar does not redraw with a carriage return"
-  grep -aq "tty  *ready  *host " "$WB_TMP/tty.out" || fail "no table after the bar: $(cat -v "$WB_TMP/tty.out")"
+  grep -aq "tty  *1  *current  *host " "$WB_TMP/tty.out" || fail "no table after the bar: $(cat -v "$WB_TMP/tty.out")"
 else
   log "script(1) is missing: the terminal case is not checked"
 fi

@@ -80,6 +80,10 @@ metrics_check "types == {'wb_leases': 'gauge', 'wb_models': 'gauge', 'wb_model_b
   'wb_reclaims_total': 'counter', 'wb_replies_dropped_total': 'counter',
   'wb_malformed_messages_total': 'counter', 'wb_connections': 'gauge',
   'wb_peers_refused_total': 'counter', 'wb_peers_disconnected_total': 'counter',
+  'wb_model_versions': 'gauge', 'wb_rollouts_total': 'counter',
+  'wb_rollout_failures_total': 'counter', 'wb_rollbacks_total': 'counter',
+  'wb_versions_draining': 'gauge', 'wb_notices_sent_total': 'counter',
+  'wb_notices_dropped_total': 'counter', 'wb_container_swap_seconds': 'histogram',
   'wb_build_info': 'gauge', 'process_cpu_seconds_total': 'counter',
   'process_start_time_seconds': 'gauge', 'process_resident_memory_bytes': 'gauge',
   'process_virtual_memory_bytes': 'gauge', 'process_open_fds': 'gauge', 'process_max_fds': 'gauge'}
@@ -123,11 +127,12 @@ health_code=$(curl -s --max-time 5 -I -o /dev/null -w '%{http_code}' "http://127
 # (its JSON rounds seconds and GB/s to 6 decimals).
 wait_for metrics_check "m[('wb_models', (('state', 'ready'),))] == len([x for x in d if x['state'] == 'ready']) == 1
   and m[('wb_models', (('state', 'loading'),))] == 0
-  and m[('wb_model_bytes', (('backend', 'host'), ('device', '-1'), ('model', 'demo')))] == d[0]['bytes']
-  and m[('wb_model_copies', (('device', '-1'), ('model', 'demo'), ('state', 'ready'), ('uuid', '')))] == 1
-  and m[('wb_model_copy_leases', (('device', '-1'), ('model', 'demo')))] == d[0]['leases']
-  and abs(m[('wb_load_seconds', (('model', 'demo'),))] - d[0]['load_seconds']) <= 1e-6
-  and abs(m[('wb_load_bytes_per_second', (('model', 'demo'),))] - d[0]['load_gbps'] * 1e9) <= 1e-6 * d[0]['load_gbps'] * 1e9 + 1000" \
+  and m[('wb_model_bytes', (('backend', 'host'), ('device', '-1'), ('model', 'demo'), ('version', '1')))] == d[0]['bytes']
+  and m[('wb_model_copies', (('device', '-1'), ('model', 'demo'), ('state', 'ready'), ('uuid', ''), ('version', '1')))] == 1
+  and m[('wb_model_copy_leases', (('device', '-1'), ('model', 'demo'), ('version', '1')))] == d[0]['leases']
+  and m[('wb_model_versions', (('model', 'demo'), ('state', 'current')))] == 1
+  and abs(m[('wb_load_seconds', (('model', 'demo'), ('version', '1')))] - d[0]['load_seconds']) <= 1e-6
+  and abs(m[('wb_load_bytes_per_second', (('model', 'demo'), ('version', '1')))] - d[0]['load_gbps'] * 1e9) <= 1e-6 * d[0]['load_gbps'] * 1e9 + 1000" \
   models --json || fail "model metrics disagree with wbctl models: $(cat "$WB_TMP/metrics.txt")"
 
 # Two leases, one of them stale.
@@ -153,9 +158,15 @@ for name, labels in re.findall(r"^\.B ((?:wb|process)_[a-z_]+)(?:\{([a-z_,]*)\})
     documented[name] = set(labels.split(",")) if labels else set()
 page = open(sys.argv[2]).read()
 families = set(re.findall(r"^# TYPE (\S+) ", page, re.M))
+histograms = set(re.findall(r"^# TYPE (\S+) histogram$", page, re.M))
 labels_seen = {}
 for name, labels in re.findall(r"^([a-z_]+)(?:\{(.*)\})? \S+$", page, re.M):
-    labels_seen.setdefault(name, set()).add(frozenset(re.findall(r'([a-z_]+)="', labels or "")))
+    keys = frozenset(re.findall(r'([a-z_]+)="', labels or ""))
+    # A histogram's samples: its buckets (labelled le), sum and count.
+    for h in histograms:
+        if name in (h + "_bucket", h + "_sum", h + "_count"):
+            name, keys = h, keys - {"le"}
+    labels_seen.setdefault(name, set()).add(keys)
 errors = []
 if families - set(documented):
     errors.append("not in the man page: %s" % sorted(families - set(documented)))

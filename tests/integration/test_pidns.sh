@@ -102,10 +102,10 @@ read -r sess pid proc < <(ctl leases --json | json "' '.join(str(x) for x in (d[
 [ "$pid" = $((0x80000000 + ${sess#conn:})) ] || fail "session $sess has pid $pid in the JSON"
 [ "$proc" = "?" ] || fail "a hidden holder's process name is '$proc' (the broker cannot read its /proc)"
 ctl leases >"$WB_TMP/leases.out" || fail "wbctl leases failed"
-grep -qE "^[0-9a-f]{8} +demo +$sess +\? +active" "$WB_TMP/leases.out" ||
+grep -qE "^[0-9a-f]{8} +demo +1 +$sess +\? +active" "$WB_TMP/leases.out" ||
   fail "wbctl leases: $(cat "$WB_TMP/leases.out")"
 ctl leases -o wide >"$WB_TMP/leases_wide.out" || fail "wbctl leases -o wide failed"
-grep -qE "^[0-9a-f]{8} +demo +$sess +\? +0 +0 +active" "$WB_TMP/leases_wide.out" ||
+grep -qE "^[0-9a-f]{8} +demo +1 +$sess +\? +0 +0 +active" "$WB_TMP/leases_wide.out" ||
   fail "wbctl leases -o wide: $(cat "$WB_TMP/leases_wide.out")"
 grep -q "event=peer_refused" "$BROKER_LOG" && fail "the broker refused a client: $(grep peer_refused "$BROKER_LOG")"
 

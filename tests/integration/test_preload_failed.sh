@@ -17,7 +17,7 @@ wait_for model_ready demo || fail "demo did not become ready beside a failed pre
 [ "$(ctl models --json | json "next(m['error'] for m in d if m['name'] == 'lost')")" = "$WHY" ] ||
   fail "the failed model's error: $(ctl models --json)"
 ctl models >"$WB_TMP/models.out" || fail "wbctl models failed"
-grep -q "^lost  *failed  *host " "$WB_TMP/models.out" || fail "wbctl models: $(cat "$WB_TMP/models.out")"
+grep -q "^lost  *1  *failed  *host " "$WB_TMP/models.out" || fail "wbctl models: $(cat "$WB_TMP/models.out")"
 grep -qxF "lost failed to load: $WHY" "$WB_TMP/models.out" ||
   fail "wbctl models does not say why: $(cat "$WB_TMP/models.out")"
 grep -qF "event=preload_failed model=lost error=\"$WHY\" listed=failed" "$BROKER_LOG" ||

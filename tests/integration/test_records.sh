@@ -99,7 +99,7 @@ for what in leases containers leases_wide containers_wide; do
 done
 grep -qF '/m/\x1b]0;owned\x07\x1b[31mred\x0aFORGED LINE\x0d\xc2\x9b\u{202e}exe.\u{200b}pt2' "$WB_TMP/containers_wide.tab" ||
   fail "wbctl containers -o wide: the model path is not shown escaped: $(grep -a owned "$WB_TMP/containers_wide.tab")"
-grep -q $'^[0-9a-f]\{8\}  *demo  *[0-9]*  *odd\xef\xbf\xbd\xef\xbf\xbdname  ' "$WB_TMP/leases.tab" ||
+grep -q $'^[0-9a-f]\{8\}  *demo  *1  *[0-9]*  *odd\xef\xbf\xbd\xef\xbf\xbdname  ' "$WB_TMP/leases.tab" ||
   fail "wbctl leases: the process name that is not UTF-8: $(grep -a odd "$WB_TMP/leases.tab")"
 [ "$(wc -l <"$WB_TMP/leases.tab")" = 12 ] || fail "wbctl leases: $(wc -l <"$WB_TMP/leases.tab") lines, expected 12"
 [ "$(ctl leases --json | json "next(l['process'] for l in d if l['pid'] == $evil) == '\x1b[31mX\nFORGED\x07'")" = True ] ||

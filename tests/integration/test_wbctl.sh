@@ -245,7 +245,7 @@ err_has oddpath "load.path is not valid UTF-8 (byte $((${#WB_TMP} + 4)))"
 # A relative path is made absolute before it is sent.
 (cd "$WB_TMP" && "$WBCTL" --socket "$SOCK" load second second.safetensors) \
   >"$WB_TMP/load.out" 2>"$WB_TMP/load.err" || fail "wbctl load second failed: $(cat "$WB_TMP/load.err")"
-grep -q "^second  *ready  *host " "$WB_TMP/load.out" || fail "load printed: $(cat "$WB_TMP/load.out")"
+grep -q "^second  *1  *current  *host " "$WB_TMP/load.out" || fail "load printed: $(cat "$WB_TMP/load.out")"
 models=$(ctl models --json)
 got=$(json "[(m['state'], m['backend'], m['device'], m['tensors'], m['bytes'], m['path'], m['leases']) for m in d if m['name'] == 'second']" <<<"$models")
 want="[[\"ready\", \"host\", -1, 6, $bytes, \"$(realpath "$WB_TMP")/second.safetensors\", 0]]"
@@ -255,9 +255,9 @@ want="[[\"ready\", \"host\", -1, 6, $bytes, \"$(realpath "$WB_TMP")/second.safet
 for key in name path state backend device tensors bytes slab_bytes leases load_seconds load_gbps; do
   [ "$(json "all('$key' in m for m in d)" <<<"$models")" = True ] || fail "models --json lacks '$key'"
 done
-ctl models | head -n 1 | grep -q "^NAME  *STATE  *BACKEND  *DEVICE  *TENSORS  *SIZE  *LEASES  *SLAB  *ACCESS$" ||
+ctl models | head -n 1 | grep -q "^NAME  *VERSION  *STATE  *BACKEND  *DEVICE  *TENSORS  *SIZE  *LEASES  *SLAB  *ACCESS$" ||
   fail "unexpected models header: $(ctl models | head -n 1)"
-ctl models -o wide | head -n 1 | grep -q "^NAME  *STATE  *BACKEND  *DEVICE  *TENSORS  *SIZE  *LEASES  *LOAD_S  *RATE  *SLAB  *ACCESS  *PATH$" ||
+ctl models -o wide | head -n 1 | grep -q "^NAME  *VERSION  *STATE  *BACKEND  *DEVICE  *TENSORS  *SIZE  *LEASES  *LOAD_S  *RATE  *SLAB  *ACCESS  *PATH$" ||
   fail "unexpected models -o wide header: $(ctl models -o wide | head -n 1)"
 expect_rc 0 loadjson "$WBCTL" --socket "$SOCK" load --json third "$WB_TMP/second.safetensors"
 [ "$(json "d['name'], d['state'], d['tensors']" <"$WB_TMP/loadjson.out")" = "('third', 'ready', 6)" ] ||
@@ -321,8 +321,8 @@ ctl stats | grep -qE "^model_bytes: [0-9.]+ (KiB|MiB)$" || fail "plain stats: mo
 # Sizes for people in IEC units, in the tables and the stage line; raw
 # integers in --json.
 ctl models >"$WB_TMP/models.tab" || fail "wbctl models failed"
-grep -qE "^big  +ready  +host  +-1  +1  +3\.0 MiB  +0  " "$WB_TMP/models.tab" || fail "big's size: $(cat "$WB_TMP/models.tab")"
-grep -qE "^demo  +ready  +host  +-1  +3  +[0-9]+ B  " "$WB_TMP/models.tab" || fail "demo's size: $(cat "$WB_TMP/models.tab")"
+grep -qE "^big  +1  +current  +host  +-1  +1  +3\.0 MiB  +0  " "$WB_TMP/models.tab" || fail "big's size: $(cat "$WB_TMP/models.tab")"
+grep -qE "^demo  +1  +current  +host  +-1  +3  +[0-9]+ B  " "$WB_TMP/models.tab" || fail "demo's size: $(cat "$WB_TMP/models.tab")"
 [ "$(ctl models --json | json "[(m['bytes'], type(m['bytes']).__name__) for m in d if m['name'] == 'big']")" = '[[3145728, "int"]]' ] ||
   fail "models --json: big's bytes: $(ctl models --json | json "[m['bytes'] for m in d]")"
 ctl models -o wide | grep -qE "^big .* [0-9.]+ (B|KiB|MiB|GiB|TiB)/s  " || fail "models -o wide: no rate in GiB/s units: $(ctl models -o wide)"
@@ -342,13 +342,13 @@ WDEMO=$LAST_PID
 wait_for all_active 2 || fail "the two leases are not active: $(ctl leases)"
 ctl leases >"$WB_TMP/leases.tab" || fail "wbctl leases failed"
 ctl leases -o wide >"$WB_TMP/leases_wide.tab" || fail "wbctl leases -o wide failed"
-[ "$(header_of "$WB_TMP/leases.tab")" = "ID MODEL PID PROCESS STATE CONTAINERS SHARED AGE" ] ||
+[ "$(header_of "$WB_TMP/leases.tab")" = "ID MODEL VERSION PID PROCESS STATE CONTAINERS SHARED AGE" ] ||
   fail "leases header: $(head -n 1 "$WB_TMP/leases.tab")"
-[ "$(header_of "$WB_TMP/leases_wide.tab")" = "ID MODEL PID PROCESS UID GID STATE CONTAINERS SHARED SLABS SIZE AGE HEARTBEAT BACKEND SLAB ACCESS" ] ||
+[ "$(header_of "$WB_TMP/leases_wide.tab")" = "ID MODEL VERSION PID PROCESS UID GID STATE CONTAINERS SHARED SLABS SIZE AGE HEARTBEAT BACKEND SLAB ACCESS" ] ||
   fail "leases -o wide header: $(head -n 1 "$WB_TMP/leases_wide.tab")"
-grep -qE "^[0-9a-f]{8}  +big  +$WBIG  +wb-demo-worker  +active  +0  +0 \(0 B\)  +[0-9]+s$" "$WB_TMP/leases.tab" ||
+grep -qE "^[0-9a-f]{8}  +big  +1  +$WBIG  +wb-demo-worker  +active  +0  +0 \(0 B\)  +[0-9]+s$" "$WB_TMP/leases.tab" ||
   fail "big's lease: $(cat "$WB_TMP/leases.tab")"
-grep -qE "^[0-9a-f]{8}  +big  +$WBIG  +wb-demo-worker  +0  +0  +active  +0  +0 \(0 B\)  +1  +3\.0 MiB  +[0-9]+s  +[0-9.]+s ago  +host  +(memfd|shm)  +ro$" "$WB_TMP/leases_wide.tab" ||
+grep -qE "^[0-9a-f]{8}  +big  +1  +$WBIG  +wb-demo-worker  +0  +0  +active  +0  +0 \(0 B\)  +1  +3\.0 MiB  +[0-9]+s  +[0-9.]+s ago  +host  +(memfd|shm)  +ro$" "$WB_TMP/leases_wide.tab" ||
   fail "big's lease, wide: $(cat "$WB_TMP/leases_wide.tab")"
 [ "$(ctl leases --json | json "sorted((l['model'], l['bytes']) for l in d)")" = "[[\"big\", 3145728], [\"demo\", $(ctl models --json | json "next(m['bytes'] for m in d if m['name'] == 'demo')")]]" ] ||
   fail "leases --json bytes: $(ctl leases --json | json "[(l['model'], l['bytes']) for l in d]")"
@@ -363,18 +363,18 @@ wait_for output_has cdemo "heartbeat status=0" || fail "cdemo: $(cat "$WB_TMP/cd
 wait_for output_has cbig "heartbeat status=0" || fail "cbig: $(cat "$WB_TMP/cbig.out")"
 ctl containers >"$WB_TMP/containers.tab" || fail "wbctl containers failed"
 ctl containers -o wide >"$WB_TMP/containers_wide.tab" || fail "wbctl containers -o wide failed"
-[ "$(header_of "$WB_TMP/containers.tab")" = "PID PROCESS ID MODELS SHARED FOLDED AGE" ] ||
+[ "$(header_of "$WB_TMP/containers.tab")" = "PID PROCESS ID MODELS VERSION SHARED FOLDED AGE" ] ||
   fail "containers header: $(head -n 1 "$WB_TMP/containers.tab")"
-[ "$(header_of "$WB_TMP/containers_wide.tab")" = "PID PROCESS ID API PINNED MODELS SHARED FOLDED BOUND(L/A/C/P/F/U) AGE PATH" ] ||
+[ "$(header_of "$WB_TMP/containers_wide.tab")" = "PID PROCESS ID API PINNED MODELS VERSION SHARED FOLDED BOUND(L/A/C/P/F/U) SWAPS LAST_SWAP AGE PATH" ] ||
   fail "containers -o wide header: $(head -n 1 "$WB_TMP/containers_wide.tab")"
 [ "$(wc -l <"$WB_TMP/containers.tab")" = 33 ] || fail "containers: $(wc -l <"$WB_TMP/containers.tab") lines, expected 33"
-grep -qE "^[0-9]+  +wbtest_client  +16  +big  +64 B  +0 B  +(-|[0-9hms]+)$" "$WB_TMP/containers.tab" ||
+grep -qE "^[0-9]+  +wbtest_client  +16  +big  +1  +64 B  +0 B  +(-|[0-9hms]+)$" "$WB_TMP/containers.tab" ||
   fail "a container of big: $(grep big "$WB_TMP/containers.tab" | head -n 2)"
-grep -qE "  CreateWithDevice  +off  +big  +64 B  +0 B  +[0-9]+/[0-9]+/[0-9]+/[0-9]+/[0-9]+/[0-9]+  +(-|[0-9hms]+)  +/p{999}$" "$WB_TMP/containers_wide.tab" ||
+grep -qE "  CreateWithDevice  +off  +big  +1  +64 B  +0 B  +[0-9]+/[0-9]+/[0-9]+/[0-9]+/[0-9]+/[0-9]+  +0  +-  +(-|[0-9hms]+)  +/p{999}$" "$WB_TMP/containers_wide.tab" ||
   fail "a container of big, wide: $(grep big "$WB_TMP/containers_wide.tab" | head -n 1 | cut -c 1-200)"
 ctl leases >"$WB_TMP/leases.tab"
 ctl leases -o wide >"$WB_TMP/leases_wide.tab"
-grep -qE "^[0-9a-f]{8}  +big  +[0-9]+  +wbtest_client  +active  +16  +16 \(1\.0 KiB\)  +[0-9]+s$" "$WB_TMP/leases.tab" ||
+grep -qE "^[0-9a-f]{8}  +big  +1  +[0-9]+  +wbtest_client  +active  +16  +16 \(1\.0 KiB\)  +[0-9]+s$" "$WB_TMP/leases.tab" ||
   fail "the lease with containers: $(cat "$WB_TMP/leases.tab")"
 ctl models >"$WB_TMP/models.tab"
 ctl models -o wide >"$WB_TMP/models_wide.tab"
@@ -486,7 +486,7 @@ COMP_WORDS=("$@"); COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); "$fn"; printf "%s\n" "
 }
 [ "$(complete_words "$COMPLETION/wbctl.bash" _wbctl "$WBCTL" lea)" = leases ] ||
   fail "bash completion of 'wbctl lea': '$(complete_words "$COMPLETION/wbctl.bash" _wbctl "$WBCTL" lea)'"
-[ "$(complete_words "$COMPLETION/wbctl.bash" _wbctl "$WBCTL" --json "")" = "cancel containers inspect leases load models stats unload version" ] ||
+[ "$(complete_words "$COMPLETION/wbctl.bash" _wbctl "$WBCTL" --json "")" = "cancel containers inspect leases load models rollback rollout stats unload version" ] ||
   fail "bash completion of the commands: '$(complete_words "$COMPLETION/wbctl.bash" _wbctl "$WBCTL" --json "")'"
 [ "$(complete_words "$COMPLETION/wbctl.bash" _wbctl "$WBCTL" leases --o)" = --output ] ||
   fail "bash completion of 'wbctl leases --o'"

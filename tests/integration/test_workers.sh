@@ -41,11 +41,11 @@ done
 
 # The plain table names the same leases.
 ctl leases >"$WB_TMP/table.out" || fail "wbctl leases failed"
-head -n 1 "$WB_TMP/table.out" | grep -q "^ID  *MODEL  *PID  *PROCESS  *STATE  *CONTAINERS  *SHARED  *AGE$" ||
+head -n 1 "$WB_TMP/table.out" | grep -q "^ID  *MODEL  *VERSION  *PID  *PROCESS  *STATE  *CONTAINERS  *SHARED  *AGE$" ||
   fail "unexpected table header: $(head -n 1 "$WB_TMP/table.out")"
 [ "$(grep -c wb-demo-worker "$WB_TMP/table.out")" = 4 ] || fail "the table does not list 4 workers"
 ctl leases -o wide >"$WB_TMP/wide.out" || fail "wbctl leases -o wide failed"
-head -n 1 "$WB_TMP/wide.out" | grep -q "^ID  *MODEL  *PID  *PROCESS  *UID  *GID  *STATE  *CONTAINERS  *SHARED  *SLABS  *SIZE  *AGE  *HEARTBEAT  *BACKEND  *SLAB  *ACCESS$" ||
+head -n 1 "$WB_TMP/wide.out" | grep -q "^ID  *MODEL  *VERSION  *PID  *PROCESS  *UID  *GID  *STATE  *CONTAINERS  *SHARED  *SLABS  *SIZE  *AGE  *HEARTBEAT  *BACKEND  *SLAB  *ACCESS$" ||
   fail "unexpected wide table header: $(head -n 1 "$WB_TMP/wide.out")"
 [ "$(grep -c wb-demo-worker "$WB_TMP/wide.out")" = 4 ] || fail "the wide table does not list 4 workers"
 

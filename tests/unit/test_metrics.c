@@ -72,7 +72,7 @@ static int check_structure(const char *text)
     char family[128] = "";
     char seen[64][128];
     int n_seen = 0;
-    int help = 0, type = 0;
+    int help = 0, type = 0, hist = 0;
     const char *p = text;
     ck_assert_msg(text[0] && text[strlen(text) - 1] == '\n', "the page must end with a newline");
     while (*p) {
@@ -98,14 +98,26 @@ static int check_structure(const char *text)
         } else if (sscanf(line, "# TYPE %127s %31s", name, kind) == 2) {
             ck_assert_str_eq(name, family);
             ck_assert_msg(help && !type, "TYPE of %s must follow its HELP once", name);
-            ck_assert_msg(strcmp(kind, "gauge") == 0 || strcmp(kind, "counter") == 0, "type %s",
-                          kind);
+            ck_assert_msg(strcmp(kind, "gauge") == 0 || strcmp(kind, "counter") == 0 ||
+                              strcmp(kind, "histogram") == 0,
+                          "type %s", kind);
+            hist = strcmp(kind, "histogram") == 0;
             type = 1;
         } else {
             ck_assert_msg(line[0] != '#', "unexpected comment: %s", line);
             ck_assert_msg(type, "sample before its TYPE: %s", line);
             size_t fl = strlen(family);
-            ck_assert_msg(strncmp(line, family, fl) == 0 && (line[fl] == '{' || line[fl] == ' '),
+            /* A histogram's samples: _bucket, _sum and _count. */
+            const char *rest = line + fl;
+            if (strncmp(line, family, fl) == 0 && hist) {
+                if (strncmp(rest, "_bucket", 7) == 0)
+                    rest += 7;
+                else if (strncmp(rest, "_sum", 4) == 0)
+                    rest += 4;
+                else if (strncmp(rest, "_count", 6) == 0)
+                    rest += 6;
+            }
+            ck_assert_msg(strncmp(line, family, fl) == 0 && (*rest == '{' || *rest == ' '),
                           "sample '%s' outside family %s", line, family);
             const char *value = strrchr(line, ' ');
             ck_assert_ptr_nonnull(value);
@@ -157,7 +169,7 @@ START_TEST(test_render_values)
     wb__broker_count_request(&B, 0, WB_EPROTO);
 
     char *text = render();
-    ck_assert_int_eq(check_structure(text), 17);
+    ck_assert_int_eq(check_structure(text), 25);
     assert_line(text, "# TYPE wb_leases gauge");
     assert_line(text, "wb_leases{state=\"active\"} 1");
     assert_line(text, "wb_leases{state=\"stale\"} 2");
@@ -166,19 +178,26 @@ START_TEST(test_render_values)
     assert_line(text, "wb_models{state=\"ready\"} 1");
     assert_line(text, "wb_models{state=\"draining\"} 1");
     assert_line(text, "# TYPE wb_model_bytes gauge");
-    assert_line(text, "wb_model_bytes{model=\"alpha\",device=\"-1\",backend=\"host\"} 28");
-    assert_line(text, "wb_model_bytes{model=\"beta\",device=\"-1\",backend=\"host\"} 28");
+    assert_line(text,
+                "wb_model_bytes{model=\"alpha\",version=\"1\",device=\"-1\",backend=\"host\"} 28");
+    assert_line(text,
+                "wb_model_bytes{model=\"beta\",version=\"1\",device=\"-1\",backend=\"host\"} 28");
     assert_line(text, "# TYPE wb_model_copies gauge");
-    assert_line(text, "wb_model_copies{model=\"alpha\",device=\"-1\",uuid=\"\",state=\"ready\"} 1");
+    assert_line(
+        text,
+        "wb_model_copies{model=\"alpha\",version=\"1\",device=\"-1\",uuid=\"\",state=\"ready\"} 1");
     assert_line(text, "# TYPE wb_model_copy_leases gauge");
-    ck_assert_ptr_null(strstr(text, "gamma"));
+    /* Only counted among the versions, loading. */
+    assert_line(text, "wb_model_versions{model=\"gamma\",state=\"loading\"} 1");
+    assert_line(text, "wb_model_versions{model=\"alpha\",state=\"current\"} 1");
+    ck_assert_ptr_null(strstr(strstr(text, "gamma") + 1, "gamma"));
     assert_line(text, "# TYPE wb_loads_total counter");
     assert_line(text, "wb_loads_total 4");
     assert_line(text, "wb_load_failures_total 1");
     assert_line(text, "# TYPE wb_load_seconds gauge");
-    assert_line(text, "wb_load_seconds{model=\"alpha\"} 0.5");
-    assert_line(text, "wb_load_bytes_per_second{model=\"alpha\"} 56");
-    assert_line(text, "wb_load_bytes_per_second{model=\"beta\"} 0");
+    assert_line(text, "wb_load_seconds{model=\"alpha\",version=\"1\"} 0.5");
+    assert_line(text, "wb_load_bytes_per_second{model=\"alpha\",version=\"1\"} 56");
+    assert_line(text, "wb_load_bytes_per_second{model=\"beta\",version=\"1\"} 0");
     assert_line(text, "# TYPE wb_requests_total counter");
     assert_line(text, "# TYPE wb_reclaims_total counter");
     assert_line(text, "wb_reclaims_total 7");
@@ -212,7 +231,7 @@ END_TEST
 START_TEST(test_render_empty_broker)
 {
     char *text = render();
-    ck_assert_int_eq(check_structure(text), 17);
+    ck_assert_int_eq(check_structure(text), 25);
     /* The build, as --version says it. */
     char line[256];
     snprintf(line, sizeof line,
@@ -236,15 +255,18 @@ START_TEST(test_device_labels)
     wb_model *m = fixture_twin_model(&B);
     m->data.copies[1].leases = 2;
     char *text = render();
-    assert_line(text, "wb_model_bytes{model=\"twin\",device=\"0\",backend=\"twin\"} 8");
-    assert_line(text, "wb_model_bytes{model=\"twin\",device=\"1\",backend=\"twin\"} 8");
-    ck_assert_ptr_null(strstr(text, "wb_model_bytes{model=\"twin\",device=\"2\""));
-    assert_line(text, "wb_model_copies{model=\"twin\",device=\"0\",uuid=\"" UUID0
+    assert_line(text,
+                "wb_model_bytes{model=\"twin\",version=\"1\",device=\"0\",backend=\"twin\"} 8");
+    assert_line(text,
+                "wb_model_bytes{model=\"twin\",version=\"1\",device=\"1\",backend=\"twin\"} 8");
+    ck_assert_ptr_null(strstr(text, "wb_model_bytes{model=\"twin\",version=\"1\",device=\"2\""));
+    assert_line(text, "wb_model_copies{model=\"twin\",version=\"1\",device=\"0\",uuid=\"" UUID0
                       "\",state=\"ready\"} 1");
-    assert_line(text, "wb_model_copies{model=\"twin\",device=\"2\",uuid=\"" UUID2
+    assert_line(text, "wb_model_copies{model=\"twin\",version=\"1\",device=\"2\",uuid=\"" UUID2
                       "\",state=\"failed\"} 1");
-    assert_line(text, "wb_model_copy_leases{model=\"twin\",device=\"1\"} 2");
-    ck_assert_ptr_null(strstr(text, "wb_model_copy_leases{model=\"twin\",device=\"2\""));
+    assert_line(text, "wb_model_copy_leases{model=\"twin\",version=\"1\",device=\"1\"} 2");
+    ck_assert_ptr_null(
+        strstr(text, "wb_model_copy_leases{model=\"twin\",version=\"1\",device=\"2\""));
     free(text);
 }
 END_TEST
@@ -258,7 +280,7 @@ START_TEST(test_label_escaping)
     m->name = strdup("we\"ird\\na\nme");
     char *text = render();
     check_structure(text);
-    assert_line(text, "wb_load_seconds{model=\"we\\\"ird\\\\na\\nme\"} 0");
+    assert_line(text, "wb_load_seconds{model=\"we\\\"ird\\\\na\\nme\",version=\"1\"} 0");
     free(text);
 }
 END_TEST
@@ -455,7 +477,7 @@ START_TEST(test_http_server)
     ck_assert_int_eq(strncmp(body + 4 + len, "# HELP process_cpu_seconds_total ",
                              strlen("# HELP process_cpu_seconds_total ")),
                      0);
-    ck_assert_int_eq(check_structure(body + 4), 17 + 6);
+    ck_assert_int_eq(check_structure(body + 4), 25 + 6);
     free(r);
 
     r = http(port, "HEAD /metrics HTTP/1.0\r\n\r\n");

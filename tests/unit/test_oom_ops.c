@@ -120,6 +120,7 @@ struct ops_case {
     Wbproto__StatsRequest stats;
     Wbproto__LoadRequest load;
     Wbproto__UnloadRequest unload;
+    Wbproto__RollbackRequest rollback;
     uint8_t digest[16];
     snapshot before;
     wb_ops_reply r;
@@ -216,6 +217,35 @@ static void prepare_models(ops_case *c)
 {
     fixture_model(&c->b, "demo");
     fixture_twin_model(&c->b);
+}
+
+/* "demo" version 1 draining with a lease, version 2 current. */
+static void prepare_versions(ops_case *c)
+{
+    wb_model *v1 = fixture_model(&c->b, "demo");
+    grant(c, "demo", c->lease[0]);
+    wb_model *v2 = fixture_model(&c->b, "demo");
+    v2->version = v1->issued = v2->issued = 2;
+    v1->current = 0;
+    v1->state = WBPROTO__MODEL_STATE__MODEL_DRAINING;
+}
+
+static void req_rollback(ops_case *c)
+{
+    wbproto__rollback_request__init(&c->rollback);
+    c->rollback.name = "demo";
+    c->req.body_case = WBPROTO__REQUEST__BODY_ROLLBACK;
+    c->req.rollback = &c->rollback;
+}
+
+static void check_rollback(ops_case *c)
+{
+    ck_assert_int_eq(c->decoded->body_case, WBPROTO__REPLY__BODY_ROLLBACK);
+    ck_assert_uint_eq(c->decoded->rollback->model->version, 1);
+    ck_assert_uint_eq(c->decoded->rollback->previous_version, 2);
+    const wb_model *cur = wb__models_current(&c->b.models, "demo");
+    ck_assert_ptr_nonnull(cur);
+    ck_assert_uint_eq(cur->version, 1);
 }
 
 static void prepare_nothing(ops_case *c)
@@ -657,6 +687,10 @@ static ops_case cases[] = {
      .prepare = prepare_leases,
      .request = req_unload_idle,
      .check = check_unload_idle},
+    {.name = "rollback",
+     .prepare = prepare_versions,
+     .request = req_rollback,
+     .check = check_rollback},
     {.name = "unload leased",
      .prepare = prepare_leases,
      .request = req_unload_leased,

@@ -238,7 +238,8 @@ START_TEST(test_load)
 
     r = fixture_load(&F, &p, "gpt2.v1_A-b", path);
     ck_assert_int_eq(r->status, WB_EEXIST);
-    ck_assert_str_eq(r->error, "a model named 'gpt2.v1_A-b' already exists (ready)");
+    ck_assert_str_eq(r->error, "a model named 'gpt2.v1_A-b' already exists (version 1 is current); "
+                               "`wbctl rollout gpt2.v1_A-b PATH` loads a new version of it");
 
     /* A failed load leaves nothing behind. */
     r = fixture_load(&F, &p, "missing", "/nonexistent/model.safetensors");
@@ -502,7 +503,8 @@ START_TEST(test_load_no_wait)
     /* The up-front checks still answer at once. */
     r = load_async(&p, "nw", slow, 1);
     ck_assert_int_eq(r->status, WB_EEXIST);
-    ck_assert_str_eq(r->error, "a model named 'nw' already exists (ready)");
+    ck_assert_str_eq(r->error, "a model named 'nw' already exists (version 1 is current); `wbctl "
+                               "rollout nw PATH` loads a new version of it");
 
     r = load_async(&p, "gone", "/nonexistent/gone.safetensors", 1);
     ck_assert_int_eq(r->status, 0);

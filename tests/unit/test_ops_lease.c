@@ -328,6 +328,7 @@ START_TEST(test_lease_tail_bytes)
     full.slabs = &m->wire[0].slab_ptr;
     full.n_tensors = m->data.n_tensors;
     full.tensors = m->wire_tensor_ptrs;
+    full.version = m->version;
     size_t want_len = wbproto__lease__get_packed_size(&full);
     uint8_t *want = malloc(want_len);
     ck_assert_uint_eq(wbproto__lease__pack(&full, want), want_len);

@@ -26,6 +26,8 @@ static const struct wbctl_cmd commands[] = {
     {"leases", wbctl_leases, "list the leases the broker has granted"},
     {"containers", wbctl_containers, "list the AOTI model containers built on leases"},
     {"load", wbctl_load, "load a safetensors checkpoint as a model"},
+    {"rollout", wbctl_rollout, "load a new version of a model and make it current"},
+    {"rollback", wbctl_rollback, "make a model's previous version current again"},
     {"unload", wbctl_unload, "unload a model (it drains while leases remain)"},
     {"cancel", wbctl_cancel, "stop a model's load in progress"},
     {"stats", wbctl_stats, "print the broker's counters"},

@@ -59,6 +59,8 @@ int wbctl_models(const wbctl_globals *g, int argc, char **argv);
 int wbctl_leases(const wbctl_globals *g, int argc, char **argv);
 int wbctl_load(const wbctl_globals *g, int argc, char **argv);
 int wbctl_unload(const wbctl_globals *g, int argc, char **argv);
+int wbctl_rollout(const wbctl_globals *g, int argc, char **argv);
+int wbctl_rollback(const wbctl_globals *g, int argc, char **argv);
 int wbctl_cancel(const wbctl_globals *g, int argc, char **argv);
 int wbctl_stats(const wbctl_globals *g, int argc, char **argv);
 int wbctl_containers(const wbctl_globals *g, int argc, char **argv);

@@ -1,4 +1,5 @@
-/* wbctl's administrator commands: load, unload and cancel. */
+/* wbctl's administrator commands: load, rollout, rollback, unload and
+ * cancel. */
 #include "wbctl.h"
 
 #include "clock.h"
@@ -106,9 +107,10 @@ enum { WAIT_REPLY, WAIT_STOPPED, WAIT_INTERRUPTED, WAIT_DEAD, WAIT_LOST };
 /* Sends the load and waits for its reply while the broker loads it (up to
  * --timeout-ms when given). Returns the exit code after printing why it
  * did not get a reply, or -1 with *rep set. */
-static int load_and_wait(const wbctl_globals *g, const char *name, Wbproto__Request *req, int json,
-                         Wbproto__Reply **rep)
+static int load_and_wait(const wbctl_globals *g, const char *op, const char *name,
+                         Wbproto__Request *req, int json, Wbproto__Reply **rep)
 {
+    int body = (int)req->body_case;
     wb__rpc rpc;
     wb_err e, we;
     uint64_t id;
@@ -118,7 +120,7 @@ static int load_and_wait(const wbctl_globals *g, const char *name, Wbproto__Requ
         return rc;
     if ((rc = wb__rpc_send(&rpc, req, 0, &id, &e)) != WB_OK) {
         wb__rpc_close(&rpc);
-        return report_failure("load", &e, rep);
+        return report_failure(op, &e, rep);
     }
     /* Ctrl-C ends the wait, not the load: say so on the way out. */
     struct sigaction sa = {.sa_handler = on_sigint}, old_sa;
@@ -135,7 +137,7 @@ static int load_and_wait(const wbctl_globals *g, const char *name, Wbproto__Requ
             int64_t left = start + g->timeout_ms - wb__clock_mono_ms();
             slice = left < slice ? (left > 0 ? (int)left : 0) : slice;
         }
-        rc = wb__rpc_wait(&rpc, id, WBPROTO__REQUEST__BODY_LOAD, slice, rep, &e);
+        rc = wb__rpc_wait(&rpc, id, body, slice, rep, &e);
         if (rc != WB_ETIMEDOUT)
             break;
         int64_t now = wb__clock_mono_ms();
@@ -166,7 +168,7 @@ static int load_and_wait(const wbctl_globals *g, const char *name, Wbproto__Requ
         /* Said only when true: the broker lists the load as going on (or
          * its reply came meanwhile, and is printed). */
         watched = watch(g, name, &we);
-        rc = wb__rpc_wait(&rpc, id, WBPROTO__REQUEST__BODY_LOAD, 0, rep, &e);
+        rc = wb__rpc_wait(&rpc, id, body, 0, rep, &e);
         if (rc != WB_ETIMEDOUT)
             how = WAIT_REPLY;
     }
@@ -177,10 +179,10 @@ static int load_and_wait(const wbctl_globals *g, const char *name, Wbproto__Requ
     const char *n = esc ? esc : "?";
     switch (how) {
     case WAIT_REPLY:
-        rc = rc == WB_OK ? -1 : report_failure("load", &e, rep);
+        rc = rc == WB_OK ? -1 : report_failure(op, &e, rep);
         break;
     case WAIT_STOPPED:
-        fprintf(stderr, "wbctl: load: stopped waiting after %g s; ", g->timeout_ms / 1000.0);
+        fprintf(stderr, "wbctl: %s: stopped waiting after %g s; ", op, g->timeout_ms / 1000.0);
         if (watched == WATCH_LOADING)
             fprintf(stderr,
                     "the load of %s continues in the broker (see `wbctl models`; `wbctl cancel "
@@ -195,27 +197,58 @@ static int load_and_wait(const wbctl_globals *g, const char *name, Wbproto__Requ
         break;
     case WAIT_INTERRUPTED:
         fprintf(stderr,
-                "wbctl: load: interrupted: the load of %s continues in the broker; `wbctl cancel "
+                "wbctl: %s: interrupted: the load of %s continues in the broker; `wbctl cancel "
                 "%s` stops it\n",
-                n, n);
+                op, n, n);
         rc = WBCTL_EXIT_INTERRUPTED;
         break;
     case WAIT_DEAD:
-        fprintf(stderr, "wbctl: load: the broker stopped answering while %s was loading: %s\n", n,
+        fprintf(stderr, "wbctl: %s: the broker stopped answering while %s was loading: %s\n", op, n,
                 (why = wbctl_escape(we.msg)) ? why : "?");
         rc = WBCTL_EXIT_UNAVAILABLE;
         break;
     default:
         fprintf(stderr,
-                "wbctl: load: the broker no longer lists %s as loading but sent no reply (has it "
+                "wbctl: %s: the broker no longer lists %s as loading but sent no reply (has it "
                 "restarted?); see `wbctl models`\n",
-                n);
+                op, n);
         rc = WBCTL_EXIT_UNAVAILABLE;
         break;
     }
     free(esc);
     free(why);
     return rc;
+}
+
+/* PATH[@DEVICES] as the broker takes it: the placement split off (the
+ * last '@' starts it, as in wbrokerd --model) and checked, the path made
+ * absolute (the broker resolves paths from its own working directory).
+ * -1 to go on, else the exit code. */
+static int path_and_placement(const char *op, char *arg, char abs[PATH_MAX], char **placement)
+{
+    *placement = strrchr(arg, '@');
+    if (*placement) {
+        *(*placement)++ = '\0';
+        wb_placement where;
+        wb_err perr;
+        if (wb__placement_parse(*placement, strlen(*placement), &where, &perr) != WB_OK) {
+            fprintf(stderr, "wbctl %s: %s\n", op, perr.msg);
+            return WBCTL_EXIT_USAGE;
+        }
+    }
+    if (!realpath(arg, abs)) {
+        int n = arg[0] == '/' ? snprintf(abs, PATH_MAX, "%s", arg) : -1;
+        if (n < 0) {
+            char cwd[PATH_MAX];
+            if (getcwd(cwd, sizeof cwd))
+                n = snprintf(abs, PATH_MAX, "%s/%s", cwd, arg);
+        }
+        if (n < 0 || n >= PATH_MAX) {
+            fprintf(stderr, "wbctl %s: cannot make %s absolute: %s\n", op, arg, strerror(errno));
+            return WBCTL_EXIT_USAGE;
+        }
+    }
+    return -1;
 }
 
 int wbctl_load(const wbctl_globals *g, int argc, char **argv)
@@ -237,31 +270,9 @@ int wbctl_load(const wbctl_globals *g, int argc, char **argv)
         2, names, &json, pos);
     if (rc >= 0)
         return rc;
-    /* PATH@DEVICES, as wbrokerd --model: the last '@' starts the placement. */
-    char *placement = strrchr(pos[1], '@');
-    if (placement) {
-        *placement++ = '\0';
-        wb_placement where;
-        wb_err perr;
-        if (wb__placement_parse(placement, strlen(placement), &where, &perr) != WB_OK) {
-            fprintf(stderr, "wbctl load: %s\n", perr.msg);
-            return WBCTL_EXIT_USAGE;
-        }
-    }
-    /* The broker resolves paths from its own working directory. */
-    char abs[PATH_MAX];
-    if (!realpath(pos[1], abs)) {
-        int n = pos[1][0] == '/' ? snprintf(abs, sizeof abs, "%s", pos[1]) : -1;
-        if (n < 0) {
-            char cwd[PATH_MAX];
-            if (getcwd(cwd, sizeof cwd))
-                n = snprintf(abs, sizeof abs, "%s/%s", cwd, pos[1]);
-        }
-        if (n < 0 || (size_t)n >= sizeof abs) {
-            fprintf(stderr, "wbctl load: cannot make %s absolute: %s\n", pos[1], strerror(errno));
-            return WBCTL_EXIT_USAGE;
-        }
-    }
+    char abs[PATH_MAX], *placement;
+    if ((rc = path_and_placement("load", pos[1], abs, &placement)) >= 0)
+        return rc;
     Wbproto__LoadRequest body = WBPROTO__LOAD_REQUEST__INIT;
     body.name = pos[0];
     body.path = abs;
@@ -272,7 +283,7 @@ int wbctl_load(const wbctl_globals *g, int argc, char **argv)
     req.load = &body;
     Wbproto__Reply *rep;
     rc = no_wait ? wbctl_call(g, "load", &req, g->timeout_ms, &rep)
-                 : load_and_wait(g, pos[0], &req, json, &rep);
+                 : load_and_wait(g, "load", pos[0], &req, json, &rep);
     if (rc >= 0)
         return rc;
     const Wbproto__ModelInfo *m = rep->load->model;
@@ -301,6 +312,107 @@ int wbctl_load(const wbctl_globals *g, int argc, char **argv)
     return rc;
 }
 
+/* A version made current (a rollout's or a rollback's reply), for people:
+ * the table row of the new version and which one it replaced. */
+static int print_versioned(const Wbproto__ModelInfo *m, uint32_t previous, double current_at,
+                           int json, const char *verb)
+{
+    if (json) {
+        json_t *o = wbctl_model_json(m);
+        json_object_set_new(o, "previous_version", json_integer(previous));
+        json_object_set_new(o, "current_at", json_real(wbctl_round_time(current_at)));
+        return wbctl_print_json(o);
+    }
+    wbctl_table t = {.ncols = WBCTL_MODEL_COLUMNS};
+    wbctl_model_header(&t);
+    wbctl_model_row(&t, m);
+    wbctl_table_print(&t);
+    wbctl_model_failures(m);
+    char *n = wbctl_escape(m->name);
+    if (m->state == WBPROTO__MODEL_STATE__MODEL_LOADING)
+        printf("version %u of %s is loading beside version %u: `wbctl models` shows how it goes, "
+               "`wbctl cancel %s` stops it\n",
+               m->version, n ? n : "?", previous, n ? n : "?");
+    else if (previous)
+        printf("%s: version %u is current, version %u %s\n", verb, m->version, previous,
+               "drains (freed at its last lease)");
+    else
+        printf("%s: version %u is current\n", verb, m->version);
+    free(n);
+    return WBCTL_EXIT_OK;
+}
+
+int wbctl_rollout(const wbctl_globals *g, int argc, char **argv)
+{
+    static const char *const names[] = {"NAME", "PATH"};
+    int json;
+    char *pos[2];
+    int no_wait = take_no_wait(&argc, argv);
+    int rc = wbctl_parse_args(
+        argc, argv, "rollout [--json] [--no-wait] NAME PATH[@DEVICES]",
+        "Loads the checkpoint PATH as a new version of model NAME beside its current one\n"
+        "(the same checks and loader as `wbctl load`) and, once it is ready, makes it\n"
+        "current: new leases get it, leases keep the version they have, and the version it\n"
+        "replaces drains and is freed at its last lease. A rollout that fails leaves the\n"
+        "current version as it was; one that does not fit beside it is refused before\n"
+        "anything is allocated. Waits as `wbctl load` does. @DEVICES places the copies\n"
+        "(default: where the current version is).\n\n"
+        "  --no-wait  return once the new version is loading",
+        2, names, &json, pos);
+    if (rc >= 0)
+        return rc;
+    char abs[PATH_MAX], *placement;
+    if ((rc = path_and_placement("rollout", pos[1], abs, &placement)) >= 0)
+        return rc;
+    Wbproto__RolloutRequest body = WBPROTO__ROLLOUT_REQUEST__INIT;
+    body.name = pos[0];
+    body.path = abs;
+    body.placement = placement ? placement : "";
+    body.no_wait = no_wait;
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_ROLLOUT;
+    req.rollout = &body;
+    Wbproto__Reply *rep;
+    rc = no_wait ? wbctl_call(g, "rollout", &req, g->timeout_ms, &rep)
+                 : load_and_wait(g, "rollout", pos[0], &req, json, &rep);
+    if (rc >= 0)
+        return rc;
+    const Wbproto__RolloutReply *rr = rep->rollout;
+    rc = print_versioned(rr->model, rr->previous_version, rr->current_at, json, "rollout");
+    if (!json && rr->model->state != WBPROTO__MODEL_STATE__MODEL_LOADING)
+        wbctl_print_stages(rr->model);
+    wb__reply_free(&rep);
+    return rc;
+}
+
+int wbctl_rollback(const wbctl_globals *g, int argc, char **argv)
+{
+    static const char *const names[] = {"NAME"};
+    int json;
+    char *pos[1];
+    int rc = wbctl_parse_args(
+        argc, argv, "rollback [--json] NAME",
+        "Makes the previous version of model NAME current again (the highest below the\n"
+        "current one that still exists): new leases get it, and the version it replaces\n"
+        "drains. A version that is no longer current lives only while leases hold it:\n"
+        "with none left, the rollback is refused (exit 1).",
+        1, names, &json, pos);
+    if (rc >= 0)
+        return rc;
+    Wbproto__RollbackRequest body = WBPROTO__ROLLBACK_REQUEST__INIT;
+    body.name = pos[0];
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_ROLLBACK;
+    req.rollback = &body;
+    Wbproto__Reply *rep;
+    if ((rc = wbctl_call(g, "rollback", &req, g->timeout_ms, &rep)) >= 0)
+        return rc;
+    const Wbproto__RollbackReply *rr = rep->rollback;
+    rc = print_versioned(rr->model, rr->previous_version, rr->current_at, json, "rollback");
+    wb__reply_free(&rep);
+    return rc;
+}
+
 /* unload, and cancel (an unload that only stops a load in progress). */
 static int unload(const wbctl_globals *g, int argc, char **argv, int cancel_only)
 {
@@ -310,12 +422,14 @@ static int unload(const wbctl_globals *g, int argc, char **argv, int cancel_only
     int rc = wbctl_parse_args(
         argc, argv, cancel_only ? "cancel [--json] NAME" : "unload [--json] NAME",
         cancel_only
-            ? "Stops the load of model NAME, which must be loading: the broker frees what it had\n"
-              "loaded and removes the model, and a `wbctl load` waiting for it fails saying who\n"
-              "cancelled it. A model that is not loading is refused (exit 1): unload it instead."
-            : "Unloads model NAME: it is freed at once when no lease holds it, else it drains\n"
-              "(new leases are refused) and is freed when the last lease ends. A model that is\n"
-              "loading has its load stopped and is freed; the record of a failed load is removed.",
+            ? "Stops the load of model NAME, which must be loading (its first load, or a\n"
+              "rollout's new version): the broker frees what it had loaded and removes that\n"
+              "version, and a `wbctl load` or `wbctl rollout` waiting for it fails saying who\n"
+              "cancelled it. A model with nothing loading is refused (exit 1): unload it instead."
+            : "Unloads model NAME, every version of it: a version is freed at once when no\n"
+              "lease holds it, else it drains (new leases are refused) and is freed when its\n"
+              "last lease ends. A version that is loading has its load stopped and is freed;\n"
+              "the record of a failed load is removed.",
         1, names, &json, pos);
     if (rc >= 0)
         return rc;
@@ -341,6 +455,9 @@ static int unload(const wbctl_globals *g, int argc, char **argv, int cancel_only
         char *n = wbctl_escape(m->name);
         if (cancel_only)
             printf("cancelled the load of %s\n", n ? n : "?");
+        else if (rep->unload->load_cancelled && m->state == WBPROTO__MODEL_STATE__MODEL_DRAINING)
+            printf("draining (%u lease%s; the load of a new version was cancelled)\n", m->leases,
+                   m->leases == 1 ? "" : "s");
         else if (rep->unload->load_cancelled)
             printf("freed (its load was cancelled)\n");
         else if (m->state == WBPROTO__MODEL_STATE__MODEL_DRAINING)

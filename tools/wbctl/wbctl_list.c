@@ -121,14 +121,79 @@ static int list_print(pages *pg, int json, wbctl_json_array *arr, wbctl_table *t
     return WBCTL_EXIT_OK;
 }
 
+/* How well a version stands for its name in `wbctl models --json` (the
+ * object's top-level fields): the current one, else one loading, else the
+ * highest draining, else the failed record. */
+static int stand_rank(const Wbproto__ModelInfo *m)
+{
+    switch (m->state) {
+    case WBPROTO__MODEL_STATE__MODEL_READY:
+        return m->current ? 5 : 3;
+    case WBPROTO__MODEL_STATE__MODEL_LOADING:
+        return 4;
+    case WBPROTO__MODEL_STATE__MODEL_DRAINING:
+        return 2;
+    default:
+        return 1;
+    }
+}
+
+/* The versions of the name of models[i], when i is its first: their
+ * indexes in version order (at most `cap`), else 0. */
+static size_t name_versions(const Wbproto__ListModelsReply *lm, size_t i, size_t *idx, size_t cap)
+{
+    const char *name = lm->models[i]->name;
+    for (size_t j = 0; j < i; j++) {
+        if (strcmp(lm->models[j]->name, name) == 0)
+            return 0;
+    }
+    size_t n = 0;
+    for (size_t j = i; j < lm->n_models && n < cap; j++) {
+        if (strcmp(lm->models[j]->name, name) != 0)
+            continue;
+        size_t k = n++;
+        while (k > 0 && lm->models[idx[k - 1]]->version > lm->models[j]->version) {
+            idx[k] = idx[k - 1];
+            k--;
+        }
+        idx[k] = j;
+    }
+    return n;
+}
+
+/* One object per name: the fields of the version that stands for it (as
+ * before versions existed), and "versions" with each version's own. */
+static json_t *name_json(const Wbproto__ListModelsReply *lm, const size_t *idx, size_t n)
+{
+    const Wbproto__ModelInfo *best = lm->models[idx[0]];
+    for (size_t k = 1; k < n; k++) {
+        const Wbproto__ModelInfo *m = lm->models[idx[k]];
+        int r = stand_rank(m), br = stand_rank(best);
+        if (r > br || (r == br && m->version > best->version))
+            best = m;
+    }
+    json_t *o = wbctl_model_json(best);
+    json_t *vs = json_array();
+    for (size_t k = 0; k < n; k++)
+        json_array_append_new(vs, wbctl_version_json(lm->models[idx[k]]));
+    json_object_set_new(o, "versions", vs);
+    return o;
+}
+
+/* Versions of one name listed at most: --max-versions and a failed record. */
+#define NAME_VERSIONS 128
+
 int wbctl_models(const wbctl_globals *g, int argc, char **argv)
 {
     static const wbctl_spec spec = {
         .synopsis = "models [MODEL] [-o wide] [--json]",
-        .about = "Lists the broker's models: state (with how far a load got), backend, device,\n"
-                 "tensors, size, leases, and how clients reach the slab (SLAB) with what\n"
-                 "access; -o wide adds how long each load took, how fast, and the path. A\n"
-                 "model on devices has one row per device.",
+        .about = "Lists the broker's models, one row per version: its number, its state\n"
+                 "(current: the version new leases get; loading, with how far it got;\n"
+                 "draining: no longer current, freed at its last lease; failed), backend,\n"
+                 "device, tensors, size, leases, and how clients reach the slab (SLAB) with\n"
+                 "what access; -o wide adds how long each load took, how fast, and the path.\n"
+                 "A model on devices has one row per device. --json gives one object per\n"
+                 "model with its \"versions\".",
         .flags = WBCTL_TAKES_WIDE | WBCTL_TAKES_MODEL,
     };
     wbctl_args args;
@@ -144,13 +209,19 @@ int wbctl_models(const wbctl_globals *g, int argc, char **argv)
     wbctl_table t = {.ncols = WBCTL_MODEL_COLUMNS, .wide = args.output == WBCTL_OUT_WIDE};
     if (!json)
         wbctl_model_header(&t);
+    size_t idx[NAME_VERSIONS];
     for (size_t i = 0; i < lm->n_models; i++) {
         if (!wanted(args.model, lm->models[i]->name))
             continue;
-        if (json)
-            wbctl_json_array_add(&arr, wbctl_model_json(lm->models[i]));
-        else
-            wbctl_model_row(&t, lm->models[i]);
+        size_t n = name_versions(lm, i, idx, NAME_VERSIONS);
+        if (n == 0)
+            continue;
+        if (json) {
+            wbctl_json_array_add(&arr, name_json(lm, idx, n));
+            continue;
+        }
+        for (size_t k = 0; k < n; k++)
+            wbctl_model_row(&t, lm->models[idx[k]]);
     }
     if (json)
         return list_print(&pg, json, &arr, &t);
@@ -216,6 +287,7 @@ static json_t *lease_json(wbctl_jrow *r, const Wbproto__LeaseInfo *l, const char
     const wbctl_jfield f[] = {
         {"id", WBCTL_JSTR, .v.s = id},
         {"model", WBCTL_JSTR, .v.s = l->model},
+        {"version", WBCTL_JINT, .v.i = l->version},
         {"pid", WBCTL_JINT, .v.i = l->pid},
         {"session", WBCTL_JSTR, !is_session, .v.s = session},
         {"process", WBCTL_JSTR, .v.s = l->process_name},
@@ -246,9 +318,9 @@ static json_t *lease_json(wbctl_jrow *r, const Wbproto__LeaseInfo *l, const char
  * -o wide adds the holder's ids, the slabs and bytes held, the last
  * heartbeat and how the slab is reached. */
 static const wbctl_column lease_columns[] = {
-    {"ID", 0},        {"MODEL", 0},      {"PID", 0},    {"PROCESS", 0}, {"UID", 1},  {"GID", 1},
-    {"STATE", 0},     {"CONTAINERS", 0}, {"SHARED", 0}, {"SLABS", 1},   {"SIZE", 1}, {"AGE", 0},
-    {"HEARTBEAT", 1}, {"BACKEND", 1},    {"SLAB", 1},   {"ACCESS", 1},
+    {"ID", 0},  {"MODEL", 0},     {"VERSION", 0},    {"PID", 0},    {"PROCESS", 0}, {"UID", 1},
+    {"GID", 1}, {"STATE", 0},     {"CONTAINERS", 0}, {"SHARED", 0}, {"SLABS", 1},   {"SIZE", 1},
+    {"AGE", 0}, {"HEARTBEAT", 1}, {"BACKEND", 1},    {"SLAB", 1},   {"ACCESS", 1},
 };
 
 int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
@@ -256,7 +328,8 @@ int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
     static const wbctl_spec spec = {
         .synopsis = "leases [MODEL] [-o wide] [--json]",
         .about = "Lists the leases the broker has granted: who holds each (pid and process),\n"
-                 "the model, its state, the containers built on it and the tensors and bytes\n"
+                 "the model and the version of it the lease keeps, its state, the containers built "
+                 "on it and the tensors and bytes\n"
                  "they bind (SHARED), and its age; -o wide adds the holder's uid and gid, the\n"
                  "slabs and bytes held, the time since the last heartbeat, the backend, SLAB\n"
                  "and ACCESS.",
@@ -301,7 +374,8 @@ int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
                 continue;
             }
             char pid[24], uid[16], gid[16], containers[16], slabs[16], bytes[32], agebuf[32];
-            char hb[32], shared[64], shared_size[32];
+            char hb[32], shared[64], shared_size[32], version[16];
+            snprintf(version, sizeof version, "%u", l->version);
             /* Bound by containers, counted once per container: two containers
              * binding the same tensor share one buffer but count twice here. */
             snprintf(shared, sizeof shared, "%llu (%s)", (unsigned long long)shared_tensors,
@@ -315,7 +389,7 @@ int wbctl_leases(const wbctl_globals *g, int argc, char **argv)
             wbctl_fmt_age(agebuf, sizeof agebuf, age);
             snprintf(hb, sizeof hb, "%.1fs ago", since);
             id[8] = '\0';
-            wbctl_table_add(&t, id, l->model, pid, l->process_name, uid, gid,
+            wbctl_table_add(&t, id, l->model, version, pid, l->process_name, uid, gid,
                             wb__lease_state_name(l->state), containers, shared, slabs, bytes,
                             agebuf, hb, wb__backend_name(l->backend),
                             l->transport && l->transport[0] ? l->transport : "-",
@@ -354,12 +428,15 @@ static json_t *container_json(const Wbproto__ContainerInfo *c, uint64_t shared)
         json_t *lo = json_object();
         json_object_set_new(lo, "lease_id", json_string(id));
         json_object_set_new(lo, "model", wbctl_jstr(cl->model));
+        json_object_set_new(lo, "version", json_integer(cl->version));
         json_object_set_new(lo, "bound_bytes", json_integer((json_int_t)cl->bound_bytes));
         json_object_set_new(lo, "bound_tensors", json_integer(cl->bound_tensors));
         json_array_append_new(ls, lo);
     }
     json_object_set_new(o, "leases", ls);
     json_object_set_new(o, "leases_total", json_integer(c->leases_total));
+    json_object_set_new(o, "swaps", json_integer(c->swaps));
+    json_object_set_new(o, "last_swap_ms", json_real(wbctl_round_secs(c->last_swap_ms)));
     return o;
 }
 
@@ -378,10 +455,9 @@ static int container_wanted(const char *filter, const Wbproto__ContainerInfo *c)
  * -o wide adds the AOTI entry point, pinned async copy, how each constant
  * was bound and the package's path. */
 static const wbctl_column container_columns[] = {
-    {"PID", 0},    {"PROCESS", 0}, {"ID", 0},
-    {"API", 1},    {"PINNED", 1},  {"MODELS", 0},
-    {"SHARED", 0}, {"FOLDED", 0},  {"BOUND(L/A/C/P/F/U)", 1},
-    {"AGE", 0},    {"PATH", 1},
+    {"PID", 0},    {"PROCESS", 0},   {"ID", 0},     {"API", 1},    {"PINNED", 1},
+    {"MODELS", 0}, {"VERSION", 0},   {"SHARED", 0}, {"FOLDED", 0}, {"BOUND(L/A/C/P/F/U)", 1},
+    {"SWAPS", 1},  {"LAST_SWAP", 1}, {"AGE", 0},    {"PATH", 1},
 };
 
 int wbctl_containers(const wbctl_globals *g, int argc, char **argv)
@@ -393,7 +469,9 @@ int wbctl_containers(const wbctl_globals *g, int argc, char **argv)
                  "bytes bound from them (SHARED), the bytes built by constant folding (FOLDED,\n"
                  "private to the container) and its age; -o wide adds the AOTI entry point\n"
                  "used, whether pinned async constant copy was on, how the constants were\n"
-                 "bound (leased/aliased/caller/package/folded/unbound) and the package path.\n"
+                 "bound (leased/aliased/caller/package/folded/unbound), the versions swapped\n"
+                 "into it and how long the last swap took, and the package path. VERSION is\n"
+                 "the version of each model it binds, in the order of MODELS.\n"
                  "MODEL keeps the containers that bind a lease of that model.",
         .flags = WBCTL_TAKES_WIDE | WBCTL_TAKES_MODEL,
     };
@@ -425,6 +503,20 @@ int wbctl_containers(const wbctl_globals *g, int argc, char **argv)
                 continue;
             }
             char pid[24], id[24], models[256] = "", shared_s[32], folded[32], agebuf[32], binds[96];
+            char versions[128] = "", swaps[16], last_swap[32];
+            size_t vused = 0;
+            for (size_t k = 0; k < c->n_leases && vused < sizeof versions; k++) {
+                int w = snprintf(versions + vused, sizeof versions - vused, "%s%u", k ? "," : "",
+                                 c->leases[k]->version);
+                if (w < 0)
+                    break;
+                vused += (size_t)w;
+            }
+            snprintf(swaps, sizeof swaps, "%u", c->swaps);
+            if (c->swaps)
+                snprintf(last_swap, sizeof last_swap, "%.1f ms", c->last_swap_ms);
+            else
+                snprintf(last_swap, sizeof last_swap, "-");
             wbctl_fmt_pid(pid, sizeof pid, c->pid);
             snprintf(id, sizeof id, "%llu", (unsigned long long)c->container_id);
             size_t used = 0;
@@ -450,8 +542,8 @@ int wbctl_containers(const wbctl_globals *g, int argc, char **argv)
                      c->aliased_constants, c->caller_constants, c->package_constants,
                      c->folded_constants, c->unbound_constants);
             wbctl_table_add(&t, pid, c->process_name, id, c->aoti_api,
-                            c->pinned_async_copy ? "on" : "off", models, shared_s, folded, binds,
-                            agebuf, c->model_path);
+                            c->pinned_async_copy ? "on" : "off", models, versions, shared_s, folded,
+                            binds, swaps, last_swap, agebuf, c->model_path);
         }
     }
     return list_print(&pg, json, &arr, &t);

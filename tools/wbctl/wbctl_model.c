@@ -51,12 +51,38 @@ void wbctl_print_stages(const Wbproto__ModelInfo *m)
     printf("\n");
 }
 
+const char *wbctl_version_state(const Wbproto__ModelInfo *m)
+{
+    if (m->state == WBPROTO__MODEL_STATE__MODEL_READY && m->current)
+        return "current";
+    return wb__model_state_name(m->state);
+}
+
+json_t *wbctl_version_json(const Wbproto__ModelInfo *m)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "version", json_integer(m->version));
+    json_object_set_new(o, "state", json_string(wbctl_version_state(m)));
+    json_object_set_new(o, "leases", json_integer(m->leases));
+    json_object_set_new(o, "tensors", json_integer(m->tensors));
+    json_object_set_new(o, "bytes", json_integer((json_int_t)m->bytes));
+    json_object_set_new(o, "slab_bytes", json_integer((json_int_t)m->slab_bytes));
+    json_object_set_new(o, "loaded_bytes", json_integer((json_int_t)m->loaded_bytes));
+    json_object_set_new(o, "path", wbctl_jstr(m->path));
+    json_object_set_new(o, "load_seconds", json_real(wbctl_round_secs(m->load_seconds)));
+    if (m->error && m->error[0])
+        json_object_set_new(o, "error", wbctl_jstr(m->error));
+    return o;
+}
+
 json_t *wbctl_model_json(const Wbproto__ModelInfo *m)
 {
     json_t *o = json_object();
     /* Every string as the broker sent it (wbctl_jstr: never NULL for a
      * string that is not UTF-8, so no key goes missing). */
     json_object_set_new(o, "name", wbctl_jstr(m->name));
+    json_object_set_new(o, "version", json_integer(m->version));
+    json_object_set_new(o, "current", json_boolean(m->current));
     json_object_set_new(o, "path", wbctl_jstr(m->path));
     json_object_set_new(o, "state", json_string(wb__model_state_name(m->state)));
     json_object_set_new(o, "backend", json_string(wb__backend_name(m->backend)));
@@ -94,8 +120,9 @@ json_t *wbctl_model_json(const Wbproto__ModelInfo *m)
 /* The default view: what each model is, where, how big, who leases it and
  * how clients reach it; -o wide adds how its load went and its path. */
 static const wbctl_column model_columns[WBCTL_MODEL_COLUMNS] = {
-    {"NAME", 0},   {"STATE", 0},  {"BACKEND", 0}, {"DEVICE", 0}, {"TENSORS", 0}, {"SIZE", 0},
-    {"LEASES", 0}, {"LOAD_S", 1}, {"RATE", 1},    {"SLAB", 0},   {"ACCESS", 0},  {"PATH", 1},
+    {"NAME", 0},    {"VERSION", 0}, {"STATE", 0},  {"BACKEND", 0}, {"DEVICE", 0},
+    {"TENSORS", 0}, {"SIZE", 0},    {"LEASES", 0}, {"LOAD_S", 1},  {"RATE", 1},
+    {"SLAB", 0},    {"ACCESS", 0},  {"PATH", 1},
 };
 
 void wbctl_model_header(wbctl_table *t)
@@ -106,9 +133,17 @@ void wbctl_model_header(wbctl_table *t)
 /* One row: the model's, or (copy not NULL) its copy on one device. */
 static void model_row(wbctl_table *t, const Wbproto__ModelInfo *m, const Wbproto__ModelCopy *c)
 {
-    char state[48], dev[16], tensors[16], bytes[32], leases[16], secs[32], rate[32];
+    char state[48], dev[16], tensors[16], bytes[32], leases[16], secs[32], rate[32], version[16];
     int st = c ? c->state : m->state;
-    snprintf(state, sizeof state, "%s", wb__model_state_name(st));
+    /* A ready copy of the current version is current too. */
+    snprintf(state, sizeof state, "%s",
+             st == WBPROTO__MODEL_STATE__MODEL_READY ? wbctl_version_state(m)
+                                                     : wb__model_state_name(st));
+    /* 0 from a broker that predates versions. */
+    if (m->version)
+        snprintf(version, sizeof version, "%u", m->version);
+    else
+        snprintf(version, sizeof version, "-");
     snprintf(dev, sizeof dev, "%d", c ? c->device : m->device);
     snprintf(tensors, sizeof tensors, "%u", m->tensors);
     wbctl_fmt_size(bytes, sizeof bytes, m->bytes);
@@ -127,8 +162,8 @@ static void model_row(wbctl_table *t, const Wbproto__ModelInfo *m, const Wbproto
     if (c && st == WBPROTO__MODEL_STATE__MODEL_FAILED)
         wbctl_fmt_size(bytes, sizeof bytes, 0);
     /* A broker that predates Slab.transport says nothing: "-". */
-    wbctl_table_add(t, m->name, state, wb__backend_name(m->backend), dev, tensors, bytes, leases,
-                    secs, rate, m->transport && m->transport[0] ? m->transport : "-",
+    wbctl_table_add(t, m->name, version, state, wb__backend_name(m->backend), dev, tensors, bytes,
+                    leases, secs, rate, m->transport && m->transport[0] ? m->transport : "-",
                     m->access && m->access[0] ? m->access : "-", m->path);
 }
 

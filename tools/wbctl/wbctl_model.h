@@ -8,7 +8,7 @@
 
 /* Every column of the models table (-o wide); the default view shows
  * some of them. */
-#define WBCTL_MODEL_COLUMNS 12
+#define WBCTL_MODEL_COLUMNS 13
 
 /* The header of table t (made with .ncols = WBCTL_MODEL_COLUMNS): the
  * default columns, or every one when t->wide. */
@@ -19,6 +19,11 @@ void wbctl_model_row(wbctl_table *t, const Wbproto__ModelInfo *m);
  * "NAME failed to load: why" for the record of a failed load. */
 void wbctl_model_failures(const Wbproto__ModelInfo *m);
 json_t *wbctl_model_json(const Wbproto__ModelInfo *m);
+/* A version's state as people read it: "current" for the version new
+ * leases get, else loading, ready, draining or failed. */
+const char *wbctl_version_state(const Wbproto__ModelInfo *m);
+/* One version's entry of `wbctl models --json`'s "versions". */
+json_t *wbctl_version_json(const Wbproto__ModelInfo *m);
 /* One line per load for people: how each stage did, rates in GiB/s. */
 void wbctl_print_stages(const Wbproto__ModelInfo *m);
 

@@ -67,7 +67,9 @@ static int poll_model(wb__rpc *rpc, const char *name, unsigned long long *done,
     if (wb__rpc_call(rpc, &req, 0, &rep, &err) == WB_OK) {
         for (size_t i = 0; i < rep->list_models->n_models; i++) {
             const Wbproto__ModelInfo *m = rep->list_models->models[i];
-            if (strcmp(m->name, name) == 0) {
+            /* The version loading (a rollout's, beside the current one). */
+            if (strcmp(m->name, name) == 0 &&
+                (!found || m->state == WBPROTO__MODEL_STATE__MODEL_LOADING)) {
                 *done = m->loaded_bytes;
                 *total = m->bytes;
                 found = 1;
