@@ -126,13 +126,6 @@ int wb__rpc_drain(wb__rpc *rpc);
  * changes when the socket is re-created (a timeout, a reopen). */
 int wb__rpc_fd(const wb__rpc *rpc);
 
-/* rpc_versions.c: a reply whose body is SubscribeReply or VersionNotice,
- * decoded and checked (common/wire.c refuses such a body): WB_OK with *out
- * set, or WB_EPROTO. wb__rpc_notice_valid checks a notice inside another
- * reply (HeartbeatReply.current_versions). */
-int wb__rpc_decode_versions(const uint8_t *buf, size_t len, Wbproto__Reply **out);
-int wb__rpc_notice_valid(const Wbproto__VersionNotice *notice);
-
 /* Default per-request timeout: $WB_TIMEOUT_MS when wb__rpc_parse_timeout
  * accepts it, else 5000. */
 int wb__rpc_default_timeout(void);

@@ -108,7 +108,8 @@ static int record(struct wb__sub *s, uint32_t version)
 void wb__subs_on_notice(void *arg, const Wbproto__VersionNotice *n)
 {
     wb_client *c = arg;
-    if (!wb__rpc_notice_valid(n))
+    /* Decoded replies were checked (common/wire.c: a valid model name). */
+    if (!n || !n->model)
         return;
     pthread_mutex_lock(&c->sub_mu);
     struct wb__sub *s = find_sub(c, n->model);
@@ -126,7 +127,7 @@ void wb__subs_apply_beat(wb_client *c, const Wbproto__HeartbeatReply *hr)
     pthread_mutex_lock(&c->sub_mu);
     for (size_t i = 0; i < hr->n_current_versions; i++) {
         const Wbproto__VersionNotice *n = hr->current_versions[i];
-        if (!wb__rpc_notice_valid(n))
+        if (!n || !n->model)
             continue;
         struct wb__sub *s = find_sub(c, n->model);
         due |= s && record(s, n->version);

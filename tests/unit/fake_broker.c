@@ -389,29 +389,10 @@ static void *fake_main(void *arg)
         zmq_msg_recv(&ident, f->router, 0);
         zmq_msg_recv(&payload, f->router, 0);
         Wbproto__Request *req = NULL;
-        int own_decode = 0;
         uint64_t id;
         wb_err err;
         int rc =
             wb__request_decode(zmq_msg_data(&payload), zmq_msg_size(&payload), &req, &id, &err);
-        if (rc == WB_EPROTO && atomic_load(&f->sub_mode) == FAKE_SUB_ANSWER) {
-            /* common/wire.c does not know SubscribeRequest: the fake reads
-             * it itself. */
-            req = wbproto__request__unpack(&wb__protobuf_allocator, zmq_msg_size(&payload),
-                                           zmq_msg_data(&payload));
-            own_decode = 1;
-            if (req && req->body_case == WBPROTO__REQUEST__BODY_SUBSCRIBE && req->subscribe &&
-                req->subscribe->model)
-                rc = WB_OK;
-        } else if (rc == WB_EPROTO) {
-            /* As a broker that predates versions: an error reply. */
-            Wbproto__Reply rep = WBPROTO__REPLY__INIT;
-            rep.version = WB_PROTOCOL_VERSION;
-            rep.id = id;
-            rep.status = WB_EPROTO;
-            rep.error = err.msg;
-            send_reply(f, zmq_msg_data(&ident), zmq_msg_size(&ident), &rep);
-        }
         if (rc == WB_OK)
             atomic_fetch_add(&f->n_received, 1);
         if (rc == WB_OK && atomic_load(&f->mode) != FAKE_SILENT) {
@@ -420,10 +401,7 @@ static void *fake_main(void *arg)
                 test_sleep_ms(delay);
             answer(f, &ident, req);
         }
-        if (own_decode && req)
-            wbproto__request__free_unpacked(req, &wb__protobuf_allocator);
-        else
-            wb__request_free(&req);
+        wb__request_free(&req);
         zmq_msg_close(&ident);
         zmq_msg_close(&payload);
     }
