@@ -20,9 +20,9 @@
  * runs and the outputs that differ bitwise from that version's first one
  * (exit 3 if any differ), --version-outputs DIR writes each version's first
  * output to DIR/output_v<N>.safetensors, and the result line gains
- * "versions" (runs and changed outputs per version) and "swaps" (when the
- * notice came and when the swap was done, in Unix seconds, and how long the
- * swap took).
+ * "versions" (runs and changed outputs per version) and "swaps" (one per
+ * swap, in order, a version twice after a rollback: when the notice came
+ * and when the swap was done, in Unix seconds, and how long it took).
  *
  * --mutated FQN,... names constants the compiled graph writes (besides the
  * package's "weightbroker.mutated"): binding them to a lease is refused;
@@ -113,13 +113,20 @@ typedef struct st_file {
 static volatile sig_atomic_t stop;
 
 /* One version seen while following: its runs, the outputs that differed
- * from its first, that first output, and when it came. */
+ * from its first, and that first output. */
 typedef struct version_rec {
     uint32_t version;
     long runs, changed;
     void *first[MAX_IO];
-    double notice_at, swapped_at, swap_ms;
 } version_rec;
+
+/* One swap seen while following (a version may come twice: a rollback):
+ * the version swapped in, when the client heard of it and when the swap
+ * ended (wb_container_info.last_swap_at). */
+typedef struct swap_rec {
+    uint32_t version;
+    double notice_at, swapped_at, swap_ms;
+} swap_rec;
 
 /* When the client heard of each version (the subscription's callback, on
  * the client's heartbeat thread). */
@@ -500,6 +507,9 @@ typedef struct worker {
     const char *version_outputs;
     version_rec versions[MAX_VERSIONS];
     size_t n_versions;
+    swap_rec swaps[MAX_VERSIONS];
+    size_t n_swaps;
+    uint32_t last_version; /* of the last run; 0 before the first */
 } worker;
 
 static int write_st(const char *path, host_tensor *t, size_t n);
@@ -520,14 +530,20 @@ static int count_version(worker *w, uint32_t v, void *const *got, size_t n_out)
         }
         r = &w->versions[w->n_versions++];
         r->version = v;
+    }
+    /* The first run on another version: a swap ended before it (asked only
+     * then: the info waits for an update in progress). */
+    if (w->last_version && v != w->last_version && w->n_swaps < MAX_VERSIONS) {
         wb_container_info info;
-        wb_container_get_info(w->c, &info);
-        if (info.swaps && info.version == v) {
-            r->notice_at = notice_at(v);
-            r->swapped_at = info.last_swap_at;
-            r->swap_ms = info.last_swap_ms;
+        if (wb_container_get_info(w->c, &info) == WB_OK && info.swaps && info.version == v) {
+            swap_rec *s = &w->swaps[w->n_swaps++];
+            s->version = v;
+            s->notice_at = notice_at(v);
+            s->swapped_at = info.last_swap_at;
+            s->swap_ms = info.last_swap_ms;
         }
     }
+    w->last_version = v;
     if (r->runs++ == 0) {
         host_tensor t[MAX_IO];
         for (size_t i = 0; i < n_out; i++) {
@@ -944,14 +960,15 @@ static void print_result(worker *w, int rc)
             json_object_set_new(v, "runs", json_integer(r->runs));
             json_object_set_new(v, "changed", json_integer(r->changed));
             json_array_append_new(vs, v);
-            if (r->swapped_at > 0) {
-                json_t *x = json_object();
-                json_object_set_new(x, "version", json_integer(r->version));
-                json_object_set_new(x, "notice_at", json_real(r->notice_at));
-                json_object_set_new(x, "swapped_at", json_real(r->swapped_at));
-                json_object_set_new(x, "swap_ms", json_real(r->swap_ms));
-                json_array_append_new(sw, x);
-            }
+        }
+        for (size_t i = 0; i < w->n_swaps; i++) {
+            const swap_rec *r = &w->swaps[i];
+            json_t *x = json_object();
+            json_object_set_new(x, "version", json_integer(r->version));
+            json_object_set_new(x, "notice_at", json_real(r->notice_at));
+            json_object_set_new(x, "swapped_at", json_real(r->swapped_at));
+            json_object_set_new(x, "swap_ms", json_real(r->swap_ms));
+            json_array_append_new(sw, x);
         }
         json_object_set_new(o, "versions", vs);
         json_object_set_new(o, "swaps", sw);
