@@ -60,8 +60,8 @@ M0=$(mem_used)
 start_broker "$WORK/roll.sock" "$OUT/broker.log" --model "base=$D/bf16_base.safetensors" \
   --model "head=$D/bf16_head_a.safetensors" || { finish; exit 1; }
 sleep 1
-M1=$(mem_used)
-say "device memory: idle $M0, with the broker's one copy $M1"
+MB=$(mem_used)
+say "device memory: idle $M0, with the broker's one copy $MB"
 
 # The victim, beside the workers.
 FIFO=$WORK/rollout.ctl
@@ -90,6 +90,11 @@ all_ready() {
 }
 wait_for 180 all_ready || { fail "workers not serving: $(tail -n 3 "$OUT/worker_1.log")"; finish; exit 1; }
 say "$N workers serving"
+sleep 1
+# One copy with the victim and every worker: what the drained states must
+# come back to.
+M1=$(mem_used)
+say "device memory with the victim and $N workers on one copy: $M1"
 
 # on_version V COUNT: COUNT leases of base pin version V and no other
 # version of base is leased.
@@ -140,6 +145,7 @@ ls = [l for l in json.load(sys.stdin) if l['model'] == 'base']
 sys.exit(not sum(l.get('version') == $1 for l in ls) == $2)"
 }
 wait_for 30 workers_on 3 "$N" || fail "not every worker swapped to version 3: $(ctl leases)"
+sleep 1
 M3=$(mem_used)
 sleep 1
 mark broker_rollback

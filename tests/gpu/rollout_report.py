@@ -10,7 +10,8 @@ eager PyTorch's for its weights (check_outputs.py beside this file: the
 v1 and v3 references are bf16_a_ref_v1, v2's bf16_a_ref_v2); prints the
 report (JSON) and exits 1 when a correctness check failed: an output off
 its reference, an output changed within a version (a mixed run), device
-memory not back to one copy (M2, M4 against M1, within 256 MiB), a worker
+memory not back to one copy (M2, M4 against M1, the one copy with every
+worker and the victim running, within 256 MiB), a worker
 that did not exit 0 or swapped other than 2, 3, 2. The two targets (all
 workers swapped within 10 ms beyond one run of a worker; the victim's p99
 during the rollout and the rollback within 1.10x its baseline) are reported
