@@ -4,7 +4,7 @@
   rollout_models.py DIR
 
 DIR holds the bf16 family of examples/compile_models.py (bf16_base,
-bf16_head_a, bf16_input, bf16_a_ref, manifest.json). Writes into DIR:
+bf16_head_a, bf16_input, bf16_a_ref, manifest_bf16.json). Writes into DIR:
 
   bf16_base_v2.safetensors  the base with every backbone weight's rows
                             rolled by one (same names, dtypes and shapes,
@@ -47,7 +47,10 @@ def rel(a, b):
 
 def main():
     d = sys.argv[1]
-    man = json.load(open(os.path.join(d, "manifest.json")))["bf16"]
+    name = "manifest_bf16.json"
+    if not os.path.exists(os.path.join(d, name)):
+        name = "manifest.json"
+    man = json.load(open(os.path.join(d, name)))["bf16"]
     dim, layers = man["dim"], man["layers"]
     x = load_file(os.path.join(d, "bf16_input.safetensors"))["input0"].cuda()
     head = load_file(os.path.join(d, "bf16_head_a.safetensors"), device="cuda")
