@@ -13,6 +13,14 @@ PEER=$(dirname "$0")/version_peer.py
 
 make_model "$WB_TMP/v1.safetensors" 4 1 >/dev/null
 make_model "$WB_TMP/v2.safetensors" 4 2 >/dev/null
+rss_tolerance=8192
+if [ "${WB_SANITIZED:-0}" = 1 ]; then
+  # ASan keeps freed memory in a quarantine (256 MiB by default) before
+  # reusing it, so RSS climbs by design; a small quarantine lets it settle.
+  # The leak checker at the broker's exit covers what RSS cannot see.
+  export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=4:thread_local_quarantine_size_kb=256"
+  rss_tolerance=16384
+fi
 start_broker_with_demo "$WB_TMP/v1.safetensors"
 
 spawn watch "$PYTHON" "$PEER" watch "$SOCK" demo 6
@@ -65,7 +73,7 @@ alive "$noread" || fail "the silent subscriber's process ended"
 grep -Eq "^sent=100 replies=100 max_ms=" "$WB_TMP/stats.out" || fail "stats loop: $(cat "$WB_TMP/stats.out")"
 max_ms=$(sed -n 's/.*max_ms=\([0-9]*\).*/\1/p' "$WB_TMP/stats.out")
 [ "$max_ms" -lt 1000 ] || fail "a stats request took $max_ms ms during the rollouts"
-[ $((rss_after - rss_before)) -lt 8192 ] || fail "the broker grew from $rss_before to $rss_after KiB"
+[ $((rss_after - rss_before)) -lt "$rss_tolerance" ] || fail "the broker grew from $rss_before to $rss_after KiB"
 log "dropped=$dropped max_stats_ms=$max_ms rss_kib=$rss_before->$rss_after $(cat "$WB_TMP/rollouts.out")"
 kill -TERM "$noread"
 stop_broker
