@@ -10,6 +10,7 @@
 #include "alloc.h"
 #include "utf8.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static int text_ok(const char *s)
@@ -23,14 +24,32 @@ static int model_ok(const Wbproto__ModelInfo *m)
            text_ok(m->checksums);
 }
 
+/* protobuf-c says NULL for both a malformed reply and a failed allocation:
+ * these note the second. */
+static void *note_alloc(void *data, size_t size)
+{
+    void *p = wb__malloc(size);
+    if (!p)
+        *(int *)data = 1;
+    return p;
+}
+
+static void note_free(void *data, void *p)
+{
+    (void)data;
+    free(p);
+}
+
 int wb__rpc_decode_publish(const uint8_t *buf, size_t len, Wbproto__Reply **out)
 {
     *out = NULL;
     if (!buf || len == 0 || len > WB_MAX_MESSAGE)
         return WB_EPROTO;
-    Wbproto__Reply *rep = wbproto__reply__unpack(&wb__protobuf_allocator, len, buf);
+    int failed = 0;
+    ProtobufCAllocator a = {.alloc = note_alloc, .free = note_free, .allocator_data = &failed};
+    Wbproto__Reply *rep = wbproto__reply__unpack(&a, len, buf);
     if (!rep)
-        return WB_EPROTO;
+        return failed ? WB_ENOMEM : WB_EPROTO;
     int ok = rep->version == WB_PROTOCOL_VERSION && rep->status == 0 && text_ok(rep->error);
     if (ok && rep->body_case == WBPROTO__REPLY__BODY_PUBLISH_BEGIN)
         ok = rep->publish_begin && rep->publish_begin->publish_id.len == WB_LEASE_ID_LEN;
@@ -41,7 +60,7 @@ int wb__rpc_decode_publish(const uint8_t *buf, size_t len, Wbproto__Reply **out)
     else
         ok = 0;
     if (!ok) {
-        wbproto__reply__free_unpacked(rep, &wb__protobuf_allocator);
+        wbproto__reply__free_unpacked(rep, &a);
         return WB_EPROTO;
     }
     *out = rep;
