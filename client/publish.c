@@ -204,11 +204,14 @@ WB_EXPORT int wb_publish_begin(wb_client *c, const char *model, const wb_publish
     pthread_mutex_unlock(&c->mu);
     if (rc != WB_OK) {
         pub_free(p);
-        if (rc == WB_EPROTO && strcmp(e.msg, "request has no body") == 0)
+        /* A broker without publishing refuses the request undecoded: no
+         * body it knows, or a repeated field it has no bound for. */
+        if (rc == WB_EPROTO && (strcmp(e.msg, "request has no body") == 0 ||
+                                strstr(e.msg, "; a request may not have any")))
             return wb__client_fail(c, rc,
                                    "publish '%s': the broker does not know publishing (it "
-                                   "answered: request has no body)",
-                                   model);
+                                   "answered: %s)",
+                                   model, e.msg);
         return wb__client_fail(c, rc, "publish '%s': %s", model, e.msg);
     }
     *out = p;

@@ -100,8 +100,8 @@ WB_EXPORT void wb_publish_options_init(wb_publish_options *opts);
  * broker refuses what it cannot publish: WB_EPERM without the publisher
  * right, WB_ELIMIT without the space (the bytes needed and free), WB_EBUSY
  * while another publish of the model is open, WB_EINVAL for a table that is
- * not the current version's. A broker without publishing answers WB_EPROTO
- * ("request has no body").
+ * not the current version's. A broker without publishing gives WB_EPROTO,
+ * "publish 'M': the broker does not know publishing (it answered: ...)".
  *
  * On success *out is a new publisher (end it with wb_publish_commit or
  * wb_publish_abort). On failure *out is NULL and wb_client_errmsg(client)
