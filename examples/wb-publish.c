@@ -2,7 +2,7 @@
  * of a model, from this process's memory (include/wb/publish.h).
  *
  *   wb-publish --model NAME FILE.safetensors [--partial] [--device cuda:N]
- *              [--placement P] [--socket PATH]
+ *              [--placement P] [--socket PATH] [--timeout-ms MS]
  *
  * The file's data is read into host memory and published from there (the
  * library copies it into a memfd the broker maps), or with --device cuda:N
@@ -42,7 +42,7 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: wb-publish --model NAME FILE.safetensors [--partial] [--device cuda:N]\n"
-            "                  [--placement P] [--socket PATH]\n"
+            "                  [--placement P] [--socket PATH] [--timeout-ms MS]\n"
             "\n"
             "Publishes the tensors of FILE as a new version of model NAME, from this\n"
             "process's memory, and prints \"published NAME version N copy_ms=... bytes=...\".\n"
@@ -58,11 +58,11 @@ static void usage(FILE *out)
             "                         $XDG_RUNTIME_DIR/wbroker/broker.sock, else\n"
             "                         /run/wbroker/broker.sock as root, else\n"
             "                         /tmp/wbroker-UID/broker.sock)\n"
+            "  --timeout-ms MS        each broker request's timeout (default: $WB_TIMEOUT_MS,\n"
+            "                         else 5000; the commit waits at least 60 s)\n"
             "  --version              print the version and build, then exit\n"
             "  -h, --help             print this help, then exit\n"
             "\n"
-            "$WB_TIMEOUT_MS: each broker request's timeout (default 5000; the commit waits\n"
-            "at least 60 s).\n"
             "Exit status: 0 published, 1 the file or the broker could not be used (the\n"
             "reason is on stderr), 2 bad usage, 3 the broker refused the publish.\n");
 }
@@ -253,16 +253,24 @@ static int publish(wb_client *c, const char *model, const file *f, const uint8_t
 
 int main(int argc, char **argv)
 {
+    /* One entry a line: test_worker_cli reads the table. */
+    /* clang-format off */
     static const struct option opts[] = {
-        {"model", required_argument, NULL, 'm'},  {"partial", no_argument, NULL, 'p'},
-        {"device", required_argument, NULL, 'd'}, {"placement", required_argument, NULL, 'P'},
-        {"socket", required_argument, NULL, 's'}, {"version", no_argument, NULL, OPT_VERSION},
-        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
+        {"model", required_argument, NULL, 'm'},
+        {"partial", no_argument, NULL, 'p'},
+        {"device", required_argument, NULL, 'd'},
+        {"placement", required_argument, NULL, 'P'},
+        {"socket", required_argument, NULL, 's'},
+        {"timeout-ms", required_argument, NULL, 't'},
+        {"version", no_argument, NULL, OPT_VERSION},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
+    /* clang-format on */
     const char *model = NULL, *socket_path = NULL, *path = NULL;
     wb_publish_options o;
     wb_publish_options_init(&o);
-    int device = -1, c;
+    int device = -1, timeout_ms = 0, c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
@@ -287,6 +295,15 @@ int main(int argc, char **argv)
         case 's':
             socket_path = optarg;
             break;
+        case 't': {
+            char *end;
+            errno = 0;
+            long ms = strtol(optarg, &end, 10);
+            if (errno || end == optarg || *end || ms < 1 || ms > 86400000)
+                return misuse("--timeout-ms: expected milliseconds, got '%s'", optarg);
+            timeout_ms = (int)ms;
+            break;
+        }
         case OPT_VERSION:
             wb__print_version(stdout, PROG, NULL);
             return 0;
@@ -327,6 +344,7 @@ int main(int argc, char **argv)
     wb_client_options_init(&co);
     co.socket_path = socket_path;
     co.client_name = PROG;
+    co.timeout_ms = timeout_ms;
     wb_client *client = NULL;
     if (wb_client_connect(&co, &client) != WB_OK) {
         fprintf(stderr, PROG ": %s\n", wb_client_errmsg(client));
