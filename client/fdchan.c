@@ -141,17 +141,41 @@ static void close_all(int *fds, size_t n)
         close(fds[i]);
 }
 
-/* One exchange on a connected channel. *broken is set when the connection
- * cannot be used any more (the caller drops it). */
-static int exchange(chan *c, const uint8_t req[WB_FDCHAN_REQUEST_LEN], const char *what, int *fds,
-                    size_t max_fds, size_t *n_fds, char msg[WB_FDCHAN_MSG_MAX + 1], int *broken,
-                    wb_err *err)
+/* Sends a request, with descriptor `send_fd` attached unless it is -1. */
+static ssize_t send_request(int fd, const uint8_t req[WB_FDCHAN_REQUEST_LEN], int send_fd)
 {
-    *broken = 1;
+    struct iovec iov = {.iov_base = (void *)req, .iov_len = WB_FDCHAN_REQUEST_LEN};
+    union {
+        struct cmsghdr h;
+        char space[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    memset(&ctl, 0, sizeof ctl);
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (send_fd >= 0) {
+        mh.msg_control = ctl.space;
+        mh.msg_controllen = sizeof ctl.space;
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &send_fd, sizeof(int));
+    }
     ssize_t n;
     do {
-        n = send(c->fd, req, WB_FDCHAN_REQUEST_LEN, MSG_NOSIGNAL);
+        n = sendmsg(fd, &mh, MSG_NOSIGNAL);
     } while (n < 0 && errno == EINTR);
+    return n;
+}
+
+/* One exchange on a connected channel, the request carrying `send_fd`
+ * unless it is -1. *broken is set when the connection cannot be used any
+ * more (the caller drops it). */
+static int exchange(chan *c, const uint8_t req[WB_FDCHAN_REQUEST_LEN], int send_fd,
+                    const char *what, int *fds, size_t max_fds, size_t *n_fds,
+                    char msg[WB_FDCHAN_MSG_MAX + 1], int *broken, wb_err *err)
+{
+    *broken = 1;
+    ssize_t n = send_request(c->fd, req, send_fd);
     if (n != (ssize_t)WB_FDCHAN_REQUEST_LEN)
         return wb__err_errno(err, WB_ECONN, n < 0 ? errno : EPIPE,
                              "descriptor channel %s: sending the request", c->path);
@@ -256,7 +280,7 @@ int wb__fdchan_fetch(const char *socket_path, const uint8_t *lease_id, int timeo
         uint8_t req[WB_FDCHAN_REQUEST_LEN];
         char msg[WB_FDCHAN_MSG_MAX + 1];
         wb__fdchan_request_pack(req, lease_id);
-        rc = exchange(c, req, "the descriptors", fds, max_fds, n_fds, msg, &broken, err);
+        rc = exchange(c, req, -1, "the descriptors", fds, max_fds, n_fds, msg, &broken, err);
         if (!broken)
             break;
         chan_drop(c);
@@ -286,7 +310,7 @@ int wb__fdchan_session(const char *socket_path, int timeout_ms, uint8_t *token, 
         uint8_t req[WB_FDCHAN_REQUEST_LEN];
         char msg[WB_FDCHAN_MSG_MAX + 1];
         wb__fdchan_session_request_pack(req);
-        rc = exchange(c, req, "a session", fds, WB_FDCHAN_MAX_FDS, &n_fds, msg, &broken, err);
+        rc = exchange(c, req, -1, "a session", fds, WB_FDCHAN_MAX_FDS, &n_fds, msg, &broken, err);
         close_all(fds, n_fds);
         if (rc == WB_OK && n_fds == 0) {
             wb_err perr;
@@ -329,4 +353,35 @@ int wb__fdchan_session_open(const char *socket_path, const uint8_t *token)
     }
     pthread_mutex_unlock(&chan_mu);
     return open;
+}
+
+int wb__fdchan_publish(const char *socket_path, const uint8_t *publish_id, int fd, int timeout_ms,
+                       wb_err *err)
+{
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    int lrc = lock_channels(socket_path, path, sizeof path, err);
+    if (lrc != WB_OK)
+        return lrc;
+    /* One attempt: a connection the broker closed was its session, and the
+     * publish ended with it. */
+    chan *c = NULL;
+    int rc = chan_get(path, timeout_ms > 0 ? timeout_ms : 5000, &c, err);
+    if (rc == WB_OK) {
+        int broken = 0, fds[WB_FDCHAN_MAX_FDS];
+        size_t n_fds = 0;
+        uint8_t req[WB_FDCHAN_REQUEST_LEN];
+        char msg[WB_FDCHAN_MSG_MAX + 1];
+        wb__fdchan_publish_request_pack(req, publish_id);
+        rc = exchange(c, req, fd, "the publish's host bytes", fds, WB_FDCHAN_MAX_FDS, &n_fds, msg,
+                      &broken, err);
+        close_all(fds, n_fds);
+        if (rc == WB_OK && n_fds)
+            rc = wb__err_set(err, WB_EPROTO,
+                             "descriptor channel %s: a publish reply carries %zu descriptors",
+                             c->path, n_fds);
+        if (broken)
+            chan_drop(c);
+    }
+    pthread_mutex_unlock(&chan_mu);
+    return rc;
 }

@@ -44,4 +44,12 @@ int wb__fdchan_session(const char *socket_path, int timeout_ms, uint8_t *token, 
  * in the child. */
 int wb__fdchan_session_open(const char *socket_path, const uint8_t *token);
 
+/* Sends the memfd `fd` of host bytes for publish `publish_id` (16 bytes)
+ * as a "WBP1" request (fdchan_wire.h) and reads the status reply: WB_OK,
+ * the broker's refusal with its status and reason, WB_ECONN when the
+ * channel cannot be reached, WB_EPROTO for a reply that breaks the layout.
+ * `fd` stays the caller's. */
+int wb__fdchan_publish(const char *socket_path, const uint8_t *publish_id, int fd, int timeout_ms,
+                       wb_err *err);
+
 #endif

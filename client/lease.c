@@ -364,6 +364,7 @@ static int acquire_once(wb_client *client, const char *model, const char *uuid,
         wb__lease_containers_init(l);
         atomic_init(&l->orphaned, 0);
         l->version = pl->version;
+        l->checksums_pending = pl->checksums_pending != 0;
         l->opt_device = o->device;
         l->opt_allow_peer = o->allow_peer;
         if (o->device_uuid)
@@ -489,6 +490,11 @@ WB_EXPORT void wb_lease_id_hex(const wb_lease *lease, char out[33])
 WB_EXPORT uint32_t wb_lease_version(const wb_lease *lease)
 {
     return lease ? lease->version : 0;
+}
+
+WB_EXPORT int wb_lease_checksums_pending(const wb_lease *lease)
+{
+    return lease ? lease->checksums_pending : 0;
 }
 
 WB_EXPORT int wb_lease_orphaned(const wb_lease *lease)

@@ -150,6 +150,9 @@ struct wb_lease {
     /* Lease.version: the model's version this lease pins (0 from a broker
      * that predates versions). */
     uint32_t version;
+    /* Lease.checksums_pending: a published version whose checksums the
+     * broker has not computed yet (wb_lease_verify refuses). */
+    int checksums_pending;
     /* The options it was acquired with, so that a follower acquires the
      * next version for the same device (wb_container_follow). */
     int opt_device;

@@ -168,6 +168,12 @@ WB_EXPORT int wb_lease_verify(const wb_lease *lease, size_t *bad_index)
 {
     if (!lease)
         return WB_EINVAL;
+    if (lease->checksums_pending)
+        return wb__client_fail(lease->client, WB_ESTATE,
+                               "verify lease %.8s: the checksums of this published version of "
+                               "'%s' are still being computed by the broker; a later acquire "
+                               "gets them",
+                               lease->id_hex, lease->model);
     const wb__tensor_entry *ents = wb__lease_tensors(lease);
     if (!ents && lease->n_tensors)
         return wb__client_fail(lease->client, WB_ENOMEM,

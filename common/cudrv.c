@@ -68,6 +68,8 @@ static void load(void)
     WB_SAME_TYPE(set_access, PFN_cuMemSetAccess_v10020);
     WB_SAME_TYPE(export_handle, PFN_cuMemExportToShareableHandle_v10020);
     WB_SAME_TYPE(import_handle, PFN_cuMemImportFromShareableHandle_v10020);
+    WB_SAME_TYPE(address_range, PFN_cuMemGetAddressRange_v3020);
+    WB_SAME_TYPE(pointer_attribute, PFN_cuPointerGetAttribute_v4000);
     struct {
         const char *sym;
         void **fn;
@@ -84,6 +86,8 @@ static void load(void)
         {"cuMemSetAccess", (void **)&drv.set_access},
         {"cuMemExportToShareableHandle", (void **)&drv.export_handle},
         {"cuMemImportFromShareableHandle", (void **)&drv.import_handle},
+        {"cuMemGetAddressRange", (void **)&drv.address_range},
+        {"cuPointerGetAttribute", (void **)&drv.pointer_attribute},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         if (lookup(t[i].sym, t[i].fn) != 0)

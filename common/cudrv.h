@@ -31,6 +31,10 @@ typedef struct wb_cudrv {
     CUresult (*export_handle)(void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType,
                               unsigned long long);
     CUresult (*import_handle)(CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType);
+    /* A publish's device sources (client/publish_cuda.c): the allocation
+     * around a pointer, and whether cudaIpcGetMemHandle can export it. */
+    CUresult (*address_range)(CUdeviceptr *, size_t *, CUdeviceptr);
+    CUresult (*pointer_attribute)(void *, CUpointer_attribute, CUdeviceptr);
 } wb_cudrv;
 
 /* The driver's entry points, looked up at the first call (thread-safe) and

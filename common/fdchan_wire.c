@@ -34,6 +34,12 @@ void wb__fdchan_session_request_pack(uint8_t out[WB_FDCHAN_REQUEST_LEN])
     memcpy(out, WB_FDCHAN_SESSION, 4);
 }
 
+void wb__fdchan_publish_request_pack(uint8_t out[WB_FDCHAN_REQUEST_LEN], const uint8_t *publish_id)
+{
+    memcpy(out, WB_FDCHAN_PUBLISH, 4);
+    memcpy(out + 4, publish_id, WB_LEASE_ID_LEN);
+}
+
 int wb__fdchan_request_parse(const uint8_t *buf, size_t len, int *kind, uint8_t *lease_id,
                              wb_err *err)
 {
@@ -52,12 +58,13 @@ int wb__fdchan_request_parse(const uint8_t *buf, size_t len, int *kind, uint8_t 
         *kind = WB_FDCHAN_REQ_SESSION;
         return WB_OK;
     }
-    if (memcmp(buf, WB_FDCHAN_MAGIC, 4) != 0)
+    int publish = memcmp(buf, WB_FDCHAN_PUBLISH, 4) == 0;
+    if (!publish && memcmp(buf, WB_FDCHAN_MAGIC, 4) != 0)
         return wb__err_set(err, WB_EPROTO,
                            "descriptor request does not start with \"" WB_FDCHAN_MAGIC
-                           "\" or \"" WB_FDCHAN_SESSION "\"");
+                           "\", \"" WB_FDCHAN_SESSION "\" or \"" WB_FDCHAN_PUBLISH "\"");
     memcpy(lease_id, buf + 4, WB_LEASE_ID_LEN);
-    *kind = WB_FDCHAN_REQ_LEASE;
+    *kind = publish ? WB_FDCHAN_REQ_PUBLISH : WB_FDCHAN_REQ_LEASE;
     return WB_OK;
 }
 

@@ -6,6 +6,11 @@
  *
  *   request: "WBF1" | lease id (16 bytes)                      20 bytes
  *            "WBS1" | 16 zero bytes (a session token request)   20 bytes
+ *            "WBP1" | publish id (16 bytes), one descriptor     20 bytes
+ *                     attached (SCM_RIGHTS): a memfd of host bytes
+ *                     for that publish (PublishSource.host_fd: the
+ *                     index in the order sent), from the process that
+ *                     began it; answered with no descriptor
  *   reply:   "WBF1" | status (int32) | descriptors (uint32)
  *            | message length (uint32) | message (at most 240 bytes)
  *
@@ -31,6 +36,7 @@
 
 #define WB_FDCHAN_MAGIC       "WBF1"
 #define WB_FDCHAN_SESSION     "WBS1"
+#define WB_FDCHAN_PUBLISH     "WBP1"
 #define WB_FDCHAN_REQUEST_LEN (4 + WB_LEASE_ID_LEN)
 #define WB_FDCHAN_HEADER_LEN  16
 #define WB_FDCHAN_MSG_MAX     240
@@ -54,12 +60,14 @@
 int wb__fdchan_path(const char *socket_path, char *out, size_t size);
 
 /* What a request asks for. */
-enum { WB_FDCHAN_REQ_LEASE = 1, WB_FDCHAN_REQ_SESSION = 2 };
+enum { WB_FDCHAN_REQ_LEASE = 1, WB_FDCHAN_REQ_SESSION = 2, WB_FDCHAN_REQ_PUBLISH = 3 };
 
 void wb__fdchan_request_pack(uint8_t out[WB_FDCHAN_REQUEST_LEN], const uint8_t *lease_id);
 void wb__fdchan_session_request_pack(uint8_t out[WB_FDCHAN_REQUEST_LEN]);
+void wb__fdchan_publish_request_pack(uint8_t out[WB_FDCHAN_REQUEST_LEN], const uint8_t *publish_id);
 /* Checks a whole request and says which kind it is (*kind); a lease
- * request's id goes to lease_id. WB_EPROTO naming what is wrong. */
+ * request's id, or a publish request's, goes to lease_id. WB_EPROTO
+ * naming what is wrong. */
 int wb__fdchan_request_parse(const uint8_t *buf, size_t len, int *kind, uint8_t *lease_id,
                              wb_err *err);
 

@@ -155,6 +155,11 @@ WB_EXPORT int wb_lease_orphaned(const wb_lease *lease);
  * version for its whole life; a newer one needs a new acquire. 0 from a
  * broker that predates versions, and for NULL. */
 WB_EXPORT uint32_t wb_lease_version(const wb_lease *lease);
+/* 1 when the lease is on a published version whose checksums the broker
+ * is still computing (Lease.checksums_pending): its tensors' xxh3 are 0 and
+ * wb_lease_verify returns WB_ESTATE; a later acquire gets them. 0 for
+ * NULL. */
+WB_EXPORT int wb_lease_checksums_pending(const wb_lease *lease);
 
 typedef struct wb_tensor_view {
     const char *name;      /* owned by the lease */
@@ -192,7 +197,8 @@ WB_EXPORT int wb_lease_find_many(const wb_lease *lease, const char *const *names
  * pinned buffers are made at the first verification on a device and kept
  * for the process's life; device tensors are hashed one at a time); without
  * CUDA in this build that returns WB_ENOSYS, without a usable GPU WB_ENOGPU,
- * with *bad_index set likewise. */
+ * with *bad_index set likewise. A lease whose checksums are pending
+ * (wb_lease_checksums_pending) returns WB_ESTATE, checking nothing. */
 WB_EXPORT int wb_lease_verify(const wb_lease *lease, size_t *bad_index);
 
 /* Containers built on a lease. The AOTI binding registers each container it

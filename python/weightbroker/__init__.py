@@ -15,11 +15,12 @@ from .aoti import Model, load_aoti
 from .client import Client, Lease, TensorInfo, connect
 from .errors import (BrokerError, BusyError, ConnectError, CorruptError, LibraryNotFoundError,
                      LimitError, NotFoundError, PermissionDeniedError, StateError)
+from .publish import Publisher
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BrokerError", "BusyError", "Client", "ConnectError", "CorruptError", "Lease",
     "LibraryNotFoundError", "LimitError", "Model", "NotFoundError", "PermissionDeniedError",
-    "StateError", "TensorInfo", "connect", "load_aoti",
+    "Publisher", "StateError", "TensorInfo", "connect", "load_aoti",
 ]

@@ -1,5 +1,6 @@
 """libwbclient through ctypes: finding the library, the C structures of
-include/wb/client.h and include/wb/container.h, and the prototypes.
+include/wb/client.h, include/wb/container.h and include/wb/publish.h, and
+the prototypes.
 
 The structures mirror the C headers field by field; tests/python checks the
 field names against the headers so that a change on either side is caught.
@@ -133,6 +134,35 @@ class LeaseOptions(ctypes.Structure):
     ]
 
 
+class PublishDesc(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("dtype", ctypes.c_char_p),
+        ("ndim", ctypes.c_uint32),
+        ("shape", ctypes.POINTER(ctypes.c_uint64)),
+    ]
+
+
+class PublishOptions(ctypes.Structure):
+    _fields_ = [
+        ("tensors", ctypes.POINTER(PublishDesc)),
+        ("n_tensors", ctypes.c_size_t),
+        ("partial", ctypes.c_int),
+        ("placement", ctypes.c_char_p),
+    ]
+
+
+class PublishInfo(ctypes.Structure):
+    _fields_ = [
+        ("version", ctypes.c_uint32),
+        ("previous_version", ctypes.c_uint32),
+        ("current_at", ctypes.c_double),
+        ("copy_seconds", ctypes.c_double),
+        ("copied_bytes", ctypes.c_uint64),
+        ("kept_bytes", ctypes.c_uint64),
+    ]
+
+
 # void (*wb_version_fn)(void *arg, const char *model, uint32_t version, uint32_t previous)
 VERSION_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint32,
                               ctypes.c_uint32)
@@ -159,6 +189,14 @@ _PROTOTYPES = {
     "wb_lease_id_hex": (None, [_P, ctypes.c_char_p]),
     "wb_lease_orphaned": (_INT, [_P]),
     "wb_lease_version": (ctypes.c_uint32, [_P]),
+    "wb_lease_checksums_pending": (_INT, [_P]),
+    "wb_publish_options_init": (None, [ctypes.POINTER(PublishOptions)]),
+    "wb_publish_begin": (_INT, [_P, _STR, ctypes.POINTER(PublishOptions), _PP]),
+    "wb_publish_tensor": (_INT, [_P, _STR, _P, ctypes.c_uint64]),
+    "wb_publish_commit_ex": (_INT, [_PP, ctypes.POINTER(PublishInfo)]),
+    "wb_publish_abort": (None, [_PP]),
+    "wb_publish_errmsg": (_STR, [_P]),
+    "wb_publish_version": (ctypes.c_uint32, [_P]),
     "wb_client_subscribe": (_INT, [_P, _STR, VERSION_FN, _P, ctypes.POINTER(ctypes.c_uint32)]),
     "wb_client_unsubscribe": (_INT, [_P, _STR, VERSION_FN, _P]),
     "wb_lease_tensor_count": (ctypes.c_size_t, [_P]),

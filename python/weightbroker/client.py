@@ -82,6 +82,7 @@ class Client:
         self._leases = []
         self._subs = []  # (model bytes, C callback): kept alive while subscribed
         self._followers = weakref.WeakSet()  # models following through this client
+        self._publishers = weakref.WeakSet()  # publishes open on this client
         if name is not None:
             name = _lib.encode_name(name, "connect(): name")
         L = lib()
@@ -186,6 +187,29 @@ class Client:
         unsubscribe.current = int(cur.value)
         return unsubscribe
 
+    def publish(self, model, state_dict, *, partial=False, placement=None):
+        """Publishes a new version of `model` from `state_dict` ({name:
+        torch.Tensor}, CPU or CUDA, each contiguous: ValueError "tensor NAME
+        is not contiguous: call .contiguous() first" otherwise) and returns
+        the version the broker made current. The table (names, safetensors
+        dtypes, shapes) is the tensors'; for a model the broker has it must
+        be its current version's, or with partial=True a part of it (the
+        other tensors keep their bytes). placement: a new model's, as wbctl
+        load --placement. CUDA tensors are synchronised and must not change
+        until this returns; CPU tensors are copied at once. A refusal raises
+        the BrokerError of its status with the broker's message; on any
+        error the publish is aborted and the current version stays."""
+        from .publish import publish
+
+        return publish(self, model, state_dict, partial=partial, placement=placement)
+
+    def publisher(self, model, table, *, partial=False, placement=None):
+        """A Publisher (weightbroker.publish) for a table of (name, dtype,
+        shape), to give tensors one at a time."""
+        from .publish import Publisher
+
+        return Publisher(self, model, table, partial=partial, placement=placement)
+
     @property
     def leases(self):
         """The leases of this client not yet released."""
@@ -197,9 +221,12 @@ class Client:
         client open, while a lease still has models or tensor views."""
         if not self._h:
             return
-        # Models that follow versions use the client: they go first.
+        # Models that follow versions use the client: they go first, and
+        # publishes still open (aborted).
         for model in list(self._followers):
             model.close()
+        for p in list(self._publishers):
+            p.abort()
         L = lib()
         for name, fn in list(self._subs):
             L.wb_client_unsubscribe(self._h, name, fn, None)
@@ -320,6 +347,13 @@ class Lease:
         per rollout); 0 from a broker that predates versions."""
         with self._held() as h:
             return int(lib().wb_lease_version(h))
+
+    @property
+    def checksums_pending(self):
+        """True for a published version whose checksums the broker is still
+        computing: verify() raises StateError until a later lease."""
+        with self._held() as h:
+            return bool(lib().wb_lease_checksums_pending(h))
 
     def _hand_over(self, owner):
         """The C lease now belongs to a following model's container (which
@@ -448,7 +482,8 @@ class Lease:
 
     def verify(self):
         """Recomputes every tensor's checksum over the mapped bytes; raises
-        CorruptError naming the first tensor that differs."""
+        CorruptError naming the first tensor that differs, StateError while
+        the checksums of a published version are pending."""
         bad = ctypes.c_size_t(0)
         with self._held() as h:
             rc = lib().wb_lease_verify(h, ctypes.byref(bad))

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The example workers' command lines, wb-aoti-worker and wb-demo-worker:
+# The example programs' command lines, wb-aoti-worker, wb-demo-worker and
+# wb-publish:
 # --help (stdout, exit 0) describes every long option of the program's
 # getopt table, with its argument, names no option the table lacks, and
 # gives the exit codes; --version prints the project's version block, the
@@ -18,9 +19,12 @@ long_options() {
 
 "$WBROKERD" --version >"$WB_TMP/wbrokerd.version" 2>&1 || fail "wbrokerd --version failed"
 
-# check PROGRAM: everything above for examples/PROGRAM.c and its binary.
+# check PROGRAM [ARGS]: everything above for examples/PROGRAM.c and its
+# binary; ARGS (default --model m) make a whole command line, which one
+# more argument makes too long.
 check() {
   local prog=$1 src=$WB_SOURCE_DIR/examples/$1.c bin=$WB_BIN_DIR/examples/$1
+  local whole=${2:---model m}
   local out=$WB_TMP/$1 name arg rc
   [ -x "$bin" ] || fail "$bin was not built"
   long_options "$src" >"$out.opts"
@@ -74,11 +78,13 @@ check() {
   misuse --no-such-option "$prog: unrecognized option '--no-such-option'"
   misuse -x "$prog: unrecognized option '-x'"
   misuse --socket "$prog: option '--socket' needs an argument"
-  misuse --model m extra "$prog: unexpected argument 'extra'"
+  # shellcheck disable=SC2086
+  misuse $whole extra "$prog: unexpected argument 'extra'"
 }
 
 check wb-aoti-worker
 check wb-demo-worker
+check wb-publish "--model m f.safetensors"
 
 # Their own checks, named the same way: ARGS... then the expected first
 # line of stderr; exit status 2.
@@ -99,4 +105,7 @@ refused "$AOTI" --aoti x --model m --serve "wb-aoti-worker: --serve needs --inpu
 refused "$AOTI" --aoti x $(for i in $(seq 17); do echo "--model m$i"; done) \
   "wb-aoti-worker: --model: at most 16 models"
 refused "$WORKER" --model m --hold soon "wb-demo-worker: --hold: expected seconds, got 'soon'"
+PUBLISH=$WB_BIN_DIR/examples/wb-publish
+refused "$PUBLISH" --model m "wb-publish: no FILE.safetensors to publish"
+refused "$PUBLISH" --model m --device gpu0 f "wb-publish: --device: expected cuda:N, got 'gpu0'"
 true

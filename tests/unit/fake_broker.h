@@ -56,6 +56,58 @@ typedef struct fake_sub {
     char model[64];
 } fake_sub;
 
+/* Publishing, as the fake answers it (fake_publish.c). The begin's table is
+ * recorded; a commit reads each tensor's bytes out of the memfd the
+ * descriptor channel received (host sources) into `bytes`. Under mu. */
+#define FAKE_PUB_TENSORS 8
+#define FAKE_PUB_BYTES   512
+typedef struct fake_pub_tensor {
+    char name[64];
+    char dtype[16];
+    uint32_t ndim;
+    uint64_t shape[4];
+    uint64_t nbytes;
+    /* From the commit: its source and offset, and its bytes (host). */
+    uint32_t source;
+    uint64_t offset;
+    uint8_t bytes[FAKE_PUB_BYTES];
+    int got; /* the bytes were read */
+} fake_pub_tensor;
+
+typedef struct fake_pub {
+    pthread_mutex_t mu;
+    /* 0: accept; else the status a begin or a commit is refused with (the
+     * message says "fake refusal"). FAKE_PUB_UNKNOWN: the begin is answered
+     * as by a broker without publishing. */
+    atomic_int begin_status, commit_status;
+    atomic_int n_begin, n_commit, n_abort, n_fds;
+    int open; /* a publish is open: begun, not committed or aborted */
+    char model[64];
+    int partial;
+    char placement[64];
+    size_t n;
+    fake_pub_tensor t[FAKE_PUB_TENSORS];
+    /* The commit's sources: how many, and of the first, host_fd and size,
+     * and whether a device source came (its handle's first byte). */
+    size_t n_sources;
+    int host_fd;
+    uint64_t host_size;
+    int cuda_sources;
+    /* The memfd the channel received for the open publish (-1: none), its
+     * seals (F_GET_SEALS), and whether the request named the open
+     * publish's id. */
+    int fd;
+    int seals;
+    int fd_id_ok;
+    /* The descriptor channel ("<path>.fd"), when fake_broker_channel ran. */
+    int listen_fd;
+    int conns[4];
+    pthread_t thread;
+    atomic_int running;
+} fake_pub;
+
+#define FAKE_PUB_UNKNOWN 1
+
 typedef struct fake_broker {
     char path[160]; /* the socket */
     void *ctx, *router;
@@ -138,6 +190,8 @@ typedef struct fake_broker {
     atomic_int drop_notices;
     atomic_int n_notices_sent, n_notices_dropped;
     _Atomic int64_t notice_sent_us;
+    fake_pub pub;                 /* publishing (fake_publish.c) */
+    atomic_int checksums_pending; /* Lease.checksums_pending of the grants */
 } fake_broker;
 
 /* Starts the fake on socket `path`, granting leases on `slab` (which the
@@ -150,6 +204,22 @@ void fake_broker_start(fake_broker *f, const char *path, wb_shm *slab, uint32_t 
  * for `model`'s subscribers, sends VersionNotice{model, version, previous}
  * from the fake's thread; returns once it is sent (or dropped). */
 void fake_broker_notify(fake_broker *f, const char *model, uint32_t version, uint32_t previous);
+
+/* Starts the fake's descriptor channel on "<path>.fd" (session tokens and
+ * publish memfds; lease fetches are refused): before connecting a client
+ * that publishes host bytes. fake_broker_stop stops it. */
+void fake_broker_channel(fake_broker *f);
+
+/* fake_publish.c: answers a publish request (1), or not one (0). */
+int fake_publish_answer(fake_broker *f, const uint8_t *ident, size_t ident_len,
+                        const Wbproto__Request *req);
+/* Sends a reply to the connection `ident` (fake_broker.c). */
+void fake_send_reply(fake_broker *f, const uint8_t *ident, size_t ident_len,
+                     const Wbproto__Reply *rep);
+void fake_publish_init(fake_broker *f);
+/* Forgets the open publish and the memfd received, as after its end. */
+void fake_publish_reset(fake_broker *f);
+void fake_publish_stop(fake_broker *f);
 
 /* Forgets every subscription, as a broker does when the connection ends. */
 void fake_broker_forget_subs(fake_broker *f);

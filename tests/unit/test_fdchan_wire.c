@@ -29,7 +29,8 @@ START_TEST(test_request_roundtrip)
     req[0] = 'X';
     ck_assert_int_eq(wb__fdchan_request_parse(req, sizeof req, &kind, back, &err), WB_EPROTO);
     ck_assert_int_eq(kind, 0);
-    ck_assert_str_eq(err.msg, "descriptor request does not start with \"WBF1\" or \"WBS1\"");
+    ck_assert_str_eq(err.msg,
+                     "descriptor request does not start with \"WBF1\", \"WBS1\" or \"WBP1\"");
 }
 END_TEST
 
