@@ -79,7 +79,7 @@ void wb__auth_init_default(wb_auth *a, uint32_t broker_euid)
 
 void wb__auth_destroy(wb_auth *a)
 {
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < WB_AUTH_N_LISTS; i++) {
         free(a->lists[i].ids);
         a->lists[i].ids = NULL;
         a->lists[i].n = 0;
@@ -245,9 +245,15 @@ int wb__auth_admin_ok(const wb_auth *a, const wb_peer_creds *p)
            gids_on(&a->lists[WB_AUTH_ADMIN_GIDS], p);
 }
 
+int wb__auth_publish_ok(const wb_auth *a, const wb_peer_creds *p)
+{
+    return wb__auth_admin_ok(a, p) || wb__auth_id_listed(&a->lists[WB_AUTH_PUBLISH_UIDS], p->uid) ||
+           gids_on(&a->lists[WB_AUTH_PUBLISH_GIDS], p);
+}
+
 int wb__auth_client_ok(const wb_auth *a, const wb_peer_creds *p)
 {
-    return a->open_clients || wb__auth_admin_ok(a, p) ||
+    return a->open_clients || wb__auth_publish_ok(a, p) ||
            wb__auth_id_listed(&a->lists[WB_AUTH_CLIENT_UIDS], p->uid) ||
            gids_on(&a->lists[WB_AUTH_CLIENT_GIDS], p);
 }
