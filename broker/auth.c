@@ -15,14 +15,15 @@
 /* getpwnam_r/getgrnam_r buffers: large enough for big group lists. */
 #define AUTH_NSS_BUF (64 * 1024)
 
-static const char *list_kind(wb_auth_list which)
-{
-    return which == WB_AUTH_CLIENT_GIDS || which == WB_AUTH_ADMIN_GIDS ? "group" : "user";
-}
-
 static int is_gid_list(wb_auth_list which)
 {
-    return which == WB_AUTH_CLIENT_GIDS || which == WB_AUTH_ADMIN_GIDS;
+    return which == WB_AUTH_CLIENT_GIDS || which == WB_AUTH_ADMIN_GIDS ||
+           which == WB_AUTH_PUBLISH_GIDS;
+}
+
+static const char *list_kind(wb_auth_list which)
+{
+    return is_gid_list(which) ? "group" : "user";
 }
 
 int wb__auth_id_listed(const wb_id_list *l, uint32_t id)
@@ -140,7 +141,7 @@ static int resolve_name(wb_auth_list which, const char *name, const char *option
 
 int wb__auth_add(wb_auth *a, wb_auth_list which, const char *text, const char *option, wb_err *err)
 {
-    if ((unsigned)which > WB_AUTH_ADMIN_GIDS)
+    if ((unsigned)which >= WB_AUTH_N_LISTS)
         return wb__err_set(err, WB_EINVAL, "%s: no such list", option);
     if (!text || !text[0])
         return wb__err_set(err, WB_EINVAL, "%s: the list is empty", option);

@@ -167,7 +167,7 @@ static int prepare_slab(void *ctx, uint64_t offset, uint64_t len, wb_err *err)
 /* Allocates one slab per device. A device whose allocation fails gets a
  * failed copy (the others go on); with a single device the load fails. */
 int wb__load_alloc_copies(const wb_load_opts *o, const int *devs, unsigned n, uint64_t size,
-                        wb_model_data *d, wb_err *err)
+                          wb_model_data *d, wb_err *err)
 {
     const wb_backend *be = o->backend;
     d->slabs = wb__calloc(n, sizeof *d->slabs);
@@ -213,7 +213,7 @@ static const char *fmt_bytes(char *buf, size_t size, uint64_t n)
  * tell, is not judged): refused WB_ENOMEM before any slab is allocated, the
  * current version of a rollout untouched. */
 int wb__load_check_fits(const wb_load_opts *o, const char *path, const int *devs, unsigned n,
-                      uint64_t size, wb_err *err)
+                        uint64_t size, wb_err *err)
 {
     const wb_backend *be = o->backend;
     if (!be->mem_free)
@@ -227,8 +227,7 @@ int wb__load_check_fits(const wb_load_opts *o, const char *path, const int *devs
         if (size <= avail)
             continue;
         if (o->beside)
-            snprintf(what, sizeof what,
-                     "%s of '%s' (version %u) does not fit beside version %u",
+            snprintf(what, sizeof what, "%s of '%s' (version %u) does not fit beside version %u",
                      o->verb ? o->verb : "rollout", o->name ? o->name : path, o->version,
                      o->beside);
         else

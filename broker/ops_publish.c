@@ -135,10 +135,10 @@ static int check_each(wb_broker *b, const Wbproto__PublishBeginRequest *rq, cons
                           mt->name, shape_text(t->shape, t->n_shape, s1, sizeof s1), cur->version,
                           shape_text(mt->shape, mt->ndim, s2, sizeof s2));
         if (t->nbytes != mt->nbytes)
-            return refuse(b, r, WB_EINVAL, "tensor '%s': nbytes %llu, but its dtype and shape "
-                                           "make %llu",
-                          mt->name, (unsigned long long)t->nbytes,
-                          (unsigned long long)mt->nbytes);
+            return refuse(b, r, WB_EINVAL,
+                          "tensor '%s': nbytes %llu, but its dtype and shape "
+                          "make %llu",
+                          mt->name, (unsigned long long)t->nbytes, (unsigned long long)mt->nbytes);
     }
     return 0;
 }
@@ -170,8 +170,8 @@ static int check_against(wb_broker *b, const Wbproto__PublishBeginRequest *rq, c
 }
 
 /* A new model's table: names, dtypes, sizes. */
-static int check_new_table(wb_broker *b, const Wbproto__PublishBeginRequest *rq,
-                           wb_st_tensor *st, wb_ops_reply *r)
+static int check_new_table(wb_broker *b, const Wbproto__PublishBeginRequest *rq, wb_st_tensor *st,
+                           wb_ops_reply *r)
 {
     char q[300];
     wb_err err;
@@ -185,7 +185,8 @@ static int check_new_table(wb_broker *b, const Wbproto__PublishBeginRequest *rq,
         int dt = wb__dtype_parse(t->dtype);
         if (dt < 0)
             return refuse(b, r, WB_EINVAL, "tensor %s: unknown dtype %s",
-                          wb__log_quote(q, sizeof q, t->name), wb__log_quote(q + 150, 100, t->dtype));
+                          wb__log_quote(q, sizeof q, t->name),
+                          wb__log_quote(q + 150, 100, t->dtype));
         uint64_t n = table_nbytes(dt, t->shape, t->n_shape);
         if (n != t->nbytes)
             return refuse(b, r, WB_EINVAL,
@@ -274,8 +275,8 @@ int wb__ops_publish_begin(wb_broker *b, const wb_peer_creds *peer, const Wbproto
             return refuse(b, r, WB_ESTATE,
                           "a new version of model '%s' is %s already (version %u): wait for it "
                           "to end, or stop it with `wbctl cancel %s`",
-                          name, loading->publish ? "being published" : "loading",
-                          loading->version, name);
+                          name, loading->publish ? "being published" : "loading", loading->version,
+                          name);
         size_t held = wb__models_versions(&b->models, name);
         if (held >= b->limits.max_versions)
             return refuse(b, r, WB_ELIMIT,
@@ -456,8 +457,8 @@ static int take_sources(wb_broker *b, wb_publish *p, const Wbproto__PublishCommi
             const wb_gpu_dev *g = wb__devlist_find_uuid(&b->cfg.gpus, s->device_uuid);
             if (!g)
                 return wb__err_set(err, WB_ENOGPU,
-                                   "source %zu names device %s, which this broker does not use",
-                                   i, o->uuid);
+                                   "source %zu names device %s, which this broker does not use", i,
+                                   o->uuid);
             o->device = g->index;
             o->size = s->size;
             continue;
@@ -475,10 +476,9 @@ static int take_sources(wb_broker *b, wb_publish *p, const Wbproto__PublishCommi
         o->fd = p->fds[s->host_fd];
         o->size = p->fd_sizes[s->host_fd];
         if (s->size && s->size > o->size)
-            return wb__err_set(err, WB_EINVAL,
-                               "source %zu: size %llu, but memfd %d holds %llu bytes", i,
-                               (unsigned long long)s->size, (int)s->host_fd,
-                               (unsigned long long)o->size);
+            return wb__err_set(
+                err, WB_EINVAL, "source %zu: size %llu, but memfd %d holds %llu bytes", i,
+                (unsigned long long)s->size, (int)s->host_fd, (unsigned long long)o->size);
         if (s->size)
             o->size = s->size;
     }
@@ -520,11 +520,10 @@ static int take_pieces(wb_publish *p, const Wbproto__PublishCommitRequest *rq, w
         }
         uint64_t size = p->sources[pl->source].size;
         if (pl->offset > size || t->nbytes > size - pl->offset)
-            rc = wb__err_set(err, WB_EINVAL,
-                             "tensor '%s': bytes [%llu, %llu) of source %u, which holds %llu",
-                             t->name, (unsigned long long)pl->offset,
-                             (unsigned long long)(pl->offset + t->nbytes), pl->source,
-                             (unsigned long long)size);
+            rc = wb__err_set(
+                err, WB_EINVAL, "tensor '%s': bytes [%llu, %llu) of source %u, which holds %llu",
+                t->name, (unsigned long long)pl->offset,
+                (unsigned long long)(pl->offset + t->nbytes), pl->source, (unsigned long long)size);
         p->pieces[i].source = pl->source;
         p->pieces[i].offset = pl->offset;
     }
@@ -619,8 +618,7 @@ int wb__ops_publish_commit(wb_broker *b, const wb_peer_creds *peer, const Wbprot
 int wb__ops_publish_abort(wb_broker *b, const Wbproto__Request *req, const void *ident,
                           size_t ident_len, wb_ops_reply *r)
 {
-    wb_publish *p =
-        owned(b, &req->publish_abort->publish_id, wb__ops_serial(ident, ident_len), r);
+    wb_publish *p = owned(b, &req->publish_abort->publish_id, wb__ops_serial(ident, ident_len), r);
     if (!p)
         return 0;
     Wbproto__PublishAbortReply *ar = wb__arena_alloc(&r->arena, sizeof *ar);

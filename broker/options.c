@@ -458,9 +458,8 @@ static int parse_one(wb_options *o, int c, char *arg)
         static const wb_auth_list which[] = {WB_AUTH_CLIENT_UIDS,  WB_AUTH_CLIENT_GIDS,
                                              WB_AUTH_ADMIN_UIDS,   WB_AUTH_ADMIN_GIDS,
                                              WB_AUTH_PUBLISH_UIDS, WB_AUTH_PUBLISH_GIDS};
-        static const char *const names[] = {"--allow-uid",     "--allow-gid",
-                                            "--admin-uid",     "--admin-gid",
-                                            "--publisher-uid", "--publisher-gid"};
+        static const char *const names[] = {"--allow-uid", "--allow-gid",     "--admin-uid",
+                                            "--admin-gid", "--publisher-uid", "--publisher-gid"};
         int k = c - OPT_ALLOW_UID;
         wb_err aerr;
         if (wb__auth_add(&o->auth, which[k], arg, names[k], &aerr) != WB_OK)

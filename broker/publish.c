@@ -120,8 +120,9 @@ int wb__publish_add_fd(wb_broker *b, const uint8_t *id, const wb_peer_creds *cre
     /* Another identity's publish is answered as one that does not exist:
      * its id tells nobody else anything. */
     if (!p || p->creds.uid != creds->uid || p->creds.pid != creds->pid) {
-        snprintf(msg, size, "no publish of this process has this id (begun and not yet "
-                            "committed or ended)");
+        snprintf(msg, size,
+                 "no publish of this process has this id (begun and not yet "
+                 "committed or ended)");
         return WB_ENOTFOUND;
     }
     if (p->committing) {

@@ -29,12 +29,12 @@
 /* One producer's memory a commit names (PublishSource), as the copy reads
  * it: a memfd (host) or a CUDA allocation. */
 typedef struct wb_publish_source {
-    int fd;         /* a memfd of the publish (not owned here), or -1 */
-    uint64_t size;  /* bytes the source holds */
+    int fd;        /* a memfd of the publish (not owned here), or -1 */
+    uint64_t size; /* bytes the source holds */
     uint8_t handle[64];
     int has_handle;
-    char uuid[64];  /* the device the handle names */
-    int device;     /* its broker ordinal, -1 when unknown */
+    char uuid[64]; /* the device the handle names */
+    int device;    /* its broker ordinal, -1 when unknown */
 } wb_publish_source;
 
 /* Where one tensor of the new version comes from. */

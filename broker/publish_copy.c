@@ -35,7 +35,8 @@ static int copy_host(wb_load_job *job, wb_publish *p, wb_err *err)
     for (unsigned i = 0; rc == WB_OK && i < p->n_sources; i++) {
         if (p->sources[i].size == 0)
             continue;
-        void *m = mmap(NULL, (size_t)p->sources[i].size, PROT_READ, MAP_SHARED, p->sources[i].fd, 0);
+        void *m =
+            mmap(NULL, (size_t)p->sources[i].size, PROT_READ, MAP_SHARED, p->sources[i].fd, 0);
         if (m == MAP_FAILED)
             rc = wb__err_errno(err, WB_EIO, errno, "mapping source %u (%llu bytes) read-only", i,
                                (unsigned long long)p->sources[i].size);
@@ -50,15 +51,15 @@ static int copy_host(wb_load_job *job, wb_publish *p, wb_err *err)
     }
     uint8_t *dst = rc == WB_OK ? be->slab_dest(slab, 0, slab->size) : NULL;
     if (rc == WB_OK && !dst && d->n_tensors)
-        rc = wb__err_set(err, WB_EINTERNAL, "backend %s gave no host memory to copy into",
-                         be->name);
+        rc =
+            wb__err_set(err, WB_EINTERNAL, "backend %s gave no host memory to copy into", be->name);
     for (size_t i = 0; rc == WB_OK && i < d->n_tensors; i++) {
         wb_model_tensor *t = &d->tensors[i];
         const wb_publish_piece *pc = &p->pieces[i];
         if (be->slab_prepare && (rc = be->slab_prepare(slab, t->offset, t->nbytes, err)) != WB_OK)
             break;
-        const uint8_t *src = pc->kept ? kept + p->keep->data.tensors[i].offset
-                                      : maps[pc->source] + pc->offset;
+        const uint8_t *src =
+            pc->kept ? kept + p->keep->data.tensors[i].offset : maps[pc->source] + pc->offset;
         if (t->nbytes)
             memcpy(dst + t->offset, src, (size_t)t->nbytes);
         t->xxh3 = XXH3_64bits(dst + t->offset, (size_t)t->nbytes);
@@ -170,8 +171,8 @@ static int copy_cuda(wb_load_job *job, wb_publish *p, wb_err *err)
                     e = cudaMemcpyAsync(dst, src, (size_t)t->nbytes, cudaMemcpyDeviceToDevice,
                                         streams[k]);
                 else
-                    e = cudaMemcpyPeerAsync(dst, slab->device, src, s->device,
-                                            (size_t)t->nbytes, streams[k]);
+                    e = cudaMemcpyPeerAsync(dst, slab->device, src, s->device, (size_t)t->nbytes,
+                                            streams[k]);
                 if (k == 0)
                     job->copied_bytes += t->nbytes;
             }

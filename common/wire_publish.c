@@ -127,7 +127,6 @@ int wb__wire_check_publish_reply(const Wbproto__Reply *rep, wb_err *err)
             return wb__err_set(err, WB_EPROTO, "publish_commit.model is missing");
         return WB_OK;
     default:
-        return rep->publish_abort ? WB_OK
-                                  : wb__err_set(err, WB_EPROTO, "publish_abort is missing");
+        return rep->publish_abort ? WB_OK : wb__err_set(err, WB_EPROTO, "publish_abort is missing");
     }
 }

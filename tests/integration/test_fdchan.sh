@@ -64,7 +64,7 @@ grep -q "event=peer_refused reason=fd_channel" "$BROKER_LOG" || fail "the broker
 # Bytes of the wrong shape: answered, then the connection is closed.
 "${PROBE[@]}" "$FDSOCK" raw "$(printf 'ABCD%.0s' $(seq 10))" >"$WB_TMP/p3.out" || fail "probe failed"
 grep -qx "status=-6 fds=0 announced=0 magic=WBF1" "$WB_TMP/p3.out" || fail "garbage: $(cat "$WB_TMP/p3.out")"
-grep -qx 'error=descriptor request does not start with "WBF1" or "WBS1"' "$WB_TMP/p3.out" || fail "garbage: $(cat "$WB_TMP/p3.out")"
+grep -qx 'error=descriptor request does not start with "WBF1", "WBS1" or "WBP1"' "$WB_TMP/p3.out" || fail "garbage: $(cat "$WB_TMP/p3.out")"
 grep -qx "closed" "$WB_TMP/p3.out" || fail "the broker kept a connection that sent garbage"
 # A connection that never asks is closed after --handshake-timeout-ms.
 "${PROBE[@]}" "$FDSOCK" idle >"$WB_TMP/p4.out" || fail "probe failed"

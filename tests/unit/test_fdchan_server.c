@@ -397,7 +397,8 @@ START_TEST(test_hostile_input)
     memset(junk, 'Z', sizeof junk);
     answer a = ask(&s, cfd, junk, sizeof junk);
     ck_assert_int_eq(a.status, WB_EPROTO);
-    ck_assert_str_eq(a.msg, "descriptor request does not start with \"WBF1\" or \"WBS1\"");
+    ck_assert_str_eq(a.msg,
+                     "descriptor request does not start with \"WBF1\", \"WBS1\" or \"WBP1\"");
     ck_assert_uint_eq(b.stats.malformed_messages, 1);
     char c;
     ck_assert_int_eq(recv(cfd, &c, 1, MSG_DONTWAIT), 0); /* closed */
