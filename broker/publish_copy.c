@@ -6,6 +6,7 @@
  * rollout's is. */
 #include "publish.h"
 
+#include "alloc.h"
 #include "clock.h"
 #include "log.h"
 #include "ops_impl.h"
@@ -28,7 +29,7 @@ static int copy_host(wb_load_job *job, wb_publish *p, wb_err *err)
     const wb_backend *be = job->backend;
     wb_model_data *d = &job->data;
     wb_slab *slab = &d->slabs[0];
-    const uint8_t **maps = calloc(p->n_sources ? p->n_sources : 1, sizeof *maps);
+    const uint8_t **maps = wb__calloc(p->n_sources ? p->n_sources : 1, sizeof *maps);
     if (!maps)
         return wb__err_set(err, WB_ENOMEM, "out of memory mapping %u sources", p->n_sources);
     int rc = WB_OK;
@@ -94,8 +95,8 @@ static int cuda_fail(wb_err *err, cudaError_t e, const char *what, const char *t
 static int copy_cuda(wb_load_job *job, wb_publish *p, wb_err *err)
 {
     wb_model_data *d = &job->data;
-    void **ptrs = calloc(p->n_sources ? p->n_sources : 1, sizeof *ptrs);
-    cudaStream_t *streams = calloc(d->n_slabs ? d->n_slabs : 1, sizeof *streams);
+    void **ptrs = wb__calloc(p->n_sources ? p->n_sources : 1, sizeof *ptrs);
+    cudaStream_t *streams = wb__calloc(d->n_slabs ? d->n_slabs : 1, sizeof *streams);
     if (!ptrs || !streams) {
         free(ptrs);
         free(streams);
