@@ -15,14 +15,15 @@
 /* getpwnam_r/getgrnam_r buffers: large enough for big group lists. */
 #define AUTH_NSS_BUF (64 * 1024)
 
-static const char *list_kind(wb_auth_list which)
-{
-    return which == WB_AUTH_CLIENT_GIDS || which == WB_AUTH_ADMIN_GIDS ? "group" : "user";
-}
-
 static int is_gid_list(wb_auth_list which)
 {
-    return which == WB_AUTH_CLIENT_GIDS || which == WB_AUTH_ADMIN_GIDS;
+    return which == WB_AUTH_CLIENT_GIDS || which == WB_AUTH_ADMIN_GIDS ||
+           which == WB_AUTH_PUBLISH_GIDS;
+}
+
+static const char *list_kind(wb_auth_list which)
+{
+    return is_gid_list(which) ? "group" : "user";
 }
 
 int wb__auth_id_listed(const wb_id_list *l, uint32_t id)
@@ -79,7 +80,7 @@ void wb__auth_init_default(wb_auth *a, uint32_t broker_euid)
 
 void wb__auth_destroy(wb_auth *a)
 {
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < WB_AUTH_N_LISTS; i++) {
         free(a->lists[i].ids);
         a->lists[i].ids = NULL;
         a->lists[i].n = 0;
@@ -140,7 +141,7 @@ static int resolve_name(wb_auth_list which, const char *name, const char *option
 
 int wb__auth_add(wb_auth *a, wb_auth_list which, const char *text, const char *option, wb_err *err)
 {
-    if ((unsigned)which > WB_AUTH_ADMIN_GIDS)
+    if ((unsigned)which >= WB_AUTH_N_LISTS)
         return wb__err_set(err, WB_EINVAL, "%s: no such list", option);
     if (!text || !text[0])
         return wb__err_set(err, WB_EINVAL, "%s: the list is empty", option);
@@ -245,9 +246,15 @@ int wb__auth_admin_ok(const wb_auth *a, const wb_peer_creds *p)
            gids_on(&a->lists[WB_AUTH_ADMIN_GIDS], p);
 }
 
+int wb__auth_publish_ok(const wb_auth *a, const wb_peer_creds *p)
+{
+    return wb__auth_admin_ok(a, p) || wb__auth_id_listed(&a->lists[WB_AUTH_PUBLISH_UIDS], p->uid) ||
+           gids_on(&a->lists[WB_AUTH_PUBLISH_GIDS], p);
+}
+
 int wb__auth_client_ok(const wb_auth *a, const wb_peer_creds *p)
 {
-    return a->open_clients || wb__auth_admin_ok(a, p) ||
+    return a->open_clients || wb__auth_publish_ok(a, p) ||
            wb__auth_id_listed(&a->lists[WB_AUTH_CLIENT_UIDS], p->uid) ||
            gids_on(&a->lists[WB_AUTH_CLIENT_GIDS], p);
 }

@@ -40,6 +40,9 @@ typedef enum wb_auth_list {
     WB_AUTH_CLIENT_GIDS,
     WB_AUTH_ADMIN_UIDS,
     WB_AUTH_ADMIN_GIDS,
+    WB_AUTH_PUBLISH_UIDS,
+    WB_AUTH_PUBLISH_GIDS,
+    WB_AUTH_N_LISTS,
 } wb_auth_list;
 
 typedef struct wb_auth {
@@ -47,7 +50,7 @@ typedef struct wb_auth {
      * state wb__broker_init starts from; wbrokerd always restricts). */
     int open_clients;
     uint32_t broker_euid;
-    wb_id_list lists[4]; /* indexed by wb_auth_list */
+    wb_id_list lists[WB_AUTH_N_LISTS]; /* indexed by wb_auth_list */
 } wb_auth;
 
 /* Clients open to everyone; administrators: root and `broker_euid`. */
@@ -71,6 +74,10 @@ int wb__auth_add(wb_auth *a, wb_auth_list which, const char *text, const char *o
 int wb__auth_client_ok(const wb_auth *a, const wb_peer_creds *p);
 /* 1 if the peer may load and unload models (the same matching). */
 int wb__auth_admin_ok(const wb_auth *a, const wb_peer_creds *p);
+/* 1 if the peer may publish new versions of models that exist
+ * (--publisher-uid, --publisher-gid; the same matching): administrators
+ * always may. A publisher is also a client. */
+int wb__auth_publish_ok(const wb_auth *a, const wb_peer_creds *p);
 
 /* Describes who passes a check, for messages and logs: "uid 0, 1000; gid 27"
  * (clients include administrators), or "everyone" for open clients.

@@ -3,6 +3,7 @@
 #include "auth_files.h"
 #include "clock.h"
 #include "log.h"
+#include "publish.h"
 #include "placement.h"
 #include "wire.h"
 
@@ -46,6 +47,7 @@ void wb__broker_init(wb_broker *b, const wb_broker_config *cfg)
 void wb__broker_destroy(wb_broker *b)
 {
     wb__leases_destroy(&b->leases);
+    wb__publish_clear(b);
     wb__models_clear(&b->models);
     wb__subs_destroy(&b->subs);
     wb__auth_destroy(&b->auth);
@@ -114,6 +116,7 @@ size_t wb__broker_reclaim_pid(wb_broker *b, uint32_t pid)
 size_t wb__broker_reclaim_why(wb_broker *b, uint32_t pid, const char *reason)
 {
     reclaim_ctx rc = {b, reason};
+    wb__publish_pid_dead(b, pid);
     size_t n = wb__leases_reclaim_pid(&b->leases, pid, on_reclaim, &rc);
     wb_model *m = b->models.head;
     while (m) {
@@ -186,7 +189,7 @@ size_t wb__broker_scan_stale(wb_broker *b)
  * group, so that peers who may connect may also map them. A failure leaves
  * the broker's group and is logged: clients in that group still work (and
  * others fall back to receiving the table). */
-static void share_slabs(wb_broker *b, wb_model *m)
+void wb__broker_share_slabs(wb_broker *b, wb_model *m)
 {
     char q[300], qe[WB_ERR_MSG_MAX + 64];
     for (uint32_t i = 0; i <= m->data.n_slabs; i++) {
@@ -279,7 +282,7 @@ int wb__broker_finish_load(wb_broker *b, wb_load_job *job, wb_model **model)
     if (job->rc == WB_OK)
         job->rc = wb__limits_check_lease_size(&b->limits, m->name, m->wire_lease_size, &job->err);
     if (job->rc == WB_OK && b->slab_gid >= 0)
-        share_slabs(b, m);
+        wb__broker_share_slabs(b, m);
     if (job->rc != WB_OK) {
         b->stats.loads_failed++;
         wb_warn("model_load_failed", "model=%s status=%s error=%s version=%u",
@@ -334,6 +337,10 @@ void wb__broker_cancel_load(wb_broker *b, wb_model *m, const wb_peer_creds *peer
     wb_load_job *job = m->job;
     int queued = 0;
     unsigned long long landed = 0, total = 0;
+    if (m->publish) {
+        wb__publish_unloaded(b, m, peer);
+        return;
+    }
     if (job) {
         job->cancelled = how;
         job->cancel_pid = peer->pid;

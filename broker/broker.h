@@ -80,6 +80,8 @@ typedef struct wb_broker {
     wb_subs subs;
     int (*notify)(void *ctx, uint64_t serial, const Wbproto__VersionNotice *n);
     void *notify_ctx;
+    /* The publishes under way (publish.h), owned. */
+    struct wb_publish *publishes;
 } wb_broker;
 
 void wb__broker_init(wb_broker *b, const wb_broker_config *cfg);
@@ -98,6 +100,9 @@ void wb__broker_destroy(wb_broker *b);
  * whose last lease this was is freed and removed. Returns the model's state
  * afterwards (MODEL_FREED in that case). */
 int wb__broker_lease_ended(wb_broker *b, wb_model *m, unsigned copy);
+
+/* Gives the ready model's slabs to b->slab_gid (when it is set). */
+void wb__broker_share_slabs(wb_broker *b, wb_model *m);
 
 /* Frees a model now: logs event=model_freed, removes it from the registry. */
 void wb__broker_free_model(wb_broker *b, wb_model *m);

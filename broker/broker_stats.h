@@ -54,6 +54,13 @@ typedef struct wb_broker_stats {
     uint64_t rollbacks_total;
     uint64_t notices_sent;
     uint64_t notices_dropped;
+    /* Publishes: versions made current by one, those refused, aborted or
+     * ended with their producer, the bytes copied from producers and the
+     * copies' time. */
+    uint64_t publishes_total;
+    uint64_t publishes_failed;
+    uint64_t publish_bytes_total;
+    double publish_copy_seconds;
     /* Versions swapped into containers, as heartbeats report them, and a
      * histogram of the swap times (wb_container_swap_seconds). */
     uint64_t container_swaps;

@@ -1,5 +1,7 @@
 #include "fdchan_server.h"
 
+#include "publish.h"
+
 #include "auth_groups.h"
 #include "alloc.h"
 #include "conn.h"
@@ -23,6 +25,8 @@
 /* Lease ids one connection remembers (for the reclaim at its end); ids of
  * leases that ended are dropped first when the list is full. */
 #define FDCHAN_MAX_IDS 4096
+/* Descriptors kept of those that come with one request. */
+#define FDCHAN_MAX_RECV 4
 
 struct wb_fdchan_conn {
     int fd;
@@ -46,6 +50,10 @@ struct wb_fdchan_conn {
     /* Refused at accept (a uid on no allow list, a process already gone):
      * its first request gets this, then the connection is closed. */
     int refused;
+    /* Descriptors that came with the bytes of the request being read (a
+     * publish's memfd); more than FDCHAN_MAX_RECV are closed at once. */
+    int recv_fds[FDCHAN_MAX_RECV];
+    unsigned n_recv, recv_over;
 };
 
 #define TAG_LISTEN UINT64_MAX
@@ -98,6 +106,8 @@ int wb__fdchan_listen(wb_fdchan_server *s, wb_broker *b, const char *socket_path
 
 static void conn_free(wb_fdchan_conn *c)
 {
+    for (unsigned k = 0; k < c->n_recv; k++)
+        close(c->recv_fds[k]);
     if (c->fd >= 0)
         close(c->fd);
     if (c->pidfd >= 0)
@@ -332,11 +342,86 @@ static int session_token(wb_fdchan_server *s, wb_fdchan_conn *c, char *msg, size
 
 /* Reads and answers at most WB_FDCHAN_REQUESTS_PER_TURN requests; returns
  * -1 when the connection was closed. */
+/* Closes the descriptors that came with the request. */
+static void drop_recv(wb_fdchan_conn *c)
+{
+    for (unsigned k = 0; k < c->n_recv; k++)
+        close(c->recv_fds[k]);
+    c->n_recv = 0;
+    c->recv_over = 0;
+}
+
+/* Reads what the request still lacks, keeping the descriptors that come
+ * with it (SCM_RIGHTS): recv's return. */
+static ssize_t recv_some(wb_fdchan_conn *c)
+{
+    struct iovec iov = {.iov_base = c->in + c->in_len, .iov_len = sizeof c->in - c->in_len};
+    union {
+        struct cmsghdr h;
+        char space[CMSG_SPACE(sizeof(int) * 8)];
+    } ctl;
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.space, .msg_controllen = sizeof ctl};
+    ssize_t n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0)
+        return n;
+    if (mh.msg_flags & MSG_CTRUNC)
+        c->recv_over++;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t j = 0; j < k; j++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(cm) + j * sizeof(int), sizeof fd);
+            if (c->n_recv < FDCHAN_MAX_RECV) {
+                c->recv_fds[c->n_recv++] = fd;
+            } else {
+                close(fd);
+                c->recv_over++;
+            }
+        }
+    }
+    return n;
+}
+
+/* A publish's memfd ("WBP1"): exactly one descriptor with the request,
+ * for a publish of this connection's identity (publish.h). The
+ * descriptor is the publish's, or closed. */
+static int take_publish_fd(wb_fdchan_server *s, wb_fdchan_conn *c, const uint8_t *id, char *msg,
+                           size_t size)
+{
+    wb_err err;
+    if (!c->creds.known) {
+        drop_recv(c);
+        snprintf(msg, size, "%.200s", c->creds_error);
+        return WB_EPERM;
+    }
+    if (wb__auth_check_client(&s->b->auth, &c->creds, &err) != WB_OK) {
+        drop_recv(c);
+        snprintf(msg, size, "%.200s", err.msg);
+        return WB_EPERM;
+    }
+    if (c->n_recv != 1 || c->recv_over) {
+        unsigned got = c->n_recv + c->recv_over;
+        drop_recv(c);
+        snprintf(msg, size, "a publish request carries exactly one descriptor (a memfd), not %u",
+                 got);
+        return WB_EINVAL;
+    }
+    int fd = c->recv_fds[0];
+    c->n_recv = 0;
+    int rc = wb__publish_add_fd(s->b, id, &c->creds, fd, msg, size);
+    if (rc != WB_OK)
+        close(fd);
+    return rc;
+}
+
 static int conn_readable(wb_fdchan_server *s, size_t i)
 {
     wb_fdchan_conn *c = s->v[i];
     for (int answered = 0; answered < WB_FDCHAN_REQUESTS_PER_TURN;) {
-        ssize_t n = recv(c->fd, c->in + c->in_len, sizeof c->in - c->in_len, MSG_DONTWAIT);
+        ssize_t n = recv_some(c);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -367,14 +452,20 @@ static int conn_readable(wb_fdchan_server *s, size_t i)
         }
         /* A connection that may not be served (refused at accept, or whose
          * process has exited since) gets one answer and is closed. */
+        /* Only a publish request carries a descriptor. */
+        if (kind != WB_FDCHAN_REQ_PUBLISH)
+            drop_recv(c);
         int refuse = c->refused || (!c->hidden && wb__pidfd_exited(c->pidfd));
         if (refuse && !c->refused)
             wb__peer_passed_on(c->creds.pid, c->creds_error, sizeof c->creds_error);
         if (refuse) {
+            drop_recv(c);
             rc = WB_EPERM;
             snprintf(msg, sizeof msg, "%.200s", c->creds_error);
         } else if (kind == WB_FDCHAN_REQ_SESSION) {
             rc = session_token(s, c, msg, sizeof msg);
+        } else if (kind == WB_FDCHAN_REQ_PUBLISH) {
+            rc = take_publish_fd(s, c, id, msg, sizeof msg);
         } else {
             rc = judge(s, c, id, fds, &n_fds, msg, sizeof msg);
         }

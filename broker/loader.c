@@ -4,6 +4,7 @@
 #include "clock.h"
 #include "alloc.h"
 #include "log.h"
+#include "publish.h"
 #include "safetensors.h"
 #include "stage_fanout.h"
 #include "wire.h"
@@ -20,7 +21,7 @@
 
 /* Copies the table's description of the tensors and lays them out in one
  * slab; returns the slab size through *size. */
-static int layout(const wb_st_table *table, wb_model_data *d, uint64_t *size, wb_err *err)
+int wb__load_layout(const wb_st_table *table, wb_model_data *d, uint64_t *size, wb_err *err)
 {
     d->tensors = wb__calloc(table->n_tensors ? table->n_tensors : 1, sizeof *d->tensors);
     if (!d->tensors)
@@ -165,8 +166,8 @@ static int prepare_slab(void *ctx, uint64_t offset, uint64_t len, wb_err *err)
 
 /* Allocates one slab per device. A device whose allocation fails gets a
  * failed copy (the others go on); with a single device the load fails. */
-static int alloc_copies(const wb_load_opts *o, const int *devs, unsigned n, uint64_t size,
-                        wb_model_data *d, wb_err *err)
+int wb__load_alloc_copies(const wb_load_opts *o, const int *devs, unsigned n, uint64_t size,
+                          wb_model_data *d, wb_err *err)
 {
     const wb_backend *be = o->backend;
     d->slabs = wb__calloc(n, sizeof *d->slabs);
@@ -211,8 +212,8 @@ static const char *fmt_bytes(char *buf, size_t size, uint64_t n)
  * says is free there (mem_free; a backend without it, or a device it cannot
  * tell, is not judged): refused WB_ENOMEM before any slab is allocated, the
  * current version of a rollout untouched. */
-static int check_fits(const wb_load_opts *o, const char *path, const int *devs, unsigned n,
-                      uint64_t size, wb_err *err)
+int wb__load_check_fits(const wb_load_opts *o, const char *path, const int *devs, unsigned n,
+                        uint64_t size, wb_err *err)
 {
     const wb_backend *be = o->backend;
     if (!be->mem_free)
@@ -226,11 +227,12 @@ static int check_fits(const wb_load_opts *o, const char *path, const int *devs, 
         if (size <= avail)
             continue;
         if (o->beside)
-            snprintf(what, sizeof what,
-                     "rollout of '%s' (version %u) does not fit beside version %u",
-                     o->name ? o->name : path, o->version, o->beside);
+            snprintf(what, sizeof what, "%s of '%s' (version %u) does not fit beside version %u",
+                     o->verb ? o->verb : "rollout", o->name ? o->name : path, o->version,
+                     o->beside);
         else
-            snprintf(what, sizeof what, "load of '%s' does not fit", o->name ? o->name : path);
+            snprintf(what, sizeof what, "%s of '%s' does not fit", o->verb ? o->verb : "load",
+                     o->name ? o->name : path);
         const wb_gpu_dev *g = o->gpus ? wb__devlist_find_index(o->gpus, devs[k]) : NULL;
         if (devs[k] >= 0)
             return wb__err_set(err, WB_ENOMEM, "%s on device %d (%s): needs %s, %s free", what,
@@ -312,9 +314,9 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
     uint64_t size = 0;
     double t1 = wb__clock_mono_s();
     d.open_seconds = t1 - t0;
-    if ((rc = layout(table, &d, &size, err)) != WB_OK)
+    if ((rc = wb__load_layout(table, &d, &size, err)) != WB_OK)
         goto done;
-    if ((rc = check_fits(o, path, devs, n_devs, size, err)) != WB_OK)
+    if ((rc = wb__load_check_fits(o, path, devs, n_devs, size, err)) != WB_OK)
         goto done;
     if (o->progress) {
         atomic_store(&o->progress->landed, 0);
@@ -340,7 +342,7 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
                                   .slab_offset = d.tensors[i].offset,
                                   .nbytes = t->nbytes};
     }
-    if ((rc = alloc_copies(o, devs, n_devs, size, &d, err)) != WB_OK)
+    if ((rc = wb__load_alloc_copies(o, devs, n_devs, size, &d, err)) != WB_OK)
         goto done;
     double t2 = wb__clock_mono_s();
     d.alloc_seconds = t2 - t1;
@@ -563,6 +565,10 @@ static void give_back_memory(void)
 
 void wb__load_job_run(wb_load_job *job, const atomic_int *cancel)
 {
+    if (job->kind == WB_JOB_PUBLISH) {
+        wb__publish_copy_run(job);
+        return;
+    }
     wb__err_clear(&job->err);
     job->refused = 0;
     if (!cancel)

@@ -18,6 +18,7 @@
 #include "err.h"
 #include "models.h"
 #include "quota.h"
+#include "safetensors_table.h"
 #include "stage.h"
 
 #include <pthread.h>
@@ -50,6 +51,7 @@ typedef struct wb_load_opts {
     const char *name;
     uint32_t version;
     uint32_t beside;
+    const char *verb; /* NULL: "load" or "rollout"; a publish's "publish" */
 } wb_load_opts;
 
 /* Loads `path` into a new slab per device. On success *out owns the slabs,
@@ -57,6 +59,21 @@ typedef struct wb_load_opts {
  * per-stage figures. On failure nothing is left allocated and the message
  * names the file (and tensor, or device) at fault. */
 int wb__load_ex(const char *path, const wb_load_opts *opts, wb_model_data *out, wb_err *err);
+
+/* The loader's steps, shared with publishes (publish.h). Copies the
+ * table's description of the tensors into d and lays them out at
+ * WB_SLAB_ALIGN-aligned offsets in one slab, whose size goes to *size. */
+int wb__load_layout(const wb_st_table *table, wb_model_data *d, uint64_t *size, wb_err *err);
+/* WB_ENOMEM, before anything is allocated, when a slab of `size` bytes does
+ * not fit on one of the n devices by the backend's mem_free ("rollout of
+ * 'X' (version 3) does not fit beside version 2 ...: needs ..., ... free").
+ * `path` names the load when o->name is NULL. */
+int wb__load_check_fits(const wb_load_opts *o, const char *path, const int *devs, unsigned n,
+                        uint64_t size, wb_err *err);
+/* Allocates one slab of `size` bytes per device into d (a device that
+ * fails gets a failed copy when there are several). */
+int wb__load_alloc_copies(const wb_load_opts *o, const int *devs, unsigned n, uint64_t size,
+                          wb_model_data *d, wb_err *err);
 
 /* wb__load_ex without progress reporting. */
 int wb__load(const char *path, const wb_backend *be, int device, const atomic_int *cancel,
@@ -75,7 +92,17 @@ void wb__load_fill_model_info(const wb_model *m, Wbproto__ModelInfo *mi);
 void wb__load_fill_stats(const wb_backend *be, const wb_model_registry *models,
                          Wbproto__StatsReply *s);
 
+/* What a job does (wb_load_job.kind): a load, or a publish's copy
+ * (publish.h). */
+enum { WB_JOB_LOAD = 0, WB_JOB_PUBLISH = 1 };
+
 typedef struct wb_load_job {
+    int kind;
+    /* A publish's copy: the publish (owned by the broker's list, kept
+     * while the copy runs), and the copy's figures. */
+    struct wb_publish *publish;
+    double copy_seconds;
+    uint64_t copied_bytes, kept_bytes;
     char *name; /* owned */
     char *path; /* owned */
     const wb_backend *backend;

@@ -4,6 +4,7 @@
 #include "clock.h"
 #include "alloc.h"
 #include "fdchan_server.h"
+#include "publish.h"
 #include "log.h"
 #include "metrics.h"
 #include "ops.h"
@@ -257,6 +258,7 @@ static void conn_closed(void *ctx, uint64_t serial)
 {
     loop *L = ctx;
     wb__subs_drop_conn(&L->b->subs, serial);
+    wb__publish_conn_closed(L->b, serial);
 }
 
 /* Sends a VersionNotice to connection `serial` as a Reply with id 0 and
@@ -284,6 +286,14 @@ static void handle_loads(loop *L)
     while (list) {
         wb_load_job *job = list;
         list = job->next;
+        if (job->kind == WB_JOB_PUBLISH) {
+            wb_ops_reply r = WB_OPS_REPLY_INIT;
+            wb__publish_copy_done(L->b, job, &r);
+            send_reply(L, job->op, job->ident, job->ident_len, &r);
+            wb__ops_reply_free(&r);
+            wb__load_job_free(&job);
+            continue;
+        }
         wb_model *model;
         wb__broker_finish_load(L->b, job, &model);
         if (job->ident) {
@@ -429,10 +439,15 @@ static void shutdown_loads(loop *L)
     while (list) {
         wb_load_job *job = list;
         list = job->next;
+        if (job->kind == WB_JOB_PUBLISH && job->publish)
+            /* Not made current: the publish ends with the broker. */
+            job->publish->committing = 0;
         if (job->ident) {
             wb_ops_reply r = WB_OPS_REPLY_INIT;
             wb__ops_error(&r, job->request_id, WB_ESTATE,
-                          "the broker is stopping; the load was abandoned");
+                          job->kind == WB_JOB_PUBLISH
+                              ? "the broker is stopping; the publish was abandoned"
+                              : "the broker is stopping; the load was abandoned");
             send_reply(L, job->op, job->ident, job->ident_len, &r);
             wb__ops_reply_free(&r);
         }

@@ -245,6 +245,20 @@ char *wb__metrics_render(const wb_broker *b, size_t *len)
     single(f, "wb_rollout_failures_total", "counter",
            "Rollouts refused or whose load failed (the current version kept serving).",
            st->rollouts_failed);
+    single(f, "wb_publishes_total", "counter",
+           "Publishes whose new version became current since the broker started.",
+           st->publishes_total);
+    single(f, "wb_publish_failures_total", "counter",
+           "Publishes refused, aborted, failed or ended with their producer (the current version "
+           "kept serving).",
+           st->publishes_failed);
+    single(f, "wb_publish_bytes_total", "counter", "Bytes the broker copied from producers.",
+           st->publish_bytes_total);
+    fprintf(f,
+            "# HELP wb_publish_copy_seconds_total Seconds the broker spent copying producers' "
+            "bytes.\n# TYPE wb_publish_copy_seconds_total counter\n"
+            "wb_publish_copy_seconds_total %.6f\n",
+            st->publish_copy_seconds);
     single(f, "wb_rollbacks_total", "counter", "Rollbacks: a previous version made current again.",
            st->rollbacks_total);
     single(f, "wb_versions_draining", "gauge",

@@ -136,6 +136,13 @@ typedef struct wb_model {
     /* XXH3-128 of the compact table (canonical bytes; the tensors are the
      * same on every copy): a client that names it gets a copy's cached_tail. */
     uint8_t table_digest[16];
+    /* A version published from a producer's memory (publish.h): who
+     * published it (published set), and while it is MODEL_LOADING the
+     * publish that reserved it (not owned), else NULL. */
+    int published;
+    uint32_t published_by_pid;
+    uint32_t published_by_uid;
+    struct wb_publish *publish;
     struct wb_model *next;
 } wb_model;
 

@@ -28,6 +28,12 @@ static const char *op_name(int body)
         return "rollback";
     case WBPROTO__REQUEST__BODY_SUBSCRIBE:
         return "subscribe";
+    case WBPROTO__REQUEST__BODY_PUBLISH_BEGIN:
+        return "publish_begin";
+    case WBPROTO__REQUEST__BODY_PUBLISH_COMMIT:
+        return "publish_commit";
+    case WBPROTO__REQUEST__BODY_PUBLISH_ABORT:
+        return "publish_abort";
     default:
         return "other";
     }
@@ -85,6 +91,12 @@ int wb__ops_handle(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Reque
         return wb__ops_rollback(b, peer, req, r);
     case WBPROTO__REQUEST__BODY_SUBSCRIBE:
         return wb__ops_subscribe(b, req, ident, ident_len, r);
+    case WBPROTO__REQUEST__BODY_PUBLISH_BEGIN:
+        return wb__ops_publish_begin(b, peer, req, ident, ident_len, r);
+    case WBPROTO__REQUEST__BODY_PUBLISH_COMMIT:
+        return wb__ops_publish_commit(b, peer, req, ident, ident_len, r);
+    case WBPROTO__REQUEST__BODY_PUBLISH_ABORT:
+        return wb__ops_publish_abort(b, req, ident, ident_len, r);
     default:
         return wb__ops_fail(r, WB_EPROTO, "request has no body");
     }

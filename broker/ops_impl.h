@@ -108,6 +108,17 @@ int wb__ops_rollback(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Req
                      wb_ops_reply *r);
 int wb__ops_subscribe(wb_broker *b, const Wbproto__Request *req, const void *ident,
                       size_t ident_len, wb_ops_reply *r);
+/* Publishes (ops_publish.c, publish.h): begin (the publisher's right, the
+ * table, the limits, the slabs reserved), commit (deferred to the loader
+ * thread as a load is; answered by wb__publish_copy_done) and abort, each
+ * from the connection (`ident`) that began the publish. */
+int wb__ops_publish_begin(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request *req,
+                          const void *ident, size_t ident_len, wb_ops_reply *r);
+int wb__ops_publish_commit(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request *req,
+                           const void *ident, size_t ident_len, wb_ops_reply *r);
+int wb__ops_publish_abort(wb_broker *b, const Wbproto__Request *req, const void *ident,
+                          size_t ident_len, wb_ops_reply *r);
+
 /* The serial of a connection identity (8 bytes), 0 when it is none. */
 uint64_t wb__ops_serial(const void *ident, size_t ident_len);
 

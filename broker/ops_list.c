@@ -291,6 +291,14 @@ Wbproto__ModelInfo *wb__ops_model_info(const wb_model *m, int state, wb_arena *a
     mi->state = state;
     mi->version = m->version;
     mi->current = m->current && state == WBPROTO__MODEL_STATE__MODEL_READY;
+    if (m->published) {
+        /* A published version's checksums are computed by the broker as it
+         * copies the producer's bytes: ready once it is. */
+        mi->published_by_pid = m->published_by_pid;
+        mi->published_by_uid = m->published_by_uid;
+        mi->checksums =
+            m->state == WBPROTO__MODEL_STATE__MODEL_LOADING ? (char *)"pending" : (char *)"ready";
+    }
     mi->backend = m->backend->proto;
     mi->device = m->device;
     mi->tensors = (uint32_t)m->data.n_tensors;
@@ -400,6 +408,9 @@ int wb__ops_stats(wb_broker *b, wb_ops_reply *r)
     s->versions_draining = (uint32_t)wb__broker_versions_draining(b);
     s->notices_sent = st->notices_sent;
     s->notices_dropped = st->notices_dropped;
+    s->publishes_total = st->publishes_total;
+    s->publishes_failed = st->publishes_failed;
+    s->publish_bytes_total = st->publish_bytes_total;
     s->peers = (uint32_t)b->leases.n_holders;
     wb__load_fill_stats(b->cfg.backend, &b->models, s);
     s->requests_refused = st->requests_refused;

@@ -29,6 +29,8 @@ enum {
     OPT_ALLOW_GID,
     OPT_ADMIN_UID,
     OPT_ADMIN_GID,
+    OPT_PUBLISHER_UID,
+    OPT_PUBLISHER_GID,
     OPT_CONFIG,
     OPT_CHECK_CONFIG,
     OPT_LOG_FORMAT,
@@ -122,6 +124,8 @@ static const struct option long_opts[] = {
     {"allow-gid", required_argument, NULL, OPT_ALLOW_GID},
     {"admin-uid", required_argument, NULL, OPT_ADMIN_UID},
     {"admin-gid", required_argument, NULL, OPT_ADMIN_GID},
+    {"publisher-uid", required_argument, NULL, OPT_PUBLISHER_UID},
+    {"publisher-gid", required_argument, NULL, OPT_PUBLISHER_GID},
     {"max-leases-per-client", required_argument, NULL, OPT_NUM + WB_NUM_MAX_LEASES},
     {"max-models", required_argument, NULL, OPT_NUM + WB_NUM_MAX_MODELS},
     {"max-versions", required_argument, NULL, OPT_NUM + WB_NUM_MAX_VERSIONS},
@@ -448,11 +452,14 @@ static int parse_one(wb_options *o, int c, char *arg)
     case OPT_ALLOW_UID:
     case OPT_ALLOW_GID:
     case OPT_ADMIN_UID:
-    case OPT_ADMIN_GID: {
-        static const wb_auth_list which[] = {WB_AUTH_CLIENT_UIDS, WB_AUTH_CLIENT_GIDS,
-                                             WB_AUTH_ADMIN_UIDS, WB_AUTH_ADMIN_GIDS};
-        static const char *const names[] = {"--allow-uid", "--allow-gid", "--admin-uid",
-                                            "--admin-gid"};
+    case OPT_ADMIN_GID:
+    case OPT_PUBLISHER_UID:
+    case OPT_PUBLISHER_GID: {
+        static const wb_auth_list which[] = {WB_AUTH_CLIENT_UIDS,  WB_AUTH_CLIENT_GIDS,
+                                             WB_AUTH_ADMIN_UIDS,   WB_AUTH_ADMIN_GIDS,
+                                             WB_AUTH_PUBLISH_UIDS, WB_AUTH_PUBLISH_GIDS};
+        static const char *const names[] = {"--allow-uid", "--allow-gid",     "--admin-uid",
+                                            "--admin-gid", "--publisher-uid", "--publisher-gid"};
         int k = c - OPT_ALLOW_UID;
         wb_err aerr;
         if (wb__auth_add(&o->auth, which[k], arg, names[k], &aerr) != WB_OK)

@@ -183,8 +183,9 @@ void wb__reload_plan(const wb_options *running, const wb_broker *b, const wb_opt
     plan->limits.max_shards = want.max_shards;
     plan->limits.max_header = want.max_header;
 
-    static const char *const keys[] = {"allow-uid", "allow-gid", "admin-uid", "admin-gid"};
-    for (int i = 0; i < 4; i++) {
+    static const char *const keys[] = {"allow-uid", "allow-gid",     "admin-uid",
+                                       "admin-gid", "publisher-uid", "publisher-gid"};
+    for (int i = 0; i < WB_AUTH_N_LISTS; i++) {
         if (!same_list(&b->auth.lists[i], &next->auth.lists[i]))
             add_list(plan->applied, sizeof plan->applied, keys[i], &next->auth.lists[i]);
     }

@@ -377,19 +377,10 @@ static int send_buf(wb__rpc *rpc, const uint8_t *buf, size_t len, int64_t deadli
     }
 }
 
-/* Decodes a reply, with the publish bodies common/wire.c does not know yet
- * (rpc_publish.c; to be removed once it does). */
 static int decode(const zmq_msg_t *msg, Wbproto__Reply **rep, wb_err *err)
 {
-    const uint8_t *data = zmq_msg_data((zmq_msg_t *)msg);
-    size_t size = zmq_msg_size((zmq_msg_t *)msg);
-    int rc = wb__reply_decode(data, size, rep, err);
-    if (rc != WB_EPROTO)
-        return rc;
-    int prc = wb__rpc_decode_publish(data, size, rep);
-    if (prc == WB_ENOMEM)
-        return wb__err_set(err, WB_ENOMEM, "out of memory decoding a reply of %zu bytes", size);
-    return prc == WB_OK ? WB_OK : rc;
+    return wb__reply_decode(zmq_msg_data((zmq_msg_t *)msg), zmq_msg_size((zmq_msg_t *)msg), rep,
+                            err);
 }
 
 /* An unsolicited notice: handed to the hook and freed. 1 when `rep` was

@@ -126,12 +126,6 @@ int wb__rpc_drain(wb__rpc *rpc);
  * changes when the socket is re-created (a timeout, a reopen). */
 int wb__rpc_fd(const wb__rpc *rpc);
 
-/* rpc_publish.c: a reply whose body is PublishBeginReply,
- * PublishCommitReply or PublishAbortReply, decoded and checked (common/wire.c
- * refuses such a body until it knows them): WB_OK with *out set (free it
- * with wb__reply_free), WB_ENOMEM, or WB_EPROTO. To be removed once common/wire.c decodes them. */
-int wb__rpc_decode_publish(const uint8_t *buf, size_t len, Wbproto__Reply **out);
-
 /* Default per-request timeout: $WB_TIMEOUT_MS when wb__rpc_parse_timeout
  * accepts it, else 5000. */
 int wb__rpc_default_timeout(void);

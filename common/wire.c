@@ -251,6 +251,12 @@ static int check_request_body(const Wbproto__Request *req, wb_err *err)
         if (!req->subscribe)
             return missing("subscribe", err);
         return check_name("subscribe.model", req->subscribe->model, err);
+    case WBPROTO__REQUEST__BODY_PUBLISH_BEGIN:
+        return wb__wire_check_publish_begin(req->publish_begin, err);
+    case WBPROTO__REQUEST__BODY_PUBLISH_COMMIT:
+        return wb__wire_check_publish_commit(req->publish_commit, err);
+    case WBPROTO__REQUEST__BODY_PUBLISH_ABORT:
+        return wb__wire_check_publish_abort(req->publish_abort, err);
     case WBPROTO__REQUEST__BODY_STATS:
         return req->stats ? WB_OK : missing("stats", err);
     case WBPROTO__REQUEST__BODY_LIST_CONTAINERS:
@@ -564,6 +570,10 @@ static int check_reply_body(const Wbproto__Reply *rep, wb_err *err)
         return check_name("rollback.model.name", rep->rollback->model->name, err);
     case WBPROTO__REPLY__BODY_SUBSCRIBE:
         return rep->subscribe ? WB_OK : missing("subscribe", err);
+    case WBPROTO__REPLY__BODY_PUBLISH_BEGIN:
+    case WBPROTO__REPLY__BODY_PUBLISH_COMMIT:
+    case WBPROTO__REPLY__BODY_PUBLISH_ABORT:
+        return wb__wire_check_publish_reply(rep, err);
     case WBPROTO__REPLY__BODY_NOTICE:
         /* Unsolicited: id 0 and status 0, nothing else. */
         if (rep->id != 0 || rep->status != 0)

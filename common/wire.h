@@ -35,6 +35,13 @@
 #define WB_MAX_SWAP_MS 86400000.0
 /* Models one connection may subscribe to (SubscribeRequest). */
 #define WB_MAX_SUBSCRIPTIONS 64
+/* Publishes (PublishBeginRequest, PublishCommitRequest): tensors of one
+ * table (the broker's --max-tensors judges further), tensor names' bytes,
+ * sources of one commit, and the publish id's bytes. */
+#define WB_PUBLISH_MAX_TENSORS      1000000
+#define WB_PUBLISH_NAME_MAX         1024
+#define WB_PUBLISH_MAX_SOURCES_WIRE 64
+#define WB_PUBLISH_ID_BYTES         16
 /* Fields on the wire in one message of a request beyond its own (each
  * once, a repeated one up to its bound): a newer peer's fields this broker
  * does not know, or a field given again. */

@@ -31,4 +31,12 @@ void wb__wire_free_request(Wbproto__Request *req);
  * returns the new length (the path is cut short rather than overflowed). */
 size_t wb__wire_path_push(char *path, size_t cap, size_t len, const char *name, size_t k);
 
+/* The publish messages' checks (wire_publish.c): WB_OK or WB_EPROTO
+ * naming the field. */
+int wb__wire_check_publish_begin(const Wbproto__PublishBeginRequest *rq, wb_err *err);
+int wb__wire_check_publish_commit(const Wbproto__PublishCommitRequest *rq, wb_err *err);
+int wb__wire_check_publish_abort(const Wbproto__PublishAbortRequest *rq, wb_err *err);
+/* A publish reply's body (publish_begin, publish_commit or publish_abort). */
+int wb__wire_check_publish_reply(const Wbproto__Reply *rep, wb_err *err);
+
 #endif

@@ -91,6 +91,10 @@ typedef struct wire_bound {
 static const wire_bound request_bounds[] = {
     {&wbproto__heartbeat_request__descriptor, 1, WB_MAX_BEATS, "leases", 1},
     {&wbproto__lease_beat__descriptor, 40, WB_MAX_CONTAINER_RECORDS, "container records", 0},
+    {&wbproto__publish_begin_request__descriptor, 2, WB_PUBLISH_MAX_TENSORS, "tensors", 0},
+    {&wbproto__publish_tensor__descriptor, 3, WB_MAX_DIMS, "dimensions", 0},
+    {&wbproto__publish_commit_request__descriptor, 2, WB_PUBLISH_MAX_SOURCES_WIRE, "sources", 0},
+    {&wbproto__publish_commit_request__descriptor, 3, WB_PUBLISH_MAX_TENSORS, "placements", 0},
 };
 
 static const wire_bound *find_bound(const ProtobufCMessageDescriptor *msg, uint32_t field)

@@ -82,6 +82,8 @@ metrics_check "types == {'wb_leases': 'gauge', 'wb_models': 'gauge', 'wb_model_b
   'wb_peers_refused_total': 'counter', 'wb_peers_disconnected_total': 'counter',
   'wb_model_versions': 'gauge', 'wb_rollouts_total': 'counter',
   'wb_rollout_failures_total': 'counter', 'wb_rollbacks_total': 'counter',
+  'wb_publishes_total': 'counter', 'wb_publish_failures_total': 'counter',
+  'wb_publish_bytes_total': 'counter', 'wb_publish_copy_seconds_total': 'counter',
   'wb_versions_draining': 'gauge', 'wb_notices_sent_total': 'counter',
   'wb_notices_dropped_total': 'counter', 'wb_container_swap_seconds': 'histogram',
   'wb_build_info': 'gauge', 'process_cpu_seconds_total': 'counter',

@@ -257,7 +257,7 @@ for key in name path state backend device tensors bytes slab_bytes leases load_s
 done
 ctl models | head -n 1 | grep -q "^NAME  *VERSION  *STATE  *BACKEND  *DEVICE  *TENSORS  *SIZE  *LEASES  *SLAB  *ACCESS$" ||
   fail "unexpected models header: $(ctl models | head -n 1)"
-ctl models -o wide | head -n 1 | grep -q "^NAME  *VERSION  *STATE  *BACKEND  *DEVICE  *TENSORS  *SIZE  *LEASES  *LOAD_S  *RATE  *SLAB  *ACCESS  *PATH$" ||
+ctl models -o wide | head -n 1 | grep -q "^NAME  *VERSION  *STATE  *BACKEND  *DEVICE  *TENSORS  *SIZE  *LEASES  *LOAD_S  *RATE  *SLAB  *ACCESS  *CHECKSUMS  *SOURCE$" ||
   fail "unexpected models -o wide header: $(ctl models -o wide | head -n 1)"
 expect_rc 0 loadjson "$WBCTL" --socket "$SOCK" load --json third "$WB_TMP/second.safetensors"
 [ "$(json "d['name'], d['state'], d['tensors']" <"$WB_TMP/loadjson.out")" = "('third', 'ready', 6)" ] ||

@@ -17,6 +17,19 @@
   version_peer.py rollouts SOCK MODEL COUNT PATH...
       COUNT rollouts of MODEL, one after another, from the PATHs in turn,
       each waiting for its reply; prints "done=N failed=F max_ms=X"
+  version_peer.py publish SOCK MODEL SPEC [OPTION...]
+      publishes a version of MODEL from this process's memory: SPEC is
+      NAME:DTYPE:D0xD1...:FILL,... (F32 tensors of FILL's float value; a
+      scalar has shape "-"), the table of PublishBeginRequest; the bytes go
+      in one memfd sent on "<SOCK>.fd", placed one after another. Prints
+      "begin status=S version=V bytes=B", "fd status=S", "commit status=S
+      version=V previous=P copied=C kept=K" ("error=TEXT" after a refusal,
+      and the process exits 1). OPTIONs: partial (PublishBeginRequest.
+      partial), placement=TEXT, abort (abort instead of committing: prints
+      "abort status=S"), hold-begin / hold-fd (after the begin / the memfd,
+      print "holding" and sleep until killed), place=NAME,... (place only
+      these tensors at commit), commits=N (publish N versions one after
+      another on one connection, the fill growing by one each time)
 """
 import os
 import struct
@@ -235,6 +248,137 @@ def rollouts(path, model, count, paths):
     print("done=%d failed=%d max_ms=%d" % (done, failed, worst * 1000), flush=True)
 
 
+def publish_spec(spec):
+    out = []
+    for item in spec.split(","):
+        name, dtype, shape, fill = item.split(":")
+        dims = [] if shape == "-" else [int(d) for d in shape.split("x")]
+        out.append((name, dtype, dims, float(fill)))
+    return out
+
+
+def tensor_bytes(dims, fill):
+    n = 1
+    for d in dims:
+        n *= d
+    return struct.pack("<%df" % n, *([fill] * n))
+
+
+def say_error(what, status, body_or_err):
+    print("%s status=%d" % (what, status), flush=True)
+    print("error=%s" % body_or_err, flush=True)
+    sys.exit(1)
+
+
+def reply_error(buf):
+    for num, _, v in fields(buf):
+        if num == 4:
+            return v.decode("utf-8", "replace")
+    return ""
+
+
+def wait_full(rd, rid, seconds):
+    end = time.time() + seconds
+    while time.time() < end:
+        for m in rd.messages(0.1):
+            r = reply(m)
+            if r[0] == rid:
+                return r + (reply_error(m),)
+    sys.exit("no reply to request %d" % rid)
+
+
+def send_fd(path, pid, fd):
+    import socket
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.connect(path + ".fd")
+    socket.send_fds(c, [b"WBP1" + pid], [fd])
+    hdr = b""
+    while len(hdr) < 16:
+        chunk = c.recv(16 - len(hdr))
+        if not chunk:
+            sys.exit("the descriptor channel closed")
+        hdr += chunk
+    _, status, _, n = struct.unpack("<4siII", hdr)
+    msg = c.recv(n) if n else b""
+    return c, status, msg.decode("utf-8", "replace")
+
+
+def publish(path, model, spec, opts):
+    table = publish_spec(spec)
+    s = zmtp_peer.handshake(path)
+    rd = Reader(s)
+    commits = int(opts.get("commits", "1"))
+    rid = 0
+    keep = []
+    for n in range(commits):
+        begin = field_bytes(1, model.encode())
+        for name, dtype, dims, _ in table:
+            t = field_bytes(1, name.encode()) + field_bytes(2, dtype.encode())
+            for d in dims:
+                t += field_varint(3, d)
+            t += field_varint(4, len(tensor_bytes(dims, 0.0)))
+            begin += field_bytes(2, t)
+        if "partial" in opts:
+            begin += field_varint(3, 1)
+        if "placement" in opts:
+            begin += field_bytes(4, opts["placement"].encode())
+        rid += 1
+        s.sendall(zmtp_peer.frame(request(rid, 45, begin)))
+        _, status, _, body, err = wait_full(rd, rid, 10)
+        if status != 0:
+            say_error("begin", status, err)
+        d = {1: b"", 2: 0, 3: 0}
+        for num, _, v in fields(body):
+            d[num] = v
+        pid = d[1]
+        print("begin status=0 version=%d bytes=%d" % (d[2], d[3]), flush=True)
+        if "hold-begin" in opts:
+            print("holding", flush=True)
+            time.sleep(3600)
+        data, offsets = b"", {}
+        for name, dtype, dims, fill in table:
+            data += b"\0" * (-len(data) % 8)
+            offsets[name] = len(data)
+            data += tensor_bytes(dims, fill + n)
+        fd = os.memfd_create("publish")
+        os.write(fd, data)
+        c, status, msg = send_fd(path, pid, fd)
+        os.close(fd)
+        keep.append(c)
+        if status != 0:
+            say_error("fd", status, msg)
+        print("fd status=0", flush=True)
+        if "hold-fd" in opts:
+            print("holding", flush=True)
+            time.sleep(3600)
+        rid += 1
+        if "abort" in opts:
+            s.sendall(zmtp_peer.frame(request(rid, 47, field_bytes(1, pid))))
+            _, status, _, _, err = wait_full(rd, rid, 10)
+            if status != 0:
+                say_error("abort", status, err)
+            print("abort status=0", flush=True)
+            return
+        placed = opts["place"].split(",") if "place" in opts else [t[0] for t in table]
+        commit = field_bytes(1, pid) + field_bytes(2, field_varint(4, 0))
+        for name in placed:
+            commit += field_bytes(3, field_bytes(1, name.encode()) + field_varint(2, 0) +
+                                  field_varint(3, offsets.get(name, 0)))
+        s.sendall(zmtp_peer.frame(request(rid, 46, commit)))
+        _, status, _, body, err = wait_full(rd, rid, 30)
+        if status != 0:
+            say_error("commit", status, err)
+        d = {1: b"", 2: 0, 5: 0, 6: 0}
+        for num, _, v in fields(body):
+            d[num] = v
+        version = 0
+        for num, _, v in fields(d[1]):
+            if num == 50:
+                version = v
+        print("commit status=0 version=%d previous=%d copied=%d kept=%d" %
+              (version, d[2], d[5], d[6]), flush=True)
+
+
 def noread(path, model, seconds):
     s, _ = do_subscribe(path, model)
     time.sleep(seconds)
@@ -250,6 +394,12 @@ def main():
         plain(path, float(a[0]))
     elif mode == "rollouts":
         rollouts(path, a[0], int(a[1]), a[2:])
+    elif mode == "publish":
+        opts = {}
+        for o in a[2:]:
+            k, _, v = o.partition("=")
+            opts[k] = v
+        publish(path, a[0], a[1], opts)
     elif mode == "noread":
         noread(path, a[0], float(a[1]))
     else:

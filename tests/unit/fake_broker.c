@@ -396,19 +396,6 @@ static void *fake_main(void *arg)
         wb_err err;
         int rc =
             wb__request_decode(zmq_msg_data(&payload), zmq_msg_size(&payload), &req, &id, &err);
-        /* Until common/wire.c knows the publish requests, the fake reads them
-         * itself (remove once it does, with own_decode). */
-        int own_decode = 0;
-        if (rc == WB_EPROTO) {
-            req = wbproto__request__unpack(&wb__protobuf_allocator, zmq_msg_size(&payload),
-                                           zmq_msg_data(&payload));
-            own_decode = 1;
-            if (req &&
-                ((req->body_case == WBPROTO__REQUEST__BODY_PUBLISH_BEGIN && req->publish_begin) ||
-                 (req->body_case == WBPROTO__REQUEST__BODY_PUBLISH_COMMIT && req->publish_commit) ||
-                 (req->body_case == WBPROTO__REQUEST__BODY_PUBLISH_ABORT && req->publish_abort)))
-                rc = WB_OK;
-        }
         if (rc == WB_OK)
             atomic_fetch_add(&f->n_received, 1);
         if (rc == WB_OK && atomic_load(&f->mode) != FAKE_SILENT) {
@@ -417,10 +404,7 @@ static void *fake_main(void *arg)
                 test_sleep_ms(delay);
             answer(f, &ident, req);
         }
-        if (own_decode && req)
-            wbproto__request__free_unpacked(req, &wb__protobuf_allocator);
-        else
-            wb__request_free(&req);
+        wb__request_free(&req);
         zmq_msg_close(&ident);
         zmq_msg_close(&payload);
     }

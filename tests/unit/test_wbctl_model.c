@@ -146,10 +146,11 @@ START_TEST(test_rows_escaped)
     ck_assert_ptr_nonnull(strstr(out, "m" HOSTILE_SHOWN "  -        ready"));
     ck_assert_ptr_nonnull(strstr(out, "cuda-ipc" HOSTILE_SHOWN "  rw" HOSTILE_SHOWN "\n"));
     free(out);
-    /* -o wide adds the path, escaped as well. */
+    /* -o wide adds the checksums' state and the path, escaped as well. */
     out = capture(print_rows_wide, &h.m);
     assert_inert(out);
-    ck_assert_ptr_nonnull(strstr(out, "rw" HOSTILE_SHOWN "  /models/" HOSTILE_SHOWN "\n"));
+    ck_assert_ptr_nonnull(
+        strstr(out, "rw" HOSTILE_SHOWN "  ready      /models/" HOSTILE_SHOWN "\n"));
     free(out);
 }
 END_TEST
@@ -196,9 +197,9 @@ START_TEST(test_headers)
     out = capture(print_rows_wide, &m);
     ck_assert_str_eq(
         out, "NAME  VERSION  STATE        BACKEND  DEVICE  TENSORS  SIZE     LEASES  "
-             "LOAD_S  RATE  SLAB  ACCESS  PATH\n"
+             "LOAD_S  RATE  SLAB  ACCESS  CHECKSUMS  SOURCE\n"
              "base  -        loading 25%  host     -1      0        2.0 GiB  0       -       "
-             "-     -     -       /models/base\n");
+             "-     -     -       -          /models/base\n");
     free(out);
 }
 END_TEST

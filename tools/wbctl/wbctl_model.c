@@ -70,6 +70,10 @@ json_t *wbctl_version_json(const Wbproto__ModelInfo *m)
     json_object_set_new(o, "loaded_bytes", json_integer((json_int_t)m->loaded_bytes));
     json_object_set_new(o, "path", wbctl_jstr(m->path));
     json_object_set_new(o, "load_seconds", json_real(wbctl_round_secs(m->load_seconds)));
+    json_object_set_new(o, "published_by_pid", json_integer(m->published_by_pid));
+    json_object_set_new(o, "published_by_uid", json_integer(m->published_by_uid));
+    json_object_set_new(o, "checksums",
+                        wbctl_jstr(m->checksums && m->checksums[0] ? m->checksums : "ready"));
     if (m->error && m->error[0])
         json_object_set_new(o, "error", wbctl_jstr(m->error));
     return o;
@@ -95,6 +99,11 @@ json_t *wbctl_model_json(const Wbproto__ModelInfo *m)
     json_object_set_new(o, "load_gbps", json_real(wbctl_round_secs(m->load_gbps)));
     json_object_set_new(o, "transport", wbctl_jstr(m->transport));
     json_object_set_new(o, "access", wbctl_jstr(m->access));
+    /* A published version: who published it and its checksums' state. */
+    json_object_set_new(o, "published_by_pid", json_integer(m->published_by_pid));
+    json_object_set_new(o, "published_by_uid", json_integer(m->published_by_uid));
+    json_object_set_new(o, "checksums",
+                        wbctl_jstr(m->checksums && m->checksums[0] ? m->checksums : "ready"));
     load_json(o, m);
     if (m->error && m->error[0])
         json_object_set_new(o, "error", wbctl_jstr(m->error));
@@ -118,11 +127,13 @@ json_t *wbctl_model_json(const Wbproto__ModelInfo *m)
 }
 
 /* The default view: what each model is, where, how big, who leases it and
- * how clients reach it; -o wide adds how its load went and its path. */
+ * how clients reach it; -o wide adds how its load went, whether its
+ * checksums are computed, and where it came from (its path, or the process
+ * that published it). */
 static const wbctl_column model_columns[WBCTL_MODEL_COLUMNS] = {
-    {"NAME", 0},    {"VERSION", 0}, {"STATE", 0},  {"BACKEND", 0}, {"DEVICE", 0},
-    {"TENSORS", 0}, {"SIZE", 0},    {"LEASES", 0}, {"LOAD_S", 1},  {"RATE", 1},
-    {"SLAB", 0},    {"ACCESS", 0},  {"PATH", 1},
+    {"NAME", 0},    {"VERSION", 0}, {"STATE", 0},     {"BACKEND", 0}, {"DEVICE", 0},
+    {"TENSORS", 0}, {"SIZE", 0},    {"LEASES", 0},    {"LOAD_S", 1},  {"RATE", 1},
+    {"SLAB", 0},    {"ACCESS", 0},  {"CHECKSUMS", 1}, {"SOURCE", 1},
 };
 
 void wbctl_model_header(wbctl_table *t)
@@ -161,10 +172,20 @@ static void model_row(wbctl_table *t, const Wbproto__ModelInfo *m, const Wbproto
     }
     if (c && st == WBPROTO__MODEL_STATE__MODEL_FAILED)
         wbctl_fmt_size(bytes, sizeof bytes, 0);
+    char source[64];
+    const char *sums =
+        m->checksums && m->checksums[0] ? m->checksums
+        : st == WBPROTO__MODEL_STATE__MODEL_READY || st == WBPROTO__MODEL_STATE__MODEL_DRAINING
+            ? "ready"
+            : "-";
+    if (m->published_by_pid || (m->checksums && m->checksums[0]))
+        snprintf(source, sizeof source, "published by pid %u uid %u", m->published_by_pid,
+                 m->published_by_uid);
     /* A broker that predates Slab.transport says nothing: "-". */
     wbctl_table_add(t, m->name, version, state, wb__backend_name(m->backend), dev, tensors, bytes,
                     leases, secs, rate, m->transport && m->transport[0] ? m->transport : "-",
-                    m->access && m->access[0] ? m->access : "-", m->path);
+                    m->access && m->access[0] ? m->access : "-", sums,
+                    m->checksums && m->checksums[0] ? source : m->path);
 }
 
 void wbctl_model_row(wbctl_table *t, const Wbproto__ModelInfo *m)

@@ -1,0 +1,386 @@
+/* Publishes (publish.c, ops_publish.c, publish_copy.c) without sockets, the
+ * copy inline (no loader thread): the begin's checks (rights, the table
+ * against the current version's, --max-versions, the fits check), the
+ * commit's placements, a full and a partial publish copied from memfds and
+ * checksummed, and the ends of a publish without commit (abort, connection
+ * closed, process dead, unload). */
+#include "broker_fixture.h"
+#include "ops.h"
+#include "publish.h"
+#include "wire.h"
+
+#include <check.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+static void unused_fixture(void) __attribute__((unused));
+static void unused_fixture(void)
+{
+    advance_ms(0);
+    (void)shm_name_exists;
+    (void)fixture_model;
+}
+
+static broker_fixture F;
+
+static void setup(void)
+{
+    fixture_open(&F, "publish");
+}
+
+static void teardown(void)
+{
+    fixture_close(&F);
+}
+
+/* A checkpoint of two 8-byte U8 tensors "v" and "w" of bytes `seed`. */
+static const char *write_model(const char *file, uint8_t seed)
+{
+    static char path[256];
+    snprintf(path, sizeof path, "%s/%s", F.dir, file);
+    const char *hdr = "{\"v\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[0,8]},"
+                      "\"w\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[8,16]}}";
+    char h[128];
+    size_t n = strlen(hdr);
+    memset(h, ' ', sizeof h);
+    memcpy(h, hdr, n);
+    size_t hl = (n + 7) & ~(size_t)7;
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    uint64_t len = hl;
+    fwrite(&len, 8, 1, f);
+    fwrite(h, 1, hl, f);
+    uint8_t data[16];
+    memset(data, seed, sizeof data);
+    fwrite(data, 1, sizeof data, f);
+    fclose(f);
+    return path;
+}
+
+static Wbproto__Reply *call_as(const wb_peer_creds *p, uint64_t serial, Wbproto__Request *req)
+{
+    req->version = WB_PROTOCOL_VERSION;
+    req->id = ++F.next_id;
+    wb_ops_reply r = WB_OPS_REPLY_INIT;
+    ck_assert_int_eq(wb__ops_handle(&F.b, p, req, &serial, sizeof serial, &r), 0);
+    size_t len;
+    uint8_t *buf = wb__reply_pack(&r.msg, &len);
+    ck_assert_ptr_nonnull(buf);
+    wb__reply_free(&F.decoded);
+    wb_err err;
+    ck_assert_msg(wb__reply_decode(buf, len, &F.decoded, &err) == WB_OK, "reply: %s", err.msg);
+    free(buf);
+    wb__ops_reply_free(&r);
+    return F.decoded;
+}
+
+/* A begin of `names` (U8 [n] each, n = dims), from peer p on connection 1. */
+static Wbproto__Reply *begin_as(const wb_peer_creds *p, const char *model, const char *const *names,
+                                const uint64_t *dims, size_t n, int partial)
+{
+    Wbproto__PublishTensor t[4], *tp[4];
+    uint64_t shapes[4];
+    for (size_t i = 0; i < n; i++) {
+        wbproto__publish_tensor__init(&t[i]);
+        t[i].name = (char *)names[i];
+        t[i].dtype = (char *)"U8";
+        shapes[i] = dims[i];
+        t[i].n_shape = 1;
+        t[i].shape = &shapes[i];
+        t[i].nbytes = dims[i];
+        tp[i] = &t[i];
+    }
+    Wbproto__PublishBeginRequest b = WBPROTO__PUBLISH_BEGIN_REQUEST__INIT;
+    b.model = (char *)model;
+    b.n_tensors = n;
+    b.tensors = tp;
+    b.partial = partial;
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_PUBLISH_BEGIN;
+    req.publish_begin = &b;
+    return call_as(p, 1, &req);
+}
+
+static Wbproto__Reply *begin(const char *const *names, const uint64_t *dims, size_t n, int partial)
+{
+    wb_peer_creds p = me();
+    return begin_as(&p, "demo", names, dims, n, partial);
+}
+
+/* A memfd of `len` bytes of `fill`, given to publish `id`. */
+static void send_memfd(const uint8_t *id, size_t len, uint8_t fill)
+{
+    int fd = memfd_create("publish", MFD_CLOEXEC);
+    ck_assert_int_ge(fd, 0);
+    uint8_t buf[64];
+    memset(buf, fill, sizeof buf);
+    ck_assert_int_eq(write(fd, buf, len), (ssize_t)len);
+    wb_peer_creds p = me();
+    char msg[256];
+    ck_assert_int_eq(wb__publish_add_fd(&F.b, id, &p, fd, msg, sizeof msg), WB_OK);
+}
+
+/* A commit placing `names` at 0, 8, ... of memfd 0. */
+static Wbproto__Reply *commit(const uint8_t *id, const char *const *names, size_t n)
+{
+    Wbproto__PublishSource src = WBPROTO__PUBLISH_SOURCE__INIT, *sp = &src;
+    src.host_fd = 0;
+    Wbproto__PublishPlacement pl[4], *pp[4];
+    for (size_t i = 0; i < n; i++) {
+        wbproto__publish_placement__init(&pl[i]);
+        pl[i].name = (char *)names[i];
+        pl[i].offset = 8 * i;
+        pp[i] = &pl[i];
+    }
+    Wbproto__PublishCommitRequest c = WBPROTO__PUBLISH_COMMIT_REQUEST__INIT;
+    c.publish_id.data = (uint8_t *)id;
+    c.publish_id.len = 16;
+    c.n_sources = 1;
+    c.sources = &sp;
+    c.n_tensors = n;
+    c.tensors = pp;
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_PUBLISH_COMMIT;
+    req.publish_commit = &c;
+    wb_peer_creds p = me();
+    return call_as(&p, 1, &req);
+}
+
+/* "VERSION:STATE ..." of demo's records. */
+static const char *versions(void)
+{
+    static char buf[256];
+    size_t at = 0;
+    buf[0] = '\0';
+    for (const wb_model *m = F.b.models.head; m; m = m->next) {
+        const char *st = m->current ? "current" : wb__model_state_name(m->state);
+        at += (size_t)snprintf(buf + at, sizeof buf - at, "%s%u:%s", at ? " " : "", m->version, st);
+    }
+    return buf;
+}
+
+static void load_demo(void)
+{
+    wb_peer_creds p = me();
+    Wbproto__Reply *r = fixture_load(&F, &p, "demo", write_model("v1.safetensors", 1));
+    ck_assert_msg(r->status == 0, "%s", r->error);
+}
+
+/* The bytes of tensor `name` of the current version of demo. */
+static const uint8_t *bytes_of(const char *name, uint64_t *xxh3)
+{
+    const wb_model *m = wb__models_current(&F.b.models, "demo");
+    ck_assert_ptr_nonnull(m);
+    for (size_t i = 0; i < m->data.n_tensors; i++) {
+        const wb_model_tensor *t = &m->data.tensors[i];
+        if (strcmp(t->name, name) == 0) {
+            *xxh3 = t->xxh3;
+            return (const uint8_t *)m->data.slabs[0].shm.addr + t->offset;
+        }
+    }
+    ck_abort_msg("no tensor %s", name);
+    return NULL;
+}
+
+static const char *const VW[] = {"v", "w"};
+static const uint64_t D8[] = {8, 8, 8, 8};
+
+START_TEST(test_begin_checks)
+{
+    load_demo();
+    const char *const bad_name[] = {"vv"};
+    Wbproto__Reply *r = begin(bad_name, D8, 1, 1);
+    ck_assert_int_eq(r->status, WB_ENOTFOUND);
+    ck_assert_str_eq(r->error, "tensor vv is not in model 'demo' (version 1): did you mean 'v'?; "
+                               "a publish names tensors of the current version");
+    const uint64_t d9[] = {8, 9};
+    r = begin(VW, d9, 2, 0);
+    ck_assert_int_eq(r->status, WB_EINVAL);
+    ck_assert_str_eq(r->error, "tensor 'w': shape [9] differs from version 1's [8] (a publish "
+                               "keeps every tensor's dtype and shape)");
+    r = begin(VW, D8, 1, 0);
+    ck_assert_int_eq(r->status, WB_EINVAL);
+    ck_assert_str_eq(r->error, "the publish names 1 of the 2 tensors of model 'demo' (version 1): "
+                               "1 missing, the first 'w'; name them all, or publish with "
+                               "`partial` to keep the others' bytes");
+    /* A client that is not a publisher; then one on --publisher-uid. */
+    wb_peer_creds other = creds(4242, 4242, 777);
+    F.b.auth.open_clients = 1;
+    r = begin_as(&other, "demo", VW, D8, 2, 0);
+    ck_assert_int_eq(r->status, WB_EPERM);
+    ck_assert_ptr_nonnull(strstr(r->error, "uid 4242 may not publish"));
+    wb_err err;
+    ck_assert_int_eq(wb__auth_add(&F.b.auth, WB_AUTH_PUBLISH_UIDS, "4242", "--publisher-uid", &err),
+                     WB_OK);
+    r = begin_as(&other, "demo", VW, D8, 2, 0);
+    ck_assert_msg(r->status == 0, "%s", r->error);
+    ck_assert_str_eq(versions(), "1:current 2:loading");
+    /* One publish of a name at a time; a new model is the administrator's. */
+    r = begin(VW, D8, 2, 0);
+    ck_assert_int_eq(r->status, WB_ESTATE);
+    r = begin_as(&other, "fresh", VW, D8, 2, 0);
+    ck_assert_int_eq(r->status, WB_EPERM);
+    ck_assert_uint_eq(F.b.stats.publishes_failed, 6);
+}
+END_TEST
+
+START_TEST(test_max_versions)
+{
+    load_demo();
+    F.b.limits.max_versions = 1;
+    Wbproto__Reply *r = begin(VW, D8, 2, 0);
+    ck_assert_int_eq(r->status, WB_ELIMIT);
+    ck_assert_ptr_nonnull(strstr(r->error, "model 'demo' already has 1 versions, the limit "
+                                           "(--max-versions 1)"));
+    ck_assert_str_eq(versions(), "1:current");
+}
+END_TEST
+
+static int tiny_free(const wb_backend *be, int device, uint64_t *bytes, char *where,
+                     size_t where_len, wb_err *err)
+{
+    (void)be;
+    (void)device;
+    (void)err;
+    *bytes = 4;
+    snprintf(where, where_len, "host shared memory (/dev/shm)");
+    return WB_OK;
+}
+
+START_TEST(test_does_not_fit)
+{
+    static wb_backend tight;
+    load_demo();
+    tight = *F.b.cfg.backend;
+    tight.mem_free = tiny_free;
+    const wb_backend *was = F.b.cfg.backend;
+    F.b.cfg.backend = &tight;
+    Wbproto__Reply *r = begin(VW, D8, 2, 0);
+    ck_assert_int_eq(r->status, WB_ENOMEM);
+    ck_assert_str_eq(r->error, "publish of 'demo' (version 2) does not fit beside version 1 in "
+                               "host shared memory (/dev/shm): needs 0.00 GB (264 bytes), 0.00 GB "
+                               "(4 bytes) free");
+    ck_assert_str_eq(versions(), "1:current");
+    F.b.cfg.backend = was;
+}
+END_TEST
+
+START_TEST(test_publish_and_partial)
+{
+    load_demo();
+    Wbproto__Reply *r = begin(VW, D8, 2, 0);
+    ck_assert_msg(r->status == 0, "%s", r->error);
+    uint8_t id[16];
+    memcpy(id, r->publish_begin->publish_id.data, 16);
+    ck_assert_uint_eq(r->publish_begin->version, 2);
+    send_memfd(id, 16, 7);
+    /* Placements: each tensor once, inside its source. */
+    const char *const only_v[] = {"v"};
+    r = commit(id, only_v, 1);
+    ck_assert_int_eq(r->status, WB_EINVAL);
+    ck_assert_str_eq(r->error, "tensor 'w' of the publish's table is not placed: the commit "
+                               "places every tensor the begin named, once");
+    const char *const vwv[] = {"v", "w", "v"};
+    r = commit(id, vwv, 3);
+    ck_assert_int_eq(r->status, WB_EINVAL);
+    ck_assert_str_eq(r->error, "tensor 'v' is placed twice");
+    r = commit(id, VW, 2);
+    ck_assert_msg(r->status == 0, "%s", r->error);
+    ck_assert_uint_eq(r->publish_commit->previous_version, 1);
+    ck_assert_uint_eq(r->publish_commit->copied_bytes, 16);
+    ck_assert_uint_eq(r->publish_commit->kept_bytes, 0);
+    ck_assert_str_eq(r->publish_commit->model->checksums, "ready");
+    ck_assert_str_eq(versions(), "2:current");
+    uint8_t want[8];
+    memset(want, 7, sizeof want);
+    uint64_t x;
+    ck_assert_mem_eq(bytes_of("w", &x), want, 8);
+    ck_assert_uint_eq(x, XXH3_64bits(want, 8));
+    /* Partial: v changes, w is kept. */
+    r = begin(only_v, D8, 1, 1);
+    ck_assert_msg(r->status == 0, "%s", r->error);
+    memcpy(id, r->publish_begin->publish_id.data, 16);
+    send_memfd(id, 8, 9);
+    r = commit(id, only_v, 1);
+    ck_assert_msg(r->status == 0, "%s", r->error);
+    ck_assert_uint_eq(r->publish_commit->copied_bytes, 8);
+    ck_assert_uint_eq(r->publish_commit->kept_bytes, 8);
+    ck_assert_mem_eq(bytes_of("w", &x), want, 8);
+    memset(want, 9, sizeof want);
+    ck_assert_mem_eq(bytes_of("v", &x), want, 8);
+    ck_assert_str_eq(versions(), "3:current");
+    ck_assert_uint_eq(F.b.stats.publishes_total, 2);
+    ck_assert_uint_eq(F.b.stats.publish_bytes_total, 24);
+}
+END_TEST
+
+/* A source too small for its placement, then the ends without commit. */
+START_TEST(test_ends)
+{
+    load_demo();
+    Wbproto__Reply *r = begin(VW, D8, 2, 0);
+    uint8_t id[16];
+    memcpy(id, r->publish_begin->publish_id.data, 16);
+    send_memfd(id, 12, 1);
+    r = commit(id, VW, 2);
+    ck_assert_int_eq(r->status, WB_EINVAL);
+    ck_assert_str_eq(r->error, "tensor 'w': bytes [8, 16) of source 0, which holds 12");
+    /* The connection's end ends it. */
+    wb__publish_conn_closed(&F.b, 2);
+    ck_assert_str_eq(versions(), "1:current 2:loading");
+    wb__publish_conn_closed(&F.b, 1);
+    ck_assert_str_eq(versions(), "1:current");
+    ck_assert_ptr_null(F.b.publishes);
+    /* The process's death. */
+    r = begin(VW, D8, 2, 0);
+    ck_assert_msg(r->status == 0, "%s", r->error);
+    wb__publish_pid_dead(&F.b, me().pid);
+    ck_assert_str_eq(versions(), "1:current");
+    /* An abort, from its connection only. */
+    r = begin(VW, D8, 2, 0);
+    memcpy(id, r->publish_begin->publish_id.data, 16);
+    Wbproto__PublishAbortRequest a = WBPROTO__PUBLISH_ABORT_REQUEST__INIT;
+    a.publish_id.data = id;
+    a.publish_id.len = 16;
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_PUBLISH_ABORT;
+    req.publish_abort = &a;
+    wb_peer_creds p = me();
+    r = call_as(&p, 5, &req);
+    ck_assert_int_eq(r->status, WB_ENOTFOUND);
+    r = call_as(&p, 1, &req);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_str_eq(versions(), "1:current");
+    /* An unload of the name. */
+    r = begin(VW, D8, 2, 0);
+    memcpy(id, r->publish_begin->publish_id.data, 16);
+    r = fixture_unload(&F, &p, "demo");
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_ptr_null(F.b.publishes);
+    ck_assert_str_eq(versions(), "");
+    ck_assert_uint_eq(F.b.stats.publishes_total, 0);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("ops_publish");
+    TCase *tc = tcase_create("core");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_begin_checks);
+    tcase_add_test(tc, test_max_versions);
+    tcase_add_test(tc, test_does_not_fit);
+    tcase_add_test(tc, test_publish_and_partial);
+    tcase_add_test(tc, test_ends);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
