@@ -94,7 +94,7 @@ void wb__load_fill_stats(const wb_backend *be, const wb_model_registry *models,
 
 /* What a job does (wb_load_job.kind): a load, or a publish's copy
  * (publish.h). */
-enum { WB_JOB_LOAD = 0, WB_JOB_PUBLISH = 1 };
+enum { WB_JOB_LOAD = 0, WB_JOB_PUBLISH = 1, WB_JOB_CHECKSUM = 2 };
 
 typedef struct wb_load_job {
     int kind;
@@ -103,6 +103,18 @@ typedef struct wb_load_job {
     struct wb_publish *publish;
     double copy_seconds;
     uint64_t copied_bytes, kept_bytes;
+    /* A publish's copy left the checksums to a checksum job (cuda: the
+     * device's bytes are read back after the version is current). */
+    int checksums_pending;
+    /* A checksum job (WB_JOB_CHECKSUM): the version it reads (pinned by one
+     * count on its leases while the job runs, so that it is not freed), the
+     * device and slab it reads, and the XXH3 of each tensor it finds (owned;
+     * model->data.tensors order). */
+    struct wb_model *sum_model;
+    int sum_device;
+    const void *sum_ptr;
+    uint64_t *sum_xxh3;
+    double sum_seconds;
     char *name; /* owned */
     char *path; /* owned */
     const wb_backend *backend;

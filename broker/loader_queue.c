@@ -48,6 +48,7 @@ void wb__load_job_free(wb_load_job **jp)
         return;
     wb_load_job *j = *jp;
     wb__model_data_free(&j->data, j->backend);
+    free(j->sum_xxh3);
     free(j->name);
     free(j->path);
     free(j->ident);

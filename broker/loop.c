@@ -286,6 +286,11 @@ static void handle_loads(loop *L)
     while (list) {
         wb_load_job *job = list;
         list = job->next;
+        if (job->kind == WB_JOB_CHECKSUM) {
+            wb__publish_checksums_done(L->b, job);
+            wb__load_job_free(&job);
+            continue;
+        }
         if (job->kind == WB_JOB_PUBLISH) {
             wb_ops_reply r = WB_OPS_REPLY_INIT;
             wb__publish_copy_done(L->b, job, &r);

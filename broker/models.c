@@ -130,6 +130,7 @@ static void wire_pack_copy(wb_model *m, uint32_t k, const uint8_t *table, size_t
     lease.n_tensors = m->data.n_tensors;
     lease.tensors = m->wire_tensor_ptrs;
     lease.version = m->version;
+    lease.checksums_pending = m->checksums_state != WB_CHECKSUMS_READY;
     w->lease_size = wbproto__lease__get_packed_size(&lease);
     if (w->lease_size > m->wire_lease_size)
         m->wire_lease_size = w->lease_size;
@@ -205,24 +206,11 @@ static void table_publish(wb_model *m, const uint8_t *table, size_t len)
     m->table_slab.transport = "shm";
 }
 
-int wb__model_adopt(wb_model *m, wb_model_data *data, wb_err *err)
+/* The wire view of m->data (see wb_model_wire). On failure (out of
+ * memory) nothing was changed. */
+static int build_wire(wb_model *m, wb_err *err)
 {
-    /* Data built without copies (one slab per device, as before copies
-     * existed): each slab is a ready copy. */
-    if (data->n_copies == 0 && data->n_slabs) {
-        data->copies = wb__calloc(data->n_slabs, sizeof *data->copies);
-        if (!data->copies)
-            return wb__err_set(err, WB_ENOMEM, "out of memory describing model '%s'", m->name);
-        data->n_copies = data->n_slabs;
-        for (uint32_t k = 0; k < data->n_slabs; k++) {
-            data->copies[k].device = data->slabs[k].device;
-            data->copies[k].state = WBPROTO__MODEL_STATE__MODEL_READY;
-        }
-    }
-    size_t nc = data->n_copies, nt = data->n_tensors;
-    if (nc == 0 || nc != data->n_slabs)
-        return wb__err_set(err, WB_EINTERNAL, "model '%s': %zu copies for %u slabs", m->name, nc,
-                           data->n_slabs);
+    size_t nc = m->data.n_copies, nt = m->data.n_tensors;
     /* calloc(0) may return NULL; allocate at least one element. */
     wb_model_wire *wire = wb__calloc(nc, sizeof *wire);
     Wbproto__Tensor *tensors = wb__calloc(nt ? nt : 1, sizeof *tensors);
@@ -233,8 +221,6 @@ int wb__model_adopt(wb_model *m, wb_model_data *data, wb_err *err)
         free(tensor_ptrs);
         return wb__err_set(err, WB_ENOMEM, "out of memory describing model '%s'", m->name);
     }
-    m->data = *data;
-    memset(data, 0, sizeof *data);
     for (size_t i = 0; i < nt; i++) {
         const wb_model_tensor *t = &m->data.tensors[i];
         Wbproto__Tensor *w = &tensors[i];
@@ -283,10 +269,67 @@ int wb__model_adopt(wb_model *m, wb_model_data *data, wb_err *err)
     m->table_len = table ? table_len : 0;
     if (first_ready >= 0)
         m->device = m->data.copies[first_ready].device;
+    return WB_OK;
+}
+
+int wb__model_adopt(wb_model *m, wb_model_data *data, wb_err *err)
+{
+    /* Data built without copies (one slab per device, as before copies
+     * existed): each slab is a ready copy. */
+    if (data->n_copies == 0 && data->n_slabs) {
+        data->copies = wb__calloc(data->n_slabs, sizeof *data->copies);
+        if (!data->copies)
+            return wb__err_set(err, WB_ENOMEM, "out of memory describing model '%s'", m->name);
+        data->n_copies = data->n_slabs;
+        for (uint32_t k = 0; k < data->n_slabs; k++) {
+            data->copies[k].device = data->slabs[k].device;
+            data->copies[k].state = WBPROTO__MODEL_STATE__MODEL_READY;
+        }
+    }
+    size_t nc = data->n_copies;
+    if (nc == 0 || nc != data->n_slabs)
+        return wb__err_set(err, WB_EINTERNAL, "model '%s': %zu copies for %u slabs", m->name, nc,
+                           data->n_slabs);
+    m->data = *data;
+    memset(data, 0, sizeof *data);
+    int rc = build_wire(m, err);
+    if (rc != WB_OK) {
+        /* *data owns everything again. */
+        *data = m->data;
+        memset(&m->data, 0, sizeof m->data);
+        return rc;
+    }
     m->state = WBPROTO__MODEL_STATE__MODEL_READY;
     /* Ready is current: the broker demotes the version this one replaces
      * in the same turn (wb__broker_make_current). */
     m->current = 1;
+    return WB_OK;
+}
+
+int wb__model_rewire(wb_model *m, wb_err *err)
+{
+    wb_model old = *m;
+    m->wire_tensors = NULL;
+    m->wire_tensor_ptrs = NULL;
+    m->wire = NULL;
+    m->table = NULL;
+    m->table_len = 0;
+    memset(&m->table_shm, 0, sizeof m->table_shm);
+    int rc = build_wire(m, err);
+    if (rc != WB_OK) {
+        m->wire_tensors = old.wire_tensors;
+        m->wire_tensor_ptrs = old.wire_tensor_ptrs;
+        m->wire = old.wire;
+        m->table = old.table;
+        m->table_len = old.table_len;
+        m->table_shm = old.table_shm;
+        m->table_slab = old.table_slab;
+        m->wire_lease_size = old.wire_lease_size;
+        memcpy(m->table_digest, old.table_digest, sizeof m->table_digest);
+        return rc;
+    }
+    /* The old view's allocations, and its shared table's name. */
+    wire_free(&old);
     return WB_OK;
 }
 

@@ -89,6 +89,8 @@ typedef struct wb_model_wire {
     size_t shared_tail_len;
 } wb_model_wire;
 
+enum { WB_CHECKSUMS_READY = 0, WB_CHECKSUMS_PENDING = 1, WB_CHECKSUMS_FAILED = 2 };
+
 typedef struct wb_model {
     char *name; /* owned */
     char *path; /* owned */
@@ -142,6 +144,12 @@ typedef struct wb_model {
     int published;
     uint32_t published_by_pid;
     uint32_t published_by_uid;
+    /* A published version's checksums: WB_CHECKSUMS_READY (also every
+     * loaded version), or still being computed by the broker (PENDING:
+     * its tensors' xxh3 are 0 and its leases say so,
+     * Lease.checksums_pending; wb__model_rewire once they are known), or
+     * FAILED (the read-back failed; its leases stay unverifiable). */
+    int checksums_state;
     struct wb_publish *publish;
     struct wb_model *next;
 } wb_model;
@@ -165,6 +173,11 @@ void wb__model_fail(wb_model *m, const char *why);
  * a load that has none). On failure (out of memory) nothing changes and
  * *data still owns everything. */
 int wb__model_adopt(wb_model *m, wb_model_data *data, wb_err *err);
+
+/* Builds the wire view again from m->data (the tensors' checksums
+ * changed): later acquire replies carry the new bytes, and the table's
+ * digest with them. On failure (out of memory) the old view stays. */
+int wb__model_rewire(wb_model *m, wb_err *err);
 
 /* Which copy a lease gets. With `uuid` (non-empty) the copy on that device,
  * else with `device_set` the copy on the broker's ordinal `device`, else the

@@ -37,6 +37,7 @@ int wb__ops_lease_tail(const wb_model *m, unsigned copy, enum wb_lease_tail whic
         lw->tensor_table.data = m->table;
         lw->tensor_table.len = m->table_len;
         lw->version = m->version;
+        lw->checksums_pending = m->checksums_state != WB_CHECKSUMS_READY;
         return WB_OK;
     }
     const uint8_t *tail = which == WB_TAIL_CACHED   ? w->cached_tail
@@ -196,6 +197,7 @@ int wb__ops_acquire(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Requ
         lw->n_tensors = m->data.n_tensors;
         lw->tensors = m->wire_tensor_ptrs;
         lw->version = m->version;
+        lw->checksums_pending = m->checksums_state != WB_CHECKSUMS_READY;
     }
     ar->lease = lw;
     r->msg.body_case = WBPROTO__REPLY__BODY_ACQUIRE;

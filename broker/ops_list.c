@@ -292,12 +292,16 @@ Wbproto__ModelInfo *wb__ops_model_info(const wb_model *m, int state, wb_arena *a
     mi->version = m->version;
     mi->current = m->current && state == WBPROTO__MODEL_STATE__MODEL_READY;
     if (m->published) {
-        /* A published version's checksums are computed by the broker as it
-         * copies the producer's bytes: ready once it is. */
+        /* A published version's checksums are the broker's: computed as it
+         * copies host bytes, read back after the version is current from
+         * device memory. */
         mi->published_by_pid = m->published_by_pid;
         mi->published_by_uid = m->published_by_uid;
-        mi->checksums =
-            m->state == WBPROTO__MODEL_STATE__MODEL_LOADING ? (char *)"pending" : (char *)"ready";
+        mi->checksums = m->state == WBPROTO__MODEL_STATE__MODEL_LOADING ||
+                                m->checksums_state == WB_CHECKSUMS_PENDING
+                            ? (char *)"pending"
+                        : m->checksums_state == WB_CHECKSUMS_FAILED ? (char *)"failed"
+                                                                    : (char *)"ready";
     }
     mi->backend = m->backend->proto;
     mi->device = m->device;

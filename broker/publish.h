@@ -117,6 +117,12 @@ void wb__publish_clear(wb_broker *b);
  * kept tensors from the current version's), checksums every tensor, and
  * sets job->rc, job->err and the figures. */
 void wb__publish_copy_run(wb_load_job *job);
+/* A checksum job (WB_JOB_CHECKSUM, loader thread): the published version's
+ * device bytes read back and hashed into job->sum_xxh3. Then, on the loop,
+ * wb__publish_checksums_done stores them, rebuilds the version's wire view
+ * (later leases carry them) and unpins it. */
+void wb__publish_checksum_run(wb_load_job *job);
+void wb__publish_checksums_done(wb_broker *b, wb_load_job *job);
 
 /* The copy of a commit ended (on the loop): the version becomes current,
  * or the publish ends with the copy's error. Builds the commit's reply in

@@ -209,43 +209,10 @@ static int copy_cuda(wb_load_job *job, wb_publish *p, wb_err *err)
         }
     }
     free(ptrs);
-    /* The checksums: every tensor of the first ready copy read back once
-     * through a pinned buffer. */
-    uint32_t k0 = 0;
-    while (k0 < d->n_slabs && !d->slabs[k0].dev_ptr)
-        k0++;
-    size_t chunk = 64u << 20;
-    void *pinned = NULL;
-    if (rc == WB_OK && k0 < d->n_slabs) {
-        cudaSetDevice(d->slabs[k0].device);
-        if ((e = cudaHostAlloc(&pinned, chunk, cudaHostAllocDefault)) != cudaSuccess) {
-            pinned = NULL;
-            rc = cuda_fail(err, e, "allocating pinned memory for the checksums", NULL);
-        }
-    }
-    XXH3_state_t *st = rc == WB_OK ? XXH3_createState() : NULL;
-    if (rc == WB_OK && !st)
-        rc = wb__err_set(err, WB_ENOMEM, "out of memory for a checksum state");
-    for (size_t i = 0; rc == WB_OK && k0 < d->n_slabs && i < d->n_tensors; i++) {
-        wb_model_tensor *t = &d->tensors[i];
-        XXH3_64bits_reset(st);
-        for (uint64_t at = 0; rc == WB_OK && at < t->nbytes; at += chunk) {
-            size_t n = t->nbytes - at < chunk ? (size_t)(t->nbytes - at) : chunk;
-            e = cudaMemcpyAsync(pinned, (const uint8_t *)d->slabs[k0].dev_ptr + t->offset + at, n,
-                                cudaMemcpyDeviceToHost, streams[k0]);
-            if (e == cudaSuccess)
-                e = cudaStreamSynchronize(streams[k0]);
-            if (e != cudaSuccess)
-                rc = cuda_fail(err, e, "reading back for the checksum", t->name);
-            else
-                XXH3_64bits_update(st, pinned, n);
-        }
-        t->xxh3 = XXH3_64bits_digest(st);
-    }
-    if (st)
-        XXH3_freeState(st);
-    if (pinned)
-        cudaFreeHost(pinned);
+    /* The checksums come after the version is current (a checksum job):
+     * reading 4 GiB back takes a tenth of a second, the copy a few ms. */
+    if (rc == WB_OK)
+        job->checksums_pending = 1;
     for (uint32_t k = 0; k < d->n_slabs; k++) {
         if (streams[k]) {
             cudaSetDevice(d->slabs[k].device);
@@ -255,7 +222,134 @@ static int copy_cuda(wb_load_job *job, wb_publish *p, wb_err *err)
     free(streams);
     return rc;
 }
+
+/* Every tensor of one copy read back once through a pinned buffer, and its
+ * XXH3 into job->sum_xxh3. */
+static int checksum_cuda(wb_load_job *job, wb_err *err)
+{
+    const wb_model_data *d = &job->sum_model->data;
+    size_t chunk = 64u << 20;
+    void *pinned = NULL;
+    cudaStream_t stream = NULL;
+    cudaError_t e;
+    int rc = WB_OK;
+    if ((e = cudaSetDevice(job->sum_device)) != cudaSuccess ||
+        (e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        stream = NULL;
+        return cuda_fail(err, e, "creating a stream for the checksums", NULL);
+    }
+    if ((e = cudaHostAlloc(&pinned, chunk, cudaHostAllocDefault)) != cudaSuccess) {
+        pinned = NULL;
+        rc = cuda_fail(err, e, "allocating pinned memory for the checksums", NULL);
+    }
+    XXH3_state_t *st = rc == WB_OK ? XXH3_createState() : NULL;
+    if (rc == WB_OK && !st)
+        rc = wb__err_set(err, WB_ENOMEM, "out of memory for a checksum state");
+    for (size_t i = 0; rc == WB_OK && i < d->n_tensors; i++) {
+        const wb_model_tensor *t = &d->tensors[i];
+        XXH3_64bits_reset(st);
+        for (uint64_t at = 0; rc == WB_OK && at < t->nbytes; at += chunk) {
+            size_t n = t->nbytes - at < chunk ? (size_t)(t->nbytes - at) : chunk;
+            e = cudaMemcpyAsync(pinned, (const uint8_t *)job->sum_ptr + t->offset + at, n,
+                                cudaMemcpyDeviceToHost, stream);
+            if (e == cudaSuccess)
+                e = cudaStreamSynchronize(stream);
+            if (e != cudaSuccess)
+                rc = cuda_fail(err, e, "reading back for the checksum", t->name);
+            else
+                XXH3_64bits_update(st, pinned, n);
+        }
+        job->sum_xxh3[i] = XXH3_64bits_digest(st);
+    }
+    if (st)
+        XXH3_freeState(st);
+    if (pinned)
+        cudaFreeHost(pinned);
+    cudaStreamDestroy(stream);
+    return rc;
+}
 #endif
+
+void wb__publish_checksum_run(wb_load_job *job)
+{
+    wb__err_clear(&job->err);
+    double t0 = wb__clock_mono_s();
+#ifdef WB_HAVE_CUDA
+    job->rc = checksum_cuda(job, &job->err);
+#else
+    job->rc = wb__err_set(&job->err, WB_ENOSYS, "this build has no CUDA");
+#endif
+    job->sum_seconds = wb__clock_mono_s() - t0;
+}
+
+/* A published version's checksums read back after it became current: it
+ * is pinned (one count on its leases) until they are in. */
+static void queue_checksums(wb_broker *b, wb_model *m)
+{
+    char q[300];
+    wb__log_quote(q, sizeof q, m->name);
+    uint32_t k0 = 0;
+    while (k0 < m->data.n_slabs && !m->data.slabs[k0].dev_ptr)
+        k0++;
+    wb_load_job *j = k0 < m->data.n_slabs ? wb__load_job_new(m->name, "", m->backend,
+                                                             m->data.slabs[k0].device, NULL, 0, 0)
+                                          : NULL;
+    uint64_t *sums = j ? wb__calloc(m->data.n_tensors ? m->data.n_tensors : 1, sizeof *sums) : NULL;
+    if (!sums) {
+        wb__load_job_free(&j);
+        m->checksums_state = WB_CHECKSUMS_FAILED;
+        wb_warn("publish_checksums", "model=%s version=%u state=failed error=%s", q, m->version,
+                "out of memory starting the checksums");
+        return;
+    }
+    j->kind = WB_JOB_CHECKSUM;
+    j->sum_model = m;
+    j->sum_device = m->data.slabs[k0].device;
+    j->sum_ptr = m->data.slabs[k0].dev_ptr;
+    j->sum_xxh3 = sums;
+    m->leases++;
+    wb_info("publish_checksums", "model=%s version=%u tensors=%zu state=pending", q, m->version,
+            m->data.n_tensors);
+    if (b->loader) {
+        wb__loader_submit(b->loader, j);
+        return;
+    }
+    wb__publish_checksum_run(j);
+    wb__publish_checksums_done(b, j);
+    wb__load_job_free(&j);
+}
+
+void wb__publish_checksums_done(wb_broker *b, wb_load_job *job)
+{
+    wb_model *m = job->sum_model;
+    char q[300], qe[WB_ERR_MSG_MAX + 64];
+    wb__log_quote(q, sizeof q, m->name);
+    wb_err err = job->err;
+    int rc = job->rc;
+    if (rc == WB_OK) {
+        for (size_t i = 0; i < m->data.n_tensors; i++)
+            m->data.tensors[i].xxh3 = job->sum_xxh3[i];
+        m->checksums_state = WB_CHECKSUMS_READY;
+        rc = wb__model_rewire(m, &err);
+        if (rc != WB_OK)
+            m->checksums_state = WB_CHECKSUMS_PENDING;
+    }
+    if (rc == WB_OK) {
+        wb_info("publish_checksums", "model=%s version=%u tensors=%zu state=ready seconds=%.3f", q,
+                m->version, m->data.n_tensors, job->sum_seconds);
+    } else {
+        if (job->rc != WB_OK)
+            m->checksums_state = WB_CHECKSUMS_FAILED;
+        wb_warn("publish_checksums", "model=%s version=%u state=%s status=%s error=%s", q,
+                m->version, m->checksums_state == WB_CHECKSUMS_FAILED ? "failed" : "pending",
+                wb_status_name(rc), wb__log_quote(qe, sizeof qe, err.msg));
+    }
+    /* Unpinned: a version no longer current goes at its last lease. */
+    if (m->leases)
+        m->leases--;
+    if (m->leases == 0 && m->state == WBPROTO__MODEL_STATE__MODEL_DRAINING)
+        wb__broker_free_model(b, m);
+}
 
 void wb__publish_copy_run(wb_load_job *job)
 {
@@ -314,6 +408,7 @@ void wb__publish_copy_done(wb_broker *b, wb_load_job *job, wb_ops_reply *r)
                          p->name);
     if (rc == WB_OK) {
         job->data.open_seconds = 0;
+        m->checksums_state = job->checksums_pending ? WB_CHECKSUMS_PENDING : WB_CHECKSUMS_READY;
         rc = wb__model_adopt(m, &job->data, &err);
     }
     if (rc == WB_OK)
@@ -339,8 +434,9 @@ void wb__publish_copy_done(wb_broker *b, wb_load_job *job, wb_ops_reply *r)
             "gbps=%.3f pid=%u uid=%u",
             q, m->version, p->beside, (unsigned long long)copied, (unsigned long long)kept, secs,
             secs > 0 ? (double)(copied + kept) / secs / 1e9 : 0.0, p->creds.pid, p->creds.uid);
-    wb_info("publish_checksums", "model=%s version=%u tensors=%zu state=ready", q, m->version,
-            m->data.n_tensors);
+    if (m->checksums_state == WB_CHECKSUMS_READY)
+        wb_info("publish_checksums", "model=%s version=%u tensors=%zu state=ready", q, m->version,
+                m->data.n_tensors);
     uint32_t previous = wb__broker_make_current(b, m);
     /* The publish is over; its record is the model's now. */
     p->model = NULL;
@@ -364,4 +460,7 @@ void wb__publish_copy_done(wb_broker *b, wb_load_job *job, wb_ops_reply *r)
     cr->kept_bytes = kept;
     r->msg.body_case = WBPROTO__REPLY__BODY_PUBLISH_COMMIT;
     r->msg.publish_commit = cr;
+    /* After the reply is made: the version is current, its checksums come. */
+    if (m->checksums_state == WB_CHECKSUMS_PENDING)
+        queue_checksums(b, m);
 }

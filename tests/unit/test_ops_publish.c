@@ -367,6 +367,56 @@ START_TEST(test_ends)
 }
 END_TEST
 
+/* A published version whose checksums are still being computed (a cuda
+ * publish reads them back after it is current): its leases say so and
+ * carry no checksums; once they are in, the wire view is built again and
+ * later leases carry them, with the table's digest. */
+START_TEST(test_checksums_pending)
+{
+    load_demo();
+    wb_model *m = wb__models_current(&F.b.models, "demo");
+    ck_assert_ptr_nonnull(m);
+    uint8_t digest[16];
+    memcpy(digest, m->table_digest, sizeof digest);
+    uint64_t want[64];
+    ck_assert_uint_le(m->data.n_tensors, 64);
+    for (size_t i = 0; i < m->data.n_tensors; i++) {
+        want[i] = m->data.tensors[i].xxh3;
+        m->data.tensors[i].xxh3 = 0;
+    }
+    m->checksums_state = WB_CHECKSUMS_PENDING;
+    wb_err err;
+    ck_assert_int_eq(wb__model_rewire(m, &err), WB_OK);
+    wb_peer_creds p = me();
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__AcquireRequest ar = WBPROTO__ACQUIRE_REQUEST__INIT;
+    ar.model = "demo";
+    req.id = 7;
+    req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
+    req.acquire = &ar;
+    Wbproto__Reply *r = fixture_call(&F, &p, &req);
+    ck_assert_msg(r->status == 0, "%s", r->error);
+    ck_assert(r->acquire->lease->checksums_pending);
+    ck_assert_uint_eq(r->acquire->lease->n_tensors, m->data.n_tensors);
+    for (size_t i = 0; i < r->acquire->lease->n_tensors; i++)
+        ck_assert_uint_eq(r->acquire->lease->tensors[i]->xxh3, 0);
+    ck_assert_mem_ne(m->table_digest, digest, sizeof digest);
+    for (size_t i = 0; i < m->data.n_tensors; i++)
+        m->data.tensors[i].xxh3 = want[i];
+    m->checksums_state = WB_CHECKSUMS_READY;
+    ck_assert_int_eq(wb__model_rewire(m, &err), WB_OK);
+    req.id = 8;
+    r = fixture_call(&F, &p, &req);
+    ck_assert_msg(r->status == 0, "%s", r->error);
+    ck_assert(!r->acquire->lease->checksums_pending);
+    size_t nonzero = 0;
+    for (size_t i = 0; i < r->acquire->lease->n_tensors; i++)
+        nonzero += r->acquire->lease->tensors[i]->xxh3 != 0;
+    ck_assert_uint_eq(nonzero, m->data.n_tensors);
+    ck_assert_mem_eq(m->table_digest, digest, sizeof digest);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("ops_publish");
@@ -377,6 +427,7 @@ int main(void)
     tcase_add_test(tc, test_does_not_fit);
     tcase_add_test(tc, test_publish_and_partial);
     tcase_add_test(tc, test_ends);
+    tcase_add_test(tc, test_checksums_pending);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
