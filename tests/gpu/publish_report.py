@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""The publish test's report (tests/gpu/publish.sh).
+
+  publish_report.py OUT N M0 MPRE MPOST "RC..."
+
+Reads OUT/trainer.json (the trainer's updates and the baseline),
+OUT/publish_events.log (the broker's event=publish_commit lines: the copy's
+seconds per version), OUT/w<i>/result.json and OUT/w<i>/output_v<V>.safetensors
+(each worker's first output of each version) and OUT/refs/ref_v<V>.safetensors
+(eager PyTorch's for that version). Prints the report (JSON); exits 1 when a
+correctness check failed: an output off its reference (relative error above
+0.02, Frobenius norms in float64), an output changed within a version, a
+worker that missed a published version or did not exit 0, more than one
+copy's worth of device memory left after the last update (MPOST against
+MPRE, within 256 MiB). The targets (the broker's copy at >= 0.8 x the plain
+device-to-device copy's GB/s; publish call to the last worker swapped within
+the copy + 10 ms) are reported in targets_met."""
+import json
+import os
+import re
+import sys
+
+import torch
+from safetensors.torch import load_file
+
+TOL = 0.02
+
+
+def load(p):
+    try:
+        return json.load(open(p))
+    except (OSError, ValueError):
+        return None
+
+
+def fields(line):
+    return dict(re.findall(r'(\w+)=("[^"]*"|\S+)', line))
+
+
+def main():
+    out, n = sys.argv[1], int(sys.argv[2])
+    m0, mpre, mpost = (int(x) for x in sys.argv[3:6])
+    rcs = [int(x) for x in sys.argv[6].split()] if len(sys.argv) > 6 and sys.argv[6] else []
+    tr = load(os.path.join(out, "trainer.json")) or {"updates": []}
+    ups = {u["version"]: u for u in tr["updates"]}
+    copies = {}
+    try:
+        for line in open(os.path.join(out, "publish_events.log")):
+            f = fields(line)
+            if f.get("event") == "publish_commit" and "version" in f:
+                s = f.get("copy_seconds") or f.get("seconds")
+                copies[int(f["version"])] = {k: v.strip('"') for k, v in f.items()}
+                copies[int(f["version"])]["copy_s"] = float(s) if s else None
+    except OSError:
+        pass
+    res = {"workers": n, "updates": len(ups), "versions": sorted(ups), "runs": 0, "failed": 0,
+           "mixed": 0, "errors": [], "worker_exit": rcs, "tolerance": TOL}
+    refs = {}
+    swapped = {v: [] for v in ups}
+    worst = 0.0
+    for i in range(1, n + 1):
+        r = load(os.path.join(out, f"w{i}", "result.json"))
+        if not r:
+            res["failed"] += 1
+            res["errors"].append(f"worker {i}: no result")
+            continue
+        vs = {v["version"]: v for v in r.get("versions", [])}
+        res["runs"] += sum(v["runs"] for v in vs.values())
+        res["mixed"] += sum(v["changed"] for v in vs.values())
+        missing = [v for v in ups if v not in vs]
+        if missing:
+            res["failed"] += 1
+            res["errors"].append(f"worker {i}: never ran versions {missing}")
+        for v in vs:
+            p = os.path.join(out, f"w{i}", f"output_v{v}.safetensors")
+            rp = os.path.join(out, "refs", f"ref_v{v}.safetensors")
+            if not os.path.exists(rp):
+                if v != 1:
+                    res["errors"].append(f"worker {i}: no reference for version {v}")
+                continue
+            if v not in refs:
+                refs[v] = load_file(rp)["output0"].double()
+            y = load_file(p)["output0"].double()
+            ref = refs[v]
+            err = float((y - ref).norm() / ref.norm().clamp_min(1e-30)) \
+                if y.shape == ref.shape else float("inf")
+            worst = max(worst, err)
+            if err > TOL:
+                res["failed"] += 1
+                res["errors"].append(f"worker {i} version {v}: relative error {err}")
+        for s in r.get("swaps", []):
+            if s["version"] in swapped:
+                swapped[s["version"]].append(s["swapped_at"])
+    res["max_rel_err"] = worst
+    per = []
+    for v, u in sorted(ups.items()):
+        c = copies.get(v, {})
+        copy_s = c.get("copy_s")
+        gbps = u["bytes"] / copy_s / 1e9 if copy_s else None
+        last = max(swapped[v]) if len(swapped[v]) == n else None
+        to_all = (last - u["started_at"]) * 1e3 if last else None
+        per.append({"version": v, "bytes": u["bytes"], "publish_ms": round(u["publish_s"] * 1e3, 3),
+                    "broker_copy_ms": round(copy_s * 1e3, 3) if copy_s else None,
+                    "broker_copy_gbps": round(gbps, 2) if gbps else None,
+                    "plain_copy_ms": round(u["plain_copy_s"] * 1e3, 3),
+                    "plain_gbps": u["plain_gbps"],
+                    "copy_ratio": round(gbps / u["plain_gbps"], 3) if gbps else None,
+                    "call_to_all_swapped_ms": round(to_all, 3) if to_all is not None else None,
+                    "beyond_copy_ms": round(to_all - copy_s * 1e3, 3)
+                    if to_all is not None and copy_s else None})
+    res["per_update"] = per
+
+    def med(k):
+        xs = sorted(p[k] for p in per if p[k] is not None)
+        return xs[len(xs) // 2] if xs else None
+
+    def worst_of(k, hi=True):
+        xs = [p[k] for p in per if p[k] is not None]
+        return (max(xs) if hi else min(xs)) if xs else None
+
+    res["summary"] = {"copy_ratio_median": med("copy_ratio"), "copy_ratio_min": worst_of(
+        "copy_ratio", hi=False), "broker_copy_gbps_median": med("broker_copy_gbps"),
+        "plain_gbps_median": med("plain_gbps"),
+        "call_to_all_swapped_ms_median": med("call_to_all_swapped_ms"),
+        "beyond_copy_ms_median": med("beyond_copy_ms"), "beyond_copy_ms_max": worst_of(
+            "beyond_copy_ms")}
+    res["memory"] = {"idle": m0, "before_first_update": mpre, "after_last_update": mpost,
+                     "one_copy": abs(mpost - mpre) <= (256 << 20)}
+    res["baseline"] = tr.get("baseline")
+    if tr.get("baseline"):
+        b = tr["baseline"]
+        res["baseline_vs_broker"] = {
+            "update_s": b["update_s"], "device_bytes_added": b["device_bytes_added"],
+            "broker_extra_bytes_per_update": per[0]["bytes"] if per else None}
+    res["targets_met"] = {
+        "copy_ratio": bool(per) and all(p["copy_ratio"] is not None and p["copy_ratio"] >= 0.8
+                                        for p in per),
+        "swap": bool(per) and all(p["beyond_copy_ms"] is not None and p["beyond_copy_ms"] <= 10
+                                  for p in per)}
+    res["ok"] = (res["failed"] == 0 and res["mixed"] == 0 and res["memory"]["one_copy"]
+                 and len(ups) > 0 and all(rc == 0 for rc in rcs) and len(rcs) == n)
+    print(json.dumps(res, indent=1))
+    return 0 if res["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

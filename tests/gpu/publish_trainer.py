@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""The trainer of the publish test (tests/gpu/publish.sh): a process that
+holds a model on the GPU, changes its weights and publishes each update
+through the broker while workers serve and follow it.
+
+  publish_trainer.py --socket SOCK --dir DIR --model NAME --updates N --out OUT.json
+                     [--refs REFDIR] [--baseline-workers 8]
+
+DIR holds the bf16 family of examples/compile_models.py (bf16_base,
+bf16_head_a, bf16_input, manifest_bf16.json). The base's tensors are loaded
+into device memory once. Each update changes every backbone weight in place
+(its rows rolled by one, copied back into the same storage), then:
+
+  * the eager output of variant a on the input with these weights is saved
+    as REFDIR/ref_v<version>.safetensors (the version the publish returns),
+  * a plain device-to-device copy of the same bytes into a second buffer is
+    timed with CUDA events (torch's copy_: cudaMemcpyAsync): the baseline
+    of the broker's copy,
+  * weightbroker.Client.publish(NAME, state_dict) makes the new version;
+    its wall time is recorded with the Unix time it started.
+
+Then the baseline of how reinforcement-learning frameworks deliver an
+update on one GPU today: --baseline-workers processes (torch.multiprocessing,
+spawn) each allocate their own copy of the weights, receive the trainer's
+tensors as CUDA IPC handles and copy them into their copy; the time from
+sending to the last copy done and the device memory they add (NVML).
+
+Writes OUT.json: {"updates": [{version, started_at, publish_s, bytes,
+plain_copy_s, plain_gbps}], "baseline": {...}}.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+from safetensors.torch import load_file, save_file
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
+sys.path.insert(0, HERE)
+
+
+def nvml_used():
+    import gpumem
+    try:
+        return gpumem.nvml(0)["used"]
+    except (OSError, RuntimeError):
+        return gpumem.smi(0)["used"]
+
+
+def eager_output(dim, layers, base, head, x):
+    import compile_models
+    with torch.device("meta"):
+        v = compile_models.Bf16Variant(dim, layers, 1024, False, torch.bfloat16)
+    sd = dict(base)
+    sd.update(head)
+    v.load_state_dict(sd, strict=True, assign=True)
+    with torch.no_grad():
+        return v.eval()(x)
+
+
+def receiver(rank, q, done, shapes):
+    import torch as t
+    own = {k: t.empty(s, dtype=t.bfloat16, device="cuda") for k, s in shapes.items()}
+    t.cuda.synchronize()
+    done.put(("ready", rank, 0.0))
+    tensors = q.get()
+    for k, v in tensors.items():
+        own[k].copy_(v)
+    t.cuda.synchronize()
+    done.put(("copied", rank, time.time()))
+    q.get()  # hold until told to exit (the memory is measured meanwhile)
+
+
+def baseline(base, n):
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    shapes = {k: tuple(v.shape) for k, v in base.items()}
+    qs = [ctx.Queue() for _ in range(n)]
+    done = ctx.Queue()
+    torch.cuda.synchronize()
+    before = nvml_used()
+    procs = [ctx.Process(target=receiver, args=(i, qs[i], done, shapes)) for i in range(n)]
+    for p in procs:
+        p.start()
+    for _ in range(n):
+        done.get()
+    ready_mem = nvml_used()
+    t0 = time.time()
+    for q in qs:
+        q.put(base)
+    last = max(done.get()[2] for _ in range(n))
+    after = nvml_used()
+    for q in qs:
+        q.put(None)
+    for p in procs:
+        p.join(60)
+    nbytes = sum(v.numel() * v.element_size() for v in base.values())
+    return {"workers": n, "bytes_each": nbytes, "update_s": round(last - t0, 4),
+            "device_bytes_added": after - before, "device_bytes_before_copy": ready_mem - before,
+            "copies": n}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--socket", required=True)
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--model", default="base")
+    ap.add_argument("--updates", type=int, default=20)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--refs", required=True)
+    ap.add_argument("--baseline-workers", type=int, default=8)
+    ap.add_argument("--go-baseline", help="wait for this file before the baseline")
+    a = ap.parse_args()
+    import weightbroker
+
+    d = a.dir
+    name = "manifest_bf16.json" if os.path.exists(os.path.join(d, "manifest_bf16.json")) \
+        else "manifest.json"
+    man = json.load(open(os.path.join(d, name)))["bf16"]
+    dim, layers = man["dim"], man["layers"]
+    x = load_file(os.path.join(d, "bf16_input.safetensors"))["input0"].cuda()
+    head = load_file(os.path.join(d, "bf16_head_a.safetensors"), device="cuda")
+    base = load_file(os.path.join(d, "bf16_base.safetensors"), device="cuda")
+    nbytes = sum(v.numel() * v.element_size() for v in base.values())
+    plain = {k: torch.empty_like(v) for k, v in base.items()}
+    client = weightbroker.Client(a.socket, timeout_ms=120000)
+    os.makedirs(a.refs, exist_ok=True)
+    print("ready", flush=True)
+    ups = []
+    for u in range(a.updates):
+        with torch.no_grad():
+            for v in base.values():
+                v.copy_(torch.roll(v, 1, dims=0))  # in place: the same storage
+        torch.cuda.synchronize()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for k, v in base.items():
+            plain[k].copy_(v)
+        e1.record()
+        e1.synchronize()
+        plain_s = e0.elapsed_time(e1) / 1e3
+        ref = eager_output(dim, layers, base, head, x)
+        torch.cuda.synchronize()
+        started = time.time()
+        version = client.publish(a.model, base)
+        publish_s = time.time() - started
+        save_file({"output0": ref.cpu()}, os.path.join(a.refs, f"ref_v{version}.safetensors"))
+        ups.append({"version": version, "started_at": started, "publish_s": round(publish_s, 6),
+                    "bytes": nbytes, "plain_copy_s": round(plain_s, 6),
+                    "plain_gbps": round(nbytes / plain_s / 1e9, 2)})
+        print(f"published version {version} in {publish_s * 1e3:.1f} ms "
+              f"(plain copy {plain_s * 1e3:.2f} ms)", flush=True)
+        torch.cuda.empty_cache()  # the roll's scratch: NVML then shows what is held
+        time.sleep(0.3)
+    res = {"updates": ups}
+    print("published all", flush=True)
+    while a.go_baseline and not os.path.exists(a.go_baseline):
+        time.sleep(0.05)
+    del plain
+    torch.cuda.empty_cache()
+    if a.baseline_workers:
+        res["baseline"] = baseline(base, a.baseline_workers)
+    client.close()
+    json.dump(res, open(a.out, "w"), indent=1)
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
