@@ -39,6 +39,9 @@ EXIT_RC=
 
 # Clients must not find some other broker through the environment.
 export WB_SOCKET=$SOCK
+# The folder of the tests' Python helpers (fake_files.py), for their inline scripts.
+WB_TEST_PY=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+export WB_TEST_PY
 
 log() { printf '%s: %s\n' "$TEST_NAME" "$*" >&2; }
 

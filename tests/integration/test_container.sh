@@ -17,18 +17,10 @@ done
 # Weights, input and the two packages (the fake library and its spec in the
 # layout of a real .pt2: <name>/data/aotinductor/model/).
 "$PYTHON" - "$WB_TMP" "$FAKE_DIR" <<'PY' || fail "cannot write the test files"
-import json, struct, sys, zipfile
+import os, sys
+sys.path.insert(0, os.environ["WB_TEST_PY"])
+from fake_files import fake_package, st
 tmp, fake = sys.argv[1], sys.argv[2]
-def st(path, tensors):
-    header, data = {}, b""
-    for name, values in tensors:
-        raw = struct.pack("<%df" % len(values), *values)
-        header[name] = {"dtype": "F32", "shape": [len(values)],
-                        "data_offsets": [len(data), len(data) + len(raw)]}
-        data += raw
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    open(path, "wb").write(struct.pack("<Q", len(h)) + h + data)
 st(tmp + "/base.safetensors", [("model.weight", [1, 2, 3, 4])])
 st(tmp + "/head_a.safetensors", [("model.bias", [10, 20, 30, 40])])
 st(tmp + "/head_b.safetensors", [("model.bias", [-1, -2, -3, -4])])
@@ -36,9 +28,7 @@ st(tmp + "/input.safetensors", [("input0", [1, 1, 2, 2])])
 spec = "elements 4\nconst w model.weight 6 16\nconst b model.bias 6 16\n"
 folded = spec + "folded _FOLDED_CONST_w2 16\n"
 for flavour, s in (("v211", folded), ("v214", spec)):
-    with zipfile.ZipFile("%s/variant_%s.pt2" % (tmp, flavour), "w") as z:
-        z.write("%s/fake_aoti_%s.so" % (fake, flavour), "variant/data/aotinductor/model/model.so")
-        z.writestr("variant/data/aotinductor/model/fake_aoti_spec.txt", s)
+    fake_package("%s/variant_%s.pt2" % (tmp, flavour), "%s/fake_aoti_%s.so" % (fake, flavour), s)
 PY
 
 start_broker --model "base=$WB_TMP/base.safetensors" --model "head_a=$WB_TMP/head_a.safetensors" \
@@ -72,12 +62,10 @@ output_has wb "api=CreateWithExternalConstants" ||
 # Each variant's output: y = x * w + b (the folded copy gives the same).
 check_output() {
   "$PYTHON" - "$1" "$2" <<'PY'
-import json, struct, sys
-raw = open(sys.argv[1], "rb").read()
-n = struct.unpack("<Q", raw[:8])[0]
-h = json.loads(raw[8:8 + n])
-a, b = h["output0"]["data_offsets"]
-y = list(struct.unpack("<4f", raw[8 + n + a:8 + n + b]))
+import json, os, sys
+sys.path.insert(0, os.environ["WB_TEST_PY"])
+from fake_files import output0
+y = list(output0(sys.argv[1]))
 want = json.loads(sys.argv[2])
 sys.exit(0 if y == want else "output %s, want %s" % (y, want))
 PY

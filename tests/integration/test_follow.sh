@@ -19,25 +19,15 @@ done
 "$WBCTL" --help 2>/dev/null | grep -q "rollout" || skip "this wbctl has no rollout (a broker without versions)"
 
 "$PYTHON" - "$WB_TMP" "$FAKE_DIR" <<'PY' || fail "cannot write the test files"
-import json, struct, sys, zipfile
+import os, sys
+sys.path.insert(0, os.environ["WB_TEST_PY"])
+from fake_files import fake_package, st
 tmp, fake = sys.argv[1], sys.argv[2]
-def st(path, tensors):
-    header, data = {}, b""
-    for name, values in tensors:
-        raw = struct.pack("<%df" % len(values), *values)
-        header[name] = {"dtype": "F32", "shape": [len(values)],
-                        "data_offsets": [len(data), len(data) + len(raw)]}
-        data += raw
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    open(path, "wb").write(struct.pack("<Q", len(h)) + h + data)
 st(tmp + "/base1.safetensors", [("model.weight", [1, 1, 1, 1]), ("model.bias", [1, 1, 1, 1])])
 st(tmp + "/base2.safetensors", [("model.weight", [2, 2, 2, 2]), ("model.bias", [2, 2, 2, 2])])
 st(tmp + "/input.safetensors", [("input0", [1, 1, 1, 1])])
 spec = "elements 4\nrun_delay_us 200000\nconst w model.weight 6 16\nconst b model.bias 6 16\n"
-with zipfile.ZipFile(tmp + "/variant.pt2", "w") as z:
-    z.write(fake + "/fake_aoti_v211.so", "variant/data/aotinductor/model/model.so")
-    z.writestr("variant/data/aotinductor/model/fake_aoti_spec.txt", spec)
+fake_package(tmp + "/variant.pt2", fake + "/fake_aoti_v211.so", spec)
 PY
 
 start_broker --model "base=$WB_TMP/base1.safetensors"

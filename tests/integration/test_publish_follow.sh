@@ -20,18 +20,10 @@ for f in "$AOTI_WORKER" "$PUBLISH" "$FAKE_DIR/fake_aoti_v211.so"; do
 done
 
 "$PYTHON" - "$WB_TMP" "$FAKE_DIR" <<'PY' || fail "cannot write the test files"
-import json, struct, sys, zipfile
+import os, sys
+sys.path.insert(0, os.environ["WB_TEST_PY"])
+from fake_files import fake_package, st
 tmp, fake = sys.argv[1], sys.argv[2]
-def st(path, tensors):
-    header, data = {}, b""
-    for name, values in tensors:
-        raw = struct.pack("<%df" % len(values), *values)
-        header[name] = {"dtype": "F32", "shape": [len(values)],
-                        "data_offsets": [len(data), len(data) + len(raw)]}
-        data += raw
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    open(path, "wb").write(struct.pack("<Q", len(h)) + h + data)
 for v in (1, 2):
     st("%s/base_v%d.safetensors" % (tmp, v), [("model.weight", [float(v)] * 4),
                                               ("model.bias", [0.0] * 4)])
@@ -40,9 +32,7 @@ st(tmp + "/stranger.safetensors", [("model.wieght", [9.0] * 4)])
 st(tmp + "/short.safetensors", [("model.weight", [9.0] * 2)])
 st(tmp + "/input.safetensors", [("input0", [1.0] * 4)])
 spec = "elements 4\nrun_delay_us 5000\nconst w model.weight 6 16\nconst b model.bias 6 16\n"
-with zipfile.ZipFile(tmp + "/variant.pt2", "w") as z:
-    z.write(fake + "/fake_aoti_v211.so", "variant/data/aotinductor/model/model.so")
-    z.writestr("variant/data/aotinductor/model/fake_aoti_spec.txt", spec)
+fake_package(tmp + "/variant.pt2", fake + "/fake_aoti_v211.so", spec)
 PY
 
 start_broker --model "base=$WB_TMP/base_v1.safetensors"
@@ -87,7 +77,9 @@ for p in $w1 $w2; do
   [ "$EXIT_RC" = 0 ] || fail "worker $p exited $EXIT_RC (3: an output changed within a version)"
 done
 "$PYTHON" - "$WB_TMP" <<'PY' || fail "outputs do not match their versions"
-import glob, json, os, re, struct, sys
+import json, os, sys
+sys.path.insert(0, os.environ["WB_TEST_PY"])
+from fake_files import output0
 tmp = sys.argv[1]
 for d in ("w1", "w2"):
     res = [l for l in open(os.path.join(tmp, d + ".out")) if l.startswith("result ")]
@@ -95,9 +87,6 @@ for d in ("w1", "w2"):
     assert sorted(v["version"] for v in r["versions"]) == [1, 2, 3], r["versions"]
     assert all(v["changed"] == 0 and v["runs"] > 0 for v in r["versions"]), r["versions"]
     for v in (1, 2, 3):
-        raw = open(os.path.join(tmp, d, "output_v%d.safetensors" % v), "rb").read()
-        n = struct.unpack("<Q", raw[:8])[0]
-        a, b = json.loads(raw[8:8 + n])["output0"]["data_offsets"]
-        y = struct.unpack("<4f", raw[8 + n + a:8 + n + b])
+        y = output0(os.path.join(tmp, d, "output_v%d.safetensors" % v))
         assert y == (float(v),) * 4, (d, v, y)
 PY

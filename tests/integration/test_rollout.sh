@@ -27,26 +27,16 @@ HOST_SLAB=shm
 use_slow_broker 30000
 
 "$PYTHON" - "$WB_TMP" "$FAKE_DIR" <<'PY' || fail "cannot write the test files"
-import json, struct, sys, zipfile
+import os, sys
+sys.path.insert(0, os.environ["WB_TEST_PY"])
+from fake_files import fake_package, st
 tmp, fake = sys.argv[1], sys.argv[2]
-def st(path, tensors):
-    header, data = {}, b""
-    for name, values in tensors:
-        raw = struct.pack("<%df" % len(values), *values)
-        header[name] = {"dtype": "F32", "shape": [len(values)],
-                        "data_offsets": [len(data), len(data) + len(raw)]}
-        data += raw
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    open(path, "wb").write(struct.pack("<Q", len(h)) + h + data)
 for v in (1, 2, 3):
     st("%s/base_v%d.safetensors" % (tmp, v), [("model.weight", [float(v)] * 4)])
 st(tmp + "/head.safetensors", [("model.bias", [0.0] * 4)])
 st(tmp + "/input.safetensors", [("input0", [1.0] * 4)])
 spec = "elements 4\nrun_delay_us 20000\nconst w model.weight 6 16\nconst b model.bias 6 16\n"
-with zipfile.ZipFile(tmp + "/variant.pt2", "w") as z:
-    z.write(fake + "/fake_aoti_v211.so", "variant/data/aotinductor/model/model.so")
-    z.writestr("variant/data/aotinductor/model/fake_aoti_spec.txt", spec)
+fake_package(tmp + "/variant.pt2", fake + "/fake_aoti_v211.so", spec)
 PY
 
 start_broker --model "base=$WB_TMP/base_v1.safetensors" --model "head=$WB_TMP/head.safetensors"
@@ -144,7 +134,9 @@ done
 
 # Every output of version v is v (y = x * v + 0 with x = 1).
 "$PYTHON" - "$WB_TMP" <<'PY' || fail "outputs do not match their versions"
-import glob, json, os, re, struct, sys
+import glob, json, os, re, sys
+sys.path.insert(0, os.environ["WB_TEST_PY"])
+from fake_files import output0
 tmp = sys.argv[1]
 seen = 0
 for d in ("w1", "w2", "w3"):
@@ -156,10 +148,7 @@ for d in ("w1", "w2", "w3"):
         assert e["changed"] == 0 and e["runs"] > 0, (d, e)
     for f in glob.glob(os.path.join(tmp, d, "output_v*.safetensors")):
         v = int(re.search(r"_v(\d+)\.", f).group(1))
-        raw = open(f, "rb").read()
-        n = struct.unpack("<Q", raw[:8])[0]
-        a, b = json.loads(raw[8:8 + n])["output0"]["data_offsets"]
-        y = struct.unpack("<4f", raw[8 + n + a:8 + n + b])
+        y = output0(f)
         want = 1.0 if v == 4 else float(v)
         assert y == (want,) * 4, (f, y)
         seen += 1
