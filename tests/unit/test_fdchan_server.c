@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -432,6 +433,83 @@ START_TEST(test_hostile_input)
 }
 END_TEST
 
+/* Sends a publish request ("WBP1") with `n` descriptors attached (memfds
+ * whose inodes go to `ino`). */
+static answer ask_publish(wb_fdchan_server *s, int cfd, const uint8_t *id, int n, ino_t *ino)
+{
+    uint8_t req[WB_FDCHAN_REQUEST_LEN];
+    wb__fdchan_publish_request_pack(req, id);
+    int fds[4];
+    union {
+        struct cmsghdr h;
+        char space[CMSG_SPACE(sizeof fds)];
+    } ctl;
+    memset(&ctl, 0, sizeof ctl);
+    struct iovec iov = {.iov_base = req, .iov_len = sizeof req};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    for (int i = 0; i < n; i++) {
+        fds[i] = memfd_create("publish", MFD_CLOEXEC);
+        ck_assert_int_ge(fds[i], 0);
+        struct stat st;
+        ck_assert_int_eq(fstat(fds[i], &st), 0);
+        ino[i] = st.st_ino;
+    }
+    if (n) {
+        mh.msg_control = ctl.space;
+        mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)n);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)n);
+        memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)n);
+    }
+    ck_assert_int_eq(sendmsg(cfd, &mh, MSG_NOSIGNAL), (ssize_t)sizeof req);
+    for (int i = 0; i < n; i++)
+        close(fds[i]);
+    pump(s, cfd);
+    return ask(s, cfd, NULL, 0);
+}
+
+/* How many of this process's descriptors are open on inode `ino`. */
+static int open_on(ino_t ino)
+{
+    int count = 0;
+    for (int fd = 0; fd < 4096; fd++) {
+        struct stat st;
+        if (fstat(fd, &st) == 0 && st.st_ino == ino && S_ISREG(st.st_mode))
+            count++;
+    }
+    return count;
+}
+
+/* A publish request with no descriptor, or two, is refused, and whatever
+ * came with it is closed in the broker; so is one for a publish nobody
+ * began. */
+START_TEST(test_publish_fds)
+{
+    wb_broker b;
+    wb_fdchan_server s;
+    setup_side(&b, &s);
+    int cfd = connect_side();
+    uint8_t id[WB_LEASE_ID_LEN];
+    memset(id, 0x5a, sizeof id);
+    ino_t ino[4];
+    answer a = ask_publish(&s, cfd, id, 0, ino);
+    ck_assert_int_eq(a.status, WB_EINVAL);
+    ck_assert_str_eq(a.msg, "a publish request carries exactly one descriptor (a memfd), not 0");
+    a = ask_publish(&s, cfd, id, 2, ino);
+    ck_assert_int_eq(a.status, WB_EINVAL);
+    ck_assert_str_eq(a.msg, "a publish request carries exactly one descriptor (a memfd), not 2");
+    ck_assert_int_eq(open_on(ino[0]), 0);
+    ck_assert_int_eq(open_on(ino[1]), 0);
+    a = ask_publish(&s, cfd, id, 1, ino);
+    ck_assert_int_ne(a.status, WB_OK);
+    ck_assert_int_eq(open_on(ino[0]), 0);
+    close(cfd);
+    teardown_side(&b, &s);
+}
+END_TEST
+
 int main(void)
 {
     (void)shm_name_exists; /* broker_fixture.h's, for named slabs */
@@ -442,6 +520,7 @@ int main(void)
     tcase_add_test(tc, test_eof_reclaims);
     tcase_add_test(tc, test_session);
     tcase_add_test(tc, test_hostile_input);
+    tcase_add_test(tc, test_publish_fds);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);
