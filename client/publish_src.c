@@ -50,7 +50,7 @@ static int place_host(wb_publisher *p, wb__pub_tensor *t, const void *data, uint
         memset(&s, 0, sizeof s);
         s.host = 1;
         s.device = -1;
-        uint32_t index;
+        uint32_t index = 0;
         int rc = add_source(p, &s, &index, err);
         if (rc != WB_OK)
             return rc;
@@ -176,7 +176,7 @@ static int place_device(wb_publisher *p, wb__pub_tensor *t, const void *data, ui
     char uuid[WB_GPU_UUID_SIZE];
     wb__gpu_uuid_format((const uint8_t *)prop.uuid.bytes, uuid);
     snprintf(s.uuid, sizeof s.uuid, "%s", uuid);
-    uint32_t index;
+    uint32_t index = 0;
     rc = add_source(p, &s, &index, err);
     if (rc == WB_OK) {
         t->source = index;
