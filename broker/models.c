@@ -395,16 +395,7 @@ int wb__model_pick_copy(const wb_model *m, int device_set, int device, const cha
 /* How well a record stands for its name (wb__models_find): higher wins. */
 static int stand_rank(const wb_model *m)
 {
-    switch (m->state) {
-    case WBPROTO__MODEL_STATE__MODEL_READY:
-        return m->current ? 5 : 3;
-    case WBPROTO__MODEL_STATE__MODEL_LOADING:
-        return 4;
-    case WBPROTO__MODEL_STATE__MODEL_DRAINING:
-        return 2;
-    default:
-        return 1;
-    }
+    return wb__version_rank(m->state, m->current);
 }
 
 wb_model *wb__models_find(const wb_model_registry *r, const char *name)

@@ -89,13 +89,13 @@ static int check_strings(const ProtobufCMessage *m, const char *root, wb_err *er
 /* Model names travel in logs and error messages: 1..WB_NAME_MAX bytes and no
  * control characters. (The stricter character set for new models is checked
  * by the broker's load operation.) */
-static int check_name(const char *field, const char *s, wb_err *err)
+int wb__wire_check_text(const char *field, const char *s, size_t max, wb_err *err)
 {
     if (!s || !s[0])
         return wb__err_set(err, WB_EPROTO, "%s is empty", field);
     size_t n = strlen(s);
-    if (n > WB_NAME_MAX)
-        return wb__err_set(err, WB_EPROTO, "%s has %zu bytes, at most %d", field, n, WB_NAME_MAX);
+    if (n > max)
+        return wb__err_set(err, WB_EPROTO, "%s has %zu bytes, at most %zu", field, n, max);
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         if (c < 0x20 || c == 0x7f)
@@ -103,6 +103,11 @@ static int check_name(const char *field, const char *s, wb_err *err)
                                field, c, i);
     }
     return WB_OK;
+}
+
+static int check_name(const char *field, const char *s, wb_err *err)
+{
+    return wb__wire_check_text(field, s, WB_NAME_MAX, err);
 }
 
 static int check_path(const char *field, const char *s, wb_err *err)
@@ -677,6 +682,20 @@ const char *wb__lease_state_name(int state)
         return "stale";
     default:
         return "unknown";
+    }
+}
+
+int wb__version_rank(int state, int current)
+{
+    switch (state) {
+    case WBPROTO__MODEL_STATE__MODEL_READY:
+        return current ? 5 : 3;
+    case WBPROTO__MODEL_STATE__MODEL_LOADING:
+        return 4;
+    case WBPROTO__MODEL_STATE__MODEL_DRAINING:
+        return 2;
+    default:
+        return 1;
     }
 }
 

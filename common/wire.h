@@ -109,6 +109,12 @@ uint8_t *wb__reply_pack(const Wbproto__Reply *rep, size_t *len);
  * "freed", "failed"; "host", "cuda". "unknown" for anything else. */
 const char *wb__lease_state_name(int state);
 const char *wb__model_state_name(int state);
+/* How well a version (a record of a model's name: its state, and whether
+ * it is current) stands for its name where one must: the current one, else
+ * one loading, else a ready one, else one draining, else a failed record.
+ * Higher wins; among equals the higher version. The broker's lookup by name
+ * and `wbctl models --json` rank alike. */
+int wb__version_rank(int state, int current);
 const char *wb__backend_name(int backend);
 
 #endif

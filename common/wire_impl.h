@@ -31,6 +31,10 @@ void wb__wire_free_request(Wbproto__Request *req);
  * returns the new length (the path is cut short rather than overflowed). */
 size_t wb__wire_path_push(char *path, size_t cap, size_t len, const char *name, size_t k);
 
+/* A name or text field: 1 to `max` bytes, no control character;
+ * WB_EPROTO naming `field` otherwise. */
+int wb__wire_check_text(const char *field, const char *s, size_t max, wb_err *err);
+
 /* The publish messages' checks (wire_publish.c): WB_OK or WB_EPROTO
  * naming the field. */
 int wb__wire_check_publish_begin(const Wbproto__PublishBeginRequest *rq, wb_err *err);

@@ -13,19 +13,7 @@
 /* A tensor name: 1 to WB_PUBLISH_NAME_MAX bytes, no control character. */
 static int check_tensor_name(const char *field, const char *s, wb_err *err)
 {
-    if (!s || !s[0])
-        return wb__err_set(err, WB_EPROTO, "%s is empty", field);
-    size_t n = strlen(s);
-    if (n > WB_PUBLISH_NAME_MAX)
-        return wb__err_set(err, WB_EPROTO, "%s has %zu bytes, at most %d", field, n,
-                           WB_PUBLISH_NAME_MAX);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c < 0x20 || c == 0x7f)
-            return wb__err_set(err, WB_EPROTO, "%s has a control character (0x%02x) at byte %zu",
-                               field, c, i);
-    }
-    return WB_OK;
+    return wb__wire_check_text(field, s, WB_PUBLISH_NAME_MAX, err);
 }
 
 static int check_publish_id(const char *field, const ProtobufCBinaryData *id, wb_err *err)

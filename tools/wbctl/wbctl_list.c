@@ -126,16 +126,7 @@ static int list_print(pages *pg, int json, wbctl_json_array *arr, wbctl_table *t
  * highest draining, else the failed record. */
 static int stand_rank(const Wbproto__ModelInfo *m)
 {
-    switch (m->state) {
-    case WBPROTO__MODEL_STATE__MODEL_READY:
-        return m->current ? 5 : 3;
-    case WBPROTO__MODEL_STATE__MODEL_LOADING:
-        return 4;
-    case WBPROTO__MODEL_STATE__MODEL_DRAINING:
-        return 2;
-    default:
-        return 1;
-    }
+    return wb__version_rank(m->state, m->current);
 }
 
 /* The versions of the name of models[i], when i is its first: their
