@@ -241,23 +241,12 @@ START_TEST(test_max_versions)
 }
 END_TEST
 
-static int tiny_free(const wb_backend *be, int device, uint64_t *bytes, char *where,
-                     size_t where_len, wb_err *err)
-{
-    (void)be;
-    (void)device;
-    (void)err;
-    *bytes = 4;
-    snprintf(where, where_len, "host shared memory (/dev/shm)");
-    return WB_OK;
-}
-
 START_TEST(test_does_not_fit)
 {
     static wb_backend tight;
     load_demo();
     tight = *F.b.cfg.backend;
-    tight.mem_free = tiny_free;
+    tight.mem_free = fixture_tiny_free;
     const wb_backend *was = F.b.cfg.backend;
     F.b.cfg.backend = &tight;
     Wbproto__Reply *r = begin(VW, D8, 2, 0);

@@ -302,24 +302,12 @@ START_TEST(test_failed_rollout)
 }
 END_TEST
 
-/* A backend whose memory is nearly all taken. */
-static int tiny_free(const wb_backend *be, int device, uint64_t *bytes, char *where,
-                     size_t where_len, wb_err *err)
-{
-    (void)be;
-    (void)device;
-    (void)err;
-    *bytes = 4;
-    snprintf(where, where_len, "host shared memory (/dev/shm)");
-    return WB_OK;
-}
-
 START_TEST(test_does_not_fit)
 {
     static wb_backend tight;
     tight = wb__backend_host;
     load_demo();
-    tight.mem_free = tiny_free;
+    tight.mem_free = fixture_tiny_free;
     F.b.cfg.backend = &tight;
     Wbproto__Reply *r = rollout("demo", write_model("v2.safetensors", 2));
     ck_assert_int_eq(r->status, WB_ENOMEM);
