@@ -246,6 +246,15 @@ shm_count() {
   echo "$n"
 }
 
+# small_quarantine: for a test that bounds a process's RSS under the
+# sanitizers (WB_SANITIZED=1). ASan keeps freed memory in a quarantine
+# (256 MiB by default) before reusing it, so RSS climbs by design; a small
+# quarantine lets it settle. The leak checker at the broker's exit covers
+# what RSS cannot see.
+small_quarantine() {
+  export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=4:thread_local_quarantine_size_kb=256"
+}
+
 # use_slow_broker US: brokers started from now on read through
 # libwbtest_slowread.so, which makes each read of tensor data sleep US
 # microseconds, so that a load of a few MiB takes seconds.

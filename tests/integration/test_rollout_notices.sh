@@ -15,10 +15,7 @@ make_model "$WB_TMP/v1.safetensors" 4 1 >/dev/null
 make_model "$WB_TMP/v2.safetensors" 4 2 >/dev/null
 rss_tolerance=8192
 if [ "${WB_SANITIZED:-0}" = 1 ]; then
-  # ASan keeps freed memory in a quarantine (256 MiB by default) before
-  # reusing it, so RSS climbs by design; a small quarantine lets it settle.
-  # The leak checker at the broker's exit covers what RSS cannot see.
-  export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=4:thread_local_quarantine_size_kb=256"
+  small_quarantine
   rss_tolerance=16384
 fi
 start_broker_with_demo "$WB_TMP/v1.safetensors"

@@ -17,10 +17,7 @@ SOAK=$WB_BIN_DIR/tests/wbsoak
 seconds=${WB_SOAK_SECONDS:-30}
 tolerance=1024
 if [ "${WB_SANITIZED:-0}" = 1 ]; then
-  # ASan keeps freed memory in a quarantine (256 MiB by default) before
-  # reusing it, so RSS climbs by design; a small quarantine lets it settle.
-  # The leak checker at the broker's exit covers what RSS cannot see.
-  export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=4:thread_local_quarantine_size_kb=256"
+  small_quarantine
   tolerance=4096
 fi
 
