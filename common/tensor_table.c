@@ -103,6 +103,12 @@ static int table_bad_string(const uint8_t *table, const table_header *h, const c
                        "lease.tensor_table's strings are not valid UTF-8 (byte %zu of them)", bad);
 }
 
+/* A UTF-8 continuation byte (10xxxxxx): no character starts there. */
+static int starts_inside_char(char c)
+{
+    return ((unsigned char)c & 0xC0) == 0x80;
+}
+
 int wb__tensor_table_check(const uint8_t *table, size_t len, Wbproto__Slab *const *slabs,
                            size_t n_slabs, wb_err *err)
 {
@@ -137,9 +143,18 @@ int wb__tensor_table_check(const uint8_t *table, size_t len, Wbproto__Slab *cons
         memcpy(&r, table + WB_TABLE_HEADER + (size_t)i * WB_TABLE_RECORD, sizeof r);
         if (r.name >= h.strings || !str[r.name])
             return wb__err_set(err, WB_EPROTO, "lease.tensor_table[%u] has no name", i);
+        /* The one pass above holds for strings that start where a
+         * character does: an offset into the middle of one would give a
+         * string that is not UTF-8. */
+        if (starts_inside_char(str[r.name]))
+            return wb__err_set(err, WB_EPROTO,
+                               "lease.tensor_table[%u]'s name starts inside a UTF-8 character", i);
         const char *name = str + r.name;
         if (r.dtype >= h.strings || !str[r.dtype])
             return wb__err_set(err, WB_EPROTO, "tensor '%.200s' has no dtype", name);
+        if (starts_inside_char(str[r.dtype]))
+            return wb__err_set(err, WB_EPROTO,
+                               "tensor '%.200s''s dtype starts inside a UTF-8 character", name);
         if (r.ndim > WB_MAX_DIMS || r.dim > h.dims || r.ndim > h.dims - r.dim)
             return wb__err_set(err, WB_EPROTO,
                                "tensor '%.200s' has %u dimensions from dim %u (of %u, at most %d "

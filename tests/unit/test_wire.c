@@ -587,6 +587,15 @@ START_TEST(test_reply_tensor_table)
     ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
     ck_assert_str_eq(err.msg, "lease.tensor_table[1] has no name");
     free(t);
+    /* A name offset into the middle of a character: the strings are UTF-8
+     * as a whole, the name would not be. */
+    fixture_init(&f);
+    f.t[0].name = "w\xc3\xa9";
+    t = to_table(&f, &len);
+    poke(t, 1, 24, 2);
+    ck_assert_int_eq(rep_roundtrip(&f.rep, &out, &err), WB_EPROTO);
+    ck_assert_str_eq(err.msg, "lease.tensor_table[1]'s name starts inside a UTF-8 character");
+    free(t);
     fixture_init(&f);
     t = to_table(&f, &len);
     poke(t, 0, 36, 3); /* ndim 3: dims 0..2 of 2 */
