@@ -71,6 +71,16 @@ typedef struct wb_broker {
     struct wb_metrics *metrics;
     /* Background loads; NULL runs loads inline (preloads, unit tests). */
     wb_loader *loader;
+    /* Where published versions are checksummed (publish_sum.c); NULL runs
+     * them inline. The read-back buffers it keeps (NULL until the first). */
+    wb_loader *checker;
+    struct wb_sum_pool *sum_pool;
+    /* The producer's CUDA IPC handles the last commit opened (publish_cuda.c;
+     * the loader thread's), and whose they are, as the loop knows it: the
+     * connection serial and pid (0: none cached). */
+    struct wb_src_cache *src_cache;
+    uint64_t src_cache_owner;
+    uint32_t src_cache_pid;
     /* May be NULL; polled by the load of wb__broker_preload, nonzero stops
      * it (a stop signal while wbrokerd starts). */
     const atomic_int *cancel_preloads;

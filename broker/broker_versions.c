@@ -3,6 +3,7 @@
 #include "broker.h"
 
 #include "log.h"
+#include "publish.h"
 
 #include <string.h>
 
@@ -49,6 +50,7 @@ uint32_t wb__broker_make_current(wb_broker *b, wb_model *m)
                 o->state = WBPROTO__MODEL_STATE__MODEL_DRAINING;
             wb_info("model_version_draining", "model=%s version=%u leases=%u current=%u", q,
                     o->version, o->leases, m->version);
+            wb__publish_checksums_drop(b, o);
             if (o->leases == 0)
                 wb__broker_free_model(b, o);
         }
@@ -56,6 +58,10 @@ uint32_t wb__broker_make_current(wb_broker *b, wb_model *m)
     }
     wb_info("model_version_current", "model=%s version=%u previous=%u", q, m->version, previous);
     notify_current(b, m, previous);
+    /* A published version (or one a rollback brings back whose read-back
+     * was dropped) gets its checksums now. */
+    if (m->checksums_state == WB_CHECKSUMS_PENDING && !m->sum_job)
+        wb__publish_checksums_queue(b, m);
     return previous;
 }
 

@@ -573,6 +573,10 @@ void wb__load_job_run(wb_load_job *job, const atomic_int *cancel)
         wb__publish_checksum_run(job);
         return;
     }
+    if (job->kind == WB_JOB_FORGET) {
+        wb__publish_forget_run(job);
+        return;
+    }
     wb__err_clear(&job->err);
     job->refused = 0;
     if (!cancel)

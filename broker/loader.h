@@ -94,7 +94,7 @@ void wb__load_fill_stats(const wb_backend *be, const wb_model_registry *models,
 
 /* What a job does (wb_load_job.kind): a load, or a publish's copy
  * (publish.h). */
-enum { WB_JOB_LOAD = 0, WB_JOB_PUBLISH = 1, WB_JOB_CHECKSUM = 2 };
+enum { WB_JOB_LOAD = 0, WB_JOB_PUBLISH = 1, WB_JOB_CHECKSUM = 2, WB_JOB_FORGET = 3 };
 
 typedef struct wb_load_job {
     int kind;
@@ -103,6 +103,15 @@ typedef struct wb_load_job {
     struct wb_publish *publish;
     double copy_seconds;
     uint64_t copied_bytes, kept_bytes;
+    /* A cuda copy's GPU time (events), the time opening the producer's
+     * handles, and how many were opened and how many found open in the
+     * broker's source cache (publish_cuda.c; the slot is the broker's and
+     * only the loader thread touches the cache). */
+    double copy_gpu_seconds, src_open_seconds;
+    uint32_t sources_opened, sources_reused;
+    struct wb_src_cache **src_cache_slot;
+    /* A WB_JOB_FORGET job: the connection whose cached handles are closed. */
+    uint64_t forget_owner;
     /* A publish's copy left the checksums to a checksum job (cuda: the
      * device's bytes are read back after the version is current). */
     int checksums_pending;
@@ -111,10 +120,15 @@ typedef struct wb_load_job {
      * device and slab it reads, and the XXH3 of each tensor it finds (owned;
      * model->data.tensors order). */
     struct wb_model *sum_model;
+    int sum_host; /* sum_ptr is the slab's host memory, not a device's */
     int sum_device;
     const void *sum_ptr;
     uint64_t *sum_xxh3;
     double sum_seconds;
+    /* The broker's pinned read-back buffers (made at the first job) and
+     * the pool the job uses; the checker thread alone touches them. */
+    struct wb_sum_pool **sum_pool_slot;
+    struct wb_sum_pool *sum_pool;
     char *name; /* owned */
     char *path; /* owned */
     const wb_backend *backend;

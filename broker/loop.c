@@ -36,6 +36,9 @@ typedef struct loop {
     int sigfd;
     const wb_loop_reload *reload;
     wb_loader loader;
+    /* Published versions' checksums (publish_sum.c), on a thread of their
+     * own: a read-back never delays a commit or a load. */
+    wb_loader checker;
     int stop; /* the stop signal received, 0 while serving */
     int epfd; /* every peer's pidfd, registered once (wb_lease_table.epfd) */
     /* Everything the loop waits on, registered once: the listener, the
@@ -54,7 +57,7 @@ typedef struct loop {
 
 /* epoll data of the fixed descriptors; a connection's is its serial with
  * EV_CONN set. */
-enum { EV_LISTEN = 1, EV_SIGNAL, EV_LOADER, EV_DEATH, EV_FDCHAN };
+enum { EV_LISTEN = 1, EV_SIGNAL, EV_LOADER, EV_DEATH, EV_FDCHAN, EV_CHECKER };
 #define EV_CONN (1ull << 63)
 
 /* Packs and sends reply `r` to the connection `ident`: its message, and its
@@ -280,14 +283,24 @@ static int send_notice(void *ctx, uint64_t serial, const Wbproto__VersionNotice 
     return rc;
 }
 
+static void handle_checks(loop *L)
+{
+    wb_load_job *list = wb__loader_take_done(&L->checker);
+    while (list) {
+        wb_load_job *job = list;
+        list = job->next;
+        wb__publish_checksums_done(L->b, job);
+        wb__load_job_free(&job);
+    }
+}
+
 static void handle_loads(loop *L)
 {
     wb_load_job *list = wb__loader_take_done(&L->loader);
     while (list) {
         wb_load_job *job = list;
         list = job->next;
-        if (job->kind == WB_JOB_CHECKSUM) {
-            wb__publish_checksums_done(L->b, job);
+        if (job->kind == WB_JOB_FORGET) {
             wb__load_job_free(&job);
             continue;
         }
@@ -440,7 +453,17 @@ static void handle_conns(loop *L, size_t k)
 
 static void shutdown_loads(loop *L)
 {
-    wb_load_job *list = wb__loader_stop(&L->loader);
+    /* Checksums not done stay pending: their versions go with the broker. */
+    wb_load_job *list = wb__loader_stop(&L->checker);
+    while (list) {
+        wb_load_job *job = list;
+        list = job->next;
+        job->sum_model->sum_job = NULL;
+        wb__load_job_free(&job);
+    }
+    wb__publish_sum_pool_free(&L->b->sum_pool);
+    list = wb__loader_stop(&L->loader);
+    wb__publish_src_cache_free(&L->b->src_cache);
     while (list) {
         wb_load_job *job = list;
         list = job->next;
@@ -504,10 +527,12 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
     b->leases.epfd = L.epfd;
     if ((rc = wb__loader_start(&L.loader, err)) != WB_OK)
         goto out_unlink;
+    if ((rc = wb__loader_start(&L.checker, err)) != WB_OK)
+        goto out_unlink;
     L.ep = epoll_create1(EPOLL_CLOEXEC);
     if (L.ep < 0 || add_fixed(L.ep, L.conns.lfd, EV_LISTEN) != 0 ||
         add_fixed(L.ep, L.sigfd, EV_SIGNAL) != 0 || add_fixed(L.ep, L.loader.efd, EV_LOADER) != 0 ||
-        add_fixed(L.ep, L.epfd, EV_DEATH) != 0) {
+        add_fixed(L.ep, L.checker.efd, EV_CHECKER) != 0 || add_fixed(L.ep, L.epfd, EV_DEATH) != 0) {
         rc = wb__err_errno(err, WB_EIO, errno, "setting up the epoll set");
         goto out_unlink;
     }
@@ -522,6 +547,7 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
         wb_info("fd_channel", "socket=%s", wb__log_quote(q, sizeof q, L.fdchan.path));
     }
     b->loader = &L.loader;
+    b->checker = &L.checker;
     b->notify = send_notice;
     b->notify_ctx = &L;
 
@@ -563,7 +589,7 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
             break;
         }
         if (pr > 0) {
-            int listen = 0, signals = 0, loads = 0, deaths = 0, fdchan = 0;
+            int listen = 0, signals = 0, loads = 0, deaths = 0, fdchan = 0, checks = 0;
             size_t k = 0;
             for (int i = 0; i < pr; i++) {
                 uint64_t tag = L.evs[i].data.u64;
@@ -576,6 +602,7 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
                     loads |= tag == EV_LOADER;
                     deaths |= tag == EV_DEATH;
                     fdchan |= tag == EV_FDCHAN;
+                    checks |= tag == EV_CHECKER;
                 }
             }
             if (signals)
@@ -588,6 +615,8 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
                 wb__fdchan_handle(&L.fdchan);
             if (loads)
                 handle_loads(&L);
+            if (checks)
+                handle_checks(&L);
             handle_conns(&L, k);
             if (listen)
                 wb__conns_accept(&L.conns);
@@ -610,6 +639,7 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
     wb__metrics_serving(b->metrics, 0);
     shutdown_loads(&L);
     b->loader = NULL;
+    b->checker = NULL;
     b->notify = NULL;
     b->notify_ctx = NULL;
     char signame[32];
@@ -621,6 +651,9 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
             L.stop ? wb__signal_name(L.stop, signame, sizeof signame) : "none");
 
 out_unlink:
+    /* Nothing was queued when setting up failed; stopped already else. */
+    wb__loader_stop(&L.checker);
+    wb__loader_stop(&L.loader);
     if (L.have_fdchan)
         wb__fdchan_destroy(&L.fdchan);
     wb__conns_destroy(&L.conns);

@@ -150,6 +150,9 @@ typedef struct wb_model {
      * Lease.checksums_pending; wb__model_rewire once they are known), or
      * FAILED (the read-back failed; its leases stay unverifiable). */
     int checksums_state;
+    /* Its checksum job while one is queued or running (publish_sum.c; owned
+     * by the checker or the loop), else NULL. */
+    struct wb_load_job *sum_job;
     struct wb_publish *publish;
     struct wb_model *next;
 } wb_model;

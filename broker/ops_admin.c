@@ -4,6 +4,7 @@
 #include "ops_impl.h"
 
 #include "log.h"
+#include "publish.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -267,6 +268,7 @@ int wb__ops_unload(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Reque
             wb__broker_free_model(b, m);
         } else {
             m->current = 0;
+            wb__publish_checksums_drop(b, m);
             if (m->state != WBPROTO__MODEL_STATE__MODEL_DRAINING) {
                 m->state = WBPROTO__MODEL_STATE__MODEL_DRAINING;
                 wb_info("model_draining", "model=%s leases=%u version=%u", q, m->leases,

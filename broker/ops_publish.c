@@ -5,6 +5,7 @@
 #include "ops_impl.h"
 
 #include "alloc.h"
+#include "clock.h"
 #include "log.h"
 #include "names.h"
 #include "publish.h"
@@ -344,10 +345,12 @@ int wb__ops_publish_begin(wb_broker *b, const wb_peer_creds *peer, const Wbproto
         free(h);
     }
     free(st);
+    double t_alloc = wb__clock_mono_s();
     if (rc == 0) {
         reserve(b, name, version, cur ? cur->version : 0, devs, n_devs, size, &p->data, r);
         rc = r->msg.status ? -1 : 0;
     }
+    t_alloc = wb__clock_mono_s() - t_alloc;
     if (rc == 0 && getrandom(p->id, sizeof p->id, 0) != (ssize_t)sizeof p->id) {
         wb__ops_fail(r, WB_EIO, "getrandom for a publish id failed");
         rc = -1;
@@ -393,10 +396,11 @@ int wb__ops_publish_begin(wb_broker *b, const wb_peer_creds *peer, const Wbproto
     p->next = b->publishes;
     b->publishes = p;
     wb_info("publish_begin",
-            "model=%s version=%u current=%u tensors=%zu named=%zu partial=%s bytes=%llu pid=%u "
-            "uid=%u",
+            "model=%s version=%u current=%u tensors=%zu named=%zu partial=%s bytes=%llu "
+            "alloc_seconds=%.6f pid=%u uid=%u",
             wb__log_quote(q, sizeof q, name), m->version, p->beside, nt, rq->n_tensors,
-            rq->partial ? "yes" : "no", (unsigned long long)p->bytes, peer->pid, peer->uid);
+            rq->partial ? "yes" : "no", (unsigned long long)p->bytes, t_alloc, peer->pid,
+            peer->uid);
     wbproto__publish_begin_reply__init(br);
     br->publish_id.data = p->id;
     br->publish_id.len = sizeof p->id;
@@ -594,6 +598,7 @@ int wb__ops_publish_commit(wb_broker *b, const wb_peer_creds *peer, const Wbprot
     }
     job->kind = WB_JOB_PUBLISH;
     job->publish = p;
+    job->src_cache_slot = &b->src_cache;
     job->op = WBPROTO__REQUEST__BODY_PUBLISH_COMMIT;
     job->version = p->version;
     job->beside = p->beside;

@@ -76,15 +76,42 @@ void wb__publish_end(wb_broker *b, wb_publish *p, const char *reason)
     wb__publish_release(b, p);
 }
 
+void wb__publish_forget(wb_broker *b, uint64_t serial, uint32_t pid)
+{
+    if (!b->src_cache_owner || (serial ? b->src_cache_owner != serial : b->src_cache_pid != pid))
+        return;
+    uint64_t owner = b->src_cache_owner;
+    b->src_cache_owner = 0;
+    b->src_cache_pid = 0;
+    wb_load_job *j = wb__load_job_new("", "", b->cfg.backend, -1, NULL, 0, 0);
+    if (!j) {
+        /* The next commit, or the broker's end, closes them. */
+        wb_warn("publish_forget", "owner=%llu error=\"out of memory\"", (unsigned long long)owner);
+        return;
+    }
+    j->kind = WB_JOB_FORGET;
+    j->forget_owner = owner;
+    j->src_cache_slot = &b->src_cache;
+    if (b->loader) {
+        wb__loader_submit(b->loader, j);
+        return;
+    }
+    wb__publish_forget_run(j);
+    wb__load_job_free(&j);
+}
+
 void wb__publish_conn_closed(wb_broker *b, uint64_t serial)
 {
     wb_publish *p = b->publishes;
     while (p) {
         wb_publish *next = p->next;
-        if (p->owner == serial && !p->committing)
+        if (p->owner == serial && p->committing)
+            p->owner_gone = 1;
+        else if (p->owner == serial)
             wb__publish_end(b, p, "connection_closed");
         p = next;
     }
+    wb__publish_forget(b, serial, 0);
 }
 
 void wb__publish_pid_dead(wb_broker *b, uint32_t pid)
@@ -92,10 +119,13 @@ void wb__publish_pid_dead(wb_broker *b, uint32_t pid)
     wb_publish *p = b->publishes;
     while (p) {
         wb_publish *next = p->next;
-        if (p->creds.pid == pid && !p->committing)
+        if (p->creds.pid == pid && p->committing)
+            p->owner_gone = 1;
+        else if (p->creds.pid == pid)
             wb__publish_end(b, p, "process_exit");
         p = next;
     }
+    wb__publish_forget(b, 0, pid);
 }
 
 void wb__publish_unloaded(wb_broker *b, wb_model *m, const wb_peer_creds *peer)

@@ -69,8 +69,10 @@ typedef struct wb_publish {
     /* The current version whose bytes a partial publish keeps: held (one
      * lease counted) while the copy runs, so that it cannot be freed. */
     wb_model *keep;
-    /* Set by the loop: the name was unloaded while the copy ran. */
+    /* Set by the loop: the name was unloaded while the copy ran; the
+     * producer's connection ended or its process died meanwhile. */
     int cancelled;
+    int owner_gone;
     double begun_at;
     struct wb_publish *next;
 } wb_publish;
@@ -123,6 +125,27 @@ void wb__publish_copy_run(wb_load_job *job);
  * (later leases carry them) and unpins it. */
 void wb__publish_checksum_run(wb_load_job *job);
 void wb__publish_checksums_done(wb_broker *b, wb_load_job *job);
+/* Queues the checksums of version m (current, its checksums pending): on
+ * b->checker, or inline without one. m is pinned until they are done. */
+void wb__publish_checksums_queue(wb_broker *b, wb_model *m);
+/* Version m stopped being current: its checksum job (if any) is dropped;
+ * wb__publish_checksums_done then unpins it and leaves it pending. */
+void wb__publish_checksums_drop(wb_broker *b, wb_model *m);
+/* The cuda copy of a commit (publish_cuda.c), called by
+ * wb__publish_copy_run; job->src_cache_slot is the broker's source cache. */
+int wb__publish_copy_cuda(wb_load_job *job, wb_publish *p, wb_err *err);
+/* A WB_JOB_FORGET job (loader thread): the cached handles of connection
+ * job->forget_owner closed. */
+void wb__publish_forget_run(wb_load_job *job);
+/* Closes every cached handle and frees the cache (the loader stopped). */
+typedef struct wb_src_cache wb_src_cache;
+void wb__publish_src_cache_free(wb_src_cache **cache);
+/* The connection `serial` (or every connection of process `pid`, serial
+ * 0) ended: its cached handles are closed (a WB_JOB_FORGET job). */
+void wb__publish_forget(wb_broker *b, uint64_t serial, uint32_t pid);
+/* Frees the checker's pinned buffers (the checker stopped). */
+typedef struct wb_sum_pool wb_sum_pool;
+void wb__publish_sum_pool_free(wb_sum_pool **pool);
 
 /* The copy of a commit ended (on the loop): the version becomes current,
  * or the publish ends with the copy's error. Builds the commit's reply in

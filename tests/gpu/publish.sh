@@ -20,7 +20,8 @@
 # PyTorch's for that version (relative error), every later output of a
 # version bit for bit against its first (a mixed run would differ); each
 # worker saw every version; one copy per live version (NVML after the last
-# update drained, against before the first). Reported against targets: the
+# update drained, against before the first); the trainer's handles closed
+# by the broker once it exited. Reported against targets: the
 # broker's copy GB/s against the plain copy's (>= 0.8 x), the time from the
 # publish call to the last worker swapped (<= the copy + 10 ms), and the
 # baseline's time and memory. Writes OUT/publish.json and the logs.
@@ -96,6 +97,10 @@ touch "$WORK/pub.go"
 wait_for 240 said_or_gone "^done"
 has_line "$OUT/trainer.log" "^done" || fail "the baseline did not end: $(tail -n 5 "$OUT/trainer.log")"
 wait_exit 60 "$TRAINER" || fail "the trainer exited $?: $(tail -n 5 "$OUT/trainer.log")"
+# The producer's handles the broker kept open between commits are closed
+# when it goes (an importer keeps an allocation alive).
+wait_for 20 has_line "$OUT/broker.log" "event=publish_sources_closed" ||
+  fail "the trainer's CUDA IPC handles were not closed after it exited"
 
 for p in "${WPIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
 WRC=()

@@ -14,7 +14,11 @@ worker that missed a published version or did not exit 0, more than one
 copy's worth of device memory left after the last update (MPOST against
 MPRE, within 256 MiB). The targets (the broker's copy at >= 0.8 x the plain
 device-to-device copy's GB/s; publish call to the last worker swapped within
-the copy + 10 ms) are reported in targets_met."""
+the copy + 10 ms) are reported in targets_met; beside them the broker's
+copy in GPU time (events, as the plain copy is timed), the time opening the
+producer's handles (sources_cached: found open from the last commit), and
+each version's checksums (ready, or dropped when a newer version came
+first)."""
 import json
 import os
 import re
@@ -44,6 +48,8 @@ def main():
     tr = load(os.path.join(out, "trainer.json")) or {"updates": []}
     ups = {u["version"]: u for u in tr["updates"]}
     copies = {}
+    sums = {}
+    begins = {}
     try:
         for line in open(os.path.join(out, "publish_events.log")):
             f = fields(line)
@@ -51,6 +57,11 @@ def main():
                 s = f.get("copy_seconds") or f.get("seconds")
                 copies[int(f["version"])] = {k: v.strip('"') for k, v in f.items()}
                 copies[int(f["version"])]["copy_s"] = float(s) if s else None
+            if f.get("event") == "publish_begin" and "version" in f:
+                begins[int(f["version"])] = float(f.get("alloc_seconds", "nan"))
+            if f.get("event") == "publish_checksums" and "version" in f:
+                sums.setdefault(int(f["version"]), []).append(
+                    {k: v.strip('"') for k, v in f.items() if k in ("state", "seconds", "gbps")})
     except OSError:
         pass
     res = {"workers": n, "updates": len(ups), "versions": sorted(ups), "runs": 0, "failed": 0,
@@ -108,6 +119,19 @@ def main():
                     "call_to_all_swapped_ms": round(to_all, 3) if to_all is not None else None,
                     "beyond_copy_ms": round(to_all - copy_s * 1e3, 3)
                     if to_all is not None and copy_s else None})
+        # The broker's GPU time of the copy (events, as the plain copy is
+        # timed), opening the producer's handles, and the checksums' end.
+        gpu_s = float(c["gpu_seconds"]) if c.get("gpu_seconds") else None
+        per[-1].update({
+            "broker_gpu_ms": round(gpu_s * 1e3, 3) if gpu_s else None,
+            "copy_ratio_gpu": round(u["bytes"] / gpu_s / 1e9 / u["plain_gbps"], 3) if gpu_s
+            else None,
+            "open_ms": round(float(c["open_seconds"]) * 1e3, 3) if c.get("open_seconds") else None,
+            "alloc_ms": round(begins[v] * 1e3, 3) if begins.get(v) == begins.get(v) and v in begins
+            else None,
+            "sources_opened": int(c["sources_opened"]) if c.get("sources_opened") else 0,
+            "sources_cached": int(c["sources_cached"]) if c.get("sources_cached") else 0,
+            "checksums": [x for x in sums.get(v, []) if x.get("state") != "pending"]})
     res["per_update"] = per
 
     def med(k):
@@ -123,7 +147,14 @@ def main():
         "plain_gbps_median": med("plain_gbps"),
         "call_to_all_swapped_ms_median": med("call_to_all_swapped_ms"),
         "beyond_copy_ms_median": med("beyond_copy_ms"), "beyond_copy_ms_max": worst_of(
-            "beyond_copy_ms")}
+            "beyond_copy_ms"), "copy_ratio_gpu_median": med("copy_ratio_gpu"),
+        "open_ms_median": med("open_ms"), "alloc_ms_median": med("alloc_ms"),
+        "checksums_ready": sum(any(x.get("state") == "ready" for x in p["checksums"])
+                               for p in per),
+        "checksums_dropped": sum(any(x.get("state") == "dropped" for x in p["checksums"])
+                                 for p in per),
+        "checksum_gbps": sorted(float(x["gbps"]) for p in per for x in p["checksums"]
+                                if x.get("state") == "ready" and x.get("gbps"))}
     res["memory"] = {"idle": m0, "before_first_update": mpre, "after_last_update": mpost,
                      "one_copy": abs(mpost - mpre) <= (256 << 20)}
     res["baseline"] = tr.get("baseline")

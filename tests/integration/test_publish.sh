@@ -69,6 +69,13 @@ grep -q "commit status=0 version=2 previous=1 copied=28 kept=0" <<<"$out" || fai
 d=$(dump w)
 grep -qx "a.weight $F4" <<<"$d" || fail "a.weight is not the producer's bytes: $d"
 grep -qx "b.bias 0000c0400000c0400000c040" <<<"$d" || fail "b.bias: $d"
+# The checksums come from the checker after the version is current.
+checksums_ready() {
+  [ "$(ctl models --json | json "[x['checksums'] for x in d if x['name'] == 'w' and x['current']][0]")" = ready ]
+}
+WAIT_SECS=10 wait_for checksums_ready || fail "the checksums of version 2 never came: $(ctl models -o wide)"
+grep -q "event=publish_checksums model=w version=2 tensors=2 state=ready" "$BROKER_LOG" ||
+  fail "no checksums event: $(grep publish_checksums "$BROKER_LOG")"
 "$WORKER" --socket "$SOCK" --model w --hold 0 >"$WB_TMP/verify.out" 2>&1 ||
   fail "a worker did not verify the published version: $(cat "$WB_TMP/verify.out")"
 m=$(ctl models --json)

@@ -2,8 +2,8 @@
  * copy inline (no loader thread): the begin's checks (rights, the table
  * against the current version's, --max-versions, the fits check), the
  * commit's placements, a full and a partial publish copied from memfds and
- * checksummed, and the ends of a publish without commit (abort, connection
- * closed, process dead, unload). */
+ * checksummed (inline, or on a checker whose jobs the test runs), and the ends of a publish without
+ * commit (abort, connection closed, process dead, unload). */
 #include "broker_fixture.h"
 #include "ops.h"
 #include "publish.h"
@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -406,6 +408,140 @@ START_TEST(test_checksums_pending)
 }
 END_TEST
 
+/* A checker that never runs a job by itself: the test runs them (run_checks)
+ * and hands them back as the loop does. */
+static wb_loader idle;
+
+static void idle_checker(void)
+{
+    memset(&idle, 0, sizeof idle);
+    idle.efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    ck_assert_int_ge(idle.efd, 0);
+    pthread_mutex_init(&idle.mu, NULL);
+    pthread_cond_init(&idle.cv, NULL);
+    F.b.checker = &idle;
+}
+
+static size_t queued_checks(void)
+{
+    size_t n = 0;
+    for (const wb_load_job *j = idle.queue; j; j = j->next)
+        n++;
+    return n;
+}
+
+/* Hands back what is done (dropped jobs), then runs what is queued when
+ * `run`. */
+static void run_checks(int run)
+{
+    while (run && idle.queue) {
+        wb_load_job *j = idle.queue;
+        idle.queue = j->next;
+        wb__publish_checksum_run(j);
+        j->next = idle.done;
+        idle.done = j;
+    }
+    wb_load_job *list = wb__loader_take_done(&idle);
+    while (list) {
+        wb_load_job *j = list;
+        list = j->next;
+        wb__publish_checksums_done(&F.b, j);
+        wb__load_job_free(&j);
+    }
+}
+
+static void publish_fill(uint8_t fill)
+{
+    Wbproto__Reply *r = begin(VW, D8, 2, 0);
+    ck_assert_msg(r->status == 0, "%s", r->error);
+    uint8_t id[16];
+    memcpy(id, r->publish_begin->publish_id.data, 16);
+    send_memfd(id, 16, fill);
+    r = commit(id, VW, 2);
+    ck_assert_msg(r->status == 0, "%s", r->error);
+    ck_assert_str_eq(r->publish_commit->model->checksums, "pending");
+}
+
+static wb_model *version(uint32_t v)
+{
+    for (wb_model *m = F.b.models.head; m; m = m->next) {
+        if (m->version == v)
+            return m;
+    }
+    ck_abort_msg("no version %u", v);
+    return NULL;
+}
+
+static void acquire_demo(void)
+{
+    wb_peer_creds p = me();
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    Wbproto__AcquireRequest ar = WBPROTO__ACQUIRE_REQUEST__INIT;
+    ar.model = "demo";
+    req.body_case = WBPROTO__REQUEST__BODY_ACQUIRE;
+    req.acquire = &ar;
+    Wbproto__Reply *r = fixture_send(&F, &p, &req);
+    ck_assert_msg(r->status == 0, "%s", r->error);
+}
+
+/* Checksums on the checker: a version replaced before its read-back ran
+ * has it dropped (it was pinned by it alone: freed then; with a lease:
+ * draining and still pending), and a rollback to it reads it back again. */
+START_TEST(test_checksums_checker)
+{
+    load_demo();
+    F.b.limits.max_versions = 8;
+    idle_checker();
+    publish_fill(7);
+    ck_assert_str_eq(versions(), "2:current");
+    ck_assert_uint_eq(version(2)->leases, 1);
+    ck_assert_uint_eq(queued_checks(), 1);
+    publish_fill(8);
+    /* Version 2's read-back left the queue at once, dropped. */
+    ck_assert_uint_eq(queued_checks(), 1);
+    ck_assert_str_eq(versions(), "2:draining 3:current");
+    run_checks(0);
+    ck_assert_str_eq(versions(), "3:current");
+    run_checks(1);
+    wb_model *m = version(3);
+    ck_assert_int_eq(m->checksums_state, WB_CHECKSUMS_READY);
+    ck_assert_uint_eq(m->leases, 0);
+    uint8_t want[8];
+    memset(want, 8, sizeof want);
+    ck_assert_uint_eq(m->data.tensors[0].xxh3, XXH3_64bits(want, 8));
+    /* A holder keeps version 4 while its read-back is dropped. */
+    publish_fill(9);
+    acquire_demo();
+    publish_fill(10);
+    run_checks(0);
+    m = version(4);
+    ck_assert_int_eq(m->checksums_state, WB_CHECKSUMS_PENDING);
+    ck_assert_uint_eq(m->leases, 1);
+    ck_assert_ptr_null(m->sum_job);
+    ck_assert_str_eq(versions(), "4:draining 5:current");
+    Wbproto__RollbackRequest rb = WBPROTO__ROLLBACK_REQUEST__INIT;
+    rb.name = "demo";
+    Wbproto__Request req = WBPROTO__REQUEST__INIT;
+    req.body_case = WBPROTO__REQUEST__BODY_ROLLBACK;
+    req.rollback = &rb;
+    wb_peer_creds p = me();
+    Wbproto__Reply *r = fixture_send(&F, &p, &req);
+    ck_assert_msg(r->status == 0, "%s", r->error);
+    /* Version 5's read-back is dropped in turn; version 4's queued again. */
+    ck_assert_uint_eq(queued_checks(), 1);
+    run_checks(1);
+    ck_assert_str_eq(versions(), "4:current");
+    ck_assert_int_eq(m->checksums_state, WB_CHECKSUMS_READY);
+    memset(want, 9, sizeof want);
+    ck_assert_uint_eq(m->data.tensors[1].xxh3, XXH3_64bits(want, 8));
+    ck_assert_uint_eq(m->leases, 1);
+    F.b.checker = NULL;
+    close(idle.efd);
+    pthread_mutex_destroy(&idle.mu);
+    pthread_cond_destroy(&idle.cv);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("ops_publish");
@@ -417,6 +553,7 @@ int main(void)
     tcase_add_test(tc, test_publish_and_partial);
     tcase_add_test(tc, test_ends);
     tcase_add_test(tc, test_checksums_pending);
+    tcase_add_test(tc, test_checksums_checker);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

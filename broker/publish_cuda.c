@@ -1,0 +1,325 @@
+/* A commit's copy into device slabs (publish.h), on the loader thread.
+ *
+ * The producer's memory comes as CUDA IPC handles, one per allocation. A
+ * trainer publishes the same allocations again and again: opening 32
+ * handles and closing them costs several milliseconds a commit (0.1 ms to
+ * open, up to 0.9 ms to close each, docs/DESIGN facts), more than the copy
+ * of a GiB. So the handles a commit opened stay open for the next commit of
+ * the same connection (the source cache): a handle that commit names again
+ * is used as it is, the others are closed after it. Another connection's
+ * commit closes them first, and so do the connection's end and its
+ * process's death (a WB_JOB_FORGET job), so that a producer's freed memory
+ * is given back: an importer keeps an allocation alive.
+ *
+ * The copies are spread over several streams per device, each tensor
+ * whole on the stream with the fewest bytes queued: one stream's copies run
+ * one after another on one copy engine. GPU time (events) is measured
+ * beside the wall time. */
+#include "publish.h"
+
+#include "alloc.h"
+#include "clock.h"
+#include "log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef WB_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+/* Streams per device a commit's copies are spread over. */
+#define COPY_STREAMS 4
+
+typedef struct cached_src {
+    uint8_t handle[64];
+    int device;
+    void *ptr;
+    int used; /* named by the commit in progress */
+} cached_src;
+
+struct wb_src_cache {
+    uint64_t owner; /* the connection whose handles these are */
+    cached_src *e;
+    size_t n, cap;
+    uint64_t opened, reused; /* handles, over the broker's life */
+};
+
+static int cuda_fail(wb_err *err, cudaError_t e, const char *what, const char *tensor)
+{
+    if (tensor)
+        return wb__err_set(err, WB_EIO, "%s for tensor '%s': %s", what, tensor,
+                           cudaGetErrorString(e));
+    return wb__err_set(err, WB_EIO, "%s: %s", what, cudaGetErrorString(e));
+}
+
+/* Closes the entries not used by the commit in progress (all of them with
+ * all set). */
+static void cache_close(wb_src_cache *c, int all)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < c->n; i++) {
+        if (c->e[i].used && !all) {
+            c->e[i].used = 0;
+            c->e[k++] = c->e[i];
+            continue;
+        }
+        cudaSetDevice(c->e[i].device);
+        cudaIpcCloseMemHandle(c->e[i].ptr);
+    }
+    c->n = k;
+}
+
+void wb__publish_src_cache_free(wb_src_cache **cp)
+{
+    wb_src_cache *c = cp ? *cp : NULL;
+    if (!c)
+        return;
+    cache_close(c, 1);
+    free(c->e);
+    free(c);
+    *cp = NULL;
+}
+
+void wb__publish_forget_run(wb_load_job *job)
+{
+    wb_src_cache *c = *job->src_cache_slot;
+    job->rc = WB_OK;
+    if (!c || c->owner != job->forget_owner || !c->n)
+        return;
+    size_t n = c->n;
+    cache_close(c, 1);
+    wb_info("publish_sources_closed", "handles=%zu reason=producer_gone", n);
+}
+
+/* The mapping of source s, from the cache or opened now (and cached). */
+static int open_source(wb_src_cache *c, const wb_publish_source *s, unsigned i, void **ptr,
+                       wb_err *err)
+{
+    for (size_t k = 0; k < c->n; k++) {
+        if (c->e[k].device == s->device && memcmp(c->e[k].handle, s->handle, 64) == 0) {
+            c->e[k].used = 1;
+            c->reused++;
+            *ptr = c->e[k].ptr;
+            return WB_OK;
+        }
+    }
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? 2 * c->cap : 16;
+        cached_src *n = wb__realloc(c->e, cap * sizeof *n);
+        if (!n)
+            return wb__err_set(err, WB_ENOMEM, "out of memory opening source %u", i);
+        c->e = n;
+        c->cap = cap;
+    }
+    cudaIpcMemHandle_t h;
+    memcpy(&h, s->handle, sizeof h);
+    cudaError_t e = cudaSetDevice(s->device);
+    if (e == cudaSuccess)
+        e = cudaIpcOpenMemHandle(ptr, h, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) {
+        char what[160];
+        snprintf(what, sizeof what, "opening source %u (a CUDA IPC handle on %s)", i, s->uuid);
+        *ptr = NULL;
+        return cuda_fail(err, e, what, NULL);
+    }
+    cached_src *n = &c->e[c->n++];
+    memcpy(n->handle, s->handle, 64);
+    n->device = s->device;
+    n->ptr = *ptr;
+    n->used = 1;
+    c->opened++;
+    return WB_OK;
+}
+
+typedef struct dev_streams {
+    int device;
+    cudaStream_t s[COPY_STREAMS];
+    cudaEvent_t start[COPY_STREAMS], end[COPY_STREAMS];
+    uint64_t queued[COPY_STREAMS];
+    unsigned n;
+} dev_streams;
+
+static int streams_make(dev_streams *ds, int device, wb_err *err)
+{
+    memset(ds, 0, sizeof *ds);
+    ds->device = device;
+    cudaError_t e = cudaSetDevice(device);
+    for (unsigned k = 0; e == cudaSuccess && k < COPY_STREAMS; k++) {
+        if ((e = cudaStreamCreateWithFlags(&ds->s[k], cudaStreamNonBlocking)) != cudaSuccess)
+            break;
+        ds->n++;
+        if ((e = cudaEventCreate(&ds->start[k])) != cudaSuccess) {
+            ds->start[k] = NULL;
+            break;
+        }
+        if ((e = cudaEventCreate(&ds->end[k])) != cudaSuccess) {
+            ds->end[k] = NULL;
+            break;
+        }
+    }
+    return e == cudaSuccess ? WB_OK : cuda_fail(err, e, "creating the copy streams", NULL);
+}
+
+/* Waits for every stream (even after a failure: no copy may read a
+ * handle closed after) and adds its GPU span to *gpu: from the earliest
+ * start to the latest end over the streams used. */
+static cudaError_t streams_end(dev_streams *ds, double *gpu)
+{
+    cudaError_t first = cudaSuccess;
+    cudaSetDevice(ds->device);
+    int have = -1;
+    for (unsigned k = 0; k < ds->n; k++) {
+        cudaError_t e = ds->end[k] ? cudaEventRecord(ds->end[k], ds->s[k]) : cudaSuccess;
+        cudaError_t w = cudaStreamSynchronize(ds->s[k]);
+        if (first == cudaSuccess)
+            first = e != cudaSuccess ? e : w;
+        if (ds->queued[k] && ds->start[k] && ds->end[k] && have < 0)
+            have = (int)k;
+    }
+    /* Stream `have` was used first: every end against its start. */
+    float span = 0;
+    for (unsigned k = 0; first == cudaSuccess && have >= 0 && k < ds->n; k++) {
+        float ms = 0;
+        if (ds->queued[k] &&
+            cudaEventElapsedTime(&ms, ds->start[have], ds->end[k]) == cudaSuccess && ms > span)
+            span = ms;
+    }
+    *gpu += span / 1e3;
+    for (unsigned k = 0; k < ds->n; k++) {
+        if (ds->start[k])
+            cudaEventDestroy(ds->start[k]);
+        if (ds->end[k])
+            cudaEventDestroy(ds->end[k]);
+        cudaStreamDestroy(ds->s[k]);
+    }
+    ds->n = 0;
+    return first;
+}
+
+/* The stream with the fewest bytes queued; its start event recorded
+ * before its first copy. */
+static cudaStream_t pick(dev_streams *ds, uint64_t bytes)
+{
+    unsigned best = 0;
+    for (unsigned k = 1; k < ds->n; k++) {
+        if (ds->queued[k] < ds->queued[best])
+            best = k;
+    }
+    if (ds->queued[best] == 0 && ds->start[best])
+        cudaEventRecord(ds->start[best], ds->s[best]);
+    ds->queued[best] += bytes ? bytes : 1;
+    return ds->s[best];
+}
+
+int wb__publish_copy_cuda(wb_load_job *job, wb_publish *p, wb_err *err)
+{
+    wb_model_data *d = &job->data;
+    wb_src_cache *c = *job->src_cache_slot;
+    if (!c) {
+        if (!(c = wb__calloc(1, sizeof *c)))
+            return wb__err_set(err, WB_ENOMEM, "out of memory for the source cache");
+        *job->src_cache_slot = c;
+    }
+    /* Another producer's handles go first. */
+    if (c->owner != p->owner)
+        cache_close(c, 1);
+    c->owner = p->owner;
+    void **ptrs = wb__calloc(p->n_sources ? p->n_sources : 1, sizeof *ptrs);
+    dev_streams *ds = wb__calloc(d->n_slabs ? d->n_slabs : 1, sizeof *ds);
+    if (!ptrs || !ds) {
+        free(ptrs);
+        free(ds);
+        return wb__err_set(err, WB_ENOMEM, "out of memory opening %u sources", p->n_sources);
+    }
+    int rc = WB_OK;
+    double t_open = wb__clock_mono_s();
+    uint64_t opened = c->opened, reused = c->reused;
+    for (unsigned i = 0; rc == WB_OK && i < p->n_sources; i++)
+        rc = open_source(c, &p->sources[i], i, &ptrs[i], err);
+    job->src_open_seconds = wb__clock_mono_s() - t_open;
+    job->sources_opened = (uint32_t)(c->opened - opened);
+    job->sources_reused = (uint32_t)(c->reused - reused);
+    for (uint32_t k = 0; k < d->n_slabs; k++)
+        ds[k].device = -1;
+    for (uint32_t k = 0; rc == WB_OK && k < d->n_slabs; k++) {
+        if (d->slabs[k].dev_ptr)
+            rc = streams_make(&ds[k], d->slabs[k].device, err);
+    }
+    double t0 = wb__clock_mono_s();
+    cudaError_t e = cudaSuccess;
+    for (uint32_t k = 0; rc == WB_OK && k < d->n_slabs; k++) {
+        wb_slab *slab = &d->slabs[k];
+        if (!slab->dev_ptr)
+            continue;
+        const wb_slab *ks = NULL;
+        for (uint32_t j = 0; p->keep && j < p->keep->data.n_slabs; j++) {
+            if (p->keep->data.slabs[j].device == slab->device && p->keep->data.slabs[j].dev_ptr)
+                ks = &p->keep->data.slabs[j];
+        }
+        cudaSetDevice(slab->device);
+        for (size_t i = 0; rc == WB_OK && i < d->n_tensors; i++) {
+            const wb_model_tensor *t = &d->tensors[i];
+            const wb_publish_piece *pc = &p->pieces[i];
+            uint8_t *dst = (uint8_t *)slab->dev_ptr + t->offset;
+            if (t->nbytes == 0)
+                continue;
+            if (pc->kept && !ks) {
+                rc = wb__err_set(err, WB_ESTATE,
+                                 "tensor '%s': version %u has no copy on device %d to keep",
+                                 t->name, p->beside, slab->device);
+                break;
+            }
+            cudaStream_t st = pick(&ds[k], t->nbytes);
+            if (pc->kept) {
+                e = cudaMemcpyAsync(dst,
+                                    (const uint8_t *)ks->dev_ptr + p->keep->data.tensors[i].offset,
+                                    (size_t)t->nbytes, cudaMemcpyDeviceToDevice, st);
+                if (k == 0)
+                    job->kept_bytes += t->nbytes;
+            } else {
+                const wb_publish_source *s = &p->sources[pc->source];
+                const uint8_t *src = (const uint8_t *)ptrs[pc->source] + pc->offset;
+                if (s->device == slab->device)
+                    e = cudaMemcpyAsync(dst, src, (size_t)t->nbytes, cudaMemcpyDeviceToDevice, st);
+                else
+                    e = cudaMemcpyPeerAsync(dst, slab->device, src, s->device, (size_t)t->nbytes,
+                                            st);
+                if (k == 0)
+                    job->copied_bytes += t->nbytes;
+            }
+            if (e != cudaSuccess)
+                rc = cuda_fail(err, e, "queueing the copy", t->name);
+        }
+    }
+    double gpu = 0;
+    for (uint32_t k = 0; k < d->n_slabs; k++) {
+        if (ds[k].device < 0 || !ds[k].n)
+            continue;
+        e = streams_end(&ds[k], &gpu);
+        if (e != cudaSuccess && rc == WB_OK)
+            rc = cuda_fail(err, e, "copying the producer's bytes", NULL);
+    }
+    job->copy_seconds = wb__clock_mono_s() - t0;
+    job->copy_gpu_seconds = gpu;
+    /* Handles this commit did not name are closed; after a failure all. */
+    cache_close(c, rc != WB_OK);
+    free(ptrs);
+    free(ds);
+    /* The checksums come after the version is current (publish_sum.c):
+     * reading 4 GiB back takes longer than the copy. */
+    if (rc == WB_OK)
+        job->checksums_pending = 1;
+    return rc;
+}
+#else
+void wb__publish_src_cache_free(wb_src_cache **cp)
+{
+    (void)cp;
+}
+
+void wb__publish_forget_run(wb_load_job *job)
+{
+    job->rc = WB_OK;
+}
+#endif
