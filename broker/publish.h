@@ -131,6 +131,9 @@ void wb__publish_checksums_queue(wb_broker *b, wb_model *m);
 /* Version m stopped being current: its checksum job (if any) is dropped;
  * wb__publish_checksums_done then unpins it and leaves it pending. */
 void wb__publish_checksums_drop(wb_broker *b, wb_model *m);
+/* WB_EIO with "WHAT[ for tensor 'TENSOR']: CUDA's message of cuda_error"
+ * (a cudaError_t). */
+int wb__publish_cuda_fail(wb_err *err, int cuda_error, const char *what, const char *tensor);
 /* The cuda copy of a commit (publish_cuda.c), called by
  * wb__publish_copy_run; job->src_cache_slot is the broker's source cache. */
 int wb__publish_copy_cuda(wb_load_job *job, wb_publish *p, wb_err *err);

@@ -45,8 +45,9 @@ struct wb_src_cache {
     uint64_t opened, reused; /* handles, over the broker's life */
 };
 
-static int cuda_fail(wb_err *err, cudaError_t e, const char *what, const char *tensor)
+int wb__publish_cuda_fail(wb_err *err, int cuda_error, const char *what, const char *tensor)
 {
+    cudaError_t e = (cudaError_t)cuda_error;
     if (tensor)
         return wb__err_set(err, WB_EIO, "%s for tensor '%s': %s", what, tensor,
                            cudaGetErrorString(e));
@@ -121,7 +122,7 @@ static int open_source(wb_src_cache *c, const wb_publish_source *s, unsigned i, 
         char what[160];
         snprintf(what, sizeof what, "opening source %u (a CUDA IPC handle on %s)", i, s->uuid);
         *ptr = NULL;
-        return cuda_fail(err, e, what, NULL);
+        return wb__publish_cuda_fail(err, e, what, NULL);
     }
     cached_src *n = &c->e[c->n++];
     memcpy(n->handle, s->handle, 64);
@@ -158,7 +159,8 @@ static int streams_make(dev_streams *ds, int device, wb_err *err)
             break;
         }
     }
-    return e == cudaSuccess ? WB_OK : cuda_fail(err, e, "creating the copy streams", NULL);
+    return e == cudaSuccess ? WB_OK
+                            : wb__publish_cuda_fail(err, e, "creating the copy streams", NULL);
 }
 
 /* Waits for every stream (even after a failure: no copy may read a
@@ -289,7 +291,7 @@ int wb__publish_copy_cuda(wb_load_job *job, wb_publish *p, wb_err *err)
                     job->copied_bytes += t->nbytes;
             }
             if (e != cudaSuccess)
-                rc = cuda_fail(err, e, "queueing the copy", t->name);
+                rc = wb__publish_cuda_fail(err, e, "queueing the copy", t->name);
         }
     }
     double gpu = 0;
@@ -298,7 +300,7 @@ int wb__publish_copy_cuda(wb_load_job *job, wb_publish *p, wb_err *err)
             continue;
         e = streams_end(&ds[k], &gpu);
         if (e != cudaSuccess && rc == WB_OK)
-            rc = cuda_fail(err, e, "copying the producer's bytes", NULL);
+            rc = wb__publish_cuda_fail(err, e, "copying the producer's bytes", NULL);
     }
     job->copy_seconds = wb__clock_mono_s() - t0;
     job->copy_gpu_seconds = gpu;

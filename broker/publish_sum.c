@@ -105,14 +105,6 @@ typedef struct sum_dev {
     void *buf[2];
 } sum_dev;
 
-static int dev_fail(wb_err *err, cudaError_t e, const char *what, const char *tensor)
-{
-    if (tensor)
-        return wb__err_set(err, WB_EIO, "%s for tensor '%s': %s", what, tensor,
-                           cudaGetErrorString(e));
-    return wb__err_set(err, WB_EIO, "%s: %s", what, cudaGetErrorString(e));
-}
-
 static cudaError_t queue_chunk(const sum_run *s, sum_dev *dv, const wb_model_tensor *t, uint64_t at,
                                unsigned k)
 {
@@ -150,7 +142,7 @@ static int hash_dev(sum_run *s, sum_dev *dv, const wb_model_tensor *t, XXH3_stat
     if (e == cudaSuccess)
         e = w;
     if (e != cudaSuccess)
-        return dev_fail(err, e, "reading back for the checksum", t->name);
+        return wb__publish_cuda_fail(err, e, "reading back for the checksum", t->name);
     return rc;
 }
 #endif
@@ -189,7 +181,7 @@ static void *sum_main(void *arg)
                 dv.ev[k] = NULL;
         }
         if (e != cudaSuccess) {
-            dev_fail(&err, e, "creating a stream for the checksums", NULL);
+            wb__publish_cuda_fail(&err, e, "creating a stream for the checksums", NULL);
             fail(s, WB_EIO, &err);
         }
     }
@@ -245,7 +237,8 @@ static int pool_get(wb_load_job *job, wb_err *err)
             cudaError_t e = cudaHostAlloc(&p->buf[t][k], SUM_CHUNK, cudaHostAllocPortable);
             if (e != cudaSuccess) {
                 p->buf[t][k] = NULL;
-                return dev_fail(err, e, "allocating pinned memory for the checksums", NULL);
+                return wb__publish_cuda_fail(err, e, "allocating pinned memory for the checksums",
+                                             NULL);
             }
         }
     }
