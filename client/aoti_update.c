@@ -364,8 +364,10 @@ static int update_locked(wb_container *c, wb_lease *const *nl, size_t n)
     void *streams[WB_CONTAINER_STREAMS];
     size_t n_streams = 0;
     int overflow = 0;
+    double wait0 = wb__clock_mono_s(), waited_ms = 0, in_use_at = 0;
     if (rc == WB_OK) {
         pthread_rwlock_wrlock(&c->run_lock);
+        waited_ms = (wb__clock_mono_s() - wait0) * 1000.0;
         if (c->f.swap(c->h) != 0) {
             rc = wb__aoti_runtime_fail(c, "AOTInductorModelContainerSwapConstantBuffer", NULL);
         } else {
@@ -381,6 +383,7 @@ static int update_locked(wb_container *c, wb_lease *const *nl, size_t n)
             pthread_mutex_unlock(&c->streams_mu);
         }
         pthread_rwlock_unlock(&c->run_lock);
+        in_use_at = wb__clock_wall();
     }
     if (rc != WB_OK) {
         /* Nothing a run sees changed: the old version stays. */
@@ -439,6 +442,8 @@ static int update_locked(wb_container *c, wb_lease *const *nl, size_t n)
     c->info.swaps++;
     c->info.last_swap_ms = ms;
     c->info.last_swap_at = wb__clock_wall();
+    c->info.last_swap_in_use_at = in_use_at;
+    c->info.last_swap_run_wait_ms = waited_ms;
     c->info.version = version;
     wb__cinfo("container_swapped", "model=%s version=%u swaps=%u ms=%.3f streams=%zu",
               wb__aoti_qpath(c, q, sizeof q), version, c->info.swaps, ms, n_streams);

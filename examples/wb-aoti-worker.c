@@ -21,8 +21,9 @@
  * (exit 3 if any differ), --version-outputs DIR writes each version's first
  * output to DIR/output_v<N>.safetensors, and the result line gains
  * "versions" (runs and changed outputs per version) and "swaps" (one per
- * swap, in order, a version twice after a rollback: when the notice came
- * and when the swap was done, in Unix seconds, and how long it took).
+ * swap, in order, a version twice after a rollback: when the notice came,
+ * when runs began to use it (in_use_at) and when the swap was done, in Unix
+ * seconds, how long it took, and how long it waited for the run in flight).
  *
  * --mutated FQN,... names constants the compiled graph writes (besides the
  * package's "weightbroker.mutated"): binding them to a lease is refused;
@@ -125,7 +126,7 @@ typedef struct version_rec {
  * ended (wb_container_info.last_swap_at). */
 typedef struct swap_rec {
     uint32_t version;
-    double notice_at, swapped_at, swap_ms;
+    double notice_at, swapped_at, swap_ms, in_use_at, run_wait_ms;
 } swap_rec;
 
 /* When the client heard of each version (the subscription's callback, on
@@ -541,6 +542,8 @@ static int count_version(worker *w, uint32_t v, void *const *got, size_t n_out)
             s->notice_at = notice_at(v);
             s->swapped_at = info.last_swap_at;
             s->swap_ms = info.last_swap_ms;
+            s->in_use_at = info.last_swap_in_use_at;
+            s->run_wait_ms = info.last_swap_run_wait_ms;
         }
     }
     w->last_version = v;
@@ -968,6 +971,8 @@ static void print_result(worker *w, int rc)
             json_object_set_new(x, "notice_at", json_real(r->notice_at));
             json_object_set_new(x, "swapped_at", json_real(r->swapped_at));
             json_object_set_new(x, "swap_ms", json_real(r->swap_ms));
+            json_object_set_new(x, "in_use_at", json_real(r->in_use_at));
+            json_object_set_new(x, "run_wait_ms", json_real(r->run_wait_ms));
             json_array_append_new(sw, x);
         }
         json_object_set_new(o, "versions", vs);

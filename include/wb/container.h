@@ -297,6 +297,12 @@ typedef struct wb_container_info {
     double last_swap_at; /* Unix seconds when the last swap's update returned; 0: none */
     /* Versions the follower could not swap in (wb_container_follow). */
     uint32_t follow_errors;
+    /* Of the last swap: when runs began to use the new version (Unix
+     * seconds: the swap itself, before the old version's work on the
+     * streams is waited for), and how long it waited for the runs in
+     * flight to end (milliseconds). */
+    double last_swap_in_use_at;
+    double last_swap_run_wait_ms;
 } wb_container_info;
 
 /* Fills *out; strings belong to the container. Waits for an update in

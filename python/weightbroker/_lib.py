@@ -104,6 +104,8 @@ class ContainerInfo(ctypes.Structure):
         ("last_swap_ms", ctypes.c_double),
         ("last_swap_at", ctypes.c_double),
         ("follow_errors", ctypes.c_uint32),
+        ("last_swap_in_use_at", ctypes.c_double),
+        ("last_swap_run_wait_ms", ctypes.c_double),
     ]
 
 

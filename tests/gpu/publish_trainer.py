@@ -13,9 +13,10 @@ into device memory once. Each update changes every backbone weight in place
 
   * the eager output of variant a on the input with these weights is saved
     as REFDIR/ref_v<version>.safetensors (the version the publish returns),
-  * a plain device-to-device copy of the same bytes into a second buffer is
-    timed with CUDA events (torch's copy_: cudaMemcpyAsync): the baseline
-    of the broker's copy,
+  * a plain device-to-device copy of the same bytes into a second buffer
+    (torch's copy_: cudaMemcpyAsync), before and after the publish, timed
+    with CUDA events and by the wall clock: the baseline of the broker's
+    copy, which is timed both ways too,
   * weightbroker.Client.publish(NAME, state_dict) makes the new version;
     its wall time is recorded with the Unix time it started.
 
@@ -59,6 +60,20 @@ def eager_output(dim, layers, base, head, x):
     v.load_state_dict(sd, strict=True, assign=True)
     with torch.no_grad():
         return v.eval()(x)
+
+
+def plain_copy(src, dst):
+    """The same bytes copied device to device by torch's copy_
+    (cudaMemcpyAsync): (GPU seconds by CUDA events, wall seconds from
+    before the first copy is queued to after the synchronisation)."""
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    w0 = time.perf_counter()
+    e0.record()
+    for k, v in src.items():
+        dst[k].copy_(v)
+    e1.record()
+    e1.synchronize()
+    return (e0.elapsed_time(e1) / 1e3, time.perf_counter() - w0)
 
 
 def receiver(rank, q, done, shapes):
@@ -135,22 +150,24 @@ def main():
             for v in base.values():
                 v.copy_(torch.roll(v, 1, dims=0))  # in place: the same storage
         torch.cuda.synchronize()
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for k, v in base.items():
-            plain[k].copy_(v)
-        e1.record()
-        e1.synchronize()
-        plain_s = e0.elapsed_time(e1) / 1e3
+        before = plain_copy(base, plain)
         ref = eager_output(dim, layers, base, head, x)
         torch.cuda.synchronize()
         started = time.time()
         version = client.publish(a.model, base)
         publish_s = time.time() - started
+        # Timed again right after: the GPU is shared by time slices among
+        # the serving processes, so a copy's time depends on when it runs.
+        after = plain_copy(base, plain)
+        plain_s = (before[0] + after[0]) / 2
+        plain_wall_s = (before[1] + after[1]) / 2
         save_file({"output0": ref.cpu()}, os.path.join(a.refs, f"ref_v{version}.safetensors"))
         ups.append({"version": version, "started_at": started, "publish_s": round(publish_s, 6),
                     "bytes": nbytes, "plain_copy_s": round(plain_s, 6),
-                    "plain_gbps": round(nbytes / plain_s / 1e9, 2)})
+                    "plain_gbps": round(nbytes / plain_s / 1e9, 2),
+                    "plain_wall_s": round(plain_wall_s, 6),
+                    "plain_wall_gbps": round(nbytes / plain_wall_s / 1e9, 2),
+                    "plain_runs": [before, after]})
         print(f"published version {version} in {publish_s * 1e3:.1f} ms "
               f"(plain copy {plain_s * 1e3:.2f} ms)", flush=True)
         torch.cuda.empty_cache()  # the roll's scratch: NVML then shows what is held

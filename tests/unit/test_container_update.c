@@ -90,6 +90,10 @@ static void update_ok(const char *flavour)
         ck_assert_uint_eq(info.version, want);
         ck_assert(info.last_swap_ms > 0);
         ck_assert(info.last_swap_at > 0);
+        /* Runs used it before the update returned; nothing was running. */
+        ck_assert(info.last_swap_in_use_at > 0);
+        ck_assert(info.last_swap_in_use_at <= info.last_swap_at);
+        ck_assert(info.last_swap_run_wait_ms >= 0 && info.last_swap_run_wait_ms < 1000);
         ck_assert_uint_eq(info.leased_constants, 2);
         ck_assert_uint_eq(info.bound_bytes, 512);
     }
