@@ -1,7 +1,7 @@
 /* wb_bench_d2d: how fast a producer's tensors, opened as CUDA IPC handles,
  * copy device to device into a broker-like slab on one GPU, with the copy
- * engine (cudaMemcpyAsync, what broker/publish_copy.c does) and with the
- * SM copy kernel of broker/devcopy.c, against the same copies from the
+ * engine (cudaMemcpyAsync, what the broker's publish copy does, broker/publish_cuda.c) and with the
+ * SM copy kernel of bench/devcopy.c, against the same copies from the
  * process's own memory. An exporter child, forked before this process
  * touches CUDA (CUDA is not fork-safe once initialised), allocates
  * --tensors buffers of --mib MiB with one cudaMalloc each (PyTorch's

@@ -1,4 +1,4 @@
-/* The device copy of broker/devcopy.c: a grid-stride copy run on the SMs,
+/* The device copy of bench/devcopy.c: a grid-stride copy run on the SMs,
  * for sources that cudaMemcpyAsync copies on a copy engine well below the
  * memory's bandwidth (a producer's memory opened with
  * cudaIpcOpenMemHandle). The build does not compile this file: it is

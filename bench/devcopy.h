@@ -1,13 +1,15 @@
 /* A device-to-device copy run on the SMs (a grid-stride kernel,
- * devcopy_kernel.cu) rather than on a copy engine: cudaMemcpyAsync from a
- * producer's memory opened with cudaIpcOpenMemHandle runs well below the
- * memory's bandwidth, while a kernel's loads and stores reach it. The
+ * devcopy_kernel.cu) rather than on a copy engine, for wb_bench_d2d to set
+ * against cudaMemcpyAsync from a producer's memory opened with
+ * cudaIpcOpenMemHandle (the broker's publish copy). On the H200 the copy
+ * engine was as fast from IPC memory as from local memory, and faster than
+ * this kernel (bench/RESULTS.md), so the broker does not use it. The
  * kernel is PTX embedded in the library (devcopy_ptx.h), loaded with the
  * runtime's library calls (cudaLibraryLoadData) and JIT-compiled by the
  * driver for each device at its first launch there (the driver caches the
  * result on disk). Built only with CUDA (WB_HAVE_CUDA). */
-#ifndef WB_BROKER_DEVCOPY_H
-#define WB_BROKER_DEVCOPY_H
+#ifndef WB_BENCH_DEVCOPY_H
+#define WB_BENCH_DEVCOPY_H
 
 #include "err.h"
 
