@@ -26,6 +26,7 @@
  *                      [--threads N] [--staging-mib N] [--buffers N]
  *                      [--read-block-kib N] [--variants NAME,...] [--write-only]
  *                      [--keep-loads] [--pause-ms N] [--copy-batch N] [--ring-sweep]
+ *                      [--reuse [--cycles N]]
  * --variants limits the variants to those named (default always runs);
  * --write-only writes the checkpoint (if missing) and exits; --keep-loads
  * keeps every load's device memory until its variant ends (each load gets
@@ -33,15 +34,18 @@
  * see why back-to-back loads run slower than the first of a series;
  * --ring-sweep times the copy stage's ways one against another (copies of
  * one buffer or several adjacent ones, several streams, batches of
- * cudaMemcpyBatchAsync) on the default ring, nothing else running. */
-#include "backend.h"
-#include "loader.h"
-#include "safetensors.h"
+ * cudaMemcpyBatchAsync) on the default ring, nothing else running;
+ * --reuse runs the reuse study (load_reuse.c) instead of everything above:
+ * why a load into device memory the previous load freed runs slower than one
+ * into memory no load used. The pinned peak into memory fresh, freed and
+ * allocated again, or kept (cudaMalloc and cuMemCreate), the same after a
+ * cudaMemset, and the loader fresh, reused and into one kept slab, for
+ * both slab kinds; --cycles (5) of each, interleaved, each verified. The
+ * report's "reused_memory" holds it. */
+#include "load.h"
 #include "stage.h"
 #include "stage_ntcopy.h"
 
-#include <cuda_runtime_api.h>
-#include <jansson.h>
 #include <xxhash.h>
 
 #include <errno.h>
@@ -57,23 +61,20 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MIB (1024ull * 1024ull)
-#define GIB (1024ull * MIB)
-
-static double now_s(void)
+double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static void die(const char *what, const char *why)
+void die(const char *what, const char *why)
 {
     fprintf(stderr, "wb_bench_load: %s: %s\n", what, why);
     exit(1);
 }
 
-static void cuda_check(cudaError_t e, const char *what)
+void cuda_check(cudaError_t e, const char *what)
 {
     if (e != cudaSuccess)
         die(what, cudaGetErrorString(e));
@@ -85,7 +86,7 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static double median(double *v, int n)
+double median(double *v, int n)
 {
     double *c = malloc((size_t)n * sizeof *c);
     memcpy(c, v, (size_t)n * sizeof *c);
@@ -95,7 +96,7 @@ static double median(double *v, int n)
     return m;
 }
 
-static json_t *samples_json(const double *v, int n)
+json_t *samples_json(const double *v, int n)
 {
     json_t *a = json_array();
     for (int i = 0; i < n; i++)
@@ -303,15 +304,6 @@ static double read_file(const char *path, int threads, uint64_t block, int direc
 
 /* ---- the broker's loader ---- */
 
-typedef struct loader_cfg {
-    int mode;
-    unsigned threads, buffers, block;
-    uint64_t chunk;
-    int read, pages;
-    unsigned reg_threads;
-    unsigned batch;
-} loader_cfg;
-
 /* The stage configuration a loader_cfg asks for (0: the default). */
 static wb_stage_config stage_cfg(const loader_cfg *c)
 {
@@ -333,9 +325,10 @@ static wb_stage_config stage_cfg_filled(const loader_cfg *c)
     return s;
 }
 
-static wb_backend *start_backend(int device, const loader_cfg *c, char *pages, size_t pages_len)
+wb_backend *start_backend(int device, const loader_cfg *c, char *pages, size_t pages_len)
 {
-    wb_cuda_options o = {.device = device, .load_mode = c->mode, .stage = stage_cfg(c)};
+    wb_cuda_options o = {
+        .device = device, .slab = c->slab, .load_mode = c->mode, .stage = stage_cfg(c)};
     wb_backend *be = NULL;
     wb_err err;
     if (wb__backend_cuda_new(&o, &be, &err) != WB_OK) {
@@ -347,16 +340,7 @@ static wb_backend *start_backend(int device, const loader_cfg *c, char *pages, s
     return be;
 }
 
-typedef struct load_result {
-    int rc;
-    char error[WB_ERR_MSG_MAX];
-    double gbps;          /* tensor bytes / whole load (headers, slab allocation, pipeline) */
-    double pipeline_gbps; /* tensor bytes / pipeline */
-    int read_source;      /* the one the readers used */
-    wb_model_data d;      /* kept when asked */
-} load_result;
-
-static load_result load_once(const wb_backend *be, const char *path, int device, int keep)
+load_result load_once(const wb_backend *be, const char *path, int device, int keep)
 {
     load_result r = {0};
     wb_load_opts o = {.backend = be, .device = device};
@@ -376,7 +360,7 @@ static load_result load_once(const wb_backend *be, const char *path, int device,
     return r;
 }
 
-static json_t *stages_json(const wb_model_data *d)
+json_t *stages_json(const wb_model_data *d)
 {
     const wb_stage_stats *s = &d->stage;
     json_t *o = json_object();
@@ -403,17 +387,6 @@ static json_t *stages_json(const wb_model_data *d)
     json_object_set_new(o, "wait_seconds_summed", json_real(s->wait_busy));
     return o;
 }
-
-/* The file's tensors: a mapping to compare against and each one's XXH3-64,
- * computed once. */
-typedef struct reference {
-    wb_st_table *t;
-    uint8_t *map;
-    size_t len;
-    uint64_t *xxh3;
-    uint8_t *pin; /* pinned bounce buffer for copies back */
-    size_t pin_len;
-} reference;
 
 /* Compares every tensor of a loaded slab with the file, byte for byte
  * (copied back through a pinned buffer), and its checksum with the file's
@@ -739,6 +712,9 @@ typedef struct opts {
     int keep_loads, pause_ms;
     /* The copy stage's ways measured one against another (ring_sweep). */
     int ring_sweep;
+    /* The reuse study instead of the variants (load_reuse.c), `cycles` of
+     * each of its variants. */
+    int reuse, cycles;
     loader_cfg cfg;
 } opts;
 
@@ -763,6 +739,8 @@ static void parse(int argc, char **argv, opts *o)
                                        {"pause-ms", required_argument, NULL, 'p'},
                                        {"ring-sweep", no_argument, NULL, 'R'},
                                        {"copy-batch", required_argument, NULL, 'X'},
+                                       {"reuse", no_argument, NULL, 'U'},
+                                       {"cycles", required_argument, NULL, 'N'},
                                        {NULL, 0, NULL, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -821,6 +799,12 @@ static void parse(int argc, char **argv, opts *o)
         case 'X':
             o->cfg.batch = (unsigned)atoi(optarg);
             break;
+        case 'U':
+            o->reuse = 1;
+            break;
+        case 'N':
+            o->cycles = atoi(optarg);
+            break;
         case 'h':
             printf("usage: wb_bench_load [--file PATH] [--gib N] [--runs N] [--out JSON] "
                    "[--device N]\n                     [--sweep] [--cold] [--cold-gib N] "
@@ -828,6 +812,7 @@ static void parse(int argc, char **argv, opts *o)
                    "[--read-block-kib N] [--variants NAME,NAME...] [--write-only]\n"
                    "                     [--keep-loads] [--pause-ms N] [--ring-sweep] "
                    "[--copy-batch N]\n"
+                   "                     [--reuse [--cycles N]]\n"
                    "--threads, --staging-mib, --buffers, --read-block-kib and --copy-batch "
                    "change the default variant only.\n");
             exit(0);
@@ -839,9 +824,13 @@ static void parse(int argc, char **argv, opts *o)
         o->runs = 3;
     if (o->runs > 32)
         o->runs = 32;
+    if (o->cycles < 2)
+        o->cycles = 2;
+    if (o->cycles > 32)
+        o->cycles = 32;
 }
 
-static json_t *cfg_json(const loader_cfg *c)
+json_t *cfg_json(const loader_cfg *c)
 {
     wb_stage_config s = stage_cfg_filled(c);
     json_t *o = json_object();
@@ -878,7 +867,7 @@ static void cfg_flags(const loader_cfg *c, char *buf, size_t len)
                  s.read_block / 1024);
 }
 
-static void save(json_t *root, const char *out)
+void save(json_t *root, const char *out)
 {
     if (out && json_dump_file(root, out, JSON_INDENT(2) | JSON_PRESERVE_ORDER) != 0)
         die(out, "cannot write the report");
@@ -1067,7 +1056,8 @@ static int wanted(const opts *o, const char *name)
 
 int main(int argc, char **argv)
 {
-    opts o = {.file = "/tmp/wb-bench/load.safetensors", .gib = 8, .runs = 3, .cold_gib = 2};
+    opts o = {
+        .file = "/tmp/wb-bench/load.safetensors", .gib = 8, .runs = 3, .cold_gib = 2, .cycles = 5};
     o.cfg.mode = WB_STAGE_STAGED;
     parse(argc, argv, &o);
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1119,6 +1109,19 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < mf.t->n_tensors; i++)
         ref.xxh3[i] = XXH3_64bits(mf.map + mf.t->tensors[i].offset, mf.t->tensors[i].nbytes);
     cuda_check(cudaHostAlloc((void **)&ref.pin, ref.pin_len, 0), "cudaHostAlloc");
+
+    if (o.reuse) {
+        reuse_opts ro = {
+            .file = o.file, .out = o.out, .device = o.device, .cycles = o.cycles, .cfg = o.cfg};
+        int rc = reuse_study(&ro, &ref, root);
+        save(root, o.out);
+        json_decref(root);
+        cudaFreeHost(ref.pin);
+        free(ref.xxh3);
+        munmap(mf.map, mf.len);
+        wb__st_table_free(&mf.t);
+        return rc;
+    }
 
     /* (d): reader threads x read block, for pread and mmap-nt. */
     loader_cfg tuned_pread = {
