@@ -129,7 +129,8 @@ static int cuda_mem_free(const wb_backend *be, int device, uint64_t *bytes, char
     cudaError_t e = cudaMemGetInfo(&avail, &total);
     if (e != cudaSuccess)
         return cuda_fail(err, WB_EIO, e, "cudaMemGetInfo");
-    *bytes = avail;
+    /* Slabs the pool keeps are freed before a load allocates its own. */
+    *bytes = avail + wb__vmm_pool_bytes(device);
     snprintf(where, where_len, "device %d", device);
     return WB_OK;
 }

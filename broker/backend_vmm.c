@@ -1,7 +1,9 @@
 #include "backend_vmm.h"
 
+#include "clock.h"
 #include "cudrv.h"
 #include "log.h"
+#include "slab_pool.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -12,6 +14,9 @@ int wb__vmm_start(int device, uint64_t *granularity, wb_err *err)
 {
     return wb__cudrv_vmm_check(device, granularity, err);
 }
+
+static wb_slab_pool pool;
+static int pool_on;
 
 #ifdef WB_HAVE_CUDA
 
@@ -52,6 +57,18 @@ int wb__vmm_slab_alloc(wb_slab *slab, int device, uint64_t size, wb_err *err)
         return wb__err_set(err, WB_ELIMIT, "cuda-vmm: %llu bytes cannot be rounded up to %llu",
                            (unsigned long long)size, (unsigned long long)g);
     char what[128];
+    if (pool_on && wb__slab_pool_take(&pool, device, bytes, slab)) {
+        /* Sealed read-only when its model was loaded: writable again. */
+        slab->index = 0;
+        CUmemAccessDesc a = {{CU_MEM_LOCATION_TYPE_DEVICE, device},
+                             CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        CUresult r = d->set_access((CUdeviceptr)(uintptr_t)slab->dev_ptr, (size_t)bytes, &a, 1);
+        if (r == CUDA_SUCCESS)
+            return WB_OK;
+        rc = wb__cudrv_fail(d, err, WB_EIO, r, "cuMemSetAccess (read-write, a kept slab)");
+        vmm_undo(d, slab, (CUdeviceptr)(uintptr_t)slab->dev_ptr, slab->size, 1);
+        return rc;
+    }
     CUmemAllocationProp prop = wb__cudrv_prop(device);
     CUmemGenericAllocationHandle h = 0;
     CUresult r = d->create(&h, (size_t)bytes, &prop, 0);
@@ -119,7 +136,7 @@ int wb__vmm_slab_seal(wb_slab *slab, wb_err *err)
     return WB_OK;
 }
 
-void wb__vmm_slab_free(wb_slab *slab)
+static void free_now(wb_slab *slab)
 {
     if (slab->vmm_handle) {
         const wb_cudrv *d = drv(NULL);
@@ -130,6 +147,25 @@ void wb__vmm_slab_free(wb_slab *slab)
         slab->dev_ptr = NULL;
     }
     slab->size = 0;
+}
+
+void wb__vmm_slab_free(wb_slab *slab)
+{
+    if (pool_on && slab->vmm_handle && wb__slab_pool_put(&pool, slab, wb__clock_mono_ms())) {
+        /* The pool's now, as it is (mapped, exported). */
+        memset(slab, 0, sizeof *slab);
+        slab->vmm_fd = -1;
+        return;
+    }
+    free_now(slab);
+}
+
+void wb__vmm_pool_start(int64_t keep_ms)
+{
+    if (pool_on || keep_ms <= 0)
+        return;
+    wb__slab_pool_init(&pool, keep_ms, free_now);
+    pool_on = 1;
 }
 
 #else /* !WB_HAVE_CUDA: wb__backend_cuda_new refuses before any of these runs */
@@ -154,7 +190,37 @@ void wb__vmm_slab_free(wb_slab *slab)
     slab->size = 0;
 }
 
+void wb__vmm_pool_start(int64_t keep_ms)
+{
+    (void)keep_ms;
+}
+
 #endif
+
+void wb__vmm_pool_stop(void)
+{
+    if (!pool_on)
+        return;
+    pool_on = 0;
+    wb__slab_pool_destroy(&pool);
+}
+
+size_t wb__vmm_pool_trim(int64_t now_ms)
+{
+    return pool_on ? wb__slab_pool_trim(&pool, now_ms) : 0;
+}
+
+uint64_t wb__vmm_pool_bytes(int device)
+{
+    return pool_on ? wb__slab_pool_bytes(&pool, device) : 0;
+}
+
+void wb__vmm_pool_counts(uint64_t *hits, uint64_t *misses)
+{
+    *hits = *misses = 0;
+    if (pool_on)
+        wb__slab_pool_counts(&pool, hits, misses);
+}
 
 int wb__vmm_slab_fd(const wb_slab *slab)
 {

@@ -25,4 +25,14 @@ int wb__vmm_slab_fd(const wb_slab *slab);
 void wb__vmm_slab_export(wb_slab *slab, Wbproto__Slab *out);
 void wb__vmm_slab_free(wb_slab *slab);
 
+/* The pool of freed VMM slabs (slab_pool.h), one per process: started by
+ * wbrokerd with --slab-pool-seconds (keep_ms 0: slabs are freed at once),
+ * trimmed on its timer, stopped (every kept slab freed) at its end. */
+void wb__vmm_pool_start(int64_t keep_ms);
+void wb__vmm_pool_stop(void);
+size_t wb__vmm_pool_trim(int64_t now_ms);
+/* Bytes kept on `device` (-1: all), and takes served and not served. */
+uint64_t wb__vmm_pool_bytes(int device);
+void wb__vmm_pool_counts(uint64_t *hits, uint64_t *misses);
+
 #endif

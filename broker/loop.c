@@ -1,6 +1,7 @@
 #include "loop.h"
 
 #include "auth_groups.h"
+#include "backend_vmm.h"
 #include "clock.h"
 #include "alloc.h"
 #include "fdchan_server.h"
@@ -631,6 +632,10 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
         if (now >= next_scan) {
             went_stale = wb__broker_scan_stale(b);
             next_scan = now + wait_ms;
+            size_t trimmed = wb__vmm_pool_trim(wb__clock_mono_ms());
+            if (trimmed)
+                wb_info("slab_pool_trimmed", "slabs=%zu kept_bytes=%llu", trimmed,
+                        (unsigned long long)wb__vmm_pool_bytes(-1));
         }
         wb__metrics_tick(b->metrics, b, pr > 0 || went_stale > 0);
     }

@@ -7,6 +7,7 @@
 #include "auth_files.h"
 #include "alloc.h"
 #include "backend_pick.h"
+#include "backend_vmm.h"
 #include "broker.h"
 #include "gpu.h"
 #include "log.h"
@@ -170,6 +171,14 @@ static int run(wb_options *o)
         wb__fatal("%s", err.msg);
         goto out;
     }
+    /* Freed cuda-vmm slabs are kept for the next load of their size. */
+    if (backend->slab_alloc == wb__vmm_slab_alloc) {
+        long secs = o->no_slab_pool                    ? 0
+                    : o->num[WB_NUM_SLAB_POOL_SECONDS] ? o->num[WB_NUM_SLAB_POOL_SECONDS]
+                                                       : WB_DEFAULT_SLAB_POOL_SECONDS;
+        wb__vmm_pool_start((int64_t)secs * 1000);
+        wb_info("slab_pool", "seconds=%ld transport=cuda-vmm", secs);
+    }
     if (o->device_given && backend->proto == WBPROTO__BACKEND__BACKEND_HOST)
         wb_info("config", "note=\"--device is ignored by the host backend\" device=%d", o->device);
     if (wb__socket_prepare(socket_path, &err) != WB_OK) {
@@ -284,6 +293,8 @@ out:
     /* Slab names go with their models; clients keep their own mappings. */
     if (have_broker)
         wb__broker_destroy(&b);
+    /* After the models: their slabs went to the pool. */
+    wb__vmm_pool_stop();
     wb__metrics_stop(&metrics);
     if (backend)
         wb__backend_release(&backend);

@@ -2,6 +2,8 @@
  * as they show it (wb__ops_model_info, also in load and unload replies). */
 #include "ops_impl.h"
 
+#include "backend_vmm.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -415,6 +417,8 @@ int wb__ops_stats(wb_broker *b, wb_ops_reply *r)
     s->publishes_total = st->publishes_total;
     s->publishes_failed = st->publishes_failed;
     s->publish_bytes_total = st->publish_bytes_total;
+    s->slab_pool_bytes = wb__vmm_pool_bytes(-1);
+    wb__vmm_pool_counts(&s->slab_pool_hits, &s->slab_pool_misses);
     s->peers = (uint32_t)b->leases.n_holders;
     wb__load_fill_stats(b->cfg.backend, &b->models, s);
     s->requests_refused = st->requests_refused;

@@ -41,6 +41,7 @@ enum {
     OPT_READ_SOURCE,
     OPT_STAGING_PAGES,
     OPT_REQUIRE_ALL_MODELS,
+    OPT_NO_SLAB_POOL,
     /* Numeric options: OPT_NUM + their index in num_opts. */
     OPT_NUM = 0x1000,
 };
@@ -99,6 +100,8 @@ static const num_opt num_opts[WB_NUM_OPTS] = {
                                         "a number of milliseconds from %ld to %ld", 200},
     [WB_NUM_MAX_VERSIONS] = {"max-versions", 2, WB_MAX_VERSIONS_LIMIT, "a number from %ld to %ld",
                              40},
+    [WB_NUM_SLAB_POOL_SECONDS] = {"slab-pool-seconds", 1, 3600,
+                                  "a number of seconds from %ld to %ld", 40},
 };
 static const struct option long_opts[] = {
     {"socket", required_argument, NULL, 's'},
@@ -129,6 +132,8 @@ static const struct option long_opts[] = {
     {"max-leases-per-client", required_argument, NULL, OPT_NUM + WB_NUM_MAX_LEASES},
     {"max-models", required_argument, NULL, OPT_NUM + WB_NUM_MAX_MODELS},
     {"max-versions", required_argument, NULL, OPT_NUM + WB_NUM_MAX_VERSIONS},
+    {"slab-pool-seconds", required_argument, NULL, OPT_NUM + WB_NUM_SLAB_POOL_SECONDS},
+    {"no-slab-pool", no_argument, NULL, OPT_NO_SLAB_POOL},
     {"max-tensors", required_argument, NULL, OPT_NUM + WB_NUM_MAX_TENSORS},
     {"max-shards", required_argument, NULL, OPT_NUM + WB_NUM_MAX_SHARDS},
     {"max-message-bytes", required_argument, NULL, OPT_NUM + WB_NUM_MAX_MESSAGE},
@@ -399,6 +404,9 @@ static int parse_one(wb_options *o, int c, char *arg)
     case OPT_REQUIRE_ALL_MODELS:
         o->require_all_models = 1;
         return WB_OPTIONS_GO_ON;
+    case OPT_NO_SLAB_POOL:
+        o->no_slab_pool = 1;
+        return WB_OPTIONS_GO_ON;
     case 'd':
         if (strcmp(arg, "0") == 0) {
             o->device = 0;
@@ -668,8 +676,14 @@ int wb__options_validate(wb_options *o)
             printf(" devices=%s", o->models[i].placement);
         printf("%s\n", o->models[i].from_file ? " (file)" : " (command line)");
     }
-    printf("backend: %s cuda-slab=%s host-slab=%s\n", o->backend,
+    printf("backend: %s cuda-slab=%s host-slab=%s", o->backend,
            o->cuda_slab == WB_CUDA_SLAB_IPC ? "ipc" : "vmm", o->host_memfd ? "memfd" : "shm");
+    if (o->no_slab_pool || o->cuda_slab == WB_CUDA_SLAB_IPC)
+        printf(" slab-pool=off\n");
+    else
+        printf(" slab-pool=%lds\n", o->num[WB_NUM_SLAB_POOL_SECONDS]
+                                        ? o->num[WB_NUM_SLAB_POOL_SECONDS]
+                                        : (long)WB_DEFAULT_SLAB_POOL_SECONDS);
     printf("access: cuda %s, host %s\n",
            o->cuda_slab == WB_CUDA_SLAB_AUTO  ? "ro (cuda-vmm; cuda-ipc, rw, where the device "
                                                 "lacks VMM descriptors)"

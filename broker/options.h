@@ -18,6 +18,8 @@
 #define WB_EXIT_CONFIG 78
 /* wb__options_parse and wb__options_validate: go on to the next step. */
 #define WB_OPTIONS_GO_ON (-1)
+/* --slab-pool-seconds when not given. */
+#define WB_DEFAULT_SLAB_POOL_SECONDS 30
 
 /* Numeric options, table-driven: each is a decimal number from min to
  * max; a wrong one is "--NAME: 'VALUE' is not WHAT". */
@@ -48,6 +50,7 @@ typedef enum wb_num_opt {
     WB_NUM_MAX_SESSIONS_PER_UID,
     WB_NUM_METRICS_REQUEST_TIMEOUT,
     WB_NUM_MAX_VERSIONS,
+    WB_NUM_SLAB_POOL_SECONDS,
     WB_NUM_OPTS
 } wb_num_opt;
 
@@ -81,6 +84,7 @@ typedef struct wb_options {
     wb_preload *models;
     size_t n_models;
     int require_all_models; /* a preload that fails stops the broker */
+    int no_slab_pool;       /* --no-slab-pool: freed cuda-vmm slabs are not kept */
     wb_auth auth;           /* access lists, handed to the broker when it starts */
     wb_config config;
     char **av; /* the configuration file's arguments, then the command line's */

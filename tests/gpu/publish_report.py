@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The publish test's report (tests/gpu/publish.sh).
 
-  publish_report.py OUT N M0 MPRE MPOST "RC..."
+  publish_report.py OUT N M0 MPRE MPOST "RC..." [POOL MTRIM]
 
 Reads OUT/trainer.json (the trainer's updates and the baseline),
 OUT/publish_events.log (the broker's event=publish_commit lines: the copy's
@@ -11,8 +11,9 @@ seconds per version), OUT/w<i>/result.json and OUT/w<i>/output_v<V>.safetensors
 correctness check failed: an output off its reference (relative error above
 0.02, Frobenius norms in float64), an output changed within a version, a
 worker that missed a published version or did not exit 0, more than one
-copy's worth of device memory left after the last update (MPOST against
-MPRE, within 256 MiB). The targets (the broker's copy at >= 0.8 x the plain
+copy's worth of device memory left after the last update (MPOST less
+POOL, the bytes the broker's slab pool keeps, against MPRE, within 256 MiB;
+and MTRIM, once the pool gave them back, against MPRE). The targets (the broker's copy at >= 0.8 x the plain
 device-to-device copy's GB/s, GPU time against GPU time and wall against
 wall; publish call to the last worker running the new version within the
 copy + 10 ms) are reported in targets_met, for the median update and for
@@ -177,8 +178,12 @@ def main():
                                  for p in per),
         "checksum_gbps": sorted(float(x["gbps"]) for p in per for x in p["checksums"]
                                 if x.get("state") == "ready" and x.get("gbps"))}
+    pool = int(sys.argv[7]) if len(sys.argv) > 7 and sys.argv[7] else 0
+    mtrim = int(sys.argv[8]) if len(sys.argv) > 8 and sys.argv[8] else None
     res["memory"] = {"idle": m0, "before_first_update": mpre, "after_last_update": mpost,
-                     "one_copy": abs(mpost - mpre) <= (256 << 20)}
+                     "slab_pool_bytes": pool, "after_pool_trimmed": mtrim,
+                     "one_copy": abs(mpost - pool - mpre) <= (256 << 20)
+                     and (mtrim is None or abs(mtrim - mpre) <= (256 << 20))}
     res["baseline"] = tr.get("baseline")
     if tr.get("baseline"):
         b = tr["baseline"]

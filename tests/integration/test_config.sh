@@ -83,7 +83,7 @@ sed -i 's/^log-level = warn#not a comment$/log-level = warn # a comment/' "$WB_T
 check_config "$WB_TMP/comments.conf"
 [ "$EXIT_RC" = 0 ] || fail "comments: exit status $EXIT_RC: $(cat "$WB_TMP/check.err")"
 grep -qx "socket: $WB_TMP/run#1.sock" "$WB_TMP/check.out" || fail "the socket with a '#': $(cat "$WB_TMP/check.out")"
-grep -qx "backend: host cuda-slab=vmm host-slab=memfd" "$WB_TMP/check.out" || fail "comments: $(cat "$WB_TMP/check.out")"
+grep -qx "backend: host cuda-slab=vmm host-slab=memfd slab-pool=30s" "$WB_TMP/check.out" || fail "comments: $(cat "$WB_TMP/check.out")"
 
 # Liveness: stale-ms below twice heartbeat-ms is refused, naming both.
 "$WBROKERD" --socket "$WB_TMP/k.sock" --stale-ms 500 --heartbeat-ms 1000 --check-config \
@@ -245,11 +245,25 @@ log "checked ${checked} configuration keys against ${#options[@]} options"
 printf '[broker]\ncuda-slab = vmm\nhost-slab = memfd\n' >"$WB_TMP/vmm.conf"
 check_config "$WB_TMP/vmm.conf" --socket "$WB_TMP/k.sock"
 [ "$EXIT_RC" = 0 ] || fail "cuda-slab = vmm: exit status $EXIT_RC: $(cat "$WB_TMP/check.err")"
-grep -qx "backend: auto cuda-slab=vmm host-slab=memfd" "$WB_TMP/check.out" ||
+grep -qx "backend: auto cuda-slab=vmm host-slab=memfd slab-pool=30s" "$WB_TMP/check.out" ||
   fail "--check-config does not show the slab transports: $(cat "$WB_TMP/check.out")"
 check_config "$WB_TMP/vmm.conf" --socket "$WB_TMP/k.sock" --cuda-slab ipc
-grep -qx "backend: auto cuda-slab=ipc host-slab=memfd" "$WB_TMP/check.out" ||
+grep -qx "backend: auto cuda-slab=ipc host-slab=memfd slab-pool=off" "$WB_TMP/check.out" ||
   fail "--cuda-slab ipc did not override the file: $(cat "$WB_TMP/check.out")"
+# The pool of freed cuda-vmm slabs: its keys, the command line winning, a
+# value out of range refused naming the line.
+printf '[broker]\nslab-pool-seconds = 5\n' >"$WB_TMP/pool.conf"
+check_config "$WB_TMP/pool.conf" --socket "$WB_TMP/k.sock"
+grep -qx "backend: auto cuda-slab=vmm host-slab=memfd slab-pool=5s" "$WB_TMP/check.out" ||
+  fail "slab-pool-seconds = 5: $(cat "$WB_TMP/check.out")"
+check_config "$WB_TMP/pool.conf" --socket "$WB_TMP/k.sock" --no-slab-pool
+grep -qx "backend: auto cuda-slab=vmm host-slab=memfd slab-pool=off" "$WB_TMP/check.out" ||
+  fail "--no-slab-pool: $(cat "$WB_TMP/check.out")"
+printf '[broker]\nslab-pool-seconds = 0\n' >"$WB_TMP/pool_bad.conf"
+check_config "$WB_TMP/pool_bad.conf" --socket "$WB_TMP/k.sock"
+[ "$EXIT_RC" = 78 ] || fail "slab-pool-seconds = 0: exit status $EXIT_RC, not 78"
+grep -qF "$WB_TMP/pool_bad.conf:2: slab-pool-seconds: '0' is not a number of seconds from 1 to 3600" "$WB_TMP/check.err" ||
+  fail "slab-pool-seconds = 0: $(cat "$WB_TMP/check.err")"
 printf '[broker]\ncuda-slab = fast\n' >"$WB_TMP/vmm_bad.conf"
 check_config "$WB_TMP/vmm_bad.conf" --socket "$WB_TMP/k.sock"
 [ "$EXIT_RC" = 78 ] || fail "cuda-slab = fast: exit status $EXIT_RC, not 78"

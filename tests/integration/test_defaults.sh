@@ -8,7 +8,7 @@ source "$(dirname "$0")/lib.sh"
 make_model "$WB_TMP/demo.safetensors" 3 7 >/dev/null
 "$WBROKERD" --check-config --socket "$SOCK" >"$WB_TMP/check.out" 2>"$WB_TMP/check.err" ||
   fail "--check-config failed: $(cat "$WB_TMP/check.err")"
-grep -qx "backend: auto cuda-slab=vmm host-slab=memfd" "$WB_TMP/check.out" ||
+grep -qx "backend: auto cuda-slab=vmm host-slab=memfd slab-pool=30s" "$WB_TMP/check.out" ||
   fail "the default transports: $(cat "$WB_TMP/check.out")"
 grep -qx "access: cuda ro (cuda-vmm; cuda-ipc, rw, where the device lacks VMM descriptors), host ro (sealed memfd)" \
   "$WB_TMP/check.out" || fail "the default access: $(cat "$WB_TMP/check.out")"
