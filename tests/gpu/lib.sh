@@ -47,7 +47,15 @@ PROBE=$BIN/wb_bench_attach
 PIDS=()
 FAILS=()
 BUDGET=
-BROKER_ARGS=(--backend cuda --device 0 --heartbeat-ms 200 --stale-ms 3000)
+# --no-slab-pool: the scripts' memory checks count what the broker holds, and
+# a kept slab would stay for its 30 s; with_slab_pool (publish.sh,
+# bench/gpu/pool_bench.sh) gives the broker its pool back.
+BROKER_ARGS=(--backend cuda --device 0 --heartbeat-ms 200 --stale-ms 3000 --no-slab-pool)
+with_slab_pool() {
+  local a kept=()
+  for a in "${BROKER_ARGS[@]}"; do [ "$a" = --no-slab-pool ] || kept+=("$a"); done
+  BROKER_ARGS=("${kept[@]}")
+}
 # A prefix for long-lived children: with it the kernel SIGKILLs them when
 # this script dies, even of a SIGKILL that runs no trap (setpriv, where it
 # has --pdeathsig).

@@ -42,6 +42,7 @@ UPDATES=${WB_PUBLISH_UPDATES:-20}
 export PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH}
 export WB_CLIENT_LIBRARY=$LIB
 need_bins "$WBROKERD" "$WBCTL" "$WORKER"
+with_slab_pool
 gpu_json "$OUT/gpu.json"
 
 D=$WORK/roll
@@ -68,10 +69,10 @@ all_ready() {
 wait_for 180 all_ready || { fail "workers not serving: $(tail -n 3 "$OUT/worker_1.log")"; finish; exit 1; }
 say "$N workers serving"
 
-rm -f "$WORK/pub.go"
+rm -f "$WORK/pub.go" "$WORK/pub.start"
 "${ORPHAN_KILL[@]}" python3 "$GPU_TESTS/publish_trainer.py" --socket "$SOCK" --dir "$D" --model base \
   --updates "$UPDATES" --out "$OUT/trainer.json" --refs "$OUT/refs" --baseline-workers "$N" \
-  --go-baseline "$WORK/pub.go" >"$OUT/trainer.log" 2>&1 &
+  --go-baseline "$WORK/pub.go" --go-updates "$WORK/pub.start" >"$OUT/trainer.log" 2>&1 &
 TRAINER=$!
 PIDS+=("$TRAINER")
 wait_for 120 has_line "$OUT/trainer.log" "^ready" ||
@@ -79,6 +80,9 @@ wait_for 120 has_line "$OUT/trainer.log" "^ready" ||
 sleep 1
 MPRE=$(mem_used)
 say "device memory before the first update (the broker's copy, $N workers, the trainer's): $MPRE"
+# Measured before the trainer starts: a version drained meanwhile would be
+# counted in the pool.
+touch "$WORK/pub.start"
 # A trainer that died will never say it: no need to wait out the limit.
 said_or_gone() { has_line "$OUT/trainer.log" "$1" || ! kill -0 "$TRAINER" 2>/dev/null; }
 wait_for 300 said_or_gone "^published all"

@@ -128,6 +128,7 @@ def main():
     ap.add_argument("--refs", required=True)
     ap.add_argument("--baseline-workers", type=int, default=8)
     ap.add_argument("--go-baseline", help="wait for this file before the baseline")
+    ap.add_argument("--go-updates", help="wait for this file before the first update")
     a = ap.parse_args()
     import weightbroker
 
@@ -144,6 +145,8 @@ def main():
     client = weightbroker.Client(a.socket, timeout_ms=120000)
     os.makedirs(a.refs, exist_ok=True)
     print("ready", flush=True)
+    while a.go_updates and not os.path.exists(a.go_updates):
+        time.sleep(0.05)
     ups = []
     for u in range(a.updates):
         with torch.no_grad():
