@@ -31,12 +31,19 @@ int wb__rpc_parse_timeout(const char *text, int *ms)
     return WB_OK;
 }
 
-int wb__rpc_default_timeout(void)
+int wb__rpc_default_timeout(int *ms, wb_err *err)
 {
-    int ms;
-    if (wb__rpc_parse_timeout(getenv("WB_TIMEOUT_MS"), &ms) == WB_OK)
-        return ms;
-    return DEFAULT_TIMEOUT_MS;
+    const char *env = getenv("WB_TIMEOUT_MS");
+    *ms = DEFAULT_TIMEOUT_MS;
+    if (!env || !env[0])
+        return WB_OK;
+    if (wb__rpc_parse_timeout(env, ms) == WB_OK)
+        return WB_OK;
+    *ms = DEFAULT_TIMEOUT_MS;
+    return wb__err_set(err, WB_EINVAL,
+                       "WB_TIMEOUT_MS: expected milliseconds from 1 to 86400000, got '%.40s' "
+                       "(unset it, or set wb_client_options.timeout_ms)",
+                       env);
 }
 
 /* A fresh DEALER with linger 0, so closing it never waits for a dead broker. */
@@ -207,7 +214,12 @@ int wb__rpc_reopen(wb__rpc *rpc, wb_err *err)
 int wb__rpc_open(wb__rpc *rpc, const char *socket_path, int timeout_ms, wb_err *err)
 {
     memset(rpc, 0, sizeof *rpc);
-    rpc->timeout_ms = timeout_ms > 0 ? timeout_ms : wb__rpc_default_timeout();
+    rpc->timeout_ms = timeout_ms;
+    if (timeout_ms <= 0) {
+        int rc = wb__rpc_default_timeout(&rpc->timeout_ms, err);
+        if (rc != WB_OK)
+            return rc;
+    }
     if (wb__socket_path(socket_path, rpc->path, sizeof rpc->path) != WB_OK)
         return wb__err_set(err, WB_EINVAL, "broker socket path is too long for a socket address");
     if (wb__socket_endpoint(rpc->path, rpc->endpoint, sizeof rpc->endpoint) != WB_OK)

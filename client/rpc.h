@@ -126,9 +126,10 @@ int wb__rpc_drain(wb__rpc *rpc);
  * changes when the socket is re-created (a timeout, a reopen). */
 int wb__rpc_fd(const wb__rpc *rpc);
 
-/* Default per-request timeout: $WB_TIMEOUT_MS when wb__rpc_parse_timeout
- * accepts it, else 5000. */
-int wb__rpc_default_timeout(void);
+/* Default per-request timeout: $WB_TIMEOUT_MS, or 5000 when it is unset or
+ * empty; WB_EINVAL naming it when wb__rpc_parse_timeout refuses it (a
+ * typo must not leave a worker with a timeout nobody chose). */
+int wb__rpc_default_timeout(int *ms, wb_err *err);
 
 /* A timeout as text: a decimal number of milliseconds from 1 to 86400000
  * (a day), nothing else around it. WB_OK with *ms set, else WB_EINVAL. */

@@ -51,7 +51,9 @@ typedef struct wb_client_options {
      * $XDG_RUNTIME_DIR/wbroker/broker.sock, then /run/wbroker/broker.sock
      * as root, else /tmp/wbroker-UID/broker.sock (UID: the effective uid). */
     const char *socket_path;
-    /* Per-request timeout in milliseconds; 0 means $WB_TIMEOUT_MS or 5000. */
+    /* Per-request timeout in milliseconds; 0 means $WB_TIMEOUT_MS or 5000
+     * (a $WB_TIMEOUT_MS that is not a number of milliseconds from 1 to
+     * 86400000 fails wb_client_create with WB_EINVAL naming it). */
     int timeout_ms;
     /* Nonzero: do not start the background heartbeat thread (the caller
      * then calls wb_client_heartbeat itself, or accepts going stale). */

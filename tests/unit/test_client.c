@@ -75,6 +75,39 @@ START_TEST(missing_socket_fails_fast)
 }
 END_TEST
 
+/* A $WB_TIMEOUT_MS that is not a timeout is refused, named, before any
+ * connection; an empty one and an explicit timeout_ms are not read. */
+START_TEST(bad_env_timeout_refused)
+{
+    wb_client_options o;
+    wb_client_options_init(&o);
+    o.socket_path = "/tmp/wbtest-no-such-dir/broker.sock";
+    const char *bad[] = {"abc", "0", "-5", "12ms", "86400001"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv("WB_TIMEOUT_MS", bad[i], 1);
+        wb_client *c = NULL;
+        ck_assert_int_eq(wb_client_connect(&o, &c), WB_EINVAL);
+        char want[160];
+        snprintf(want, sizeof want,
+                 "WB_TIMEOUT_MS: expected milliseconds from 1 to 86400000, got '%s' (unset it, "
+                 "or set wb_client_options.timeout_ms)",
+                 bad[i]);
+        ck_assert_str_eq(wb_client_errmsg(c), want);
+        wb_client_destroy(&c);
+    }
+    /* Given in the options, the environment is not read; empty is unset. */
+    o.timeout_ms = 100;
+    wb_client *c = NULL;
+    ck_assert_int_eq(wb_client_connect(&o, &c), WB_ECONN);
+    wb_client_destroy(&c);
+    o.timeout_ms = 0;
+    setenv("WB_TIMEOUT_MS", "", 1);
+    ck_assert_int_eq(wb_client_connect(&o, &c), WB_ECONN);
+    wb_client_destroy(&c);
+    unsetenv("WB_TIMEOUT_MS");
+}
+END_TEST
+
 START_TEST(not_a_socket_fails)
 {
     char path[] = "/tmp/wbtest-plain-XXXXXX";
@@ -676,6 +709,7 @@ int main(void)
     TCase *tc = tcase_create("client");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, missing_socket_fails_fast);
+    tcase_add_test(tc, bad_env_timeout_refused);
     tcase_add_test(tc, unknown_transport_is_refused);
     tcase_add_test(tc, slab_kinds);
     tcase_add_test(tc, vmm_map_without_gpu);
