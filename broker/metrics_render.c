@@ -5,6 +5,7 @@
 #include "metrics.h"
 
 #include "alloc.h"
+#include "backend_vmm.h"
 #include "buildinfo.h"
 #include "wire.h"
 
@@ -271,6 +272,15 @@ char *wb__metrics_render(const wb_broker *b, size_t *len)
            "heartbeat reply carries the version).",
            st->notices_dropped);
     swap_histogram(f, st);
+    uint64_t hits = 0, misses = 0;
+    wb__vmm_pool_counts(&hits, &misses);
+    single(f, "wb_slab_pool_bytes", "gauge",
+           "Freed cuda-vmm slabs kept for the next load of their size (--slab-pool-seconds).",
+           wb__vmm_pool_bytes(-1));
+    single(f, "wb_slab_pool_hits_total", "counter", "Slab allocations served by a kept slab.",
+           hits);
+    single(f, "wb_slab_pool_misses_total", "counter",
+           "Slab allocations that found no kept slab of their size.", misses);
 
     single(f, "wb_loads_total", "counter",
            "Model loads finished since the broker started, successful or not.", st->loads_total);

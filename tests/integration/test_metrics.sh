@@ -86,6 +86,8 @@ metrics_check "types == {'wb_leases': 'gauge', 'wb_models': 'gauge', 'wb_model_b
   'wb_publish_bytes_total': 'counter', 'wb_publish_copy_seconds_total': 'counter',
   'wb_versions_draining': 'gauge', 'wb_notices_sent_total': 'counter',
   'wb_notices_dropped_total': 'counter', 'wb_container_swap_seconds': 'histogram',
+  'wb_slab_pool_bytes': 'gauge', 'wb_slab_pool_hits_total': 'counter',
+  'wb_slab_pool_misses_total': 'counter',
   'wb_build_info': 'gauge', 'process_cpu_seconds_total': 'counter',
   'process_start_time_seconds': 'gauge', 'process_resident_memory_bytes': 'gauge',
   'process_virtual_memory_bytes': 'gauge', 'process_open_fds': 'gauge', 'process_max_fds': 'gauge'}
