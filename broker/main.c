@@ -177,7 +177,7 @@ static int run(wb_options *o)
                     : o->num[WB_NUM_SLAB_POOL_SECONDS] ? o->num[WB_NUM_SLAB_POOL_SECONDS]
                                                        : WB_DEFAULT_SLAB_POOL_SECONDS;
         wb__vmm_pool_start((int64_t)secs * 1000);
-        wb_info("slab_pool", "seconds=%ld transport=cuda-vmm", secs);
+        wb_info("slab_pool", "seconds=%.3f transport=cuda-vmm", (double)secs);
     }
     if (o->device_given && backend->proto == WBPROTO__BACKEND__BACKEND_HOST)
         wb_info("config", "note=\"--device is ignored by the host backend\" device=%d", o->device);
