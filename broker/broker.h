@@ -30,7 +30,13 @@ typedef struct wb_broker_config {
      * peers than heartbeat_ms allows, the interval (and the stale window
      * with it) is stretched. 0: WB_DEFAULT_HEARTBEAT_RATE. */
     uint32_t max_heartbeat_rate;
+    /* Streams per device a publish's copies are dealt to (--publish-streams;
+     * 0: WB_DEFAULT_PUBLISH_STREAMS). */
+    uint32_t publish_streams;
 } wb_broker_config;
+
+#define WB_DEFAULT_PUBLISH_STREAMS 4
+#define WB_MAX_PUBLISH_STREAMS     8
 
 /* The heartbeat interval and stale window the broker asks for now
  * (wb__broker_pace_heartbeats), and while a shrink reaches every peer, the

@@ -194,6 +194,7 @@ static int run(wb_options *o)
         .heartbeat_ms = (uint32_t)o->num[WB_NUM_HEARTBEAT],
         .stale_ms = (uint32_t)o->num[WB_NUM_STALE],
         .max_heartbeat_rate = (uint32_t)o->num[WB_NUM_HEARTBEAT_RATE],
+        .publish_streams = (uint32_t)o->num[WB_NUM_PUBLISH_STREAMS],
     };
     /* The devices placements name, with their UUIDs; logged once so that an
      * operator can match ordinals and UUIDs. */

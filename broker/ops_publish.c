@@ -599,6 +599,7 @@ int wb__ops_publish_commit(wb_broker *b, const wb_peer_creds *peer, const Wbprot
     job->kind = WB_JOB_PUBLISH;
     job->publish = p;
     job->src_cache_slot = &b->src_cache;
+    job->copy_streams = b->cfg.publish_streams;
     job->op = WBPROTO__REQUEST__BODY_PUBLISH_COMMIT;
     job->version = p->version;
     job->beside = p->beside;

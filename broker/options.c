@@ -102,6 +102,7 @@ static const num_opt num_opts[WB_NUM_OPTS] = {
                              40},
     [WB_NUM_SLAB_POOL_SECONDS] = {"slab-pool-seconds", 1, 3600,
                                   "a number of seconds from %ld to %ld", 40},
+    [WB_NUM_PUBLISH_STREAMS] = {"publish-streams", 1, 8, "a number of streams from %ld to %ld", 40},
 };
 static const struct option long_opts[] = {
     {"socket", required_argument, NULL, 's'},
@@ -134,6 +135,7 @@ static const struct option long_opts[] = {
     {"max-versions", required_argument, NULL, OPT_NUM + WB_NUM_MAX_VERSIONS},
     {"slab-pool-seconds", required_argument, NULL, OPT_NUM + WB_NUM_SLAB_POOL_SECONDS},
     {"no-slab-pool", no_argument, NULL, OPT_NO_SLAB_POOL},
+    {"publish-streams", required_argument, NULL, OPT_NUM + WB_NUM_PUBLISH_STREAMS},
     {"max-tensors", required_argument, NULL, OPT_NUM + WB_NUM_MAX_TENSORS},
     {"max-shards", required_argument, NULL, OPT_NUM + WB_NUM_MAX_SHARDS},
     {"max-message-bytes", required_argument, NULL, OPT_NUM + WB_NUM_MAX_MESSAGE},

