@@ -51,8 +51,9 @@ models "$D" "$GIB" "" --variants a || { finish; exit 1; }
 M0=$(mem_used)
 # The slab pool keeps a drained version's slab for the next publish; for 5
 # s here, so that the memory can be seen given back.
+read -r -a EXTRA <<<"${WB_PUBLISH_BROKER_ARGS:-}"
 start_broker "$WORK/pub.sock" "$OUT/broker.log" --model "base=$D/bf16_base.safetensors" \
-  --model "head=$D/bf16_head_a.safetensors" --slab-pool-seconds 5 ${WB_PUBLISH_BROKER_ARGS:-} ||
+  --model "head=$D/bf16_head_a.safetensors" --slab-pool-seconds 5 "${EXTRA[@]}" ||
   { finish; exit 1; }
 
 WPIDS=()
