@@ -108,7 +108,8 @@ typedef struct wb_load_job {
      * broker's source cache (publish_cuda.c; the slot is the broker's and
      * only the loader thread touches the cache). */
     double copy_gpu_seconds, src_open_seconds;
-    unsigned copy_streams; /* streams per device (0: the default) */
+    unsigned copy_streams;  /* streams per device (0: the default) */
+    char copy_devices[160]; /* "DEVICE:GPU_SECONDS,..." of a cuda copy */
     uint32_t sources_opened, sources_reused;
     struct wb_src_cache **src_cache_slot;
     /* A WB_JOB_FORGET job: the connection whose cached handles are closed. */

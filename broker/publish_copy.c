@@ -116,7 +116,7 @@ static void let_go(wb_broker *b, wb_publish *p)
 void wb__publish_copy_done(wb_broker *b, wb_load_job *job, wb_ops_reply *r)
 {
     wb_publish *p = job->publish;
-    char q[300], qe[WB_ERR_MSG_MAX + 64];
+    char q[300], qe[WB_ERR_MSG_MAX + 64], qd[200];
     r->msg.version = WB_PROTOCOL_VERSION;
     r->msg.id = job->request_id;
     let_go(b, p);
@@ -154,12 +154,12 @@ void wb__publish_copy_done(wb_broker *b, wb_load_job *job, wb_ops_reply *r)
     b->stats.publish_copy_seconds += secs;
     wb_info("publish_commit",
             "model=%s version=%u previous=%u bytes=%llu kept_bytes=%llu copy_seconds=%.6f "
-            "gbps=%.3f gpu_seconds=%.6f open_seconds=%.6f sources_opened=%u sources_cached=%u "
-            "pid=%u uid=%u",
+            "gbps=%.3f gpu_seconds=%.6f device_gpu_seconds=%s open_seconds=%.6f "
+            "sources_opened=%u sources_cached=%u pid=%u uid=%u",
             q, m->version, p->beside, (unsigned long long)copied, (unsigned long long)kept, secs,
             secs > 0 ? (double)(copied + kept) / secs / 1e9 : 0.0, job->copy_gpu_seconds,
-            job->src_open_seconds, job->sources_opened, job->sources_reused, p->creds.pid,
-            p->creds.uid);
+            wb__log_quote(qd, sizeof qd, job->copy_devices), job->src_open_seconds,
+            job->sources_opened, job->sources_reused, p->creds.pid, p->creds.uid);
     if (job->sources_opened || job->sources_reused) {
         b->src_cache_owner = p->owner;
         b->src_cache_pid = p->creds.pid;

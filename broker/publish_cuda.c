@@ -165,8 +165,8 @@ static int streams_make(dev_streams *ds, int device, unsigned n, wb_err *err)
 }
 
 /* Waits for every stream (even after a failure: no copy may read a
- * handle closed after) and adds its GPU span to *gpu: from the earliest
- * start to the latest end over the streams used. */
+ * handle closed after) and adds its GPU span to *gpu: from the first used
+ * stream's start to the latest end over the streams used. */
 static cudaError_t streams_end(dev_streams *ds, double *gpu)
 {
     cudaError_t first = cudaSuccess;
@@ -297,13 +297,25 @@ int wb__publish_copy_cuda(wb_load_job *job, wb_publish *p, wb_err *err)
                 rc = wb__publish_cuda_fail(err, e, "queueing the copy", t->name);
         }
     }
+    /* The slowest device's GPU time, and each device's (the log's
+     * device_gpu_seconds: a peer copy against a local one). */
     double gpu = 0;
+    size_t at = 0;
+    job->copy_devices[0] = '\0';
     for (uint32_t k = 0; k < d->n_slabs; k++) {
         if (ds[k].device < 0 || !ds[k].n)
             continue;
-        e = streams_end(&ds[k], &gpu);
+        double span = 0;
+        int device = ds[k].device;
+        e = streams_end(&ds[k], &span);
         if (e != cudaSuccess && rc == WB_OK)
             rc = wb__publish_cuda_fail(err, e, "copying the producer's bytes", NULL);
+        if (span > gpu)
+            gpu = span;
+        int w = snprintf(job->copy_devices + at, sizeof job->copy_devices - at, "%s%d:%.6f",
+                         at ? "," : "", device, span);
+        if (w > 0 && (size_t)w < sizeof job->copy_devices - at)
+            at += (size_t)w;
     }
     job->copy_seconds = wb__clock_mono_s() - t0;
     job->copy_gpu_seconds = gpu;

@@ -142,6 +142,7 @@ def main():
             if to_use is not None and copy_s else None,
             "run_wait_ms_max": round(max(run_wait[v]), 3) if run_wait[v] else None,
             "broker_gpu_ms": round(gpu_s * 1e3, 3) if gpu_s else None,
+            "device_gpu_seconds": c.get("device_gpu_seconds"),
             "copy_ratio_gpu": round(u["bytes"] / gpu_s / 1e9 / u["plain_gbps"], 3) if gpu_s
             else None,
             "open_ms": round(float(c["open_seconds"]) * 1e3, 3) if c.get("open_seconds") else None,
