@@ -1,26 +1,23 @@
 /* A commit's copy into device slabs (publish.h), on the loader thread.
  *
- * The producer's memory comes as CUDA IPC handles, one per allocation. A
- * trainer publishes the same allocations again and again: opening 32
- * handles and closing them costs several milliseconds a commit (0.1 ms to
- * open, up to 0.9 ms to close each, docs/DESIGN facts), more than the copy
- * of a GiB. So the handles a commit opened stay open for the next commit of
- * the same connection (the source cache): a handle that commit names again
- * is used as it is, the others are closed after it. Another connection's
- * commit closes them first, and so do the connection's end and its
- * process's death (a WB_JOB_FORGET job), so that a producer's freed memory
- * is given back: an importer keeps an allocation alive.
+ * The producer's memory comes as CUDA IPC handles, one per allocation,
+ * opened through the source cache (publish_srcs.h): a trainer's next commit
+ * finds them open (32 handles cost 1.5 ms to open and 1.4 ms to close on an
+ * H200, more than the copy of a GiB). The connection's end or its process's
+ * death closes them (a WB_JOB_FORGET job): an importer keeps the producer's
+ * allocation alive.
  *
  * The copies are spread over several streams per device (--publish-streams,
  * default 4), each tensor whole on the stream with the fewest bytes queued:
  * one stream's copies run one after another on one copy engine (on an H200
- * with nothing else running, four streams copied 1.04 x as fast as one). GPU time (events) is
- * measured beside the wall time. */
+ * with nothing else running, four streams copied 1.04 x as fast as one).
+ * GPU time (events) is measured beside the wall time, per device. */
 #include "publish.h"
 
 #include "alloc.h"
 #include "clock.h"
 #include "log.h"
+#include "publish_srcs.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,20 +29,6 @@
 /* At most this many streams per device (--publish-streams). */
 #define COPY_STREAMS WB_MAX_PUBLISH_STREAMS
 
-typedef struct cached_src {
-    uint8_t handle[64];
-    int device;
-    void *ptr;
-    int used; /* named by the commit in progress */
-} cached_src;
-
-struct wb_src_cache {
-    uint64_t owner; /* the connection whose handles these are */
-    cached_src *e;
-    size_t n, cap;
-    uint64_t opened, reused; /* handles, over the broker's life */
-};
-
 int wb__publish_cuda_fail(wb_err *err, int cuda_error, const char *what, const char *tensor)
 {
     cudaError_t e = (cudaError_t)cuda_error;
@@ -55,83 +38,29 @@ int wb__publish_cuda_fail(wb_err *err, int cuda_error, const char *what, const c
     return wb__err_set(err, WB_EIO, "%s: %s", what, cudaGetErrorString(e));
 }
 
-/* Closes the entries not used by the commit in progress (all of them with
- * all set). */
-static void cache_close(wb_src_cache *c, int all)
+/* The source cache's ways to open and close a CUDA IPC handle. */
+static int ipc_open(void *ctx, const uint8_t *handle, int device, unsigned index, void **ptr,
+                    wb_err *err)
 {
-    size_t k = 0;
-    for (size_t i = 0; i < c->n; i++) {
-        if (c->e[i].used && !all) {
-            c->e[i].used = 0;
-            c->e[k++] = c->e[i];
-            continue;
-        }
-        cudaSetDevice(c->e[i].device);
-        cudaIpcCloseMemHandle(c->e[i].ptr);
-    }
-    c->n = k;
-}
-
-void wb__publish_src_cache_free(wb_src_cache **cp)
-{
-    wb_src_cache *c = cp ? *cp : NULL;
-    if (!c)
-        return;
-    cache_close(c, 1);
-    free(c->e);
-    free(c);
-    *cp = NULL;
-}
-
-void wb__publish_forget_run(wb_load_job *job)
-{
-    wb_src_cache *c = *job->src_cache_slot;
-    job->rc = WB_OK;
-    if (!c || c->owner != job->forget_owner || !c->n)
-        return;
-    size_t n = c->n;
-    cache_close(c, 1);
-    wb_info("publish_sources_closed", "handles=%zu reason=producer_gone", n);
-}
-
-/* The mapping of source s, from the cache or opened now (and cached). */
-static int open_source(wb_src_cache *c, const wb_publish_source *s, unsigned i, void **ptr,
-                       wb_err *err)
-{
-    for (size_t k = 0; k < c->n; k++) {
-        if (c->e[k].device == s->device && memcmp(c->e[k].handle, s->handle, 64) == 0) {
-            c->e[k].used = 1;
-            c->reused++;
-            *ptr = c->e[k].ptr;
-            return WB_OK;
-        }
-    }
-    if (c->n == c->cap) {
-        size_t cap = c->cap ? 2 * c->cap : 16;
-        cached_src *n = wb__realloc(c->e, cap * sizeof *n);
-        if (!n)
-            return wb__err_set(err, WB_ENOMEM, "out of memory opening source %u", i);
-        c->e = n;
-        c->cap = cap;
-    }
+    const wb_publish *p = ctx;
     cudaIpcMemHandle_t h;
-    memcpy(&h, s->handle, sizeof h);
-    cudaError_t e = cudaSetDevice(s->device);
+    memcpy(&h, handle, sizeof h);
+    cudaError_t e = cudaSetDevice(device);
     if (e == cudaSuccess)
         e = cudaIpcOpenMemHandle(ptr, h, cudaIpcMemLazyEnablePeerAccess);
-    if (e != cudaSuccess) {
-        char what[160];
-        snprintf(what, sizeof what, "opening source %u (a CUDA IPC handle on %s)", i, s->uuid);
-        *ptr = NULL;
-        return wb__publish_cuda_fail(err, e, what, NULL);
-    }
-    cached_src *n = &c->e[c->n++];
-    memcpy(n->handle, s->handle, 64);
-    n->device = s->device;
-    n->ptr = *ptr;
-    n->used = 1;
-    c->opened++;
-    return WB_OK;
+    if (e == cudaSuccess)
+        return WB_OK;
+    char what[160];
+    snprintf(what, sizeof what, "opening source %u (a CUDA IPC handle on %s)", index,
+             p && index < p->n_sources ? p->sources[index].uuid : "?");
+    return wb__publish_cuda_fail(err, e, what, NULL);
+}
+
+static void ipc_close(void *ctx, void *ptr, int device)
+{
+    (void)ctx;
+    cudaSetDevice(device);
+    cudaIpcCloseMemHandle(ptr);
 }
 
 typedef struct dev_streams {
@@ -220,14 +149,13 @@ int wb__publish_copy_cuda(wb_load_job *job, wb_publish *p, wb_err *err)
     wb_model_data *d = &job->data;
     wb_src_cache *c = *job->src_cache_slot;
     if (!c) {
-        if (!(c = wb__calloc(1, sizeof *c)))
+        const wb_src_ops ops = {.open = ipc_open, .close = ipc_close};
+        if (!(c = wb__src_cache_new(&ops)))
             return wb__err_set(err, WB_ENOMEM, "out of memory for the source cache");
         *job->src_cache_slot = c;
     }
     /* Another producer's handles go first. */
-    if (c->owner != p->owner)
-        cache_close(c, 1);
-    c->owner = p->owner;
+    wb__src_cache_begin(c, p->owner);
     void **ptrs = wb__calloc(p->n_sources ? p->n_sources : 1, sizeof *ptrs);
     dev_streams *ds = wb__calloc(d->n_slabs ? d->n_slabs : 1, sizeof *ds);
     if (!ptrs || !ds) {
@@ -237,12 +165,17 @@ int wb__publish_copy_cuda(wb_load_job *job, wb_publish *p, wb_err *err)
     }
     int rc = WB_OK;
     double t_open = wb__clock_mono_s();
-    uint64_t opened = c->opened, reused = c->reused;
+    uint64_t opened0, found0, opened, found;
+    size_t open_now;
+    wb__src_cache_counts(c, &opened0, &found0, &open_now);
+    /* The ops' context: the commit, for the handles' device names. */
+    wb__src_cache_set_ctx(c, p);
     for (unsigned i = 0; rc == WB_OK && i < p->n_sources; i++)
-        rc = open_source(c, &p->sources[i], i, &ptrs[i], err);
+        rc = wb__src_cache_open(c, p->sources[i].handle, p->sources[i].device, i, &ptrs[i], err);
     job->src_open_seconds = wb__clock_mono_s() - t_open;
-    job->sources_opened = (uint32_t)(c->opened - opened);
-    job->sources_reused = (uint32_t)(c->reused - reused);
+    wb__src_cache_counts(c, &opened, &found, &open_now);
+    job->sources_opened = (uint32_t)(opened - opened0);
+    job->sources_reused = (uint32_t)(found - found0);
     for (uint32_t k = 0; k < d->n_slabs; k++)
         ds[k].device = -1;
     for (uint32_t k = 0; rc == WB_OK && k < d->n_slabs; k++) {
@@ -320,7 +253,8 @@ int wb__publish_copy_cuda(wb_load_job *job, wb_publish *p, wb_err *err)
     job->copy_seconds = wb__clock_mono_s() - t0;
     job->copy_gpu_seconds = gpu;
     /* Handles this commit did not name are closed; after a failure all. */
-    cache_close(c, rc != WB_OK);
+    wb__src_cache_end(c, rc != WB_OK);
+    wb__src_cache_set_ctx(c, NULL);
     free(ptrs);
     free(ds);
     /* The checksums come after the version is current (publish_sum.c):
@@ -329,14 +263,18 @@ int wb__publish_copy_cuda(wb_load_job *job, wb_publish *p, wb_err *err)
         job->checksums_pending = 1;
     return rc;
 }
-#else
+#endif
+
 void wb__publish_src_cache_free(wb_src_cache **cp)
 {
-    (void)cp;
+    wb__src_cache_free(cp);
 }
 
 void wb__publish_forget_run(wb_load_job *job)
 {
+    wb_src_cache *c = *job->src_cache_slot;
     job->rc = WB_OK;
+    size_t n = c ? wb__src_cache_forget(c, job->forget_owner) : 0;
+    if (n)
+        wb_info("publish_sources_closed", "handles=%zu reason=producer_gone", n);
 }
-#endif
