@@ -65,6 +65,16 @@ static void stop(wb_client **c)
     fake_env_stop(&env);
 }
 
+/* A publish of the whole table of "demo", begun. */
+static wb_publisher *begun(wb_client *c)
+{
+    wb_publish_options o;
+    opts_all(&o);
+    wb_publisher *p = NULL;
+    ck_assert_int_eq(wb_publish_begin(c, "demo", &o, &p), WB_OK);
+    return p;
+}
+
 static int give_all(wb_publisher *p, const data *d)
 {
     int rc = wb_publish_tensor(p, "a", d->a, sizeof d->a);
@@ -173,10 +183,7 @@ END_TEST
 START_TEST(test_tensor_checks)
 {
     wb_client *c = start(1);
-    wb_publish_options o;
-    opts_all(&o);
-    wb_publisher *p = NULL;
-    ck_assert_int_eq(wb_publish_begin(c, "demo", &o, &p), WB_OK);
+    wb_publisher *p = begun(c);
     data d;
     fill(&d);
     ck_assert_int_eq(wb_publish_tensor(p, "zz", d.a, 16), WB_ENOTFOUND);
@@ -212,10 +219,7 @@ END_TEST
 START_TEST(test_commit_missing)
 {
     wb_client *c = start(1);
-    wb_publish_options o;
-    opts_all(&o);
-    wb_publisher *p = NULL;
-    ck_assert_int_eq(wb_publish_begin(c, "demo", &o, &p), WB_OK);
+    wb_publisher *p = begun(c);
     data d;
     fill(&d);
     ck_assert_int_eq(wb_publish_tensor(p, "a", d.a, 16), WB_OK);
@@ -333,10 +337,7 @@ END_TEST
 START_TEST(test_commit_refused)
 {
     wb_client *c = start(1);
-    wb_publish_options o;
-    opts_all(&o);
-    wb_publisher *p = NULL;
-    ck_assert_int_eq(wb_publish_begin(c, "demo", &o, &p), WB_OK);
+    wb_publisher *p = begun(c);
     data d;
     fill(&d);
     ck_assert_int_eq(give_all(p, &d), WB_OK);
@@ -359,10 +360,7 @@ END_TEST
 START_TEST(test_commit_no_channel)
 {
     wb_client *c = start(0);
-    wb_publish_options o;
-    opts_all(&o);
-    wb_publisher *p = NULL;
-    ck_assert_int_eq(wb_publish_begin(c, "demo", &o, &p), WB_OK);
+    wb_publisher *p = begun(c);
     data d;
     fill(&d);
     ck_assert_int_eq(give_all(p, &d), WB_OK);
@@ -384,10 +382,7 @@ END_TEST
 START_TEST(test_fork_child)
 {
     wb_client *c = start(1);
-    wb_publish_options o;
-    opts_all(&o);
-    wb_publisher *p = NULL;
-    ck_assert_int_eq(wb_publish_begin(c, "demo", &o, &p), WB_OK);
+    wb_publisher *p = begun(c);
     data d;
     fill(&d);
     pid_t pid = fork();
