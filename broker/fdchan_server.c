@@ -367,21 +367,11 @@ static ssize_t recv_some(wb_fdchan_conn *c)
         return n;
     if (mh.msg_flags & MSG_CTRUNC)
         c->recv_over++;
-    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
-        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-            continue;
-        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t j = 0; j < k; j++) {
-            int fd;
-            memcpy(&fd, CMSG_DATA(cm) + j * sizeof(int), sizeof fd);
-            if (c->n_recv < FDCHAN_MAX_RECV) {
-                c->recv_fds[c->n_recv++] = fd;
-            } else {
-                close(fd);
-                c->recv_over++;
-            }
-        }
-    }
+    size_t taken;
+    size_t seen =
+        wb__fdchan_take_fds(&mh, c->recv_fds + c->n_recv, FDCHAN_MAX_RECV - c->n_recv, &taken);
+    c->n_recv += (unsigned)taken;
+    c->recv_over += (unsigned)(seen - taken);
     return n;
 }
 

@@ -193,13 +193,7 @@ static int exchange(chan *c, const uint8_t req[WB_FDCHAN_REQUEST_LEN], int send_
     /* Whatever came, descriptors first: they must not leak. */
     int got[WB_FDCHAN_MAX_FDS];
     size_t n_got = 0;
-    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
-        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-            continue;
-        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t j = 0; j < k && n_got < WB_FDCHAN_MAX_FDS; j++)
-            memcpy(&got[n_got++], CMSG_DATA(cm) + j * sizeof(int), sizeof(int));
-    }
+    wb__fdchan_take_fds(&mh, got, WB_FDCHAN_MAX_FDS, &n_got);
     if (n != (ssize_t)sizeof hdr) {
         close_all(got, n_got);
         if (n == 0)

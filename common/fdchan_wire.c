@@ -2,6 +2,28 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+size_t wb__fdchan_take_fds(const struct msghdr *mh, int *fds, size_t max, size_t *taken)
+{
+    size_t seen = 0, n = 0;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm; cm = CMSG_NXTHDR((struct msghdr *)mh, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t j = 0; j < k; j++, seen++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(cm) + j * sizeof(int), sizeof fd);
+            if (n < max)
+                fds[n++] = fd;
+            else
+                close(fd);
+        }
+    }
+    *taken = n;
+    return seen;
+}
 
 static void put32(uint8_t *p, uint32_t v)
 {

@@ -55,6 +55,12 @@
 /* The channel's path beside the broker's socket. */
 #define WB_FDCHAN_SUFFIX ".fd"
 
+/* The descriptors a received message carried (SCM_RIGHTS in mh's control
+ * data): the first `max` into fds, the others closed, so that none leaks.
+ * Returns how many came; *taken, how many are in fds. */
+struct msghdr;
+size_t wb__fdchan_take_fds(const struct msghdr *mh, int *fds, size_t max, size_t *taken);
+
 /* Builds the channel's path, "<socket>.fd". WB_EINVAL when it does not fit
  * `size` bytes. */
 int wb__fdchan_path(const char *socket_path, char *out, size_t size);

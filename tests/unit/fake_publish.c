@@ -206,21 +206,9 @@ static int serve(fake_pub *p, int conn)
     ssize_t n = recvmsg(conn, &mh, MSG_CMSG_CLOEXEC | MSG_WAITALL);
     if (n <= 0)
         return 0;
-    int got = -1, n_got = 0;
-    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
-        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-            continue;
-        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t j = 0; j < k; j++) {
-            int fd;
-            memcpy(&fd, CMSG_DATA(cm) + j * sizeof(int), sizeof fd);
-            if (got < 0)
-                got = fd;
-            else
-                close(fd);
-            n_got++;
-        }
-    }
+    int got = -1;
+    size_t taken;
+    int n_got = (int)wb__fdchan_take_fds(&mh, &got, 1, &taken);
     int kind = 0;
     uint8_t id[WB_LEASE_ID_LEN];
     wb_err err;

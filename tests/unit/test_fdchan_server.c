@@ -130,11 +130,9 @@ static answer ask(wb_fdchan_server *s, int cfd, const uint8_t *raw, size_t len)
         return a;
     }
     ck_assert_int_eq(n, (ssize_t)sizeof hdr);
-    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
-        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t j = 0; j < k; j++)
-            memcpy(&a.fds[a.n_fds++], CMSG_DATA(cm) + j * sizeof(int), sizeof(int));
-    }
+    size_t taken;
+    ck_assert_uint_eq(wb__fdchan_take_fds(&mh, a.fds, WB_FDCHAN_MAX_FDS, &taken), taken);
+    a.n_fds = (uint32_t)taken;
     uint32_t announced, ml;
     wb_err err;
     ck_assert_int_eq(wb__fdchan_header_parse(hdr, &a.status, &announced, &ml, &err), WB_OK);
