@@ -251,3 +251,45 @@ sys.exit(rt.cudaSetDevice(0) != 0 or rt.cudaFree(None) != 0)'
 }
 FLOOR_IMPL=$([ -x "$PROBE" ] && echo "wb_bench_attach --context-only" ||
   echo "python3: cudaSetDevice + cudaFree(NULL) through ctypes, else torch.cuda.init() (see proc_floor_ctx_*.log)")
+
+# start_followers N DIR: N wb-aoti-workers serving variant a of the bf16
+# family in DIR (models base and head, on cuda:0) in a loop and following
+# its versions, each writing its first output of every version to OUT/w<i>;
+# waits until all are serving (180 s). Sets WPIDS.
+start_followers() {
+  local n=$1 dir=$2 i
+  WPIDS=()
+  for i in $(seq 1 "$n"); do
+    mkdir -p "$OUT/w$i"
+    "${ORPHAN_KILL[@]}" "$WORKER" --socket "$SOCK" --model base --model head --aoti "$dir/bf16_a.pt2" \
+      --device cuda:0 --torch-lib "$TORCH_LIB" --input "$dir/bf16_input.safetensors" --iterations 20 \
+      --serve --follow --version-outputs "$OUT/w$i" >"$OUT/worker_$i.log" 2>&1 &
+    WPIDS+=($!)
+    PIDS+=($!)
+  done
+  FOLLOWERS=$n
+  wait_for 180 followers_ready || {
+    fail "workers not serving: $(tail -n 3 "$OUT/worker_1.log")"
+    return 1
+  }
+  say "$n workers serving"
+}
+followers_ready() {
+  local i
+  for i in $(seq 1 "$FOLLOWERS"); do has_line "$OUT/worker_$i.log" "^ready" || return 1; done
+}
+
+# stop_followers: SIGTERM to the workers of start_followers; their exit
+# statuses in WRC, each one's result line in OUT/w<i>/result.json.
+stop_followers() {
+  local p i
+  for p in "${WPIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  WRC=()
+  for p in "${WPIDS[@]}"; do
+    wait_exit 60 "$p"
+    WRC+=($?)
+  done
+  for i in $(seq 1 "$FOLLOWERS"); do
+    grep '^result ' "$OUT/worker_$i.log" | tail -n 1 | cut -d' ' -f2- >"$OUT/w$i/result.json"
+  done
+}

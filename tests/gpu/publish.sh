@@ -56,21 +56,7 @@ start_broker "$WORK/pub.sock" "$OUT/broker.log" --model "base=$D/bf16_base.safet
   --model "head=$D/bf16_head_a.safetensors" --slab-pool-seconds 5 "${EXTRA[@]}" ||
   { finish; exit 1; }
 
-WPIDS=()
-for i in $(seq 1 "$N"); do
-  mkdir -p "$OUT/w$i"
-  "${ORPHAN_KILL[@]}" "$WORKER" --socket "$SOCK" --model base --model head --aoti "$D/bf16_a.pt2" \
-    --device cuda:0 --torch-lib "$TORCH_LIB" --input "$D/bf16_input.safetensors" --iterations 20 \
-    --serve --follow --version-outputs "$OUT/w$i" >"$OUT/worker_$i.log" 2>&1 &
-  WPIDS+=($!)
-  PIDS+=($!)
-done
-all_ready() {
-  local i
-  for i in $(seq 1 "$N"); do has_line "$OUT/worker_$i.log" "^ready" || return 1; done
-}
-wait_for 180 all_ready || { fail "workers not serving: $(tail -n 3 "$OUT/worker_1.log")"; finish; exit 1; }
-say "$N workers serving"
+start_followers "$N" "$D" || { finish; exit 1; }
 
 rm -f "$WORK/pub.go" "$WORK/pub.start"
 "${ORPHAN_KILL[@]}" python3 "$GPU_TESTS/publish_trainer.py" --socket "$SOCK" --dir "$D" --model base \
@@ -118,16 +104,8 @@ wait_exit 60 "$TRAINER" || fail "the trainer exited $?: $(tail -n 5 "$OUT/traine
 wait_for 20 has_line "$OUT/broker.log" "event=publish_sources_closed" ||
   fail "the trainer's CUDA IPC handles were not closed after it exited"
 
-for p in "${WPIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-WRC=()
-for p in "${WPIDS[@]}"; do
-  wait_exit 60 "$p"
-  WRC+=($?)
-done
+stop_followers
 stop_broker
-for i in $(seq 1 "$N"); do
-  grep '^result ' "$OUT/worker_$i.log" | tail -n 1 | cut -d' ' -f2- >"$OUT/w$i/result.json"
-done
 grep -h 'event=publish' "$OUT/broker.log" >"$OUT/publish_events.log"
 python3 "$GPU_TESTS/publish_report.py" "$OUT" "$N" "$M0" "$MPRE" "$MPOST" "${WRC[*]}" "$POOL" "$MTRIM" \
   >"$OUT/publish.json" || fail "publish checks: see publish.json"

@@ -75,21 +75,7 @@ PIDS+=("$VICTIM")
 wait_for 120 has_line "$OUT/victim.out" "^ready" ||
   { fail "victim not ready: $(tail -n 3 "$OUT/victim.err")"; finish; exit 1; }
 
-WPIDS=()
-for i in $(seq 1 "$N"); do
-  mkdir -p "$OUT/w$i"
-  "${ORPHAN_KILL[@]}" "$WORKER" --socket "$SOCK" --model base --model head --aoti "$D/bf16_a.pt2" \
-    --device cuda:0 --torch-lib "$TORCH_LIB" --input "$D/bf16_input.safetensors" --iterations 20 --serve --follow \
-    --version-outputs "$OUT/w$i" >"$OUT/worker_$i.log" 2>&1 &
-  WPIDS+=($!)
-  PIDS+=($!)
-done
-all_ready() {
-  local i
-  for i in $(seq 1 "$N"); do has_line "$OUT/worker_$i.log" "^ready" || return 1; done
-}
-wait_for 180 all_ready || { fail "workers not serving: $(tail -n 3 "$OUT/worker_1.log")"; finish; exit 1; }
-say "$N workers serving"
+start_followers "$N" "$D" || { finish; exit 1; }
 sleep 1
 # One copy with the victim and every worker: what the drained states must
 # come back to.
@@ -164,12 +150,7 @@ ctl models --json >"$OUT/models.json"
 ctl stats --json >"$OUT/stats.json"
 
 # ---- stop, check ----------------------------------------------------------------
-for p in "${WPIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-WRC=()
-for p in "${WPIDS[@]}"; do
-  wait_exit 60 "$p"
-  WRC+=($?)
-done
+stop_followers
 echo quit >&3
 wait_exit 60 "$VICTIM"
 exec 3>&-
@@ -180,9 +161,6 @@ stop_broker
 grep -h 'event=model_version\|event=model_rollout\|event=model_rollback\|event=container_swapped' \
   "$OUT/broker.log" | head -n 60 >>"$LOG"
 
-for i in $(seq 1 "$N"); do
-  grep '^result ' "$OUT/worker_$i.log" | tail -n 1 | cut -d' ' -f2- >"$OUT/w$i/result.json"
-done
 python3 "$GPU_TESTS/rollout_report.py" "$OUT" "$N" "$D" "$TOL" "$M0" "$M1" "$M2" "$M3" "$M4" \
   "${WRC[*]}" >"$OUT/rollout.json" ||
   fail "rollout checks: see rollout.json"
