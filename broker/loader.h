@@ -114,9 +114,6 @@ typedef struct wb_load_job {
     struct wb_src_cache **src_cache_slot;
     /* A WB_JOB_FORGET job: the connection whose cached handles are closed. */
     uint64_t forget_owner;
-    /* A publish's copy left the checksums to a checksum job (cuda: the
-     * device's bytes are read back after the version is current). */
-    int checksums_pending;
     /* A checksum job (WB_JOB_CHECKSUM): the version it reads (pinned by one
      * count on its leases while the job runs, so that it is not freed), the
      * device and slab it reads, and the XXH3 of each tensor it finds (owned;

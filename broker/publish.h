@@ -116,11 +116,12 @@ void wb__publish_clear(wb_broker *b);
 
 /* The copy of a commit, on the loader thread (a job of kind
  * WB_JOB_PUBLISH): reads every source once into job->data's slabs (and the
- * kept tensors from the current version's), checksums every tensor, and
- * sets job->rc, job->err and the figures. */
+ * kept tensors from the current version's) and sets job->rc, job->err and
+ * the figures; the checksums come after the version is current. */
 void wb__publish_copy_run(wb_load_job *job);
-/* A checksum job (WB_JOB_CHECKSUM, loader thread): the published version's
- * device bytes read back and hashed into job->sum_xxh3. Then, on the loop,
+/* A checksum job (WB_JOB_CHECKSUM, on the checker thread): the published
+ * version's bytes read back (device) or read in place (host) and hashed
+ * into job->sum_xxh3. Then, on the loop,
  * wb__publish_checksums_done stores them, rebuilds the version's wire view
  * (later leases carry them) and unpins it. */
 void wb__publish_checksum_run(wb_load_job *job);

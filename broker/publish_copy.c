@@ -68,9 +68,6 @@ static int copy_host(wb_load_job *job, wb_publish *p, wb_err *err)
             munmap((void *)maps[i], (size_t)p->sources[i].size);
     }
     free(maps);
-    /* The checksums come after the version is current, as on the device. */
-    if (rc == WB_OK)
-        job->checksums_pending = 1;
     return rc;
 }
 
@@ -131,7 +128,9 @@ void wb__publish_copy_done(wb_broker *b, wb_load_job *job, wb_ops_reply *r)
                          p->name);
     if (rc == WB_OK) {
         job->data.open_seconds = 0;
-        m->checksums_state = job->checksums_pending ? WB_CHECKSUMS_PENDING : WB_CHECKSUMS_READY;
+        /* Computed once the version is current (publish_sum.c), on every
+         * backend: the workers swap without waiting for them. */
+        m->checksums_state = WB_CHECKSUMS_PENDING;
         rc = wb__model_adopt(m, &job->data, &err);
     }
     if (rc == WB_OK)
@@ -166,9 +165,6 @@ void wb__publish_copy_done(wb_broker *b, wb_load_job *job, wb_ops_reply *r)
         if (p->owner_gone)
             wb__publish_forget(b, p->owner, 0);
     }
-    if (m->checksums_state == WB_CHECKSUMS_READY)
-        wb_info("publish_checksums", "model=%s version=%u tensors=%zu state=ready", q, m->version,
-                m->data.n_tensors);
     uint32_t previous = wb__broker_make_current(b, m);
     /* The publish is over; its record is the model's now. */
     p->model = NULL;
