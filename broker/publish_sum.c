@@ -36,9 +36,10 @@
 #define SUM_THREADS 4
 #define SUM_CHUNK   (16u << 20)
 
+/* Pinned (cudaHostAlloc) read-back buffers: made only on the cuda
+ * backend, the host backend hashes in place. */
 struct wb_sum_pool {
     void *buf[SUM_THREADS][2];
-    int cuda; /* the buffers are pinned (cudaHostAlloc) */
 };
 
 void wb__publish_sum_pool_free(wb_sum_pool **pp)
@@ -49,7 +50,7 @@ void wb__publish_sum_pool_free(wb_sum_pool **pp)
     for (unsigned t = 0; t < SUM_THREADS; t++) {
         for (unsigned k = 0; k < 2; k++) {
 #ifdef WB_HAVE_CUDA
-            if (p->buf[t][k] && p->cuda)
+            if (p->buf[t][k])
                 cudaFreeHost(p->buf[t][k]);
 #endif
         }
@@ -227,7 +228,6 @@ static int pool_get(wb_load_job *job, wb_err *err)
     if (!p) {
         if (!(p = wb__calloc(1, sizeof *p)))
             return wb__err_set(err, WB_ENOMEM, "out of memory for the checksums' buffers");
-        p->cuda = 1;
         *job->sum_pool_slot = p;
     }
     for (unsigned t = 0; t < SUM_THREADS; t++) {
@@ -386,10 +386,9 @@ void wb__publish_checksums_done(wb_broker *b, wb_load_job *job)
                     job->sum_seconds > 0 ? (double)m->data.bytes / job->sum_seconds / 1e9 : 0.0);
     } else if (job->cancelled) {
         /* Dropped: the version is no longer current. */
+        const wb_model *cur = wb__models_current(&b->models, m->name);
         wb_info("publish_checksums", "model=%s version=%u state=dropped current=%u", q, m->version,
-                wb__models_current(&b->models, m->name)
-                    ? wb__models_current(&b->models, m->name)->version
-                    : 0);
+                cur ? cur->version : 0);
     } else {
         m->checksums_state = WB_CHECKSUMS_FAILED;
     }
