@@ -244,11 +244,12 @@ typedef struct broker_fixture {
  * client would decode it: packed and decoded again into f->decoded, whose
  * previous reply is freed. The reply's length and frame are kept in f; the
  * context is freed. */
-static inline Wbproto__Reply *fixture_call(broker_fixture *f, const wb_peer_creds *peer,
-                                           const Wbproto__Request *req)
+static inline Wbproto__Reply *fixture_call_from(broker_fixture *f, const wb_peer_creds *peer,
+                                                const Wbproto__Request *req, const void *ident,
+                                                size_t ident_len)
 {
     wb_ops_reply r = WB_OPS_REPLY_INIT;
-    ck_assert_int_eq(wb__ops_handle(&f->b, peer, req, f->ident, sizeof f->ident, &r), 0);
+    ck_assert_int_eq(wb__ops_handle(&f->b, peer, req, ident, ident_len, &r), 0);
     ck_assert_uint_eq(r.msg.id, req->id);
     ck_assert_uint_eq(r.msg.version, WB_PROTOCOL_VERSION);
     size_t len;
@@ -263,6 +264,13 @@ static inline Wbproto__Reply *fixture_call(broker_fixture *f, const wb_peer_cred
     free(buf);
     wb__ops_reply_free(&r);
     return f->decoded;
+}
+
+/* fixture_call_from on the fixture's own connection identity. */
+static inline Wbproto__Reply *fixture_call(broker_fixture *f, const wb_peer_creds *peer,
+                                           const Wbproto__Request *req)
+{
+    return fixture_call_from(f, peer, req, f->ident, sizeof f->ident);
 }
 
 /* Sets up a broker (heartbeat 200 ms, stale after 1000 ms) and makes
@@ -283,6 +291,49 @@ static inline void fixture_close(broker_fixture *f)
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", f->dir);
     ck_assert_int_eq(system(cmd), 0);
+}
+
+/* Sends one request from `peer` on the connection whose serial (an 8-byte
+ * identity, as the loop's) is `serial`, with the next request id. */
+static inline Wbproto__Reply *fixture_send_on(broker_fixture *f, const wb_peer_creds *peer,
+                                              uint64_t serial, Wbproto__Request *req)
+{
+    req->version = WB_PROTOCOL_VERSION;
+    req->id = ++f->next_id;
+    return fixture_call_from(f, peer, req, &serial, sizeof serial);
+}
+
+/* A checkpoint f->dir/file of n U8 tensors of 8 bytes each, named by
+ * `names`, every byte `seed`; its path (static: the next call replaces
+ * it). */
+static inline const char *fixture_u8_checkpoint(broker_fixture *f, const char *file,
+                                                const char *const *names, size_t n, uint8_t seed)
+{
+    static char path[256];
+    char hdr[512];
+    size_t at = 0;
+    ck_assert_uint_le(n, 8);
+    at += (size_t)snprintf(hdr + at, sizeof hdr - at, "{");
+    for (size_t i = 0; i < n; i++)
+        at +=
+            (size_t)snprintf(hdr + at, sizeof hdr - at,
+                             "%s\"%s\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[%zu,%zu]}",
+                             i ? "," : "", names[i], 8 * i, 8 * i + 8);
+    at += (size_t)snprintf(hdr + at, sizeof hdr - at, "}");
+    ck_assert_uint_lt(at, sizeof hdr - 8);
+    size_t hl = (at + 7) & ~(size_t)7;
+    memset(hdr + at, ' ', hl - at);
+    snprintf(path, sizeof path, "%s/%s", f->dir, file);
+    FILE *fp = fopen(path, "wb");
+    ck_assert_ptr_nonnull(fp);
+    uint64_t len = hl;
+    fwrite(&len, 8, 1, fp);
+    fwrite(hdr, 1, hl, fp);
+    uint8_t data[64];
+    memset(data, seed, sizeof data);
+    fwrite(data, 1, 8 * n, fp);
+    fclose(fp);
+    return path;
 }
 
 /* Sends one request from `peer` with the next request id (fixture_call). */

@@ -60,44 +60,15 @@ static void teardown(void)
 /* A checkpoint of one 8-byte U8 tensor "w" whose bytes are `seed`. */
 static const char *write_model(const char *file, uint8_t seed)
 {
-    static char path[256];
-    snprintf(path, sizeof path, "%s/%s", F.dir, file);
-    const char *hdr = "{\"w\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[0,8]}}";
-    char h[64];
-    size_t n = strlen(hdr);
-    memset(h, ' ', sizeof h);
-    memcpy(h, hdr, n);
-    size_t hl = (n + 7) & ~(size_t)7;
-    FILE *f = fopen(path, "wb");
-    ck_assert_ptr_nonnull(f);
-    uint64_t len = hl;
-    fwrite(&len, 8, 1, f);
-    fwrite(h, 1, hl, f);
-    uint8_t data[8];
-    memset(data, seed, sizeof data);
-    fwrite(data, 1, sizeof data, f);
-    fclose(f);
-    return path;
+    static const char *const w[] = {"w"};
+    return fixture_u8_checkpoint(&F, file, w, 1, seed);
 }
 
-/* One request from `serial`'s connection (an 8-byte identity, as the
- * loop's), decoded as a client would. */
+/* One request from `serial`'s connection, decoded as a client would. */
 static Wbproto__Reply *call_from(uint64_t serial, Wbproto__Request *req)
 {
     wb_peer_creds p = me();
-    req->version = WB_PROTOCOL_VERSION;
-    req->id = ++F.next_id;
-    wb_ops_reply r = WB_OPS_REPLY_INIT;
-    ck_assert_int_eq(wb__ops_handle(&F.b, &p, req, &serial, sizeof serial, &r), 0);
-    size_t len;
-    uint8_t *buf = wb__reply_pack(&r.msg, &len);
-    ck_assert_ptr_nonnull(buf);
-    wb__reply_free(&F.decoded);
-    wb_err err;
-    ck_assert_msg(wb__reply_decode(buf, len, &F.decoded, &err) == WB_OK, "reply: %s", err.msg);
-    free(buf);
-    wb__ops_reply_free(&r);
-    return F.decoded;
+    return fixture_send_on(&F, &p, serial, req);
 }
 
 static Wbproto__Reply *rollout(const char *name, const char *path)
