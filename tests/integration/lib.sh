@@ -106,6 +106,9 @@ wait_for() {
 spawn() {
   local name=$1
   shift
+  # The child truncates them only once it runs: a wait on a name used
+  # before must not read the last run's lines.
+  rm -f "$WB_TMP/$name.out" "$WB_TMP/$name.err"
   "$@" >"$WB_TMP/$name.out" 2>"$WB_TMP/$name.err" &
   LAST_PID=$!
   STARTED_PIDS+=("$LAST_PID")

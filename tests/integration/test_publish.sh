@@ -54,6 +54,9 @@ wait_for model_ready w || fail "w did not become ready"
 publish() { "$PY" "$PEER" publish "$SOCK" "$@"; }
 # dump NAME: the tensors of the current version as a lease reads them.
 dump() {
+  # The child truncates the file only once it runs: the last dump's "end"
+  # must not be read as this one's.
+  rm -f "$WB_TMP/dump.txt"
   "$TESTCLIENT" --socket "$SOCK" acquire-dump "$1" >"$WB_TMP/dump.txt" 2>&1 &
   local p=$!
   wait_for grep -qx end "$WB_TMP/dump.txt"
