@@ -64,6 +64,10 @@ typedef struct wb_backend {
     /* What a client's mapping allows: "ro", or "rw" (a CUDA IPC handle
      * opens the memory writable; a cuda-vmm import is mapped read-only). */
     const char *access;
+    /* May be NULL (no tensor is shared from the backend's slabs, share.h).
+     * Copies bytes [offset, offset + len) of a filled slab to host memory
+     * at dst; called by the loader's threads, several at once. */
+    int (*slab_read)(const wb_slab *slab, uint64_t offset, void *dst, uint64_t len, wb_err *err);
     /* Withdraws the slab's name and releases the broker's memory; clients
      * that attached keep their own mappings. Idempotent. */
     void (*slab_free)(wb_slab *slab);

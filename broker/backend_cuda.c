@@ -197,6 +197,28 @@ static void cuda_slab_free(wb_slab *slab)
     slab->size = 0;
 }
 
+/* A share's comparison (share.h): device to host through the calling
+ * thread's own stream, so that readers on several threads do not wait on
+ * each other or on the loader's copies. */
+static int cuda_slab_read(const wb_slab *slab, uint64_t offset, void *dst, uint64_t len,
+                          wb_err *err)
+{
+    if (!slab->dev_ptr || offset > slab->size || len > slab->size - offset)
+        return wb__err_set(err, WB_EINTERNAL, "bytes %llu+%llu are outside the slab (%llu bytes)",
+                           (unsigned long long)offset, (unsigned long long)len,
+                           (unsigned long long)slab->size);
+    cudaError_t e = cudaSetDevice(slab->device);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(dst, (const uint8_t *)slab->dev_ptr + offset, (size_t)len,
+                            cudaMemcpyDeviceToHost, cudaStreamPerThread);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(cudaStreamPerThread);
+    if (e != cudaSuccess)
+        return wb__err_set(err, WB_EIO, "reading %llu bytes of the slab on device %d back: %s",
+                           (unsigned long long)len, slab->device, cudaGetErrorString(e));
+    return WB_OK;
+}
+
 /* ---- the copy engine ---- */
 
 static int eng_begin(void *ctx, wb_err *err)
@@ -652,6 +674,7 @@ int wb__backend_cuda_new(const wb_cuda_options *opts, wb_backend **out, wb_err *
     s->be.slab_dest = cuda_dest;
     s->be.slab_export = cuda_export;
     s->be.slab_free = cuda_slab_free;
+    s->be.slab_read = cuda_slab_read;
     s->be.mem_free = cuda_mem_free;
     s->be.transport = "cuda-ipc";
     s->be.access = "rw";

@@ -58,6 +58,16 @@ static int host_prepare(wb_slab *slab, uint64_t offset, uint64_t len, wb_err *er
     return wb__shm_populate(&slab->shm, offset, len, err);
 }
 
+static int host_read(const wb_slab *slab, uint64_t offset, void *dst, uint64_t len, wb_err *err)
+{
+    if (!slab->shm.addr || offset > slab->size || len > slab->size - offset)
+        return wb__err_set(err, WB_EINTERNAL, "bytes %llu+%llu are outside the slab (%llu bytes)",
+                           (unsigned long long)offset, (unsigned long long)len,
+                           (unsigned long long)slab->size);
+    memcpy(dst, (const uint8_t *)slab->shm.addr + offset, (size_t)len);
+    return WB_OK;
+}
+
 static void host_export(wb_slab *slab, Wbproto__Slab *out)
 {
     wbproto__slab__init(out);
@@ -122,6 +132,7 @@ const wb_backend wb__backend_host = {
     .slab_prepare = host_prepare,
     .load_mode = WB_STAGE_DIRECT,
     .slab_export = host_export,
+    .slab_read = host_read,
     .slab_free = host_free,
     .transport = "shm",
     .access = "ro",
@@ -138,6 +149,7 @@ const wb_backend wb__backend_host_memfd = {
     .slab_fd = memfd_fd,
     .load_mode = WB_STAGE_DIRECT,
     .slab_export = host_export,
+    .slab_read = host_read,
     .slab_free = host_free,
     .transport = "memfd",
     .access = "ro",

@@ -4,6 +4,7 @@
 #include "clock.h"
 #include "log.h"
 #include "publish.h"
+#include "share.h"
 #include "placement.h"
 #include "wire.h"
 
@@ -42,6 +43,9 @@ void wb__broker_init(wb_broker *b, const wb_broker_config *cfg)
     b->now_ms = wb__clock_mono_ms;
     b->now_wall = wb__clock_wall;
     b->started_ms = b->now_ms();
+    /* Out of memory: nothing is shared. */
+    if (!b->cfg.no_share_tensors)
+        b->share = wb__share_index_new(b->cfg.share_ignore_digest);
 }
 
 void wb__broker_destroy(wb_broker *b)
@@ -49,6 +53,7 @@ void wb__broker_destroy(wb_broker *b)
     wb__leases_destroy(&b->leases);
     wb__publish_clear(b);
     wb__models_clear(&b->models);
+    wb__share_index_free(&b->share);
     wb__subs_destroy(&b->subs);
     wb__auth_destroy(&b->auth);
 }
@@ -244,6 +249,20 @@ static int load_stopped(wb_load_job *job)
                                  job->name, who, job->cancel_uid);
 }
 
+void wb__broker_share_bytes(const wb_broker *b, uint64_t *logical, uint64_t *unique)
+{
+    *logical = *unique = 0;
+    for (const wb_model *m = b->models.head; m; m = m->next) {
+        *logical += m->data.bytes;
+        *unique += m->data.bytes - m->data.shared_bytes;
+    }
+    /* Shared bytes whose first model went stay for the others: resident
+     * once, in nobody's own bytes. */
+    wb_share_stats ss;
+    wb__share_stats(b->share, &ss);
+    *unique += ss.orphan_tensor_bytes;
+}
+
 int wb__broker_finish_load(wb_broker *b, wb_load_job *job, wb_model **model)
 {
     char q[300], qe[WB_ERR_MSG_MAX + 64];
@@ -413,6 +432,9 @@ void wb__broker_set_devices(const wb_broker *b, wb_model *m, wb_load_job *job, c
     memcpy(job->devices, devices, n * sizeof *devices);
     job->n_devices = n;
     job->gpus = &b->cfg.gpus;
+    job->share = job->no_share ? NULL : b->share;
+    if (!job->share)
+        m->no_share = 1;
 }
 
 int wb__broker_placement(const wb_broker *b, const char *name, const char *placement, int *devices,

@@ -33,6 +33,12 @@ typedef struct wb_broker_config {
     /* Streams per device a publish's copies are dealt to (--publish-streams;
      * 0: WB_DEFAULT_PUBLISH_STREAMS). */
     uint32_t publish_streams;
+    /* Tensors equal to resident ones are shared across models (share.h),
+     * unless --no-share-tensors; WB_TEST_SHARE_IGNORE_DIGEST=1, a test hook,
+     * makes every same-shaped tensor a candidate (only the byte comparison
+     * then tells them apart). */
+    int no_share_tensors;
+    int share_ignore_digest;
 } wb_broker_config;
 
 #define WB_DEFAULT_PUBLISH_STREAMS 4
@@ -81,6 +87,8 @@ typedef struct wb_broker {
      * them inline. The read-back buffers it keeps (NULL until the first). */
     wb_loader *checker;
     struct wb_sum_pool *sum_pool;
+    /* The shared-tensor index (share.h), or NULL (--no-share-tensors). */
+    struct wb_share_index *share;
     /* The producer's CUDA IPC handles the last commit opened (publish_cuda.c;
      * the loader thread's), and whose they are, as the loop knows it: the
      * connection serial and pid (0: none cached). */
@@ -149,6 +157,10 @@ size_t wb__broker_check_peer(wb_broker *b, uint32_t pid);
 
 /* Marks leases stale whose heartbeats stopped. Returns how many changed. */
 size_t wb__broker_scan_stale(wb_broker *b);
+
+/* Tensor bytes of every resident model and version (logical) and the bytes
+ * resident once (unique: shared tensors counted once, share.h). */
+void wb__broker_share_bytes(const wb_broker *b, uint64_t *logical, uint64_t *unique);
 
 /* Finishes a load (inline or from the loader thread): on success the model
  * named by the job becomes ready; on failure it is removed, or with

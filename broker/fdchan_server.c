@@ -265,13 +265,17 @@ static int judge(wb_fdchan_server *s, wb_fdchan_conn *c, const uint8_t *id, int 
     }
     const wb_model *m = l->model;
     const wb_backend *be = m->backend;
-    if (!be->slab_fd || m->data.n_slabs > WB_FDCHAN_MAX_FDS) {
+    /* The lease's slabs: its copy's own, then those it borrows (never the
+     * model's other copies). */
+    wb_slab *slabs[WB_FDCHAN_MAX_FDS];
+    uint32_t n = wb__model_copy_slabs(&m->data, l->copy, slabs, WB_FDCHAN_MAX_FDS);
+    if (!be->slab_fd || n == 0 || n > WB_FDCHAN_MAX_FDS) {
         snprintf(msg, size, "model '%.80s' has no slab descriptors (transport %s)", m->name,
                  wb__backend_transport(be));
         return WB_ENOSYS;
     }
-    for (size_t i = 0; i < m->data.n_slabs; i++) {
-        fds[i] = be->slab_fd(&m->data.slabs[i]);
+    for (size_t i = 0; i < n; i++) {
+        fds[i] = slabs[i] ? be->slab_fd(slabs[i]) : -1;
         if (fds[i] < 0) {
             snprintf(msg, size, "slab %zu of model '%.80s' has no descriptor", i, m->name);
             return WB_ENOSYS;
@@ -285,7 +289,7 @@ static int judge(wb_fdchan_server *s, wb_fdchan_conn *c, const uint8_t *id, int 
                  FDCHAN_MAX_IDS);
         return rc;
     }
-    *n_fds = (uint32_t)m->data.n_slabs;
+    *n_fds = n;
     msg[0] = '\0';
     return WB_OK;
 }

@@ -6,6 +6,7 @@
 #include "log.h"
 #include "publish.h"
 #include "safetensors.h"
+#include "share.h"
 #include "stage_fanout.h"
 #include "wire.h"
 
@@ -308,6 +309,7 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
     wb_model_data d = {0};
     inputs in = {0};
     wb_stage_tensor *st = NULL;
+    size_t *own = NULL, n_own = 0;
     wb_stage_fanout_target targets[WB_GPU_MAX];
     wb_stage_fanout fanout;
     wb_staging fan_ring;
@@ -316,19 +318,6 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
     d.open_seconds = t1 - t0;
     if ((rc = wb__load_layout(table, &d, &size, err)) != WB_OK)
         goto done;
-    if ((rc = wb__load_check_fits(o, path, devs, n_devs, size, err)) != WB_OK)
-        goto done;
-    if (o->progress) {
-        atomic_store(&o->progress->landed, 0);
-        atomic_store(&o->progress->total, d.bytes);
-    }
-    if ((rc = inputs_open(&in, table, mode == WB_STAGE_MAPPED, o->access, err)) != WB_OK)
-        goto done;
-    st = wb__calloc(table->n_tensors ? table->n_tensors : 1, sizeof *st);
-    if (!st) {
-        rc = wb__err_set(err, WB_ENOMEM, "out of memory preparing the load of %s", path);
-        goto done;
-    }
     for (size_t i = 0; i < table->n_tensors; i++) {
         const wb_st_tensor *t = &table->tensors[i];
         if (t->file >= table->n_files) {
@@ -336,11 +325,40 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
                              table->n_files);
             goto done;
         }
-        st[i] = (wb_stage_tensor){.name = t->name,
-                                  .file = t->file,
-                                  .file_offset = t->offset,
-                                  .slab_offset = d.tensors[i].offset,
-                                  .nbytes = t->nbytes};
+    }
+    if ((rc = inputs_open(&in, table, mode == WB_STAGE_MAPPED, o->access, err)) != WB_OK)
+        goto done;
+    /* Tensors already resident elsewhere are compared and left out of the
+     * slab (share.h): it fits and is filled by what remains. */
+    if (o->share) {
+        wb_stage_config sc = be->stage;
+        wb__stage_config_fill(&sc);
+        if ((rc = wb__share_apply(o->share, be, devs, n_devs, table, in.fds, sc.read_threads,
+                                  o->cancel, &d, &size, err)) != WB_OK)
+            goto done;
+    }
+    if ((rc = wb__load_check_fits(o, path, devs, n_devs, size, err)) != WB_OK)
+        goto done;
+    if (o->progress) {
+        atomic_store(&o->progress->landed, 0);
+        atomic_store(&o->progress->total, d.bytes - d.shared_bytes);
+    }
+    st = wb__calloc(table->n_tensors ? table->n_tensors : 1, sizeof *st);
+    own = wb__calloc(table->n_tensors ? table->n_tensors : 1, sizeof *own);
+    if (!st || !own) {
+        rc = wb__err_set(err, WB_ENOMEM, "out of memory preparing the load of %s", path);
+        goto done;
+    }
+    for (size_t i = 0; i < table->n_tensors; i++) {
+        const wb_st_tensor *t = &table->tensors[i];
+        if (d.tensors[i].slab != 0)
+            continue; /* shared: nothing to read */
+        own[n_own] = i;
+        st[n_own++] = (wb_stage_tensor){.name = t->name,
+                                        .file = t->file,
+                                        .file_offset = t->offset,
+                                        .slab_offset = d.tensors[i].offset,
+                                        .nbytes = t->nbytes};
     }
     if ((rc = wb__load_alloc_copies(o, devs, n_devs, size, &d, err)) != WB_OK)
         goto done;
@@ -350,7 +368,7 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
     wb_stage_job job = {
         .mode = mode,
         .tensors = st,
-        .n_tensors = table->n_tensors,
+        .n_tensors = n_own,
         .n_files = table->n_files,
         .files = (const char *const *)table->files,
         .fds = in.fds,
@@ -405,7 +423,7 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
             job.prepare_ctx = &ref;
         }
         job.host_dst = be->slab_dest(&d.slabs[0], 0, d.slabs[0].size);
-        if (!job.host_dst && table->n_tensors) {
+        if (!job.host_dst && n_own) {
             rc = wb__err_set(err, WB_EINTERNAL, "backend %s gave no host memory to read into",
                              be->name);
             goto done;
@@ -415,8 +433,8 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
     }
     if ((rc = wb__stage_run(&job, &d.stage, err)) != WB_OK)
         goto done;
-    for (size_t i = 0; i < table->n_tensors; i++)
-        d.tensors[i].xxh3 = st[i].xxh3;
+    for (size_t j = 0; j < n_own; j++)
+        d.tensors[own[j]].xxh3 = st[j].xxh3;
     for (unsigned k = 0; fan && k < n_devs; k++) {
         if (targets[k].failed)
             fail_copy(be, &d, k, &targets[k].err);
@@ -438,6 +456,9 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
     d.read_threads = d.stage.threads;
     d.load_seconds = wb__clock_mono_s() - t0;
     d.load_gbps = d.load_seconds > 0 ? (double)d.bytes / d.load_seconds / 1e9 : 0.0;
+    /* Last: from here on other loads may point into these slabs. */
+    if (o->share)
+        wb__share_register(o->share, be, &d);
     *out = d;
     memset(&d, 0, sizeof d);
 
@@ -447,6 +468,7 @@ done:
     inputs_close(&in);
     wb__model_data_free(&d, be);
     free(st);
+    free(own);
     wb__st_table_free(&table);
     return rc;
 }
@@ -592,6 +614,7 @@ void wb__load_job_run(wb_load_job *job, const atomic_int *cancel)
     o.name = job->name;
     o.version = job->version;
     o.beside = job->beside;
+    o.share = job->share;
     load_check lc = {.job = job, .cancel = cancel};
     job->rc =
         load(job->path, &o, job->check ? open_checked : open_judged, &lc, &job->data, &job->err);

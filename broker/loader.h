@@ -52,6 +52,10 @@ typedef struct wb_load_opts {
     uint32_t version;
     uint32_t beside;
     const char *verb; /* NULL: "load" or "rollout"; a publish's "publish" */
+    /* May be NULL: nothing shared. Tensors equal to resident ones are not
+     * loaded again, and the load's slabs are listed for later loads
+     * (share.h). */
+    struct wb_share_index *share;
 } wb_load_opts;
 
 /* Loads `path` into a new slab per device. On success *out owns the slabs,
@@ -135,6 +139,11 @@ typedef struct wb_load_job {
     unsigned n_devices; /* 0: `device` alone */
     int devices[WB_GPU_MAX];
     const wb_gpu_list *gpus; /* may be NULL; not owned */
+    /* The broker's shared-tensor index (share.h), or NULL: this load
+     * neither shares nor is shared from (--no-share-tensors, a load's
+     * no_share). Not owned. */
+    struct wb_share_index *share;
+    int no_share; /* set before wb__broker_set_devices: share stays NULL */
     /* Who asked, so the deferred reply can be sent: the connection's
      * identity (its serial, conn.h; owned copy) and the request id. ident
      * is NULL for preloads. */

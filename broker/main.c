@@ -22,6 +22,7 @@
 
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/un.h>
@@ -195,7 +196,10 @@ static int run(wb_options *o)
         .stale_ms = (uint32_t)o->num[WB_NUM_STALE],
         .max_heartbeat_rate = (uint32_t)o->num[WB_NUM_HEARTBEAT_RATE],
         .publish_streams = (uint32_t)o->num[WB_NUM_PUBLISH_STREAMS],
+        .no_share_tensors = o->no_share_tensors,
     };
+    const char *ignore = getenv("WB_TEST_SHARE_IGNORE_DIGEST");
+    cfg.share_ignore_digest = ignore && strcmp(ignore, "1") == 0;
     /* The devices placements name, with their UUIDs; logged once so that an
      * operator can match ordinals and UUIDs. */
     if (backend->proto != WBPROTO__BACKEND__BACKEND_HOST) {

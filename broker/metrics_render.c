@@ -281,6 +281,12 @@ char *wb__metrics_render(const wb_broker *b, size_t *len)
            hits);
     single(f, "wb_slab_pool_misses_total", "counter",
            "Slab allocations that found no kept slab of their size.", misses);
+    uint64_t logical = 0, unique = 0;
+    wb__broker_share_bytes(b, &logical, &unique);
+    single(f, "wb_logical_bytes", "gauge",
+           "Tensor bytes of every resident model and version, as if nothing were shared.", logical);
+    single(f, "wb_unique_bytes", "gauge",
+           "Tensor bytes resident once (tensors shared across models counted once).", unique);
 
     single(f, "wb_loads_total", "counter",
            "Model loads finished since the broker started, successful or not.", st->loads_total);

@@ -2,6 +2,7 @@
 
 #include "alloc.h"
 #include "log.h"
+#include "share.h"
 #include "tensor_table.h"
 #include "wire.h"
 
@@ -19,12 +20,50 @@ void wb__model_data_free(wb_model_data *d, const wb_backend *be)
     }
     free(d->tensors);
     for (uint32_t i = 0; i < d->n_slabs; i++) {
+        /* A slab others borrow stays, with them. */
+        if (d->holds && d->holds[i] && !wb__share_release_owner(d->holds[i], &d->slabs[i]))
+            continue;
         if (be)
             be->slab_free(&d->slabs[i]);
     }
+    free(d->holds);
+    for (size_t i = 0; d->borrowed && i < (size_t)d->n_groups * d->n_stride; i++) {
+        if (d->borrowed[i])
+            wb__share_unref(d->borrowed[i]);
+    }
+    free(d->borrowed);
     free(d->slabs);
     free(d->copies);
     memset(d, 0, sizeof *d);
+}
+
+void wb__model_tensor_slab(const wb_model_data *d, uint32_t k, const wb_model_tensor *t,
+                           wb_slab *out)
+{
+    memset(out, 0, sizeof *out);
+    if (t->slab == 0) {
+        if (k < d->n_slabs)
+            *out = d->slabs[k];
+        return;
+    }
+    if (t->slab <= d->n_groups && k < d->n_stride) {
+        wb_share_hold *h = d->borrowed[(size_t)(t->slab - 1) * d->n_stride + k];
+        if (h)
+            wb__share_slab_copy(h, out);
+    }
+}
+
+uint32_t wb__model_copy_slabs(const wb_model_data *d, uint32_t k, wb_slab **out, uint32_t max)
+{
+    uint32_t n = 1 + d->n_groups;
+    if (k >= d->n_slabs)
+        return 0;
+    for (uint32_t g = 0; g < n && g < max; g++) {
+        wb_share_hold *h =
+            g && k < d->n_stride ? d->borrowed[(size_t)(g - 1) * d->n_stride + k] : NULL;
+        out[g] = g == 0 ? &d->slabs[k] : h ? wb__share_slab(h) : NULL;
+    }
+    return n;
 }
 
 wb_model *wb__model_new(const char *name, const char *path, const wb_backend *be, int device)
@@ -70,6 +109,11 @@ static void wire_free(wb_model *m)
             free(m->wire[i].cached_tail);
             free(m->wire[i].frame_tail);
             free(m->wire[i].shared_tail);
+            for (size_t g = 1; g < m->wire[i].n_slab_ptrs; g++)
+                free(m->wire[i].xslabs[g - 1].shm_name);
+            free(m->wire[i].xslabs);
+            if (m->wire[i].slab_ptrs != &m->wire[i].slab_ptr)
+                free(m->wire[i].slab_ptrs);
         }
     }
     free(m->wire);
@@ -119,14 +163,13 @@ static int cmp_tensor_name(const void *a, const void *b)
 static void wire_pack_copy(wb_model *m, uint32_t k, const uint8_t *table, size_t table_len)
 {
     wb_model_wire *w = &m->wire[k];
-    w->slab_ptr = &w->slab;
     uint8_t id[WB_LEASE_ID_LEN] = {0};
     Wbproto__Lease lease = WBPROTO__LEASE__INIT;
     lease.id.data = id;
     lease.id.len = sizeof id;
     lease.model = m->name;
-    lease.n_slabs = 1;
-    lease.slabs = &w->slab_ptr;
+    lease.n_slabs = w->n_slab_ptrs;
+    lease.slabs = w->slab_ptrs;
     lease.n_tensors = m->data.n_tensors;
     lease.tensors = m->wire_tensor_ptrs;
     lease.version = m->version;
@@ -206,6 +249,38 @@ static void table_publish(wb_model *m, const uint8_t *table, size_t len)
     m->table_slab.transport = "shm";
 }
 
+/* Copy k's slab list: its own, then each borrowed group's slab on its
+ * device (Slab.index = its place in the list). */
+static int wire_borrowed(wb_model *m, uint32_t k, wb_model_wire *w)
+{
+    w->slab_ptr = &w->slab;
+    w->slab_ptrs = &w->slab_ptr;
+    w->n_slab_ptrs = 1;
+    uint32_t ng = m->data.n_groups;
+    if (ng == 0)
+        return WB_OK;
+    w->slab_ptrs = wb__calloc(1 + ng, sizeof *w->slab_ptrs);
+    w->xslabs = wb__calloc(ng, sizeof *w->xslabs);
+    if (!w->slab_ptrs || !w->xslabs)
+        return WB_ENOMEM;
+    w->slab_ptrs[0] = &w->slab;
+    wb_slab *slabs[1 + WB_SHARE_MAX_GROUPS];
+    wb__model_copy_slabs(&m->data, k, slabs, 1 + WB_SHARE_MAX_GROUPS);
+    for (uint32_t g = 0; g < ng; g++) {
+        Wbproto__Slab *x = &w->xslabs[g];
+        m->backend->slab_export(slabs[g + 1], x);
+        x->index = g + 1;
+        x->device_uuid = m->data.copies[k].uuid;
+        /* The owner's name may go before this wire view does. */
+        x->shm_name = x->shm_name ? wb__strdup(x->shm_name) : NULL;
+        w->slab_ptrs[g + 1] = x;
+        w->n_slab_ptrs = g + 2;
+        if (!x->shm_name && slabs[g + 1]->shm.name[0])
+            return WB_ENOMEM;
+    }
+    return WB_OK;
+}
+
 /* The wire view of m->data (see wb_model_wire). On failure (out of
  * memory) nothing was changed. */
 static int build_wire(wb_model *m, wb_err *err)
@@ -263,6 +338,11 @@ static int build_wire(wb_model *m, wb_err *err)
             first_ready = (int)k;
         m->backend->slab_export(&m->data.slabs[k], &wire[k].slab);
         wire[k].slab.device_uuid = c->uuid;
+        if (wire_borrowed(m, k, &wire[k]) != WB_OK) {
+            wire_free(m);
+            free(table);
+            return wb__err_set(err, WB_ENOMEM, "out of memory describing model '%s'", m->name);
+        }
         wire_pack_copy(m, k, table, table_len);
     }
     m->table = table;

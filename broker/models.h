@@ -59,7 +59,25 @@ typedef struct wb_model_data {
      * registering file mappings (mapped loads). */
     wb_stage_stats stage;
     double register_seconds;
+    /* Tensors shared with other models (share.h): a tensor at slab g + 1
+     * lives in borrowed group g, whose hold on copy k's device is
+     * borrowed[g * n_stride + k] (one count each); holds[k] is the index's
+     * record of own slab k, or NULL (NULL array: none listed). */
+    uint32_t n_groups;
+    uint32_t n_stride;
+    struct wb_share_hold **borrowed;
+    struct wb_share_hold **holds;
+    uint64_t shared_bytes; /* tensor bytes in borrowed slabs */
+    uint32_t shared_tensors;
 } wb_model_data;
+
+/* The slab that holds tensor t on copy k (its own, or a borrowed one),
+ * copied: NULL fields when there is none. */
+void wb__model_tensor_slab(const wb_model_data *d, uint32_t k, const wb_model_tensor *t,
+                           wb_slab *out);
+/* The slabs of copy k in a lease's order (own first, then the borrowed
+ * groups): up to max of them into out; returns how many there are. */
+uint32_t wb__model_copy_slabs(const wb_model_data *d, uint32_t k, wb_slab **out, uint32_t max);
 
 /* Frees the slabs (through `be`) and the tensor table; zeroes *d. */
 void wb__model_data_free(wb_model_data *d, const wb_backend *be);
@@ -68,6 +86,12 @@ void wb__model_data_free(wb_model_data *d, const wb_backend *be);
 typedef struct wb_model_wire {
     Wbproto__Slab slab;
     Wbproto__Slab *slab_ptr;
+    /* Every slab of the copy's lease: slab_ptrs[0] is &slab, then the
+     * borrowed groups' (xslabs, whose shm names are the wire's own copies:
+     * a borrowed slab's owner may go). n_slab_ptrs = 1 + data.n_groups. */
+    Wbproto__Slab **slab_ptrs;
+    Wbproto__Slab *xslabs;
+    size_t n_slab_ptrs;
     size_t lease_size; /* packed size of a Lease on this copy */
     /* A Lease on this copy packed once, without its id: the fields from
      * `model` on (model, slabs, tensors). Every acquire reply carries these
@@ -142,6 +166,9 @@ typedef struct wb_model {
      * published it (published set), and while it is MODEL_LOADING the
      * publish that reserved it (not owned), else NULL. */
     int published;
+    /* Loaded with LoadRequest.no_share: shares no tensor (and its rollouts
+     * neither). */
+    int no_share;
     uint32_t published_by_pid;
     uint32_t published_by_uid;
     /* A published version's checksums: WB_CHECKSUMS_READY (also every

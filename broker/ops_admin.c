@@ -117,6 +117,8 @@ int wb__ops_start_load(wb_broker *b, const wb_peer_creds *peer, const wb_load_st
     job->rollout = ls->rollout;
     job->beside = ls->beside;
     job->op = ls->rollout ? WBPROTO__REQUEST__BODY_ROLLOUT : WBPROTO__REQUEST__BODY_LOAD;
+    job->no_share = ls->no_share;
+    m->no_share = ls->no_share;
     if (ls->replaces) {
         wb_model *old = ls->replaces;
         wb__models_remove(&b->models, old);
@@ -181,8 +183,11 @@ int wb__ops_load(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request
     int crc = wb__limits_check_models(&b->limits, wb__models_held(&b->models), &cerr);
     if (crc != WB_OK)
         return wb__ops_fail(r, crc, "%s", cerr.msg);
-    wb_load_start ls = {
-        .name = name, .path = req->load->path, .no_wait = req->load->no_wait, .replaces = old};
+    wb_load_start ls = {.name = name,
+                        .path = req->load->path,
+                        .no_wait = req->load->no_wait,
+                        .no_share = req->load->no_share,
+                        .replaces = old};
     crc = wb__broker_placement(b, name, req->load->placement, ls.devices, &ls.n_devices, &cerr);
     if (crc != WB_OK)
         return wb__ops_fail(r, crc, "%s", cerr.msg);

@@ -89,6 +89,7 @@ typedef struct wb_load_start {
     int devices[WB_GPU_MAX];
     unsigned n_devices;
     int no_wait;
+    int no_share; /* LoadRequest.no_share, or the current version's for a rollout */
     int rollout;
     uint32_t beside;
     wb_model *replaces;

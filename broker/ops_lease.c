@@ -32,8 +32,8 @@ int wb__ops_lease_tail(const wb_model *m, unsigned copy, enum wb_lease_tail whic
         if (!m->table)
             return WB_EINVAL;
         lw->model = m->name;
-        lw->n_slabs = 1;
-        lw->slabs = (Wbproto__Slab **)&w->slab_ptr;
+        lw->n_slabs = w->n_slab_ptrs;
+        lw->slabs = w->slab_ptrs;
         lw->tensor_table.data = m->table;
         lw->tensor_table.len = m->table_len;
         lw->version = m->version;
@@ -192,8 +192,8 @@ int wb__ops_acquire(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Requ
         made = wb__ops_lease_tail(m, copy, WB_TAIL_TENSORS, lw, a) == WB_OK;
     if (!made) {
         lw->model = m->name;
-        lw->n_slabs = 1;
-        lw->slabs = &m->wire[copy].slab_ptr;
+        lw->n_slabs = m->wire[copy].n_slab_ptrs;
+        lw->slabs = m->wire[copy].slab_ptrs;
         lw->n_tensors = m->data.n_tensors;
         lw->tensors = m->wire_tensor_ptrs;
         lw->version = m->version;

@@ -3,6 +3,7 @@
 #include "ops_impl.h"
 
 #include "backend_vmm.h"
+#include "share.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -231,7 +232,7 @@ int wb__ops_list_leases(wb_broker *b, const wb_peer_creds *peer, const Wbproto__
             return wb__ops_oom(r);
         li->state = l->state;
         li->containers = l->containers;
-        li->slabs = 1; /* the copy's one slab */
+        li->slabs = 1 + l->model->data.n_groups; /* its own and those it borrows */
         if (l->copy < l->model->data.n_copies) {
             li->device = l->model->data.copies[l->copy].device;
             li->device_uuid = l->model->data.copies[l->copy].uuid;
@@ -310,6 +311,9 @@ Wbproto__ModelInfo *wb__ops_model_info(const wb_model *m, int state, wb_arena *a
     mi->tensors = (uint32_t)m->data.n_tensors;
     mi->bytes = m->data.bytes;
     mi->slab_bytes = m->data.slab_bytes;
+    mi->shared_bytes = m->data.shared_bytes;
+    mi->shared_tensors = m->data.shared_tensors;
+    mi->share = !m->no_share && !m->published && strcmp(wb__backend_access(m->backend), "ro") == 0;
     mi->leases = m->leases;
     mi->load_seconds = m->data.load_seconds;
     mi->load_gbps = m->data.load_gbps;
@@ -403,6 +407,12 @@ int wb__ops_stats(wb_broker *b, wb_ops_reply *r)
     s->models = (uint32_t)wb__models_names(&b->models);
     for (wb_model *m = b->models.head; m; m = m->next)
         s->model_bytes += m->data.bytes;
+    wb__broker_share_bytes(b, &s->logical_bytes, &s->unique_bytes);
+    wb_share_stats ss;
+    wb__share_stats(b->share, &ss);
+    s->shared_tensors_total = ss.shared_tensors_total;
+    s->shared_bytes_total = ss.shared_bytes_total;
+    s->share_mismatches = ss.mismatches_total;
     s->loads_total = st->loads_total;
     s->loads_failed = st->loads_failed;
     s->loads_cancelled = st->loads_cancelled;

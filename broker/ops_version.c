@@ -115,6 +115,7 @@ int wb__ops_rollout(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Requ
         .name = name,
         .path = rq->path,
         .no_wait = rq->no_wait,
+        .no_share = cur->no_share,
         .rollout = 1,
         .beside = cur->version,
         .replaces = wb__models_in_state(&b->models, name, WBPROTO__MODEL_STATE__MODEL_FAILED)};

@@ -42,6 +42,7 @@ enum {
     OPT_STAGING_PAGES,
     OPT_REQUIRE_ALL_MODELS,
     OPT_NO_SLAB_POOL,
+    OPT_NO_SHARE_TENSORS,
     /* Numeric options: OPT_NUM + their index in num_opts. */
     OPT_NUM = 0x1000,
 };
@@ -135,6 +136,7 @@ static const struct option long_opts[] = {
     {"max-versions", required_argument, NULL, OPT_NUM + WB_NUM_MAX_VERSIONS},
     {"slab-pool-seconds", required_argument, NULL, OPT_NUM + WB_NUM_SLAB_POOL_SECONDS},
     {"no-slab-pool", no_argument, NULL, OPT_NO_SLAB_POOL},
+    {"no-share-tensors", no_argument, NULL, OPT_NO_SHARE_TENSORS},
     {"publish-streams", required_argument, NULL, OPT_NUM + WB_NUM_PUBLISH_STREAMS},
     {"max-tensors", required_argument, NULL, OPT_NUM + WB_NUM_MAX_TENSORS},
     {"max-shards", required_argument, NULL, OPT_NUM + WB_NUM_MAX_SHARDS},
@@ -408,6 +410,9 @@ static int parse_one(wb_options *o, int c, char *arg)
         return WB_OPTIONS_GO_ON;
     case OPT_NO_SLAB_POOL:
         o->no_slab_pool = 1;
+        return WB_OPTIONS_GO_ON;
+    case OPT_NO_SHARE_TENSORS:
+        o->no_share_tensors = 1;
         return WB_OPTIONS_GO_ON;
     case 'd':
         if (strcmp(arg, "0") == 0) {
@@ -686,6 +691,7 @@ int wb__options_validate(wb_options *o)
         printf(" slab-pool=%lds\n", o->num[WB_NUM_SLAB_POOL_SECONDS]
                                         ? o->num[WB_NUM_SLAB_POOL_SECONDS]
                                         : (long)WB_DEFAULT_SLAB_POOL_SECONDS);
+    printf("share-tensors: %s\n", o->no_share_tensors ? "off" : "on (read-only transports)");
     printf("access: cuda %s, host %s\n",
            o->cuda_slab == WB_CUDA_SLAB_AUTO  ? "ro (cuda-vmm; cuda-ipc, rw, where the device "
                                                 "lacks VMM descriptors)"

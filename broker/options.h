@@ -86,6 +86,7 @@ typedef struct wb_options {
     size_t n_models;
     int require_all_models; /* a preload that fails stops the broker */
     int no_slab_pool;       /* --no-slab-pool: freed cuda-vmm slabs are not kept */
+    int no_share_tensors;   /* --no-share-tensors: every load gets its own bytes */
     wb_auth auth;           /* access lists, handed to the broker when it starts */
     wb_config config;
     char **av; /* the configuration file's arguments, then the command line's */

@@ -54,8 +54,21 @@ static int copy_host(wb_load_job *job, wb_publish *p, wb_err *err)
         const wb_publish_piece *pc = &p->pieces[i];
         if (be->slab_prepare && (rc = be->slab_prepare(slab, t->offset, t->nbytes, err)) != WB_OK)
             break;
-        const uint8_t *src =
-            pc->kept ? kept + p->keep->data.tensors[i].offset : maps[pc->source] + pc->offset;
+        const uint8_t *src = maps[pc->source] + pc->offset;
+        if (pc->kept) {
+            /* Where the kept tensor lives: the version's slab or one it
+             * borrows (share.h). */
+            const wb_model_tensor *kt = &p->keep->data.tensors[i];
+            wb_slab ks;
+            wb__model_tensor_slab(&p->keep->data, 0, kt, &ks);
+            const uint8_t *kb = kt->slab ? be->slab_dest(&ks, 0, ks.size) : kept;
+            if (!kb) {
+                rc = wb__err_set(err, WB_EINTERNAL, "tensor '%s': version %u's slab cannot be read",
+                                 t->name, p->beside);
+                break;
+            }
+            src = kb + kt->offset;
+        }
         if (t->nbytes)
             memcpy(dst + t->offset, src, (size_t)t->nbytes);
         if (pc->kept)

@@ -191,9 +191,12 @@ int wb__publish_copy_cuda(wb_load_job *job, wb_publish *p, wb_err *err)
         if (!slab->dev_ptr)
             continue;
         const wb_slab *ks = NULL;
+        uint32_t kc = 0;
         for (uint32_t j = 0; p->keep && j < p->keep->data.n_slabs; j++) {
-            if (p->keep->data.slabs[j].device == slab->device && p->keep->data.slabs[j].dev_ptr)
+            if (p->keep->data.slabs[j].device == slab->device && p->keep->data.slabs[j].dev_ptr) {
                 ks = &p->keep->data.slabs[j];
+                kc = j;
+            }
         }
         cudaSetDevice(slab->device);
         for (size_t i = 0; rc == WB_OK && i < d->n_tensors; i++) {
@@ -210,9 +213,15 @@ int wb__publish_copy_cuda(wb_load_job *job, wb_publish *p, wb_err *err)
             }
             cudaStream_t st = pick(&ds[k], t->nbytes);
             if (pc->kept) {
-                e = cudaMemcpyAsync(dst,
-                                    (const uint8_t *)ks->dev_ptr + p->keep->data.tensors[i].offset,
-                                    (size_t)t->nbytes, cudaMemcpyDeviceToDevice, st);
+                /* The kept tensor's slab: the version's own or one it
+                 * borrows (share.h). */
+                const wb_model_tensor *kt = &p->keep->data.tensors[i];
+                wb_slab kb;
+                wb__model_tensor_slab(&p->keep->data, kc, kt, &kb);
+                const uint8_t *ksrc = (const uint8_t *)(kt->slab ? kb.dev_ptr : ks->dev_ptr);
+                e = ksrc ? cudaMemcpyAsync(dst, ksrc + kt->offset, (size_t)t->nbytes,
+                                           cudaMemcpyDeviceToDevice, st)
+                         : cudaErrorInvalidValue;
                 if (k == 0)
                     job->kept_bytes += t->nbytes;
             } else {

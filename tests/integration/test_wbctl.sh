@@ -255,9 +255,9 @@ want="[[\"ready\", \"host\", -1, 6, $bytes, \"$(realpath "$WB_TMP")/second.safet
 for key in name path state backend device tensors bytes slab_bytes leases load_seconds load_gbps; do
   [ "$(json "all('$key' in m for m in d)" <<<"$models")" = True ] || fail "models --json lacks '$key'"
 done
-ctl models | head -n 1 | grep -q "^NAME  *VERSION  *STATE  *BACKEND  *DEVICE  *TENSORS  *SIZE  *LEASES  *SLAB  *ACCESS$" ||
+ctl models | head -n 1 | grep -q "^NAME  *VERSION  *STATE  *BACKEND  *DEVICE  *TENSORS  *SIZE  *SHARED  *LEASES  *SLAB  *ACCESS$" ||
   fail "unexpected models header: $(ctl models | head -n 1)"
-ctl models -o wide | head -n 1 | grep -q "^NAME  *VERSION  *STATE  *BACKEND  *DEVICE  *TENSORS  *SIZE  *LEASES  *LOAD_S  *RATE  *SLAB  *ACCESS  *CHECKSUMS  *SOURCE$" ||
+ctl models -o wide | head -n 1 | grep -q "^NAME  *VERSION  *STATE  *BACKEND  *DEVICE  *TENSORS  *SIZE  *SHARED  *LEASES  *LOAD_S  *RATE  *SLAB  *ACCESS  *CHECKSUMS  *SOURCE$" ||
   fail "unexpected models -o wide header: $(ctl models -o wide | head -n 1)"
 expect_rc 0 loadjson "$WBCTL" --socket "$SOCK" load --json third "$WB_TMP/second.safetensors"
 [ "$(json "d['name'], d['state'], d['tensors']" <"$WB_TMP/loadjson.out")" = "('third', 'ready', 6)" ] ||
@@ -321,7 +321,7 @@ ctl stats | grep -qE "^model_bytes: [0-9.]+ (KiB|MiB)$" || fail "plain stats: mo
 # Sizes for people in IEC units, in the tables and the stage line; raw
 # integers in --json.
 ctl models >"$WB_TMP/models.tab" || fail "wbctl models failed"
-grep -qE "^big  +1  +current  +host  +-1  +1  +3\.0 MiB  +0  " "$WB_TMP/models.tab" || fail "big's size: $(cat "$WB_TMP/models.tab")"
+grep -qE "^big  +1  +current  +host  +-1  +1  +3\.0 MiB  +-  +0  " "$WB_TMP/models.tab" || fail "big's size: $(cat "$WB_TMP/models.tab")"
 grep -qE "^demo  +1  +current  +host  +-1  +3  +[0-9]+ B  " "$WB_TMP/models.tab" || fail "demo's size: $(cat "$WB_TMP/models.tab")"
 [ "$(ctl models --json | json "[(m['bytes'], type(m['bytes']).__name__) for m in d if m['name'] == 'big']")" = '[[3145728, "int"]]' ] ||
   fail "models --json: big's bytes: $(ctl models --json | json "[m['bytes'] for m in d]")"

@@ -188,18 +188,19 @@ START_TEST(test_headers)
     m.bytes = 2147483648ull;
     m.loaded_bytes = m.bytes / 4;
     char *out = capture(print_rows, &m);
-    ck_assert_str_eq(out,
-                     "NAME  VERSION  STATE        BACKEND  DEVICE  TENSORS  SIZE     LEASES  SLAB  "
-                     "ACCESS\n"
-                     "base  -        loading 25%  host     -1      0        2.0 GiB  0       -     "
-                     "-\n");
+    ck_assert_str_eq(
+        out, "NAME  VERSION  STATE        BACKEND  DEVICE  TENSORS  SIZE     SHARED  LEASES  "
+             "SLAB  ACCESS\n"
+             "base  -        loading 25%  host     -1      0        2.0 GiB  -       0       "
+             "-     -\n");
     free(out);
     out = capture(print_rows_wide, &m);
     ck_assert_str_eq(
-        out, "NAME  VERSION  STATE        BACKEND  DEVICE  TENSORS  SIZE     LEASES  "
-             "LOAD_S  RATE  SLAB  ACCESS  CHECKSUMS  SOURCE\n"
-             "base  -        loading 25%  host     -1      0        2.0 GiB  0       -       "
-             "-     -     -       -          /models/base\n");
+        out,
+        "NAME  VERSION  STATE        BACKEND  DEVICE  TENSORS  SIZE     SHARED  LEASES  "
+        "LOAD_S  RATE  SLAB  ACCESS  CHECKSUMS  SOURCE\n"
+        "base  -        loading 25%  host     -1      0        2.0 GiB  -       0       -       "
+        "-     -     -       -          /models/base\n");
     free(out);
 }
 END_TEST

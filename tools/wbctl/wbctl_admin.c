@@ -35,13 +35,14 @@ static void on_sigint(int sig)
     interrupted = 1;
 }
 
-/* Takes load's own option --no-wait out of argv (up to a "--"), so that
- * wbctl_parse_args sees only the options every command has. */
-static int take_no_wait(int *argc, char **argv)
+/* Takes a command's own flag (load's --no-wait, --no-share) out of argv
+ * (up to a "--"), so that wbctl_parse_args sees only the options every
+ * command has. */
+static int take_flag(int *argc, char **argv, const char *flag)
 {
     int found = 0, k = 1, i = 1;
     for (; i < *argc && strcmp(argv[i], "--") != 0; i++) {
-        if (strcmp(argv[i], "--no-wait") == 0)
+        if (strcmp(argv[i], flag) == 0)
             found = 1;
         else
             argv[k++] = argv[i];
@@ -256,9 +257,10 @@ int wbctl_load(const wbctl_globals *g, int argc, char **argv)
     static const char *const names[] = {"NAME", "PATH"};
     int json;
     char *pos[2];
-    int no_wait = take_no_wait(&argc, argv);
+    int no_wait = take_flag(&argc, argv, "--no-wait");
+    int no_share = take_flag(&argc, argv, "--no-share");
     int rc = wbctl_parse_args(
-        argc, argv, "load [--json] [--no-wait] NAME PATH[@DEVICES]",
+        argc, argv, "load [--json] [--no-wait] [--no-share] NAME PATH[@DEVICES]",
         "Loads the safetensors checkpoint PATH (a file, a directory or an index) as model NAME\n"
         "and waits until the broker has finished, as long as the broker answers and loads it\n"
         "(with --timeout-ms, at most that long: then it exits 75 and the load goes on).\n"
@@ -266,7 +268,9 @@ int wbctl_load(const wbctl_globals *g, int argc, char **argv)
         "@DEVICES places a copy on each device: @0,1, @all or @GPU-<uuid>,... (default: the\n"
         "broker's --device).\n\n"
         "  --no-wait  return once the load has started, the model loading (`wbctl models`\n"
-        "             shows how it goes; a load that fails stays listed as failed)",
+        "             shows how it goes; a load that fails stays listed as failed)\n"
+        "  --no-share load every tensor even where an equal one is resident on the device,\n"
+        "             and share none of this model's with later loads (nor its rollouts')",
         2, names, &json, pos);
     if (rc >= 0)
         return rc;
@@ -278,6 +282,7 @@ int wbctl_load(const wbctl_globals *g, int argc, char **argv)
     body.path = abs;
     body.placement = placement ? placement : "";
     body.no_wait = no_wait;
+    body.no_share = no_share;
     Wbproto__Request req = WBPROTO__REQUEST__INIT;
     req.body_case = WBPROTO__REQUEST__BODY_LOAD;
     req.load = &body;
@@ -347,7 +352,7 @@ int wbctl_rollout(const wbctl_globals *g, int argc, char **argv)
     static const char *const names[] = {"NAME", "PATH"};
     int json;
     char *pos[2];
-    int no_wait = take_no_wait(&argc, argv);
+    int no_wait = take_flag(&argc, argv, "--no-wait");
     int rc = wbctl_parse_args(
         argc, argv, "rollout [--json] [--no-wait] NAME PATH[@DEVICES]",
         "Loads the checkpoint PATH as a new version of model NAME beside its current one\n"

@@ -68,6 +68,12 @@ json_t *wbctl_version_json(const Wbproto__ModelInfo *m)
     json_object_set_new(o, "bytes", json_integer((json_int_t)m->bytes));
     json_object_set_new(o, "slab_bytes", json_integer((json_int_t)m->slab_bytes));
     json_object_set_new(o, "loaded_bytes", json_integer((json_int_t)m->loaded_bytes));
+    json_object_set_new(o, "shared_bytes", json_integer((json_int_t)m->shared_bytes));
+    json_object_set_new(
+        o, "unique_bytes",
+        json_integer(
+            (json_int_t)(m->bytes - (m->shared_bytes <= m->bytes ? m->shared_bytes : m->bytes))));
+    json_object_set_new(o, "shared_tensors", json_integer(m->shared_tensors));
     json_object_set_new(o, "path", wbctl_jstr(m->path));
     json_object_set_new(o, "load_seconds", json_real(wbctl_round_secs(m->load_seconds)));
     json_object_set_new(o, "published_by_pid", json_integer(m->published_by_pid));
@@ -94,6 +100,14 @@ json_t *wbctl_model_json(const Wbproto__ModelInfo *m)
     json_object_set_new(o, "tensors", json_integer(m->tensors));
     json_object_set_new(o, "bytes", json_integer((json_int_t)m->bytes));
     json_object_set_new(o, "slab_bytes", json_integer((json_int_t)m->slab_bytes));
+    /* Tensors shared with other models: bytes resident once for several. */
+    json_object_set_new(o, "shared_bytes", json_integer((json_int_t)m->shared_bytes));
+    json_object_set_new(
+        o, "unique_bytes",
+        json_integer(
+            (json_int_t)(m->bytes - (m->shared_bytes <= m->bytes ? m->shared_bytes : m->bytes))));
+    json_object_set_new(o, "shared_tensors", json_integer(m->shared_tensors));
+    json_object_set_new(o, "share", json_boolean(m->share));
     json_object_set_new(o, "leases", json_integer(m->leases));
     json_object_set_new(o, "load_seconds", json_real(wbctl_round_secs(m->load_seconds)));
     json_object_set_new(o, "load_gbps", json_real(wbctl_round_secs(m->load_gbps)));
@@ -131,9 +145,9 @@ json_t *wbctl_model_json(const Wbproto__ModelInfo *m)
  * checksums are computed, and where it came from (its path, or the process
  * that published it). */
 static const wbctl_column model_columns[WBCTL_MODEL_COLUMNS] = {
-    {"NAME", 0},    {"VERSION", 0}, {"STATE", 0},     {"BACKEND", 0}, {"DEVICE", 0},
-    {"TENSORS", 0}, {"SIZE", 0},    {"LEASES", 0},    {"LOAD_S", 1},  {"RATE", 1},
-    {"SLAB", 0},    {"ACCESS", 0},  {"CHECKSUMS", 1}, {"SOURCE", 1},
+    {"NAME", 0},    {"VERSION", 0}, {"STATE", 0},  {"BACKEND", 0},   {"DEVICE", 0},
+    {"TENSORS", 0}, {"SIZE", 0},    {"SHARED", 0}, {"LEASES", 0},    {"LOAD_S", 1},
+    {"RATE", 1},    {"SLAB", 0},    {"ACCESS", 0}, {"CHECKSUMS", 1}, {"SOURCE", 1},
 };
 
 void wbctl_model_header(wbctl_table *t)
@@ -144,7 +158,8 @@ void wbctl_model_header(wbctl_table *t)
 /* One row: the model's, or (copy not NULL) its copy on one device. */
 static void model_row(wbctl_table *t, const Wbproto__ModelInfo *m, const Wbproto__ModelCopy *c)
 {
-    char state[48], dev[16], tensors[16], bytes[32], leases[16], secs[32], rate[32], version[16];
+    char state[48], dev[16], tensors[16], bytes[32], shared[32], leases[16], secs[32], rate[32],
+        version[16];
     int st = c ? c->state : m->state;
     /* A ready copy of the current version is current too. */
     snprintf(state, sizeof state, "%s",
@@ -158,6 +173,11 @@ static void model_row(wbctl_table *t, const Wbproto__ModelInfo *m, const Wbproto
     snprintf(dev, sizeof dev, "%d", c ? c->device : m->device);
     snprintf(tensors, sizeof tensors, "%u", m->tensors);
     wbctl_fmt_size(bytes, sizeof bytes, m->bytes);
+    /* Of SIZE, the bytes other models hold too (resident once). */
+    if (m->shared_bytes)
+        wbctl_fmt_size(shared, sizeof shared, m->shared_bytes);
+    else
+        snprintf(shared, sizeof shared, "-");
     snprintf(leases, sizeof leases, "%u", c ? c->leases : m->leases);
     if (m->state == WBPROTO__MODEL_STATE__MODEL_LOADING) {
         /* While loading, STATE shows how far it got. */
@@ -183,7 +203,8 @@ static void model_row(wbctl_table *t, const Wbproto__ModelInfo *m, const Wbproto
                  m->published_by_uid);
     /* A broker that predates Slab.transport says nothing: "-". */
     wbctl_table_add(t, m->name, version, state, wb__backend_name(m->backend), dev, tensors, bytes,
-                    leases, secs, rate, m->transport && m->transport[0] ? m->transport : "-",
+                    shared, leases, secs, rate,
+                    m->transport && m->transport[0] ? m->transport : "-",
                     m->access && m->access[0] ? m->access : "-", sums,
                     m->checksums && m->checksums[0] ? source : m->path);
 }

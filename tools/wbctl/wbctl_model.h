@@ -8,7 +8,7 @@
 
 /* Every column of the models table (-o wide); the default view shows
  * some of them. */
-#define WBCTL_MODEL_COLUMNS 14
+#define WBCTL_MODEL_COLUMNS 15
 
 /* The header of table t (made with .ncols = WBCTL_MODEL_COLUMNS): the
  * default columns, or every one when t->wide. */
