@@ -94,6 +94,18 @@ typedef struct wb_backend {
     void *priv; /* the backend's own state */
 } wb_backend;
 
+/* slab_read's bounds: WB_EINTERNAL when bytes [offset, offset + len) are
+ * not all in the slab (or it has no memory), else WB_OK. */
+static inline int wb__slab_read_check(const wb_slab *slab, int mapped, uint64_t offset,
+                                      uint64_t len, wb_err *err)
+{
+    if (mapped && offset <= slab->size && len <= slab->size - offset)
+        return WB_OK;
+    return wb__err_set(err, WB_EINTERNAL, "bytes %llu+%llu are outside the slab (%llu bytes)",
+                       (unsigned long long)offset, (unsigned long long)len,
+                       (unsigned long long)slab->size);
+}
+
 /* be->transport and be->access, "" when a backend leaves them unset. */
 static inline const char *wb__backend_transport(const wb_backend *be)
 {

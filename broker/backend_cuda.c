@@ -203,10 +203,9 @@ static void cuda_slab_free(wb_slab *slab)
 static int cuda_slab_read(const wb_slab *slab, uint64_t offset, void *dst, uint64_t len,
                           wb_err *err)
 {
-    if (!slab->dev_ptr || offset > slab->size || len > slab->size - offset)
-        return wb__err_set(err, WB_EINTERNAL, "bytes %llu+%llu are outside the slab (%llu bytes)",
-                           (unsigned long long)offset, (unsigned long long)len,
-                           (unsigned long long)slab->size);
+    int rc = wb__slab_read_check(slab, slab->dev_ptr != NULL, offset, len, err);
+    if (rc != WB_OK)
+        return rc;
     cudaError_t e = cudaSetDevice(slab->device);
     if (e == cudaSuccess)
         e = cudaMemcpyAsync(dst, (const uint8_t *)slab->dev_ptr + offset, (size_t)len,

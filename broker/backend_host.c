@@ -60,10 +60,9 @@ static int host_prepare(wb_slab *slab, uint64_t offset, uint64_t len, wb_err *er
 
 static int host_read(const wb_slab *slab, uint64_t offset, void *dst, uint64_t len, wb_err *err)
 {
-    if (!slab->shm.addr || offset > slab->size || len > slab->size - offset)
-        return wb__err_set(err, WB_EINTERNAL, "bytes %llu+%llu are outside the slab (%llu bytes)",
-                           (unsigned long long)offset, (unsigned long long)len,
-                           (unsigned long long)slab->size);
+    int rc = wb__slab_read_check(slab, slab->shm.addr != NULL, offset, len, err);
+    if (rc != WB_OK)
+        return rc;
     memcpy(dst, (const uint8_t *)slab->shm.addr + offset, (size_t)len);
     return WB_OK;
 }

@@ -5,12 +5,11 @@
 #include "log.h"
 #include "models.h"
 #include "safetensors_table.h"
+#include "stage.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 #include <xxhash.h>
 
 /* One tensor that lives in a hold's slab (copied from its owner's table). */
@@ -237,6 +236,7 @@ void wb__share_register(wb_share_index *ix, const wb_backend *be, wb_model_data 
 typedef struct cand {
     const entry *e;
     wb_share_hold *h;
+    size_t hold; /* its index in the snapshot (plan.holds, plan.slabs) */
 } cand;
 
 typedef struct plan {
@@ -263,8 +263,9 @@ typedef struct plan {
     /* Work shared by the threads. */
     atomic_size_t next;
     pthread_mutex_t mu;
-    int rc;
+    int rc; /* the first error (err), under mu; `failed` says there is one */
     wb_err err;
+    atomic_int failed;
     int verifying;
 } plan;
 
@@ -305,29 +306,17 @@ static void plan_fail(plan *p, int rc, const wb_err *e)
         p->err = *e;
     }
     pthread_mutex_unlock(&p->mu);
+    atomic_store(&p->failed, 1);
 }
 
 enum { CHUNK = 4u << 20 };
 
-/* Reads bytes [off, off + len) of tensor i's file into buf. */
+/* Reads bytes [at, at + len) of tensor i from its file into buf. */
 static int read_file(const plan *p, size_t i, uint64_t at, uint8_t *buf, size_t len, wb_err *err)
 {
     const wb_st_tensor *st = &p->table->tensors[i];
-    size_t done = 0;
-    while (done < len) {
-        ssize_t r =
-            pread(p->fds[st->file], buf + done, len - done, (off_t)(st->offset + at + done));
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0)
-            return wb__err_errno(err, WB_EIO, errno, "%s: tensor '%s': reading it to compare",
-                                 p->table->files[st->file], st->name);
-        if (r == 0)
-            return wb__err_set(err, WB_EIO, "%s: tensor '%s': the file shrank while it was read",
-                               p->table->files[st->file], st->name);
-        done += (size_t)r;
-    }
-    return WB_OK;
+    return wb__stage_read_full(p->fds[st->file], buf, len, st->offset + at,
+                               p->table->files[st->file], st->name, err);
 }
 
 static int hash_one(plan *p, size_t i, uint8_t *buf, XXH3_state_t *xs, wb_err *err)
@@ -349,10 +338,7 @@ static int hash_one(plan *p, size_t i, uint8_t *buf, XXH3_state_t *xs, wb_err *e
 static int verify_one(plan *p, size_t i, uint8_t *buf, uint8_t *theirs, wb_err *err)
 {
     const cand *c = &p->cands[p->match[i]];
-    size_t hi = 0;
-    while (p->holds[hi] != c->h)
-        hi++;
-    wb_slab *slab = &p->slabs[hi];
+    const wb_slab *slab = &p->slabs[c->hold];
     uint64_t n = p->d->tensors[i].nbytes;
     for (uint64_t at = 0; at < n; at += CHUNK) {
         size_t len = (size_t)(n - at < CHUNK ? n - at : CHUNK);
@@ -381,10 +367,7 @@ static void *worker(void *arg)
     }
     for (;;) {
         size_t i = atomic_fetch_add(&p->next, 1);
-        pthread_mutex_lock(&p->mu);
-        int failed = p->rc != WB_OK;
-        pthread_mutex_unlock(&p->mu);
-        if (i >= p->d->n_tensors || failed)
+        if (i >= p->d->n_tensors || atomic_load(&p->failed))
             break;
         if (p->cancel && atomic_load(p->cancel)) {
             wb__err_set(&e, WB_ESTATE, "the load was cancelled (the broker is stopping)");
@@ -427,6 +410,17 @@ static int run_threads(plan *p, unsigned threads, int verifying)
     return p->rc;
 }
 
+/* Which of the load's devices hold h is on (its index in devs), or -1 when
+ * the load cannot use it. */
+static int hold_device(const plan *p, const wb_share_hold *h)
+{
+    for (unsigned k = 0; h->be == p->be && k < p->n_devs; k++) {
+        if (h->device == p->devs[k])
+            return (int)k;
+    }
+    return -1;
+}
+
 /* Takes the snapshot: a count on every listed hold of the backend on one of
  * the devices, its slab copied, and the candidates of devs[0]. */
 static int snapshot(wb_share_index *ix, plan *p)
@@ -434,14 +428,9 @@ static int snapshot(wb_share_index *ix, plan *p)
     pthread_mutex_lock(&ix->mu);
     size_t n = 0, ne = 0;
     for (wb_share_hold *h = ix->head; h; h = h->next) {
-        for (unsigned k = 0; k < p->n_devs; k++) {
-            if (h->be == p->be && h->device == p->devs[k] && h->be->slab_read) {
-                n++;
-                if (k == 0)
-                    ne += h->n;
-                break;
-            }
-        }
+        int k = hold_device(p, h);
+        n += k >= 0;
+        ne += k == 0 ? h->n : 0;
     }
     p->holds = wb__calloc(n ? n : 1, sizeof *p->holds);
     p->slabs = wb__calloc(n ? n : 1, sizeof *p->slabs);
@@ -451,16 +440,14 @@ static int snapshot(wb_share_index *ix, plan *p)
         return WB_ENOMEM;
     }
     for (wb_share_hold *h = ix->head; h; h = h->next) {
-        for (unsigned k = 0; k < p->n_devs; k++) {
-            if (h->be != p->be || h->device != p->devs[k] || !h->be->slab_read)
-                continue;
-            h->refs++;
-            p->slabs[p->n_holds] = *h->slab;
-            p->holds[p->n_holds++] = h;
-            for (size_t j = 0; k == 0 && j < h->n; j++)
-                p->cands[p->n_cands++] = (cand){.e = &h->e[j], .h = h};
-            break;
-        }
+        int k = hold_device(p, h);
+        if (k < 0)
+            continue;
+        h->refs++;
+        for (size_t j = 0; k == 0 && j < h->n; j++)
+            p->cands[p->n_cands++] = (cand){.e = &h->e[j], .h = h, .hold = p->n_holds};
+        p->slabs[p->n_holds] = *h->slab;
+        p->holds[p->n_holds++] = h;
     }
     pthread_mutex_unlock(&ix->mu);
     qsort(p->cands, p->n_cands, sizeof *p->cands, cmp_cand);
@@ -486,25 +473,30 @@ static int on_every_device(const plan *p, uint64_t origin)
     return 1;
 }
 
+/* The first candidate for tensor t of the same dtype and shape; with a
+ * digest (not NULL), also of that digest (unless the test hook ignores
+ * digests) and held on every device of the load. -1: none. */
+static long first_candidate(const plan *p, const wb_model_tensor *t, const uint64_t *digest,
+                            int ignore_digest)
+{
+    for (size_t c = first_of_size(p, t->nbytes);
+         c < p->n_cands && p->cands[c].e->nbytes == t->nbytes; c++) {
+        const entry *e = p->cands[c].e;
+        if (!same_kind(e, t))
+            continue;
+        if (!digest)
+            return (long)c;
+        if ((ignore_digest || e->xxh3 == *digest) && on_every_device(p, p->cands[c].h->origin))
+            return (long)c;
+    }
+    return -1;
+}
+
 static void find_matches(wb_share_index *ix, plan *p)
 {
-    wb_model_data *d = p->d;
-    for (size_t i = 0; i < d->n_tensors; i++) {
-        p->match[i] = -1;
-        if (!p->want[i])
-            continue;
-        const wb_model_tensor *t = &d->tensors[i];
-        for (size_t c = first_of_size(p, t->nbytes);
-             c < p->n_cands && p->cands[c].e->nbytes == t->nbytes; c++) {
-            const entry *e = p->cands[c].e;
-            if (!ix->ignore_digest && e->xxh3 != p->xxh3[i])
-                continue;
-            if (same_kind(e, t) && on_every_device(p, p->cands[c].h->origin)) {
-                p->match[i] = (long)c;
-                break;
-            }
-        }
-    }
+    for (size_t i = 0; i < p->d->n_tensors; i++)
+        p->match[i] =
+            p->want[i] ? first_candidate(p, &p->d->tensors[i], &p->xxh3[i], ix->ignore_digest) : -1;
 }
 
 /* The groups (donor loads) the equal tensors point into, at most `max`, and
@@ -512,7 +504,6 @@ static void find_matches(wb_share_index *ix, plan *p)
 static int relayout(wb_share_index *ix, plan *p, uint64_t *size, wb_err *err)
 {
     wb_model_data *d = p->d;
-    uint32_t max = WB_SHARE_MAX_GROUPS;
     uint64_t origins[WB_SHARE_MAX_GROUPS];
     uint32_t ng = 0;
     long *group = wb__calloc(d->n_tensors ? d->n_tensors : 1, sizeof *group);
@@ -527,7 +518,7 @@ static int relayout(wb_share_index *ix, plan *p, uint64_t *size, wb_err *err)
         while (g < ng && origins[g] != o)
             g++;
         if (g == ng) {
-            if (ng == max)
+            if (ng == WB_SHARE_MAX_GROUPS)
                 continue;
             origins[ng++] = o;
         }
@@ -600,15 +591,8 @@ int wb__share_apply(wb_share_index *ix, const wb_backend *be, const int *devs, u
     if (rc == WB_ENOMEM)
         wb__err_set(err, WB_ENOMEM, "out of memory sharing the tensors of %s", table->files[0]);
     for (size_t i = 0; rc == WB_OK && p.n_cands && i < nt; i++) {
-        const wb_model_tensor *t = &d->tensors[i];
-        for (size_t c = first_of_size(&p, t->nbytes);
-             c < p.n_cands && p.cands[c].e->nbytes == t->nbytes; c++) {
-            if (same_kind(p.cands[c].e, t)) {
-                p.want[i] = 1;
-                wanted++;
-                break;
-            }
-        }
+        p.want[i] = first_candidate(&p, &d->tensors[i], NULL, 0) >= 0;
+        wanted += p.want[i];
     }
     if (rc == WB_OK && wanted) {
         if ((rc = run_threads(&p, threads, 0)) != WB_OK)
@@ -619,7 +603,7 @@ int wb__share_apply(wb_share_index *ix, const wb_backend *be, const int *devs, u
         if ((rc = run_threads(&p, threads, 1)) != WB_OK)
             *err = p.err;
     }
-    uint64_t mismatched = 0, shared0 = d->shared_tensors, bytes0 = d->shared_bytes;
+    uint64_t mismatched = 0;
     for (size_t i = 0; rc == WB_OK && wanted && i < nt; i++) {
         if (p.match[i] >= 0 && !p.equal[i]) {
             char q[300];
@@ -642,19 +626,19 @@ int wb__share_apply(wb_share_index *ix, const wb_backend *be, const int *devs, u
         uint64_t hashed = 0;
         for (size_t i = 0; i < nt; i++)
             hashed += p.want[i] ? d->tensors[i].nbytes : 0;
+        char qf[300];
         wb_info("share_applied",
-                "file=%s tensors=%zu candidates=%zu shared=%u shared_bytes=%llu groups=%u "
+                "file=%s tensors=%zu candidates=%zu shared=%u shared_bytes=%llu borrowed_slabs=%u "
                 "hashed_bytes=%llu mismatches=%llu seconds=%.4f",
-                table->n_files ? table->files[0] : "-", nt, wanted,
-                d->shared_tensors - (uint32_t)shared0,
-                (unsigned long long)(d->shared_bytes - bytes0), d->n_groups,
+                wb__log_quote(qf, sizeof qf, table->n_files ? table->files[0] : "-"), nt, wanted,
+                d->shared_tensors, (unsigned long long)d->shared_bytes, d->n_groups,
                 (unsigned long long)hashed, (unsigned long long)mismatched,
                 wb__clock_mono_s() - t0);
     }
     if (rc == WB_OK) {
         pthread_mutex_lock(&ix->mu);
-        ix->shared_tensors_total += d->shared_tensors - shared0;
-        ix->shared_bytes_total += d->shared_bytes - bytes0;
+        ix->shared_tensors_total += d->shared_tensors;
+        ix->shared_bytes_total += d->shared_bytes;
         ix->mismatches_total += mismatched;
         pthread_mutex_unlock(&ix->mu);
     }

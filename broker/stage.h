@@ -125,6 +125,12 @@ typedef struct wb_stage_config {
 /* Replaces zero fields of *c by the defaults. */
 void wb__stage_config_fill(wb_stage_config *c);
 
+/* Reads exactly len bytes of `file` (for the message; tensor too) at offset
+ * into buf, retrying short reads and EINTR; WB_EIO naming the file, the
+ * tensor and the offset. */
+int wb__stage_read_full(int fd, uint8_t *buf, uint64_t len, uint64_t offset, const char *file,
+                        const char *tensor, wb_err *err);
+
 /* Checks a configuration against the limits; the message names the field. */
 int wb__stage_config_check(const wb_stage_config *c, wb_err *err);
 

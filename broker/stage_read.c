@@ -19,9 +19,8 @@
  * host: 38 GB/s with whole-chunk checksums, readers busy all the time; 46
  * GB/s with 256 KiB blocks). */
 
-/* Reads exactly len bytes at offset, retrying short reads and EINTR. */
-static int read_full(int fd, uint8_t *buf, uint64_t len, uint64_t offset, const char *file,
-                     const char *tensor, wb_err *err)
+int wb__stage_read_full(int fd, uint8_t *buf, uint64_t len, uint64_t offset, const char *file,
+                        const char *tensor, wb_err *err)
 {
     uint64_t got = 0;
     while (got < len) {
@@ -254,8 +253,8 @@ static int read_pread(ctx *c, reader_stats *rs, const seg *s, uint8_t *p, uint64
     for (uint64_t done = 0; done < s->len;) {
         uint64_t n = s->len - done < blk ? s->len - done : blk;
         double t0 = wb__clock_mono_s();
-        int rc = read_full(j->fds[t->file], p + done, n, t->file_offset + from + done,
-                           j->files[t->file], t->name, err);
+        int rc = wb__stage_read_full(j->fds[t->file], p + done, n, t->file_offset + from + done,
+                                     j->files[t->file], t->name, err);
         double t1 = wb__clock_mono_s();
         rs->read += t1 - t0;
         if (rc != WB_OK)

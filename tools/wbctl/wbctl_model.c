@@ -58,6 +58,16 @@ const char *wbctl_version_state(const Wbproto__ModelInfo *m)
     return wb__model_state_name(m->state);
 }
 
+/* Tensors shared with other models: the bytes resident once for several,
+ * and what is the model's alone. */
+static void share_json(json_t *o, const Wbproto__ModelInfo *m)
+{
+    uint64_t shared = m->shared_bytes <= m->bytes ? m->shared_bytes : m->bytes;
+    json_object_set_new(o, "shared_bytes", json_integer((json_int_t)m->shared_bytes));
+    json_object_set_new(o, "unique_bytes", json_integer((json_int_t)(m->bytes - shared)));
+    json_object_set_new(o, "shared_tensors", json_integer(m->shared_tensors));
+}
+
 json_t *wbctl_version_json(const Wbproto__ModelInfo *m)
 {
     json_t *o = json_object();
@@ -68,12 +78,7 @@ json_t *wbctl_version_json(const Wbproto__ModelInfo *m)
     json_object_set_new(o, "bytes", json_integer((json_int_t)m->bytes));
     json_object_set_new(o, "slab_bytes", json_integer((json_int_t)m->slab_bytes));
     json_object_set_new(o, "loaded_bytes", json_integer((json_int_t)m->loaded_bytes));
-    json_object_set_new(o, "shared_bytes", json_integer((json_int_t)m->shared_bytes));
-    json_object_set_new(
-        o, "unique_bytes",
-        json_integer(
-            (json_int_t)(m->bytes - (m->shared_bytes <= m->bytes ? m->shared_bytes : m->bytes))));
-    json_object_set_new(o, "shared_tensors", json_integer(m->shared_tensors));
+    share_json(o, m);
     json_object_set_new(o, "path", wbctl_jstr(m->path));
     json_object_set_new(o, "load_seconds", json_real(wbctl_round_secs(m->load_seconds)));
     json_object_set_new(o, "published_by_pid", json_integer(m->published_by_pid));
@@ -100,13 +105,7 @@ json_t *wbctl_model_json(const Wbproto__ModelInfo *m)
     json_object_set_new(o, "tensors", json_integer(m->tensors));
     json_object_set_new(o, "bytes", json_integer((json_int_t)m->bytes));
     json_object_set_new(o, "slab_bytes", json_integer((json_int_t)m->slab_bytes));
-    /* Tensors shared with other models: bytes resident once for several. */
-    json_object_set_new(o, "shared_bytes", json_integer((json_int_t)m->shared_bytes));
-    json_object_set_new(
-        o, "unique_bytes",
-        json_integer(
-            (json_int_t)(m->bytes - (m->shared_bytes <= m->bytes ? m->shared_bytes : m->bytes))));
-    json_object_set_new(o, "shared_tensors", json_integer(m->shared_tensors));
+    share_json(o, m);
     json_object_set_new(o, "share", json_boolean(m->share));
     json_object_set_new(o, "leases", json_integer(m->leases));
     json_object_set_new(o, "load_seconds", json_real(wbctl_round_secs(m->load_seconds)));
