@@ -9,7 +9,10 @@
 # and the load does; a broker killed under a waiting `load` is told.
 #
 # The broker runs with a preloaded shim (libwbtest_slowread.so) that makes
-# each read of tensor data sleep, so that a load of 32 MiB takes seconds.
+# each read of tensor data sleep, so that a load of 32 MiB takes seconds;
+# and with --no-share-tensors: the checkpoint is loaded again under other
+# names, and a load whose tensors are all resident already reads nothing
+# after comparing them.
 source "$(dirname "$0")/lib.sh"
 
 # 128 reads of 256 KiB at 30 ms each: about 4 s for the big checkpoint.
@@ -41,7 +44,7 @@ load_bg() {
   spawn "$1" "$WBCTL" --socket "$SOCK" load "$2" "$3"
 }
 
-start_broker --read-threads 1
+start_broker --read-threads 1 --no-share-tensors
 BPID=$BROKER_PID
 
 # --- wbctl cancel stops a load in progress; the waiting load is told.
@@ -172,7 +175,7 @@ stop_broker
 
 # --- A broker that dies under a waiting load: the load says so (exit 69)
 # within a few seconds, not after the load's time.
-start_broker --read-threads 1
+start_broker --read-threads 1 --no-share-tensors
 load_bg dead big "$BIG"
 deadpid=$LAST_PID
 wait_for is_loading big || fail "big is not loading"
