@@ -64,7 +64,10 @@ cleanup() {
     log "FAIL: $(cat "$WB_TMP/crashes")"
     rc=1
   fi
+  # Only processes that are still this shell's children: one already waited
+  # for has given up its pid, which another process may have now.
   for pid in "${STARTED_PIDS[@]}"; do
+    [ "$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f2)" = $$ ] || continue
     kill -KILL "$pid" 2>/dev/null
   done
   for pid in "${STARTED_PIDS[@]}"; do
