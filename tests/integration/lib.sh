@@ -67,7 +67,8 @@ cleanup() {
   # Only processes that are still this shell's children: one already waited
   # for has given up its pid, which another process may have now.
   for pid in "${STARTED_PIDS[@]}"; do
-    [ "$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f2)" = $$ ] || continue
+    # (status, not stat: a process may name itself with spaces or newlines)
+    [ "$(awk '/^PPid:/ {print $2}' "/proc/$pid/status" 2>/dev/null)" = $$ ] || continue
     kill -KILL "$pid" 2>/dev/null
   done
   for pid in "${STARTED_PIDS[@]}"; do
