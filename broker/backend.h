@@ -91,8 +91,29 @@ typedef struct wb_backend {
      * anything. Called by the loader thread. */
     int (*mem_free)(const struct wb_backend *be, int device, uint64_t *bytes, char *where,
                     size_t where_len, wb_err *err);
+    /* The host tier of the device memory budget (tier.h). May be NULL (no
+     * host tier: models over the budget are dropped and reloaded). Host
+     * memory for a model's bytes while its slabs are freed (cuda: pinned,
+     * so that a restore runs at the link's speed; host: anonymous memory),
+     * and its release. Called by the tier thread and the loop. */
+    int (*host_alloc)(const struct wb_backend *be, uint64_t size, void **out, wb_err *err);
+    void (*host_free)(const struct wb_backend *be, void *p, uint64_t size);
+    /* May be NULL (slab_dest is written then). Copies len bytes at src into
+     * a new slab at offset, before slab_seal: a restore from the host tier. */
+    int (*slab_write)(wb_slab *slab, uint64_t offset, const void *src, uint64_t len, wb_err *err);
+    /* May be NULL. All of `device`'s memory, the base of a budget given in
+     * percent (host: the machine's physical memory). */
+    int (*mem_total)(const struct wb_backend *be, int device, uint64_t *bytes, wb_err *err);
     void *priv; /* the backend's own state */
 } wb_backend;
+
+/* The host tier's operations of the host backends (backend_tier.c). */
+int wb__tier_host_alloc(const wb_backend *be, uint64_t size, void **out, wb_err *err);
+void wb__tier_host_free(const wb_backend *be, void *p, uint64_t size);
+int wb__tier_host_total(const wb_backend *be, int device, uint64_t *bytes, wb_err *err);
+/* Sets the cuda backend's (pinned host memory, copies on the calling
+ * thread's default stream). */
+void wb__tier_cuda_ops(wb_backend *be);
 
 /* slab_read's bounds: WB_EINTERNAL when bytes [offset, offset + len) are
  * not all in the slab (or it has no memory), else WB_OK. */

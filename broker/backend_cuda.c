@@ -675,6 +675,7 @@ int wb__backend_cuda_new(const wb_cuda_options *opts, wb_backend **out, wb_err *
     s->be.slab_free = cuda_slab_free;
     s->be.slab_read = cuda_slab_read;
     s->be.mem_free = cuda_mem_free;
+    wb__tier_cuda_ops(&s->be);
     s->be.transport = "cuda-ipc";
     s->be.access = "rw";
     if (opts->slab == WB_CUDA_SLAB_VMM) {

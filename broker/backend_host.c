@@ -136,6 +136,9 @@ const wb_backend wb__backend_host = {
     .transport = "shm",
     .access = "ro",
     .mem_free = shm_free,
+    .host_alloc = wb__tier_host_alloc,
+    .host_free = wb__tier_host_free,
+    .mem_total = wb__tier_host_total,
 };
 
 const wb_backend wb__backend_host_memfd = {
@@ -153,4 +156,7 @@ const wb_backend wb__backend_host_memfd = {
     .transport = "memfd",
     .access = "ro",
     .mem_free = memfd_free,
+    .host_alloc = wb__tier_host_alloc,
+    .host_free = wb__tier_host_free,
+    .mem_total = wb__tier_host_total,
 };

@@ -1,4 +1,5 @@
 #include "broker.h"
+#include "tier.h"
 
 #include "auth_files.h"
 #include "clock.h"
@@ -85,6 +86,7 @@ int wb__broker_lease_ended(wb_broker *b, wb_model *m, unsigned copy)
     copy_lease_ended(m, copy);
     if (m->leases > 0)
         m->leases--;
+    wb__tier_touch(b, m);
     if (m->state == WBPROTO__MODEL_STATE__MODEL_DRAINING && m->leases == 0) {
         wb__broker_free_model(b, m);
         return WBPROTO__MODEL_STATE__MODEL_FREED;
@@ -253,6 +255,8 @@ void wb__broker_share_bytes(const wb_broker *b, uint64_t *logical, uint64_t *uni
 {
     *logical = *unique = 0;
     for (const wb_model *m = b->models.head; m; m = m->next) {
+        if (m->tier != 0) /* WB_TIER_DEVICE: others are off their devices */
+            continue;
         *logical += m->data.bytes;
         *unique += m->data.bytes - m->data.shared_bytes;
     }
@@ -435,6 +439,7 @@ void wb__broker_set_devices(const wb_broker *b, wb_model *m, wb_load_job *job, c
     job->share = job->no_share ? NULL : b->share;
     if (!job->share)
         m->no_share = 1;
+    job->budget = b->budget;
 }
 
 int wb__broker_placement(const wb_broker *b, const char *name, const char *placement, int *devices,
@@ -497,6 +502,9 @@ int wb__broker_preload(wb_broker *b, const char *name, const char *path, const c
     wb_info("model_load_start", "model=%s path=%s backend=%s", wb__log_quote(q, sizeof q, name),
             wb__log_quote(qp, sizeof qp, path), b->cfg.backend->name);
     wb__load_job_run(job, b->cancel_preloads);
+    /* Refused for the budget: room is made (inline) and it runs again. */
+    if (wb__tier_load_back(b, job) == 2)
+        wb__load_job_run(job, b->cancel_preloads);
     wb_model *ready;
     int rc = wb__broker_finish_load(b, job, &ready);
     if (rc != WB_OK)

@@ -106,6 +106,13 @@ typedef struct wb_broker {
     void *notify_ctx;
     /* The publishes under way (publish.h), owned. */
     struct wb_publish *publishes;
+    /* The device memory budget (tier.h), or NULL (none); the host tier's
+     * budget (0: none) and its bytes now; where moves and restores run
+     * (NULL: inline). */
+    struct wb_budget *budget;
+    uint64_t host_budget;
+    uint64_t host_tier_bytes;
+    wb_loader *tier;
 } wb_broker;
 
 void wb__broker_init(wb_broker *b, const wb_broker_config *cfg);

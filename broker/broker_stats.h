@@ -66,6 +66,14 @@ typedef struct wb_broker_stats {
     uint64_t container_swaps;
     uint64_t swap_buckets[WB_SWAP_BUCKETS]; /* not cumulative: one count per bucket */
     double swap_seconds_sum;
+    /* The memory budget (tier.h): models moved to the host tier, dropped
+     * from both tiers, restored from the host tier, reloaded from their
+     * files, and restores or reloads that failed. */
+    uint64_t moved_to_host;
+    uint64_t evicted;
+    uint64_t restores;
+    uint64_t reloads;
+    uint64_t restore_failures;
     wb_request_count by_op[WB_REQUEST_COUNTERS];
     size_t n_by_op;
 } wb_broker_stats;

@@ -1,4 +1,5 @@
 #include "loader.h"
+#include "tier.h"
 
 #include "auth_files.h"
 #include "clock.h"
@@ -217,6 +218,28 @@ int wb__load_check_fits(const wb_load_opts *o, const char *path, const int *devs
                         uint64_t size, wb_err *err)
 {
     const wb_backend *be = o->backend;
+    if (o->budget) {
+        char what[WB_NAME_MAX + 64];
+        if (o->beside)
+            snprintf(what, sizeof what, "%s of '%s' (version %u)", o->verb ? o->verb : "rollout",
+                     o->name ? o->name : path, o->version);
+        else
+            snprintf(what, sizeof what, "%s of '%s'", o->verb ? o->verb : "load",
+                     o->name ? o->name : path);
+        uint64_t scratch = 0;
+        int retry = 0;
+        int rc = wb__budget_fits(o->budget, what, devs, n, size, o->budget_wait_ms, o->cancel,
+                                 o->budget_reserved ? o->budget_reserved : &scratch, &retry, err);
+        if (o->budget_retry)
+            *o->budget_retry = retry;
+        if (o->budget_need)
+            *o->budget_need = size;
+        if (rc != WB_OK)
+            return rc;
+        /* Only a load's check reserves (the loop gives it back). */
+        if (!o->budget_reserved)
+            wb__budget_unreserve(o->budget, devs, n, size);
+    }
     if (!be->mem_free)
         return WB_OK;
     for (unsigned k = 0; k < n; k++) {
@@ -602,6 +625,10 @@ void wb__load_job_run(wb_load_job *job, const atomic_int *cancel)
         wb__publish_forget_run(job);
         return;
     }
+    if (job->kind == WB_JOB_TIER && job->tier_op != WB_TIER_OP_RELOAD) {
+        wb__tier_job_run(job);
+        return;
+    }
     wb__err_clear(&job->err);
     job->refused = 0;
     if (!cancel)
@@ -618,6 +645,12 @@ void wb__load_job_run(wb_load_job *job, const atomic_int *cancel)
     o.version = job->version;
     o.beside = job->beside;
     o.share = job->share;
+    o.budget = job->budget;
+    o.budget_reserved = &job->budget_reserved;
+    o.budget_retry = &job->budget_retry;
+    o.budget_need = &job->budget_need;
+    o.budget_wait_ms = job->budget_wait_ms;
+    job->budget_retry = 0;
     load_check lc = {.job = job, .cancel = cancel};
     job->rc =
         load(job->path, &o, job->check ? open_checked : open_judged, &lc, &job->data, &job->err);

@@ -56,6 +56,16 @@ typedef struct wb_load_opts {
      * loaded again, and the load's slabs are listed for later loads
      * (share.h). */
     struct wb_share_index *share;
+    /* May be NULL: no budget. The device memory budget (tier.h) judged
+     * with the free memory; a load that passes reserves its slabs there
+     * (*budget_reserved, given back by the loop), one refused for it sets
+     * *budget_retry when moving models could make room, and budget_wait_ms
+     * > 0 waits that long for room first. */
+    struct wb_budget *budget;
+    uint64_t *budget_reserved;
+    uint64_t *budget_need;
+    int *budget_retry;
+    int budget_wait_ms;
 } wb_load_opts;
 
 /* Loads `path` into a new slab per device. On success *out owns the slabs,
@@ -98,7 +108,17 @@ void wb__load_fill_stats(const wb_backend *be, const wb_model_registry *models,
 
 /* What a job does (wb_load_job.kind): a load, or a publish's copy
  * (publish.h). */
-enum { WB_JOB_LOAD = 0, WB_JOB_PUBLISH = 1, WB_JOB_CHECKSUM = 2, WB_JOB_FORGET = 3 };
+enum {
+    WB_JOB_LOAD = 0,
+    WB_JOB_PUBLISH = 1,
+    WB_JOB_CHECKSUM = 2,
+    WB_JOB_FORGET = 3,
+    WB_JOB_TIER = 4
+};
+
+/* What a tier job does (wb_load_job.tier_op). A reload is a load of the
+ * model's files (the job's name, path and devices) on the tier thread. */
+enum { WB_TIER_OP_MOVE = 1, WB_TIER_OP_RESTORE = 2, WB_TIER_OP_RELOAD = 3 };
 
 typedef struct wb_load_job {
     int kind;
@@ -132,6 +152,26 @@ typedef struct wb_load_job {
      * the pool the job uses; the checker thread alone touches them. */
     struct wb_sum_pool **sum_pool_slot;
     struct wb_sum_pool *sum_pool;
+    /* A tier job (tier.h): the model (pinned by one count on its leases),
+     * its host copy and that copy's bytes (a move makes it; owned by the
+     * job until the loop takes it), the slabs a restore made (one per copy,
+     * owned likewise), and the time it took. */
+    int tier_op;
+    struct wb_model *tier_model;
+    void *tier_host;
+    uint64_t tier_bytes;
+    wb_slab *tier_slabs;
+    uint32_t tier_n;
+    uint64_t tier_slab_size; /* a restore's slabs: as they were */
+    double tier_seconds;
+    /* The device memory budget a load is judged by (NULL: none), what its
+     * check reserved there, budget_retry: it was refused for the budget and
+     * moves could make room, budget_wait_ms: its next run waits for room. */
+    struct wb_budget *budget;
+    uint64_t budget_reserved;
+    uint64_t budget_need;
+    int budget_retry;
+    int budget_wait_ms;
     char *name; /* owned */
     char *path; /* owned */
     const wb_backend *backend;

@@ -1,4 +1,5 @@
 #include "loop.h"
+#include "tier.h"
 
 #include "auth_groups.h"
 #include "backend_vmm.h"
@@ -40,8 +41,9 @@ typedef struct loop {
     /* Published versions' checksums (publish_sum.c), on a thread of their
      * own: a read-back never delays a commit or a load. */
     wb_loader checker;
-    int stop; /* the stop signal received, 0 while serving */
-    int epfd; /* every peer's pidfd, registered once (wb_lease_table.epfd) */
+    wb_loader tier; /* moves and restores of the memory budget (tier.h) */
+    int stop;       /* the stop signal received, 0 while serving */
+    int epfd;       /* every peer's pidfd, registered once (wb_lease_table.epfd) */
     /* Everything the loop waits on, registered once: the listener, the
      * signals, the loader, the pidfd set and each connection (whose wanted
      * events change only when its output queue fills or empties). One
@@ -58,7 +60,7 @@ typedef struct loop {
 
 /* epoll data of the fixed descriptors; a connection's is its serial with
  * EV_CONN set. */
-enum { EV_LISTEN = 1, EV_SIGNAL, EV_LOADER, EV_DEATH, EV_FDCHAN, EV_CHECKER };
+enum { EV_LISTEN = 1, EV_SIGNAL, EV_LOADER, EV_DEATH, EV_FDCHAN, EV_CHECKER, EV_TIER };
 #define EV_CONN (1ull << 63)
 
 /* Packs and sends reply `r` to the connection `ident`: its message, and its
@@ -295,6 +297,17 @@ static void handle_checks(loop *L)
     }
 }
 
+static void handle_tier(loop *L)
+{
+    wb_load_job *list = wb__loader_take_done(&L->tier);
+    while (list) {
+        wb_load_job *job = list;
+        list = job->next;
+        wb__tier_done(L->b, job);
+        wb__load_job_free(&job);
+    }
+}
+
 static void handle_loads(loop *L)
 {
     wb_load_job *list = wb__loader_take_done(&L->loader);
@@ -313,6 +326,9 @@ static void handle_loads(loop *L)
             wb__load_job_free(&job);
             continue;
         }
+        /* Refused for the budget: room made, submitted again. */
+        if (wb__tier_load_back(L->b, job))
+            continue;
         wb_model *model;
         wb__broker_finish_load(L->b, job, &model);
         if (job->ident) {
@@ -463,6 +479,22 @@ static void shutdown_loads(loop *L)
         wb__load_job_free(&job);
     }
     wb__publish_sum_pool_free(&L->b->sum_pool);
+    /* Moves and restores not done end with the broker (its models go). */
+    list = wb__loader_stop(&L->tier);
+    while (list) {
+        wb_load_job *job = list;
+        list = job->next;
+        wb_model *m = job->tier_model;
+        m->tier_job = NULL;
+        if (m->leases)
+            m->leases--;
+        if (job->tier_op == WB_TIER_OP_MOVE && job->tier_host)
+            job->backend->host_free(job->backend, job->tier_host, job->tier_bytes);
+        for (uint32_t k = 0; job->tier_op == WB_TIER_OP_RESTORE && k < job->tier_n; k++)
+            if (job->tier_slabs[k].size)
+                job->backend->slab_free(&job->tier_slabs[k]);
+        wb__load_job_free(&job);
+    }
     list = wb__loader_stop(&L->loader);
     wb__publish_src_cache_free(&L->b->src_cache);
     while (list) {
@@ -530,10 +562,13 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
         goto out_unlink;
     if ((rc = wb__loader_start(&L.checker, err)) != WB_OK)
         goto out_unlink;
+    if ((rc = wb__loader_start(&L.tier, err)) != WB_OK)
+        goto out_unlink;
     L.ep = epoll_create1(EPOLL_CLOEXEC);
     if (L.ep < 0 || add_fixed(L.ep, L.conns.lfd, EV_LISTEN) != 0 ||
         add_fixed(L.ep, L.sigfd, EV_SIGNAL) != 0 || add_fixed(L.ep, L.loader.efd, EV_LOADER) != 0 ||
-        add_fixed(L.ep, L.checker.efd, EV_CHECKER) != 0 || add_fixed(L.ep, L.epfd, EV_DEATH) != 0) {
+        add_fixed(L.ep, L.checker.efd, EV_CHECKER) != 0 ||
+        add_fixed(L.ep, L.tier.efd, EV_TIER) != 0 || add_fixed(L.ep, L.epfd, EV_DEATH) != 0) {
         rc = wb__err_errno(err, WB_EIO, errno, "setting up the epoll set");
         goto out_unlink;
     }
@@ -549,6 +584,7 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
     }
     b->loader = &L.loader;
     b->checker = &L.checker;
+    b->tier = &L.tier;
     b->notify = send_notice;
     b->notify_ctx = &L;
 
@@ -590,7 +626,7 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
             break;
         }
         if (pr > 0) {
-            int listen = 0, signals = 0, loads = 0, deaths = 0, fdchan = 0, checks = 0;
+            int listen = 0, signals = 0, loads = 0, deaths = 0, fdchan = 0, checks = 0, tier = 0;
             size_t k = 0;
             for (int i = 0; i < pr; i++) {
                 uint64_t tag = L.evs[i].data.u64;
@@ -604,6 +640,7 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
                     deaths |= tag == EV_DEATH;
                     fdchan |= tag == EV_FDCHAN;
                     checks |= tag == EV_CHECKER;
+                    tier |= tag == EV_TIER;
                 }
             }
             if (signals)
@@ -618,6 +655,8 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
                 handle_loads(&L);
             if (checks)
                 handle_checks(&L);
+            if (tier)
+                handle_tier(&L);
             handle_conns(&L, k);
             if (listen)
                 wb__conns_accept(&L.conns);
@@ -637,6 +676,9 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
                 wb_info("slab_pool_trimmed", "slabs=%zu kept_bytes=%llu", trimmed,
                         (unsigned long long)wb__vmm_pool_bytes(-1));
         }
+        /* What is on each device, for the loads judged by the budget. */
+        if (pr > 0)
+            wb__tier_refresh(b);
         wb__metrics_tick(b->metrics, b, pr > 0 || went_stale > 0);
     }
 
@@ -645,6 +687,7 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
     shutdown_loads(&L);
     b->loader = NULL;
     b->checker = NULL;
+    b->tier = NULL;
     b->notify = NULL;
     b->notify_ctx = NULL;
     char signame[32];
@@ -658,6 +701,7 @@ int wb__loop_run(wb_broker *b, const char *socket_path, const wb_loop_options *o
 out_unlink:
     /* Nothing was queued when setting up failed; stopped already else. */
     wb__loader_stop(&L.checker);
+    wb__loader_stop(&L.tier);
     wb__loader_stop(&L.loader);
     if (L.have_fdchan)
         wb__fdchan_destroy(&L.fdchan);

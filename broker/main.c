@@ -17,6 +17,7 @@
 #include "options.h"
 #include "paths.h"
 #include "reload.h"
+#include "tier.h"
 #include "shm.h"
 #include "signals.h"
 
@@ -198,6 +199,9 @@ static int run(wb_options *o)
         .publish_streams = (uint32_t)o->num[WB_NUM_PUBLISH_STREAMS],
         .no_share_tensors = o->no_share_tensors,
     };
+    const char *delay = getenv("WB_TEST_TIER_DELAY_MS");
+    if (delay)
+        wb__tier_test_delay_ms = atoi(delay);
     const char *ignore = getenv("WB_TEST_SHARE_IGNORE_DIGEST");
     cfg.share_ignore_digest = ignore && strcmp(ignore, "1") == 0;
     /* The devices placements name, with their UUIDs; logged once so that an
@@ -218,6 +222,14 @@ static int run(wb_options *o)
     b.auth = o->auth;
     memset(&o->auth, 0, sizeof o->auth);
     wb__options_limits(o, &b.limits);
+    wb_tier_config tcfg = {.device_bytes = o->device_budget,
+                           .device_pct = o->device_budget_pct,
+                           .host_bytes = o->host_budget,
+                           .host_pct = o->host_budget_pct};
+    if (wb__tier_setup(&b, &tcfg, &err) != WB_OK) {
+        wb__fatal("%s", err.msg);
+        goto out;
+    }
     b.cancel_preloads = &cancel;
     b.slab_gid = wb__auth_slab_group(socket_path);
     /* The metrics endpoint comes before the preloads, so that a port in use

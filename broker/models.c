@@ -135,6 +135,9 @@ void wb__model_free(wb_model **mp)
     wb_model *m = *mp;
     wire_free(m);
     wb__model_data_free(&m->data, m->backend);
+    if (m->host_copy && m->backend && m->backend->host_free)
+        m->backend->host_free(m->backend, m->host_copy, m->host_bytes);
+    free(m->tier_error);
     free(m->name);
     free(m->path);
     free(m->error);

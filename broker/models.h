@@ -181,6 +181,27 @@ typedef struct wb_model {
      * by the checker or the loop), else NULL. */
     struct wb_load_job *sum_job;
     struct wb_publish *publish;
+    /* The device memory budget (tier.h): WB_TIER_DEVICE while its slabs are
+     * on its devices. Its own slabs' bytes kept in host memory (the
+     * backend's host_alloc: pinned for cuda), or NULL; host_bytes of them.
+     * tier_job: the move, restore or reload under way (the model is pinned
+     * by one count on its leases meanwhile), else NULL. tier_wanted: an
+     * acquire or a wake asked for it while it moved. tier_rc/tier_error:
+     * the last restore's failure, told to the next acquire. registered:
+     * its slabs were listed in the share index (listed again on restore). */
+    int tier;
+    void *host_copy;
+    uint64_t host_bytes;
+    uint64_t tier_slab_bytes; /* the size of each own slab, as it was on the device */
+    struct wb_load_job *tier_job;
+    int tier_wanted;
+    int tier_rc;
+    char *tier_error;
+    int registered;
+    int64_t used_ms;  /* its last acquire or release (monotonic), or ready */
+    double used_wall; /* the same, Unix time */
+    uint32_t restores;
+    double restore_seconds, restore_gbps, restore_at;
     struct wb_model *next;
 } wb_model;
 

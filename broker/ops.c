@@ -34,6 +34,8 @@ static const char *op_name(int body)
         return "publish_commit";
     case WBPROTO__REQUEST__BODY_PUBLISH_ABORT:
         return "publish_abort";
+    case WBPROTO__REQUEST__BODY_TIER:
+        return "tier";
     default:
         return "other";
     }
@@ -97,6 +99,8 @@ int wb__ops_handle(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Reque
         return wb__ops_publish_commit(b, peer, req, ident, ident_len, r);
     case WBPROTO__REQUEST__BODY_PUBLISH_ABORT:
         return wb__ops_publish_abort(b, req, ident, ident_len, r);
+    case WBPROTO__REQUEST__BODY_TIER:
+        return wb__ops_tier(b, peer, req, r);
     default:
         return wb__ops_fail(r, WB_EPROTO, "request has no body");
     }

@@ -105,6 +105,9 @@ int wb__ops_start_load(wb_broker *b, const wb_peer_creds *peer, const wb_load_st
  * connection's serial). */
 int wb__ops_rollout(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request *req,
                     const void *ident, size_t ident_len, wb_ops_reply *r);
+/* `wbctl sleep` / `wbctl wake` (TierRequest; administrators). */
+int wb__ops_tier(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request *req,
+                 wb_ops_reply *r);
 int wb__ops_rollback(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request *req,
                      wb_ops_reply *r);
 int wb__ops_subscribe(wb_broker *b, const Wbproto__Request *req, const void *ident,

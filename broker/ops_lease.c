@@ -2,6 +2,7 @@
  * its tensor table in the form asked for), release, and heartbeats with the
  * container records they carry. */
 #include "ops_impl.h"
+#include "tier.h"
 
 #include "alloc.h"
 #include "log.h"
@@ -113,6 +114,12 @@ int wb__ops_acquire(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Requ
                             name, m->error ? m->error : "no reason recorded");
     if (m->state != WBPROTO__MODEL_STATE__MODEL_READY)
         return wb__ops_fail(r, WB_ESTATE, "model '%s' is %s", name, wb__model_state_name(m->state));
+    /* Off its device (the memory budget): brought back, asked again. */
+    if (m->tier != WB_TIER_DEVICE) {
+        int trc = wb__tier_acquire(b, m, r);
+        if (trc >= 0)
+            return trc;
+    }
     /* The copy on the client's device (by UUID, else by the broker's
      * ordinal), or the first ready one for a client that names none. */
     const Wbproto__AcquireRequest *aq = req->acquire;
@@ -145,6 +152,7 @@ int wb__ops_acquire(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Requ
     if (rc != WB_OK)
         return wb__ops_fail(r, rc, "%s", err.msg);
     m->leases++;
+    wb__tier_touch(b, m);
     l->copy = copy;
     m->data.copies[copy].leases++;
     b->stats.leases_granted++;

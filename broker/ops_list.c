@@ -1,6 +1,7 @@
 /* The listings: leases, containers, models and the counters, and a model
  * as they show it (wb__ops_model_info, also in load and unload replies). */
 #include "ops_impl.h"
+#include "tier.h"
 
 #include "backend_vmm.h"
 #include "share.h"
@@ -314,14 +315,26 @@ Wbproto__ModelInfo *wb__ops_model_info(const wb_model *m, int state, wb_arena *a
     mi->shared_bytes = m->data.shared_bytes;
     mi->shared_tensors = m->data.shared_tensors;
     mi->share = !m->no_share && !m->published && strcmp(wb__backend_access(m->backend), "ro") == 0;
+    mi->tier = (char *)wb__tier_name(m->tier);
+    mi->host_bytes = m->host_bytes;
+    mi->restores = m->restores;
+    mi->last_restore_seconds = m->restore_seconds;
+    mi->last_restore_gbps = m->restore_gbps;
+    mi->last_restore_at = m->restore_at;
+    mi->last_used_at = m->used_wall;
     mi->leases = m->leases;
     mi->load_seconds = m->data.load_seconds;
     mi->load_gbps = m->data.load_gbps;
     mi->transport = (char *)wb__backend_transport(m->backend);
     mi->access = (char *)wb__backend_access(m->backend);
-    if (m->error) {
+    /* A move or restore under way pins the model: not a lease. */
+    if (m->tier_job && mi->leases)
+        mi->leases--;
+    /* Why its last restore failed (told to the next acquire too). */
+    const char *error = m->error ? m->error : m->tier_error;
+    if (error) {
         /* A load error may quote a path from the command line. */
-        char *why = wb__arena_strdup(a, m->error);
+        char *why = wb__arena_strdup(a, error);
         if (!why || !(mi->error = (char *)wb__ops_utf8(a, why)))
             return NULL;
     }
@@ -413,6 +426,17 @@ int wb__ops_stats(wb_broker *b, wb_ops_reply *r)
     s->shared_tensors_total = ss.shared_tensors_total;
     s->shared_bytes_total = ss.shared_bytes_total;
     s->share_mismatches = ss.mismatches_total;
+    if (b->budget) {
+        unsigned slot = b->cfg.device < 0 ? 0 : (unsigned)b->cfg.device + 1;
+        s->device_memory_budget = slot < WB_TIER_SLOTS ? b->budget->limit[slot] : 0;
+    }
+    s->host_memory_budget = b->host_budget;
+    s->host_tier_bytes = b->host_tier_bytes;
+    s->moved_to_host = st->moved_to_host;
+    s->evicted = st->evicted;
+    s->restores = st->restores;
+    s->reloads = st->reloads;
+    s->restore_failures = st->restore_failures;
     s->loads_total = st->loads_total;
     s->loads_failed = st->loads_failed;
     s->loads_cancelled = st->loads_cancelled;

@@ -3,6 +3,7 @@
  * version), commit (the sources and placements checked, then the copy on
  * the loader thread, answered when it ends) and abort. */
 #include "ops_impl.h"
+#include "tier.h"
 
 #include "alloc.h"
 #include "clock.h"
@@ -216,7 +217,8 @@ static int reserve(wb_broker *b, const char *name, uint32_t version, uint32_t be
                       .name = name,
                       .version = version,
                       .beside = beside,
-                      .verb = "publish"};
+                      .verb = "publish",
+                      .budget = b->budget};
     wb_err err;
     int rc = wb__load_check_fits(&o, name, devs, n, size, &err);
     if (rc == WB_OK)
@@ -269,6 +271,23 @@ int wb__ops_publish_begin(wb_broker *b, const wb_peer_creds *peer, const Wbproto
                                 "%s (publishers: --publisher-uid, --publisher-gid, or the "
                                 "administrators)",
                                 err.msg);
+        }
+        /* A partial publish reads the current version's slabs: on its
+         * device (the memory budget may have moved it). */
+        if (cur->tier != WB_TIER_DEVICE) {
+            wb_err terr;
+            int was = cur->tier;
+            if (wb__tier_wake(b, cur, &terr) != WB_OK)
+                return refuse(b, r, terr.code, "model '%s' is %s and cannot come back now: %s",
+                              name, wb__tier_name(was), terr.msg);
+            if (cur->tier != WB_TIER_DEVICE) {
+                int rc = refuse(b, r, WB_EBUSY,
+                                "model '%s' is %s (the memory budget moved it); publish again "
+                                "once it is back on its device",
+                                name, wb__tier_name(cur->tier));
+                r->msg.retry_after_ms = 20;
+                return rc;
+            }
         }
         const wb_model *loading =
             wb__models_in_state(&b->models, name, WBPROTO__MODEL_STATE__MODEL_LOADING);

@@ -2,6 +2,7 @@
  * one by the load's own path, wb__ops_start_load), rollback, and the
  * subscriptions to a model's versions. */
 #include "ops_impl.h"
+#include "tier.h"
 
 #include "log.h"
 
@@ -210,5 +211,35 @@ int wb__ops_subscribe(wb_broker *b, const Wbproto__Request *req, const void *ide
              sq->unsubscribe ? "yes" : "no", sr->version);
     r->msg.body_case = WBPROTO__REPLY__BODY_SUBSCRIBE;
     r->msg.subscribe = sr;
+    return 0;
+}
+
+int wb__ops_tier(wb_broker *b, const wb_peer_creds *peer, const Wbproto__Request *req,
+                 wb_ops_reply *r)
+{
+    const Wbproto__TierRequest *tq = req->tier;
+    const char *name = tq->name;
+    char q[300];
+    const char *verb = tq->wake ? "wake" : "sleep";
+    if (!wb__ops_is_admin(b, peer))
+        return wb__ops_refuse_admin(b, peer, verb, r);
+    wb_model *m = wb__models_current(&b->models, name);
+    if (!m)
+        return no_current(b, r, name, verb, 0);
+    wb_err err;
+    int rc = tq->wake ? wb__tier_wake(b, m, &err) : wb__tier_sleep(b, m, &err);
+    if (rc != WB_OK)
+        return wb__ops_fail(r, rc, "%s", err.msg);
+    wb_info("model_tier_request", "model=%s version=%u op=%s tier=%s pid=%u uid=%u",
+            wb__log_quote(q, sizeof q, name), m->version, verb, wb__tier_name(m->tier), peer->pid,
+            peer->uid);
+    Wbproto__TierReply *tr = wb__arena_alloc(&r->arena, sizeof *tr);
+    Wbproto__ModelInfo *mi = wb__ops_model_info(m, m->state, &r->arena);
+    if (!tr || !mi)
+        return wb__ops_oom(r);
+    wbproto__tier_reply__init(tr);
+    tr->model = mi;
+    r->msg.body_case = WBPROTO__REPLY__BODY_TIER;
+    r->msg.tier = tr;
     return 0;
 }

@@ -7,6 +7,7 @@
 #include "paths.h"
 #include "safetensors.h"
 #include "stage.h"
+#include "tier.h"
 #include "wire.h"
 
 #include <errno.h>
@@ -43,6 +44,8 @@ enum {
     OPT_REQUIRE_ALL_MODELS,
     OPT_NO_SLAB_POOL,
     OPT_NO_SHARE_TENSORS,
+    OPT_DEVICE_BUDGET,
+    OPT_HOST_BUDGET,
     /* Numeric options: OPT_NUM + their index in num_opts. */
     OPT_NUM = 0x1000,
 };
@@ -137,6 +140,8 @@ static const struct option long_opts[] = {
     {"slab-pool-seconds", required_argument, NULL, OPT_NUM + WB_NUM_SLAB_POOL_SECONDS},
     {"no-slab-pool", no_argument, NULL, OPT_NO_SLAB_POOL},
     {"no-share-tensors", no_argument, NULL, OPT_NO_SHARE_TENSORS},
+    {"device-memory-budget", required_argument, NULL, OPT_DEVICE_BUDGET},
+    {"host-memory-budget", required_argument, NULL, OPT_HOST_BUDGET},
     {"publish-streams", required_argument, NULL, OPT_NUM + WB_NUM_PUBLISH_STREAMS},
     {"max-tensors", required_argument, NULL, OPT_NUM + WB_NUM_MAX_TENSORS},
     {"max-shards", required_argument, NULL, OPT_NUM + WB_NUM_MAX_SHARDS},
@@ -414,6 +419,16 @@ static int parse_one(wb_options *o, int c, char *arg)
     case OPT_NO_SHARE_TENSORS:
         o->no_share_tensors = 1;
         return WB_OPTIONS_GO_ON;
+    case OPT_DEVICE_BUDGET:
+    case OPT_HOST_BUDGET: {
+        int dev = c == OPT_DEVICE_BUDGET;
+        wb_err e;
+        if (wb__tier_parse_size(dev ? "--device-memory-budget" : "--host-memory-budget", arg,
+                                dev ? &o->device_budget : &o->host_budget,
+                                dev ? &o->device_budget_pct : &o->host_budget_pct, &e) != WB_OK)
+            return misuse(o, "%s", e.msg);
+        return WB_OPTIONS_GO_ON;
+    }
     case 'd':
         if (strcmp(arg, "0") == 0) {
             o->device = 0;
@@ -692,6 +707,18 @@ int wb__options_validate(wb_options *o)
                                         ? o->num[WB_NUM_SLAB_POOL_SECONDS]
                                         : (long)WB_DEFAULT_SLAB_POOL_SECONDS);
     printf("share-tensors: %s\n", o->no_share_tensors ? "off" : "on (read-only transports)");
+    if (o->device_budget_pct)
+        printf("device-memory-budget: %u%%\n", o->device_budget_pct);
+    else if (o->device_budget)
+        printf("device-memory-budget: %llu bytes\n", (unsigned long long)o->device_budget);
+    else
+        printf("device-memory-budget: none\n");
+    if (o->host_budget_pct)
+        printf("host-memory-budget: %u%%\n", o->host_budget_pct);
+    else if (o->host_budget)
+        printf("host-memory-budget: %llu bytes\n", (unsigned long long)o->host_budget);
+    else
+        printf("host-memory-budget: none\n");
     printf("access: cuda %s, host %s\n",
            o->cuda_slab == WB_CUDA_SLAB_AUTO  ? "ro (cuda-vmm; cuda-ipc, rw, where the device "
                                                 "lacks VMM descriptors)"

@@ -87,7 +87,12 @@ typedef struct wb_options {
     int require_all_models; /* a preload that fails stops the broker */
     int no_slab_pool;       /* --no-slab-pool: freed cuda-vmm slabs are not kept */
     int no_share_tensors;   /* --no-share-tensors: every load gets its own bytes */
-    wb_auth auth;           /* access lists, handed to the broker when it starts */
+    /* --device-memory-budget, --host-memory-budget (tier.h) */
+    uint64_t device_budget;
+    unsigned device_budget_pct;
+    uint64_t host_budget;
+    unsigned host_budget_pct;
+    wb_auth auth; /* access lists, handed to the broker when it starts */
     wb_config config;
     char **av; /* the configuration file's arguments, then the command line's */
     int ac;

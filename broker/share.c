@@ -112,6 +112,27 @@ void wb__share_stats(wb_share_index *ix, wb_share_stats *out)
     pthread_mutex_unlock(&ix->mu);
 }
 
+uint64_t wb__share_orphan_bytes_on(wb_share_index *ix, int device)
+{
+    uint64_t n = 0;
+    if (!ix)
+        return 0;
+    pthread_mutex_lock(&ix->mu);
+    for (wb_share_hold *h = ix->head; h; h = h->next)
+        if (h->orphan && h->device == device)
+            n += h->own.size;
+    pthread_mutex_unlock(&ix->mu);
+    return n;
+}
+
+int wb__share_borrowed(wb_share_hold *h)
+{
+    pthread_mutex_lock(&h->ix->mu);
+    int borrowed = h->refs > 0;
+    pthread_mutex_unlock(&h->ix->mu);
+    return borrowed;
+}
+
 wb_slab *wb__share_slab(wb_share_hold *h)
 {
     pthread_mutex_lock(&h->ix->mu);

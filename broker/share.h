@@ -80,6 +80,11 @@ int wb__share_apply(wb_share_index *ix, const wb_backend *be, const int *devs, u
  * Out of memory: not listed (nothing is shared from it). */
 void wb__share_register(wb_share_index *ix, const wb_backend *be, struct wb_model_data *d);
 
+/* Bytes of orphaned slabs on `device` (kept for their borrowers). */
+uint64_t wb__share_orphan_bytes_on(wb_share_index *ix, int device);
+/* 1 while another model borrows from the hold (or a load compares it). */
+int wb__share_borrowed(wb_share_hold *h);
+
 /* The hold's slab now (the owner's, or its own once orphaned). Loop thread
  * or a holder of a count. */
 wb_slab *wb__share_slab(wb_share_hold *h);

@@ -10,9 +10,12 @@
  *                     request timeout: acquire, release once it is allowed,
  *                     heartbeats, reconnection, subscriptions and destroy
  *                     take it, and the heartbeat thread to read notices off
- *                     the socket; lookups, accessors, verification,
- *                     container registrations, container runs and updates
- *                     and the messages of their failures never do.
+ *                     the socket (an acquire told to ask again, WB_EBUSY
+ *                     with retry_after_ms, lets go of it while it waits and
+ *                     takes it again for each attempt); lookups, accessors,
+ *                     verification, container registrations, container runs
+ *                     and updates and the messages of their failures never
+ *                     do.
  *   chan_mu           (fdchan.c) the process's descriptor channels. Held
  *                     across an exchange on a channel, always under
  *                     wb_client.mu (an acquire's fetch, the hello's session)

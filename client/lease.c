@@ -5,6 +5,7 @@
 
 #include "alloc.h"
 #include "client_impl.h"
+#include "clock.h"
 #include "devlist.h"
 #include "fdchan.h"
 #include "fdchan_wire.h"
@@ -12,13 +13,20 @@
 #include "mapcache.h"
 #include "text.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_DIMS 64
+
+/* The bounds of a wait between acquires of a model the broker is bringing
+ * back to its device (Reply.retry_after_ms). */
+#define RETRY_MIN_MS 1
+#define RETRY_MAX_MS 200
 
 /* The devices this process sees, with their UUIDs: read once (a process's
  * CUDA_VISIBLE_DEVICES does not change), and only when a lease is on a cuda
@@ -305,6 +313,14 @@ static int map_slabs(wb_client *c, const char *model, const Wbproto__Lease *pl, 
     return rc;
 }
 
+/* Sleeps `ms` milliseconds of CLOCK_MONOTONIC, signals or not. */
+static void sleep_ms(int64_t ms)
+{
+    struct timespec until = wb__clock_mono_deadline(ms * 1000000);
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL) == EINTR)
+        ;
+}
+
 WB_EXPORT int wb_lease_acquire(wb_client *client, const char *model, wb_lease **out)
 {
     return wb_lease_acquire_ex(client, model, NULL, out);
@@ -315,12 +331,25 @@ WB_EXPORT int wb_lease_device(const wb_lease *lease)
     return lease && lease->n_maps ? wb__map_device(lease->maps[0]) : -1;
 }
 
+/* An acquire's attempts while the broker answers WB_EBUSY with
+ * Reply.retry_after_ms: the exchange's timeout (0: the client's), when the
+ * first attempt began, and the last such answer's wait (0 when this
+ * attempt got none) and message (empty before the first). */
+typedef struct acquire_try {
+    int exchange_ms;
+    int64_t started_ms;
+    uint32_t retry_ms;
+    char busy[WB_ERR_MSG_MAX];
+} acquire_try;
+
 /* One acquire request and what follows it, under client->mu: *out gets
  * the lease. With `shared` the broker is asked for its shared table; when
  * that table cannot be mapped here the lease is handed back and
- * *unmappable set. */
+ * *unmappable set. A WB_EBUSY with a retry_after_ms is returned with no
+ * message stored, its wait and message in *t: the caller asks again. */
 static int acquire_once(wb_client *client, const char *model, const char *uuid,
-                        const wb_lease_options *o, int shared, wb_lease **out, int *unmappable)
+                        const wb_lease_options *o, int shared, wb_lease **out, int *unmappable,
+                        acquire_try *t)
 {
     int rc;
     Wbproto__AcquireRequest acq = WBPROTO__ACQUIRE_REQUEST__INIT;
@@ -343,10 +372,24 @@ static int acquire_once(wb_client *client, const char *model, const char *uuid,
     Wbproto__Reply *rep = NULL;
     wb__frame *frame = NULL;
     wb_err e;
-    rc = wb__client_call_frame(client, &req, 0, &rep, &frame, &e);
+    rc = wb__client_call_frame(client, &req, t->exchange_ms, &rep, &frame, &e);
     if (rc != WB_OK) {
+        uint32_t retry = rc == WB_EBUSY && rep ? rep->retry_after_ms : 0;
+        int answered = rep != NULL;
         wb__reply_free(&rep);
         wb__frame_free(&frame);
+        if (retry > 0) {
+            t->retry_ms = retry;
+            snprintf(t->busy, sizeof t->busy, "%s", e.msg);
+            return WB_EBUSY;
+        }
+        if (t->busy[0] && !answered && rc == WB_ETIMEDOUT)
+            /* The attempt had only what was left of the time. */
+            return wb__client_fail(client, rc,
+                                   "acquire '%s': still not on its device after %lld ms: "
+                                   "%.400s (then %.400s)",
+                                   model, (long long)(wb__clock_mono_ms() - t->started_ms), t->busy,
+                                   e.msg);
         return wb__client_fail(client, rc, "acquire '%s': %s", model, e.msg);
     }
     const Wbproto__Lease *pl = rep->acquire ? rep->acquire->lease : NULL;
@@ -419,16 +462,41 @@ WB_EXPORT int wb_lease_acquire_ex(wb_client *client, const char *model,
         pthread_mutex_unlock(&client->mu);
         return rc;
     }
-    /* The shared table first; where it cannot be mapped (no /dev/shm
-     * shared with the broker), the table as a frame from then on. */
-    int unmappable = 0;
-    rc = acquire_once(client, model, uuid, o, !client->table_shared_off, out, &unmappable);
-    if (rc != WB_OK && unmappable) {
-        client->table_shared_off = 1;
-        rc = acquire_once(client, model, uuid, o, 0, out, &unmappable);
+    /* A model the broker is bringing back to its device is asked for again
+     * after the wait it names, until the client's timeout from the first
+     * attempt runs out. The lock is held for one attempt at a time, never
+     * across a wait: heartbeats and other requests go between attempts. */
+    const int timeout_ms = client->rpc.timeout_ms;
+    acquire_try t = {.started_ms = wb__clock_mono_ms()};
+    for (;;) {
+        /* The shared table first; where it cannot be mapped (no /dev/shm
+         * shared with the broker), the table as a frame from then on. */
+        int unmappable = 0;
+        t.retry_ms = 0;
+        rc = acquire_once(client, model, uuid, o, !client->table_shared_off, out, &unmappable, &t);
+        if (rc != WB_OK && unmappable) {
+            client->table_shared_off = 1;
+            rc = acquire_once(client, model, uuid, o, 0, out, &unmappable, &t);
+        }
+        pthread_mutex_unlock(&client->mu);
+        if (rc != WB_EBUSY || t.retry_ms == 0)
+            return rc;
+        int64_t left = t.started_ms + timeout_ms - wb__clock_mono_ms();
+        if (left > 0) {
+            int64_t wait = t.retry_ms < RETRY_MIN_MS   ? RETRY_MIN_MS
+                           : t.retry_ms > RETRY_MAX_MS ? RETRY_MAX_MS
+                                                       : t.retry_ms;
+            sleep_ms(wait < left ? wait : left);
+            left = t.started_ms + timeout_ms - wb__clock_mono_ms();
+        }
+        if (left <= 0)
+            return wb__client_fail(client, WB_ETIMEDOUT,
+                                   "acquire '%s': still not on its device after %d ms: %s", model,
+                                   timeout_ms, t.busy);
+        /* Within what is left of the time. */
+        t.exchange_ms = (int)left;
+        pthread_mutex_lock(&client->mu);
     }
-    pthread_mutex_unlock(&client->mu);
-    return rc;
 }
 
 WB_EXPORT int wb_lease_release(wb_lease **lease)

@@ -252,6 +252,10 @@ static int check_request_body(const Wbproto__Request *req, wb_err *err)
         if (!req->rollback)
             return missing("rollback", err);
         return check_name("rollback.name", req->rollback->name, err);
+    case WBPROTO__REQUEST__BODY_TIER:
+        if (!req->tier)
+            return missing("tier", err);
+        return check_name("tier.name", req->tier->name, err);
     case WBPROTO__REQUEST__BODY_SUBSCRIBE:
         if (!req->subscribe)
             return missing("subscribe", err);
@@ -573,6 +577,10 @@ static int check_reply_body(const Wbproto__Reply *rep, wb_err *err)
         if (!rep->rollback || !rep->rollback->model)
             return missing("rollback.model", err);
         return check_name("rollback.model.name", rep->rollback->model->name, err);
+    case WBPROTO__REPLY__BODY_TIER:
+        if (!rep->tier || !rep->tier->model)
+            return missing("tier.model", err);
+        return check_name("tier.model.name", rep->tier->model->name, err);
     case WBPROTO__REPLY__BODY_SUBSCRIBE:
         return rep->subscribe ? WB_OK : missing("subscribe", err);
     case WBPROTO__REPLY__BODY_PUBLISH_BEGIN:

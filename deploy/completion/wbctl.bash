@@ -77,7 +77,7 @@ _wbctl() {
     return 0
   fi
   case $cmd in
-    models | leases | containers | unload | cancel | rollback)
+    models | leases | containers | unload | cancel | rollback | sleep | wake)
       [ "$npos" = 0 ] && mapfile -t COMPREPLY < <(compgen -W "$(_wbctl_models)" -- "$cur") ;;
     load)
       # NAME is new; PATH is a file or a directory.

@@ -100,7 +100,9 @@ WB_EXPORT int wb_client_heartbeat(wb_client *client);
 /* Acquires a lease on `model`. On success *out is a new lease owned by the
  * client (end it with wb_lease_release). WB_ENOTFOUND: no such model;
  * WB_ESTATE: the model is loading or draining, or its load failed (the
- * message says why); WB_ELIMIT: too many leases.
+ * message says why); WB_ELIMIT: too many leases; WB_ETIMEDOUT: no reply
+ * in time, or the model was still being brought back to its device when the
+ * client's timeout ran out (see wb_lease_acquire_ex).
  * On a cuda broker the lease is for the calling thread's current CUDA
  * device, as wb_lease_acquire_ex with default options. */
 WB_EXPORT int wb_lease_acquire(wb_client *client, const char *model, wb_lease **out);
@@ -129,7 +131,21 @@ typedef struct wb_lease_options {
  * and no peer access). WB_ENOGPU with a message naming the device when this
  * process cannot see the device asked for, when the broker has no copy of
  * the model there, or when the copy it granted is on a device this process
- * cannot see (CUDA_VISIBLE_DEVICES). */
+ * cannot see (CUDA_VISIBLE_DEVICES).
+ *
+ * A model that the broker is bringing back to its device (from its host
+ * memory tier, or reloading it from its files, under a device memory
+ * budget) is answered WB_EBUSY with a time to ask again
+ * (Reply.retry_after_ms); the call then waits that long (at least 1 ms, at
+ * most 200 ms) and asks again, until the lease is granted, another answer
+ * comes, or the client's timeout (wb_client_options.timeout_ms) counted from
+ * the first request runs out. WB_ETIMEDOUT therefore also means that the
+ * model was still not on its device when that time ran out: the message
+ * names the model and ends with the broker's last answer ("acquire 'M':
+ * still not on its device after 5000 ms: ..."); acquiring again later may
+ * succeed. The client's lock is held for one request at a time, not across
+ * the waits, so heartbeats and other threads' calls go on meanwhile. A
+ * WB_EBUSY without a time to ask again is returned at once. */
 WB_EXPORT int wb_lease_acquire_ex(wb_client *client, const char *model,
                                   const wb_lease_options *opts, wb_lease **out);
 

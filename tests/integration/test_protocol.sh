@@ -142,7 +142,7 @@ answered flood -6 300 "heartbeat.leases[0].container_records has 349514 containe
 send nu file "$WB_TMP/not_utf8.bin"
 answered nu -6 56 "heartbeat.leases[0].container_records[0].model_path is not valid UTF-8 (byte 3)"
 send uf file "$WB_TMP/unknown_flood.bin"
-answered uf -6 57 "request has 200003 fields on the wire, at most 82"
+answered uf -6 57 "request has 200003 fields on the wire, at most 83"
 send en file "$WB_TMP/empty_name.bin"
 answered en -6 45 "acquire.model is empty"
 send ln file "$WB_TMP/long_name.bin"

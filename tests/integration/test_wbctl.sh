@@ -257,7 +257,7 @@ for key in name path state backend device tensors bytes slab_bytes leases load_s
 done
 ctl models | head -n 1 | grep -q "^NAME  *VERSION  *STATE  *BACKEND  *DEVICE  *TENSORS  *SIZE  *SHARED  *LEASES  *SLAB  *ACCESS$" ||
   fail "unexpected models header: $(ctl models | head -n 1)"
-ctl models -o wide | head -n 1 | grep -q "^NAME  *VERSION  *STATE  *BACKEND  *DEVICE  *TENSORS  *SIZE  *SHARED  *LEASES  *LOAD_S  *RATE  *SLAB  *ACCESS  *CHECKSUMS  *SOURCE$" ||
+ctl models -o wide | head -n 1 | grep -q "^NAME  *VERSION  *STATE  *TIER  *BACKEND  *DEVICE  *TENSORS  *SIZE  *SHARED  *LEASES  *LOAD_S  *RATE  *SLAB  *ACCESS  *CHECKSUMS  *SOURCE$" ||
   fail "unexpected models -o wide header: $(ctl models -o wide | head -n 1)"
 expect_rc 0 loadjson "$WBCTL" --socket "$SOCK" load --json third "$WB_TMP/second.safetensors"
 [ "$(json "d['name'], d['state'], d['tensors']" <"$WB_TMP/loadjson.out")" = "('third', 'ready', 6)" ] ||
@@ -486,7 +486,7 @@ COMP_WORDS=("$@"); COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); "$fn"; printf "%s\n" "
 }
 [ "$(complete_words "$COMPLETION/wbctl.bash" _wbctl "$WBCTL" lea)" = leases ] ||
   fail "bash completion of 'wbctl lea': '$(complete_words "$COMPLETION/wbctl.bash" _wbctl "$WBCTL" lea)'"
-[ "$(complete_words "$COMPLETION/wbctl.bash" _wbctl "$WBCTL" --json "")" = "cancel containers inspect leases load models rollback rollout stats unload version" ] ||
+[ "$(complete_words "$COMPLETION/wbctl.bash" _wbctl "$WBCTL" --json "")" = "cancel containers inspect leases load models rollback rollout sleep stats unload version wake" ] ||
   fail "bash completion of the commands: '$(complete_words "$COMPLETION/wbctl.bash" _wbctl "$WBCTL" --json "")'"
 [ "$(complete_words "$COMPLETION/wbctl.bash" _wbctl "$WBCTL" leases --o)" = --output ] ||
   fail "bash completion of 'wbctl leases --o'"

@@ -199,6 +199,7 @@ static void answer(fake_broker *f, zmq_msg_t *ident, const Wbproto__Request *req
     uint8_t *table = NULL, *frame = NULL;
     size_t frame_len = 0;
     Wbproto__Slab shared_slab;
+    char busy[128];
 
     if (fake_publish_answer(f, zmq_msg_data(ident), zmq_msg_size(ident), req))
         return;
@@ -224,6 +225,17 @@ static void answer(fake_broker *f, zmq_msg_t *ident, const Wbproto__Request *req
         if (strcmp(req->acquire->model, "demo") != 0 && strcmp(req->acquire->model, "other") != 0) {
             rep.status = WB_ENOTFOUND;
             rep.error = "no model named 'nosuch'";
+            break;
+        }
+        if (atomic_load(&f->busy_acquires) != 0) {
+            if (atomic_load(&f->busy_acquires) > 0)
+                atomic_fetch_sub(&f->busy_acquires, 1);
+            snprintf(busy, sizeof busy, "model '%s' is being brought back to its device",
+                     req->acquire->model);
+            rep.status = WB_EBUSY;
+            rep.error = busy;
+            rep.retry_after_ms = atomic_load(&f->busy_retry_ms);
+            atomic_fetch_add(&f->n_busy, 1);
             break;
         }
         fill_lease(f, &lease, &slab, slabs, t, tensors, shape, id, handle, req->acquire->model);

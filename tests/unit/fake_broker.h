@@ -190,6 +190,14 @@ typedef struct fake_broker {
     atomic_int drop_notices;
     atomic_int n_notices_sent, n_notices_dropped;
     _Atomic int64_t notice_sent_us;
+    /* Acquires of a model it knows refused with WB_EBUSY ("model 'M' is
+     * being brought back to its device") and Reply.retry_after_ms =
+     * busy_retry_ms, as by a broker restoring the model: the next
+     * busy_acquires of them, every one while it is negative. n_busy counts
+     * them. */
+    atomic_int busy_acquires;
+    atomic_uint busy_retry_ms;
+    atomic_int n_busy;
     fake_pub pub;                 /* publishing (fake_publish.c) */
     atomic_int checksums_pending; /* Lease.checksums_pending of the grants */
 } fake_broker;

@@ -703,6 +703,159 @@ START_TEST(destroy_keeps_busy_leases_mapped)
 }
 END_TEST
 
+/* A broker bringing the model back to its device answers WB_EBUSY with
+ * Reply.retry_after_ms: the acquire waits that long and asks again until
+ * the lease is granted, one request per answer. */
+START_TEST(busy_acquire_retries_until_granted)
+{
+    fake f;
+    fake_start(&f, 10000);
+    wb_client *c = connect_fake(&f, 1, 2000);
+    atomic_store(&f.b.busy_acquires, 3);
+    atomic_store(&f.b.busy_retry_ms, 5);
+    wb_lease *l = NULL;
+    int64_t t0 = now_ms();
+    ck_assert_msg(wb_lease_acquire(c, "demo", &l) == WB_OK, "%s", wb_client_errmsg(c));
+    int64_t took = now_ms() - t0;
+    ck_assert_ptr_nonnull(l);
+    ck_assert_int_eq(atomic_load(&f.b.n_busy), 3);
+    ck_assert_int_eq(atomic_load(&f.b.n_acquire), 4);
+    ck_assert_int_ge(took, 15);
+    ck_assert_int_lt(took, 1500);
+    wb_tensor_view v;
+    ck_assert_int_eq(wb_lease_find(l, "a", &v), WB_OK);
+    ck_assert_int_eq(wb_lease_release(&l), WB_OK);
+
+    /* A wait asked for beyond 200 ms is cut to 200 ms. */
+    atomic_store(&f.b.busy_acquires, 1);
+    atomic_store(&f.b.busy_retry_ms, 60000);
+    t0 = now_ms();
+    ck_assert_msg(wb_lease_acquire(c, "demo", &l) == WB_OK, "%s", wb_client_errmsg(c));
+    took = now_ms() - t0;
+    ck_assert_int_ge(took, 200);
+    ck_assert_int_lt(took, 1500);
+    ck_assert_int_eq(atomic_load(&f.b.n_acquire), 6);
+    ck_assert_int_eq(wb_lease_release(&l), WB_OK);
+    wb_client_destroy(&c);
+    fake_stop(&f);
+}
+END_TEST
+
+/* A model that never comes back: WB_ETIMEDOUT once the client's timeout
+ * from the first attempt has run out, naming the model and the broker's
+ * last answer; meanwhile the lock is free between attempts, so the
+ * heartbeat thread keeps beating. */
+START_TEST(busy_acquire_times_out)
+{
+    fake f;
+    fake_start(&f, 20);
+    wb_client *c = connect_fake(&f, 0, 400);
+    atomic_store(&f.b.busy_acquires, -1);
+    atomic_store(&f.b.busy_retry_ms, 5);
+    int beats = atomic_load(&f.b.n_heartbeat);
+    wb_lease *l = (wb_lease *)&f;
+    int64_t t0 = now_ms();
+    ck_assert_int_eq(wb_lease_acquire(c, "demo", &l), WB_ETIMEDOUT);
+    int64_t took = now_ms() - t0;
+    ck_assert_ptr_null(l);
+    ck_assert_str_eq(wb_client_errmsg(c),
+                     "acquire 'demo': still not on its device after 400 ms: model 'demo' is "
+                     "being brought back to its device");
+    ck_assert_int_ge(took, 400);
+    ck_assert_int_lt(took, 1400);
+    /* One request per wait of 5 ms: at most 400 / 5 + 1 of them. */
+    int n = atomic_load(&f.b.n_busy);
+    ck_assert_int_eq(atomic_load(&f.b.n_acquire), n);
+    ck_assert_int_ge(n, 5);
+    ck_assert_int_le(n, 81);
+    ck_assert_int_ge(atomic_load(&f.b.n_heartbeat) - beats, 3);
+    ck_assert_int_eq(wb_client_connected(c), 1);
+
+    /* Once it is back, the next acquire gets it. */
+    atomic_store(&f.b.busy_acquires, 0);
+    ck_assert_int_eq(wb_lease_acquire(c, "demo", &l), WB_OK);
+    ck_assert_int_eq(wb_lease_release(&l), WB_OK);
+    wb_client_destroy(&c);
+    fake_stop(&f);
+}
+END_TEST
+
+typedef struct acquire_job {
+    wb_client *c;
+    wb_lease *l;
+    int rc;
+    int64_t took_ms;
+} acquire_job;
+
+static void *acquire_demo(void *arg)
+{
+    acquire_job *j = arg;
+    int64_t t0 = now_ms();
+    j->rc = wb_lease_acquire(j->c, "demo", &j->l);
+    j->took_ms = now_ms() - t0;
+    return NULL;
+}
+
+/* The attempts after the first have only what is left of the timeout: a
+ * broker that then answers late still ends the acquire in time. */
+START_TEST(busy_acquire_retry_bounded_by_the_timeout)
+{
+    fake f;
+    fake_start(&f, 10000);
+    acquire_job j = {.c = connect_fake(&f, 1, 300)};
+    int received = atomic_load(&f.b.n_received);
+    atomic_store(&f.b.busy_acquires, 1);
+    atomic_store(&f.b.busy_retry_ms, 200);
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, acquire_demo, &j), 0);
+    int64_t deadline = now_ms() + 5000;
+    while (atomic_load(&f.b.n_busy) < 1 && now_ms() < deadline)
+        sleep_ms(1);
+    ck_assert_int_eq(atomic_load(&f.b.n_busy), 1);
+    /* Read before the attempt that follows the 200 ms wait. */
+    atomic_store(&f.b.delay_next_ms, 600);
+    pthread_join(th, NULL);
+    ck_assert_int_eq(j.rc, WB_ETIMEDOUT);
+    ck_assert_ptr_null(j.l);
+    ck_assert_int_ge(j.took_ms, 300);
+    ck_assert_int_lt(j.took_ms, 550);
+    const char *msg = wb_client_errmsg(j.c);
+    ck_assert_msg(strncmp(msg, "acquire 'demo': still not on its device after ", 46) == 0, "%s",
+                  msg);
+    ck_assert_msg(strstr(msg, "ms: model 'demo' is being brought back to its device (then no "
+                              "reply from the broker at ") != NULL,
+                  "%s", msg);
+    /* The first attempt and the one answered late. */
+    ck_assert_int_eq(atomic_load(&f.b.n_received) - received, 2);
+    sleep_ms(700); /* the late answer went to the socket dropped */
+    ck_assert_int_eq(wb_lease_acquire(j.c, "demo", &j.l), WB_OK);
+    ck_assert_int_eq(wb_lease_release(&j.l), WB_OK);
+    wb_client_destroy(&j.c);
+    fake_stop(&f);
+}
+END_TEST
+
+/* WB_EBUSY without a time to ask again is the broker's answer, at once. */
+START_TEST(busy_without_retry_is_returned_at_once)
+{
+    fake f;
+    fake_start(&f, 10000);
+    wb_client *c = connect_fake(&f, 1, 5000);
+    atomic_store(&f.b.busy_acquires, -1);
+    atomic_store(&f.b.busy_retry_ms, 0);
+    wb_lease *l = (wb_lease *)&f;
+    int64_t t0 = now_ms();
+    ck_assert_int_eq(wb_lease_acquire(c, "demo", &l), WB_EBUSY);
+    ck_assert_int_lt(now_ms() - t0, 1000);
+    ck_assert_ptr_null(l);
+    ck_assert_int_eq(atomic_load(&f.b.n_acquire), 1);
+    ck_assert_str_eq(wb_client_errmsg(c),
+                     "acquire 'demo': model 'demo' is being brought back to its device");
+    wb_client_destroy(&c);
+    fake_stop(&f);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("client");
@@ -728,6 +881,10 @@ int main(void)
     tcase_add_test(tc, heartbeat_interval_follows_the_reply);
     tcase_add_test(tc, released_slab_lingers_for_the_next_lease);
     tcase_add_test(tc, destroy_keeps_busy_leases_mapped);
+    tcase_add_test(tc, busy_acquire_retries_until_granted);
+    tcase_add_test(tc, busy_acquire_times_out);
+    tcase_add_test(tc, busy_acquire_retry_bounded_by_the_timeout);
+    tcase_add_test(tc, busy_without_retry_is_returned_at_once);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -197,10 +197,10 @@ START_TEST(test_headers)
     out = capture(print_rows_wide, &m);
     ck_assert_str_eq(
         out,
-        "NAME  VERSION  STATE        BACKEND  DEVICE  TENSORS  SIZE     SHARED  LEASES  "
+        "NAME  VERSION  STATE        TIER    BACKEND  DEVICE  TENSORS  SIZE     SHARED  LEASES  "
         "LOAD_S  RATE  SLAB  ACCESS  CHECKSUMS  SOURCE\n"
-        "base  -        loading 25%  host     -1      0        2.0 GiB  -       0       -       "
-        "-     -     -       -          /models/base\n");
+        "base  -        loading 25%  device  host     -1      0        2.0 GiB  -       0       "
+        "-       -     -     -       -          /models/base\n");
     free(out);
 }
 END_TEST
@@ -237,6 +237,74 @@ START_TEST(test_json_exact)
 }
 END_TEST
 
+/* A model the device memory budget moved off its device: STATE (and the
+ * JSON state) says its tier instead of current, -o wide's TIER too, and the
+ * JSON has its tier's fields; a broker that predates tiers (an empty tier)
+ * is on its device. */
+START_TEST(test_tier)
+{
+    Wbproto__ModelInfo m;
+    wbproto__model_info__init(&m);
+    m.name = "emb";
+    m.path = "/models/emb";
+    m.version = 3;
+    m.current = 1;
+    m.state = WBPROTO__MODEL_STATE__MODEL_READY;
+    m.backend = WBPROTO__BACKEND__BACKEND_HOST;
+    m.device = -1;
+    json_t *o = wbctl_model_json(&m);
+    ck_assert_str_eq(json_string_value(json_object_get(o, "state")), "ready");
+    ck_assert_str_eq(json_string_value(json_object_get(o, "tier")), "device");
+    json_decref(o);
+    o = wbctl_version_json(&m);
+    ck_assert_str_eq(json_string_value(json_object_get(o, "state")), "current");
+    ck_assert_str_eq(json_string_value(json_object_get(o, "tier")), "device");
+    json_decref(o);
+
+    m.tier = "host";
+    m.host_bytes = 1536;
+    m.restores = 2;
+    m.last_restore_seconds = 0.25;
+    m.last_restore_gbps = 4.5;
+    m.last_restore_at = 1700000000.125;
+    m.last_used_at = 1700000001.5;
+    char *out = capture(print_rows, &m);
+    ck_assert_ptr_nonnull(strstr(out, "\nemb   3        host   host "));
+    free(out);
+    out = capture(print_rows_wide, &m);
+    ck_assert_ptr_nonnull(strstr(out, "\nemb   3        host   host  host "));
+    free(out);
+    o = wbctl_model_json(&m);
+    ck_assert_str_eq(json_string_value(json_object_get(o, "state")), "host");
+    ck_assert_str_eq(json_string_value(json_object_get(o, "tier")), "host");
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "host_bytes")), 1536);
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "restores")), 2);
+    ck_assert(json_real_value(json_object_get(o, "last_restore_seconds")) == 0.25);
+    ck_assert(json_real_value(json_object_get(o, "last_restore_gbps")) == 4.5);
+    ck_assert(json_real_value(json_object_get(o, "last_restore_at")) == 1700000000.125);
+    ck_assert(json_real_value(json_object_get(o, "last_used_at")) == 1700000001.5);
+    json_decref(o);
+    o = wbctl_version_json(&m);
+    ck_assert_str_eq(json_string_value(json_object_get(o, "state")), "host");
+    json_decref(o);
+
+    /* A tier is the broker's string: escaped for the terminal, exact in
+     * JSON. A version that is not ready keeps its state. */
+    m.tier = "x" HOSTILE;
+    out = capture(print_rows_wide, &m);
+    assert_inert(out);
+    free(out);
+    o = wbctl_model_json(&m);
+    ck_assert_str_eq(json_string_value(json_object_get(o, "tier")), "x" HOSTILE_JSON);
+    json_decref(o);
+    m.tier = "host";
+    m.state = WBPROTO__MODEL_STATE__MODEL_DRAINING;
+    o = wbctl_model_json(&m);
+    ck_assert_str_eq(json_string_value(json_object_get(o, "state")), "draining");
+    json_decref(o);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("wbctl_model");
@@ -247,6 +315,7 @@ int main(void)
     tcase_add_test(tc, test_stages_units);
     tcase_add_test(tc, test_headers);
     tcase_add_test(tc, test_json_exact);
+    tcase_add_test(tc, test_tier);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

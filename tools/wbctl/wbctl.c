@@ -30,6 +30,8 @@ static const struct wbctl_cmd commands[] = {
     {"rollback", wbctl_rollback, "make a model's previous version current again"},
     {"unload", wbctl_unload, "unload a model (it drains while leases remain)"},
     {"cancel", wbctl_cancel, "stop a model's load in progress"},
+    {"sleep", wbctl_sleep, "move a model off its device to the host tier"},
+    {"wake", wbctl_wake, "bring a model back to its device"},
     {"stats", wbctl_stats, "print the broker's counters"},
     {"inspect", wbctl_inspect, "print the tensor table of a safetensors checkpoint"},
     {"version", wbctl_version, "print wbctl's version (as --version)"},
@@ -47,7 +49,8 @@ static void usage(FILE *out)
                  "  --socket PATH      the broker's socket (see below)\n"
                  "  --timeout-ms MS    how long to wait for each reply, 1 to 86400000 (default\n"
                  "                     $WB_TIMEOUT_MS, else 5000); load waits while the broker\n"
-                 "                     loads, or up to MS when given\n"
+                 "                     loads, or up to MS when given; sleep and wake wait up\n"
+                 "                     to MS when given, else 60 s\n"
                  "  --json, -o json    print JSON (for programs) instead of a table\n"
                  "  -o wide, --output wide\n"
                  "                     models, leases, containers: every column\n"

@@ -62,6 +62,8 @@ int wbctl_unload(const wbctl_globals *g, int argc, char **argv);
 int wbctl_rollout(const wbctl_globals *g, int argc, char **argv);
 int wbctl_rollback(const wbctl_globals *g, int argc, char **argv);
 int wbctl_cancel(const wbctl_globals *g, int argc, char **argv);
+int wbctl_sleep(const wbctl_globals *g, int argc, char **argv);
+int wbctl_wake(const wbctl_globals *g, int argc, char **argv);
 int wbctl_stats(const wbctl_globals *g, int argc, char **argv);
 int wbctl_containers(const wbctl_globals *g, int argc, char **argv);
 int wbctl_version(const wbctl_globals *g, int argc, char **argv);

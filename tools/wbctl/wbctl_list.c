@@ -180,9 +180,11 @@ int wbctl_models(const wbctl_globals *g, int argc, char **argv)
         .synopsis = "models [MODEL] [-o wide] [--json]",
         .about = "Lists the broker's models, one row per version: its number, its state\n"
                  "(current: the version new leases get; loading, with how far it got;\n"
-                 "draining: no longer current, freed at its last lease; failed), backend,\n"
-                 "device, tensors, size, leases, and how clients reach the slab (SLAB) with\n"
-                 "what access; -o wide adds how long each load took, how fast, and the path.\n"
+                 "draining: no longer current, freed at its last lease; failed; a version\n"
+                 "the device memory budget moved off its device: its tier, host, evicted,\n"
+                 "moving, restoring or reloading), backend, device, tensors, size, leases,\n"
+                 "and how clients reach the slab (SLAB) with what access; -o wide adds its\n"
+                 "TIER (device when on it), how long each load took, how fast, and the path.\n"
                  "A model on devices has one row per device. --json gives one object per\n"
                  "model with its \"versions\".",
         .flags = WBCTL_TAKES_WIDE | WBCTL_TAKES_MODEL,
@@ -542,11 +544,17 @@ int wbctl_containers(const wbctl_globals *g, int argc, char **argv)
 
 /* Walks StatsReply through its descriptor, so that every field wb.proto has
  * is printed under its own name, including fields added later. */
+/* Whether name ends with suffix. */
+static int ends_with(const char *name, const char *suffix)
+{
+    size_t n = strlen(name), k = strlen(suffix);
+    return n > k && strcmp(name + n - k, suffix) == 0;
+}
+
 /* A counter of bytes, by the protocol's naming: shown as a size. */
 static int is_bytes(const char *name)
 {
-    size_t n = strlen(name);
-    return (n > 6 && strcmp(name + n - 6, "_bytes") == 0) || strstr(name, "_bytes_") != NULL;
+    return ends_with(name, "_bytes") || strstr(name, "_bytes_") != NULL;
 }
 
 int wbctl_stats(const wbctl_globals *g, int argc, char **argv)
@@ -554,8 +562,11 @@ int wbctl_stats(const wbctl_globals *g, int argc, char **argv)
     static const wbctl_spec spec = {
         .synopsis = "stats [--json]",
         .about = "Prints the broker's counters: requests, leases granted, released and\n"
-                 "reclaimed, models and load totals, one 'name: value' a line (sizes in\n"
-                 "KiB, MiB, GiB...); --json gives exact numbers under the same names.",
+                 "reclaimed, models and load totals, the device memory budget and its host\n"
+                 "tier (device_memory_budget and host_memory_budget, none when unset;\n"
+                 "host_tier_bytes; moved_to_host, evicted, restores, reloads,\n"
+                 "restore_failures), one 'name: value' a line (sizes in KiB, MiB, GiB...);\n"
+                 "--json gives exact numbers under the same names (a budget not set: 0).",
     };
     wbctl_args args;
     pages pg;
@@ -600,7 +611,9 @@ int wbctl_stats(const wbctl_globals *g, int argc, char **argv)
                                           : json_integer((json_int_t)uv));
         else if (is_double)
             printf("%s: %.3f\n", f->name, dv);
-        else if (is_bytes(f->name))
+        else if (ends_with(f->name, "_budget") && uv == 0)
+            printf("%s: none\n", f->name); /* a budget of 0 is none */
+        else if (is_bytes(f->name) || ends_with(f->name, "_budget"))
             printf("%s: %s\n", f->name, wbctl_fmt_size(size, sizeof size, uv));
         else
             printf("%s: %llu\n", f->name, uv);

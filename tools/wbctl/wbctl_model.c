@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* The loader's figures: progress, settings and per-stage times and rates. */
 static void load_json(json_t *o, const Wbproto__ModelInfo *m)
@@ -51,11 +52,36 @@ void wbctl_print_stages(const Wbproto__ModelInfo *m)
     printf("\n");
 }
 
+const char *wbctl_model_tier(const Wbproto__ModelInfo *m)
+{
+    return m->tier && m->tier[0] ? m->tier : "device";
+}
+
+/* Whether a ready model is off its device: its state is then its tier. */
+static int off_device(const Wbproto__ModelInfo *m, int state)
+{
+    return state == WBPROTO__MODEL_STATE__MODEL_READY && strcmp(wbctl_model_tier(m), "device") != 0;
+}
+
 const char *wbctl_version_state(const Wbproto__ModelInfo *m)
 {
+    if (off_device(m, m->state))
+        return wbctl_model_tier(m);
     if (m->state == WBPROTO__MODEL_STATE__MODEL_READY && m->current)
         return "current";
     return wb__model_state_name(m->state);
+}
+
+/* Where the memory budget has put the model, and its restores. */
+static void tier_json(json_t *o, const Wbproto__ModelInfo *m)
+{
+    json_object_set_new(o, "host_bytes", json_integer((json_int_t)m->host_bytes));
+    json_object_set_new(o, "restores", json_integer(m->restores));
+    json_object_set_new(o, "last_restore_seconds",
+                        json_real(wbctl_round_secs(m->last_restore_seconds)));
+    json_object_set_new(o, "last_restore_gbps", json_real(wbctl_round_secs(m->last_restore_gbps)));
+    json_object_set_new(o, "last_restore_at", json_real(wbctl_round_time(m->last_restore_at)));
+    json_object_set_new(o, "last_used_at", json_real(wbctl_round_time(m->last_used_at)));
 }
 
 /* Tensors shared with other models: the bytes resident once for several,
@@ -72,7 +98,8 @@ json_t *wbctl_version_json(const Wbproto__ModelInfo *m)
 {
     json_t *o = json_object();
     json_object_set_new(o, "version", json_integer(m->version));
-    json_object_set_new(o, "state", json_string(wbctl_version_state(m)));
+    json_object_set_new(o, "state", wbctl_jstr(wbctl_version_state(m)));
+    json_object_set_new(o, "tier", wbctl_jstr(wbctl_model_tier(m)));
     json_object_set_new(o, "leases", json_integer(m->leases));
     json_object_set_new(o, "tensors", json_integer(m->tensors));
     json_object_set_new(o, "bytes", json_integer((json_int_t)m->bytes));
@@ -99,7 +126,11 @@ json_t *wbctl_model_json(const Wbproto__ModelInfo *m)
     json_object_set_new(o, "version", json_integer(m->version));
     json_object_set_new(o, "current", json_boolean(m->current));
     json_object_set_new(o, "path", wbctl_jstr(m->path));
-    json_object_set_new(o, "state", json_string(wb__model_state_name(m->state)));
+    /* A ready model off its device: its tier ("host", "evicted", ...). */
+    json_object_set_new(
+        o, "state",
+        wbctl_jstr(off_device(m, m->state) ? wbctl_model_tier(m) : wb__model_state_name(m->state)));
+    json_object_set_new(o, "tier", wbctl_jstr(wbctl_model_tier(m)));
     json_object_set_new(o, "backend", json_string(wb__backend_name(m->backend)));
     json_object_set_new(o, "device", json_integer(m->device));
     json_object_set_new(o, "tensors", json_integer(m->tensors));
@@ -117,6 +148,7 @@ json_t *wbctl_model_json(const Wbproto__ModelInfo *m)
     json_object_set_new(o, "published_by_uid", json_integer(m->published_by_uid));
     json_object_set_new(o, "checksums",
                         wbctl_jstr(m->checksums && m->checksums[0] ? m->checksums : "ready"));
+    tier_json(o, m);
     load_json(o, m);
     if (m->error && m->error[0])
         json_object_set_new(o, "error", wbctl_jstr(m->error));
@@ -144,9 +176,9 @@ json_t *wbctl_model_json(const Wbproto__ModelInfo *m)
  * checksums are computed, and where it came from (its path, or the process
  * that published it). */
 static const wbctl_column model_columns[WBCTL_MODEL_COLUMNS] = {
-    {"NAME", 0},    {"VERSION", 0}, {"STATE", 0},  {"BACKEND", 0},   {"DEVICE", 0},
-    {"TENSORS", 0}, {"SIZE", 0},    {"SHARED", 0}, {"LEASES", 0},    {"LOAD_S", 1},
-    {"RATE", 1},    {"SLAB", 0},    {"ACCESS", 0}, {"CHECKSUMS", 1}, {"SOURCE", 1},
+    {"NAME", 0},    {"VERSION", 0}, {"STATE", 0},     {"TIER", 1},   {"BACKEND", 0}, {"DEVICE", 0},
+    {"TENSORS", 0}, {"SIZE", 0},    {"SHARED", 0},    {"LEASES", 0}, {"LOAD_S", 1},  {"RATE", 1},
+    {"SLAB", 0},    {"ACCESS", 0},  {"CHECKSUMS", 1}, {"SOURCE", 1},
 };
 
 void wbctl_model_header(wbctl_table *t)
@@ -160,10 +192,12 @@ static void model_row(wbctl_table *t, const Wbproto__ModelInfo *m, const Wbproto
     char state[48], dev[16], tensors[16], bytes[32], shared[32], leases[16], secs[32], rate[32],
         version[16];
     int st = c ? c->state : m->state;
-    /* A ready copy of the current version is current too. */
+    /* A ready copy of the current version is current too; off its device,
+     * its tier. */
     snprintf(state, sizeof state, "%s",
-             st == WBPROTO__MODEL_STATE__MODEL_READY ? wbctl_version_state(m)
-                                                     : wb__model_state_name(st));
+             off_device(m, st)                         ? wbctl_model_tier(m)
+             : st == WBPROTO__MODEL_STATE__MODEL_READY ? wbctl_version_state(m)
+                                                       : wb__model_state_name(st));
     /* 0 from a broker that predates versions. */
     if (m->version)
         snprintf(version, sizeof version, "%u", m->version);
@@ -201,8 +235,8 @@ static void model_row(wbctl_table *t, const Wbproto__ModelInfo *m, const Wbproto
         snprintf(source, sizeof source, "published by pid %u uid %u", m->published_by_pid,
                  m->published_by_uid);
     /* A broker that predates Slab.transport says nothing: "-". */
-    wbctl_table_add(t, m->name, version, state, wb__backend_name(m->backend), dev, tensors, bytes,
-                    shared, leases, secs, rate,
+    wbctl_table_add(t, m->name, version, state, wbctl_model_tier(m), wb__backend_name(m->backend),
+                    dev, tensors, bytes, shared, leases, secs, rate,
                     m->transport && m->transport[0] ? m->transport : "-",
                     m->access && m->access[0] ? m->access : "-", sums,
                     m->checksums && m->checksums[0] ? source : m->path);
