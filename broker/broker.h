@@ -42,7 +42,9 @@ typedef struct wb_broker_config {
 } wb_broker_config;
 
 #define WB_DEFAULT_PUBLISH_STREAMS 4
-#define WB_MAX_PUBLISH_STREAMS     8
+/* Host tier buffers kept for reuse (tier.h) at most. */
+#define WB_TIER_SPARES         4
+#define WB_MAX_PUBLISH_STREAMS 8
 
 /* The heartbeat interval and stale window the broker asks for now
  * (wb__broker_pace_heartbeats), and while a shrink reaches every peer, the
@@ -113,6 +115,13 @@ typedef struct wb_broker {
     uint64_t host_budget;
     uint64_t host_tier_bytes;
     wb_loader *tier;
+    /* Host copies dropped for room, kept for the next move of their size
+     * (pinning memory costs far more than the copy: ~0.5 s a GiB). */
+    struct {
+        void *p;
+        uint64_t size;
+    } host_spare[WB_TIER_SPARES];
+    unsigned n_host_spare;
 } wb_broker;
 
 void wb__broker_init(wb_broker *b, const wb_broker_config *cfg);

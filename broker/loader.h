@@ -161,8 +161,10 @@ typedef struct wb_load_job {
     void *tier_host;
     uint64_t tier_bytes;
     wb_slab *tier_slabs;
+    struct wb_share_hold **tier_holds; /* a move's: the slabs' holds (not owned) */
     uint32_t tier_n;
     uint64_t tier_slab_size; /* a restore's slabs: as they were */
+    int tier_ran;            /* the tier thread ran it */
     double tier_seconds;
     /* The device memory budget a load is judged by (NULL: none), what its
      * check reserved there, budget_retry: it was refused for the budget and

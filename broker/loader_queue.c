@@ -50,6 +50,7 @@ void wb__load_job_free(wb_load_job **jp)
     wb__model_data_free(&j->data, j->backend);
     free(j->sum_xxh3);
     free(j->tier_slabs);
+    free(j->tier_holds);
     free(j->name);
     free(j->path);
     free(j->ident);

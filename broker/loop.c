@@ -485,6 +485,14 @@ static void shutdown_loads(loop *L)
         wb_load_job *job = list;
         list = job->next;
         wb_model *m = job->tier_model;
+        if (job->tier_op == WB_TIER_OP_MOVE && job->tier_ran) {
+            /* Done, not yet taken: a move freed the model's slabs. */
+            L->b->tier = NULL;
+            m->tier_wanted = 0;
+            wb__tier_done(L->b, job);
+            wb__load_job_free(&job);
+            continue;
+        }
         m->tier_job = NULL;
         if (m->leases)
             m->leases--;

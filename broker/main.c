@@ -308,8 +308,10 @@ static int run(wb_options *o)
 out:
     wb__signal_watch_end(&watch);
     /* Slab names go with their models; clients keep their own mappings. */
-    if (have_broker)
+    if (have_broker) {
+        wb__tier_destroy(&b);
         wb__broker_destroy(&b);
+    }
     /* After the models: their slabs went to the pool. */
     wb__vmm_pool_stop();
     wb__metrics_stop(&metrics);

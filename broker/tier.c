@@ -256,6 +256,7 @@ int wb__tier_setup(wb_broker *b, const wb_tier_config *cfg, wb_err *err)
 
 void wb__tier_destroy(wb_broker *b)
 {
+    wb__tier_free_spares(b);
     if (!b->budget)
         return;
     pthread_cond_destroy(&b->budget->cv);
@@ -293,7 +294,7 @@ void wb__tier_refresh(wb_broker *b)
         }
         host += m->host_bytes;
     }
-    b->host_tier_bytes = host;
+    b->host_tier_bytes = host + wb__tier_spare_bytes(b);
     wb_budget *bg = b->budget;
     if (!bg)
         return;
@@ -361,14 +362,68 @@ static const char *unmovable(const wb_broker *b, const wb_model *m)
  * recently used (on the device: the copy only; in the host tier: the model
  * is evicted) but never `keep`'s. */
 
-static int host_room(wb_broker *b, uint64_t bytes, const wb_model *keep, const wb_model *keep2)
+/* A kept host buffer of exactly `bytes`, taken out of the spares. */
+static void *take_spare(wb_broker *b, uint64_t bytes)
 {
-    if (!b->host_budget)
+    for (unsigned i = 0; i < b->n_host_spare; i++) {
+        if (b->host_spare[i].size != bytes)
+            continue;
+        void *p = b->host_spare[i].p;
+        b->host_spare[i] = b->host_spare[--b->n_host_spare];
+        return p;
+    }
+    return NULL;
+}
+
+/* A host copy no model needs: kept for the next move of its size. */
+static void put_spare(wb_broker *b, void *p, uint64_t bytes)
+{
+    if (!p)
+        return;
+    if (b->n_host_spare == WB_TIER_SPARES) {
+        /* The oldest goes. */
+        b->cfg.backend->host_free(b->cfg.backend, b->host_spare[0].p, b->host_spare[0].size);
+        memmove(&b->host_spare[0], &b->host_spare[1],
+                (WB_TIER_SPARES - 1) * sizeof b->host_spare[0]);
+        b->n_host_spare--;
+    }
+    b->host_spare[b->n_host_spare].p = p;
+    b->host_spare[b->n_host_spare++].size = bytes;
+}
+
+uint64_t wb__tier_spare_bytes(const wb_broker *b)
+{
+    uint64_t n = 0;
+    for (unsigned i = 0; i < b->n_host_spare; i++)
+        n += b->host_spare[i].size;
+    return n;
+}
+
+void wb__tier_free_spares(wb_broker *b)
+{
+    while (b->n_host_spare) {
+        b->n_host_spare--;
+        b->cfg.backend->host_free(b->cfg.backend, b->host_spare[b->n_host_spare].p,
+                                  b->host_spare[b->n_host_spare].size);
+    }
+}
+
+/* Room in the host tier for a copy of `bytes`; *spare: a kept buffer of
+ * that size to copy into (NULL: allocate one). */
+static int host_room(wb_broker *b, uint64_t bytes, const wb_model *keep, const wb_model *keep2,
+                     void **spare)
+{
+    *spare = NULL;
+    if (!b->host_budget) {
+        *spare = take_spare(b, bytes);
         return 1;
+    }
     if (bytes > b->host_budget)
         return 0;
     for (;;) {
-        uint64_t used = 0;
+        if ((*spare = take_spare(b, bytes)) != NULL)
+            return 1; /* counted already */
+        uint64_t used = wb__tier_spare_bytes(b);
         wb_model *lru = NULL;
         for (wb_model *m = b->models.head; m; m = m->next) {
             used += m->host_bytes;
@@ -382,25 +437,38 @@ static int host_room(wb_broker *b, uint64_t bytes, const wb_model *keep, const w
         }
         if (used + bytes <= b->host_budget)
             return 1;
+        if (b->n_host_spare) {
+            /* Kept buffers of other sizes go first. */
+            b->n_host_spare--;
+            b->cfg.backend->host_free(b->cfg.backend, b->host_spare[b->n_host_spare].p,
+                                      b->host_spare[b->n_host_spare].size);
+            continue;
+        }
         if (!lru)
             return 0;
         if (lru->tier == WB_TIER_HOST) {
             wb__tier_drop(b, lru, "host_budget");
         } else {
-            b->cfg.backend->host_free(b->cfg.backend, lru->host_copy, lru->host_bytes);
+            put_spare(b, lru->host_copy, lru->host_bytes);
             lru->host_copy = NULL;
             lru->host_bytes = 0;
         }
     }
 }
 
-void wb__tier_free_slabs(wb_broker *b, wb_model *m)
+void wb__tier_free_slabs(wb_broker *b, wb_model *m, int freed)
 {
     wb_model_data *d = &m->data;
     m->registered = d->holds != NULL;
     for (uint32_t k = 0; k < d->n_slabs; k++) {
         if (d->slabs[k].size && !m->tier_slab_bytes)
             m->tier_slab_bytes = d->slabs[k].size;
+        if (freed) {
+            if (d->holds)
+                d->holds[k] = NULL;
+            memset(&d->slabs[k], 0, sizeof d->slabs[k]);
+            continue;
+        }
         if (d->holds && d->holds[k]) {
             int mine = wb__share_release_owner(d->holds[k], &d->slabs[k]);
             d->holds[k] = NULL;
@@ -420,7 +488,7 @@ void wb__tier_drop(wb_broker *b, wb_model *m, const char *reason)
     char q[300];
     wb_model_data *d = &m->data;
     if (m->tier == WB_TIER_DEVICE)
-        wb__tier_free_slabs(b, m);
+        wb__tier_free_slabs(b, m, 0);
     /* Its borrowed tensors go too: the reload shares again what it can. */
     for (size_t i = 0; d->borrowed && i < (size_t)d->n_groups * d->n_stride; i++)
         if (d->borrowed[i])
@@ -428,8 +496,7 @@ void wb__tier_drop(wb_broker *b, wb_model *m, const char *reason)
     free(d->borrowed);
     d->borrowed = NULL;
     d->n_groups = 0;
-    if (m->host_copy)
-        b->cfg.backend->host_free(b->cfg.backend, m->host_copy, m->host_bytes);
+    put_spare(b, m->host_copy, m->host_bytes);
     m->host_copy = NULL;
     m->host_bytes = 0;
     m->tier = WB_TIER_EVICTED;
@@ -453,7 +520,7 @@ static int move_out(wb_broker *b, wb_model *m, const char *reason, const wb_mode
             bytes = t->offset + t->nbytes;
     }
     if (m->host_copy) {
-        wb__tier_free_slabs(b, m);
+        wb__tier_free_slabs(b, m, 0);
         m->tier = WB_TIER_HOST;
         b->stats.moved_to_host++;
         wb_info("model_tier", "model=%s version=%u tier=host reason=%s host_bytes=%llu copied=no",
@@ -461,7 +528,8 @@ static int move_out(wb_broker *b, wb_model *m, const char *reason, const wb_mode
                 (unsigned long long)m->host_bytes);
         return WB_OK;
     }
-    int keepable = be->host_alloc && host_room(b, bytes, m, keep);
+    void *spare = NULL;
+    int keepable = be->host_alloc && host_room(b, bytes, m, keep, &spare);
     if (!keepable) {
         if (!m->path || m->published)
             return wb__err_set(err, WB_ENOMEM,
@@ -477,7 +545,11 @@ static int move_out(wb_broker *b, wb_model *m, const char *reason, const wb_mode
     m->tier = WB_TIER_MOVING;
     wb_info("model_tier", "model=%s version=%u tier=moving reason=%s bytes=%llu",
             wb__log_quote(q, sizeof q, m->name), m->version, reason, (unsigned long long)bytes);
-    return wb__tier_submit(b, m, WB_TIER_OP_MOVE, err);
+    /* The job copies into the spare (it owns it until the loop takes it). */
+    int rc = wb__tier_submit(b, m, WB_TIER_OP_MOVE, spare, err);
+    if (rc != WB_OK)
+        put_spare(b, spare, bytes);
+    return rc;
 }
 
 int wb__tier_make_room(wb_broker *b, const int *devs, unsigned n, uint64_t need,
@@ -570,7 +642,7 @@ static int bring_back(wb_broker *b, wb_model *m, wb_err *err)
     wb_info("model_tier", "model=%s version=%u tier=%s bytes=%llu",
             wb__log_quote(q, sizeof q, m->name), m->version, wb__tier_name(m->tier),
             (unsigned long long)need);
-    rc = wb__tier_submit(b, m, op, err);
+    rc = wb__tier_submit(b, m, op, NULL, err);
     wb__tier_refresh(b);
     return rc;
 }

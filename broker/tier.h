@@ -129,8 +129,12 @@ int wb__tier_wake(struct wb_broker *b, struct wb_model *m, wb_err *err);
 int wb__tier_load_back(struct wb_broker *b, struct wb_load_job *job);
 
 /* Queues a move, restore or reload of m (WB_TIER_OP_*) on the tier thread
- * (inline without one); m is pinned until wb__tier_done. */
-int wb__tier_submit(struct wb_broker *b, struct wb_model *m, int op, wb_err *err);
+ * (inline without one); m is pinned until wb__tier_done. A move copies
+ * into `spare` (a kept host buffer of m->host_bytes, or NULL: allocated). */
+int wb__tier_submit(struct wb_broker *b, struct wb_model *m, int op, void *spare, wb_err *err);
+/* Host buffers kept for reuse: their bytes, and their release. */
+uint64_t wb__tier_spare_bytes(const struct wb_broker *b);
+void wb__tier_free_spares(struct wb_broker *b);
 
 /* A test hook (WB_TEST_TIER_DELAY_MS in wbrokerd's environment): every
  * move and restore waits this long first, so that tests can act while one
@@ -139,8 +143,8 @@ extern int wb__tier_test_delay_ms;
 
 /* Frees m's own slabs on its devices (a slab others borrow stays with
  * them), withdrawn from the share index; remembers their size for the
- * restore. */
-void wb__tier_free_slabs(struct wb_broker *b, struct wb_model *m);
+ * restore. freed: a move's job freed them already (forgotten only). */
+void wb__tier_free_slabs(struct wb_broker *b, struct wb_model *m, int freed);
 /* Drops m from both tiers (its slabs if on its device, its borrowed
  * tensors, its host copy): evicted, it reloads from its files. */
 void wb__tier_drop(struct wb_broker *b, struct wb_model *m, const char *reason);

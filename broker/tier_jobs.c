@@ -16,7 +16,7 @@
 #include <string.h>
 #include <time.h>
 
-int wb__tier_submit(wb_broker *b, wb_model *m, int op, wb_err *err)
+int wb__tier_submit(wb_broker *b, wb_model *m, int op, void *spare, wb_err *err)
 {
     wb_load_job *job =
         wb__load_job_new(m->name, m->path ? m->path : "", b->cfg.backend, m->device, NULL, 0, 0);
@@ -45,15 +45,26 @@ int wb__tier_submit(wb_broker *b, wb_model *m, int op, wb_err *err)
         job->tier_bytes = m->host_bytes;
         job->tier_slab_size = m->tier_slab_bytes;
         if (op == WB_TIER_OP_MOVE) {
-            /* The first ready copy's own slab is read (every copy is the
-             * same bytes). */
-            for (uint32_t k = 0; k < m->data.n_slabs; k++) {
-                if (m->data.slabs[k].size) {
-                    job->tier_slabs[0] = m->data.slabs[k];
-                    break;
-                }
+            /* The job reads the first copy's slab back (every copy is the
+             * same bytes) and frees them all on the tier thread, so that
+             * a restore queued after it finds the memory free (the loop
+             * only forgets them). The model keeps them until then. */
+            uint32_t ns = m->data.n_slabs;
+            free(job->tier_slabs);
+            job->tier_slabs = wb__calloc(ns ? ns : 1, sizeof *job->tier_slabs);
+            job->tier_holds =
+                m->data.holds ? wb__calloc(ns ? ns : 1, sizeof *job->tier_holds) : NULL;
+            if (!job->tier_slabs || (m->data.holds && !job->tier_holds)) {
+                wb__load_job_free(&job);
+                return wb__err_set(err, WB_ENOMEM, "out of memory");
             }
-            job->tier_n = 1;
+            for (uint32_t k = 0; k < ns; k++) {
+                job->tier_slabs[k] = m->data.slabs[k];
+                if (job->tier_holds)
+                    job->tier_holds[k] = m->data.holds[k];
+            }
+            job->tier_n = ns;
+            job->tier_host = spare;
         } else {
             job->tier_host = m->host_copy;
             for (uint32_t k = 0; k < n; k++)
@@ -107,14 +118,28 @@ void wb__tier_job_run(wb_load_job *job)
     double t0 = wb__clock_mono_s();
     job->rc = WB_OK;
     if (job->tier_op == WB_TIER_OP_MOVE) {
-        void *host = NULL;
-        job->rc = be->host_alloc(be, job->tier_bytes, &host, &job->err);
+        void *host = job->tier_host;
+        if (!host)
+            job->rc = be->host_alloc(be, job->tier_bytes, &host, &job->err);
+        const wb_slab *src = NULL;
+        for (uint32_t k = 0; k < job->tier_n && !src; k++)
+            if (job->tier_slabs[k].size)
+                src = &job->tier_slabs[k];
         if (job->rc == WB_OK && job->tier_bytes) {
-            if (!be->slab_read)
+            if (!be->slab_read || !src)
                 job->rc = wb__err_set(&job->err, WB_ENOSYS,
                                       "the %s backend cannot read a slab back", be->name);
             else
-                job->rc = be->slab_read(&job->tier_slabs[0], 0, host, job->tier_bytes, &job->err);
+                job->rc = be->slab_read(src, 0, host, job->tier_bytes, &job->err);
+        }
+        /* Copied: the slabs go (one another model borrowed meanwhile stays
+         * with it). */
+        for (uint32_t k = 0; job->rc == WB_OK && k < job->tier_n; k++) {
+            if (!job->tier_slabs[k].size)
+                continue;
+            wb_share_hold *h = job->tier_holds ? job->tier_holds[k] : NULL;
+            if (!h || wb__share_release_owner(h, &job->tier_slabs[k]))
+                be->slab_free(&job->tier_slabs[k]);
         }
         if (job->rc != WB_OK && host) {
             be->host_free(be, host, job->tier_bytes);
@@ -129,9 +154,11 @@ void wb__tier_job_run(wb_load_job *job)
                 continue;
             }
             job->rc = be->slab_alloc(&job->tier_slabs[k], device, job->tier_slab_size, &job->err);
-            if (job->rc == WB_OK)
+            if (job->rc == WB_OK) {
+                double c0 = wb__clock_mono_s();
                 job->rc = fill(be, &job->tier_slabs[k], job->tier_host, job->tier_bytes, &job->err);
-            else
+                job->copy_seconds += wb__clock_mono_s() - c0;
+            } else
                 memset(&job->tier_slabs[k], 0, sizeof job->tier_slabs[k]);
         }
         if (job->rc != WB_OK)
@@ -142,6 +169,7 @@ void wb__tier_job_run(wb_load_job *job)
                 }
     }
     job->tier_seconds = wb__clock_mono_s() - t0;
+    job->tier_ran = 1;
 }
 
 /* A reload's tensors must be the ones its load had: same names, dtypes,
@@ -186,10 +214,13 @@ static void install(wb_broker *b, wb_model *m, wb_load_job *job)
 static void log_back(const wb_model *m, const wb_load_job *job, const char *how)
 {
     char q[300];
+    /* copy_seconds: the restore's copies alone, without the allocation. */
     wb_info("model_tier",
-            "model=%s version=%u tier=device from=%s bytes=%llu seconds=%.4f gbps=%.2f",
+            "model=%s version=%u tier=device from=%s bytes=%llu seconds=%.4f gbps=%.2f "
+            "copy_seconds=%.4f",
             wb__log_quote(q, sizeof q, m->name), m->version, how,
-            (unsigned long long)job->tier_bytes, job->tier_seconds, m->restore_gbps);
+            (unsigned long long)job->tier_bytes, job->tier_seconds, m->restore_gbps,
+            job->copy_seconds);
 }
 
 void wb__tier_done(wb_broker *b, wb_load_job *job)
@@ -207,8 +238,8 @@ void wb__tier_done(wb_broker *b, wb_load_job *job)
         if (rc == WB_OK) {
             m->host_copy = job->tier_host;
             job->tier_host = NULL;
-            /* Its slabs go now; a slab another model borrowed stays. */
-            wb__tier_free_slabs(b, m);
+            /* Its slabs went with the job. */
+            wb__tier_free_slabs(b, m, 1);
             m->tier = WB_TIER_HOST;
             b->stats.moved_to_host++;
             wb_info("model_tier",
@@ -228,7 +259,7 @@ void wb__tier_done(wb_broker *b, wb_load_job *job)
             install(b, m, job);
             /* Without its new wire view no lease may name the new slabs. */
             if ((rc = wb__model_rewire(m, &err)) != WB_OK)
-                wb__tier_free_slabs(b, m);
+                wb__tier_free_slabs(b, m, 0);
         }
     } else if (rc == WB_OK && !gone) {
         rc = same_tensors(&m->data, &job->data, &err);

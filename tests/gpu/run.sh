@@ -15,12 +15,18 @@
 # (NVML, used bytes above the idle baseline) with sharing and with the same
 # workers each loading their own copy; time the attach (connect -> lease ->
 # handles open -> container ready) against loading a model library that
-# embeds its constants; then tests/gpu/real_models.sh (Hugging Face
-# checkpoints). Results: OUT/share.json, OUT/run.log, OUT/real_models/.
+# embeds its constants; then the named steps, each its own script: real
+# (tests/gpu/real_models.sh, Hugging Face checkpoints) and variants
+# (tests/gpu/variants.sh: fine-tunes sharing tensors, a device memory
+# budget with its host tier). Results: OUT/share.json, OUT/run.log,
+# OUT/real_models/, OUT/variants/.
 #
 # Environment: WB_GPU_BIN, WB_GPU_LIB (default .device/ao/{bin,lib}),
 # WB_GPU_WORK (scratch, default /tmp/wbgpu), WB_BACKBONE_GIB (4.25),
-# WB_GPU_BUDGET_S (seconds before optional steps are skipped, 330).
+# WB_GPU_BUDGET_S (seconds before optional steps are skipped, 330),
+# WB_GPU_SKIP_REAL=1 and WB_GPU_SKIP_VARIANTS=1 (leave that step out),
+# WB_GPU_ONLY=real|variants (run that step alone, into OUT/real_models or
+# OUT/variants; its status is the run's).
 set -uo pipefail
 
 OUT=${1:?usage: tests/gpu/run.sh OUT}
@@ -31,6 +37,28 @@ BUDGET=${WB_GPU_BUDGET_S:-330}
 RES=$OUT/results.jsonl # one JSON object per line, merged at the end
 : >"$RES"
 result_of() { grep '^result ' "$1" | tail -n 1 | cut -d' ' -f2-; }
+
+# The named steps that are scripts of their own (also run alone).
+step_real() {
+  WB_GPU_BIN=$BIN WB_GPU_LIB=$LIB WB_GPU_WORK=$WORK/real bash "$GPU_TESTS/real_models.sh" \
+    "$OUT/real_models"
+}
+step_variants() {
+  WB_GPU_BIN=$BIN WB_GPU_LIB=$LIB WB_GPU_WORK=$WORK/variants bash "$GPU_TESTS/variants.sh" \
+    "$OUT/variants"
+}
+case ${WB_GPU_ONLY:-} in
+  "") ;;
+  real | variants)
+    say "only the step ${WB_GPU_ONLY}"
+    "step_$WB_GPU_ONLY"
+    exit
+    ;;
+  *)
+    say "WB_GPU_ONLY: no step '${WB_GPU_ONLY}' (real, variants)"
+    exit 2
+    ;;
+esac
 
 need_bins "$WBROKERD" "$WBCTL" "$WORKER"
 gpu_json "$OUT/gpu.json"
@@ -263,11 +291,18 @@ fi
 if [ "${WB_GPU_SKIP_REAL:-0}" != 1 ]; then
   cleanup
   PIDS=()
-  WB_GPU_BIN=$BIN WB_GPU_LIB=$LIB WB_GPU_WORK=$WORK/real bash "$GPU_TESTS/real_models.sh" \
-    "$OUT/real_models" || fail "real models: see real_models/real_models.json"
+  step_real || fail "real models: see real_models/real_models.json"
 fi
 
-# ---- 6. results ----------------------------------------------------------------
+# ---- 6. variants (fine-tunes, the memory budget) --------------------------------
+# Its own script, so that it can also run alone; WB_GPU_SKIP_VARIANTS=1 skips it.
+if [ "${WB_GPU_SKIP_VARIANTS:-0}" != 1 ]; then
+  cleanup
+  PIDS=()
+  step_variants || fail "variants: see variants/variants.json"
+fi
+
+# ---- 7. results ----------------------------------------------------------------
 python3 "$GPU_TESTS/summarize.py" "$RES" "$OUT/gpu.json" "$OUT/share.json" \
   "${#FAILS[@]}" | tee -a "$LOG"
 finish
