@@ -166,6 +166,17 @@ int wb__budget_fits(wb_budget *bg, const char *what, const int *devs, unsigned n
                        gb(b, sizeof b, in_use), gb(c, sizeof c, limit));
 }
 
+void wb__budget_init(wb_budget *bg)
+{
+    memset(bg, 0, sizeof *bg);
+    pthread_mutex_init(&bg->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* wb__budget_fits waits by it */
+    pthread_cond_init(&bg->cv, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
 void wb__budget_unreserve(wb_budget *bg, const int *devs, unsigned n, uint64_t size)
 {
     if (!bg || !size)
@@ -214,12 +225,7 @@ int wb__tier_setup(wb_broker *b, const wb_tier_config *cfg, wb_err *err)
     wb_budget *bg = wb__calloc(1, sizeof *bg);
     if (!bg)
         return wb__err_set(err, WB_ENOMEM, "out of memory");
-    pthread_mutex_init(&bg->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&bg->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    wb__budget_init(bg);
     int devs[WB_GPU_MAX];
     unsigned n = 0;
     if (be->proto == WBPROTO__BACKEND__BACKEND_HOST) {

@@ -85,6 +85,9 @@ int wb__tier_parse_size(const char *what, const char *s, uint64_t *bytes, unsign
 int wb__budget_fits(wb_budget *bg, const char *what, const int *devs, unsigned n, uint64_t size,
                     int wait_ms, const atomic_int *cancel, uint64_t *reserved, int *retry,
                     wb_err *err);
+/* An empty budget (no limits), its condition variable on the monotonic
+ * clock. */
+void wb__budget_init(wb_budget *bg);
 /* Gives back what wb__budget_fits reserved. */
 void wb__budget_unreserve(wb_budget *bg, const int *devs, unsigned n, uint64_t size);
 

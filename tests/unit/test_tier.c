@@ -40,21 +40,10 @@ START_TEST(test_parse_size)
 }
 END_TEST
 
-static void budget_init(wb_budget *bg)
-{
-    memset(bg, 0, sizeof *bg);
-    pthread_mutex_init(&bg->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&bg->cv, &ca);
-    pthread_condattr_destroy(&ca);
-}
-
 START_TEST(test_fits_and_refuses)
 {
     wb_budget bg;
-    budget_init(&bg);
+    wb__budget_init(&bg);
     bg.limit[1] = 1000; /* device 0 */
     bg.limit[2] = 500;  /* device 1 */
     bg.used[1] = 300;
@@ -118,7 +107,7 @@ static void *free_later(void *arg)
 START_TEST(test_wait_for_room)
 {
     wb_budget bg;
-    budget_init(&bg);
+    wb__budget_init(&bg);
     bg.limit[1] = 1000;
     bg.used[1] = 900;
     int dev = 0;
