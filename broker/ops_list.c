@@ -314,7 +314,9 @@ Wbproto__ModelInfo *wb__ops_model_info(const wb_model *m, int state, wb_arena *a
     mi->slab_bytes = m->data.slab_bytes;
     mi->shared_bytes = m->data.shared_bytes;
     mi->shared_tensors = m->data.shared_tensors;
-    mi->share = !m->no_share && !m->published && strcmp(wb__backend_access(m->backend), "ro") == 0;
+    /* A published version lends its tensors once its checksums are known. */
+    mi->share = !m->no_share && (!m->published || m->data.holds) &&
+                strcmp(wb__backend_access(m->backend), "ro") == 0;
     mi->tier = (char *)wb__tier_name(m->tier);
     mi->host_bytes = m->host_bytes;
     mi->restores = m->restores;

@@ -401,6 +401,9 @@ int wb__ops_publish_begin(wb_broker *b, const wb_peer_creds *peer, const Wbproto
     wb__models_add(&b->models, m);
     m->version = cur ? wb__models_issue(&b->models, name) : 1;
     m->published = 1;
+    /* It lends its tensors as the name's loads do (not at all with
+     * --no-share-tensors or a load's no_share). */
+    m->no_share = cur ? cur->no_share : !b->share;
     m->published_by_pid = peer->pid;
     m->published_by_uid = peer->uid;
     m->publish = p;

@@ -17,6 +17,7 @@
 #include "alloc.h"
 #include "clock.h"
 #include "log.h"
+#include "share.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -379,7 +380,11 @@ void wb__publish_checksums_done(wb_broker *b, wb_load_job *job)
         rc = wb__model_rewire(m, &err);
         if (rc != WB_OK)
             m->checksums_state = WB_CHECKSUMS_PENDING;
-        else
+        /* Known checksums: later loads may share its tensors (share.h). */
+        if (rc == WB_OK && b->share && !m->no_share && !m->data.holds &&
+            strcmp(wb__backend_access(m->backend), "ro") == 0)
+            wb__share_register(b->share, m->backend, &m->data);
+        if (rc == WB_OK)
             wb_info("publish_checksums",
                     "model=%s version=%u tensors=%zu state=ready seconds=%.3f gbps=%.2f", q,
                     m->version, m->data.n_tensors, job->sum_seconds,

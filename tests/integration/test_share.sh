@@ -11,6 +11,7 @@
 # * a crafted digest collision (WB_TEST_SHARE_IGNORE_DIGEST=1): tensors of
 #   the same dtype and shape but other bytes are compared byte for byte,
 #   loaded rather than shared, counted and logged as share_mismatch;
+# * a published version lends its tensors (once its checksums are known);
 # * wbctl load --no-share (neither borrows nor lends) and wbrokerd
 #   --no-share-tensors (nothing shared).
 source "$(dirname "$0")/lib.sh"
@@ -221,6 +222,22 @@ done
 grep -qF "tensor=embed.weight " "$BROKER_LOG" && fail "the equal tensor was logged as a mismatch"
 reads_back d D 2
 reads_back c C 1
+stop_broker
+
+# --- A published version lends its tensors once the broker has their
+# checksums: B borrows A's 4 equal tensors from model p, published (from
+# this process's memory, wb-publish) with A's bytes.
+start_broker
+"$WB_BIN_DIR/examples/wb-publish" --socket "$SOCK" --model p "$WB_TMP/A.safetensors" \
+  >"$WB_TMP/publish.out" 2>&1 || fail "wb-publish failed: $(cat "$WB_TMP/publish.out")"
+p_checksums() { [ "$(ctl models --json | json "[m['checksums'] for m in d if m['name'] == 'p'][0]")" = ready ]; }
+wait_for p_checksums || fail "p's checksums never came: $(ctl models -o wide)"
+expect_shared p 0 0 true
+load b B
+expect_shared b 4 "$AB_SHARED" true
+reads_back b B 2
+unload p
+reads_back b B 2
 stop_broker
 
 # --- wbctl load --no-share: the model neither borrows nor lends.
