@@ -287,6 +287,21 @@ char *wb__metrics_render(const wb_broker *b, size_t *len)
            "Tensor bytes of every resident model and version, as if nothing were shared.", logical);
     single(f, "wb_unique_bytes", "gauge",
            "Tensor bytes resident once (tensors shared across models counted once).", unique);
+    single(f, "wb_host_tier_bytes", "gauge",
+           "Bytes of models kept in the host tier of the memory budget (and buffers kept for "
+           "reuse).",
+           b->host_tier_bytes);
+    single(f, "wb_models_moved_to_host_total", "counter",
+           "Models moved to the host tier to make room on their devices.", st->moved_to_host);
+    single(f, "wb_models_evicted_total", "counter",
+           "Models dropped from both tiers (they reload from their files).", st->evicted);
+    single(f, "wb_restores_total", "counter",
+           "Models brought back to their devices from the host tier.", st->restores);
+    single(f, "wb_reloads_total", "counter", "Evicted models reloaded from their files.",
+           st->reloads);
+    single(f, "wb_restore_failures_total", "counter",
+           "Restores and reloads that failed (the model stays off its device).",
+           st->restore_failures);
 
     single(f, "wb_loads_total", "counter",
            "Model loads finished since the broker started, successful or not.", st->loads_total);

@@ -89,6 +89,9 @@ metrics_check "types == {'wb_leases': 'gauge', 'wb_models': 'gauge', 'wb_model_b
   'wb_slab_pool_bytes': 'gauge', 'wb_slab_pool_hits_total': 'counter',
   'wb_slab_pool_misses_total': 'counter',
   'wb_logical_bytes': 'gauge', 'wb_unique_bytes': 'gauge',
+  'wb_host_tier_bytes': 'gauge', 'wb_models_moved_to_host_total': 'counter',
+  'wb_models_evicted_total': 'counter', 'wb_restores_total': 'counter',
+  'wb_reloads_total': 'counter', 'wb_restore_failures_total': 'counter',
   'wb_build_info': 'gauge', 'process_cpu_seconds_total': 'counter',
   'process_start_time_seconds': 'gauge', 'process_resident_memory_bytes': 'gauge',
   'process_virtual_memory_bytes': 'gauge', 'process_open_fds': 'gauge', 'process_max_fds': 'gauge'}

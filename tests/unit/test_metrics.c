@@ -169,7 +169,7 @@ START_TEST(test_render_values)
     wb__broker_count_request(&B, 0, WB_EPROTO);
 
     char *text = render();
-    ck_assert_int_eq(check_structure(text), 34);
+    ck_assert_int_eq(check_structure(text), 40);
     assert_line(text, "# TYPE wb_leases gauge");
     assert_line(text, "wb_leases{state=\"active\"} 1");
     assert_line(text, "wb_leases{state=\"stale\"} 2");
@@ -231,7 +231,7 @@ END_TEST
 START_TEST(test_render_empty_broker)
 {
     char *text = render();
-    ck_assert_int_eq(check_structure(text), 34);
+    ck_assert_int_eq(check_structure(text), 40);
     /* The build, as --version says it. */
     char line[256];
     snprintf(line, sizeof line,
@@ -477,7 +477,7 @@ START_TEST(test_http_server)
     ck_assert_int_eq(strncmp(body + 4 + len, "# HELP process_cpu_seconds_total ",
                              strlen("# HELP process_cpu_seconds_total ")),
                      0);
-    ck_assert_int_eq(check_structure(body + 4), 34 + 6);
+    ck_assert_int_eq(check_structure(body + 4), 40 + 6);
     free(r);
 
     r = http(port, "HEAD /metrics HTTP/1.0\r\n\r\n");
