@@ -252,17 +252,21 @@ sys.exit(rt.cudaSetDevice(0) != 0 or rt.cudaFree(None) != 0)'
 FLOOR_IMPL=$([ -x "$PROBE" ] && echo "wb_bench_attach --context-only" ||
   echo "python3: cudaSetDevice + cudaFree(NULL) through ctypes, else torch.cuda.init() (see proc_floor_ctx_*.log)")
 
-# start_followers N DIR: N wb-aoti-workers serving variant a of the bf16
-# family in DIR (models base and head, on cuda:0) in a loop and following
-# its versions, each writing its first output of every version to OUT/w<i>;
-# waits until all are serving (180 s). Sets WPIDS.
+# start_followers N DIR [DEVICES]: N wb-aoti-workers serving variant a of
+# the bf16 family in DIR (models base and head) in a loop and following its
+# versions, each writing its first output of every version to OUT/w<i>;
+# worker i on cuda:D, D the devices of the comma-separated DEVICES in turn
+# (default 0: all on cuda:0); waits until all are serving (180 s). Sets
+# WPIDS.
 start_followers() {
-  local n=$1 dir=$2 i
+  local n=$1 dir=$2 i devs
+  IFS=, read -r -a devs <<<"${3:-0}"
   WPIDS=()
   for i in $(seq 1 "$n"); do
     mkdir -p "$OUT/w$i"
     "${ORPHAN_KILL[@]}" "$WORKER" --socket "$SOCK" --model base --model head --aoti "$dir/bf16_a.pt2" \
-      --device cuda:0 --torch-lib "$TORCH_LIB" --input "$dir/bf16_input.safetensors" --iterations 20 \
+      --device "cuda:${devs[(i - 1) % ${#devs[@]}]}" --torch-lib "$TORCH_LIB" \
+      --input "$dir/bf16_input.safetensors" --iterations 20 \
       --serve --follow --version-outputs "$OUT/w$i" >"$OUT/worker_$i.log" 2>&1 &
     WPIDS+=($!)
     PIDS+=($!)

@@ -29,6 +29,12 @@
 #     copied to each), WB_MD_LOAD_REPS (3) times each, alternated, as
 #     "multi_device" (medians, and every figure) in OUT/multidevice.json.
 #
+# The features part is its own script, tests/gpu/multidevice_features.sh:
+# a rollout and rollback followed by a worker per device, a publish into a
+# model on both devices (copy GB/s per device, peer or staged), shared
+# tensors per device and the memory budget per device, each also run @0
+# alone (the parts that need two GPUs are skipped on one, with the reason).
+#
 # Writes OUT/multidevice.json, logs, and prints a short table last. Budget:
 # WB_GPU_BUDGET_S (default 240 s); optional steps are skipped past it.
 # Environment as tests/gpu/run.sh: WB_GPU_BIN, WB_GPU_LIB, WB_GPU_WORK.

@@ -16,17 +16,20 @@
 # workers each loading their own copy; time the attach (connect -> lease ->
 # handles open -> container ready) against loading a model library that
 # embeds its constants; then the named steps, each its own script: real
-# (tests/gpu/real_models.sh, Hugging Face checkpoints) and variants
+# (tests/gpu/real_models.sh, Hugging Face checkpoints), variants
 # (tests/gpu/variants.sh: fine-tunes sharing tensors, a device memory
-# budget with its host tier). Results: OUT/share.json, OUT/run.log,
-# OUT/real_models/, OUT/variants/.
+# budget with its host tier) and features (tests/gpu/multidevice_features.sh:
+# rollout and rollback, a publish, shared tensors and the budget on one
+# device and, with two GPUs, across two). Results: OUT/share.json,
+# OUT/run.log, OUT/real_models/, OUT/variants/, OUT/multidevice_features/.
 #
 # Environment: WB_GPU_BIN, WB_GPU_LIB (default .device/ao/{bin,lib}),
 # WB_GPU_WORK (scratch, default /tmp/wbgpu), WB_BACKBONE_GIB (4.25),
 # WB_GPU_BUDGET_S (seconds before optional steps are skipped, 330),
-# WB_GPU_SKIP_REAL=1 and WB_GPU_SKIP_VARIANTS=1 (leave that step out),
-# WB_GPU_ONLY=real|variants (run that step alone, into OUT/real_models or
-# OUT/variants; its status is the run's).
+# WB_GPU_SKIP_REAL=1, WB_GPU_SKIP_VARIANTS=1 and WB_GPU_SKIP_FEATURES=1
+# (leave that step out), WB_GPU_ONLY=real|variants|features (run that step
+# alone, into OUT/real_models, OUT/variants or OUT/multidevice_features; its
+# status is the run's).
 set -uo pipefail
 
 OUT=${1:?usage: tests/gpu/run.sh OUT}
@@ -47,15 +50,19 @@ step_variants() {
   WB_GPU_BIN=$BIN WB_GPU_LIB=$LIB WB_GPU_WORK=$WORK/variants bash "$GPU_TESTS/variants.sh" \
     "$OUT/variants"
 }
+step_features() {
+  WB_GPU_BIN=$BIN WB_GPU_LIB=$LIB WB_GPU_WORK=$WORK/features \
+    bash "$GPU_TESTS/multidevice_features.sh" "$OUT/multidevice_features"
+}
 case ${WB_GPU_ONLY:-} in
   "") ;;
-  real | variants)
+  real | variants | features)
     say "only the step ${WB_GPU_ONLY}"
     "step_$WB_GPU_ONLY"
     exit
     ;;
   *)
-    say "WB_GPU_ONLY: no step '${WB_GPU_ONLY}' (real, variants)"
+    say "WB_GPU_ONLY: no step '${WB_GPU_ONLY}' (real, variants, features)"
     exit 2
     ;;
 esac
@@ -302,7 +309,16 @@ if [ "${WB_GPU_SKIP_VARIANTS:-0}" != 1 ]; then
   step_variants || fail "variants: see variants/variants.json"
 fi
 
-# ---- 7. results ----------------------------------------------------------------
+# ---- 7. multi-device features (rollout, publish, sharing, budget) ---------------
+# Its own script, so that it can also run alone; WB_GPU_SKIP_FEATURES=1 skips it.
+# On one GPU its two-GPU parts are skipped, with the reason.
+if [ "${WB_GPU_SKIP_FEATURES:-0}" != 1 ]; then
+  cleanup
+  PIDS=()
+  step_features || fail "features: see multidevice_features/multidevice_features.json"
+fi
+
+# ---- 8. results ----------------------------------------------------------------
 python3 "$GPU_TESTS/summarize.py" "$RES" "$OUT/gpu.json" "$OUT/share.json" \
   "${#FAILS[@]}" | tee -a "$LOG"
 finish
