@@ -4,6 +4,7 @@
  * the loader thread, answered when it ends) and abort. */
 #include "ops_impl.h"
 #include "tier.h"
+#include "share.h"
 
 #include "alloc.h"
 #include "clock.h"
@@ -353,6 +354,15 @@ int wb__ops_publish_begin(wb_broker *b, const wb_peer_creds *peer, const Wbproto
             refuse(b, r, err.code, "%s", err.msg);
             rc = -1;
         }
+        /* A partial publish keeps the other tensors by borrowing the
+         * current version's bytes where it lends them (share.h), else by
+         * a copy at commit. */
+        if (rc == 0 && cur && rq->partial && !cur->no_share &&
+            cur->checksums_state == WB_CHECKSUMS_READY &&
+            wb__share_keep(&cur->data, p->named, n_devs, &p->data, &size))
+            wb_debug("publish_keep", "model=%s version=%u kept_tensors=%u kept_bytes=%llu",
+                     wb__log_quote(q, sizeof q, name), version, p->data.shared_tensors,
+                     (unsigned long long)p->data.shared_bytes);
         wb__names_hash *h = rc == 0 && !cur ? index_of(&p->data) : NULL;
         for (size_t i = 0; h && rc == 0 && i < nt; i++) {
             if (tensor_index(h, &p->data, p->data.tensors[i].name) != i) {

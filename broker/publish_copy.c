@@ -52,6 +52,11 @@ static int copy_host(wb_load_job *job, wb_publish *p, wb_err *err)
     for (size_t i = 0; rc == WB_OK && i < d->n_tensors; i++) {
         wb_model_tensor *t = &d->tensors[i];
         const wb_publish_piece *pc = &p->pieces[i];
+        if (t->slab) {
+            /* Kept by borrowing the version's bytes (share.h): no copy. */
+            job->kept_bytes += t->nbytes;
+            continue;
+        }
         if (be->slab_prepare && (rc = be->slab_prepare(slab, t->offset, t->nbytes, err)) != WB_OK)
             break;
         const uint8_t *src = maps[pc->source] + pc->offset;

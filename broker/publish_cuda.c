@@ -205,6 +205,12 @@ int wb__publish_copy_cuda(wb_load_job *job, wb_publish *p, wb_err *err)
             uint8_t *dst = (uint8_t *)slab->dev_ptr + t->offset;
             if (t->nbytes == 0)
                 continue;
+            if (t->slab) {
+                /* Kept by borrowing the version's bytes (share.h). */
+                if (k == 0)
+                    job->kept_bytes += t->nbytes;
+                continue;
+            }
             if (pc->kept && !ks) {
                 rc = wb__err_set(err, WB_ESTATE,
                                  "tensor '%s': version %u has no copy on device %d to keep",

@@ -193,6 +193,11 @@ static void *sum_main(void *arg)
         if (i >= s->d->n_tensors || stopped(s))
             break;
         const wb_model_tensor *t = &s->d->tensors[i];
+        if (t->slab) {
+            /* Borrowed from the version it was kept from: known. */
+            s->job->sum_xxh3[i] = t->xxh3;
+            continue;
+        }
         XXH3_64bits_reset(st);
         int rc;
 #ifdef WB_HAVE_CUDA

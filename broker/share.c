@@ -522,6 +522,15 @@ static void find_matches(wb_share_index *ix, plan *p)
 
 /* The groups (donor loads) the equal tensors point into, at most `max`, and
  * the new layout. */
+/* Tensor t at the next aligned offset of its model's own slab. */
+static void place_own(wb_model_tensor *t, uint64_t *off)
+{
+    uint64_t aligned = (*off + (WB_SLAB_ALIGN - 1)) & ~(uint64_t)(WB_SLAB_ALIGN - 1);
+    t->slab = 0;
+    t->offset = aligned;
+    *off = aligned + t->nbytes;
+}
+
 static int relayout(wb_share_index *ix, plan *p, uint64_t *size, wb_err *err)
 {
     wb_model_data *d = p->d;
@@ -578,14 +587,78 @@ static int relayout(wb_share_index *ix, plan *p, uint64_t *size, wb_err *err)
             d->shared_tensors++;
             continue;
         }
-        uint64_t aligned = (off + (WB_SLAB_ALIGN - 1)) & ~(uint64_t)(WB_SLAB_ALIGN - 1);
-        t->offset = aligned;
-        off = aligned + t->nbytes;
+        place_own(t, &off);
     }
     /* A model whose every tensor is shared still has a slab of its own. */
     *size = off ? off : WB_SLAB_ALIGN;
     free(group);
     return WB_OK;
+}
+
+int wb__share_keep(const wb_model_data *from, const uint8_t *named, unsigned n, wb_model_data *d,
+                   uint64_t *size)
+{
+    if (!from->holds || from->n_slabs != n || from->n_tensors != d->n_tensors || d->borrowed)
+        return 0;
+    for (unsigned k = 0; k < n; k++)
+        if (!from->holds[k])
+            return 0;
+    /* Source group 0 is from's own slab, g + 1 its borrowed group g. */
+    int map[WB_SHARE_MAX_GROUPS + 1];
+    for (size_t g = 0; g <= WB_SHARE_MAX_GROUPS; g++)
+        map[g] = -1;
+    uint32_t ng = 0;
+    for (size_t i = 0; i < d->n_tensors; i++) {
+        uint32_t src = from->tensors[i].slab;
+        if (named[i])
+            continue;
+        if (src > from->n_groups || src > WB_SHARE_MAX_GROUPS)
+            return 0;
+        if (map[src] < 0)
+            map[src] = (int)ng++;
+    }
+    if (ng == 0 || ng > WB_SHARE_MAX_GROUPS)
+        return 0;
+    wb_share_hold **bw = wb__calloc((size_t)ng * n, sizeof *bw);
+    if (!bw)
+        return 0;
+    for (uint32_t src = 0; src <= from->n_groups && src <= WB_SHARE_MAX_GROUPS; src++) {
+        if (map[src] < 0)
+            continue;
+        for (unsigned k = 0; k < n; k++) {
+            wb_share_hold *h =
+                src == 0 ? from->holds[k] : from->borrowed[(size_t)(src - 1) * from->n_stride + k];
+            if (!h) {
+                free(bw);
+                return 0;
+            }
+            bw[(size_t)map[src] * n + k] = h;
+        }
+    }
+    wb_share_index *ix = from->holds[0]->ix;
+    pthread_mutex_lock(&ix->mu);
+    for (size_t i = 0; i < (size_t)ng * n; i++)
+        bw[i]->refs++;
+    pthread_mutex_unlock(&ix->mu);
+    d->borrowed = bw;
+    d->n_groups = ng;
+    d->n_stride = n;
+    uint64_t off = 0;
+    for (size_t i = 0; i < d->n_tensors; i++) {
+        wb_model_tensor *t = &d->tensors[i];
+        if (named[i]) {
+            place_own(t, &off);
+            continue;
+        }
+        const wb_model_tensor *ft = &from->tensors[i];
+        t->slab = (uint32_t)map[ft->slab] + 1;
+        t->offset = ft->offset;
+        t->xxh3 = ft->xxh3;
+        d->shared_bytes += t->nbytes;
+        d->shared_tensors++;
+    }
+    *size = off ? off : WB_SLAB_ALIGN;
+    return 1;
 }
 
 int wb__share_apply(wb_share_index *ix, const wb_backend *be, const int *devs, unsigned n,

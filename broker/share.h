@@ -75,6 +75,17 @@ int wb__share_apply(wb_share_index *ix, const wb_backend *be, const int *devs, u
                     const struct wb_st_table *table, const int *fds, unsigned threads,
                     const atomic_int *cancel, struct wb_model_data *d, uint64_t *size, wb_err *err);
 
+/* A partial publish's kept tensors (named[i] 0) borrow the bytes of the
+ * version `from` they are kept from (its own slabs' holds, or those it
+ * borrows itself) instead of a copy: d's layout (every tensor at slab 0)
+ * is redone, the named tensors packed in the own slab (*size), and a count
+ * taken on each hold. n: the copies (from's, in the same order). Returns
+ * 1, or 0 with d unchanged when `from` does not lend them (not listed in
+ * the index, a failed copy, too many groups, out of memory): then they are
+ * copied. */
+int wb__share_keep(const struct wb_model_data *from, const uint8_t *named, unsigned n,
+                   struct wb_model_data *d, uint64_t *size);
+
 /* Lists the ready copies' own slabs of d (a load that ended well), so that
  * later loads can share their tensors; d->holds gets one entry per slab.
  * Out of memory: not listed (nothing is shared from it). */

@@ -93,6 +93,10 @@ grep -q "version=3 previous=2 copied=16 kept=12" <<<"$out" || fail "partial comm
 d=$(dump w)
 grep -qx "a.weight 00001041000010410000104100001041" <<<"$d" || fail "a.weight after partial: $d"
 grep -qx "b.bias 0000c0400000c0400000c040" <<<"$d" || fail "b.bias not kept: $d"
+# b.bias is kept by borrowing version 2's bytes (its checksums were known),
+# not by a copy: the lease lists version 2's slab after version 3's own.
+kept=$(ctl models --json | json "[[m['shared_tensors'], m['shared_bytes']] for m in d if m['name'] == 'w' and m['current']][0]")
+[ "$kept" = "[1, 12]" ] || fail "partial publish: [shared_tensors, shared_bytes] is $kept, expected [1, 12]"
 
 # Refusals, each naming the tensor.
 out=$(publish w a.weight:F32:5:1,b.bias:F32:3:1) && fail "a wrong shape was accepted"

@@ -153,7 +153,11 @@ static const uint8_t *bytes_of(const char *name, uint64_t *xxh3)
         const wb_model_tensor *t = &m->data.tensors[i];
         if (strcmp(t->name, name) == 0) {
             *xxh3 = t->xxh3;
-            return (const uint8_t *)m->data.slabs[0].shm.addr + t->offset;
+            /* Its own slab, or the one it borrows (a kept tensor). */
+            wb_slab s;
+            wb__model_tensor_slab(&m->data, 0, t, &s);
+            ck_assert_ptr_nonnull(s.shm.addr);
+            return (const uint8_t *)s.shm.addr + t->offset;
         }
     }
     ck_abort_msg("no tensor %s", name);
@@ -273,6 +277,11 @@ START_TEST(test_publish_and_partial)
     ck_assert_uint_eq(r->publish_commit->copied_bytes, 8);
     ck_assert_uint_eq(r->publish_commit->kept_bytes, 8);
     ck_assert_mem_eq(bytes_of("w", &x), want, 8);
+    /* w is kept by borrowing version 2's bytes, not copied. */
+    const wb_model *v3 = wb__models_current(&F.b.models, "demo");
+    ck_assert_uint_eq(v3->data.shared_tensors, 1);
+    ck_assert_uint_eq(v3->data.shared_bytes, 8);
+    ck_assert_uint_eq(v3->data.n_groups, 1);
     memset(want, 9, sizeof want);
     ck_assert_mem_eq(bytes_of("v", &x), want, 8);
     ck_assert_str_eq(versions(), "3:current");
