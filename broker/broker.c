@@ -297,6 +297,7 @@ int wb__broker_finish_load(wb_broker *b, wb_load_job *job, wb_model **model)
     b->stats.loads_total++;
     if (job->rc == WB_OK) {
         job->rc = wb__model_adopt(m, &job->data, &job->err);
+        m->access = job->access;
     }
     /* Limits that only the loaded table shows. The slab was already filled,
      * but nobody ever leases it: it is freed with the model below. */

@@ -3,6 +3,7 @@
 #ifndef WB_BROKER_MODELS_H
 #define WB_BROKER_MODELS_H
 
+#include "auth_files.h"
 #include "backend.h"
 #include "devlist.h"
 #include "err.h"
@@ -198,6 +199,9 @@ typedef struct wb_model {
     int tier_rc;
     char *tier_error;
     int registered;
+    /* Whose access its load's files were judged by (a preload's: nobody's);
+     * a reload of the evicted model is judged by it again. */
+    wb_load_access access;
     int64_t used_ms;  /* its last acquire or release (monotonic), or ready */
     double used_wall; /* the same, Unix time */
     uint32_t restores;

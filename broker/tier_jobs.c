@@ -34,7 +34,10 @@ int wb__tier_submit(wb_broker *b, wb_model *m, int op, void *spare, wb_err *err)
         job->no_share = m->no_share;
         wb__broker_set_devices(b, m, job, devs, nd);
         job->budget = NULL; /* its room was made by the loop */
+        /* Judged as its load was: the path, and the requester's access to
+         * every file (a preload's by nobody). */
         wb__broker_check_job(b, NULL, job);
+        job->access = m->access;
     } else {
         job->tier_slabs = wb__calloc(n ? n : 1, sizeof *job->tier_slabs);
         if (!job->tier_slabs) {

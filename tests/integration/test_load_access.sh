@@ -8,7 +8,9 @@
 # * index shards stay in the index's directory: a shard reached through a
 #   symbolic link to a directory outside it is refused, one through a link to
 #   a directory inside it loads, and a Hugging Face cache layout (shard files
-#   that are links from snapshots/REV/ into ../../blobs/) loads.
+#   that are links from snapshots/REV/ into ../../blobs/) loads;
+# * the reload of an evicted model (the memory budget) is judged by the
+#   access of the administrator who loaded it.
 source "$(dirname "$0")/lib.sh"
 
 need_nobody
@@ -154,5 +156,31 @@ as_nobody hf2 "$WBCTL" --socket "$SOCK" load hf "$HF/snapshots/rev1"
 [ "$EXIT_RC" = 1 ] || fail "a blob nobody may not read was loaded"
 grep -qF "may not read $HF/snapshots/rev1/model-00002-of-00002.safetensors -> $HF/blobs/2222 (mode 0600" "$WB_TMP/hf2.err" ||
   fail "unclear refusal: $(cat "$WB_TMP/hf2.err")"
+stop_broker
+
+# --- (5) A reload of an evicted model (the memory budget) is judged by the
+# access of the administrator who loaded it, as its load was: a file nobody
+# may no longer read is refused, and the model stays evicted.
+start_broker --admin-uid 65534 --device-memory-budget 1k --host-memory-budget 1
+make_model "$WB_TMP/mine.safetensors" 3 7 >/dev/null
+make_model "$WB_TMP/other.safetensors" 3 8 >/dev/null
+chmod 0644 "$WB_TMP/mine.safetensors" "$WB_TMP/other.safetensors"
+as_nobody mine "$WBCTL" --socket "$SOCK" load mine "$WB_TMP/mine.safetensors"
+[ "$EXIT_RC" = 0 ] || fail "nobody could not load mine: $(cat "$WB_TMP/mine.err")"
+chmod 0600 "$WB_TMP/mine.safetensors"
+ctl load other "$WB_TMP/other.safetensors" >/dev/null || fail "root could not load other"
+tier_of() { ctl models --json | json "[m['tier'] for m in d if m['name'] == '$1'][0]"; }
+[ "$(tier_of mine)" = evicted ] || fail "mine is $(tier_of mine), not evicted: $(ctl models -o wide)"
+"$WORKER" --socket "$SOCK" --model mine --hold 0 >"$WB_TMP/reload.out" 2>&1 &&
+  fail "the reload of a file nobody may read was served: $(cat "$WB_TMP/reload.out")"
+grep -qF "uid 65534 (gid 65534) may not read $WB_TMP/mine.safetensors (mode 0600" "$WB_TMP/reload.out" ||
+  fail "unclear refusal of the reload: $(cat "$WB_TMP/reload.out")"
+[ "$(tier_of mine)" = evicted ] || fail "mine is $(tier_of mine) after a refused reload"
+[ "$(stat_field restore_failures)" = 1 ] || fail "restore_failures is $(stat_field restore_failures)"
+# Readable again: it reloads (and verifies).
+chmod 0644 "$WB_TMP/mine.safetensors"
+"$WORKER" --socket "$SOCK" --model mine --hold 0 >"$WB_TMP/reload2.out" 2>&1 ||
+  fail "the reload failed: $(cat "$WB_TMP/reload2.out")"
+grep -q "^verified 3 tensors" "$WB_TMP/reload2.out" || fail "$(cat "$WB_TMP/reload2.out")"
 stop_broker
 log "PASS"
