@@ -185,7 +185,8 @@ static int same_tensors(const wb_model_data *was, const wb_model_data *now, wb_e
     for (size_t i = 0; i < was->n_tensors; i++) {
         const wb_model_tensor *a = &was->tensors[i], *c = &now->tensors[i];
         if (strcmp(a->name, c->name) != 0 || strcmp(a->dtype, c->dtype) != 0 ||
-            a->ndim != c->ndim || memcmp(a->shape, c->shape, a->ndim * sizeof *a->shape) != 0 ||
+            a->ndim != c->ndim ||
+            (a->ndim && memcmp(a->shape, c->shape, a->ndim * sizeof *a->shape) != 0) ||
             a->nbytes != c->nbytes)
             return wb__err_set(
                 err, WB_EIO, "tensor '%s' in its files is not the one it was loaded with", a->name);
