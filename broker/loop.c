@@ -496,11 +496,7 @@ static void shutdown_loads(loop *L)
         m->tier_job = NULL;
         if (m->leases)
             m->leases--;
-        if (job->tier_op == WB_TIER_OP_MOVE && job->tier_host)
-            job->backend->host_free(job->backend, job->tier_host, job->tier_bytes);
-        for (uint32_t k = 0; job->tier_op == WB_TIER_OP_RESTORE && k < job->tier_n; k++)
-            if (job->tier_slabs[k].size)
-                job->backend->slab_free(&job->tier_slabs[k]);
+        wb__tier_job_release(job);
         wb__load_job_free(&job);
     }
     list = wb__loader_stop(&L->loader);

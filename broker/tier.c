@@ -462,13 +462,21 @@ static int host_room(wb_broker *b, uint64_t bytes, const wb_model *keep, const w
     }
 }
 
+uint64_t wb__tier_slab_size(const wb_model_data *d)
+{
+    for (uint32_t k = 0; k < d->n_slabs; k++)
+        if (d->slabs[k].size)
+            return d->slabs[k].size;
+    return 0;
+}
+
 void wb__tier_free_slabs(wb_broker *b, wb_model *m, int freed)
 {
     wb_model_data *d = &m->data;
     m->registered = d->holds != NULL;
+    if (!m->tier_slab_bytes)
+        m->tier_slab_bytes = wb__tier_slab_size(d);
     for (uint32_t k = 0; k < d->n_slabs; k++) {
-        if (d->slabs[k].size && !m->tier_slab_bytes)
-            m->tier_slab_bytes = d->slabs[k].size;
         if (freed) {
             if (d->holds)
                 d->holds[k] = NULL;
@@ -546,8 +554,8 @@ static int move_out(wb_broker *b, wb_model *m, const char *reason, const wb_mode
         return WB_OK;
     }
     m->host_bytes = bytes; /* reserved in the host tier while it moves */
-    for (uint32_t k = 0; k < m->data.n_slabs && !m->tier_slab_bytes; k++)
-        m->tier_slab_bytes = m->data.slabs[k].size;
+    if (!m->tier_slab_bytes)
+        m->tier_slab_bytes = wb__tier_slab_size(&m->data);
     m->tier = WB_TIER_MOVING;
     wb_info("model_tier", "model=%s version=%u tier=moving reason=%s bytes=%llu",
             wb__log_quote(q, sizeof q, m->name), m->version, reason, (unsigned long long)bytes);

@@ -144,6 +144,11 @@ void wb__tier_free_spares(struct wb_broker *b);
  * is under way. */
 extern int wb__tier_test_delay_ms;
 
+/* The size of the first own slab of d that has memory (every copy's is
+ * the same), or 0. */
+struct wb_model_data;
+uint64_t wb__tier_slab_size(const struct wb_model_data *d);
+
 /* Frees m's own slabs on its devices (a slab others borrow stays with
  * them), withdrawn from the share index; remembers their size for the
  * restore. freed: a move's job freed them already (forgotten only). */
@@ -151,6 +156,10 @@ void wb__tier_free_slabs(struct wb_broker *b, struct wb_model *m, int freed);
 /* Drops m from both tiers (its slabs if on its device, its borrowed
  * tensors, its host copy): evicted, it reloads from its files. */
 void wb__tier_drop(struct wb_broker *b, struct wb_model *m, const char *reason);
+
+/* Frees what a tier job still owns: a restore's slabs (it failed, or
+ * nobody took them), a move's host copy not taken. */
+void wb__tier_job_release(struct wb_load_job *job);
 
 /* The tier thread's work (loader.c dispatches WB_JOB_TIER here), and the
  * loop's end of it. */

@@ -164,15 +164,24 @@ void wb__tier_job_run(wb_load_job *job)
             } else
                 memset(&job->tier_slabs[k], 0, sizeof job->tier_slabs[k]);
         }
-        if (job->rc != WB_OK)
-            for (uint32_t k = 0; k < job->tier_n; k++)
-                if (job->tier_slabs[k].size) {
-                    be->slab_free(&job->tier_slabs[k]);
-                    memset(&job->tier_slabs[k], 0, sizeof job->tier_slabs[k]);
-                }
+        /* A failed restore's slabs go with the job (wb__tier_job_release). */
     }
     job->tier_seconds = wb__clock_mono_s() - t0;
     job->tier_ran = 1;
+}
+
+void wb__tier_job_release(wb_load_job *job)
+{
+    const wb_backend *be = job->backend;
+    for (uint32_t k = 0; job->tier_op == WB_TIER_OP_RESTORE && k < job->tier_n; k++) {
+        if (job->tier_slabs[k].size)
+            be->slab_free(&job->tier_slabs[k]);
+        memset(&job->tier_slabs[k], 0, sizeof job->tier_slabs[k]);
+    }
+    /* A move's host copy is the job's; a restore's is the model's. */
+    if (job->tier_op == WB_TIER_OP_MOVE && job->tier_host)
+        be->host_free(be, job->tier_host, job->tier_bytes);
+    job->tier_host = NULL;
 }
 
 /* A reload's tensors must be the ones its load had: same names, dtypes,
@@ -272,9 +281,7 @@ void wb__tier_done(wb_broker *b, wb_load_job *job)
             m->data = job->data;
             memset(&job->data, 0, sizeof job->data);
             wb__model_data_free(&old, be);
-            m->tier_slab_bytes = 0;
-            for (uint32_t k = 0; k < m->data.n_slabs && !m->tier_slab_bytes; k++)
-                m->tier_slab_bytes = m->data.slabs[k].size;
+            m->tier_slab_bytes = wb__tier_slab_size(&m->data);
             job->tier_bytes = m->data.bytes;
             job->tier_seconds = m->data.load_seconds;
             if ((rc = wb__model_rewire(m, &err)) != WB_OK) {
@@ -287,9 +294,7 @@ void wb__tier_done(wb_broker *b, wb_load_job *job)
         if (rc == WB_OK) {
             m->tier = WB_TIER_DEVICE;
             m->restores++;
-            m->restore_seconds = job->tier_seconds;
-            if (job->tier_op == WB_TIER_OP_RELOAD && m->data.load_seconds > 0)
-                m->restore_seconds = m->data.load_seconds;
+            m->restore_seconds = job->tier_seconds; /* a reload's: its load's */
             uint64_t moved =
                 job->tier_bytes * (job->tier_op == WB_TIER_OP_RESTORE ? job->tier_n : 1);
             m->restore_gbps = m->restore_seconds > 0 ? (double)moved / m->restore_seconds / 1e9 : 0;
@@ -304,12 +309,6 @@ void wb__tier_done(wb_broker *b, wb_load_job *job)
             log_back(m, job, job->tier_op == WB_TIER_OP_RESTORE ? "host" : "files");
         } else {
             /* Back where it was; the next acquire is told why. */
-            if (job->tier_op == WB_TIER_OP_RESTORE) {
-                for (uint32_t k = 0; k < job->tier_n; k++)
-                    if (job->tier_slabs[k].size)
-                        be->slab_free(&job->tier_slabs[k]);
-                memset(job->tier_slabs, 0, job->tier_n * sizeof *job->tier_slabs);
-            }
             m->tier = job->tier_op == WB_TIER_OP_RESTORE ? WB_TIER_HOST : WB_TIER_EVICTED;
             m->tier_rc = rc;
             free(m->tier_error);
@@ -320,15 +319,9 @@ void wb__tier_done(wb_broker *b, wb_load_job *job)
                     wb__log_quote(qe, sizeof qe, err.msg));
         }
     }
-    /* What the job still owns: a restore's slabs (a model unloaded
-     * meanwhile), a host copy not taken, a reload's data. */
-    for (uint32_t k = 0; job->tier_slabs && k < job->tier_n && job->tier_op == WB_TIER_OP_RESTORE;
-         k++)
-        if (job->tier_slabs[k].size)
-            be->slab_free(&job->tier_slabs[k]);
-    if (job->tier_host && job->tier_op == WB_TIER_OP_MOVE)
-        be->host_free(be, job->tier_host, job->tier_bytes);
-    job->tier_host = NULL;
+    /* What the job still owns: a restore's slabs (failed, or a model
+     * unloaded meanwhile), a host copy not taken, a reload's data. */
+    wb__tier_job_release(job);
     wb__model_data_free(&job->data, be);
     int wanted = m->tier_wanted;
     m->tier_wanted = 0;
