@@ -11,11 +11,14 @@
  * default 4), each tensor whole on the stream with the fewest bytes queued:
  * one stream's copies run one after another on one copy engine (on an H200
  * with nothing else running, four streams copied 1.04 x as fast as one).
- * GPU time (events) is measured beside the wall time, per device. */
+ * The streams and their events are made once per device and kept with the
+ * source cache. GPU time (events) is measured beside the wall time, per
+ * device. */
 #include "publish.h"
 
 #include "alloc.h"
 #include "clock.h"
+#include "devlist.h"
 #include "log.h"
 #include "publish_srcs.h"
 
@@ -71,6 +74,38 @@ typedef struct dev_streams {
     unsigned n;
 } dev_streams;
 
+/* Each device's streams and events, made by its first commit and kept
+ * with the source cache for the next: a commit does not create and
+ * destroy streams around a copy of a few milliseconds. */
+typedef struct kept_streams {
+    dev_streams dev[WB_GPU_MAX];
+    unsigned n;
+} kept_streams;
+
+static void streams_destroy(dev_streams *ds)
+{
+    cudaSetDevice(ds->device);
+    for (unsigned k = 0; k < ds->n; k++) {
+        if (ds->start[k])
+            cudaEventDestroy(ds->start[k]);
+        if (ds->end[k])
+            cudaEventDestroy(ds->end[k]);
+        cudaStreamDestroy(ds->s[k]);
+    }
+    memset(ds->s, 0, sizeof ds->s);
+    memset(ds->start, 0, sizeof ds->start);
+    memset(ds->end, 0, sizeof ds->end);
+    ds->n = 0;
+}
+
+static void kept_free(void *p)
+{
+    kept_streams *ks = p;
+    for (unsigned i = 0; i < ks->n; i++)
+        streams_destroy(&ks->dev[i]);
+    free(ks);
+}
+
 static int streams_make(dev_streams *ds, int device, unsigned n, wb_err *err)
 {
     memset(ds, 0, sizeof *ds);
@@ -89,13 +124,45 @@ static int streams_make(dev_streams *ds, int device, unsigned n, wb_err *err)
             break;
         }
     }
-    return e == cudaSuccess ? WB_OK
-                            : wb__publish_cuda_fail(err, e, "creating the copy streams", NULL);
+    if (e == cudaSuccess)
+        return WB_OK;
+    streams_destroy(ds);
+    return wb__publish_cuda_fail(err, e, "creating the copy streams", NULL);
+}
+
+/* Device `device`'s kept streams, made now when it has none (or another
+ * number of them); nothing queued on them yet. */
+static int streams_get(kept_streams *ks, int device, unsigned n, dev_streams **out, wb_err *err)
+{
+    if (n > COPY_STREAMS)
+        n = COPY_STREAMS;
+    dev_streams *ds = NULL;
+    for (unsigned i = 0; i < ks->n && !ds; i++) {
+        if (ks->dev[i].device == device)
+            ds = &ks->dev[i];
+    }
+    if (!ds) {
+        if (ks->n == WB_GPU_MAX)
+            return wb__err_set(err, WB_ELIMIT, "copy streams on more than %d devices", WB_GPU_MAX);
+        ds = &ks->dev[ks->n++];
+        ds->device = device;
+        ds->n = 0;
+    }
+    if (ds->n != n) {
+        streams_destroy(ds);
+        int rc = streams_make(ds, device, n, err);
+        if (rc != WB_OK)
+            return rc;
+    }
+    memset(ds->queued, 0, sizeof ds->queued);
+    *out = ds;
+    return WB_OK;
 }
 
 /* Waits for every stream (even after a failure: no copy may read a
  * handle closed after) and adds its GPU span to *gpu: from the first used
- * stream's start to the latest end over the streams used. */
+ * stream's start to the latest end over the streams used. The streams
+ * stay for the next commit, unless they failed. */
 static cudaError_t streams_end(dev_streams *ds, double *gpu)
 {
     cudaError_t first = cudaSuccess;
@@ -118,14 +185,8 @@ static cudaError_t streams_end(dev_streams *ds, double *gpu)
             span = ms;
     }
     *gpu += span / 1e3;
-    for (unsigned k = 0; k < ds->n; k++) {
-        if (ds->start[k])
-            cudaEventDestroy(ds->start[k]);
-        if (ds->end[k])
-            cudaEventDestroy(ds->end[k]);
-        cudaStreamDestroy(ds->s[k]);
-    }
-    ds->n = 0;
+    if (first != cudaSuccess)
+        streams_destroy(ds);
     return first;
 }
 
@@ -149,15 +210,18 @@ int wb__publish_copy_cuda(wb_load_job *job, wb_publish *p, wb_err *err)
     wb_model_data *d = &job->data;
     wb_src_cache *c = *job->src_cache_slot;
     if (!c) {
-        const wb_src_ops ops = {.open = ipc_open, .close = ipc_close};
+        const wb_src_ops ops = {.open = ipc_open, .close = ipc_close, .free_kept = kept_free};
         if (!(c = wb__src_cache_new(&ops)))
             return wb__err_set(err, WB_ENOMEM, "out of memory for the source cache");
         *job->src_cache_slot = c;
     }
     /* Another producer's handles go first. */
     wb__src_cache_begin(c, p->owner);
+    void **kept = wb__src_cache_kept(c);
+    if (!*kept && !(*kept = wb__calloc(1, sizeof(kept_streams))))
+        return wb__err_set(err, WB_ENOMEM, "out of memory for the copy streams");
     void **ptrs = wb__calloc(p->n_sources ? p->n_sources : 1, sizeof *ptrs);
-    dev_streams *ds = wb__calloc(d->n_slabs ? d->n_slabs : 1, sizeof *ds);
+    dev_streams **ds = wb__calloc(d->n_slabs ? d->n_slabs : 1, sizeof *ds);
     if (!ptrs || !ds) {
         free(ptrs);
         free(ds);
@@ -176,13 +240,11 @@ int wb__publish_copy_cuda(wb_load_job *job, wb_publish *p, wb_err *err)
     wb__src_cache_counts(c, &opened, &found, &open_now);
     job->sources_opened = (uint32_t)(opened - opened0);
     job->sources_reused = (uint32_t)(found - found0);
-    for (uint32_t k = 0; k < d->n_slabs; k++)
-        ds[k].device = -1;
     for (uint32_t k = 0; rc == WB_OK && k < d->n_slabs; k++) {
         if (d->slabs[k].dev_ptr)
-            rc = streams_make(&ds[k], d->slabs[k].device,
-                              job->copy_streams ? job->copy_streams : WB_DEFAULT_PUBLISH_STREAMS,
-                              err);
+            rc = streams_get(*kept, d->slabs[k].device,
+                             job->copy_streams ? job->copy_streams : WB_DEFAULT_PUBLISH_STREAMS,
+                             &ds[k], err);
     }
     double t0 = wb__clock_mono_s();
     cudaError_t e = cudaSuccess;
@@ -217,7 +279,7 @@ int wb__publish_copy_cuda(wb_load_job *job, wb_publish *p, wb_err *err)
                                  t->name, p->beside, slab->device);
                 break;
             }
-            cudaStream_t st = pick(&ds[k], t->nbytes);
+            cudaStream_t st = pick(ds[k], t->nbytes);
             if (pc->kept) {
                 /* The kept tensor's slab: the version's own or one it
                  * borrows (share.h). */
@@ -251,11 +313,11 @@ int wb__publish_copy_cuda(wb_load_job *job, wb_publish *p, wb_err *err)
     size_t at = 0;
     job->copy_devices[0] = '\0';
     for (uint32_t k = 0; k < d->n_slabs; k++) {
-        if (ds[k].device < 0 || !ds[k].n)
+        if (!ds[k] || !ds[k]->n)
             continue;
         double span = 0;
-        int device = ds[k].device;
-        e = streams_end(&ds[k], &span);
+        int device = ds[k]->device;
+        e = streams_end(ds[k], &span);
         if (e != cudaSuccess && rc == WB_OK)
             rc = wb__publish_cuda_fail(err, e, "copying the producer's bytes", NULL);
         if (span > gpu)

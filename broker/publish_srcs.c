@@ -19,6 +19,7 @@ struct wb_src_cache {
     cached_src *e;
     size_t n, cap;
     uint64_t opened, found;
+    void *kept;
 };
 
 wb_src_cache *wb__src_cache_new(const wb_src_ops *ops)
@@ -55,9 +56,16 @@ void wb__src_cache_free(wb_src_cache **cp)
     if (!c)
         return;
     close_unused(c, 1);
+    if (c->kept && c->ops.free_kept)
+        c->ops.free_kept(c->kept);
     free(c->e);
     free(c);
     *cp = NULL;
+}
+
+void **wb__src_cache_kept(wb_src_cache *c)
+{
+    return &c->kept;
 }
 
 void wb__src_cache_begin(wb_src_cache *c, uint64_t owner)

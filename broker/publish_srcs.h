@@ -24,6 +24,9 @@ typedef struct wb_src_ops {
                 wb_err *err);
     void (*close)(void *ctx, void *ptr, int device);
     void *ctx;
+    /* May be NULL: frees what the caller keeps with the cache
+     * (wb__src_cache_kept), when the cache is freed. */
+    void (*free_kept)(void *kept);
 } wb_src_ops;
 
 typedef struct wb_src_cache wb_src_cache;
@@ -44,6 +47,9 @@ int wb__src_cache_open(wb_src_cache *c, const uint8_t *handle, int device, unsig
 void wb__src_cache_end(wb_src_cache *c, int failed);
 /* Connection `owner` ended: its handles close. Returns how many. */
 size_t wb__src_cache_forget(wb_src_cache *c, uint64_t owner);
+/* A slot for the caller's own state, kept as long as the cache (the copy
+ * streams, publish_cuda.c); ops.free_kept frees it. */
+void **wb__src_cache_kept(wb_src_cache *c);
 /* Handles opened and found open, over the cache's life; open now. */
 void wb__src_cache_counts(const wb_src_cache *c, uint64_t *opened, uint64_t *found, size_t *open);
 

@@ -12,7 +12,9 @@
 # tensors in its own device memory and publishes WB_PUBLISH_UPDATES updates
 # (weightbroker.Client.publish), each one every backbone weight changed in
 # place, with the eager output of each version saved as its reference and a
-# plain device-to-device copy of the same bytes timed beside it. Then the
+# plain device-to-device copy of the same bytes timed beside it, in the
+# trainer and in a second process whose context is idle between updates, as
+# the broker's is. Then the
 # baseline: as many processes as workers each receive the trainer's tensors
 # as CUDA IPC handles and copy them into their own copy of the weights.
 #

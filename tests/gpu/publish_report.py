@@ -17,7 +17,9 @@ and MTRIM, once the pool gave them back, against MPRE). The targets (the broker'
 device-to-device copy's GB/s, GPU time against GPU time and wall against
 wall; publish call to the last worker running the new version within the
 copy + 10 ms) are reported in targets_met, for the median update and for
-every update; beside them the broker's
+every update, against the trainer's plain copy and against the same copy
+from a process whose context was idle until then (idle_*: the trainer's
+context has just run, the broker's has not); beside them the broker's
 copy in GPU time (events, as the plain copy is timed), the time opening the
 producer's handles (sources_cached: found open from the last commit), and
 each version's checksums (ready, or dropped when a newer version came
@@ -151,6 +153,18 @@ def main():
             "sources_opened": int(c["sources_opened"]) if c.get("sources_opened") else 0,
             "sources_cached": int(c["sources_cached"]) if c.get("sources_cached") else 0,
             "checksums": [x for x in sums.get(v, []) if x.get("state") != "pending"]})
+        # The same plain copy from a process that was idle until then, as
+        # the broker's context was (publish_trainer.py --idle-copy).
+        ig, iw = u.get("idle_copy_s"), u.get("idle_wall_s")
+        ig_gbps = u["bytes"] / ig / 1e9 if ig else None
+        iw_gbps = u["bytes"] / iw / 1e9 if iw else None
+        per[-1].update({
+            "idle_copy_ms": round(ig * 1e3, 3) if ig else None,
+            "idle_gbps": round(ig_gbps, 2) if ig_gbps else None,
+            "idle_wall_gbps": round(iw_gbps, 2) if iw_gbps else None,
+            "copy_ratio_idle_gpu": round(u["bytes"] / gpu_s / 1e9 / ig_gbps, 3)
+            if gpu_s and ig_gbps else None,
+            "copy_ratio_idle_wall": round(gbps / iw_gbps, 3) if gbps and iw_gbps else None})
     res["per_update"] = per
 
     def med(k):
@@ -178,7 +192,19 @@ def main():
         "checksums_dropped": sum(any(x.get("state") == "dropped" for x in p["checksums"])
                                  for p in per),
         "checksum_gbps": sorted(float(x["gbps"]) for p in per for x in p["checksums"]
-                                if x.get("state") == "ready" and x.get("gbps"))}
+                                if x.get("state") == "ready" and x.get("gbps")),
+        "broker_gpu_ms_median": med("broker_gpu_ms"), "plain_copy_ms_median": med("plain_copy_ms"),
+        "idle_copy_ms_median": med("idle_copy_ms"), "idle_gbps_median": med("idle_gbps"),
+        "copy_ratio_idle_gpu_median": med("copy_ratio_idle_gpu"),
+        "copy_ratio_idle_wall_median": med("copy_ratio_idle_wall")}
+    # The medians' ratio beside the median of the ratios.
+    sm0 = res["summary"]
+    if sm0["broker_gpu_ms_median"] and sm0["plain_copy_ms_median"]:
+        sm0["copy_ratio_gpu_of_medians"] = round(
+            sm0["plain_copy_ms_median"] / sm0["broker_gpu_ms_median"], 3)
+    if sm0["broker_gpu_ms_median"] and sm0["idle_copy_ms_median"]:
+        sm0["copy_ratio_idle_gpu_of_medians"] = round(
+            sm0["idle_copy_ms_median"] / sm0["broker_gpu_ms_median"], 3)
     pool = int(sys.argv[7]) if len(sys.argv) > 7 and sys.argv[7] else 0
     mtrim = int(sys.argv[8]) if len(sys.argv) > 8 and sys.argv[8] else None
     res["memory"] = {"idle": m0, "before_first_update": mpre, "after_last_update": mpost,
@@ -204,6 +230,8 @@ def main():
         "copy_ratio_wall_median": (sm["copy_ratio_wall_median"] or 0) >= 0.8,
         "copy_ratio_gpu_every_update": every("copy_ratio_gpu", lambda x: x >= 0.8),
         "copy_ratio_wall_every_update": every("copy_ratio_wall", lambda x: x >= 0.8),
+        "copy_ratio_idle_gpu_median": (sm["copy_ratio_idle_gpu_median"] or 0) >= 0.8,
+        "copy_ratio_idle_wall_median": (sm["copy_ratio_idle_wall_median"] or 0) >= 0.8,
         "swap_median": sm["in_use_beyond_copy_ms_median"] is not None
         and sm["in_use_beyond_copy_ms_median"] <= 10,
         "swap_every_update": every("in_use_beyond_copy_ms", lambda x: x <= 10)}

@@ -16,7 +16,11 @@ into device memory once. Each update changes every backbone weight in place
   * a plain device-to-device copy of the same bytes into a second buffer
     (torch's copy_: cudaMemcpyAsync), before and after the publish, timed
     with CUDA events and by the wall clock: the baseline of the broker's
-    copy, which is timed both ways too,
+    copy, which is timed both ways too; and the same copy right after the
+    publish from a second process whose GPU context was idle until then,
+    as the broker's was (--idle-copy): under time slices shared with the
+    serving processes, a context that has just run is not in the same
+    place as one that wakes up to copy,
   * weightbroker.Client.publish(NAME, state_dict) makes the new version;
     its wall time is recorded with the Unix time it started.
 
@@ -27,7 +31,7 @@ tensors as CUDA IPC handles and copy them into their copy; the time from
 sending to the last copy done and the device memory they add (NVML).
 
 Writes OUT.json: {"updates": [{version, started_at, publish_s, bytes,
-plain_copy_s, plain_gbps}], "baseline": {...}}.
+plain_copy_s, plain_gbps, idle_copy_s, idle_wall_s}], "baseline": {...}}.
 """
 import argparse
 import json
@@ -89,6 +93,33 @@ def receiver(rank, q, done, shapes):
     q.get()  # hold until told to exit (the memory is measured meanwhile)
 
 
+def idle_copier(cmds, res):
+    """A second plain copy, from a process whose GPU context is idle between
+    updates, as the broker's is: it receives the trainer's tensors as CUDA
+    IPC handles, and on each command copies them into a buffer of its own
+    (copy_, timed as plain_copy) and answers (GPU seconds, wall seconds)."""
+    import torch as t
+    src = cmds.get()
+    dst = {k: t.empty_like(v) for k, v in src.items()}
+    plain_copy(src, dst)  # its workspaces before the memory is measured
+    t.cuda.synchronize()
+    res.put("ready")
+    while cmds.get() is not None:
+        res.put(plain_copy(src, dst))
+
+
+def start_idle_copier(base):
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    cmds, res = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=idle_copier, args=(cmds, res))
+    p.start()
+    cmds.put(base)
+    if res.get(timeout=120) != "ready":
+        raise SystemExit("the idle copier did not start")
+    return p, cmds, res
+
+
 def baseline(base, n):
     import torch.multiprocessing as mp
     ctx = mp.get_context("spawn")
@@ -129,6 +160,8 @@ def main():
     ap.add_argument("--baseline-workers", type=int, default=8)
     ap.add_argument("--go-baseline", help="wait for this file before the baseline")
     ap.add_argument("--go-updates", help="wait for this file before the first update")
+    ap.add_argument("--idle-copy", type=int, default=1,
+                    help="time the plain copy in an idle process too (1) or not (0)")
     a = ap.parse_args()
     import weightbroker
 
@@ -150,6 +183,7 @@ def main():
     eager_output(dim, layers, base, head, x)
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
+    idle, idle_cmds, idle_res = start_idle_copier(base) if a.idle_copy else (None, None, None)
     print("ready", flush=True)
     while a.go_updates and not os.path.exists(a.go_updates):
         time.sleep(0.05)
@@ -165,6 +199,10 @@ def main():
         started = time.time()
         version = client.publish(a.model, base)
         publish_s = time.time() - started
+        idle_run = None
+        if idle:
+            idle_cmds.put("copy")
+            idle_run = idle_res.get(timeout=60)
         # Timed again right after: the GPU is shared by time slices among
         # the serving processes, so a copy's time depends on when it runs.
         after = plain_copy(base, plain)
@@ -177,6 +215,9 @@ def main():
                     "plain_wall_s": round(plain_wall_s, 6),
                     "plain_wall_gbps": round(nbytes / plain_wall_s / 1e9, 2),
                     "plain_runs": [before, after]})
+        if idle_run:
+            ups[-1].update({"idle_copy_s": round(idle_run[0], 6),
+                            "idle_wall_s": round(idle_run[1], 6)})
         print(f"published version {version} in {publish_s * 1e3:.1f} ms "
               f"(plain copy {plain_s * 1e3:.2f} ms)", flush=True)
         torch.cuda.empty_cache()  # the roll's scratch: NVML then shows what is held
@@ -186,6 +227,9 @@ def main():
     while a.go_baseline and not os.path.exists(a.go_baseline):
         time.sleep(0.05)
     del plain
+    if idle:
+        idle_cmds.put(None)
+        idle.join(60)
     torch.cuda.empty_cache()
     if a.baseline_workers:
         res["baseline"] = baseline(base, a.baseline_workers)

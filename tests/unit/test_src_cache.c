@@ -2,8 +2,9 @@
  * commit's handles stay open for the same connection's next commit, the
  * ones it does not name again close after it, a failed commit closes them
  * all, another connection's commit closes the first one's, the end of the
- * connection closes its own (and not another's), and a failed open leaves
- * nothing behind. */
+ * connection closes its own (and not another's), a failed open leaves
+ * nothing behind, and the caller's state kept with the cache is freed with
+ * it. */
 #include "publish_srcs.h"
 
 #include <check.h>
@@ -143,6 +144,38 @@ START_TEST(test_failed_open)
 }
 END_TEST
 
+/* The caller's state kept with the cache (the copy streams) lives across
+ * commits and owners and is freed once, with the cache. */
+static int kept_freed;
+
+static void free_kept(void *p)
+{
+    kept_freed++;
+    free(p);
+}
+
+START_TEST(test_kept_state)
+{
+    fake f = {0};
+    wb_src_ops ops = {.open = fake_open, .close = fake_close, .ctx = &f, .free_kept = free_kept};
+    wb_src_cache *c = wb__src_cache_new(&ops);
+    ck_assert_ptr_nonnull(c);
+    void **slot = wb__src_cache_kept(c);
+    ck_assert_ptr_null(*slot);
+    *slot = malloc(16);
+    const uint8_t a[] = {1, 2};
+    commit(c, &f, 7, a, 2, 0);
+    commit(c, &f, 8, a, 2, 1);
+    ck_assert_uint_eq(wb__src_cache_forget(c, 8), 0);
+    ck_assert_ptr_eq(wb__src_cache_kept(c), slot);
+    ck_assert_ptr_nonnull(*slot);
+    kept_freed = 0;
+    wb__src_cache_free(&c);
+    ck_assert_int_eq(kept_freed, 1);
+    ck_assert_ptr_null(c);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("src_cache");
@@ -150,6 +183,7 @@ int main(void)
     tcase_add_test(tc, test_kept_between_commits);
     tcase_add_test(tc, test_owners);
     tcase_add_test(tc, test_failed_open);
+    tcase_add_test(tc, test_kept_state);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
