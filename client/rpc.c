@@ -47,6 +47,28 @@ int wb__rpc_default_timeout(int *ms, wb_err *err)
 }
 
 /* A fresh DEALER with linger 0, so closing it never waits for a dead broker. */
+/* Has the socket's disconnections reported on an inproc PAIR socket
+ * (rpc->mon); without one (libzmq refused) replies are awaited to their
+ * timeout, as before. */
+static void watch_socket(wb__rpc *rpc)
+{
+    char ep[96];
+    snprintf(ep, sizeof ep, "inproc://wb-rpc-watch-%p-%llu", (void *)rpc,
+             (unsigned long long)rpc->generation);
+    if (zmq_socket_monitor(rpc->sock, ep, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0)
+        return;
+    void *m = zmq_socket(rpc->ctx, ZMQ_PAIR);
+    int linger = 0;
+    if (m && zmq_setsockopt(m, ZMQ_LINGER, &linger, sizeof linger) == 0 &&
+        zmq_connect(m, ep) == 0) {
+        rpc->mon = m;
+        return;
+    }
+    if (m)
+        zmq_close(m);
+    zmq_socket_monitor(rpc->sock, NULL, 0);
+}
+
 static int open_socket(wb__rpc *rpc, wb_err *err)
 {
     void *s = zmq_socket(rpc->ctx, ZMQ_DEALER);
@@ -69,14 +91,46 @@ static int open_socket(wb__rpc *rpc, wb_err *err)
     }
     rpc->sock = s;
     rpc->generation++;
+    rpc->down = 0;
+    watch_socket(rpc);
     return WB_OK;
 }
 
 static void close_socket(wb__rpc *rpc)
 {
+    if (rpc->mon) {
+        zmq_socket_monitor(rpc->sock, NULL, 0);
+        zmq_close(rpc->mon);
+        rpc->mon = NULL;
+    }
     if (rpc->sock) {
         zmq_close(rpc->sock);
         rpc->sock = NULL;
+    }
+}
+
+/* Reads every event the socket's monitor queued (two frames each: the
+ * event number and value, then the endpoint) into rpc->down: 1 from a
+ * disconnection until libzmq connects again. */
+static void watch_events(wb__rpc *rpc)
+{
+    while (rpc->mon) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, rpc->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            break;
+        }
+        uint16_t event = 0;
+        if (zmq_msg_size(&m) >= sizeof event)
+            memcpy(&event, zmq_msg_data(&m), sizeof event);
+        if (event == ZMQ_EVENT_DISCONNECTED)
+            rpc->down = 1;
+        else if (event == ZMQ_EVENT_CONNECTED)
+            rpc->down = 0;
+        while (zmq_msg_more(&m) && zmq_msg_recv(&m, rpc->mon, ZMQ_DONTWAIT) >= 0)
+            ;
+        zmq_msg_close(&m);
     }
 }
 
@@ -441,6 +495,23 @@ int wb__rpc_fd(const wb__rpc *rpc)
     return fd;
 }
 
+/* Whether the broker a reply is awaited from is gone: the connection
+ * closed, libzmq has not connected again, and nothing listens on the path
+ * now (a broker that restarts there is waited for, as libzmq delivers the
+ * request to it). */
+static int gone(wb__rpc *rpc, wb_err *err)
+{
+    watch_events(rpc);
+    if (!rpc->down)
+        return 0;
+    int no_access = 0;
+    wb_err why;
+    if (check_path(rpc->path, &no_access, &why) == WB_OK)
+        return 0;
+    wb__err_set(err, WB_ECONN, "the broker went away before it answered: %s", why.msg);
+    return 1;
+}
+
 /* Receives the reply to `want_id` (any reply with any_id) until `deadline`.
  * WB_ETIMEDOUT (nothing set in err) when none came in time. */
 static int recv_reply(wb__rpc *rpc, uint64_t want_id, int any_id, int64_t deadline,
@@ -454,6 +525,11 @@ static int recv_reply(wb__rpc *rpc, uint64_t want_id, int any_id, int64_t deadli
          * poll and then a receive. */
         int64_t left = deadline - wb__clock_mono_ms();
         int wait = left > 0 ? (int)left : 0;
+        /* In slices while the connection is watched: a broker that died
+         * answers nothing, and the wait need not run to its end. */
+        int sliced = rpc->mon && wait > WB_RPC_WATCH_MS;
+        if (sliced)
+            wait = WB_RPC_WATCH_MS;
         zmq_setsockopt(rpc->sock, ZMQ_RCVTIMEO, &wait, sizeof wait);
         zmq_msg_t msg;
         zmq_msg_init(&msg);
@@ -465,6 +541,8 @@ static int recv_reply(wb__rpc *rpc, uint64_t want_id, int any_id, int64_t deadli
                 return got;
             if (left <= 0)
                 return WB_ETIMEDOUT;
+            if (sliced && gone(rpc, err))
+                return WB_ECONN;
             continue;
         }
         Wbproto__Reply *rep = NULL;

@@ -45,7 +45,16 @@ typedef struct wb__rpc {
     /* NULL: notices are discarded like replies to nobody. */
     wb__rpc_notice_fn on_notice;
     void *notice_arg;
+    /* The socket's connections and disconnections (a PAIR socket on its
+     * monitor), NULL where libzmq gave none. A reply awaited is given up
+     * (WB_ECONN) as soon as the connection is down and nothing listens on
+     * the path any more (the broker died or stopped), instead of at the
+     * timeout; looked at every WB_RPC_WATCH_MS. */
+    void *mon;
+    int down;
 } wb__rpc;
+
+#define WB_RPC_WATCH_MS 50
 
 /* Resolves the socket path (see wb__socket_path: `socket_path` may be NULL),
  * checks that it is a socket this process may open and that something

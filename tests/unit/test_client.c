@@ -796,6 +796,38 @@ static void *acquire_demo(void *arg)
     return NULL;
 }
 
+/* The broker goes away while an acquire waits for the model to come back:
+ * the acquire ends with WB_ECONN saying so within a few of libwbclient's
+ * looks at its connection (WB_RPC_WATCH_MS), not at its 3 s timeout. */
+START_TEST(busy_acquire_broker_gone)
+{
+    fake f;
+    fake_start(&f, 0);
+    wb_client *c = connect_fake(&f, 1, 3000);
+    atomic_store(&f.b.busy_acquires, -1);
+    atomic_store(&f.b.busy_retry_ms, 5);
+    acquire_job j = {.c = c};
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, acquire_demo, &j), 0);
+    while (atomic_load(&f.b.n_busy) < 3)
+        usleep(1000);
+    int64_t t0 = now_ms();
+    fake_broker_stop(&f.b);
+    pthread_join(t, NULL);
+    int64_t after_stop = now_ms() - t0;
+    ck_assert_int_eq(j.rc, WB_ECONN);
+    ck_assert_ptr_null(j.l);
+    ck_assert_msg(strstr(wb_client_errmsg(c), "acquire 'demo': the broker went away before it "
+                                              "answered: ") != NULL,
+                  "%s", wb_client_errmsg(c));
+    ck_assert_int_lt(after_stop, 1000);
+    ck_assert_int_lt(j.took_ms, 2500);
+    wb_client_destroy(&c);
+    fake_slab_destroy(&f.slab);
+    rmdir(f.dir);
+}
+END_TEST
+
 /* The attempts after the first have only what is left of the timeout: a
  * broker that then answers late still ends the acquire in time. */
 START_TEST(busy_acquire_retry_bounded_by_the_timeout)
@@ -883,6 +915,7 @@ int main(void)
     tcase_add_test(tc, destroy_keeps_busy_leases_mapped);
     tcase_add_test(tc, busy_acquire_retries_until_granted);
     tcase_add_test(tc, busy_acquire_times_out);
+    tcase_add_test(tc, busy_acquire_broker_gone);
     tcase_add_test(tc, busy_acquire_retry_bounded_by_the_timeout);
     tcase_add_test(tc, busy_without_retry_is_returned_at_once);
     suite_add_tcase(s, tc);

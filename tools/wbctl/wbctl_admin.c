@@ -139,6 +139,12 @@ static int load_and_wait(const wbctl_globals *g, const char *op, const char *nam
             slice = left < slice ? (left > 0 ? (int)left : 0) : slice;
         }
         rc = wb__rpc_wait(&rpc, id, body, slice, rep, &e);
+        if (rc == WB_ECONN && !*rep) {
+            /* The connection closed and nothing listens any more. */
+            how = WAIT_DEAD;
+            we = e;
+            break;
+        }
         if (rc != WB_ETIMEDOUT)
             break;
         int64_t now = wb__clock_mono_ms();
