@@ -92,10 +92,7 @@ static void streams_destroy(dev_streams *ds)
             cudaEventDestroy(ds->end[k]);
         cudaStreamDestroy(ds->s[k]);
     }
-    memset(ds->s, 0, sizeof ds->s);
-    memset(ds->start, 0, sizeof ds->start);
-    memset(ds->end, 0, sizeof ds->end);
-    ds->n = 0;
+    ds->n = 0; /* streams_make starts the next set from nothing */
 }
 
 static void kept_free(void *p)
@@ -144,9 +141,8 @@ static int streams_get(kept_streams *ks, int device, unsigned n, dev_streams **o
     if (!ds) {
         if (ks->n == WB_GPU_MAX)
             return wb__err_set(err, WB_ELIMIT, "copy streams on more than %d devices", WB_GPU_MAX);
-        ds = &ks->dev[ks->n++];
+        ds = &ks->dev[ks->n++]; /* zeroed: no streams yet */
         ds->device = device;
-        ds->n = 0;
     }
     if (ds->n != n) {
         streams_destroy(ds);

@@ -46,10 +46,9 @@ int wb__rpc_default_timeout(int *ms, wb_err *err)
                        env);
 }
 
-/* A fresh DEALER with linger 0, so closing it never waits for a dead broker. */
-/* Has the socket's disconnections reported on an inproc PAIR socket
- * (rpc->mon); without one (libzmq refused) replies are awaited to their
- * timeout, as before. */
+/* Has the socket's connections and disconnections reported on an inproc PAIR
+ * socket (rpc->mon); without one (libzmq refused) replies are awaited to
+ * their timeout, as before. */
 static void watch_socket(wb__rpc *rpc)
 {
     char ep[96];
@@ -69,6 +68,7 @@ static void watch_socket(wb__rpc *rpc)
     zmq_socket_monitor(rpc->sock, NULL, 0);
 }
 
+/* A fresh DEALER with linger 0, so closing it never waits for a dead broker. */
 static int open_socket(wb__rpc *rpc, wb_err *err)
 {
     void *s = zmq_socket(rpc->ctx, ZMQ_DEALER);

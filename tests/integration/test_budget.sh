@@ -18,9 +18,8 @@
 # * an unload of a model in the host tier frees its host copy;
 # * a broker killed during a restore (WB_TEST_TIER_DELAY_MS): the waiting
 #   client gets an error saying so at once (not at its timeout), neither a
-#   hang nor a lease, and a new broker on
-#   the socket starts cleanly, loads the models again and leaves none of
-#   the dead one's slabs in /dev/shm.
+#   hang nor a lease, and a new broker on the socket starts cleanly, loads
+#   the models again and leaves none of the dead one's slabs in /dev/shm.
 source "$(dirname "$0")/lib.sh"
 # Named slabs in /dev/shm: a killed broker's must not stay.
 HOST_SLAB=shm
