@@ -155,20 +155,35 @@ static int streams_get(kept_streams *ks, int device, unsigned n, dev_streams **o
     return WB_OK;
 }
 
+/* Records the end event of every stream that has copies, before any
+ * stream is waited for: an event recorded after waiting for another
+ * stream is queued when this context may have lost its time slice to
+ * the other processes on the GPU, and would wait for its next one (a
+ * span and a commit longer by that wait). Returns the first failure. */
+static cudaError_t streams_mark(dev_streams *ds)
+{
+    cudaError_t first = cudaSetDevice(ds->device);
+    for (unsigned k = 0; first == cudaSuccess && k < ds->n; k++) {
+        if (ds->queued[k] && ds->end[k])
+            first = cudaEventRecord(ds->end[k], ds->s[k]);
+    }
+    return first;
+}
+
 /* Waits for every stream (even after a failure: no copy may read a
  * handle closed after) and adds its GPU span to *gpu: from the first used
- * stream's start to the latest end over the streams used. The streams
- * stay for the next commit, unless they failed. */
-static cudaError_t streams_end(dev_streams *ds, double *gpu)
+ * stream's start to the latest end over the streams used (marked by
+ * streams_mark, whose result is `marked`). The streams stay for the next
+ * commit, unless they failed. */
+static cudaError_t streams_end(dev_streams *ds, cudaError_t marked, double *gpu)
 {
-    cudaError_t first = cudaSuccess;
+    cudaError_t first = marked;
     cudaSetDevice(ds->device);
     int have = -1;
     for (unsigned k = 0; k < ds->n; k++) {
-        cudaError_t e = ds->end[k] ? cudaEventRecord(ds->end[k], ds->s[k]) : cudaSuccess;
         cudaError_t w = cudaStreamSynchronize(ds->s[k]);
         if (first == cudaSuccess)
-            first = e != cudaSuccess ? e : w;
+            first = w;
         if (ds->queued[k] && ds->start[k] && ds->end[k] && have < 0)
             have = (int)k;
     }
@@ -308,12 +323,15 @@ int wb__publish_copy_cuda(wb_load_job *job, wb_publish *p, wb_err *err)
     double gpu = 0;
     size_t at = 0;
     job->copy_devices[0] = '\0';
+    cudaError_t marked[WB_GPU_MAX];
+    for (uint32_t k = 0; k < d->n_slabs && k < WB_GPU_MAX; k++)
+        marked[k] = ds[k] && ds[k]->n ? streams_mark(ds[k]) : cudaSuccess;
     for (uint32_t k = 0; k < d->n_slabs; k++) {
         if (!ds[k] || !ds[k]->n)
             continue;
         double span = 0;
         int device = ds[k]->device;
-        e = streams_end(ds[k], &span);
+        e = streams_end(ds[k], k < WB_GPU_MAX ? marked[k] : streams_mark(ds[k]), &span);
         if (e != cudaSuccess && rc == WB_OK)
             rc = wb__publish_cuda_fail(err, e, "copying the producer's bytes", NULL);
         if (span > gpu)

@@ -11,6 +11,8 @@
 
 #include "alloc.h"
 #include "client_impl.h"
+#include "clock.h"
+#include "lease.h"
 #include "log.h"
 
 #include <stdio.h>
@@ -84,7 +86,9 @@ static void follow_one(struct wb__follower *f, const char *model, uint32_t want)
     if (!old || wb_lease_version(old) == want)
         return;
     wb_lease *nl = NULL;
+    double t0 = wb__clock_mono_s();
     int rc = wb_lease_acquire_ex(f->client, model, &o, &nl);
+    double t1 = wb__clock_mono_s();
     if (rc != WB_OK) {
         wb__cerror("container_follow_failed",
                    "model=%s lease_model=%s version=%u step=acquire error=\"%s\"",
@@ -98,6 +102,8 @@ static void follow_one(struct wb__follower *f, const char *model, uint32_t want)
         wb_lease_release(&nl);
         return;
     }
+    double fetch_ms = nl->fetch_ms, map_ms = nl->map_ms;
+    uint32_t got = wb_lease_version(nl);
     rc = wb_container_update(c, &nl, 1);
     if (rc != WB_OK) {
         wb__cerror("container_follow_failed",
@@ -108,6 +114,13 @@ static void follow_one(struct wb__follower *f, const char *model, uint32_t want)
         count_error(c);
         return;
     }
+    /* Where the time from the notice to the swap went: the acquire (of
+     * which the slabs' descriptors and their mapping) and the update. */
+    wb__cinfo("container_followed",
+              "model=%s lease_model=%s version=%u acquire_ms=%.3f fetch_ms=%.3f map_ms=%.3f "
+              "update_ms=%.3f",
+              wb__aoti_qpath(c, q, sizeof q), wb__log_quote(qm, sizeof qm, model), got,
+              (t1 - t0) * 1000.0, fetch_ms, map_ms, (wb__clock_mono_s() - t1) * 1000.0);
     /* The container no longer uses the old lease (one an update could not
      * wait for stays registered: destroy releases it). */
     wb_lease_release(&old);

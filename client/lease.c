@@ -257,6 +257,7 @@ static int map_slabs(wb_client *c, const char *model, const Wbproto__Lease *pl, 
                 model, i, s->transport ? s->transport : "", (int)s->backend);
         want_fds += slab_is_fd(kind);
     }
+    double t0 = wb__clock_mono_s();
     if (want_fds) {
         wb_err e;
         int rc = wb__fdchan_fetch(c->rpc.path, pl->id.data, c->rpc.timeout_ms, fds,
@@ -271,6 +272,8 @@ static int map_slabs(wb_client *c, const char *model, const Wbproto__Lease *pl, 
                                    model, n_fds, pl->n_slabs);
         }
     }
+    double t1 = wb__clock_mono_s();
+    l->fetch_ms = (t1 - t0) * 1000.0;
     int rc = WB_OK;
     wb_err e;
     for (size_t i = 0; i < pl->n_slabs && rc == WB_OK; i++) {
@@ -307,6 +310,7 @@ static int map_slabs(wb_client *c, const char *model, const Wbproto__Lease *pl, 
         else
             rc = wb__client_fail(c, rc, "acquire '%s': slab %zu: %s", model, i, e.msg);
     }
+    l->map_ms = (wb__clock_mono_s() - t1) * 1000.0;
     /* Mapped (or failed): the mappings keep the memory, not the descriptors. */
     for (size_t k = 0; k < n_fds; k++)
         close(fds[k]);

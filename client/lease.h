@@ -158,6 +158,9 @@ struct wb_lease {
     int opt_device;
     int opt_allow_peer;
     char opt_uuid[48];
+    /* What the acquire spent on the slabs (milliseconds): fetching their
+     * descriptors from the broker, and importing and mapping them. */
+    double fetch_ms, map_ms;
     /* The container state: one lock for the count, the records and the
      * `ending` flag, so that wb_lease_release decides under the same lock
      * that registrations change under (lease_containers.c). */

@@ -56,6 +56,15 @@ swapped() {
   grep -q "event=container_swapped" "$WB_TMP/keep.err"
 }
 wait_for swapped || fail "worker keep did not swap: $(cat "$WB_TMP/keep.err")"
+# The follower says where the time went: the acquire, of which the slabs'
+# descriptors and their mapping, and the update.
+followed=$(grep -E -o 'event=container_followed .*version=2 acquire_ms=[0-9.]+ fetch_ms=[0-9.]+ map_ms=[0-9.]+ update_ms=[0-9.]+' "$WB_TMP/keep.err")
+[ -n "$followed" ] || fail "no container_followed line for version 2: $(cat "$WB_TMP/keep.err")"
+awk -v l="$followed" 'BEGIN {
+  n = split(l, f, /[ =]/)
+  for (i = 1; i < n; i++) v[f[i]] = f[i + 1]
+  exit !(v["acquire_ms"] > 0 && v["acquire_ms"] + 0.001 >= v["fetch_ms"] + v["map_ms"] && v["update_ms"] > 0)
+}' || fail "container_followed: the acquire does not hold its parts: $followed"
 sleep 1 # runs on version 2
 kill -TERM "$keep"
 wait_exit "$keep"
