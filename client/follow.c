@@ -114,16 +114,17 @@ static void follow_one(struct wb__follower *f, const char *model, uint32_t want)
         count_error(c);
         return;
     }
+    double t2 = wb__clock_mono_s();
+    /* The container no longer uses the old lease (one an update could not
+     * wait for stays registered: destroy releases it). */
+    wb_lease_release(&old);
     /* Where the time from the notice to the swap went: the acquire (of
      * which the slabs' descriptors and their mapping) and the update. */
     wb__cinfo("container_followed",
               "model=%s lease_model=%s version=%u acquire_ms=%.3f fetch_ms=%.3f map_ms=%.3f "
               "update_ms=%.3f",
               wb__aoti_qpath(c, q, sizeof q), wb__log_quote(qm, sizeof qm, model), got,
-              (t1 - t0) * 1000.0, fetch_ms, map_ms, (wb__clock_mono_s() - t1) * 1000.0);
-    /* The container no longer uses the old lease (one an update could not
-     * wait for stays registered: destroy releases it). */
-    wb_lease_release(&old);
+              (t1 - t0) * 1000.0, fetch_ms, map_ms, (t2 - t1) * 1000.0);
 }
 
 static void *follower_main(void *arg)
