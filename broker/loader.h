@@ -148,6 +148,7 @@ typedef struct wb_load_job {
     const void *sum_ptr;
     uint64_t *sum_xxh3;
     double sum_seconds;
+    double sum_queued_at; /* CLOCK_MONOTONIC seconds of the commit: the hold's start */
     /* The broker's pinned read-back buffers (made at the first job) and
      * the pool the job uses; the checker thread alone touches them. */
     struct wb_sum_pool **sum_pool_slot;

@@ -4,7 +4,8 @@
  * each take the next tensor and hash it in order. On the cuda backend each
  * of those threads reads its tensor back through two pinned buffers of its
  * own on a stream of its own: one chunk is copied while the one before is
- * hashed. On the host backends the slab is read where it is.
+ * hashed, from SUM_HOLD_MS after the commit. On the host backends the
+ * slab is read where it is, at once.
  *
  * A version being checksummed is pinned (one count on its leases). When it
  * stops being current (a newer version, an unload) its read-back is
@@ -23,6 +24,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -36,6 +38,14 @@
  * workers. */
 #define SUM_THREADS 4
 #define SUM_CHUNK   (16u << 20)
+
+/* A device version's read-back waits this long after its commit: in the
+ * first milliseconds the followers import and map the new slab, and a
+ * read-back on the copy engines then made their mappings slower (on the
+ * H200, with eight followers of a 4 GiB model: mapping 1.24 ms median and
+ * up to 7.7 ms with it, 0.9-1.0 ms and at most 1.6 ms held back by 40 ms;
+ * bench/RESULTS.md, "The read-back held back"). */
+#define SUM_HOLD_MS 40
 
 /* Pinned (cudaHostAlloc) read-back buffers: made only on the cuda
  * backend, the host backend hashes in place. */
@@ -264,9 +274,23 @@ static unsigned sum_threads(size_t tensors)
     return n;
 }
 
+/* Waits out the hold of a device version's read-back (SUM_HOLD_MS after
+ * its commit), or until it is dropped. */
+static void hold(wb_load_job *job)
+{
+    if (job->sum_host)
+        return;
+    double until = job->sum_queued_at + SUM_HOLD_MS / 1e3;
+    while (!atomic_load(&job->cancel) && wb__clock_mono_s() < until) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 void wb__publish_checksum_run(wb_load_job *job)
 {
     wb__err_clear(&job->err);
+    hold(job);
     double t0 = wb__clock_mono_s();
     const wb_model_data *d = &job->sum_model->data;
     sum_run s = {.job = job, .d = d, .rc = WB_OK};
@@ -343,6 +367,7 @@ void wb__publish_checksums_queue(wb_broker *b, wb_model *m)
     j->sum_host = host;
     j->sum_device = host ? -1 : m->data.slabs[k0].device;
     j->sum_ptr = src;
+    j->sum_queued_at = wb__clock_mono_s();
     j->sum_xxh3 = sums;
     j->sum_pool_slot = &b->sum_pool;
     m->leases++;
