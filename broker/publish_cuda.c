@@ -72,6 +72,7 @@ typedef struct dev_streams {
     cudaEvent_t start[COPY_STREAMS], end[COPY_STREAMS];
     uint64_t queued[COPY_STREAMS];
     unsigned n;
+    cudaError_t marked; /* streams_mark's result, for streams_end */
 } dev_streams;
 
 /* Each device's streams and events, made by its first commit and kept
@@ -151,6 +152,7 @@ static int streams_get(kept_streams *ks, int device, unsigned n, dev_streams **o
             return rc;
     }
     memset(ds->queued, 0, sizeof ds->queued);
+    ds->marked = cudaSuccess;
     *out = ds;
     return WB_OK;
 }
@@ -159,25 +161,26 @@ static int streams_get(kept_streams *ks, int device, unsigned n, dev_streams **o
  * stream is waited for: an event recorded after waiting for another
  * stream is queued when this context may have lost its time slice to
  * the other processes on the GPU, and would wait for its next one (a
- * span and a commit longer by that wait). Returns the first failure. */
-static cudaError_t streams_mark(dev_streams *ds)
+ * span and a commit longer by that wait). The first failure goes to
+ * ds->marked. */
+static void streams_mark(dev_streams *ds)
 {
     cudaError_t first = cudaSetDevice(ds->device);
     for (unsigned k = 0; first == cudaSuccess && k < ds->n; k++) {
         if (ds->queued[k] && ds->end[k])
             first = cudaEventRecord(ds->end[k], ds->s[k]);
     }
-    return first;
+    ds->marked = first;
 }
 
 /* Waits for every stream (even after a failure: no copy may read a
  * handle closed after) and adds its GPU span to *gpu: from the first used
  * stream's start to the latest end over the streams used (marked by
- * streams_mark, whose result is `marked`). The streams stay for the next
- * commit, unless they failed. */
-static cudaError_t streams_end(dev_streams *ds, cudaError_t marked, double *gpu)
+ * streams_mark). The streams stay for the next commit, unless they
+ * failed. */
+static cudaError_t streams_end(dev_streams *ds, double *gpu)
 {
-    cudaError_t first = marked;
+    cudaError_t first = ds->marked;
     cudaSetDevice(ds->device);
     int have = -1;
     for (unsigned k = 0; k < ds->n; k++) {
@@ -323,15 +326,16 @@ int wb__publish_copy_cuda(wb_load_job *job, wb_publish *p, wb_err *err)
     double gpu = 0;
     size_t at = 0;
     job->copy_devices[0] = '\0';
-    cudaError_t marked[WB_GPU_MAX];
-    for (uint32_t k = 0; k < d->n_slabs && k < WB_GPU_MAX; k++)
-        marked[k] = ds[k] && ds[k]->n ? streams_mark(ds[k]) : cudaSuccess;
+    for (uint32_t k = 0; k < d->n_slabs; k++) {
+        if (ds[k] && ds[k]->n)
+            streams_mark(ds[k]);
+    }
     for (uint32_t k = 0; k < d->n_slabs; k++) {
         if (!ds[k] || !ds[k]->n)
             continue;
         double span = 0;
         int device = ds[k]->device;
-        e = streams_end(ds[k], k < WB_GPU_MAX ? marked[k] : streams_mark(ds[k]), &span);
+        e = streams_end(ds[k], &span);
         if (e != cudaSuccess && rc == WB_OK)
             rc = wb__publish_cuda_fail(err, e, "copying the producer's bytes", NULL);
         if (span > gpu)
