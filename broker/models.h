@@ -51,10 +51,11 @@ typedef struct wb_model_data {
     double load_seconds;
     double load_gbps;
     /* Where the load's time went: reading and validating the headers,
-     * allocating the slab, reading and checksumming the tensors. */
+     * allocating the slab, reading and checksumming the tensors, sealing. */
     double open_seconds;
-    double alloc_seconds;
+    double alloc_seconds; /* staged: overlapped with the first reads */
     double read_seconds;
+    double seal_seconds; /* making the filled slabs read-only */
     unsigned read_threads;
     /* The pipeline's figures per stage (stage.h), and the time spent
      * registering file mappings (mapped loads). */

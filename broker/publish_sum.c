@@ -19,6 +19,7 @@
 #include "clock.h"
 #include "log.h"
 #include "share.h"
+#include "xxh.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -26,7 +27,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #ifdef WB_HAVE_CUDA
 #include <cuda_runtime_api.h>

@@ -6,11 +6,11 @@
 #include "models.h"
 #include "safetensors_table.h"
 #include "stage.h"
+#include "xxh.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
 
 /* One tensor that lives in a hold's slab (copied from its owner's table). */
 typedef struct entry {

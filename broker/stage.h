@@ -229,6 +229,13 @@ typedef struct wb_stage_job {
     int (*prepare)(void *ctx, uint64_t offset, uint64_t len, wb_err *err);
     void *prepare_ctx;
     void *dst;
+    /* Staged: may be NULL. Called once, on the thread that runs the
+     * pipeline, after the readers have started and before the first copy,
+     * to set dst (and the ring's engine, which readers never touch): the
+     * destination is allocated while the first chunks are read into the
+     * ring. A failure stops the load with its error before any copy. */
+    int (*before_copy)(void *ctx, struct wb_stage_job *job, wb_err *err);
+    void *before_copy_ctx;
     wb_staging *staging;      /* staged: the ring; mapped: only its engine */
     wb_copy_engine *engine;   /* mapped: the engine (staged uses the ring's) */
     wb_stage_config cfg;      /* threads and chunk size (staged: chunk = buffer size) */
@@ -251,6 +258,9 @@ typedef struct wb_stage_stats {
     double hash_busy;        /* summed seconds in XXH3 */
     double wait_busy;        /* summed seconds readers waited for a buffer or a turn */
     double copy_seconds;     /* copy stage: first copy's start to last one's end */
+    double first_copy_at;    /* staged: seconds from the pipeline's start to its first copy */
+    double readers_at;       /* seconds from the pipeline's start to its last reader's start */
+    double first_fill_at;    /* staged: ... to the first staging buffer filled */
     uint64_t copy_calls;     /* staged: calls to the engine (a batch is one) */
     int read_source;         /* wb_stage_read the readers used (direct, staged) */
     double register_seconds; /* mapped in pieces: summed over the registering threads */

@@ -19,11 +19,27 @@ static void nap(ctx *c)
     pthread_cond_timedwait(&c->copier_cv, &c->mu, &ts);
 }
 
-void wb__stage_run_copier(ctx *c, double *copy_seconds, uint64_t *calls)
+/* Calls the job's before_copy, while the readers fill the ring; 1 when the
+ * copies may start. */
+static int ready_to_copy(ctx *c)
 {
+    wb_stage_job *j = c->job;
+    wb_err err;
+    int rc = j->before_copy ? j->before_copy(j->before_copy_ctx, j, &err) : WB_OK;
+    if (rc == WB_OK && j->before_copy)
+        rc = wb__stage_ring_ready(j->staging, &err);
+    if (rc != WB_OK)
+        wb__stage_fail(c, rc, &err);
+    return rc == WB_OK;
+}
+
+void wb__stage_run_copier(ctx *c, wb_stage_stats *st)
+{
+    int ready = ready_to_copy(c);
     wb_staging *sg = c->job->staging;
     wb_copy_engine *e = &sg->engine;
     unsigned n = sg->n;
+    uint64_t *calls = &st->copy_calls;
     unsigned *inflight = wb__malloc(n * sizeof *inflight);
     unsigned *batch = wb__malloc(n * sizeof *batch);
     wb_copy cps[WB_STAGE_MAX_BATCH];
@@ -42,7 +58,7 @@ void wb__stage_run_copier(ctx *c, double *copy_seconds, uint64_t *calls)
     if (!inflight || !batch) {
         wb__err_set(&err, WB_ENOMEM, "out of memory for the copy queue");
         wb__stage_fail(c, WB_ENOMEM, &err);
-    } else if (e->begin && e->begin(e->ctx, &err) != WB_OK) {
+    } else if (ready && e->begin && e->begin(e->ctx, &err) != WB_OK) {
         wb__stage_fail(c, err.code ? err.code : WB_EIO, &err);
     }
 
@@ -76,6 +92,7 @@ void wb__stage_run_copier(ctx *c, double *copy_seconds, uint64_t *calls)
             if (!started) {
                 started = 1;
                 first = wb__clock_mono_s();
+                st->first_copy_at = first - c->t_start;
             }
             unsigned k = 0;
             for (; k < WB_STAGE_MAX_BATCH && i + k < m; k++) {
@@ -138,7 +155,7 @@ void wb__stage_run_copier(ctx *c, double *copy_seconds, uint64_t *calls)
         int rc = e->finish(e->ctx, &dev, &err);
         if (rc != WB_OK && !stopped(c))
             wb__stage_fail(c, rc, &err);
-        *copy_seconds = dev >= 0 ? dev : last - first;
+        st->copy_seconds = dev >= 0 ? dev : last - first;
     }
     if (slack > 0)
         prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);

@@ -9,13 +9,7 @@
 #include "stage.h"
 
 #include <pthread.h>
-#include <xxhash.h>
-#if defined(__x86_64__) || defined(__i386__)
-/* Picks the widest vector unit at run time (AVX2, AVX-512): the checksum of
- * one tensor is sequential, so its speed bounds how fast a large tensor
- * lands. */
-#include <xxh_x86dispatch.h>
-#endif
+#include "xxh.h"
 
 /* A piece number meaning "the whole tensor". */
 #define WHOLE UINT32_MAX
@@ -50,6 +44,8 @@ typedef struct reader_stats {
 /* The state of one load. */
 typedef struct ctx {
     wb_stage_job *job;
+    double t_start;       /* the pipeline's start (wb__clock_mono_s) */
+    double first_fill_at; /* staged: when the first buffer was filled (under mu) */
     uint64_t chunk_bytes;
     /* The plan. */
     chunk *chunks;
@@ -82,8 +78,11 @@ typedef struct ctx {
     unsigned fill_head, fill_count;
     atomic_int *pending;
     chunk **buf_chunk;
-    unsigned n_readers;
+    unsigned n_readers; /* readers running or ended; the first lowers it if some fail to start */
     unsigned readers_done;
+    unsigned n_spawn;  /* readers to start */
+    unsigned spawned;  /* started, the first included (under mu) */
+    double readers_at; /* when the last one was started (under mu) */
     /* Read sources mmap and mmap-nt: per file its mapping (NULL: pread)
      * and length; nt: copy with non-temporal stores. */
     const uint8_t **src_maps;
@@ -117,6 +116,9 @@ static inline uint64_t hash_once(const void *p, uint64_t len)
     return XXH3_64bits(len ? p : empty, (size_t)len);
 }
 
+/* stage.c: whether a staged load's ring has an engine (WB_EINTERNAL if not). */
+int wb__stage_ring_ready(const wb_staging *sg, wb_err *err);
+
 /* stage.c: records the first error and wakes every waiting thread. */
 void wb__stage_fail(ctx *c, int rc, const wb_err *err);
 int wb__stage_oom(wb_err *err, const char *what);
@@ -138,9 +140,10 @@ void wb__stage_release_buffer(ctx *c, unsigned b);
 void wb__stage_hand_to_copier(ctx *c, unsigned b, chunk *ch);
 
 /* stage_copy.c: the copier of a staged load, in the calling thread, until
- * every reader has ended and every copy has finished; *calls: the calls
- * to the engine. */
-void wb__stage_run_copier(ctx *c, double *copy_seconds, uint64_t *calls);
+ * every reader has ended and every copy has finished (first calling the
+ * job's before_copy); fills st's copy_seconds, first_copy_at and
+ * copy_calls. */
+void wb__stage_run_copier(ctx *c, wb_stage_stats *st);
 
 /* stage_mapped.c: a whole mapped load. */
 int wb__stage_run_mapped(ctx *c, wb_stage_stats *st, wb_err *err);

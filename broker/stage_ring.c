@@ -41,6 +41,8 @@ void wb__stage_hand_to_copier(ctx *c, unsigned b, chunk *ch)
     c->buf_chunk[b] = ch;
     c->fill_q[(c->fill_head + c->fill_count) % c->job->staging->n] = b;
     c->fill_count++;
+    if (c->first_fill_at == 0)
+        c->first_fill_at = wb__clock_mono_s() - c->t_start;
     pthread_cond_signal(&c->copier_cv);
     pthread_mutex_unlock(&c->mu);
 }

@@ -2,12 +2,12 @@
 #include "lease.h"
 
 #include "client_impl.h"
+#include "xxh.h"
 
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
 
 #ifdef WB_HAVE_CUDA
 #include <cuda_runtime_api.h>

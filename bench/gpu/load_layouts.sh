@@ -69,7 +69,7 @@ import json, sys
 tag, g, n, i, lj = sys.argv[1:]
 m = json.load(open(lj))
 keys = ("state", "bytes", "load_seconds", "load_gbps", "read_threads", "wait_seconds",
-        "open_seconds", "alloc_seconds")
+        "open_seconds", "alloc_seconds", "first_copy_seconds", "seal_seconds")
 st = {f"{k}_{f}": v.get(f) for k, v in m.get("load_stages", {}).items()
       for f in ("seconds", "gbps")}
 print(json.dumps({"build": tag, "gib": int(g), "tensors": int(n), "load": int(i),

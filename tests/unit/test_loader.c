@@ -531,6 +531,92 @@ START_TEST(test_load_staged_progress)
 }
 END_TEST
 
+/* The staged path allocates the slab while the readers fill the ring: the
+ * allocation sees staging buffers already filled and no copy queued yet,
+ * and the first copy comes after it. An allocation that fails stops the
+ * load with its message before any copy, and leaves the ring to the next
+ * load; a checkpoint of empty tensors, with nothing to copy, still gets
+ * its slab. */
+static int alloc_mode; /* 0: allocate; 1: wait for a filled buffer first; 2: fail */
+static int alloc_saw_filled, alloc_saw_copies = -1;
+
+static int fd_alloc_watching(wb_slab *slab, int device, uint64_t size, wb_err *err)
+{
+    if (alloc_mode == 2)
+        return wb__err_set(err, WB_ENOMEM, "no room on device %d for %llu bytes (test)", device,
+                           (unsigned long long)size);
+    alloc_saw_copies = (int)fdev.copies;
+    size_t ring = (size_t)fdev.ring.n * fdev.ring.size;
+    for (int tries = 0; alloc_mode == 1 && tries < 5000 && !alloc_saw_filled; tries++) {
+        for (size_t i = 0; i < ring && !alloc_saw_filled; i++)
+            alloc_saw_filled = __atomic_load_n(&fdev.mem[i], __ATOMIC_RELAXED) != 0;
+        if (!alloc_saw_filled)
+            usleep(1000);
+    }
+    return fd_alloc(slab, device, size, err);
+}
+
+START_TEST(test_load_staged_allocates_while_reading)
+{
+    uint8_t data[3 * 20000];
+    for (size_t i = 0; i < sizeof data; i++)
+        data[i] = (uint8_t)(i % 251 + 1);
+    const char *hdr = "{\"a\":{\"dtype\":\"U8\",\"shape\":[20000],\"data_offsets\":[0,20000]},"
+                      "\"b\":{\"dtype\":\"U8\",\"shape\":[20000],\"data_offsets\":[20000,40000]},"
+                      "\"c\":{\"dtype\":\"U8\",\"shape\":[20000],\"data_offsets\":[40000,60000]}}";
+    char path[512];
+    snprintf(path, sizeof path, "%s", write_st("s.safetensors", hdr, data, sizeof data));
+    const wb_backend *be = fake_staged_backend(4096, 2);
+    memset(fdev.mem, 0, 8 * 4096);
+    fake_backend.slab_alloc = fd_alloc_watching;
+    wb_load_opts o = {.backend = be, .device = 0};
+    wb_model_data d;
+    wb_err err;
+
+    alloc_mode = 1;
+    alloc_saw_filled = 0;
+    ck_assert_msg(wb__load_ex(path, &o, &d, &err) == WB_OK, "%s", err.msg);
+    ck_assert_msg(alloc_saw_filled, "the slab was allocated before any staging buffer was read");
+    ck_assert_int_eq(alloc_saw_copies, 0);
+    ck_assert(d.stage.first_copy_at >= d.alloc_seconds);
+    ck_assert(d.alloc_seconds > 0);
+    ck_assert_uint_eq(fdev.copies, d.stage.chunks);
+    const char *names[] = {"a", "b", "c"};
+    for (size_t i = 0; i < d.n_tensors; i++) {
+        const wb_model_tensor *t = &d.tensors[i];
+        size_t k = (size_t)(strchr("abc", t->name[0]) - "abc");
+        ck_assert_str_eq(t->name, names[k]);
+        ck_assert_mem_eq((const uint8_t *)d.slabs[0].dev_ptr + t->offset, data + k * 20000, 20000);
+        ck_assert_uint_eq(t->xxh3, XXH3_64bits(data + k * 20000, 20000));
+    }
+    wb__model_data_free(&d, be);
+
+    /* A failed allocation: its message, no copy, and the ring serves the
+     * next load. */
+    alloc_mode = 2;
+    fdev.copies = 0;
+    ck_assert_int_eq(wb__load_ex(path, &o, &d, &err), WB_ENOMEM);
+    ck_assert_ptr_nonnull(strstr(err.msg, "no room on device 0 for"));
+    ck_assert_uint_eq(fdev.copies, 0);
+    alloc_mode = 0;
+    ck_assert_msg(wb__load_ex(path, &o, &d, &err) == WB_OK, "%s", err.msg);
+    ck_assert_uint_eq(fdev.copies, d.stage.chunks);
+    wb__model_data_free(&d, be);
+
+    /* Nothing to copy: the slab is allocated all the same. */
+    const char *empty = "{\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}";
+    snprintf(path, sizeof path, "%s", write_st("e.safetensors", empty, NULL, 0));
+    fdev.copies = 0;
+    ck_assert_msg(wb__load_ex(path, &o, &d, &err) == WB_OK, "%s", err.msg);
+    ck_assert_uint_eq(d.n_slabs, 1);
+    ck_assert_ptr_nonnull(d.slabs[0].dev_ptr);
+    ck_assert_uint_eq(fdev.copies, 0);
+    ck_assert_uint_eq(d.tensors[0].xxh3, XXH3_64bits("", 0));
+    wb__model_data_free(&d, be);
+    free(fdev.mem);
+}
+END_TEST
+
 /* The host backend's readers populate the slab range by range: the ranges
  * they prepare tile the whole slab, gaps between tensors included, each
  * byte once, one range per chunk; a range that cannot be had fails the load
@@ -657,6 +743,7 @@ int main(void)
     tcase_add_test(tc, test_background_loader);
     tcase_add_test(tc, test_loader_stop_returns_queued);
     tcase_add_loop_test(tc, test_load_staged_progress, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
+    tcase_add_test(tc, test_load_staged_allocates_while_reading);
     tcase_add_loop_test(tc, test_load_direct_settings, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
     tcase_add_loop_test(tc, test_load_direct_prepares_every_byte, WB_STAGE_READ_PREAD,
                         WB_STAGE_READ_AUTO + 1);

@@ -31,6 +31,9 @@ static void load_json(json_t *o, const Wbproto__ModelInfo *m)
     json_object_set_new(o, "open_seconds", json_real(wbctl_round_secs(m->open_seconds)));
     json_object_set_new(o, "alloc_seconds", json_real(wbctl_round_secs(m->alloc_seconds)));
     json_object_set_new(o, "register_seconds", json_real(wbctl_round_secs(m->register_seconds)));
+    json_object_set_new(o, "seal_seconds", json_real(wbctl_round_secs(m->seal_seconds)));
+    json_object_set_new(o, "first_copy_seconds",
+                        json_real(wbctl_round_secs(m->first_copy_seconds)));
 }
 
 void wbctl_print_stages(const Wbproto__ModelInfo *m)
