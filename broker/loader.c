@@ -281,8 +281,6 @@ static void fail_copy(const wb_backend *be, wb_model_data *d, unsigned k, const 
     memset(&d->slabs[k], 0, sizeof d->slabs[k]);
 }
 
-/* How a load opens its checkpoint's table: wb__load_ex's way (the peer's
- * access to each file), or a job's checks. */
 /* Where a load's copies go: the slabs, and on the cuda backend the fan-out
  * over their devices' engines. Attached before the pipeline starts, or,
  * for a staged load, by its copier while the readers fill the ring, so
@@ -298,7 +296,6 @@ typedef struct dest {
     wb_stage_fanout_target *targets; /* n_devs */
     wb_stage_fanout *fanout;
     wb_staging *fan_ring; /* staged fan-out: the ring the job reads through */
-    int attached;
 } dest;
 
 static int dest_attach(void *arg, wb_stage_job *job, wb_err *err)
@@ -311,7 +308,6 @@ static int dest_attach(void *arg, wb_stage_job *job, wb_err *err)
     d->alloc_seconds = wb__clock_mono_s() - t;
     if (rc != WB_OK)
         return rc;
-    x->attached = 1;
     if (!x->fan) {
         if (job->mode != WB_STAGE_DIRECT)
             job->dst = d->slabs[0].dev_ptr;
@@ -344,6 +340,8 @@ static int dest_attach(void *arg, wb_stage_job *job, wb_err *err)
     return WB_OK;
 }
 
+/* How a load opens its checkpoint's table: wb__load_ex's way (the peer's
+ * access to each file), or a job's checks. */
 typedef int (*table_open)(void *ctx, const char *path, const wb_load_opts *o, wb_st_table **table,
                           wb_err *err);
 
@@ -507,7 +505,7 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
     }
     if ((rc = wb__stage_run(&job, &d.stage, err)) != WB_OK)
         goto done;
-    if (!ds.attached) {
+    if (!d.n_slabs) {
         rc = wb__err_set(err, WB_EINTERNAL, "the load of %s ended with no slab", path);
         goto done;
     }

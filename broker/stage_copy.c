@@ -39,14 +39,13 @@ void wb__stage_run_copier(ctx *c, wb_stage_stats *st)
     wb_staging *sg = c->job->staging;
     wb_copy_engine *e = &sg->engine;
     unsigned n = sg->n;
-    uint64_t *calls = &st->copy_calls;
     unsigned *inflight = wb__malloc(n * sizeof *inflight);
     unsigned *batch = wb__malloc(n * sizeof *batch);
     wb_copy cps[WB_STAGE_MAX_BATCH];
     unsigned hold = c->job->cfg.copy_batch;
     if (hold < 1 || hold > WB_STAGE_MAX_BATCH)
         hold = hold ? WB_STAGE_MAX_BATCH : 1;
-    *calls = 0;
+    st->copy_calls = 0;
     unsigned in_head = 0, in_count = 0;
     int started = 0;
     double first = 0, last = 0;
@@ -103,7 +102,7 @@ void wb__stage_run_copier(ctx *c, wb_stage_stats *st)
                                    .dst = (uint8_t *)c->job->dst + ch->slab_off,
                                    .len = (size_t)ch->span};
             }
-            ++*calls;
+            st->copy_calls++;
             int rc = wb__copy_submit_many(e, cps, k, &err);
             if (rc != WB_OK)
                 wb__stage_fail(c, rc, &err);
