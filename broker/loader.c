@@ -398,6 +398,7 @@ static int load(const char *path, const wb_load_opts *o, table_open open_table, 
     uint64_t size = 0;
     double t1 = wb__clock_mono_s();
     d.open_seconds = t1 - t0;
+    d.headers_remembered = table->remembered;
     if ((rc = wb__load_layout(table, &d, &size, err)) != WB_OK)
         goto done;
     for (size_t i = 0; i < table->n_tensors; i++) {

@@ -42,9 +42,10 @@ void wb__load_log_stages(const char *model, const wb_model_data *d)
                 s->first_copy_at, mode);
     wb_info("load_stage",
             "model=%s stage=total bytes=%llu seconds=%.4f gbps=%.2f open_seconds=%.4f "
-            "alloc_seconds=%.4f pipeline_seconds=%.4f seal_seconds=%.4f mode=%s",
-            q, b, d->load_seconds, d->load_gbps, d->open_seconds, d->alloc_seconds, s->seconds,
-            d->seal_seconds, mode);
+            "headers_remembered=%u alloc_seconds=%.4f pipeline_seconds=%.4f seal_seconds=%.4f "
+            "mode=%s",
+            q, b, d->load_seconds, d->load_gbps, d->open_seconds, d->headers_remembered,
+            d->alloc_seconds, s->seconds, d->seal_seconds, mode);
 }
 
 void wb__load_fill_model_info(const wb_model *m, Wbproto__ModelInfo *mi)

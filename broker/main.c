@@ -17,6 +17,7 @@
 #include "options.h"
 #include "paths.h"
 #include "reload.h"
+#include "safetensors_memo.h"
 #include "tier.h"
 #include "shm.h"
 #include "signals.h"
@@ -324,6 +325,8 @@ int main(int argc, char **argv)
     wb__log_set_prog("wbrokerd");
     /* The process is ours: jansson allocates as the rest does. */
     wb__alloc_use_for_jansson();
+    /* Reloads of a checkpoint skip the parse of its headers. */
+    wb__st_memo_set_limit(WB_ST_MEMO_BROKER_BYTES);
     wb_options o;
     wb__options_init(&o);
     int rc = wb__options_parse(&o, argc, argv);
@@ -332,5 +335,6 @@ int main(int argc, char **argv)
     if (rc == WB_OPTIONS_GO_ON)
         rc = run(&o);
     wb__options_free(&o);
+    wb__st_memo_set_limit(0);
     return rc;
 }

@@ -7,6 +7,7 @@
 
 #include "alloc.h"
 #include "names.h"
+#include "safetensors_memo.h"
 
 #include <jansson.h>
 
@@ -97,33 +98,10 @@ static const char *format_shape(char *buf, size_t size, const uint64_t *shape, u
     return buf;
 }
 
-/* One tensor while its file is validated, before it joins the table. */
-typedef struct pending {
-    char *name;
-    wb_dtype dtype;
-    uint32_t ndim;
-    uint64_t *shape;
-    uint64_t begin, end;
-} pending;
-
-typedef struct pending_meta {
-    char *key;
-    char *value;
-} pending_meta;
-
-static void pending_free(pending *p, size_t n, pending_meta *m, size_t nm)
-{
-    for (size_t i = 0; i < n; i++) {
-        free(p[i].name);
-        free(p[i].shape);
-    }
-    free(p);
-    for (size_t i = 0; i < nm; i++) {
-        free(m[i].key);
-        free(m[i].value);
-    }
-    free(m);
-}
+/* A tensor and a metadata entry while their file is validated, before they
+ * join the table. */
+typedef wb_st_pending pending;
+typedef wb_st_pending_meta pending_meta;
 
 /* Reads a non-negative JSON integer, saying what is wrong otherwise. */
 /* A shape dimension or an offset: a non-negative integer, else the error
@@ -297,7 +275,7 @@ static int validate_metadata(const char *file, json_t *meta, pending_meta **out,
     json_object_foreach(meta, key, value)
     {
         if (!json_is_string(value)) {
-            pending_free(NULL, 0, m, i);
+            wb__st_pending_free(NULL, 0, m, i);
             return wb__st_fail(err, WB_EFORMAT, file,
                                "__metadata__ value of key " NAMEF " is %s; metadata values must be "
                                "strings",
@@ -307,7 +285,7 @@ static int validate_metadata(const char *file, json_t *meta, pending_meta **out,
         m[i].value = wb__strdup(json_string_value(value));
         i++;
         if (!m[i - 1].key || !m[i - 1].value) {
-            pending_free(NULL, 0, m, i);
+            wb__st_pending_free(NULL, 0, m, i);
             return wb__st_fail(err, WB_ENOMEM, file, "out of memory reading __metadata__");
         }
     }
@@ -611,6 +589,87 @@ static int commit(wb_st_table *table, uint32_t file_index, const char *file, uin
     return 0;
 }
 
+/* Parses the JSON header hdr[0..n) into its entries: *po, *np, *mo, *nm,
+ * which the caller frees, on error too. */
+static int parse_entries(const char *file, const uint8_t *hdr, size_t n, pending **po, size_t *np,
+                         pending_meta **mo, size_t *nm, wb_err *err)
+{
+    json_error_t je;
+    unsigned long failures = wb__alloc_jansson_failures();
+    json_t *root = json_loadb((const char *)hdr, (size_t)n,
+                              JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK, &je);
+    if (wb__st_json_nomem(&root, &je, failures))
+        return wb__st_fail(err, WB_ENOMEM, file, "out of memory parsing the JSON header");
+    if (!root) {
+        const char *hint = "";
+        switch (json_error_code(&je)) {
+        case json_error_duplicate_key:
+            hint = "; each tensor name and key may appear only once";
+            break;
+        case json_error_null_character:
+        case json_error_null_byte_in_key:
+            hint = "; NUL characters are not allowed in names or values";
+            break;
+        case json_error_invalid_utf8:
+            hint = "; the header must be valid UTF-8";
+            break;
+        case json_error_numeric_overflow:
+            hint = "; integers must fit in 63 bits";
+            break;
+        default:
+            break;
+        }
+        return wb__st_fail(err, WB_EFORMAT, file,
+                           "malformed JSON header: %s (line %d, column %d, byte %d)%s", je.text,
+                           je.line, je.column, je.position, hint);
+    }
+    int rc = 0;
+    if (!json_is_object(root)) {
+        rc = wb__st_fail(err, WB_EFORMAT, file, "header is %s, expected a JSON object",
+                         wb__st_json_kind(root));
+        goto out;
+    }
+    /* The official writer pads the header with spaces to an 8-byte boundary;
+     * anything but whitespace after the object is an error. */
+    for (size_t i = je.position > 0 ? (size_t)je.position : 0; i < n; i++) {
+        uint8_t c = hdr[i];
+        if (c != ' ' && c != '\t' && c != '\n' && c != '\r') {
+            rc = wb__st_fail(
+                err, WB_EFORMAT, file,
+                "unexpected byte 0x%02x at header byte %zu, after the JSON object; only "
+                "whitespace padding may follow it",
+                c, i);
+            goto out;
+        }
+    }
+
+    size_t nkeys = json_object_size(root);
+    pending *p = *po = wb__calloc(nkeys ? nkeys : 1, sizeof *p);
+    if (!p) {
+        rc = wb__st_fail(err, WB_ENOMEM, file, "out of memory reading %zu header entries", nkeys);
+        goto out;
+    }
+    const char *key;
+    json_t *value;
+    json_object_foreach(root, key, value)
+    {
+        if (strcmp(key, "__metadata__") == 0) {
+            rc = validate_metadata(file, value, mo, nm, err);
+        } else if (key[0] == '\0') {
+            rc = wb__st_fail(err, WB_EFORMAT, file, "a tensor has an empty name");
+        } else {
+            rc = validate_tensor(file, key, value, &p[*np], err);
+            if (rc == 0)
+                (*np)++;
+        }
+        if (rc)
+            goto out;
+    }
+out:
+    json_decref(root);
+    return rc;
+}
+
 int wb__st_parse_header(wb_st_table *table, uint32_t file_index, const char *display_name,
                         const uint8_t *buf, size_t len, uint64_t file_size, wb_err *err)
 {
@@ -652,88 +711,28 @@ int wb__st_parse_header(wb_st_table *table, uint32_t file_index, const char *dis
                            "object with no leading whitespace",
                            hdr[0]);
 
-    json_error_t je;
-    unsigned long failures = wb__alloc_jansson_failures();
-    json_t *root = json_loadb((const char *)hdr, (size_t)n,
-                              JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK, &je);
-    if (wb__st_json_nomem(&root, &je, failures))
-        return wb__st_fail(err, WB_ENOMEM, file, "out of memory parsing the JSON header");
-    if (!root) {
-        const char *hint = "";
-        switch (json_error_code(&je)) {
-        case json_error_duplicate_key:
-            hint = "; each tensor name and key may appear only once";
-            break;
-        case json_error_null_character:
-        case json_error_null_byte_in_key:
-            hint = "; NUL characters are not allowed in names or values";
-            break;
-        case json_error_invalid_utf8:
-            hint = "; the header must be valid UTF-8";
-            break;
-        case json_error_numeric_overflow:
-            hint = "; integers must fit in 63 bits";
-            break;
-        default:
-            break;
-        }
-        return wb__st_fail(err, WB_EFORMAT, file,
-                           "malformed JSON header: %s (line %d, column %d, byte %d)%s", je.text,
-                           je.line, je.column, je.position, hint);
-    }
-    int rc = 0;
+    /* A header parsed before is not parsed again (safetensors_memo.h). */
     pending *p = NULL;
     pending_meta *m = NULL;
     size_t np = 0, nm = 0;
-    if (!json_is_object(root)) {
-        rc = wb__st_fail(err, WB_EFORMAT, file, "header is %s, expected a JSON object",
-                         wb__st_json_kind(root));
-        goto out;
-    }
-    /* The official writer pads the header with spaces to an 8-byte boundary;
-     * anything but whitespace after the object is an error. */
-    for (size_t i = je.position > 0 ? (size_t)je.position : 0; i < n; i++) {
-        uint8_t c = hdr[i];
-        if (c != ' ' && c != '\t' && c != '\n' && c != '\r') {
-            rc = wb__st_fail(
-                err, WB_EFORMAT, file,
-                "unexpected byte 0x%02x at header byte %zu, after the JSON object; only "
-                "whitespace padding may follow it",
-                c, i);
+    int rc = wb__st_memo_get(hdr, (size_t)n, &p, &np, &m, &nm);
+    if (rc < 0)
+        return wb__st_fail(err, WB_ENOMEM, file, "out of memory copying a remembered header");
+    if (rc == 0) {
+        if ((rc = parse_entries(file, hdr, (size_t)n, &p, &np, &m, &nm, err)) != 0)
             goto out;
-        }
+        wb__st_memo_put(hdr, (size_t)n, p, np, m, nm);
     }
-
-    size_t nkeys = json_object_size(root);
-    p = wb__calloc(nkeys ? nkeys : 1, sizeof *p);
-    if (!p) {
-        rc = wb__st_fail(err, WB_ENOMEM, file, "out of memory reading %zu header entries", nkeys);
-        goto out;
-    }
-    const char *key;
-    json_t *value;
-    json_object_foreach(root, key, value)
-    {
-        if (strcmp(key, "__metadata__") == 0) {
-            rc = validate_metadata(file, value, &m, &nm, err);
-        } else if (key[0] == '\0') {
-            rc = wb__st_fail(err, WB_EFORMAT, file, "a tensor has an empty name");
-        } else {
-            rc = validate_tensor(file, key, value, &p[np], err);
-            if (rc == 0)
-                np++;
-        }
-        if (rc)
-            goto out;
-    }
+    int remembered = rc == 1;
     uint64_t data_start = 8 + n;
     rc = check_coverage(file, p, np, file_size - data_start, err);
     if (rc == 0)
         rc = check_new_names(table, file, p, np, err);
     if (rc == 0)
         rc = commit(table, file_index, file, file_size, data_start, p, np, m, nm, err);
+    if (rc == 0 && remembered)
+        table->remembered++;
 out:
-    pending_free(p, np, m, nm);
-    json_decref(root);
+    wb__st_pending_free(p, np, m, nm);
     return rc;
 }

@@ -2,7 +2,11 @@
  * file (file_size = input size). Besides crashes and leaks, it traps when an
  * accepted table breaks the reader's promises: tensors ordered by offset and
  * tiling the data section, names unique and found by wb__st_find, and a
- * rejected second file leaving the table unchanged. */
+ * rejected second file leaving the table unchanged. Each input is parsed with
+ * the memo of parsed headers on (safetensors_memo.h): a second parse of the
+ * same bytes, from the memo, must give the same table, and a rejected input
+ * the same error. */
+#include "safetensors_memo.h"
 #include "safetensors_parse.h"
 
 #include <stdint.h>
@@ -43,6 +47,23 @@ static void check_table(const wb_st_table *t, uint64_t file_size)
             __builtin_trap();
 }
 
+static void same_tables(const wb_st_table *a, const wb_st_table *b)
+{
+    if (a->n_tensors != b->n_tensors || a->n_meta != b->n_meta || a->n_files != b->n_files ||
+        a->total_bytes != b->total_bytes || b->remembered != 1)
+        __builtin_trap();
+    for (size_t i = 0; i < a->n_tensors; i++) {
+        const wb_st_tensor *x = &a->tensors[i], *y = &b->tensors[i];
+        if (strcmp(x->name, y->name) || x->dtype != y->dtype || x->ndim != y->ndim ||
+            x->offset != y->offset || x->nbytes != y->nbytes ||
+            (x->ndim && memcmp(x->shape, y->shape, x->ndim * sizeof *x->shape)))
+            __builtin_trap();
+    }
+    for (size_t i = 0; i < a->n_meta; i++)
+        if (strcmp(a->meta[i].key, b->meta[i].key) || strcmp(a->meta[i].value, b->meta[i].value))
+            __builtin_trap();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -53,8 +74,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!t)
         return 0;
     wb_err err;
+    wb__st_memo_set_limit(0); /* each input starts with an empty memo */
+    wb__st_memo_set_limit(4u << 20);
     int rc = wb__st_parse_header(t, 0, "fuzz", data, size, size, &err);
     if (rc == WB_OK) {
+        wb_st_table *again = calloc(1, sizeof *again);
+        if (again) {
+            if (wb__st_parse_header(again, 0, "fuzz", data, size, size, &err) != WB_OK)
+                __builtin_trap();
+            same_tables(t, again);
+            wb__st_table_free(&again);
+        }
         check_table(t, size);
         /* The same file again as a second shard: every name is a duplicate. */
         size_t n = t->n_tensors, nm = t->n_meta;
@@ -67,6 +97,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             __builtin_trap();
     } else if (rc != WB_EFORMAT || err.code != rc || err.msg[0] == '\0') {
         __builtin_trap();
+    } else {
+        /* Nothing was kept: the same error again. */
+        wb_err again;
+        wb_st_table *u = calloc(1, sizeof *u);
+        if (u && (wb__st_parse_header(u, 0, "fuzz", data, size, size, &again) != rc ||
+                  strcmp(again.msg, err.msg) != 0))
+            __builtin_trap();
+        wb__st_table_free(&u);
     }
     wb__st_table_free(&t);
     return 0;

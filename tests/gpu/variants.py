@@ -19,10 +19,15 @@
       relative error of check_outputs.py, ||y - ref|| / ||ref|| in float64);
       prints {"tolerance", "rel_err": {ft: err vs its own}, "nearest": {ft:
       the reference closest to its output}, "matrix", "refs_min_distance"}.
-  variants.py variant PATH GIB
-      A checkpoint of GIB GiB of random bf16 in 4 tensors (written from the
-      GPU through save_streaming); kept when PATH already has that size.
-      Prints {"path", "bytes", "tensors", "reused"}.
+  variants.py variant PATH GIB [--layout llama|four]
+      A checkpoint of about GIB GiB of random bf16 (written from the GPU
+      through save_streaming); kept when PATH already has that layout's size.
+      "llama" (the default): shaped as Llama-2-7B with fewer layers (4096
+      wide, 11008 in the MLP, embeddings and head of a 32000 vocabulary: 9
+      tensors a layer from 8 KiB to 86 MiB, 84 tensors for 4 GiB), as a
+      served model is; "four": 4 tensors of a quarter each, the worst case
+      for a checksum, which is one sequential chain per tensor.
+      Prints {"path", "layout", "bytes", "tensors", "reused"}.
   variants.py peak [--bytes N] [--runs 5]
       The pinned host-to-device peak: a pinned uint8 tensor of N bytes
       (1 GiB) copied to cuda:0 with non_blocking=True and synchronized,
@@ -49,6 +54,7 @@
 """
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -250,24 +256,48 @@ def cmd_compare(a):
 
 # ---- the variant checkpoint and the link's peak --------------------------------
 
+def variant_shapes(gib, layout):
+    """The (name, shape) of each tensor of a variant checkpoint."""
+    target = gib * (1 << 30)
+    if layout == "four":
+        cols = 16384
+        rows = max(1, int(round(target / 4 / (cols * 2))))
+        return [("layer%d.weight" % i, (rows, cols)) for i in range(4)]
+    h, inter, vocab = 4096, 11008, 32000
+    per_layer = 2 * (4 * h * h + 3 * h * inter + 2 * h)
+    edges = 2 * (2 * vocab * h + h)
+    layers = max(1, int(round((target - edges) / per_layer)))
+    shapes = [("model.embed_tokens.weight", (vocab, h))]
+    for i in range(layers):
+        p = "model.layers.%d." % i
+        shapes += [(p + "input_layernorm.weight", (h,))]
+        shapes += [(p + "self_attn.%s_proj.weight" % x, (h, h)) for x in "qkvo"]
+        shapes += [(p + "post_attention_layernorm.weight", (h,))]
+        shapes += [(p + "mlp.gate_proj.weight", (inter, h)), (p + "mlp.up_proj.weight", (inter, h)),
+                   (p + "mlp.down_proj.weight", (h, inter))]
+    shapes += [("model.norm.weight", (h,)), ("lm_head.weight", (vocab, h))]
+    return shapes
+
+
 def cmd_variant(a):
     import torch
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     import compile_models
 
-    n_tensors, cols = 4, 16384
-    rows = max(1, int(round(a.gib * (1 << 30) / n_tensors / (cols * 2))))
-    data = n_tensors * rows * cols * 2
+    shapes = variant_shapes(a.gib, a.layout)
+    data = sum(2 * math.prod(s) for _, s in shapes)
     # The file is the header (8 bytes, padded JSON) and the data.
-    if os.path.exists(a.path) and data < os.path.getsize(a.path) < data + 4096:
-        print(json.dumps({"path": a.path, "bytes": data, "tensors": n_tensors, "reused": True}))
+    if os.path.exists(a.path) and data < os.path.getsize(a.path) < data + 8 * 4096:
+        print(json.dumps({"path": a.path, "layout": a.layout, "bytes": data,
+                          "tensors": len(shapes), "reused": True}))
         return 0
     g = torch.Generator(device="cuda").manual_seed(SEED + 100)
-    tensors = {f"layer{i}.weight": torch.randn(rows, cols, generator=g, device="cuda").to(
-        torch.bfloat16) for i in range(n_tensors)}
+    tensors = {n: torch.randn(s, generator=g, device="cuda").to(torch.bfloat16)
+               for n, s in shapes}
     compile_models.save_streaming(tensors, a.path + ".tmp")
     os.replace(a.path + ".tmp", a.path)
-    print(json.dumps({"path": a.path, "bytes": data, "tensors": n_tensors, "reused": False}))
+    print(json.dumps({"path": a.path, "layout": a.layout, "bytes": data,
+                      "tensors": len(shapes), "reused": False}))
     return 0
 
 
@@ -632,6 +662,7 @@ def cmd_report(a):
     if not peak:
         failures.append("script: no pinned peak measured")
     res = {"gpu": load(os.path.join(out, "gpu.json")),
+           "variant_file": load(os.path.join(out, "variant_file.json")),
            "finetunes": report_finetunes(out, tol, rec, failures),
            "budget": report_budget(out, peak, rec, failures),
            "reused_memory": report_cycles(out, peak, failures)}
@@ -679,6 +710,7 @@ def main():
     s = sub.add_parser("variant")
     s.add_argument("path")
     s.add_argument("gib", type=float)
+    s.add_argument("--layout", choices=("llama", "four"), default="llama")
     s = sub.add_parser("peak")
     s.add_argument("--bytes", type=int, default=1 << 30)
     s.add_argument("--runs", type=int, default=5)

@@ -42,7 +42,9 @@
 # same WB_GPU_WORK).
 #
 # Environment: as tests/gpu/lib.sh; WB_VARIANTS_GIB (the variant's size,
-# 1), WB_VARIANTS_SAMPLES (acquire rounds, 3), WB_VARIANTS_BUDGET_S (the
+# 1), WB_VARIANTS_LAYOUT (its tensors: llama, shaped as a served model, or
+# four, four tensors of a quarter each; see variants.py variant),
+# WB_VARIANTS_SAMPLES (acquire rounds, 3), WB_VARIANTS_BUDGET_S (the
 # seconds every wait is cut to, 330).
 set -uo pipefail
 
@@ -55,6 +57,7 @@ LOG_NAME=variants.log
 # shellcheck disable=SC2034
 BUDGET=${WB_VARIANTS_BUDGET_S:-330}
 VGIB=${WB_VARIANTS_GIB:-1}
+VLAYOUT=${WB_VARIANTS_LAYOUT:-llama}
 NS=${WB_VARIANTS_SAMPLES:-3}
 TOL=0.02
 MIB=$((1 << 20))
@@ -142,9 +145,10 @@ fi
 fi
 
 # ---- 2. cycles into reused memory -------------------------------------------------
-say "cycles: a ${VGIB} GiB checkpoint and the pinned host-to-device peak"
-F=$D/variant.safetensors
-timeout -k 10 "$(within 120)" python3 "$VPY" variant "$F" "$VGIB" >"$OUT/variant_file.json" \
+say "cycles: a ${VGIB} GiB checkpoint ($VLAYOUT layout) and the pinned host-to-device peak"
+F=$D/variant-$VLAYOUT.safetensors
+timeout -k 10 "$(within 120)" python3 "$VPY" variant "$F" "$VGIB" --layout "$VLAYOUT" \
+  >"$OUT/variant_file.json" \
   2>>"$LOG" || pfail "variants.py variant failed (see $LOG)"
 # In the page cache: every load below reads from memory.
 [ -s "$F" ] && cat "$F" >/dev/null

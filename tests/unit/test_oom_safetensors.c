@@ -2,10 +2,14 @@
  * (a file of every dtype, GPT-2 in one file, GPT-2 in eight shards by
  * directory and by index, the in-memory parser, the file checks alone),
  * read with each allocation failing in turn (jansson's too), fail with
- * WB_ENOMEM and no table, or give the whole table. */
+ * WB_ENOMEM and no table, or give the whole table; with the memo of parsed
+ * headers on, both when it has the headers (their copies fail) and when it
+ * is to keep them (a copy it cannot make is not kept, and said nowhere). */
 #include "alloc.h"
 #include "oom.h"
 #include "safetensors.h"
+#include "safetensors_memo.h"
+#include "st_fixture.h"
 
 #include <check.h>
 
@@ -27,6 +31,7 @@ typedef struct st_case {
     size_t len;
     wb_err err;
     int checked; /* files the checks were asked about in the last run */
+    int memo;    /* 0: off; 1: on and empty before each run; 2: holding the headers */
 } st_case;
 
 static oom_result total;
@@ -86,45 +91,38 @@ static void failed_open(void *arg, int rc)
     ck_assert_ptr_null(c->got);
 }
 
-static void same_tables(const wb_st_table *a, const wb_st_table *b)
-{
-    ck_assert_uint_eq(a->n_files, b->n_files);
-    for (uint32_t i = 0; i < a->n_files; i++) {
-        ck_assert_str_eq(a->files[i], b->files[i]);
-        ck_assert_uint_eq(a->file_sizes[i], b->file_sizes[i]);
-        ck_assert_uint_eq(a->data_starts[i], b->data_starts[i]);
-    }
-    ck_assert_uint_eq(a->n_tensors, b->n_tensors);
-    for (size_t i = 0; i < a->n_tensors; i++) {
-        const wb_st_tensor *x = &a->tensors[i], *y = &b->tensors[i];
-        ck_assert_str_eq(x->name, y->name);
-        ck_assert_int_eq(x->dtype, y->dtype);
-        ck_assert_uint_eq(x->ndim, y->ndim);
-        for (uint32_t d = 0; d < x->ndim; d++)
-            ck_assert_uint_eq(x->shape[d], y->shape[d]);
-        ck_assert_uint_eq(x->file, y->file);
-        ck_assert_uint_eq(x->offset, y->offset);
-        ck_assert_uint_eq(x->nbytes, y->nbytes);
-        /* Lookups by name work. */
-        ck_assert_ptr_eq(wb__st_find(b, x->name), y);
-    }
-    ck_assert_uint_eq(a->n_meta, b->n_meta);
-    for (size_t i = 0; i < a->n_meta; i++) {
-        ck_assert_str_eq(a->meta[i].key, b->meta[i].key);
-        ck_assert_str_eq(a->meta[i].value, b->meta[i].value);
-    }
-    ck_assert_uint_eq(a->total_bytes, b->total_bytes);
-    ck_assert_int_eq(a->by_name != NULL, b->by_name != NULL);
-}
-
 static void done_open(void *arg)
 {
     st_case *c = arg;
     if (c->files_only)
         return;
     ck_assert_ptr_nonnull(c->got);
-    same_tables(c->want, c->got);
+    st_same_tables(c->want, c->got);
+    if (c->memo == 2)
+        ck_assert_uint_eq(c->got->remembered, c->got->n_files);
     wb__st_table_free(&c->got);
+}
+
+static void memo_setup(void *arg)
+{
+    st_case *c = arg;
+    wb__st_memo_set_limit(0);
+    if (!c->memo)
+        return;
+    wb__st_memo_set_limit(1u << 20);
+    if (c->memo == 2) {
+        wb_st_table *t = NULL;
+        wb_err err;
+        ck_assert_int_eq(wb__st_open(c->path, &t, &err), WB_OK);
+        ck_assert_uint_eq(t->remembered, 0);
+        wb__st_table_free(&t);
+    }
+}
+
+static void memo_teardown(void *arg)
+{
+    (void)arg;
+    wb__st_memo_set_limit(0);
 }
 
 static void oom_open(const char *name, st_case *c)
@@ -136,7 +134,13 @@ static void oom_open(const char *name, st_case *c)
         c->want = c->got;
         c->got = NULL;
     }
-    oom_op op = {.name = name, .ctx = c, .run = run_open, .failed = failed_open, .done = done_open};
+    oom_op op = {.name = name,
+                 .ctx = c,
+                 .setup = memo_setup,
+                 .run = run_open,
+                 .failed = failed_open,
+                 .done = done_open,
+                 .teardown = memo_teardown};
     oom_result res = oom_run(&op);
     oom_total(&total, &res);
     wb__st_table_free(&c->want);
@@ -184,6 +188,22 @@ START_TEST(test_checked_open)
 }
 END_TEST
 
+/* The memo of parsed headers: GPT-2 in shards, each header kept (the copies
+ * kept may fail), then each taken from it (the copies handed out may fail). */
+START_TEST(test_memo)
+{
+    total = (oom_result){0};
+    for (int memo = 1; memo <= 2; memo++) {
+        st_case c = {.memo = memo};
+        fixture_path(c.path, sizeof c.path, "gpt2_sharded");
+        oom_open(memo == 1 ? "open gpt2_sharded, keeping the headers"
+                           : "open gpt2_sharded, the headers kept",
+                 &c);
+    }
+    printf("oom safetensors memo: %ld allocation points at %ld sites\n", total.points, total.sites);
+}
+END_TEST
+
 /* The parser alone, on the bytes of GPT-2's file. */
 START_TEST(test_parse_in_memory)
 {
@@ -211,6 +231,7 @@ int main(void)
     tcase_add_test(tc, test_official);
     tcase_add_test(tc, test_checked_open);
     tcase_add_test(tc, test_parse_in_memory);
+    tcase_add_test(tc, test_memo);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -2,6 +2,7 @@
  * every dtype, shards through an index, files written by the official
  * libraries), and one clear error for each kind of malformed input. */
 #include "safetensors.h"
+#include "st_fixture.h"
 
 #include <check.h>
 #include <jansson.h>
@@ -561,12 +562,6 @@ START_TEST(malformed_header)
 }
 END_TEST
 
-static void put_le64(unsigned char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
 START_TEST(malformed_framing)
 {
     unsigned char buf[64] = {0};
@@ -577,20 +572,20 @@ START_TEST(malformed_framing)
     write_raw(p, "", 0);
     expect_open_error(p, WB_EFORMAT, "file is 0 bytes", NULL);
 
-    put_le64(buf, 100000001ULL);
+    st_put_le64(buf, 100000001ULL);
     memcpy(buf + 8, "{}", 2);
     write_raw(p, buf, 10);
     expect_open_error(p, WB_EFORMAT, "header length 100000001 exceeds the 100000000-byte limit",
                       NULL);
-    put_le64(buf, UINT64_MAX);
+    st_put_le64(buf, UINT64_MAX);
     write_raw(p, buf, 10);
     expect_open_error(p, WB_EFORMAT, "header length 18446744073709551615 exceeds", NULL);
 
-    put_le64(buf, 100);
+    st_put_le64(buf, 100);
     write_raw(p, buf, 8 + 50);
     expect_open_error(p, WB_EFORMAT, "header truncated: header length 100 but only 50 bytes", NULL);
 
-    put_le64(buf, 0);
+    st_put_le64(buf, 0);
     write_raw(p, buf, 8);
     expect_open_error(p, WB_EFORMAT, "header is empty", NULL);
 
@@ -604,14 +599,14 @@ START_TEST(malformed_framing)
 
     /* A raw NUL byte in the header (not an escape). */
     static const char nul_hdr[] = "{\"a\":\"x\0y\"}";
-    put_le64(buf, sizeof nul_hdr - 1);
+    st_put_le64(buf, sizeof nul_hdr - 1);
     memcpy(buf + 8, nul_hdr, sizeof nul_hdr - 1);
     write_raw(p, buf, 8 + sizeof nul_hdr - 1);
     expect_open_error(p, WB_EFORMAT, "malformed JSON header", NULL);
 
     /* NUL padding is not whitespace. */
     static const char nul_pad[] = "{}\0\0";
-    put_le64(buf, sizeof nul_pad - 1);
+    st_put_le64(buf, sizeof nul_pad - 1);
     memcpy(buf + 8, nul_pad, sizeof nul_pad - 1);
     write_raw(p, buf, 8 + sizeof nul_pad - 1);
     expect_open_error(p, WB_EFORMAT, "unexpected byte 0x00 at header byte 2", NULL);
@@ -979,16 +974,6 @@ END_TEST
 /* The in-memory parser: failures leave the table as it was; names stay unique
  * across files; the order and the name index stay right when files arrive out
  * of order. */
-static size_t build(unsigned char *buf, size_t cap, const char *json, uint64_t data_len)
-{
-    size_t jl = strlen(json);
-    ck_assert_uint_le(8 + jl + data_len, cap);
-    put_le64(buf, jl);
-    memcpy(buf + 8, json, jl);
-    memset(buf + 8 + jl, 0xab, (size_t)data_len);
-    return 8 + jl + (size_t)data_len;
-}
-
 static void check_invariants(const wb_st_table *t)
 {
     for (size_t i = 0; i + 1 < t->n_tensors; i++) {
@@ -1010,29 +995,29 @@ START_TEST(parse_header_in_memory)
     wb_err err;
     wb_st_table *t = calloc(1, sizeof *t);
     ck_assert_ptr_nonnull(t);
-    size_t len = build(buf, sizeof buf,
-                       "{\"m\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]},"
-                       "\"e\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[2,2]},"
-                       "\"__metadata__\":{\"k\":\"v\"}}",
-                       2);
+    size_t len = st_build(buf, sizeof buf,
+                          "{\"m\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]},"
+                          "\"e\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[2,2]},"
+                          "\"__metadata__\":{\"k\":\"v\"}}",
+                          2);
     ck_assert_int_eq(wb__st_parse_header(t, 0, "A", buf, len, len, &err), WB_OK);
     ck_assert_uint_eq(t->n_files, 1);
     ck_assert_str_eq(t->files[0], "A");
     check_invariants(t);
 
     /* A bad file leaves the table unchanged. */
-    size_t bad = build(buf, sizeof buf,
-                       "{\"q\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,2]}}", 2);
+    size_t bad = st_build(buf, sizeof buf,
+                          "{\"q\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,2]}}", 2);
     ck_assert_int_eq(wb__st_parse_header(t, 1, "B", buf, bad, bad, &err), WB_EFORMAT);
     ck_assert_ptr_nonnull(strstr(err.msg, "B: tensor 'q'"));
     ck_assert_uint_eq(t->n_files, 1);
     ck_assert_uint_eq(t->n_tensors, 2);
     ck_assert_uint_eq(t->n_meta, 1);
     /* A name already in the table. */
-    len = build(buf, sizeof buf,
-                "{\"z\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
-                "\"m\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}",
-                2);
+    len = st_build(buf, sizeof buf,
+                   "{\"z\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
+                   "\"m\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}",
+                   2);
     ck_assert_int_eq(wb__st_parse_header(t, 1, "B", buf, len, len, &err), WB_EFORMAT);
     ck_assert_str_eq(err.msg, "B: tensor 'm' is also in A; a tensor may appear in only one file");
     ck_assert_uint_eq(t->n_tensors, 2);
@@ -1041,11 +1026,11 @@ START_TEST(parse_header_in_memory)
     ck_assert_int_eq(wb__st_parse_header(t, 2, "C", buf, len, len, &err), WB_EINVAL);
 
     /* In order: names merge into the index. */
-    len = build(buf, sizeof buf,
-                "{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
-                "\"zz\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]},"
-                "\"__metadata__\":{\"k\":\"other\",\"j\":\"w\"}}",
-                2);
+    len = st_build(buf, sizeof buf,
+                   "{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
+                   "\"zz\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]},"
+                   "\"__metadata__\":{\"k\":\"other\",\"j\":\"w\"}}",
+                   2);
     ck_assert_int_eq(wb__st_parse_header(t, 1, "B", buf, len, len, &err), WB_OK);
     ck_assert_uint_eq(t->n_tensors, 4);
     ck_assert_uint_eq(t->n_files, 2);
@@ -1057,8 +1042,8 @@ START_TEST(parse_header_in_memory)
     ck_assert_str_eq(t->meta[1].value, "v"); /* the first file's value stays */
 
     /* Out of order: more tensors for file 0 force a full re-sort. */
-    len = build(buf, sizeof buf, "{\"b\":{\"dtype\":\"U16\",\"shape\":[1],\"data_offsets\":[0,2]}}",
-                2);
+    len = st_build(buf, sizeof buf,
+                   "{\"b\":{\"dtype\":\"U16\",\"shape\":[1],\"data_offsets\":[0,2]}}", 2);
     ck_assert_int_eq(wb__st_parse_header(t, 0, "A", buf, len, len, &err), WB_OK);
     ck_assert_uint_eq(t->n_tensors, 5);
     ck_assert_uint_eq(t->n_files, 2);
