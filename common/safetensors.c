@@ -5,6 +5,7 @@
 
 #include "alloc.h"
 #include "safetensors_index.h"
+#include "safetensors_memo.h"
 
 #include <jansson.h>
 
@@ -254,15 +255,29 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+/* An index as read_index_json gives it: its tree, its bytes (kept for the
+ * memo until the open has succeeded), what the count found. */
+typedef struct index_read {
+    json_t *root;
+    char *buf;
+    size_t size;
+    int counted;      /* check_count was asked before the parse */
+    int remembered;   /* the tree came from the memo */
+    uint64_t values;  /* the JSON values in it (counted), else its size */
+    uint64_t entries; /* the weight_map's (counted) */
+} index_read;
+
 /* Reads and parses the index, after judging what its bytes hold: its
  * entries by check_count and the other values against WB_ST_INDEX_MAX_OTHER,
  * so that an index over a limit is never made into a tree (some 170 bytes an
- * entry). *counted tells whether check_count was asked: bytes whose
- * structure the count cannot follow are the parser's to refuse. */
-static int read_index_json(const reader *r, const char *path, json_t **out, int *counted,
-                           wb_err *err)
+ * entry). ir->counted tells whether check_count was asked: bytes whose
+ * structure the count cannot follow are the parser's to refuse. Bytes the
+ * memo holds give its tree, the caller's limit asked again. */
+static int read_index_json(const reader *r, const char *path, index_read *ir, wb_err *err)
 {
-    *counted = 0;
+    memset(ir, 0, sizeof *ir);
+    json_t **out = &ir->root;
+    int *counted = &ir->counted;
     int fd = -1;
     struct stat st;
     int rc = open_regular(r, path, &fd, &st, err);
@@ -283,6 +298,18 @@ static int read_index_json(const reader *r, const char *path, json_t **out, int 
     rc = pread_full(fd, buf, size, 0, path, err);
     if (rc)
         goto out;
+    ir->buf = buf;
+    ir->size = size;
+    ir->values = size;
+    if (wb__st_memo_get_index(buf, size, out, counted, &ir->entries) == 1) {
+        ir->remembered = 1;
+        if (*counted && r->o && r->o->check_count &&
+            (rc = r->o->check_count(r->o->arg, path, ir->entries, err)) != 0) {
+            json_decref(*out);
+            *out = NULL;
+        }
+        goto out;
+    }
     wb_st_index_count n;
     if (wb__st_index_count(buf, size, &n) == 0) {
         if (n.other_values > WB_ST_INDEX_MAX_OTHER) {
@@ -293,6 +320,8 @@ static int read_index_json(const reader *r, const char *path, json_t **out, int 
             goto out;
         }
         *counted = 1;
+        ir->entries = n.map_entries;
+        ir->values = n.map_entries + n.other_values;
         if (r->o && r->o->check_count &&
             (rc = r->o->check_count(r->o->arg, path, n.map_entries, err)) != 0)
             goto out;
@@ -307,7 +336,8 @@ static int read_index_json(const reader *r, const char *path, json_t **out, int 
                          "malformed JSON index: %s (line %d, column %d, byte %d)", je.text, je.line,
                          je.column, je.position);
 out:
-    free(buf);
+    if (!ir->buf)
+        free(buf);
     close(fd);
     return rc;
 }
@@ -419,11 +449,14 @@ static int walk_shards(const reader *r, const shard_walk *w, int check_only, wb_
  * then checks that the map and the shards agree tensor by tensor. */
 static int open_index(const reader *r, const char *path, wb_st_table **out, wb_err *err)
 {
-    json_t *root = NULL;
-    int counted = 0;
-    int rc = read_index_json(r, path, &root, &counted, err);
-    if (rc)
+    index_read ir;
+    int rc = read_index_json(r, path, &ir, err);
+    json_t *root = ir.root;
+    int counted = ir.counted;
+    if (rc) {
+        free(ir.buf);
         return rc;
+    }
     wb_st_table *table = NULL;
     char *index_dir = NULL;
     int dirfd = -1;
@@ -564,6 +597,13 @@ out:
         close(dirfd);
     free(index_dir);
     free(shards);
+    if (rc == 0 && !r->check_only) {
+        if (ir.remembered)
+            table->remembered++;
+        else
+            wb__st_memo_put_index(ir.buf, ir.size, root, counted, ir.entries, ir.values);
+    }
+    free(ir.buf);
     json_decref(root);
     if (rc || r->check_only)
         wb__st_table_free(&table);

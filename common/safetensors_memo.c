@@ -1,6 +1,7 @@
-/* The memo of parsed safetensors headers (safetensors_memo.h): a short list
- * of entries, most recently used first; a broker holds a few dozen
- * checkpoints, so a scan of their digests costs nothing beside a parse. */
+/* The memo of parsed safetensors headers and shard indexes
+ * (safetensors_memo.h): a short list of entries, most recently used first;
+ * a broker holds a few dozen checkpoints, so a scan of their digests costs
+ * nothing beside a parse. */
 #include "safetensors_memo.h"
 
 #include "alloc.h"
@@ -11,17 +12,24 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A header's entries (p, m), or a shard index's tree (index). */
 typedef struct memo_entry {
     struct memo_entry *next;
     uint64_t digest;
     size_t len;
-    uint8_t *hdr;
+    uint8_t *hdr; /* the bytes: a header's, or an index's */
     wb_st_pending *p;
     size_t np;
     wb_st_pending_meta *m;
     size_t nm;
+    json_t *index;
+    int counted;
+    uint64_t map_entries;
     size_t bytes; /* what the entry holds, counted against the limit */
 } memo_entry;
+
+/* Bytes that a tree of jansson's takes per value (safetensors_index.h). */
+#define TREE_BYTES_PER_VALUE 170
 
 static pthread_mutex_t memo_mu = PTHREAD_MUTEX_INITIALIZER;
 static memo_entry *memo_head;
@@ -46,6 +54,7 @@ void wb__st_pending_free(wb_st_pending *p, size_t n, wb_st_pending_meta *m, size
 static void entry_free(memo_entry *e)
 {
     wb__st_pending_free(e->p, e->np, e->m, e->nm);
+    json_decref(e->index);
     free(e->hdr);
     free(e);
 }
@@ -104,6 +113,23 @@ fail:
     return -1;
 }
 
+/* The entry of these bytes and kind, moved to the front; NULL when there
+ * is none. Under memo_mu. */
+static memo_entry *find(uint64_t d, const void *bytes, size_t n, int index)
+{
+    memo_entry **pp = &memo_head;
+    while (*pp && !((*pp)->digest == d && (*pp)->len == n && ((*pp)->index != NULL) == index &&
+                    memcmp((*pp)->hdr, bytes, n) == 0))
+        pp = &(*pp)->next;
+    memo_entry *e = *pp;
+    if (e) {
+        *pp = e->next; /* to the front: the most recently used */
+        e->next = memo_head;
+        memo_head = e;
+    }
+    return e;
+}
+
 /* Drops the least recently used entries until `need` more bytes fit.
  * Under memo_mu. */
 static void make_room(size_t need)
@@ -120,6 +146,33 @@ static void make_room(size_t need)
     }
 }
 
+/* On: the memo's limit, read under its lock (0: off). */
+static size_t limit_now(void)
+{
+    pthread_mutex_lock(&memo_mu);
+    size_t limit = memo_limit;
+    pthread_mutex_unlock(&memo_mu);
+    return limit;
+}
+
+/* Keeps e unless its bytes are kept already (another thread's open kept
+ * them meanwhile) or it is larger than the whole memo. */
+static void keep(memo_entry *e, int index)
+{
+    pthread_mutex_lock(&memo_mu);
+    if (find(e->digest, e->hdr, e->len, index) || e->bytes > memo_limit) {
+        pthread_mutex_unlock(&memo_mu);
+        entry_free(e);
+        return;
+    }
+    make_room(e->bytes);
+    e->next = memo_head;
+    memo_head = e;
+    memo_bytes += e->bytes;
+    memo_entries++;
+    pthread_mutex_unlock(&memo_mu);
+}
+
 void wb__st_memo_set_limit(size_t max_bytes)
 {
     pthread_mutex_lock(&memo_mu);
@@ -131,23 +184,13 @@ void wb__st_memo_set_limit(size_t max_bytes)
 int wb__st_memo_get(const uint8_t *hdr, size_t n, wb_st_pending **p, size_t *np,
                     wb_st_pending_meta **m, size_t *nm)
 {
-    pthread_mutex_lock(&memo_mu);
-    if (!memo_limit) {
-        pthread_mutex_unlock(&memo_mu);
+    if (!limit_now())
         return 0;
-    }
-    pthread_mutex_unlock(&memo_mu);
     uint64_t d = digest_of(hdr, n);
     pthread_mutex_lock(&memo_mu);
-    memo_entry **pp = &memo_head;
-    while (*pp && !((*pp)->digest == d && (*pp)->len == n && memcmp((*pp)->hdr, hdr, n) == 0))
-        pp = &(*pp)->next;
-    memo_entry *e = *pp;
+    memo_entry *e = find(d, hdr, n, 0);
     int rc = 0;
     if (e) {
-        *pp = e->next; /* to the front: the most recently used */
-        e->next = memo_head;
-        memo_head = e;
         size_t ignored = 0;
         rc = copy_entries(e->p, e->np, e->m, e->nm, p, m, &ignored) == 0 ? 1 : -1;
         if (rc == 1) {
@@ -165,9 +208,7 @@ int wb__st_memo_get(const uint8_t *hdr, size_t n, wb_st_pending **p, size_t *np,
 void wb__st_memo_put(const uint8_t *hdr, size_t n, const wb_st_pending *p, size_t np,
                      const wb_st_pending_meta *m, size_t nm)
 {
-    pthread_mutex_lock(&memo_mu);
-    size_t limit = memo_limit;
-    pthread_mutex_unlock(&memo_mu);
+    size_t limit = limit_now();
     if (!limit || n > limit)
         return;
     memo_entry *e = wb__calloc(1, sizeof *e);
@@ -185,22 +226,51 @@ void wb__st_memo_put(const uint8_t *hdr, size_t n, const wb_st_pending *p, size_
     e->np = np;
     e->nm = nm;
     memcpy(e->hdr, hdr, n);
+    keep(e, 0);
+}
+
+int wb__st_memo_get_index(const char *buf, size_t n, json_t **root, int *counted,
+                          uint64_t *map_entries)
+{
+    *root = NULL;
+    if (!limit_now())
+        return 0;
+    uint64_t d = digest_of((const uint8_t *)buf, n);
     pthread_mutex_lock(&memo_mu);
-    memo_entry *same = memo_head;
-    while (same && !(same->digest == e->digest && same->len == n && !memcmp(same->hdr, hdr, n)))
-        same = same->next;
-    if (same || e->bytes > memo_limit) {
-        /* Another thread kept the same header meanwhile, or it is too big. */
-        pthread_mutex_unlock(&memo_mu);
-        entry_free(e);
+    memo_entry *e = find(d, buf, n, 1);
+    if (e) {
+        *root = json_incref(e->index);
+        *counted = e->counted;
+        *map_entries = e->map_entries;
+        memo_hits++;
+    } else {
+        memo_misses++;
+    }
+    pthread_mutex_unlock(&memo_mu);
+    return e != NULL;
+}
+
+void wb__st_memo_put_index(const char *buf, size_t n, json_t *root, int counted,
+                           uint64_t map_entries, uint64_t values)
+{
+    size_t limit = limit_now();
+    if (!limit || !root || n > limit || values > (limit - n) / TREE_BYTES_PER_VALUE)
+        return;
+    memo_entry *e = wb__calloc(1, sizeof *e);
+    if (!e)
+        return;
+    if (!(e->hdr = wb__malloc(n ? n : 1))) {
+        free(e);
         return;
     }
-    make_room(e->bytes);
-    e->next = memo_head;
-    memo_head = e;
-    memo_bytes += e->bytes;
-    memo_entries++;
-    pthread_mutex_unlock(&memo_mu);
+    memcpy(e->hdr, buf, n);
+    e->len = n;
+    e->digest = digest_of(e->hdr, n);
+    e->index = json_incref(root);
+    e->counted = counted;
+    e->map_entries = map_entries;
+    e->bytes = sizeof *e + n + (size_t)values * TREE_BYTES_PER_VALUE;
+    keep(e, 1);
 }
 
 void wb__st_memo_stats(wb_st_memo_stats *out)

@@ -13,6 +13,8 @@
 
 #include "safetensors_table.h"
 
+#include <jansson.h>
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -50,6 +52,20 @@ int wb__st_memo_get(const uint8_t *hdr, size_t n, wb_st_pending **p, size_t *np,
  * the memo is on and they fit; nothing is said when they cannot be kept. */
 void wb__st_memo_put(const uint8_t *hdr, size_t n, const wb_st_pending *p, size_t np,
                      const wb_st_pending_meta *m, size_t nm);
+
+/* Shard indexes (model.safetensors.index.json) are kept the same way, apart
+ * from headers: the tree jansson parsed from the index's bytes, shared (the
+ * memo and every open hold a reference; nobody modifies it), and what
+ * wb__st_index_count found in them (counted: 0 when it could not follow
+ * them). A hit gives *root a new reference (the caller's to json_decref)
+ * and returns 1; 0 on a miss or with the memo off. */
+int wb__st_memo_get_index(const char *buf, size_t n, json_t **root, int *counted,
+                          uint64_t *map_entries);
+/* Keeps a copy of an index's bytes and a reference to its tree (the tree of
+ * an index that opened; one that failed is not kept). values: the JSON
+ * values the tree holds, what its size is judged by. */
+void wb__st_memo_put_index(const char *buf, size_t n, json_t *root, int counted,
+                           uint64_t map_entries, uint64_t values);
 
 typedef struct wb_st_memo_stats {
     uint64_t hits, misses;

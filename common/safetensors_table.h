@@ -70,7 +70,7 @@ typedef struct wb_st_table {
     uint64_t total_bytes; /* sum of nbytes */
     size_t *by_name;      /* n_tensors indices into tensors, ordered by name, owned; kept by
                            * wb__st_parse_header for wb__st_find (NULL: find scans) */
-    uint32_t remembered;  /* files whose header the memo had (safetensors_memo.h) */
+    uint32_t remembered;  /* files the memo had: headers, and a shard index (safetensors_memo.h) */
 } wb_st_table;
 
 /* Frees a table and sets *table to NULL; NULL is fine. */

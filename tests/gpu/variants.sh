@@ -19,9 +19,13 @@
 #               (relative error at most TOL, and nearest its own reference).
 # 2. cycles     a ~1 GiB checkpoint of random bf16; the pinned host-to-device
 #               peak (torch, best of 5); a broker with its slab pool loads it
-#               once (fresh memory), then 5 x wbctl sleep + wake (each
-#               restore's GB/s) and 5 x unload + load from the page cache
-#               (each load's GB/s, into the pooled slab): "reused_memory".
+#               once (fresh memory), then N x wbctl sleep + wake (each
+#               restore's GB/s, and from the broker's log its copy's time
+#               and the rest: "restore_splits") and N x unload + load from
+#               the page cache (each load's GB/s, into the pooled slab):
+#               "reused_memory". "link": N copies of the variant's size by
+#               torch before the cycles and N after the budget, every one's
+#               GB/s (the link's own spread in the same sitting).
 # 3. budget     a broker with --device-memory-budget 5 x the variant's slab
 #               plus 64 MiB and --host-memory-budget 10 x its slab loads it 20
 #               times (v00..v19, --no-share): 5 stay resident, 10 go to the
@@ -44,7 +48,8 @@
 # Environment: as tests/gpu/lib.sh; WB_VARIANTS_GIB (the variant's size,
 # 1), WB_VARIANTS_LAYOUT (its tensors: llama, shaped as a served model, or
 # four, four tensors of a quarter each; see variants.py variant),
-# WB_VARIANTS_SAMPLES (acquire rounds, 3), WB_VARIANTS_BUDGET_S (the
+# WB_VARIANTS_SAMPLES (acquire rounds, 3), WB_VARIANTS_CYCLES (the
+# cycles' N, 5), WB_VARIANTS_BUDGET_S (the
 # seconds every wait is cut to, 330).
 set -uo pipefail
 
@@ -59,6 +64,7 @@ BUDGET=${WB_VARIANTS_BUDGET_S:-330}
 VGIB=${WB_VARIANTS_GIB:-1}
 VLAYOUT=${WB_VARIANTS_LAYOUT:-llama}
 NS=${WB_VARIANTS_SAMPLES:-3}
+NCYC=${WB_VARIANTS_CYCLES:-5}
 TOL=0.02
 MIB=$((1 << 20))
 RES=$OUT/variants.jsonl
@@ -155,6 +161,15 @@ timeout -k 10 "$(within 120)" python3 "$VPY" variant "$F" "$VGIB" --layout "$VLA
 timeout -k 10 "$(within 120)" python3 "$VPY" peak >"$OUT/pinned_peak.json" 2>>"$LOG" ||
   pfail "variants.py peak failed (see $LOG)"
 say "pinned peak: $(cat "$OUT/pinned_peak.json")"
+# link BEFORE|AFTER: torch's copies of the variant's size, every run kept
+# (the link's own spread in this sitting, beside the restores').
+link() {
+  [ -s "$F" ] || return 0
+  timeout -k 10 "$(within 120)" python3 "$VPY" peak --bytes "$(stat -c %s "$F")" \
+    --runs "$NCYC" >"$OUT/link_$1.json" 2>>"$LOG" || pfail "variants.py peak ($1) failed"
+  say "link ($1): $(py "d['runs_gbps']" <"$OUT/link_$1.json" 2>&1)"
+}
+link before
 SLAB=0
 # shellcheck disable=SC2034
 BROKER_ARGS=("${VMM_ARGS[@]}" --no-slab-pool)
@@ -165,21 +180,21 @@ if [ -s "$F" ] && start_broker "$WORK/variants_cycle.sock" "$OUT/broker_cycle.lo
     ctl stats --json >"$OUT/cycle_stats_first.json"
     SLAB=$(model_field v slab_bytes <"$OUT/cycle_first.json")
     say "cycles: first load $(model_field v load_gbps <"$OUT/cycle_first.json") GB/s, slab $SLAB bytes"
-    for i in 1 2 3 4 5; do
+    for i in $(seq 1 "$NCYC"); do
       ctl sleep v >>"$LOG" 2>&1 || pfail "cycles: sleep $i failed: $(ctl models v)"
       ctl wake v >>"$LOG" 2>&1 || pfail "cycles: wake $i failed: $(ctl models v)"
       ctl models --json >"$OUT/cycle_wake_$i.json"
     done
     say "cycles: restores $(python3 -c 'import json, sys
-print([next(m["last_restore_gbps"] for m in json.load(open(f)) if m["name"] == "v") for f in sys.argv[1:]])' "$OUT"/cycle_wake_[1-5].json 2>&1) GB/s"
-    for i in 1 2 3 4 5; do
+print([next(m["last_restore_gbps"] for m in json.load(open(f)) if m["name"] == "v") for f in sys.argv[1:]])' $(seq -f "$OUT/cycle_wake_%g.json" 1 "$NCYC") 2>&1) GB/s"
+    for i in $(seq 1 "$NCYC"); do
       ctl unload v >>"$LOG" 2>&1 || pfail "cycles: unload $i failed"
       ctl load --no-share v "$F" >>"$LOG" 2>&1 || pfail "cycles: load $i failed"
       ctl models --json >"$OUT/cycle_load_$i.json"
     done
     ctl stats --json >"$OUT/cycle_stats.json"
     say "cycles: page-cache loads $(python3 -c 'import json, sys
-print([next(m["load_gbps"] for m in json.load(open(f)) if m["name"] == "v") for f in sys.argv[1:]])' "$OUT"/cycle_load_[1-5].json 2>&1) GB/s"
+print([next(m["load_gbps"] for m in json.load(open(f)) if m["name"] == "v") for f in sys.argv[1:]])' $(seq -f "$OUT/cycle_load_%g.json" 1 "$NCYC") 2>&1) GB/s"
   else
     pfail "cycles: the first load failed: $(tail -n 3 "$LOG")"
   fi
@@ -222,6 +237,8 @@ if [ "${SLAB:-0}" -gt 0 ] 2>/dev/null; then
 else
   pfail "budget: not run: no slab size from the cycles' first load"
 fi
+
+link after
 
 # ---- report ------------------------------------------------------------------------
 python3 "$VPY" report "$OUT" "$TOL" | tee -a "$LOG" >&2 || fail "the variants' checks failed: see variants.json"

@@ -1,9 +1,10 @@
-/* The memo of parsed safetensors headers (common/safetensors_memo.h): a
- * header met again gives the table a parse gives, the checks that depend
- * on the file beyond its header run every time, two headers that meet in
- * one digest are told apart by their bytes, failed parses are not kept, and
- * the limit holds. The real checkpoints of the fixtures are opened twice
- * and compared field by field. */
+/* The memo of parsed safetensors headers and shard indexes
+ * (common/safetensors_memo.h): a header or an index met again gives the
+ * table a parse gives, the checks that depend on the files beyond its bytes
+ * run every time, two that meet in one digest are told apart by their
+ * bytes (a header's from an index's too), failed parses and opens are not
+ * kept, and the limit holds. The real checkpoints of the fixtures are
+ * opened twice and compared field by field. */
 #include "safetensors.h"
 #include "safetensors_memo.h"
 #include "safetensors_parse.h"
@@ -11,9 +12,13 @@
 
 #include <check.h>
 
+#include <errno.h>
+#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static wb_st_table *parse(const unsigned char *buf, size_t len, uint64_t file_size, int want,
                           wb_err *err)
@@ -218,11 +223,225 @@ START_TEST(fixtures_open_twice)
         ck_assert_msg(wb__st_open(path, &a, &err) == WB_OK, "%s: %s", path, err.msg);
         ck_assert_msg(wb__st_open(path, &b, &err) == WB_OK, "%s: %s", path, err.msg);
         ck_assert_uint_gt(a->n_tensors, 0);
-        ck_assert_uint_eq(b->remembered, b->n_files);
+        /* Every file: the shards' headers, and the index of a sharded one. */
+        ck_assert_uint_eq(b->remembered, b->n_files + (strstr(names[i], "sharded") != NULL));
         st_same_tables(a, b);
         wb__st_table_free(&a);
         wb__st_table_free(&b);
     }
+}
+END_TEST
+
+/* ---- shard indexes ---------------------------------------------------- */
+
+static char tmpdir[512];
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static void index_setup(void)
+{
+    setup();
+    const char *base = getenv("TMPDIR");
+    snprintf(tmpdir, sizeof tmpdir, "%s/wb-memo-XXXXXX", base && *base ? base : "/tmp");
+    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+}
+
+static void index_teardown(void)
+{
+    nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    teardown();
+}
+
+static const char *at(const char *rel)
+{
+    static char ring[4][1024];
+    static int next;
+    char *p = ring[next++ % 4];
+    snprintf(p, 1024, "%s/%s", tmpdir, rel);
+    return p;
+}
+
+static void write_bytes(const char *rel, const void *bytes, size_t len)
+{
+    FILE *f = fopen(at(rel), "wb");
+    ck_assert_msg(f != NULL, "cannot create %s: %s", at(rel), strerror(errno));
+    ck_assert_uint_eq(fwrite(bytes, 1, len, f), len);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+static void write_shard(const char *rel, const char *json, uint64_t data_len)
+{
+    unsigned char buf[1024];
+    write_bytes(rel, buf, st_build(buf, sizeof buf, json, data_len));
+}
+
+static const char *SHARD_A = "{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]}}";
+static const char *SHARD_B = "{\"b\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3]}}";
+static const char *INDEX = "{\"metadata\":{\"total_size\":5},"
+                           "\"weight_map\":{\"a\":\"s1.safetensors\",\"b\":\"s2.safetensors\"}}";
+
+/* d/: two shards and INDEX. */
+static void write_checkpoint(const char *d)
+{
+    char rel[256];
+    ck_assert_int_eq(mkdir(at(d), 0755), 0);
+    snprintf(rel, sizeof rel, "%s/s1.safetensors", d);
+    write_shard(rel, SHARD_A, 2);
+    snprintf(rel, sizeof rel, "%s/s2.safetensors", d);
+    write_shard(rel, SHARD_B, 3);
+    snprintf(rel, sizeof rel, "%s/model.safetensors.index.json", d);
+    write_bytes(rel, INDEX, strlen(INDEX));
+}
+
+static wb_st_table *open_want(const char *rel, const wb_st_open_opts *o, int want, wb_err *err)
+{
+    wb_st_table *t = NULL;
+    int rc = wb__st_open_ex(at(rel), o, &t, err);
+    ck_assert_msg(rc == want, "%s: status %d, want %d: %s", rel, rc, want, rc ? err->msg : "");
+    ck_assert_int_eq(t != NULL, want == WB_OK);
+    return t;
+}
+
+START_TEST(index_remembered)
+{
+    write_checkpoint("c");
+    wb_err err;
+    wb_st_memo_stats s0, s1;
+    wb__st_memo_stats(&s0);
+    wb_st_table *a = open_want("c", NULL, WB_OK, &err);
+    ck_assert_uint_eq(a->remembered, 0);
+    wb__st_memo_stats(&s1);
+    ck_assert_uint_eq(s1.entries, 3); /* the index and two headers */
+    ck_assert_uint_eq(s1.misses, s0.misses + 3);
+    wb_st_table *b = open_want("c", NULL, WB_OK, &err);
+    ck_assert_uint_eq(b->remembered, 3);
+    st_same_tables(a, b);
+    ck_assert_str_eq(b->meta[0].key, "total_size");
+    ck_assert_str_eq(b->meta[0].value, "5");
+    wb__st_table_free(&a);
+    wb__st_table_free(&b);
+    /* The files alone (wb__st_check_files) keep nothing and need nothing. */
+    ck_assert_int_eq(wb__st_check_files(at("c"), NULL, &err), WB_OK);
+    wb__st_memo_stats(&s0);
+    ck_assert_uint_eq(s0.entries, 3);
+}
+END_TEST
+
+static uint64_t counted_entries;
+
+static int refuse_two(void *arg, const char *path, uint64_t tensors, wb_err *err)
+{
+    (void)arg;
+    counted_entries = tensors;
+    if (tensors >= 2)
+        return wb__err_set(err, WB_ELIMIT, "%s: %llu tensors, over the test's limit of 1", path,
+                           (unsigned long long)tensors);
+    return WB_OK;
+}
+
+/* On a hit the shards are opened and checked against the map as ever, and
+ * the caller's limit on the count is asked again. */
+START_TEST(index_checks_run_on_a_hit)
+{
+    write_checkpoint("c");
+    wb_err err;
+    wb_st_table *t = open_want("c", NULL, WB_OK, &err);
+    wb__st_table_free(&t);
+    /* A shard gone. */
+    ck_assert_int_eq(rename(at("c/s2.safetensors"), at("c/gone")), 0);
+    open_want("c", NULL, WB_ENOTFOUND, &err);
+    ck_assert_msg(strstr(err.msg, "shard 's2.safetensors' (holding tensor 'b') is missing"), "%s",
+                  err.msg);
+    /* Back, but holding another tensor than the map says. */
+    write_shard("c/s2.safetensors",
+                "{\"z\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3]}}", 3);
+    open_want("c", NULL, WB_EFORMAT, &err);
+    ck_assert_msg(strstr(err.msg, "tensor 'z' in shard s2.safetensors is not listed"), "%s",
+                  err.msg);
+    write_shard("c/s2.safetensors", SHARD_B, 3);
+    t = open_want("c", NULL, WB_OK, &err);
+    ck_assert_uint_eq(t->remembered, 3);
+    wb__st_table_free(&t);
+    /* The limit on tensors, asked with the entries counted before. */
+    wb_st_open_opts o = {.check_count = refuse_two};
+    counted_entries = 0;
+    open_want("c", &o, WB_ELIMIT, &err);
+    ck_assert_uint_eq(counted_entries, 2);
+    ck_assert_ptr_nonnull(strstr(err.msg, "over the test's limit"));
+}
+END_TEST
+
+/* Indexes of one length meeting in one digest get their own trees; a
+ * header's bytes kept never answer for an index of the same bytes, nor the
+ * other way round. */
+START_TEST(index_equal_digests)
+{
+    wb__st_memo_test_fixed_digest(7);
+    write_checkpoint("x");
+    write_checkpoint("y");
+    const char *other = "{\"metadata\":{\"total_size\":6},"
+                        "\"weight_map\":{\"a\":\"s1.safetensors\",\"b\":\"s2.safetensors\"}}";
+    ck_assert_uint_eq(strlen(other), strlen(INDEX));
+    write_bytes("y/model.safetensors.index.json", other, strlen(other));
+    wb_err err;
+    wb_st_table *x = open_want("x", NULL, WB_OK, &err), *y = open_want("y", NULL, WB_OK, &err);
+    /* y's shards are x's bytes; its index is not. */
+    ck_assert_uint_eq(y->remembered, 2);
+    ck_assert_str_eq(x->meta[0].value, "5");
+    ck_assert_str_eq(y->meta[0].value, "6");
+    wb__st_table_free(&x);
+    wb__st_table_free(&y);
+    y = open_want("y", NULL, WB_OK, &err);
+    ck_assert_uint_eq(y->remembered, 3);
+    ck_assert_str_eq(y->meta[0].value, "6");
+    wb__st_table_free(&y);
+
+    /* A header, kept; an index of the same bytes is read as an index. */
+    const char *both = "{\"weight_map\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]}}";
+    unsigned char buf[512];
+    size_t len = st_build(buf, sizeof buf, both, 2);
+    wb_st_table *h = parse(buf, len, len, WB_OK, &err);
+    ck_assert_str_eq(h->tensors[0].name, "weight_map");
+    wb__st_table_free(&h);
+    ck_assert_int_eq(mkdir(at("z"), 0755), 0);
+    write_bytes("z/model.safetensors.index.json", both, strlen(both));
+    open_want("z", NULL, WB_EFORMAT, &err);
+    ck_assert_msg(strstr(err.msg, "weight_map entry of tensor 'dtype' is a string") == NULL &&
+                      strstr(err.msg, "weight_map") != NULL,
+                  "%s", err.msg);
+    /* An index, kept (x's); a header of its bytes is parsed as a header. */
+    len = st_build(buf, sizeof buf, INDEX, 0);
+    h = parse(buf, len, len, WB_EFORMAT, &err);
+    ck_assert_ptr_nonnull(strstr(err.msg, "A: "));
+    wb__st_table_free(&h);
+}
+END_TEST
+
+/* An index whose open failed is not kept; nor one whose tree would not fit
+ * the limit. */
+START_TEST(index_failures_and_the_limit)
+{
+    write_checkpoint("c");
+    ck_assert_int_eq(unlink(at("c/s2.safetensors")), 0);
+    wb_err err;
+    open_want("c", NULL, WB_ENOTFOUND, &err);
+    wb_st_memo_stats s;
+    wb__st_memo_stats(&s);
+    ck_assert_uint_eq(s.entries, 1); /* s1's header only */
+    write_shard("c/s2.safetensors", SHARD_B, 3);
+    wb__st_memo_set_limit(0);
+    wb__st_memo_set_limit(1000); /* under the index's 7 values of 170 bytes */
+    wb_st_table *t = open_want("c", NULL, WB_OK, &err);
+    wb__st_table_free(&t);
+    t = open_want("c", NULL, WB_OK, &err);
+    ck_assert_uint_eq(t->remembered, 2); /* the shards only */
+    wb__st_table_free(&t);
 }
 END_TEST
 
@@ -236,6 +455,13 @@ int main(void)
     tcase_add_test(tc, equal_digests_unequal_bytes);
     tcase_add_test(tc, failures_and_the_limit);
     tcase_add_test(tc, fixtures_open_twice);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("index");
+    tcase_add_checked_fixture(tc, index_setup, index_teardown);
+    tcase_add_test(tc, index_remembered);
+    tcase_add_test(tc, index_checks_run_on_a_hit);
+    tcase_add_test(tc, index_equal_digests);
+    tcase_add_test(tc, index_failures_and_the_limit);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
