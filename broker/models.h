@@ -53,7 +53,7 @@ typedef struct wb_model_data {
     /* Where the load's time went: reading and validating the headers,
      * allocating the slab, reading and checksumming the tensors, sealing. */
     double open_seconds;
-    uint32_t headers_remembered; /* files whose parsed header the memo had */
+    uint32_t headers_remembered; /* files the memo had: headers, a shard index */
     double alloc_seconds;        /* staged: overlapped with the first reads */
     double read_seconds;
     double seal_seconds; /* making the filled slabs read-only */

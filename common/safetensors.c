@@ -452,7 +452,6 @@ static int open_index(const reader *r, const char *path, wb_st_table **out, wb_e
     index_read ir;
     int rc = read_index_json(r, path, &ir, err);
     json_t *root = ir.root;
-    int counted = ir.counted;
     if (rc) {
         free(ir.buf);
         return rc;
@@ -509,7 +508,7 @@ static int open_index(const reader *r, const char *path, wb_st_table **out, wb_e
     }
     /* Counted before the parse unless the count could not follow the
      * bytes (and the parser still took them). */
-    if (!counted && r->o && r->o->check_count &&
+    if (!ir.counted && r->o && r->o->check_count &&
         (rc = r->o->check_count(r->o->arg, path, n_map, err)) != 0)
         goto out;
     qsort(shards, n_shards, sizeof *shards, cmp_str);
@@ -601,7 +600,7 @@ out:
         if (ir.remembered)
             table->remembered++;
         else
-            wb__st_memo_put_index(ir.buf, ir.size, root, counted, ir.entries, ir.values);
+            wb__st_memo_put_index(ir.buf, ir.size, root, ir.counted, ir.entries, ir.values);
     }
     free(ir.buf);
     json_decref(root);

@@ -580,14 +580,11 @@ def count_files(out, pattern):
 def report_link(out, peak):
     """The link's own spread in this sitting: copies of the variant's size
     by torch, before the cycles and after the budget's acquires."""
-    runs = {}
-    for when in ("before", "after"):
-        d = load(os.path.join(out, "link_%s.json" % when)) or {}
-        runs[when] = d.get("runs_gbps")
-        runs["bytes"] = d.get("bytes", runs.get("bytes"))
-    every = (runs["before"] or []) + (runs["after"] or [])
-    return {"bytes": runs.get("bytes"), "runs_gbps_before": runs["before"],
-            "runs_gbps_after": runs["after"],
+    before, after = (load(os.path.join(out, "link_%s.json" % w)) or {} for w in ("before", "after"))
+    every = (before.get("runs_gbps") or []) + (after.get("runs_gbps") or [])
+    return {"bytes": before.get("bytes", after.get("bytes")),
+            "runs_gbps_before": before.get("runs_gbps"),
+            "runs_gbps_after": after.get("runs_gbps"),
             "min_ratio_to_peak": ratio(min(every), peak) if every else None,
             "max_ratio_to_peak": ratio(max(every), peak) if every else None}
 
