@@ -36,18 +36,21 @@
 
 /* Defaults, chosen by bench/load on a 16-core H200 host (bench/RESULTS.md):
  * 3/4 of the cores read (the rest is left to the copier and the kernel), in
- * 2 MiB chunks through 64 buffers (128 MiB of pinned memory), the copies
+ * 1 MiB chunks through 48 buffers (48 MiB of pinned memory), the copies
  * handed to the engine eight at a time (WB_STAGE_DEFAULT_COPY_BATCH). With
- * batches, small buffers cost the copy engine nothing more and stay in the
- * last-level cache: 2 MiB x 64 loaded at 0.975 of the pinned peak where
- * 4 MiB x 32 did 0.960 (both in batches of 8, 14 readers; one at a time,
- * 4 MiB x 32 did 0.940). The read source: pread. Measured there in one run
- * (8 GiB, warm page cache, median of 3): pread 47.3 GB/s, copies from a
- * mapping 46.8, the same with non-temporal stores 41.9 (and "auto", which
- * picks those for a cached file, 40.6): the streaming stores did not pay
- * for the mapping's page table work. */
-#define WB_STAGE_DEFAULT_CHUNK       (2ull * 1024u * 1024u)
-#define WB_STAGE_DEFAULT_BUFFERS     64
+ * batches, small buffers cost the copy engine nothing more, and a small ring
+ * stays in the last-level cache: 2 MiB x 64 loaded at 0.975 of the pinned
+ * peak where 4 MiB x 32 did 0.960 (both in batches of 8, 14 readers; one at
+ * a time, 4 MiB x 32 did 0.940); then wbrokerd's own reloads with 1 MiB x 48
+ * beat 2 MiB x 64 in 16 of 17 A/B pairs (8, 4 and 1 GiB checkpoints, either
+ * broker first: -0.7 to +10 points of the peak, median 0.959 against 0.928
+ * for 8 GiB). The read source: pread.
+ * Measured there in one run (8 GiB, warm page cache, median of 3): pread
+ * 47.3 GB/s, copies from a mapping 46.8, the same with non-temporal stores
+ * 41.9 (and "auto", which picks those for a cached file, 40.6): the
+ * streaming stores did not pay for the mapping's page table work. */
+#define WB_STAGE_DEFAULT_CHUNK       (1ull * 1024u * 1024u)
+#define WB_STAGE_DEFAULT_BUFFERS     48
 #define WB_STAGE_DEFAULT_MAX_THREADS 16
 #define WB_STAGE_DEFAULT_READ_BLOCK  (256u * 1024u)
 #define WB_STAGE_DEFAULT_READ        WB_STAGE_READ_PREAD
