@@ -39,10 +39,12 @@ static void log_choice(const wb_backend *be, const char *requested, int device, 
     wb_info("backend",
             "backend=cuda requested=%s reason=%s device=%d cuda_slab=%s access=%s load_mode=%s "
             "read_threads=%u staging_buffers=%u staging_buffer_bytes=%llu staging_bytes=%llu "
-            "start_seconds=%.3f read_source=%s register_threads=%u staging_pages=%s",
+            "start_seconds=%.3f read_source=%s register_threads=%u staging_pages=%s "
+            "staging_demote=%s cldemote=%s",
             requested, q, device, be->transport, be->access, wb__stage_mode_name(be->load_mode),
             c.read_threads, n, buf, buf * n, start_seconds, wb__stage_read_name(c.read_source),
-            c.register_threads, pq);
+            c.register_threads, pq, wb__stage_demote_name(c.demote),
+            wb__stage_can_demote() ? "yes" : "no");
 }
 
 int wb__backend_pick(const char *requested, int device, const wb_stage_config *stage, int load_mode,

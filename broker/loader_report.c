@@ -33,13 +33,14 @@ void wb__load_log_stages(const char *model, const wb_model_data *d)
     if (s->mode != WB_STAGE_DIRECT)
         wb_info("load_stage",
                 "model=%s stage=copy bytes=%llu seconds=%.4f gbps=%.2f staging_bytes=%llu "
-                "buffers=%u copy_calls=%llu wait_seconds=%.4f readers_started_seconds=%.4f "
-                "first_fill_seconds=%.4f first_copy_seconds=%.4f mode=%s",
+                "buffers=%u copy_calls=%llu wait_seconds=%.4f plan_seconds=%.5f "
+                "readers_started_seconds=%.5f first_fill_seconds=%.5f first_copy_seconds=%.5f "
+                "mode=%s",
                 q, b, s->copy_seconds,
                 s->copy_seconds > 0 ? (double)s->bytes / s->copy_seconds / 1e9 : 0.0,
                 (unsigned long long)s->chunk_bytes * s->buffers, s->buffers,
-                (unsigned long long)s->copy_calls, s->wait_busy, s->readers_at, s->first_fill_at,
-                s->first_copy_at, mode);
+                (unsigned long long)s->copy_calls, s->wait_busy, s->plan_at, s->readers_at,
+                s->first_fill_at, s->first_copy_at, mode);
     wb_info("load_stage",
             "model=%s stage=total bytes=%llu seconds=%.4f gbps=%.2f open_seconds=%.4f "
             "headers_remembered=%u alloc_seconds=%.4f pipeline_seconds=%.4f seal_seconds=%.4f "

@@ -166,6 +166,7 @@ static int run(wb_options *o)
         .buffers = (unsigned)o->num[WB_NUM_STAGING_BUFFERS],
         .read_source = o->read_source,
         .ring_pages = o->staging_pages,
+        .demote = o->staging_demote,
         .register_threads = (unsigned)o->num[WB_NUM_REGISTER_THREADS],
         .copy_batch = (unsigned)o->num[WB_NUM_COPY_BATCH],
     };
@@ -318,6 +319,8 @@ out:
     wb__metrics_stop(&metrics);
     if (backend)
         wb__backend_release(&backend);
+    /* No load runs any more: the readers' crew goes too. */
+    wb__stage_crew_stop();
     return status;
 }
 int main(int argc, char **argv)

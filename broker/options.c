@@ -41,6 +41,7 @@ enum {
     OPT_CUDA_SLAB,
     OPT_READ_SOURCE,
     OPT_STAGING_PAGES,
+    OPT_STAGING_DEMOTE,
     OPT_REQUIRE_ALL_MODELS,
     OPT_NO_SLAB_POOL,
     OPT_NO_SHARE_TENSORS,
@@ -120,6 +121,7 @@ static const struct option long_opts[] = {
     {"load-method", required_argument, NULL, OPT_LOAD_METHOD},
     {"read-source", required_argument, NULL, OPT_READ_SOURCE},
     {"staging-pages", required_argument, NULL, OPT_STAGING_PAGES},
+    {"staging-demote", required_argument, NULL, OPT_STAGING_DEMOTE},
     {"register-threads", required_argument, NULL, OPT_NUM + WB_NUM_REGISTER_THREADS},
     {"copy-batch", required_argument, NULL, OPT_NUM + WB_NUM_COPY_BATCH},
     {"host-slab", required_argument, NULL, OPT_HOST_SLAB},
@@ -463,6 +465,10 @@ static int parse_one(wb_options *o, int c, char *arg)
     case OPT_STAGING_PAGES:
         if (!(o->staging_pages = wb__stage_pages_parse(arg)))
             return misuse(o, "--staging-pages: '%s' is not one of normal, huge", arg);
+        return WB_OPTIONS_GO_ON;
+    case OPT_STAGING_DEMOTE:
+        if (!(o->staging_demote = wb__stage_demote_parse(arg)))
+            return misuse(o, "--staging-demote: '%s' is not one of off, on", arg);
         return WB_OPTIONS_GO_ON;
     case OPT_LOAD_METHOD:
         if (strcmp(arg, "staged") == 0)

@@ -73,6 +73,7 @@ typedef struct wb_options {
     int load_mode;
     int read_source;       /* --read-source: wb_stage_read, 0: the default */
     int staging_pages;     /* --staging-pages: wb_stage_pages, 0: the default */
+    int staging_demote;    /* --staging-demote: wb_stage_demote, 0: the default */
     int host_memfd;        /* --host-slab memfd (the default), 0: shm */
     int cuda_slab;         /* --cuda-slab: WB_CUDA_SLAB_AUTO (default), _VMM or _IPC */
     long num[WB_NUM_OPTS]; /* 0: not given */

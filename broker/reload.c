@@ -147,6 +147,9 @@ static void plan_restart(const wb_options *running, const wb_options *next, char
     if (running->staging_pages != next->staging_pages)
         item(list, size, "staging-pages=%s",
              next->staging_pages ? wb__stage_pages_name(next->staging_pages) : "default");
+    if (running->staging_demote != next->staging_demote)
+        item(list, size, "staging-demote=%s",
+             next->staging_demote ? wb__stage_demote_name(next->staging_demote) : "default");
     for (int k = 0; k < WB_NUM_OPTS; k++) {
         if (is_live((wb_num_opt)k) || running->num[k] == next->num[k])
             continue;

@@ -53,6 +53,18 @@ const char *wb__stage_pages_name(int p)
     return p >= WB_STAGE_PAGES_NORMAL && p <= WB_STAGE_PAGES_HUGE ? pages_names[p] : "unknown";
 }
 
+const char *wb__stage_demote_name(int d)
+{
+    return d == WB_STAGE_DEMOTE_OFF ? "off" : d == WB_STAGE_DEMOTE_ON ? "on" : "unknown";
+}
+
+int wb__stage_demote_parse(const char *name)
+{
+    return strcmp(name, "off") == 0  ? WB_STAGE_DEMOTE_OFF
+           : strcmp(name, "on") == 0 ? WB_STAGE_DEMOTE_ON
+                                     : 0;
+}
+
 int wb__stage_pages_parse(const char *name)
 {
     for (int p = WB_STAGE_PAGES_NORMAL; p <= WB_STAGE_PAGES_HUGE; p++) {
@@ -84,6 +96,8 @@ void wb__stage_config_fill(wb_stage_config *c)
         c->register_piece = WB_STAGE_REGISTER_PIECE;
     if (c->copy_batch == 0)
         c->copy_batch = WB_STAGE_DEFAULT_COPY_BATCH;
+    if (c->demote == 0)
+        c->demote = WB_STAGE_DEFAULT_DEMOTE;
 }
 
 int wb__copy_submit_many(wb_copy_engine *e, const wb_copy *cp, unsigned n, wb_err *err)
@@ -124,6 +138,8 @@ int wb__stage_config_check(const wb_stage_config *c, wb_err *err)
     if (c->copy_batch < 1 || c->copy_batch > WB_STAGE_MAX_BATCH)
         return wb__err_set(err, WB_EINVAL, "copy batch: %u is not between 1 and %d", c->copy_batch,
                            WB_STAGE_MAX_BATCH);
+    if (c->demote < WB_STAGE_DEMOTE_OFF || c->demote > WB_STAGE_DEMOTE_ON)
+        return wb__err_set(err, WB_EINVAL, "staging demote: %d is not off or on", c->demote);
     if (c->register_piece == 0 || c->register_piece % (64u * 1024u) != 0)
         return wb__err_set(err, WB_EINVAL,
                            "register piece: %llu bytes is not a positive multiple of 65536",
@@ -278,13 +294,18 @@ static int check_job(const wb_stage_job *j, wb_err *err)
     }
 }
 
-/* Readers need little stack (their buffers are the ring's or the slab's).
- * Small stacks stay in glibc's cache of freed stacks (40 MiB by default)
- * from one load to the next, where a dozen of the default 8 MiB did not and
- * were mapped again for every load. */
+/* Readers need little stack (their buffers are the ring's or the slab's). */
 #define READER_STACK (512u << 10)
 
-static int start_reader(pthread_t *tid, void *(*fn)(void *), void *arg)
+static void *reader_task(void *arg)
+{
+    reader *r = arg;
+    r->started_at = wb__clock_mono_s() - r->c->t_start;
+    return wb__stage_reader_main(r);
+}
+
+/* Threads of the load's own, when the crew is busy with another load. */
+static unsigned start_own(reader *rs, unsigned n)
 {
     pthread_attr_t a;
     int small = pthread_attr_init(&a) == 0;
@@ -292,32 +313,14 @@ static int start_reader(pthread_t *tid, void *(*fn)(void *), void *arg)
         pthread_attr_destroy(&a);
         small = 0;
     }
-    int rc = pthread_create(tid, small ? &a : NULL, fn, arg);
-    if (small)
-        pthread_attr_destroy(&a);
-    return rc;
-}
-
-/* The first reader starts the others before it reads, so that the loading
- * thread goes on to the copier (which allocates the slab) at once: creating
- * twelve threads took the broker 0.3-0.9 ms on the H200 host. */
-static void *first_reader(void *arg)
-{
-    reader *rs = arg;
-    ctx *c = rs[0].c;
-    unsigned n = 1;
-    for (; n < c->n_spawn; n++) {
-        rs[n].c = c;
-        if (start_reader(&rs[n].tid, wb__stage_reader_main, &rs[n]) != 0)
+    unsigned k = 0;
+    for (; k < n; k++) {
+        if (pthread_create(&rs[k].tid, small ? &a : NULL, reader_task, &rs[k]) != 0)
             break;
     }
-    pthread_mutex_lock(&c->mu);
-    c->spawned = n;
-    c->n_readers = n;
-    c->readers_at = wb__clock_mono_s() - c->t_start;
-    pthread_cond_signal(&c->copier_cv);
-    pthread_mutex_unlock(&c->mu);
-    return wb__stage_reader_main(rs);
+    if (small)
+        pthread_attr_destroy(&a);
+    return k;
 }
 
 int wb__stage_run(wb_stage_job *job, wb_stage_stats *st, wb_err *err)
@@ -412,14 +415,17 @@ int wb__stage_run(wb_stage_job *job, wb_stage_stats *st, wb_err *err)
         return wb__stage_oom(err, "reader threads");
     }
     unsigned started = 0;
+    int crewed = 0;
     if (c.n_chunks) {
-        rs[0].c = &c;
-        c.n_spawn = threads;
-        c.n_readers = threads; /* lowered by the first reader if some do not start */
-        if (start_reader(&rs[0].tid, first_reader, rs) == 0)
-            started = 1;
-        else
-            c.n_readers = 0;
+        for (unsigned i = 0; i < threads; i++)
+            rs[i].c = &c;
+        st->plan_at = wb__clock_mono_s() - t_start;
+        started = wb__crew_start(threads, reader_task, rs, sizeof *rs);
+        crewed = started > 0;
+        if (!crewed)
+            started = start_own(rs, threads);
+        /* Before the copier runs (here, below): it waits for n_readers. */
+        c.n_readers = started;
     }
     if (c.n_chunks && started == 0) {
         wb_err e;
@@ -435,16 +441,13 @@ int wb__stage_run(wb_stage_job *job, wb_stage_stats *st, wb_err *err)
         if ((rc = job->before_copy(job->before_copy_ctx, job, &e)) != WB_OK)
             wb__stage_fail(&c, rc, &e);
     }
-    if (started) {
-        /* The first reader has joined nothing: the others are joined here,
-         * once it has ended (so `spawned` is final). */
-        pthread_join(rs[0].tid, NULL);
-        started = c.spawned;
-        st->readers_at = c.readers_at;
-    }
+    if (crewed)
+        wb__crew_wait();
     for (unsigned i = 0; i < started; i++) {
-        if (i)
+        if (!crewed)
             pthread_join(rs[i].tid, NULL);
+        if (rs[i].started_at > st->readers_at)
+            st->readers_at = rs[i].started_at;
         st->read_busy += rs[i].st.read;
         st->hash_busy += rs[i].st.hash;
         st->wait_busy += rs[i].st.wait;

@@ -55,6 +55,7 @@
 #define WB_STAGE_DEFAULT_READ_BLOCK  (256u * 1024u)
 #define WB_STAGE_DEFAULT_READ        WB_STAGE_READ_PREAD
 #define WB_STAGE_DEFAULT_RING_PAGES  WB_STAGE_PAGES_NORMAL
+#define WB_STAGE_DEFAULT_DEMOTE      WB_STAGE_DEMOTE_OFF
 /* Mapped mode, register_threads > 0: the unit of registration. */
 #define WB_STAGE_REGISTER_PIECE (64ull * 1024u * 1024u)
 
@@ -86,6 +87,16 @@ typedef enum wb_stage_pages {
     WB_STAGE_PAGES_HUGE = 2,
 } wb_stage_pages;
 
+/* Staged: what a reader does with a buffer it has filled, before the copy
+ * engine reads it (wb_stage_config.demote). */
+typedef enum wb_stage_demote {
+    WB_STAGE_DEMOTE_OFF = 1, /* nothing: its lines stay in the reader's core caches */
+    /* CLDEMOTE on each of its cache lines, where the processor has it: the
+     * lines move to the shared last-level cache, where the engine's reads
+     * find them without asking the core that wrote them. */
+    WB_STAGE_DEMOTE_ON = 2,
+} wb_stage_demote;
+
 typedef enum wb_stage_mode {
     WB_STAGE_DIRECT = 1,
     WB_STAGE_STAGED = 2,
@@ -98,6 +109,12 @@ const char *wb__stage_mode_name(int mode);
 const char *wb__stage_read_name(int read_source);
 /* The wb_stage_read of a name above, or 0. */
 int wb__stage_read_parse(const char *name);
+/* "off", "on"; "unknown" otherwise. */
+const char *wb__stage_demote_name(int demote);
+/* The wb_stage_demote of a name above, or 0. */
+int wb__stage_demote_parse(const char *name);
+/* Whether this processor has CLDEMOTE. */
+int wb__stage_can_demote(void);
 /* "normal", "huge"; "unknown" otherwise. */
 const char *wb__stage_pages_name(int pages);
 /* The wb_stage_pages of a name above, or 0. */
@@ -123,6 +140,8 @@ typedef struct wb_stage_config {
     /* Mapped, register_threads > 0: bytes per piece, a multiple of 64 KiB;
      * 0: WB_STAGE_REGISTER_PIECE. */
     uint64_t register_piece;
+    /* Staged: wb_stage_demote; 0: WB_STAGE_DEFAULT_DEMOTE. */
+    int demote;
 } wb_stage_config;
 
 /* Replaces zero fields of *c by the defaults. */
@@ -256,16 +275,17 @@ typedef struct wb_stage_stats {
     uint64_t chunk_bytes;
     unsigned buffers;
     uint64_t chunks;
-    double seconds;          /* the whole pipeline, wall clock */
-    double read_busy;        /* summed seconds in pread (or memcpy) */
-    double hash_busy;        /* summed seconds in XXH3 */
-    double wait_busy;        /* summed seconds readers waited for a buffer or a turn */
-    double copy_seconds;     /* copy stage: first copy's start to last one's end */
-    double first_copy_at;    /* staged: seconds from the pipeline's start to its first copy */
-    double readers_at;       /* seconds from the pipeline's start to its last reader's start */
-    double first_fill_at;    /* staged: ... to the first staging buffer filled */
-    uint64_t copy_calls;     /* staged: calls to the engine (a batch is one) */
-    int read_source;         /* wb_stage_read the readers used (direct, staged) */
+    double seconds;       /* the whole pipeline, wall clock */
+    double read_busy;     /* summed seconds in pread (or memcpy) */
+    double hash_busy;     /* summed seconds in XXH3 */
+    double wait_busy;     /* summed seconds readers waited for a buffer or a turn */
+    double copy_seconds;  /* copy stage: first copy's start to last one's end */
+    double first_copy_at; /* staged: seconds from the pipeline's start to its first copy */
+    double plan_at;       /* seconds from the pipeline's start to the readers handed their work */
+    double readers_at;    /* seconds from the pipeline's start to its last reader's start */
+    double first_fill_at; /* staged: ... to the first staging buffer filled */
+    uint64_t copy_calls;  /* staged: calls to the engine (a batch is one) */
+    int read_source;      /* wb_stage_read the readers used (direct, staged) */
     double register_seconds; /* mapped in pieces: summed over the registering threads */
 } wb_stage_stats;
 
@@ -282,6 +302,18 @@ typedef struct wb_load_progress {
  * stopped and every queued copy has finished: nothing is left running and
  * the staging ring can be reused. */
 int wb__stage_run(wb_stage_job *job, wb_stage_stats *stats, wb_err *err);
+
+/* The readers of direct and staged loads are a crew of threads kept from
+ * one load to the next (created by the first load that needs them, grown
+ * when a load asks for more), not threads created for each load: a load's
+ * readers start reading within microseconds. One load at a time uses the
+ * crew; a second running at the same time in the process starts threads of
+ * its own. wb__stage_crew_stop ends the crew's threads (waiting for a load
+ * still using them); a later load creates them again. */
+void wb__stage_crew_stop(void);
+/* Threads in the crew now; *created (may be NULL) gets how many the
+ * process has created for it so far. */
+unsigned wb__stage_crew_threads(unsigned *created);
 
 /* The rate of a stage in GB/s from its busy seconds, or 0. */
 double wb__stage_gbps(uint64_t bytes, double busy, unsigned threads);

@@ -78,11 +78,8 @@ typedef struct ctx {
     unsigned fill_head, fill_count;
     atomic_int *pending;
     chunk **buf_chunk;
-    unsigned n_readers; /* readers running or ended; the first lowers it if some fail to start */
+    unsigned n_readers; /* readers running or ended */
     unsigned readers_done;
-    unsigned n_spawn;  /* readers to start */
-    unsigned spawned;  /* started, the first included (under mu) */
-    double readers_at; /* when the last one was started (under mu) */
     /* Read sources mmap and mmap-nt: per file its mapping (NULL: pread)
      * and length; nt: copy with non-temporal stores. */
     const uint8_t **src_maps;
@@ -92,7 +89,8 @@ typedef struct ctx {
 
 typedef struct reader {
     ctx *c;
-    pthread_t tid;
+    pthread_t tid;     /* when not one of the crew's */
+    double started_at; /* seconds from the pipeline's start to this reader's */
     reader_stats st;
 } reader;
 
@@ -138,6 +136,14 @@ int wb__stage_take_buffer(ctx *c, reader_stats *rs);
 void wb__stage_free_buffer(ctx *c, unsigned b);
 void wb__stage_release_buffer(ctx *c, unsigned b);
 void wb__stage_hand_to_copier(ctx *c, unsigned b, chunk *ch);
+
+/* stage_crew.c: runs fn(args + i * stride) for each i below n on the
+ * crew's threads (created on first use, kept); returns how many run (fewer
+ * than n when threads could not be created), 0 when the crew is busy with
+ * another run: the caller then starts threads of its own. wb__crew_wait
+ * waits for every task of the run and ends it. */
+unsigned wb__crew_start(unsigned n, void *(*fn)(void *), void *args, size_t stride);
+void wb__crew_wait(void);
 
 /* stage_copy.c: the copier of a staged load, in the calling thread, until
  * every reader has ended and every copy has finished (first calling the

@@ -4,6 +4,9 @@
  * with memcpy, then fences. Short copies are plain memcpy: streaming a few
  * lines saves nothing and costs a fence. */
 #include "stage_ntcopy.h"
+#include "stage.h"
+
+#include <stdatomic.h>
 
 #include <pthread.h>
 #include <stdint.h>
@@ -132,4 +135,51 @@ const char *wb__stage_ntcopy_kind(void)
 {
     pthread_once(&choose_once, choose);
     return chosen_kind;
+}
+
+/* ---- CLDEMOTE ---- */
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+
+static int demote_probe(void)
+{
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_max(0, NULL) < 7)
+        return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    return (c >> 25) & 1; /* CPUID.(EAX=7,ECX=0):ECX[25] */
+}
+#else
+static int demote_probe(void)
+{
+    return 0;
+}
+#endif
+
+static atomic_int demote_known; /* 0: not probed, 1: no, 2: yes */
+
+int wb__stage_can_demote(void)
+{
+    int k = atomic_load_explicit(&demote_known, memory_order_relaxed);
+    if (!k) {
+        k = demote_probe() ? 2 : 1;
+        atomic_store_explicit(&demote_known, k, memory_order_relaxed);
+    }
+    return k == 2;
+}
+
+void wb__stage_demote(const void *p, size_t n)
+{
+#if defined(__x86_64__)
+    if (!n || !wb__stage_can_demote())
+        return;
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)63, end = (uintptr_t)p + n;
+    /* The encoding of CLDEMOTE (0F 1C /0), which older assemblers lack. */
+    for (; a < end; a += 64)
+        __asm__ volatile(".byte 0x0f, 0x1c, 0x00" ::"a"(a) : "memory");
+#else
+    (void)p;
+    (void)n;
+#endif
 }

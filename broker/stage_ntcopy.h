@@ -25,4 +25,11 @@ const char *wb__stage_ntcopy_kind(void);
  * CPU or build lacks it; for tests and benchmarks that check each. */
 wb_stage_ntcopy_fn wb__stage_ntcopy_get(const char *kind);
 
+/* Moves the cache lines of [p, p + n) from this core's caches to the
+ * shared last-level cache (CLDEMOTE), for a buffer another agent reads
+ * next; nothing where the processor lacks the instruction
+ * (wb__stage_can_demote, stage.h) or on other architectures. A hint: the
+ * bytes are the same either way. */
+void wb__stage_demote(const void *p, size_t n);
+
 #endif

@@ -468,9 +468,11 @@ void *wb__stage_reader_main(void *arg)
                 wb__stage_free_buffer(c, (unsigned)b);
             break;
         }
-        if (staged)
+        if (staged) {
+            if (c->job->cfg.demote == WB_STAGE_DEMOTE_ON)
+                wb__stage_demote(base, ch->span);
             wb__stage_hand_to_copier(c, (unsigned)b, ch);
-        else
+        } else
             add_landed(c, ch->bytes);
         int gone = finish_hash(c, &r->st, ch, base, &h);
         if (staged)

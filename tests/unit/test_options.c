@@ -107,6 +107,38 @@ START_TEST(test_bad_options)
 }
 END_TEST
 
+/* --staging-demote: off or on, from the command line or the file; anything
+ * else refused with the value quoted (and FILE:LINE in the file). */
+START_TEST(test_staging_demote)
+{
+    ck_assert_int_eq(RUN("--socket", "/tmp/a.sock"), WB_OPTIONS_GO_ON);
+    ck_assert_int_eq(o.staging_demote, 0);
+    wb__options_free(&o);
+    wb__options_init(&o);
+    o.quiet = 1;
+    ck_assert_int_eq(RUN("--staging-demote", "on"), WB_OPTIONS_GO_ON);
+    ck_assert_int_eq(o.staging_demote, WB_STAGE_DEMOTE_ON);
+    wb__options_free(&o);
+    wb__options_init(&o);
+    o.quiet = 1;
+    ck_assert_int_eq(RUN("--staging-demote", "sideways"), WB_EXIT_USAGE);
+    ck_assert_str_eq(o.why, "--staging-demote: 'sideways' is not one of off, on");
+    wb__options_free(&o);
+    wb__options_init(&o);
+    o.quiet = 1;
+    write_conf("[broker]\nstaging-demote = off\n");
+    ck_assert_int_eq(RUN("--config", conf), WB_OPTIONS_GO_ON);
+    ck_assert_int_eq(o.staging_demote, WB_STAGE_DEMOTE_OFF);
+    wb__options_free(&o);
+    wb__options_init(&o);
+    o.quiet = 1;
+    write_conf("[broker]\n\nstaging-demote = 1\n");
+    ck_assert_int_eq(RUN("--config", conf), WB_EXIT_CONFIG);
+    ck_assert_ptr_nonnull(strstr(o.why, ":3: "));
+    ck_assert_ptr_nonnull(strstr(o.why, "'1' is not one of off, on"));
+}
+END_TEST
+
 /* The slab pool and the publish streams: their ranges, worded. */
 START_TEST(test_pool_and_streams)
 {
@@ -219,6 +251,7 @@ int main(void)
     TCase *tc = tcase_create("options");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_bad_options);
+    tcase_add_test(tc, test_staging_demote);
     tcase_add_test(tc, test_pool_and_streams);
     tcase_add_test(tc, test_liveness);
     tcase_add_test(tc, test_check_models);

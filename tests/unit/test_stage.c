@@ -5,8 +5,10 @@
  * copies late and completes out of step, as a GPU does) and the mapped mode;
  * a short file, a read error, a failing copy and a cancel stop the load
  * with a message that names the problem, leave no copy running, and the
- * ring works again afterwards. */
+ * ring works again afterwards. The readers' crew is kept from one load to
+ * the next, lent to one load at a time, and starts afresh after fork. */
 #include "stage.h"
+#include "stage_ntcopy.h"
 
 #include <check.h>
 #include <xxhash.h>
@@ -17,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static char tmpdir[256];
@@ -466,6 +469,39 @@ static void staged_ok(model *m, ring *r, unsigned threads, wb_stage_stats *st)
     model_check(m, dst);
     free(dst);
 }
+
+/* Readers that demote each filled buffer's lines (CLDEMOTE where the
+ * processor has it, nothing elsewhere) land the same bytes; the hint itself
+ * changes no byte of what it is given, at any alignment. */
+START_TEST(test_demote)
+{
+    READ_LOOP();
+    model m;
+    model_make(&m, mixed, N_MIXED, 5);
+    ring r;
+    ring_make(&r, 6, 65536, 3);
+    uint8_t *dst = malloc(m.slab_len);
+    ck_assert_ptr_nonnull(dst);
+    wb_stage_job j = job_for(&m, WB_STAGE_STAGED, 4, 0);
+    j.cfg.demote = WB_STAGE_DEMOTE_ON;
+    j.staging = &r.s;
+    j.dst = dst;
+    wb_stage_stats st;
+    wb_err err = {0};
+    ck_assert_msg(wb__stage_run(&j, &st, &err) == WB_OK, "%s", err.msg);
+    model_check(&m, dst);
+    free(dst);
+    ring_free(&r);
+    model_free(&m);
+    uint8_t buf[1000], copy[1000];
+    for (size_t i = 0; i < sizeof buf; i++)
+        buf[i] = copy[i] = (uint8_t)(rnd() >> 16);
+    wb__stage_demote(buf + 3, 997);
+    wb__stage_demote(buf, 0);
+    ck_assert_int_eq(memcmp(buf, copy, sizeof buf), 0);
+    ck_assert_int_eq(wb__stage_can_demote(), wb__stage_can_demote());
+}
+END_TEST
 
 /* One large tensor cut into many pieces that many threads read at once: its
  * checksum must still be over the bytes in order. */
@@ -925,6 +961,16 @@ START_TEST(test_config)
     bad.copy_batch = 0;
     ck_assert_int_eq(wb__stage_config_check(&bad, &err), WB_EINVAL);
     bad = c;
+    bad.demote = 3;
+    ck_assert_int_eq(wb__stage_config_check(&bad, &err), WB_EINVAL);
+    ck_assert_str_eq(err.msg, "staging demote: 3 is not off or on");
+    ck_assert_int_eq(c.demote, WB_STAGE_DEFAULT_DEMOTE);
+    ck_assert_int_eq(wb__stage_demote_parse(wb__stage_demote_name(WB_STAGE_DEMOTE_ON)),
+                     WB_STAGE_DEMOTE_ON);
+    ck_assert_int_eq(wb__stage_demote_parse("off"), WB_STAGE_DEMOTE_OFF);
+    ck_assert_int_eq(wb__stage_demote_parse("yes"), 0);
+    ck_assert_str_eq(wb__stage_demote_name(0), "unknown");
+    bad = c;
     bad.register_piece = 65536 + 4096;
     ck_assert_int_eq(wb__stage_config_check(&bad, &err), WB_EINVAL);
     ck_assert_str_eq(err.msg, "register piece: 69632 bytes is not a positive multiple of 65536");
@@ -942,6 +988,168 @@ START_TEST(test_config)
 }
 END_TEST
 
+/* ---- the readers' crew (stage_crew.c) ---- */
+
+/* A direct load of m into a fresh buffer, checked. */
+static void direct_ok(model *m, unsigned threads, wb_stage_stats *st)
+{
+    uint8_t *dst = malloc(m->slab_len);
+    ck_assert_ptr_nonnull(dst);
+    wb_stage_job j = job_for(m, WB_STAGE_DIRECT, threads, 65536);
+    j.host_dst = dst;
+    for (size_t i = 0; i < m->n; i++)
+        m->t[i].xxh3 = 0;
+    wb_err err = {0};
+    ck_assert_msg(wb__stage_run(&j, st, &err) == WB_OK, "%s", err.msg);
+    model_check(m, dst);
+    free(dst);
+}
+
+/* Loads reuse the crew's threads: none is created after the first load of
+ * a size, a bigger load adds only what it lacks, a stopped crew has no
+ * thread left and the next load creates them again. */
+START_TEST(test_crew_kept)
+{
+    model m;
+    model_make(&m, mixed, N_MIXED, 0);
+    wb__stage_crew_stop();
+    ck_assert_uint_eq(wb__stage_crew_threads(NULL), 0);
+    unsigned c0 = 0, c1 = 0, c2 = 0;
+    wb__stage_crew_threads(&c0);
+    wb_stage_stats st;
+    direct_ok(&m, 4, &st);
+    ck_assert_uint_eq(st.threads, 4);
+    ck_assert_uint_eq(wb__stage_crew_threads(&c1), 4);
+    ck_assert_uint_eq(c1, c0 + 4);
+    for (int r = 0; r < 5; r++) {
+        direct_ok(&m, r % 2 ? 2 : 4, &st);
+        ck_assert_uint_eq(wb__stage_crew_threads(&c2), 4);
+        ck_assert_uint_eq(c2, c1);
+    }
+    direct_ok(&m, 6, &st);
+    ck_assert_uint_eq(st.threads, 6);
+    ck_assert_uint_eq(wb__stage_crew_threads(&c2), 6);
+    ck_assert_uint_eq(c2, c1 + 2);
+    /* Each reader's start is timed: the last one's is within the load. */
+    ck_assert(st.readers_at > 0 && st.readers_at <= st.seconds);
+    wb__stage_crew_stop();
+    ck_assert_uint_eq(wb__stage_crew_threads(NULL), 0);
+    direct_ok(&m, 3, &st);
+    ck_assert_uint_eq(wb__stage_crew_threads(&c1), 3);
+    ck_assert_uint_eq(c1, c2 + 3);
+    model_free(&m);
+}
+END_TEST
+
+/* A load held in its first reader's prepare keeps the crew busy; a second
+ * load meanwhile runs on threads of its own, correctly, and adds none to
+ * the crew. */
+typedef struct hold {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int entered, released;
+} hold;
+
+static int hold_prepare(void *ctx, uint64_t offset, uint64_t len, wb_err *err)
+{
+    (void)offset;
+    (void)len;
+    (void)err;
+    hold *h = ctx;
+    pthread_mutex_lock(&h->mu);
+    h->entered = 1;
+    pthread_cond_broadcast(&h->cv);
+    while (!h->released)
+        pthread_cond_wait(&h->cv, &h->mu);
+    pthread_mutex_unlock(&h->mu);
+    return WB_OK;
+}
+
+typedef struct held_load {
+    model *m;
+    hold *h;
+    uint8_t *dst;
+    int rc;
+} held_load;
+
+static void *held_main(void *arg)
+{
+    held_load *l = arg;
+    wb_stage_job j = job_for(l->m, WB_STAGE_DIRECT, 3, 65536);
+    j.host_dst = l->dst;
+    j.prepare = hold_prepare;
+    j.prepare_ctx = l->h;
+    wb_stage_stats st;
+    wb_err err = {0};
+    l->rc = wb__stage_run(&j, &st, &err);
+    return NULL;
+}
+
+START_TEST(test_crew_busy)
+{
+    model m;
+    model_make(&m, mixed, N_MIXED, 0);
+    /* The second load's own tensors (their checksums are outputs). */
+    model m2 = m;
+    m2.t = malloc(m.n * sizeof *m.t);
+    ck_assert_ptr_nonnull(m2.t);
+    memcpy(m2.t, m.t, m.n * sizeof *m.t);
+    wb__stage_crew_stop();
+    hold h = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    held_load l = {.m = &m, .h = &h, .dst = malloc(m.slab_len)};
+    ck_assert_ptr_nonnull(l.dst);
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, held_main, &l), 0);
+    pthread_mutex_lock(&h.mu);
+    while (!h.entered)
+        pthread_cond_wait(&h.cv, &h.mu);
+    pthread_mutex_unlock(&h.mu);
+    unsigned created = 0, after = 0;
+    ck_assert_uint_eq(wb__stage_crew_threads(&created), 3);
+    wb_stage_stats st;
+    direct_ok(&m2, 5, &st);
+    ck_assert_uint_eq(st.threads, 5);
+    ck_assert_uint_eq(wb__stage_crew_threads(&after), 3);
+    ck_assert_uint_eq(after, created);
+    pthread_mutex_lock(&h.mu);
+    h.released = 1;
+    pthread_cond_broadcast(&h.cv);
+    pthread_mutex_unlock(&h.mu);
+    pthread_join(t, NULL);
+    ck_assert_int_eq(l.rc, WB_OK);
+    model_check(&m, l.dst);
+    free(l.dst);
+    free(m2.t);
+    model_free(&m);
+}
+END_TEST
+
+/* A child of fork has none of its parent's crew threads: its loads create
+ * their own. */
+START_TEST(test_crew_fork)
+{
+    model m;
+    model_make(&m, mixed, N_MIXED, 0);
+    wb_stage_stats st;
+    direct_ok(&m, 4, &st);
+    ck_assert_uint_ge(wb__stage_crew_threads(NULL), 4);
+    fflush(NULL);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        int ok = wb__stage_crew_threads(NULL) == 0;
+        direct_ok(&m, 4, &st);
+        ok = ok && wb__stage_crew_threads(NULL) == 4 && st.threads == 4;
+        _exit(ok ? 0 : 3);
+    }
+    int status = 0;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert(WIFEXITED(status));
+    ck_assert_int_eq(WEXITSTATUS(status), 0);
+    model_free(&m);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("stage");
@@ -953,6 +1161,7 @@ static Suite *suite(void)
     tcase_add_loop_test(tc, test_one_big_tensor_many_threads, WB_STAGE_READ_PREAD,
                         WB_STAGE_READ_AUTO + 1);
     tcase_add_loop_test(tc, test_batches, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
+    tcase_add_loop_test(tc, test_demote, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
     tcase_add_loop_test(tc, test_mapped, 0, 4);
     tcase_add_test(tc, test_mapped_register_fails);
     tcase_add_loop_test(tc, test_short_file, WB_STAGE_READ_PREAD, WB_STAGE_READ_AUTO + 1);
@@ -964,6 +1173,9 @@ static Suite *suite(void)
     tcase_add_test(tc, test_bad_jobs);
     tcase_add_test(tc, test_empty_tensors);
     tcase_add_test(tc, test_config);
+    tcase_add_test(tc, test_crew_kept);
+    tcase_add_test(tc, test_crew_busy);
+    tcase_add_test(tc, test_crew_fork);
     suite_add_tcase(s, tc);
     return s;
 }
