@@ -294,9 +294,6 @@ static int check_job(const wb_stage_job *j, wb_err *err)
     }
 }
 
-/* Readers need little stack (their buffers are the ring's or the slab's). */
-#define READER_STACK (512u << 10)
-
 static void *reader_task(void *arg)
 {
     reader *r = arg;
@@ -308,11 +305,7 @@ static void *reader_task(void *arg)
 static unsigned start_own(reader *rs, unsigned n)
 {
     pthread_attr_t a;
-    int small = pthread_attr_init(&a) == 0;
-    if (small && pthread_attr_setstacksize(&a, READER_STACK) != 0) {
-        pthread_attr_destroy(&a);
-        small = 0;
-    }
+    int small = wb__stage_reader_attr(&a);
     unsigned k = 0;
     for (; k < n; k++) {
         if (pthread_create(&rs[k].tid, small ? &a : NULL, reader_task, &rs[k]) != 0)

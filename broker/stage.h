@@ -306,9 +306,9 @@ int wb__stage_run(wb_stage_job *job, wb_stage_stats *stats, wb_err *err);
 /* The readers of direct and staged loads are a crew of threads kept from
  * one load to the next (created by the first load that needs them, grown
  * when a load asks for more), not threads created for each load: a load's
- * readers start within tens of microseconds of its plan. One load at a time uses the
- * crew; a second running at the same time in the process starts threads of
- * its own. wb__stage_crew_stop ends the crew's threads (waiting for a load
+ * readers start within tens of microseconds of its plan. One load at a
+ * time uses the crew; a second running at the same time in the process
+ * starts threads of its own. wb__stage_crew_stop ends the crew's threads (waiting for a load
  * still using them); a later load creates them again. */
 void wb__stage_crew_stop(void);
 /* Threads in the crew now; *created (may be NULL) gets how many the

@@ -17,9 +17,6 @@
 #include <signal.h>
 #include <stdint.h>
 
-/* Readers need little stack (their buffers are the ring's or the slab's). */
-#define CREW_STACK (512u << 10)
-
 typedef struct worker {
     sem_t go; /* a task, or the end */
     unsigned index;
@@ -95,6 +92,16 @@ static void crew_init(void)
     pthread_atfork(NULL, NULL, crew_after_fork);
 }
 
+int wb__stage_reader_attr(pthread_attr_t *a)
+{
+    if (pthread_attr_init(a) != 0)
+        return 0;
+    if (pthread_attr_setstacksize(a, READER_STACK) == 0)
+        return 1;
+    pthread_attr_destroy(a);
+    return 0;
+}
+
 /* Under crew.mu. Crew threads take no asynchronous signal whichever thread
  * created them (the process's own threads handle those); faults (SIGBUS
  * from a mapping that shrank, stage_read.c) still reach them. */
@@ -108,11 +115,7 @@ static unsigned grow(unsigned n)
     sigdelset(&all, SIGILL);
     pthread_sigmask(SIG_BLOCK, &all, &old);
     pthread_attr_t a;
-    int small = pthread_attr_init(&a) == 0;
-    if (small && pthread_attr_setstacksize(&a, CREW_STACK) != 0) {
-        pthread_attr_destroy(&a);
-        small = 0;
-    }
+    int small = wb__stage_reader_attr(&a);
     while (crew.alive < n) {
         pthread_t t;
         if (pthread_create(&t, small ? &a : NULL, crew_main, &crew.workers[crew.alive]) != 0)
@@ -149,7 +152,6 @@ unsigned wb__crew_start(unsigned n, void *(*fn)(void *), void *args, size_t stri
         crew.fn = fn;
         crew.args = args;
         crew.stride = stride;
-        crew.stopping = 0;
         atomic_store(&crew.left, got);
         for (unsigned i = 0; i < got; i++)
             sem_post(&crew.workers[i].go);

@@ -1,7 +1,8 @@
 /* The insides of the loading pipeline (stage.h), shared by its files:
  * stage.c (the whole), stage_plan.c (planning), stage_read.c (the reader
- * threads), stage_ring.c (the staging buffers), stage_copy.c (the copier)
- * and stage_mapped.c (the mapped mode). */
+ * threads), stage_crew.c (the threads they run on), stage_ring.c (the
+ * staging buffers), stage_copy.c (the copier) and stage_mapped.c (the
+ * mapped mode). */
 #ifndef WB_BROKER_STAGE_IMPL_H
 #define WB_BROKER_STAGE_IMPL_H
 
@@ -136,6 +137,14 @@ int wb__stage_take_buffer(ctx *c, reader_stats *rs);
 void wb__stage_free_buffer(ctx *c, unsigned b);
 void wb__stage_release_buffer(ctx *c, unsigned b);
 void wb__stage_hand_to_copier(ctx *c, unsigned b, chunk *ch);
+
+/* Readers need little stack (their buffers are the ring's or the slab's). */
+#define READER_STACK (512u << 10)
+
+/* stage_crew.c: *a initialised with a stack of READER_STACK bytes (1; the
+ * caller destroys it), or 0 when that failed (create with NULL: the default
+ * stack). */
+int wb__stage_reader_attr(pthread_attr_t *a);
 
 /* stage_crew.c: runs fn(args + i * stride) for each i below n on the
  * crew's threads (created on first use, kept); returns how many run (fewer
